@@ -1,0 +1,303 @@
+//! The messages of the hongbao wire protocol, both directions, as plain values.
+//!
+//! `frame.rs` turns these into bytes and back; nothing here does I/O. The byte layout of
+//! every message is written down in `docs/protocol.md`, and `testdata/golden.txt` holds
+//! one encoded example of each so clients in other languages can check themselves.
+
+/// Protocol version carried in every frame header.
+pub const VERSION: u8 = 1;
+
+/// Largest frame body (everything after the 4-byte length prefix), in bytes.
+/// A peer announcing more is cut off before anything is allocated.
+pub const MAX_FRAME_LEN: usize = 16 * 1024;
+
+/// Length prefix (u32) + version (u8) + type (u8) + request id (u32).
+pub const HEADER_LEN: usize = 10;
+
+/// Most recipients a single send may name.
+pub const MAX_RECIPIENTS: usize = 1000;
+
+/// Longest chat, broadcast or kick text, in bytes of UTF-8.
+pub const MAX_TEXT_LEN: usize = 4096;
+
+/// Longest login token, in bytes (an HMAC-SHA256 is 32).
+pub const MAX_TOKEN_LEN: usize = 64;
+
+/// One frame: a request id chosen by the client (echoed in the reply; 0 on server pushes)
+/// and the message it carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub request_id: u32,
+    pub message: Message,
+}
+
+/// Every message of the protocol. Client→server kinds have type codes below 0x80,
+/// server→client kinds 0x80 and above.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    // client → server
+    /// Prove who we are: `token` is HMAC-SHA256(server secret, user id as decimal ASCII).
+    Login {
+        user_id: u64,
+        token: Vec<u8>,
+    },
+    /// Try to win a shake packet.
+    Shake,
+    /// Send `amount_cents` split into `shares` shares for `recipients`.
+    Send {
+        amount_cents: u64,
+        shares: u32,
+        recipients: Vec<u64>,
+    },
+    /// Open (拆) my share of a sent packet.
+    Open {
+        packet_id: u64,
+    },
+    /// Route a text to another user's connection.
+    Chat {
+        to_user: u64,
+        text: String,
+    },
+    /// Liveness and clock probe; answered by `Pong`.
+    Ping {
+        client_time_us: u64,
+    },
+
+    // server → client: replies (carry the request id of what they answer)
+    LoginReply {
+        result: ResultCode,
+        user_id: u64,
+    },
+    ShakeReply {
+        result: ResultCode,
+        packet_id: u64,
+        amount_cents: u64,
+    },
+    SendReply {
+        result: ResultCode,
+        packet_id: u64,
+        balance_cents: u64,
+    },
+    OpenReply {
+        result: ResultCode,
+        packet_id: u64,
+        amount_cents: u64,
+    },
+    ChatReply {
+        result: ResultCode,
+    },
+    Pong {
+        client_time_us: u64,
+        server_time_us: u64,
+    },
+    /// A frame the server could not act on (unknown type, bad payload, not logged in).
+    Error {
+        result: ResultCode,
+        text: String,
+    },
+
+    // server → client: pushes (request id 0)
+    /// A sent packet names you as a recipient. `from_user` 0 means a system campaign.
+    PacketNotice {
+        packet_id: u64,
+        from_user: u64,
+        amount_cents: u64,
+        shares: u32,
+        expires_at_ms: u64,
+    },
+    ChatMessage {
+        from_user: u64,
+        text: String,
+    },
+    /// Operator broadcast, stamped with the server's send time (µs since the Unix epoch).
+    Broadcast {
+        server_time_us: u64,
+        text: String,
+    },
+    /// The server is closing this connection, and why.
+    Kick {
+        reason: KickReason,
+        text: String,
+    },
+}
+
+/// Type codes on the wire, one per `Message` variant.
+pub mod kind {
+    pub const LOGIN: u8 = 0x01;
+    pub const SHAKE: u8 = 0x02;
+    pub const SEND: u8 = 0x03;
+    pub const OPEN: u8 = 0x04;
+    pub const CHAT: u8 = 0x05;
+    pub const PING: u8 = 0x06;
+    pub const LOGIN_REPLY: u8 = 0x81;
+    pub const SHAKE_REPLY: u8 = 0x82;
+    pub const SEND_REPLY: u8 = 0x83;
+    pub const OPEN_REPLY: u8 = 0x84;
+    pub const CHAT_REPLY: u8 = 0x85;
+    pub const PONG: u8 = 0x86;
+    pub const ERROR: u8 = 0x87;
+    pub const PACKET_NOTICE: u8 = 0x90;
+    pub const CHAT_MESSAGE: u8 = 0x91;
+    pub const BROADCAST: u8 = 0x92;
+    pub const KICK: u8 = 0x93;
+}
+
+impl Message {
+    /// The wire type code of this message.
+    pub fn kind(&self) -> u8 {
+        use Message::*;
+        match self {
+            Login { .. } => kind::LOGIN,
+            Shake => kind::SHAKE,
+            Send { .. } => kind::SEND,
+            Open { .. } => kind::OPEN,
+            Chat { .. } => kind::CHAT,
+            Ping { .. } => kind::PING,
+            LoginReply { .. } => kind::LOGIN_REPLY,
+            ShakeReply { .. } => kind::SHAKE_REPLY,
+            SendReply { .. } => kind::SEND_REPLY,
+            OpenReply { .. } => kind::OPEN_REPLY,
+            ChatReply { .. } => kind::CHAT_REPLY,
+            Pong { .. } => kind::PONG,
+            Error { .. } => kind::ERROR,
+            PacketNotice { .. } => kind::PACKET_NOTICE,
+            ChatMessage { .. } => kind::CHAT_MESSAGE,
+            Broadcast { .. } => kind::BROADCAST,
+            Kick { .. } => kind::KICK,
+        }
+    }
+
+    /// True for the kinds a client may send.
+    pub fn is_client_kind(&self) -> bool {
+        self.kind() < 0x80
+    }
+}
+
+/// The outcome named in every reply. One namespace for all replies so a result byte means
+/// the same thing wherever it appears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ResultCode {
+    Ok = 0,
+    Won = 1,
+    Nothing = 2,
+    Overloaded = 3,
+    Opened = 4,
+    AlreadyOpened = 5,
+    Empty = 6,
+    NotARecipient = 7,
+    Expired = 8,
+    InsufficientFunds = 9,
+    BadRequest = 10,
+    Delivered = 11,
+    Offline = 12,
+    BadToken = 13,
+    NotLoggedIn = 14,
+    UnknownType = 15,
+    NoSuchPacket = 16,
+    Unavailable = 17,
+}
+
+impl ResultCode {
+    pub const ALL: [ResultCode; 18] = [
+        ResultCode::Ok,
+        ResultCode::Won,
+        ResultCode::Nothing,
+        ResultCode::Overloaded,
+        ResultCode::Opened,
+        ResultCode::AlreadyOpened,
+        ResultCode::Empty,
+        ResultCode::NotARecipient,
+        ResultCode::Expired,
+        ResultCode::InsufficientFunds,
+        ResultCode::BadRequest,
+        ResultCode::Delivered,
+        ResultCode::Offline,
+        ResultCode::BadToken,
+        ResultCode::NotLoggedIn,
+        ResultCode::UnknownType,
+        ResultCode::NoSuchPacket,
+        ResultCode::Unavailable,
+    ];
+
+    pub fn from_u8(b: u8) -> Option<ResultCode> {
+        Self::ALL.get(b as usize).copied()
+    }
+
+    /// The name used in docs, JSON and metrics labels: `already-opened`, `won`, ...
+    pub fn name(self) -> &'static str {
+        use ResultCode::*;
+        match self {
+            Ok => "ok",
+            Won => "won",
+            Nothing => "nothing",
+            Overloaded => "overloaded",
+            Opened => "opened",
+            AlreadyOpened => "already-opened",
+            Empty => "empty",
+            NotARecipient => "not-a-recipient",
+            Expired => "expired",
+            InsufficientFunds => "insufficient-funds",
+            BadRequest => "bad-request",
+            Delivered => "delivered",
+            Offline => "offline",
+            BadToken => "bad-token",
+            NotLoggedIn => "not-logged-in",
+            UnknownType => "unknown-type",
+            NoSuchPacket => "no-such-packet",
+            Unavailable => "unavailable",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<ResultCode> {
+        Self::ALL.iter().copied().find(|r| r.name() == name)
+    }
+}
+
+/// Why the server closes a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum KickReason {
+    /// The same user logged in on another connection.
+    Replaced = 1,
+    /// Login failed (bad token).
+    BadToken = 2,
+    /// The byte stream cannot be read as frames (bad length, bad version).
+    BadFrame = 3,
+    /// The client did not log in, or went silent, for too long.
+    Idle = 4,
+    /// The client does not read what it is sent.
+    SlowReader = 5,
+    /// The server is shutting down.
+    Shutdown = 6,
+}
+
+impl KickReason {
+    pub const ALL: [KickReason; 6] = [
+        KickReason::Replaced,
+        KickReason::BadToken,
+        KickReason::BadFrame,
+        KickReason::Idle,
+        KickReason::SlowReader,
+        KickReason::Shutdown,
+    ];
+
+    pub fn from_u8(b: u8) -> Option<KickReason> {
+        Self::ALL.iter().copied().find(|r| *r as u8 == b)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KickReason::Replaced => "replaced",
+            KickReason::BadToken => "bad-token",
+            KickReason::BadFrame => "bad-frame",
+            KickReason::Idle => "idle",
+            KickReason::SlowReader => "slow-reader",
+            KickReason::Shutdown => "shutdown",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<KickReason> {
+        Self::ALL.iter().copied().find(|r| r.name() == name)
+    }
+}

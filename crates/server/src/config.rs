@@ -1,0 +1,125 @@
+//! `hongbao serve` settings: defaults, then the TOML file, then command-line flags.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Every option of `hongbao serve`; each can be given in the TOML file under the same name.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    /// Where clients connect (raw TCP, binary frames).
+    pub listen: String,
+    /// Where the admin HTTP API listens.
+    pub admin: String,
+    /// Holds `ledger.sqlite`.
+    pub data_dir: PathBuf,
+    /// Gateway worker processes: a number, or "auto".
+    pub workers: String,
+    /// Connections the server should be able to hold (sizes `workers = "auto"`).
+    pub connections: u64,
+    /// Login tokens are HMAC-SHA256(secret, user id).
+    pub secret: String,
+    /// Shakes per second the whole server admits; above it shakes get "overloaded".
+    pub max_shake_qps: u32,
+    /// How long a sent packet stays openable.
+    pub packet_ttl_secs: u64,
+    pub login_timeout_secs: u32,
+    /// Close a logged-in connection silent this long; 0 never.
+    pub idle_timeout_secs: u32,
+    /// A client whose unread output passes this is closed.
+    pub max_output_bytes: u32,
+    /// Group commit: wait at most this long to fill a batch...
+    pub commit_window_ms: u64,
+    /// ...or until this many events.
+    pub commit_max_batch: usize,
+}
+
+pub const DEV_SECRET: &str = "hongbao-dev-secret";
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            listen: "127.0.0.1:7000".into(),
+            admin: "127.0.0.1:7001".into(),
+            data_dir: PathBuf::from("hongbao-data"),
+            workers: "auto".into(),
+            connections: 20_000,
+            secret: DEV_SECRET.into(),
+            max_shake_qps: 100_000,
+            packet_ttl_secs: 24 * 3600,
+            login_timeout_secs: 10,
+            idle_timeout_secs: 0,
+            max_output_bytes: 256 * 1024,
+            commit_window_ms: 2,
+            commit_max_batch: 4096,
+        }
+    }
+}
+
+impl ServeConfig {
+    /// Defaults overlaid with `file` when given.
+    pub fn load(file: Option<&Path>) -> Result<ServeConfig> {
+        let Some(file) = file else {
+            return Ok(ServeConfig::default());
+        };
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| Error::config(format!("reading {}: {e}", file.display())))?;
+        toml::from_str(&text).map_err(|e| Error::config(format!("{}: {e}", file.display())))
+    }
+
+    /// How many sockets one worker may hold: the open-file limit less headroom for the
+    /// worker's own files (listener, link, epoll, stdio).
+    pub fn connections_per_worker(nofile_limit: u64) -> u64 {
+        nofile_limit.saturating_sub(nofile_limit / 20).max(100)
+    }
+
+    /// The worker count: as given, or for "auto" enough workers to hold `connections`
+    /// under the open-file limit, and never fewer than the cores.
+    pub fn worker_count(&self, nofile_limit: u64, cores: usize) -> Result<usize> {
+        if self.workers == "auto" {
+            let per = Self::connections_per_worker(nofile_limit);
+            return Ok((self.connections.div_ceil(per) as usize).max(cores).max(1));
+        }
+        match self.workers.parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) => Ok(n),
+            _ => Err(Error::config(format!(
+                "workers must be 1..=1024 or \"auto\", not {:?}",
+                self.workers
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_workers_follow_the_file_limit_and_cores() {
+        let mut cfg = ServeConfig {
+            connections: 1_000_000,
+            ..Default::default()
+        };
+        assert_eq!(cfg.worker_count(20_000, 2).unwrap(), 53);
+        cfg.connections = 1000;
+        assert_eq!(cfg.worker_count(20_000, 2).unwrap(), 2);
+        cfg.workers = "3".into();
+        assert_eq!(cfg.worker_count(20_000, 2).unwrap(), 3);
+        cfg.workers = "lots".into();
+        assert!(cfg.worker_count(20_000, 2).is_err());
+    }
+
+    #[test]
+    fn toml_gives_options_and_rejects_unknown_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hongbao.toml");
+        std::fs::write(&path, "workers = \"4\"\nmax_shake_qps = 500\n").unwrap();
+        let cfg = ServeConfig::load(Some(&path)).unwrap();
+        assert_eq!((cfg.workers.as_str(), cfg.max_shake_qps), ("4", 500));
+        std::fs::write(&path, "wrokers = 4\n").unwrap();
+        assert!(ServeConfig::load(Some(&path)).is_err());
+    }
+}

@@ -1,0 +1,374 @@
+//! The durable ledger: append-only events plus derived balances, in SQLite (bundled,
+//! WAL mode, synchronous=FULL).
+//!
+//! The core never waits on SQLite: it hands new events to the `LedgerWriter` thread,
+//! which group-commits them — everything that arrived within `commit_window` of the first
+//! event of a batch, or `max_batch` events, whichever comes first, in one transaction —
+//! then publishes the highest committed sequence number and wakes the core, which only
+//! then releases the replies that depended on those events.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::event::{Account, Event, Record};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS events (
+    seq   INTEGER PRIMARY KEY,
+    ts_ms INTEGER NOT NULL,
+    kind  TEXT NOT NULL,
+    user  INTEGER,
+    body  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_user ON events(user, seq) WHERE user IS NOT NULL;
+CREATE TABLE IF NOT EXISTS balances (
+    account TEXT PRIMARY KEY,
+    cents   INTEGER NOT NULL
+);
+";
+
+pub struct Ledger {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// `GET /v1/users/{id}`: what the ledger holds for one user.
+#[derive(Debug, Serialize)]
+pub struct UserView {
+    pub user: u64,
+    pub balance_cents: u64,
+    pub recent_events: Vec<serde_json::Value>,
+}
+
+impl Ledger {
+    /// Opens (creating if needed) `DIR/ledger.sqlite`.
+    pub fn open(dir: &Path) -> Result<Ledger> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::config(format!("creating data dir {}: {e}", dir.display())))?;
+        let path = dir.join("ledger.sqlite");
+        let conn = Connection::open(&path).map_err(|e| Error::ledger("opening", e))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| Error::ledger("WAL", e))?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(|e| Error::ledger("sync", e))?;
+        conn.execute_batch(SCHEMA)
+            .map_err(|e| Error::ledger("creating the schema", e))?;
+        Ok(Ledger { conn, path })
+    }
+
+    /// A read-only connection to the same database, for admin look-ups.
+    pub fn reader(&self) -> Result<Reader> {
+        Reader::open(&self.path)
+    }
+
+    /// Every event in ledger order.
+    pub fn for_each(&self, mut f: impl FnMut(Record)) -> Result<u64> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT seq, ts_ms, body FROM events ORDER BY seq")
+            .map_err(|e| Error::ledger("reading events", e))?;
+        let mut rows = stmt
+            .query([])
+            .map_err(|e| Error::ledger("reading events", e))?;
+        let mut count = 0;
+        while let Some(row) = rows
+            .next()
+            .map_err(|e| Error::ledger("reading events", e))?
+        {
+            let seq: i64 = row.get(0).map_err(|e| Error::ledger("reading seq", e))?;
+            let ts_ms: i64 = row.get(1).map_err(|e| Error::ledger("reading ts", e))?;
+            let body: String = row.get(2).map_err(|e| Error::ledger("reading body", e))?;
+            let event: Event = serde_json::from_str(&body)
+                .map_err(|e| Error::Corrupt(format!("event {seq} does not parse: {e}: {body}")))?;
+            f(Record {
+                seq: seq as u64,
+                ts_ms: ts_ms as u64,
+                event,
+            });
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// The derived balances table, for checking against a replay.
+    pub fn balances(&self) -> Result<HashMap<String, u64>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT account, cents FROM balances WHERE cents != 0")
+            .map_err(|e| Error::ledger("reading balances", e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+            })
+            .map_err(|e| Error::ledger("reading balances", e))?;
+        rows.collect::<rusqlite::Result<_>>()
+            .map_err(|e| Error::ledger("reading balances", e))
+    }
+
+    /// Appends `records` and updates balances, in one transaction.
+    pub fn append(&mut self, records: &[Record]) -> Result<()> {
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(|e| Error::ledger("beginning", e))?;
+        {
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO events (seq, ts_ms, kind, user, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(|e| Error::ledger("preparing insert", e))?;
+            let mut balance = tx
+                .prepare_cached(
+                    "INSERT INTO balances (account, cents) VALUES (?1, ?2)
+                     ON CONFLICT(account) DO UPDATE SET cents = cents + excluded.cents",
+                )
+                .map_err(|e| Error::ledger("preparing balance", e))?;
+            let mut deltas: HashMap<Account, i64> = HashMap::new();
+            for r in records {
+                let body = serde_json::to_string(&r.event).expect("events serialize");
+                let user = r.event.user().map(|u| u as i64);
+                insert
+                    .execute(params![
+                        r.seq as i64,
+                        r.ts_ms as i64,
+                        r.event.kind(),
+                        user,
+                        body
+                    ])
+                    .map_err(|e| Error::ledger("inserting an event", e))?;
+                for (account, delta) in r.event.balance_deltas() {
+                    *deltas.entry(account).or_default() += delta;
+                }
+            }
+            for (account, delta) in deltas {
+                balance
+                    .execute(params![account.key(), delta])
+                    .map_err(|e| Error::ledger("updating a balance", e))?;
+            }
+        }
+        tx.commit().map_err(|e| Error::ledger("committing", e))
+    }
+}
+
+/// Read-only look-ups (admin threads), never blocking the writer thanks to WAL.
+pub struct Reader {
+    conn: Connection,
+}
+
+impl Reader {
+    pub fn open(path: &Path) -> Result<Reader> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags)
+            .map_err(|e| Error::ledger("opening a reader", e))?;
+        Ok(Reader { conn })
+    }
+
+    pub fn user(&self, user: u64, limit: usize) -> Result<UserView> {
+        let balance: Option<i64> = self
+            .conn
+            .query_row(
+                "SELECT cents FROM balances WHERE account = ?1",
+                [Account::User(user).key()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| Error::ledger("reading a balance", e))?;
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, ts_ms, body FROM events WHERE user = ?1 ORDER BY seq DESC LIMIT ?2",
+            )
+            .map_err(|e| Error::ledger("reading user events", e))?;
+        let rows = stmt
+            .query_map(params![user as i64, limit as i64], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|e| Error::ledger("reading user events", e))?;
+        let mut recent_events = Vec::new();
+        for row in rows {
+            let (seq, ts_ms, body) = row.map_err(|e| Error::ledger("reading user events", e))?;
+            let mut event: serde_json::Value =
+                serde_json::from_str(&body).map_err(|e| Error::Corrupt(e.to_string()))?;
+            event["seq"] = seq.into();
+            event["ts_ms"] = ts_ms.into();
+            recent_events.push(event);
+        }
+        Ok(UserView {
+            user,
+            balance_cents: balance.unwrap_or(0) as u64,
+            recent_events,
+        })
+    }
+}
+
+/// The group-commit thread. `submit` never blocks unless `max_pending` batches are queued
+/// (then the core waits: durability is the bottleneck and must throttle everything).
+pub struct LedgerWriter {
+    tx: Option<SyncSender<Vec<Record>>>,
+    committed: Arc<AtomicU64>,
+    thread: Option<JoinHandle<Result<()>>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct GroupCommit {
+    pub commit_window: Duration,
+    pub max_batch: usize,
+}
+
+impl Default for GroupCommit {
+    fn default() -> Self {
+        GroupCommit {
+            commit_window: Duration::from_millis(2),
+            max_batch: 4096,
+        }
+    }
+}
+
+impl LedgerWriter {
+    /// `on_commit` runs on the writer thread after each commit (e.g. wakes the core).
+    pub fn spawn(
+        mut ledger: Ledger,
+        committed_seq: u64,
+        group: GroupCommit,
+        on_commit: impl Fn() + Send + 'static,
+    ) -> LedgerWriter {
+        let (tx, rx) = sync_channel::<Vec<Record>>(1024);
+        let committed = Arc::new(AtomicU64::new(committed_seq));
+        let published = committed.clone();
+        let thread = std::thread::Builder::new()
+            .name("ledger".into())
+            .spawn(move || commit_loop(&mut ledger, rx, group, &published, on_commit))
+            .expect("spawning the ledger thread");
+        LedgerWriter {
+            tx: Some(tx),
+            committed,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn submit(&self, records: Vec<Record>) {
+        if records.is_empty() {
+            return;
+        }
+        // A send fails only if the writer thread died; `committed` then stops moving and
+        // `finish` reports the error.
+        let _ = self.tx.as_ref().expect("submit after finish").send(records);
+    }
+
+    pub fn committed(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
+    }
+
+    /// Commits everything submitted and stops the thread.
+    pub fn finish(&mut self) -> Result<()> {
+        drop(self.tx.take());
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(Error::Corrupt("ledger thread panicked".into()))),
+            None => Ok(()),
+        }
+    }
+
+    /// True when the writer thread stopped (a commit failed).
+    pub fn is_dead(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| t.is_finished())
+    }
+}
+
+fn commit_loop(
+    ledger: &mut Ledger,
+    rx: Receiver<Vec<Record>>,
+    group: GroupCommit,
+    committed: &AtomicU64,
+    on_commit: impl Fn(),
+) -> Result<()> {
+    while let Ok(mut batch) = rx.recv() {
+        let deadline = Instant::now() + group.commit_window;
+        while batch.len() < group.max_batch {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok(more) => batch.extend(more),
+                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        ledger.append(&batch)?;
+        committed.store(batch.last().map_or(0, |r| r.seq), Ordering::Release);
+        on_commit();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn won(seq: u64, user: u64, cents: u64) -> Record {
+        Record {
+            seq,
+            ts_ms: 1000 + seq,
+            event: Event::ShakeWon {
+                campaign: 1,
+                index: seq as u32,
+                user,
+                amount_cents: cents,
+            },
+        }
+    }
+
+    #[test]
+    fn append_then_read_back_in_order_with_balances() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(dir.path()).unwrap();
+        ledger.append(&[won(1, 7, 100), won(2, 8, 50)]).unwrap();
+        ledger.append(&[won(3, 7, 25)]).unwrap();
+        drop(ledger);
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let mut seqs = Vec::new();
+        assert_eq!(ledger.for_each(|r| seqs.push(r.seq)).unwrap(), 3);
+        assert_eq!(seqs, vec![1, 2, 3]);
+        let balances = ledger.balances().unwrap();
+        assert_eq!(balances["u:7"], 125);
+        assert_eq!(balances["u:8"], 50);
+        let view = ledger.reader().unwrap().user(7, 10).unwrap();
+        assert_eq!(view.balance_cents, 125);
+        assert_eq!(view.recent_events.len(), 2);
+        assert_eq!(view.recent_events[0]["seq"], 3);
+    }
+
+    #[test]
+    fn writer_groups_and_publishes_the_committed_seq() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let mut writer = LedgerWriter::spawn(ledger, 0, GroupCommit::default(), || {});
+        for seq in 1..=100 {
+            writer.submit(vec![won(seq, seq % 5 + 1, 1)]);
+        }
+        writer.finish().unwrap();
+        assert_eq!(writer.committed(), 100);
+        let ledger = Ledger::open(dir.path()).unwrap();
+        assert_eq!(ledger.balances().unwrap().values().sum::<u64>(), 100);
+    }
+
+    #[test]
+    fn a_duplicate_seq_is_refused_and_nothing_of_its_batch_lands() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(dir.path()).unwrap();
+        ledger.append(&[won(1, 7, 100)]).unwrap();
+        assert!(ledger.append(&[won(2, 7, 5), won(1, 7, 100)]).is_err());
+        assert_eq!(ledger.balances().unwrap()["u:7"], 100);
+    }
+}

@@ -1,0 +1,182 @@
+//! The link between a gateway worker and the core: one Unix stream per worker, carrying
+//! length-prefixed bincode messages both ways. It is our own processes talking, so the
+//! format is private; the length is still checked so a confused peer cannot make us
+//! allocate without bound.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::core::{ConnId, WorkerId};
+
+/// Largest link message (a deal of many packets, a batch of bytes for a connection).
+pub const MAX_LINK_MSG: usize = 64 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToCore {
+    Hello {
+        worker: WorkerId,
+        pid: u32,
+    },
+    Online {
+        conn: ConnId,
+        user: u64,
+    },
+    Offline {
+        conn: ConnId,
+        user: u64,
+    },
+    Claim {
+        conn: ConnId,
+        req: u32,
+        user: u64,
+        packet: u64,
+    },
+    Send {
+        conn: ConnId,
+        req: u32,
+        user: u64,
+        amount_cents: u64,
+        shares: u32,
+        recipients: Vec<u64>,
+    },
+    Open {
+        conn: ConnId,
+        req: u32,
+        user: u64,
+        packet: u64,
+    },
+    Chat {
+        conn: ConnId,
+        req: u32,
+        user: u64,
+        to_user: u64,
+        text: String,
+    },
+    /// Cumulative counters, once a second.
+    Stats(WorkerStats),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToWorker {
+    Welcome(WorkerConfig),
+    Deal {
+        packets: Vec<(u64, u64)>,
+    },
+    ToConn {
+        conn: ConnId,
+        bytes: Vec<u8>,
+        close: bool,
+    },
+    Shutdown,
+}
+
+/// What a worker needs to know, sent by the core on connect so that restarts pick up the
+/// same settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerConfig {
+    pub secret: Vec<u8>,
+    /// This worker's share of the server's `max_shake_qps`.
+    pub max_shakes_per_sec: u32,
+    pub max_connections: u32,
+    pub login_timeout_secs: u32,
+    /// 0 disables.
+    pub idle_timeout_secs: u32,
+    pub max_output_bytes: u32,
+}
+
+/// A worker's cumulative counters (they restart at 0 when the worker restarts). Field
+/// names are the metric names, so aggregation and `/metrics` need no per-field code.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WorkerStats {
+    pub worker: WorkerId,
+    pub pid: u32,
+    pub unix_second: u64,
+    pub connections: u64,
+    pub logged_in: u64,
+    pub pool_packets: u64,
+    pub rss_bytes: u64,
+    pub cpu_ms: u64,
+    pub accepted: u64,
+    pub rejected: u64,
+    pub closed: u64,
+    pub logins: u64,
+    pub login_failures: u64,
+    pub shakes: u64,
+    pub shakes_won_claimed: u64,
+    pub shakes_nothing: u64,
+    pub shakes_overloaded: u64,
+    pub sends: u64,
+    pub opens: u64,
+    pub chats: u64,
+    pub pings: u64,
+    pub bad_frames: u64,
+    pub bad_requests: u64,
+    pub not_logged_in: u64,
+    pub kicks_idle: u64,
+    pub kicks_slow_reader: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+pub fn encode<T: Serialize>(msg: &T, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    bincode::serialize_into(&mut *out, msg).expect("link messages serialize");
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Decodes every whole message at the front of `buf`, removing them from it.
+pub fn decode_all<T: DeserializeOwned>(
+    buf: &mut Vec<u8>,
+    mut f: impl FnMut(T),
+) -> Result<(), String> {
+    let mut at = 0;
+    while buf.len() - at >= 4 {
+        let len = u32::from_le_bytes(buf[at..at + 4].try_into().unwrap()) as usize;
+        if len > MAX_LINK_MSG {
+            return Err(format!(
+                "link message of {len} bytes over limit {MAX_LINK_MSG}"
+            ));
+        }
+        if buf.len() - at - 4 < len {
+            break;
+        }
+        let msg = bincode::deserialize(&buf[at + 4..at + 4 + len])
+            .map_err(|e| format!("bad link message: {e}"))?;
+        f(msg);
+        at += 4 + len;
+    }
+    buf.drain(..at);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_split_anywhere() {
+        let mut bytes = Vec::new();
+        encode(&ToCore::Online { conn: 5, user: 9 }, &mut bytes);
+        encode(
+            &ToCore::Chat {
+                conn: 1,
+                req: 2,
+                user: 3,
+                to_user: 4,
+                text: "hi".into(),
+            },
+            &mut bytes,
+        );
+        for cut in 0..bytes.len() {
+            let mut buf = bytes[..cut].to_vec();
+            let mut got = Vec::new();
+            decode_all::<ToCore>(&mut buf, |m| got.push(m)).unwrap();
+            buf.extend_from_slice(&bytes[cut..]);
+            decode_all::<ToCore>(&mut buf, |m| got.push(m)).unwrap();
+            assert_eq!(got.len(), 2);
+            assert!(buf.is_empty());
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! Counters across workers, per-second rates, and the Prometheus text exposition.
+//!
+//! Worker stats travel as a struct whose field names are the metric names; here they are
+//! handled as JSON maps so adding a counter needs no code beyond the field.
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+use serde_json::{Map, Value};
+
+use crate::link::WorkerStats;
+
+/// Fields of `WorkerStats` that are levels, not counters.
+const GAUGES: &[&str] = &[
+    "connections",
+    "logged_in",
+    "pool_packets",
+    "rss_bytes",
+    "cpu_ms",
+];
+/// Fields that identify rather than count.
+const IDS: &[&str] = &["worker", "pid", "unix_second"];
+
+fn as_map(stats: &WorkerStats) -> Map<String, Value> {
+    match serde_json::to_value(stats).expect("stats serialize") {
+        Value::Object(map) => map,
+        _ => unreachable!("a struct serializes to an object"),
+    }
+}
+
+/// Adds every numeric field of `stats` (but ids) into `totals`.
+pub fn add_counters(totals: &mut Map<String, Value>, stats: &WorkerStats) {
+    for (k, v) in as_map(stats) {
+        if IDS.contains(&k.as_str()) {
+            continue;
+        }
+        let sum = totals.get(&k).and_then(Value::as_u64).unwrap_or(0) + v.as_u64().unwrap_or(0);
+        totals.insert(k, sum.into());
+    }
+}
+
+/// Per-second rates of the counters between two reports a second apart.
+pub fn rates(latest: &WorkerStats, previous: Option<&WorkerStats>) -> Map<String, Value> {
+    let Some(previous) = previous else {
+        return Map::new();
+    };
+    let (a, b) = (as_map(latest), as_map(previous));
+    let seconds = latest
+        .unix_second
+        .saturating_sub(previous.unix_second)
+        .max(1);
+    a.iter()
+        .filter(|(k, _)| !IDS.contains(&k.as_str()) && !GAUGES.contains(&k.as_str()))
+        .map(|(k, v)| {
+            let delta = v
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(b[k].as_u64().unwrap_or(0));
+            (k.clone(), (delta / seconds).into())
+        })
+        .collect()
+}
+
+/// Writes the summed worker counters as `hongbao_worker_<name>_total` counters (gauges for
+/// levels), in base units.
+pub fn worker_totals(m: &mut Exposition, totals: &Map<String, Value>) {
+    for (k, v) in totals {
+        let value = v.as_u64().unwrap_or(0) as f64;
+        match k.as_str() {
+            "rss_bytes" | "cpu_ms" => {} // exported per worker with their own names
+            "connections" | "logged_in" | "pool_packets" => m.sample(
+                &format!("hongbao_{k}"),
+                "gauge",
+                &format!("Sum over workers of {k}"),
+                &[],
+                value,
+            ),
+            _ => m.sample(
+                &format!("hongbao_worker_{k}_total"),
+                "counter",
+                &format!("Sum over workers of {k}"),
+                &[],
+                value,
+            ),
+        }
+    }
+}
+
+/// A Prometheus text-format (0.0.4) page under construction.
+#[derive(Default)]
+pub struct Exposition {
+    out: String,
+    described: BTreeSet<String>,
+}
+
+impl Exposition {
+    pub fn sample(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        labels: &[(&str, String)],
+        value: f64,
+    ) {
+        if self.described.insert(name.to_string()) {
+            let _ = writeln!(self.out, "# HELP {name} {help}");
+            let _ = writeln!(self.out, "# TYPE {name} {kind}");
+        }
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            let body: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
+                .collect();
+            let _ = write!(self.out, "{{{}}}", body.join(","));
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    pub fn finish(self) -> String {
+        self.out
+    }
+}

@@ -1,0 +1,791 @@
+//! `hongbao serve`: the supervisor process. It hosts the core, its ledger writer and the
+//! admin API, and spawns the gateway workers (this same binary, `hongbao worker`), each
+//! holding its own SO_REUSEPORT listener on the client port and one link back here.
+//!
+//! Its loop is the core's loop: it reads the links, feeds the core, ticks the core's
+//! clock, hands new events to the ledger writer, and routes whatever the core says once
+//! the ledger has committed it. It also watches the worker processes: a worker that dies
+//! has its pool returned to the campaigns (when its link closes) and is started again.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{sync_channel, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mio::net::{UnixListener, UnixStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use serde_json::{json, Map, Value};
+use slab::Slab;
+
+use crate::admin::{self, AdminCommand, AdminRequest, AdminResponse};
+use crate::config::{ServeConfig, DEV_SECRET};
+use crate::core::{Core, CoreConfig, Out, WorkerId};
+use crate::ledger::{GroupCommit, Ledger, LedgerWriter};
+use crate::link::{self, ToCore, ToWorker, WorkerConfig, WorkerStats};
+use crate::metrics;
+use crate::sys;
+
+const LINK_LISTENER: Token = Token(usize::MAX - 1);
+const WAKER: Token = Token(usize::MAX - 2);
+/// A worker whose link output backs up past this is treated as dead.
+const MAX_LINK_BACKLOG: usize = 256 << 20;
+
+struct Link {
+    stream: UnixStream,
+    worker: Option<WorkerId>,
+    inbuf: Vec<u8>,
+    outbuf: Vec<u8>,
+}
+
+struct WorkerProc {
+    child: Option<Child>,
+    restarts: u32,
+    respawn_at: Option<Instant>,
+    /// Stats reports: latest and the one a second before, for per-second rates.
+    latest: Option<WorkerStats>,
+    previous: Option<WorkerStats>,
+}
+
+struct Supervisor {
+    cfg: ServeConfig,
+    core: Core,
+    poll: Poll,
+    link_listener: UnixListener,
+    link_name: String,
+    links: Slab<Link>,
+    worker_links: HashMap<WorkerId, usize>,
+    workers: BTreeMap<WorkerId, WorkerProc>,
+    worker_cfg: WorkerConfig,
+    client_addr: SocketAddr,
+    ledger: LedgerWriter,
+    admin_rx: Receiver<AdminCommand>,
+    deferred_admin: VecDeque<(u64, Sender<AdminResponse>, AdminResponse)>,
+    /// Counters of workers that have exited, so totals never go backwards.
+    retired: Map<String, Value>,
+    core_counters_previous: BTreeMap<(&'static str, &'static str), u64>,
+    core_rates: BTreeMap<(&'static str, &'static str), u64>,
+    shutting_down: bool,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// Runs `hongbao serve` until SIGINT/SIGTERM. Prints one "ready" line on stdout with the
+/// bound addresses once every worker has connected.
+pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
+    sys::catch_stop_signals();
+    let nofile = sys::raise_nofile_limit();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let worker_count = cfg.worker_count(nofile, cores)?;
+    if cfg.secret == DEV_SECRET {
+        eprintln!(
+            "hongbao serve: using the built-in development secret; set `secret` for real use"
+        );
+    }
+
+    // Rebuild the money state from the ledger.
+    let ledger = Ledger::open(&cfg.data_dir)?;
+    let ledger_path = cfg.data_dir.join("ledger.sqlite");
+    let mut core = Core::new(CoreConfig {
+        packet_ttl_ms: cfg.packet_ttl_secs * 1000,
+        rng_seed: None,
+    });
+    let replayed = ledger.for_each(|record| core.replay(&record))?;
+    check_balances(&core, &ledger)?;
+    core.resume(now_ms());
+    let audit = core.audit();
+    if !audit.ok {
+        anyhow::bail!(
+            "the ledger in {} does not balance: {audit:?}",
+            cfg.data_dir.display()
+        );
+    }
+
+    let poll = Poll::new()?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+    let commit_waker = waker.clone();
+    let group = GroupCommit {
+        commit_window: Duration::from_millis(cfg.commit_window_ms),
+        max_batch: cfg.commit_max_batch.max(1),
+    };
+    let ledger = LedgerWriter::spawn(ledger, core.seq(), group, move || {
+        let _ = commit_waker.wake();
+    });
+
+    // Reserve the client port (resolving ":0") with a bound, non-listening socket that
+    // joins the workers' SO_REUSEPORT group but never receives connections.
+    let requested: SocketAddr = cfg
+        .listen
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--listen {}: {e}", cfg.listen))?;
+    let placeholder = sys::reuseport_listener(requested, false)
+        .map_err(|e| anyhow::anyhow!("binding the client address {requested}: {e}"))?;
+    let client_addr = placeholder.local_addr()?;
+
+    let link_name = format!("hongbao-link-{}-{}", std::process::id(), now_ms());
+    let std_listener =
+        std::os::unix::net::UnixListener::bind_addr(&sys::abstract_addr(&link_name)?)?;
+    std_listener.set_nonblocking(true)?;
+    let mut link_listener = UnixListener::from_std(std_listener);
+    poll.registry()
+        .register(&mut link_listener, LINK_LISTENER, Interest::READABLE)?;
+
+    let (admin_tx, admin_rx) = sync_channel(256);
+    let admin_addr = admin::start(&cfg.admin, ledger_path, admin_tx, waker.clone())?;
+
+    let per_worker_qps = cfg.max_shake_qps.div_ceil(worker_count as u32);
+    let max_connections = ServeConfig::connections_per_worker(nofile) as u32;
+    let worker_cfg = WorkerConfig {
+        secret: cfg.secret.as_bytes().to_vec(),
+        max_shakes_per_sec: per_worker_qps,
+        max_connections,
+        login_timeout_secs: cfg.login_timeout_secs,
+        idle_timeout_secs: cfg.idle_timeout_secs,
+        max_output_bytes: cfg.max_output_bytes,
+    };
+    let mut sup = Supervisor {
+        cfg,
+        core,
+        poll,
+        link_listener,
+        link_name,
+        links: Slab::new(),
+        worker_links: HashMap::new(),
+        workers: BTreeMap::new(),
+        worker_cfg,
+        client_addr,
+        ledger,
+        admin_rx,
+        deferred_admin: VecDeque::new(),
+        retired: Map::new(),
+        core_counters_previous: BTreeMap::new(),
+        core_rates: BTreeMap::new(),
+        shutting_down: false,
+    };
+    for w in 0..worker_count as WorkerId {
+        let child = sup.spawn_worker(w)?;
+        sup.workers.insert(
+            w,
+            WorkerProc {
+                child: Some(child),
+                restarts: 0,
+                respawn_at: None,
+                latest: None,
+                previous: None,
+            },
+        );
+    }
+    let result = sup.event_loop(admin_addr, replayed);
+    sup.stop_workers();
+    let flushed = sup.ledger.finish();
+    drop(placeholder);
+    result?;
+    flushed?;
+    eprintln!("hongbao serve: stopped; ledger at seq {}", sup.core.seq());
+    Ok(())
+}
+
+fn check_balances(core: &Core, ledger: &Ledger) -> anyhow::Result<()> {
+    let stored = ledger.balances()?;
+    let replayed = core.balances_by_key();
+    if stored != replayed {
+        anyhow::bail!(
+            "the ledger's balances table disagrees with its events ({} vs {} accounts)",
+            stored.len(),
+            replayed.len()
+        );
+    }
+    Ok(())
+}
+
+impl Supervisor {
+    fn spawn_worker(&self, w: WorkerId) -> anyhow::Result<Child> {
+        let exe = std::env::current_exe()?;
+        let child = Command::new(exe)
+            .arg("worker")
+            .arg("--link")
+            .arg(&self.link_name)
+            .arg("--index")
+            .arg(w.to_string())
+            .arg("--listen")
+            .arg(self.client_addr.to_string())
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting worker {w}: {e}"))?;
+        Ok(child)
+    }
+
+    fn event_loop(&mut self, admin_addr: SocketAddr, replayed: u64) -> anyhow::Result<()> {
+        let mut events = Events::with_capacity(256);
+        let tick = Duration::from_millis(self.core.tick_interval_ms());
+        let mut next_tick = Instant::now();
+        let mut next_second = Instant::now() + Duration::from_secs(1);
+        let mut next_check = Instant::now();
+        let mut ready_said = false;
+        let mut outs = Vec::new();
+        loop {
+            let timeout = next_tick.saturating_duration_since(Instant::now());
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != ErrorKind::Interrupted {
+                    return Err(e.into());
+                }
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LINK_LISTENER => self.accept_links()?,
+                    WAKER => {}
+                    Token(key) => self.read_link(key),
+                }
+            }
+            while let Ok(cmd) = self.admin_rx.try_recv() {
+                self.admin(cmd);
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                self.core.tick(now_ms());
+                next_tick = now + tick;
+            }
+            if now >= next_second {
+                next_second += Duration::from_secs(1);
+                self.roll_core_rates();
+            }
+            if now >= next_check {
+                next_check = now + Duration::from_millis(100);
+                self.check_workers()?;
+            }
+            if !ready_said && self.worker_links.len() == self.workers.len() {
+                ready_said = true;
+                println!(
+                    "hongbao serve ready: listen={} admin={} workers={} data_dir={} replayed_events={}",
+                    self.client_addr,
+                    admin_addr,
+                    self.workers.len(),
+                    self.cfg.data_dir.display(),
+                    replayed
+                );
+                let _ = std::io::stdout().flush();
+            }
+            self.ledger.submit(self.core.take_records());
+            self.route_committed(&mut outs);
+            self.flush_links();
+            if self.ledger.is_dead() {
+                anyhow::bail!("the ledger writer stopped; refusing to acknowledge anything more");
+            }
+            if sys::stop_requested() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn route_committed(&mut self, outs: &mut Vec<Out>) {
+        let committed = self.ledger.committed();
+        self.core.drain_ready(committed, outs);
+        for out in outs.drain(..) {
+            let (worker, msg) = match out {
+                Out::ToConn {
+                    worker,
+                    conn,
+                    bytes,
+                    close,
+                } => (worker, ToWorker::ToConn { conn, bytes, close }),
+                Out::Deal { worker, packets } => (worker, ToWorker::Deal { packets }),
+            };
+            if let Some(link) = self
+                .worker_links
+                .get(&worker)
+                .and_then(|k| self.links.get_mut(*k))
+            {
+                link::encode(&msg, &mut link.outbuf);
+            }
+        }
+        while let Some((tag, _, _)) = self.deferred_admin.front() {
+            if *tag > committed {
+                break;
+            }
+            let (_, reply, response) = self.deferred_admin.pop_front().unwrap();
+            let _ = reply.send(response);
+        }
+    }
+
+    // ----- links -------------------------------------------------------------------------
+
+    fn accept_links(&mut self) -> anyhow::Result<()> {
+        loop {
+            match self.link_listener.accept() {
+                Ok((mut stream, _)) => {
+                    let entry = self.links.vacant_entry();
+                    self.poll.registry().register(
+                        &mut stream,
+                        Token(entry.key()),
+                        Interest::READABLE | Interest::WRITABLE,
+                    )?;
+                    entry.insert(Link {
+                        stream,
+                        worker: None,
+                        inbuf: Vec::new(),
+                        outbuf: Vec::new(),
+                    });
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn read_link(&mut self, key: usize) {
+        let mut chunk = [0u8; 64 * 1024];
+        let mut closed = false;
+        let Some(link) = self.links.get_mut(key) else {
+            return;
+        };
+        loop {
+            match link.stream.read(&mut chunk) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => link.inbuf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        let mut inbox = Vec::new();
+        let mut inbuf = std::mem::take(&mut link.inbuf);
+        if let Err(e) = link::decode_all::<ToCore>(&mut inbuf, |m| inbox.push(m)) {
+            eprintln!("hongbao serve: dropping a worker link: {e}");
+            closed = true;
+        }
+        link.inbuf = inbuf;
+        let now = now_ms();
+        for msg in inbox {
+            self.on_worker_message(key, msg, now);
+        }
+        if closed {
+            self.drop_link(key);
+        }
+    }
+
+    fn on_worker_message(&mut self, key: usize, msg: ToCore, now: u64) {
+        let worker = self.links[key].worker;
+        let Some(w) = worker else {
+            if let ToCore::Hello { worker: w, .. } = msg {
+                if let Some(old) = self.worker_links.insert(w, key) {
+                    self.drop_link(old);
+                    self.worker_links.insert(w, key);
+                }
+                self.links[key].worker = Some(w);
+                self.core.worker_up(w);
+                link::encode(
+                    &ToWorker::Welcome(self.worker_cfg.clone()),
+                    &mut self.links[key].outbuf,
+                );
+            }
+            return;
+        };
+        match msg {
+            ToCore::Hello { .. } => {}
+            ToCore::Online { conn, user } => self.core.online(w, conn, user),
+            ToCore::Offline { conn, user } => self.core.offline(w, conn, user),
+            ToCore::Claim {
+                conn,
+                req,
+                user,
+                packet,
+            } => self.core.claim(now, w, conn, req, user, packet),
+            ToCore::Send {
+                conn,
+                req,
+                user,
+                amount_cents,
+                shares,
+                recipients,
+            } => self
+                .core
+                .send(now, w, conn, req, user, amount_cents, shares, recipients),
+            ToCore::Open {
+                conn,
+                req,
+                user,
+                packet,
+            } => self.core.open(now, w, conn, req, user, packet),
+            ToCore::Chat {
+                conn,
+                req,
+                user,
+                to_user,
+                text,
+            } => self.core.chat(w, conn, req, user, to_user, text),
+            ToCore::Stats(stats) => {
+                if let Some(proc_) = self.workers.get_mut(&w) {
+                    proc_.previous = proc_.latest.take();
+                    proc_.latest = Some(stats);
+                }
+            }
+        }
+    }
+
+    fn drop_link(&mut self, key: usize) {
+        if !self.links.contains(key) {
+            return;
+        }
+        let mut link = self.links.remove(key);
+        let _ = self.poll.registry().deregister(&mut link.stream);
+        if let Some(w) = link.worker {
+            if self.worker_links.get(&w) == Some(&key) {
+                self.worker_links.remove(&w);
+                self.core.worker_down(w);
+                self.retire_stats(w);
+            }
+        }
+    }
+
+    fn flush_links(&mut self) {
+        let mut dead = Vec::new();
+        for (key, link) in self.links.iter_mut() {
+            while !link.outbuf.is_empty() {
+                match link.stream.write(&link.outbuf) {
+                    Ok(n) => {
+                        link.outbuf.drain(..n);
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(_) => {
+                        dead.push(key);
+                        break;
+                    }
+                }
+            }
+            if link.outbuf.len() > MAX_LINK_BACKLOG {
+                eprintln!(
+                    "hongbao serve: worker {:?} is not reading its link; dropping it",
+                    link.worker
+                );
+                dead.push(key);
+            }
+        }
+        for key in dead {
+            self.drop_link(key);
+        }
+    }
+
+    // ----- worker processes --------------------------------------------------------------
+
+    fn check_workers(&mut self) -> anyhow::Result<()> {
+        if self.shutting_down {
+            return Ok(());
+        }
+        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+        for w in ids {
+            let proc_ = self.workers.get_mut(&w).expect("listed");
+            if let Some(child) = proc_.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    eprintln!(
+                        "hongbao serve: worker {w} (pid {}) exited: {status}; restarting",
+                        child.id()
+                    );
+                    proc_.child = None;
+                    proc_.restarts += 1;
+                    // Back off when a worker keeps dying, so a crash loop cannot spin.
+                    let delay = Duration::from_millis(100 * proc_.restarts.min(50) as u64);
+                    proc_.respawn_at = Some(Instant::now() + delay);
+                    if let Some(key) = self.worker_links.get(&w).copied() {
+                        self.drop_link(key);
+                    }
+                }
+            }
+            let proc_ = self.workers.get_mut(&w).expect("listed");
+            if proc_.child.is_none() && proc_.respawn_at.is_some_and(|t| Instant::now() >= t) {
+                proc_.respawn_at = None;
+                let child = self.spawn_worker(w)?;
+                self.workers.get_mut(&w).expect("listed").child = Some(child);
+            }
+        }
+        Ok(())
+    }
+
+    fn stop_workers(&mut self) {
+        self.shutting_down = true;
+        for link in self.links.iter_mut().map(|(_, l)| l) {
+            link::encode(&ToWorker::Shutdown, &mut link.outbuf);
+        }
+        self.flush_links();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for proc_ in self.workers.values_mut() {
+            if let Some(child) = proc_.child.as_mut() {
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        // Whatever the core still holds for the ledger goes in before we stop.
+        self.ledger.submit(self.core.take_records());
+    }
+
+    fn retire_stats(&mut self, w: WorkerId) {
+        let Some(proc_) = self.workers.get_mut(&w) else {
+            return;
+        };
+        if let Some(last) = proc_.latest.take() {
+            metrics::add_counters(&mut self.retired, &last);
+        }
+        proc_.previous = None;
+    }
+
+    // ----- admin -------------------------------------------------------------------------
+
+    fn roll_core_rates(&mut self) {
+        let now = self.core.counters.by_result.clone();
+        self.core_rates = now
+            .iter()
+            .map(|(k, v)| {
+                (
+                    *k,
+                    v - self.core_counters_previous.get(k).copied().unwrap_or(0),
+                )
+            })
+            .collect();
+        self.core_counters_previous = now;
+    }
+
+    fn admin(&mut self, cmd: AdminCommand) {
+        let now = now_ms();
+        let response = match cmd.request {
+            AdminRequest::CreateShake(req) => match self.core.create_shake_campaign(now, &req) {
+                Ok(status) => {
+                    // Answer once the campaign is durable.
+                    let response = AdminResponse::json(201, &status);
+                    self.deferred_admin
+                        .push_back((self.core.seq(), cmd.reply, response));
+                    return;
+                }
+                Err(e) => AdminResponse::error(400, e),
+            },
+            AdminRequest::CreateSend(req) => match self.core.create_send_campaign(now, &req) {
+                Ok(status) => {
+                    let response = AdminResponse::json(201, &status);
+                    self.deferred_admin
+                        .push_back((self.core.seq(), cmd.reply, response));
+                    return;
+                }
+                Err(e) => AdminResponse::error(400, e),
+            },
+            AdminRequest::Campaign(id) => match self.core.campaign(id) {
+                Some(status) => AdminResponse::json(200, &status),
+                None => AdminResponse::error(404, format!("no campaign {id}")),
+            },
+            AdminRequest::Campaigns => {
+                let all: Vec<_> = self
+                    .core
+                    .campaign_ids()
+                    .into_iter()
+                    .filter_map(|id| self.core.campaign(id))
+                    .collect();
+                AdminResponse::json(200, &all)
+            }
+            AdminRequest::Audit => AdminResponse::json(200, &self.core.audit()),
+            AdminRequest::Stats => AdminResponse::json(200, &self.stats()),
+            AdminRequest::Metrics => AdminResponse {
+                status: 200,
+                body: self.metrics(),
+                content_type: "text/plain; version=0.0.4",
+            },
+        };
+        // Reads are answered once what they saw is durable, like everything else.
+        self.deferred_admin
+            .push_back((self.core.seq(), cmd.reply, response));
+    }
+
+    fn live_stats(&self) -> impl Iterator<Item = (&WorkerId, &WorkerProc, &WorkerStats)> {
+        self.workers
+            .iter()
+            .filter_map(|(w, p)| p.latest.as_ref().map(|s| (w, p, s)))
+    }
+
+    fn stats(&self) -> Value {
+        let mut workers = Vec::new();
+        let mut totals = self.retired.clone();
+        let mut rates = Map::new();
+        for (w, proc_, latest) in self.live_stats() {
+            metrics::add_counters(&mut totals, latest);
+            let worker_rates = metrics::rates(latest, proc_.previous.as_ref());
+            for (k, v) in &worker_rates {
+                let sum =
+                    rates.get(k).and_then(Value::as_u64).unwrap_or(0) + v.as_u64().unwrap_or(0);
+                rates.insert(k.clone(), sum.into());
+            }
+            workers.push(json!({
+                "worker": w,
+                "pid": latest.pid,
+                "restarts": proc_.restarts,
+                "connections": latest.connections,
+                "logged_in": latest.logged_in,
+                "pool_packets": latest.pool_packets,
+                "rss_bytes": latest.rss_bytes,
+                "cpu_ms": latest.cpu_ms,
+                "per_sec": worker_rates,
+            }));
+        }
+        let core_rates: BTreeMap<String, u64> = self
+            .core_rates
+            .iter()
+            .map(|((op, r), v)| (format!("{op}_{r}"), *v))
+            .collect();
+        let (rss, cpu) = sys::self_usage();
+        json!({
+            "unix_ms": now_ms(),
+            "connections": totals.get("connections").cloned().unwrap_or(0.into()),
+            "logged_in": totals.get("logged_in").cloned().unwrap_or(0.into()),
+            "online_users": self.core.online_users(),
+            "per_sec": rates,
+            "core_per_sec": core_rates,
+            "totals": totals,
+            "workers": workers,
+            "core": {
+                "ledger_seq": self.core.seq(),
+                "ledger_committed_seq": self.ledger.committed(),
+                "rss_bytes": rss,
+                "cpu_ms": cpu,
+            },
+        })
+    }
+
+    fn metrics(&self) -> String {
+        let mut m = metrics::Exposition::default();
+        let mut totals = self.retired.clone();
+        for (_, _, latest) in self.live_stats() {
+            metrics::add_counters(&mut totals, latest);
+        }
+        metrics::worker_totals(&mut m, &totals);
+        for (w, proc_, latest) in self.live_stats() {
+            let label = [("worker", w.to_string())];
+            m.sample(
+                "hongbao_worker_connections",
+                "gauge",
+                "Open client connections per worker",
+                &label,
+                latest.connections as f64,
+            );
+            m.sample(
+                "hongbao_worker_restarts_total",
+                "counter",
+                "Times a worker was restarted",
+                &label,
+                proc_.restarts as f64,
+            );
+            m.sample(
+                "hongbao_worker_resident_memory_bytes",
+                "gauge",
+                "Resident memory per worker",
+                &label,
+                latest.rss_bytes as f64,
+            );
+            m.sample(
+                "hongbao_worker_cpu_seconds_total",
+                "counter",
+                "CPU time per worker",
+                &label,
+                latest.cpu_ms as f64 / 1000.0,
+            );
+        }
+        for ((op, result), v) in &self.core.counters.by_result {
+            let labels = [("op", op.to_string()), ("result", result.to_string())];
+            m.sample(
+                "hongbao_core_replies_total",
+                "counter",
+                "Replies from the core by operation and result",
+                &labels,
+                *v as f64,
+            );
+        }
+        let audit = self.core.audit();
+        m.sample(
+            "hongbao_money_minted_cents",
+            "gauge",
+            "Money minted by campaigns",
+            &[],
+            audit.minted_cents as f64,
+        );
+        m.sample(
+            "hongbao_money_balances_cents",
+            "gauge",
+            "Money held in user balances",
+            &[],
+            audit.user_balances_cents as f64,
+        );
+        m.sample(
+            "hongbao_money_unopened_cents",
+            "gauge",
+            "Money in unopened shares",
+            &[],
+            audit.unopened_cents as f64,
+        );
+        m.sample(
+            "hongbao_money_unclaimed_cents",
+            "gauge",
+            "Money in unclaimed shake packets",
+            &[],
+            audit.unclaimed_cents as f64,
+        );
+        m.sample(
+            "hongbao_audit_ok",
+            "gauge",
+            "1 when money is conserved",
+            &[],
+            if audit.ok { 1.0 } else { 0.0 },
+        );
+        m.sample(
+            "hongbao_online_users",
+            "gauge",
+            "Users logged in",
+            &[],
+            self.core.online_users() as f64,
+        );
+        m.sample(
+            "hongbao_ledger_seq",
+            "gauge",
+            "Newest ledger event",
+            &[],
+            self.core.seq() as f64,
+        );
+        m.sample(
+            "hongbao_ledger_committed_seq",
+            "gauge",
+            "Newest committed ledger event",
+            &[],
+            self.ledger.committed() as f64,
+        );
+        let (rss, cpu) = sys::self_usage();
+        m.sample(
+            "hongbao_core_resident_memory_bytes",
+            "gauge",
+            "Resident memory of the supervisor and core",
+            &[],
+            rss as f64,
+        );
+        m.sample(
+            "hongbao_core_cpu_seconds_total",
+            "counter",
+            "CPU time of the supervisor and core",
+            &[],
+            cpu as f64 / 1000.0,
+        );
+        m.finish()
+    }
+}

@@ -1,0 +1,762 @@
+//! A gateway worker: one process, one event loop, one SET — its connections, its local
+//! shake pool, its admission counter, its stats.
+//!
+//! Connections live in a slab of small records driven by mio, not in a task each: the
+//! read buffer is shared by the whole worker, and a connection keeps bytes of its own
+//! only while a frame is partial (`partial`) or while the kernel will not take what we
+//! write (`out`). Losing shakes are answered here at memory speed; winning shakes, sends,
+//! opens and chats go to the core over the link, and the core's answers come back as
+//! ready-encoded bytes addressed to a `ConnId` (slab key + generation, so an answer for
+//! a closed connection can never reach the next owner of its slot).
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hongbao_proto::{Frame, KickReason, Message, ResultCode};
+use mio::net::{TcpListener, TcpStream, UnixStream};
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+
+use crate::core::{ConnId, WorkerId};
+use crate::link::{self, ToCore, ToWorker, WorkerConfig, WorkerStats};
+use crate::sys;
+
+const LISTENER: Token = Token(usize::MAX - 1);
+const LINK: Token = Token(usize::MAX - 2);
+/// Bytes read per `read` call into the worker's shared buffer.
+const READ_BUF: usize = 64 * 1024;
+/// Reads one connection may do per readiness event before others get a turn.
+const READS_PER_TURN: usize = 4;
+/// How long a kicked connection may take to read its kick before we close it.
+const CLOSING_GRACE_SECS: u32 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Open,
+    /// Kick sent and write side shut: waiting for the peer to close, then we close.
+    Closing,
+}
+
+/// One client connection. Kept small: this is what a million of cost.
+struct Conn {
+    stream: TcpStream,
+    generation: u32,
+    state: State,
+    /// Seconds since worker start of the last frame (or of the connect).
+    last_seen: u32,
+    user: u64,
+    partial: Vec<u8>,
+    out: Vec<u8>,
+}
+
+pub struct WorkerOptions {
+    pub index: WorkerId,
+    pub link: String,
+    pub listen: SocketAddr,
+}
+
+struct Worker {
+    index: WorkerId,
+    poll: Poll,
+    listener: TcpListener,
+    conns: Slab<Conn>,
+    /// Connections that hit `READS_PER_TURN` and still have input waiting.
+    again: Vec<usize>,
+    link: UnixStream,
+    link_in: Vec<u8>,
+    link_out: Vec<u8>,
+    pool: VecDeque<(u64, u64)>,
+    cfg: WorkerConfig,
+    started: Instant,
+    next_generation: u32,
+    admission_second: u64,
+    admission_used: u32,
+    accept_paused: bool,
+    stats: WorkerStats,
+    shutdown: bool,
+}
+
+fn now_s(started: Instant) -> u32 {
+    started.elapsed().as_secs() as u32
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+fn conn_id(key: usize, generation: u32) -> ConnId {
+    ((generation as u64) << 32) | key as u64
+}
+
+/// Runs a worker until the core tells it to stop or the link closes.
+pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
+    sys::raise_nofile_limit();
+    let addr = sys::abstract_addr(&opts.link)?;
+    let std_link = std::os::unix::net::UnixStream::connect_addr(&addr)
+        .map_err(|e| anyhow::anyhow!("worker {}: connecting to the core: {e}", opts.index))?;
+    let mut hello = Vec::new();
+    link::encode(
+        &ToCore::Hello {
+            worker: opts.index,
+            pid: std::process::id(),
+        },
+        &mut hello,
+    );
+    (&std_link).write_all(&hello)?;
+    let cfg = read_welcome(&std_link)?;
+    std_link.set_nonblocking(true)?;
+
+    let listener = TcpListener::from_std(sys::reuseport_listener(opts.listen, true)?);
+    let poll = Poll::new()?;
+    let mut worker = Worker {
+        index: opts.index,
+        poll,
+        listener,
+        conns: Slab::new(),
+        again: Vec::new(),
+        link: UnixStream::from_std(std_link),
+        link_in: Vec::new(),
+        link_out: Vec::new(),
+        pool: VecDeque::new(),
+        cfg,
+        started: Instant::now(),
+        next_generation: 1,
+        admission_second: 0,
+        admission_used: 0,
+        accept_paused: false,
+        stats: WorkerStats {
+            worker: opts.index,
+            pid: std::process::id(),
+            ..Default::default()
+        },
+        shutdown: false,
+    };
+    worker
+        .poll
+        .registry()
+        .register(&mut worker.listener, LISTENER, Interest::READABLE)?;
+    worker.poll.registry().register(
+        &mut worker.link,
+        LINK,
+        Interest::READABLE | Interest::WRITABLE,
+    )?;
+    worker.event_loop()
+}
+
+fn read_welcome(mut stream: &std::os::unix::net::UnixStream) -> anyhow::Result<WorkerConfig> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            anyhow::bail!("the core closed the link before welcoming this worker");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let mut welcome = None;
+        link::decode_all::<ToWorker>(&mut buf, |m| {
+            if let ToWorker::Welcome(cfg) = m {
+                welcome = Some(cfg);
+            }
+        })
+        .map_err(anyhow::Error::msg)?;
+        if let Some(cfg) = welcome {
+            return Ok(cfg);
+        }
+    }
+}
+
+impl Worker {
+    fn event_loop(&mut self) -> anyhow::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        let mut read_buf = vec![0u8; READ_BUF];
+        let mut next_tick = Instant::now();
+        while !self.shutdown {
+            let timeout = if self.again.is_empty() {
+                next_tick.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() == ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept(),
+                    LINK => self.on_link(event.is_readable())?,
+                    Token(key) => {
+                        if event.is_writable() {
+                            self.flush_conn(key);
+                        }
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            self.on_readable(key, &mut read_buf);
+                        }
+                    }
+                }
+            }
+            for key in std::mem::take(&mut self.again) {
+                self.on_readable(key, &mut read_buf);
+            }
+            if Instant::now() >= next_tick {
+                next_tick += Duration::from_secs(1);
+                self.tick();
+            }
+            self.flush_link()?;
+        }
+        Ok(())
+    }
+
+    // ----- connections ----------------------------------------------------------------
+
+    fn accept(&mut self) {
+        if self.accept_paused {
+            return;
+        }
+        loop {
+            match self.listener.accept() {
+                Ok((mut stream, _)) => {
+                    self.stats.accepted += 1;
+                    if self.conns.len() >= self.cfg.max_connections as usize {
+                        self.stats.rejected += 1;
+                        continue; // dropped: closes at once
+                    }
+                    let _ = stream.set_nodelay(true);
+                    let entry = self.conns.vacant_entry();
+                    let key = entry.key();
+                    let interest = Interest::READABLE | Interest::WRITABLE;
+                    if self
+                        .poll
+                        .registry()
+                        .register(&mut stream, Token(key), interest)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    let generation = self.next_generation;
+                    self.next_generation = self.next_generation.wrapping_add(1).max(1);
+                    entry.insert(Conn {
+                        stream,
+                        generation,
+                        state: State::Open,
+                        last_seen: now_s(self.started),
+                        user: 0,
+                        partial: Vec::new(),
+                        out: Vec::new(),
+                    });
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of files (or similar): stop accepting until the next tick rather
+                    // than spin; the backlog waits in the kernel.
+                    eprintln!(
+                        "worker {}: accept: {e}; pausing accepts for a second",
+                        self.index
+                    );
+                    self.accept_paused = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_readable(&mut self, key: usize, buf: &mut [u8]) {
+        for _ in 0..READS_PER_TURN {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            let n = match conn.stream.read(buf) {
+                Ok(0) => return self.close(key),
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return self.close(key),
+            };
+            self.stats.bytes_in += n as u64;
+            if conn.state == State::Closing {
+                continue; // discard until the peer closes
+            }
+            conn.last_seen = now_s(self.started);
+            if conn.partial.is_empty() {
+                let used = self.frames(key, &buf[..n]);
+                if let Some(conn) = self.conns.get_mut(key) {
+                    if used < n && conn.state == State::Open {
+                        conn.partial.extend_from_slice(&buf[used..n]);
+                    }
+                }
+            } else {
+                let mut partial = std::mem::take(&mut conn.partial);
+                partial.extend_from_slice(&buf[..n]);
+                let used = self.frames(key, &partial);
+                if let Some(conn) = self.conns.get_mut(key) {
+                    if used < partial.len() && conn.state == State::Open {
+                        partial.drain(..used);
+                        partial.shrink_to_fit();
+                        conn.partial = partial;
+                    }
+                }
+            }
+        }
+        self.again.push(key);
+    }
+
+    /// Handles every whole frame at the front of `data`; returns how many bytes it used.
+    fn frames(&mut self, key: usize, data: &[u8]) -> usize {
+        let mut at = 0;
+        while at < data.len() {
+            match hongbao_proto::check(&data[at..]) {
+                Ok(None) => break,
+                Ok(Some(len)) => {
+                    let bytes = &data[at..at + len];
+                    at += len;
+                    match hongbao_proto::decode(bytes) {
+                        Ok(frame) => self.handle(key, frame),
+                        Err(e) => {
+                            self.stats.bad_requests += 1;
+                            let request_id = e.request_id().unwrap_or(0);
+                            let result = e.result_code().unwrap_or(ResultCode::BadRequest);
+                            self.reply(
+                                key,
+                                request_id,
+                                Message::Error {
+                                    result,
+                                    text: e.to_string(),
+                                },
+                            );
+                        }
+                    }
+                    if !self.conns.get(key).is_some_and(|c| c.state == State::Open) {
+                        return data.len();
+                    }
+                }
+                Err(e) => {
+                    self.stats.bad_frames += 1;
+                    self.kick(key, KickReason::BadFrame, &e.to_string());
+                    return data.len();
+                }
+            }
+        }
+        at
+    }
+
+    fn handle(&mut self, key: usize, frame: Frame) {
+        let req = frame.request_id;
+        let (user, generation) = {
+            let c = &self.conns[key];
+            (c.user, c.generation)
+        };
+        let conn = conn_id(key, generation);
+        match frame.message {
+            Message::Ping { client_time_us } => {
+                self.stats.pings += 1;
+                let server_time_us = unix_now().as_micros() as u64;
+                self.reply(
+                    key,
+                    req,
+                    Message::Pong {
+                        client_time_us,
+                        server_time_us,
+                    },
+                );
+            }
+            Message::Login { user_id, token } => self.login(key, req, user_id, &token),
+            _ if user == 0 && frame.message.is_client_kind() => {
+                self.stats.not_logged_in += 1;
+                let text = "log in first".to_string();
+                self.reply(
+                    key,
+                    req,
+                    Message::Error {
+                        result: ResultCode::NotLoggedIn,
+                        text,
+                    },
+                );
+            }
+            Message::Shake => self.shake(key, req, user, conn),
+            Message::Send {
+                amount_cents,
+                shares,
+                recipients,
+            } => {
+                self.stats.sends += 1;
+                self.tell_core(&ToCore::Send {
+                    conn,
+                    req,
+                    user,
+                    amount_cents,
+                    shares,
+                    recipients,
+                });
+            }
+            Message::Open { packet_id } => {
+                self.stats.opens += 1;
+                self.tell_core(&ToCore::Open {
+                    conn,
+                    req,
+                    user,
+                    packet: packet_id,
+                });
+            }
+            Message::Chat { to_user, text } => {
+                self.stats.chats += 1;
+                self.tell_core(&ToCore::Chat {
+                    conn,
+                    req,
+                    user,
+                    to_user,
+                    text,
+                });
+            }
+            other => {
+                self.stats.bad_requests += 1;
+                let text = format!("message type {:#04x} is sent by servers only", other.kind());
+                self.reply(
+                    key,
+                    req,
+                    Message::Error {
+                        result: ResultCode::BadRequest,
+                        text,
+                    },
+                );
+            }
+        }
+    }
+
+    fn login(&mut self, key: usize, req: u32, user_id: u64, token: &[u8]) {
+        if user_id == 0 || !hongbao_proto::token::verify(&self.cfg.secret, user_id, token) {
+            self.stats.login_failures += 1;
+            let reply = Message::LoginReply {
+                result: ResultCode::BadToken,
+                user_id,
+            };
+            self.reply(key, req, reply);
+            return self.kick(key, KickReason::BadToken, "bad token");
+        }
+        self.stats.logins += 1;
+        let conn = &mut self.conns[key];
+        let previous = std::mem::replace(&mut conn.user, user_id);
+        let id = conn_id(key, conn.generation);
+        if previous != 0 && previous != user_id {
+            self.tell_core(&ToCore::Offline {
+                conn: id,
+                user: previous,
+            });
+        }
+        if previous == 0 {
+            self.stats.logged_in += 1;
+        }
+        self.reply(
+            key,
+            req,
+            Message::LoginReply {
+                result: ResultCode::Ok,
+                user_id,
+            },
+        );
+        self.tell_core(&ToCore::Online {
+            conn: id,
+            user: user_id,
+        });
+    }
+
+    fn shake(&mut self, key: usize, req: u32, user: u64, conn: ConnId) {
+        self.stats.shakes += 1;
+        let second = unix_now().as_secs();
+        if second != self.admission_second {
+            self.admission_second = second;
+            self.admission_used = 0;
+        }
+        if self.admission_used >= self.cfg.max_shakes_per_sec {
+            self.stats.shakes_overloaded += 1;
+            let reply = Message::ShakeReply {
+                result: ResultCode::Overloaded,
+                packet_id: 0,
+                amount_cents: 0,
+            };
+            return self.reply(key, req, reply);
+        }
+        self.admission_used += 1;
+        match self.pool.pop_front() {
+            Some((packet, _amount)) => {
+                // Only the core may say "won": it commits the win to the ledger first.
+                self.stats.shakes_won_claimed += 1;
+                self.tell_core(&ToCore::Claim {
+                    conn,
+                    req,
+                    user,
+                    packet,
+                });
+            }
+            None => {
+                self.stats.shakes_nothing += 1;
+                let reply = Message::ShakeReply {
+                    result: ResultCode::Nothing,
+                    packet_id: 0,
+                    amount_cents: 0,
+                };
+                self.reply(key, req, reply);
+            }
+        }
+    }
+
+    fn reply(&mut self, key: usize, request_id: u32, message: Message) {
+        let mut bytes = Vec::with_capacity(32);
+        hongbao_proto::encode(
+            &Frame {
+                request_id,
+                message,
+            },
+            &mut bytes,
+        );
+        self.write(key, &bytes);
+    }
+
+    /// Writes at once when nothing is queued; queues what the kernel will not take; closes
+    /// a connection whose queue grows past the limit (a client that does not read).
+    fn write(&mut self, key: usize, bytes: &[u8]) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let mut written = 0;
+        if conn.out.is_empty() {
+            loop {
+                match conn.stream.write(&bytes[written..]) {
+                    Ok(n) => {
+                        written += n;
+                        if written == bytes.len() {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(_) => return self.close(key),
+                }
+            }
+        }
+        self.stats.bytes_out += written as u64;
+        if written < bytes.len() {
+            conn.out.extend_from_slice(&bytes[written..]);
+            if conn.out.len() > self.cfg.max_output_bytes as usize {
+                self.stats.kicks_slow_reader += 1;
+                self.close(key);
+            }
+        }
+    }
+
+    fn flush_conn(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if conn.out.is_empty() {
+            return;
+        }
+        let mut written = 0;
+        let result = loop {
+            match conn.stream.write(&conn.out[written..]) {
+                Ok(n) => {
+                    written += n;
+                    if written == conn.out.len() {
+                        break Ok(());
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        self.stats.bytes_out += written as u64;
+        conn.out.drain(..written);
+        if conn.out.is_empty() {
+            conn.out = Vec::new();
+            if conn.state == State::Closing {
+                let _ = conn.stream.shutdown(Shutdown::Write);
+            }
+        }
+        if result.is_err() {
+            self.close(key);
+        }
+    }
+
+    /// Tells the client why, then closes once it has read that (or after a grace period).
+    fn kick(&mut self, key: usize, reason: KickReason, text: &str) {
+        self.reply(
+            key,
+            0,
+            Message::Kick {
+                reason,
+                text: text.to_string(),
+            },
+        );
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.state = State::Closing;
+        conn.last_seen = now_s(self.started);
+        conn.partial = Vec::new();
+        if conn.out.is_empty() {
+            let _ = conn.stream.shutdown(Shutdown::Write);
+        }
+        self.leave(key);
+    }
+
+    /// The connection's user goes offline (its socket may linger in `Closing`).
+    fn leave(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        let user = std::mem::take(&mut conn.user);
+        if user != 0 {
+            let id = conn_id(key, conn.generation);
+            self.stats.logged_in -= 1;
+            self.tell_core(&ToCore::Offline { conn: id, user });
+        }
+    }
+
+    fn close(&mut self, key: usize) {
+        if !self.conns.contains(key) {
+            return;
+        }
+        self.leave(key);
+        let mut conn = self.conns.remove(key);
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        self.stats.closed += 1;
+    }
+
+    // ----- the link to the core -------------------------------------------------------
+
+    fn tell_core(&mut self, msg: &ToCore) {
+        link::encode(msg, &mut self.link_out);
+    }
+
+    fn on_link(&mut self, readable: bool) -> anyhow::Result<()> {
+        if !readable {
+            return Ok(());
+        }
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            match self.link.read(&mut chunk) {
+                Ok(0) => {
+                    // The core is gone: nothing we could acknowledge any more.
+                    self.shutdown = true;
+                    return Ok(());
+                }
+                Ok(n) => self.link_in.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut inbox = Vec::new();
+        link::decode_all::<ToWorker>(&mut self.link_in, |m| inbox.push(m))
+            .map_err(anyhow::Error::msg)?;
+        for msg in inbox {
+            match msg {
+                ToWorker::Deal { packets } => self.pool.extend(packets),
+                ToWorker::ToConn { conn, bytes, close } => {
+                    let key = (conn & 0xFFFF_FFFF) as usize;
+                    let generation = (conn >> 32) as u32;
+                    if self
+                        .conns
+                        .get(key)
+                        .is_some_and(|c| c.generation == generation && c.state == State::Open)
+                    {
+                        self.write(key, &bytes);
+                        if close {
+                            // The core already routed the user elsewhere; just close.
+                            if let Some(c) = self.conns.get_mut(key) {
+                                c.user = 0;
+                                self.stats.logged_in -= 1;
+                            }
+                            self.kick_closing(key);
+                        }
+                    }
+                }
+                ToWorker::Welcome(cfg) => self.cfg = cfg,
+                ToWorker::Shutdown => self.shutdown = true,
+            }
+        }
+        Ok(())
+    }
+
+    /// Like `kick`, for a connection whose kick frame is already written.
+    fn kick_closing(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.state = State::Closing;
+        conn.last_seen = now_s(self.started);
+        if conn.out.is_empty() {
+            let _ = conn.stream.shutdown(Shutdown::Write);
+        }
+    }
+
+    fn flush_link(&mut self) -> anyhow::Result<()> {
+        while !self.link_out.is_empty() {
+            match self.link.write(&self.link_out) {
+                Ok(n) => {
+                    self.link_out.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+                    self.shutdown = true;
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    // ----- once a second --------------------------------------------------------------
+
+    fn tick(&mut self) {
+        if self.accept_paused {
+            self.accept_paused = false;
+            self.accept();
+        }
+        self.sweep();
+        self.stats.unix_second = unix_now().as_secs();
+        self.stats.connections = self.conns.len() as u64;
+        self.stats.pool_packets = self.pool.len() as u64;
+        let (rss, cpu) = sys::self_usage();
+        self.stats.rss_bytes = rss;
+        self.stats.cpu_ms = cpu;
+        let stats = ToCore::Stats(self.stats.clone());
+        self.tell_core(&stats);
+    }
+
+    /// Closes connections that never logged in, went silent, or were kicked and linger.
+    fn sweep(&mut self) {
+        let now = now_s(self.started);
+        let login_timeout = self.cfg.login_timeout_secs;
+        let idle_timeout = self.cfg.idle_timeout_secs;
+        let mut expired = Vec::new();
+        for (key, c) in self.conns.iter() {
+            let quiet = now.saturating_sub(c.last_seen);
+            match c.state {
+                State::Closing if quiet >= CLOSING_GRACE_SECS => expired.push((key, None)),
+                State::Open if c.user == 0 && quiet >= login_timeout => {
+                    expired.push((key, Some("no login")))
+                }
+                State::Open if c.user != 0 && idle_timeout > 0 && quiet >= idle_timeout => {
+                    expired.push((key, Some("idle")))
+                }
+                _ => {}
+            }
+        }
+        for (key, why) in expired {
+            match why {
+                Some(text) => {
+                    self.stats.kicks_idle += 1;
+                    self.kick(key, KickReason::Idle, text);
+                }
+                None => self.close(key),
+            }
+        }
+    }
+}
