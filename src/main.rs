@@ -24,6 +24,90 @@ enum Command {
     /// One gateway worker process (started by `serve`, not by hand).
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// Simulate many users against a server at an exact, coordinated shake QPS.
+    Load(LoadArgs),
+    /// One load client process (started by `load`, not by hand).
+    #[command(hide = true)]
+    LoadClient {
+        /// The client's options as JSON.
+        options: String,
+    },
+    /// Start a server and a load, run the seed experiment's phases, audit every cent.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct LoadArgs {
+    /// The server's client address
+    #[arg(long, required_unless_present = "set_qps")]
+    server: Option<std::net::SocketAddr>,
+    /// Simulated users, one connection each
+    #[arg(long, default_value_t = 20_000)]
+    users: u64,
+    /// User id of the first simulated user
+    #[arg(long, default_value_t = 1)]
+    first_user: u64,
+    /// Shakes per second, all users together
+    #[arg(long, default_value_t = 1000)]
+    qps: u64,
+    /// Serve POST /qps and GET /stats here; with --set-qps, the running load to change
+    #[arg(long)]
+    control: Option<String>,
+    /// Change the QPS of the load running at --control, and exit
+    #[arg(long, requires = "control")]
+    set_qps: Option<u64>,
+    /// Client processes: N or auto
+    #[arg(long, default_value = "auto")]
+    procs: String,
+    /// Source addresses FIRST-LAST, e.g. 127.0.100.1-127.0.100.40 [default: one per 30,000 users from 127.0.100.1]
+    #[arg(long)]
+    source_ips: Option<String>,
+    /// Seconds of firing before stopping [default: until interrupted]
+    #[arg(long)]
+    duration: Option<u64>,
+    /// New connections per second, all processes together
+    #[arg(long, default_value_t = 20_000)]
+    connect_rate: u64,
+    /// Secret for login tokens (must match the server's)
+    #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_server::config::DEV_SECRET)]
+    secret: String,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// quick (20,000 connections, ~1 minute) or seed (1,000,000 connections, the original's scale)
+    #[arg(long, default_value = "quick")]
+    preset: String,
+    /// Connections (overrides the preset)
+    #[arg(long)]
+    connections: Option<u64>,
+    /// Where summary.json, series.csv and the ledger go
+    #[arg(long, default_value = "bench-out")]
+    out: std::path::PathBuf,
+    /// Server worker processes: N or auto
+    #[arg(long)]
+    workers: Option<String>,
+    /// Load client processes: N or auto
+    #[arg(long)]
+    procs: Option<String>,
+    /// QPS of each steady phase, comma-separated [preset: 30000,60000]
+    #[arg(long, value_delimiter = ',')]
+    phase_qps: Option<Vec<u64>>,
+    /// Shake packets per phase [quick: 2000, seed: 40000]
+    #[arg(long)]
+    shake_packets: Option<u32>,
+    /// Send packets per phase [quick: 1000, seed: 20000]
+    #[arg(long)]
+    send_packets: Option<u32>,
+    /// Packets per second of both campaigns
+    #[arg(long)]
+    campaign_rate: Option<u32>,
+    /// The server's max_shake_qps [default: 100000]
+    #[arg(long)]
+    max_shake_qps: Option<u32>,
+    /// New connections per second
+    #[arg(long)]
+    connect_rate: Option<u64>,
 }
 
 /// Flags win over the config file, which wins over the defaults.
@@ -97,6 +181,72 @@ fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
     Ok(cfg)
 }
 
+fn procs(value: &str) -> Result<u32> {
+    match value {
+        "auto" => Ok(0),
+        n => n.parse().map_err(|_| anyhow::anyhow!("--procs must be a number or auto, not {n:?}")),
+    }
+}
+
+fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOptions> {
+    let source_ips = match &args.source_ips {
+        None => None,
+        Some(range) => {
+            let (a, b) = range.split_once('-').ok_or_else(|| anyhow::anyhow!("--source-ips wants FIRST-LAST"))?;
+            Some((a.parse()?, b.parse()?))
+        }
+    };
+    Ok(hongbao_load::coordinator::LoadOptions {
+        server: args.server.expect("clap requires --server"),
+        users: args.users,
+        first_user: args.first_user,
+        qps: args.qps,
+        procs: procs(&args.procs)?,
+        source_ips,
+        connect_rate: args.connect_rate,
+        secret: args.secret.clone(),
+    })
+}
+
+fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
+    use hongbao_load::bench::{BenchOptions, Preset};
+    let preset = match args.preset.as_str() {
+        "quick" => Preset::Quick,
+        "seed" => Preset::Seed,
+        other => anyhow::bail!("--preset must be quick or seed, not {other:?}"),
+    };
+    let mut opts = BenchOptions::preset(preset);
+    opts.out = args.out;
+    if let Some(v) = args.connections {
+        opts.connections = v;
+    }
+    if let Some(v) = args.workers {
+        opts.workers = v;
+    }
+    if let Some(v) = args.procs {
+        opts.procs = procs(&v)?;
+    }
+    if let Some(v) = args.phase_qps {
+        opts.phase_qps = v;
+    }
+    if let Some(v) = args.shake_packets {
+        opts.shake_packets = v;
+    }
+    if let Some(v) = args.send_packets {
+        opts.send_packets = v;
+    }
+    if let Some(v) = args.campaign_rate {
+        opts.campaign_rate = v;
+    }
+    if let Some(v) = args.max_shake_qps {
+        opts.max_shake_qps = v;
+    }
+    if let Some(v) = args.connect_rate {
+        opts.connect_rate = v;
+    }
+    Ok(opts)
+}
+
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => hongbao_server::supervisor::run(serve_config(args)?),
@@ -106,6 +256,18 @@ fn main() -> Result<()> {
                 link: args.link,
                 listen: args.listen,
             })
+        }
+        Command::Load(args) => match (args.set_qps, &args.control) {
+            (Some(qps), Some(control)) => hongbao_load::coordinator::set_remote_qps(control, qps),
+            _ => hongbao_load::coordinator::run_cli(load_options(&args)?, args.control.clone(), args.duration),
+        },
+        Command::LoadClient { options } => hongbao_load::client::run(serde_json::from_str(&options)?),
+        Command::Bench(args) => {
+            let summary = hongbao_load::bench::run(bench_options(args)?)?;
+            if summary["audit"]["ok"] != true {
+                anyhow::bail!("the money audit failed: see summary.json");
+            }
+            Ok(())
         }
     }
 }

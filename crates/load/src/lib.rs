@@ -1,6 +1,13 @@
-//! hongbao's load lab: the coordinated-QPS load generator and the bench that drives it.
+//! The load lab: `hongbao load` (a coordinator and client processes holding many simulated
+//! users at an exact, coordinated QPS) and `hongbao bench` (server + load + audit).
 //!
-//! - `schedule`: which simulated users fire in which second and when within it, computed
-//!   by each client process from the user count, the QPS plan and the clock alone.
+//! - `schedule`: which users fire when, computed alike in every process;
+//! - `client`: one client process's event loop; `report`: what it tells its coordinator;
+//! - `coordinator`: starts clients, merges their reports, changes QPS live;
+//! - `bench`: the phases, the money audit and `summary.json`.
 
+pub mod bench;
+pub mod client;
+pub mod coordinator;
+pub mod report;
 pub mod schedule;

@@ -542,7 +542,12 @@ impl Supervisor {
         let Some(proc_) = self.workers.get_mut(&w) else {
             return;
         };
-        if let Some(last) = proc_.latest.take() {
+        if let Some(mut last) = proc_.latest.take() {
+            // Its levels ended with it; only its counters carry over into the totals.
+            last.connections = 0;
+            last.logged_in = 0;
+            last.pool_packets = 0;
+            last.rss_bytes = 0;
             metrics::add_counters(&mut self.retired, &last);
         }
         proc_.previous = None;

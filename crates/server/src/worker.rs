@@ -95,6 +95,9 @@ fn conn_id(key: usize, generation: u32) -> ConnId {
 /// Runs a worker until the core tells it to stop or the link closes.
 pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     sys::raise_nofile_limit();
+    // Listen before saying hello: the supervisor announces "ready" once every worker has
+    // said hello, and a client connecting then must find a listener.
+    let listener = TcpListener::from_std(sys::reuseport_listener(opts.listen, true)?);
     let addr = sys::abstract_addr(&opts.link)?;
     let std_link = std::os::unix::net::UnixStream::connect_addr(&addr)
         .map_err(|e| anyhow::anyhow!("worker {}: connecting to the core: {e}", opts.index))?;
@@ -110,7 +113,6 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     let cfg = read_welcome(&std_link)?;
     std_link.set_nonblocking(true)?;
 
-    let listener = TcpListener::from_std(sys::reuseport_listener(opts.listen, true)?);
     let poll = Poll::new()?;
     let mut worker = Worker {
         index: opts.index,
@@ -676,7 +678,19 @@ impl Worker {
                     }
                 }
                 ToWorker::Welcome(cfg) => self.cfg = cfg,
-                ToWorker::Shutdown => self.shutdown = true,
+                ToWorker::Shutdown => {
+                    // Tell every client why its connection is about to close.
+                    let open: Vec<usize> = self
+                        .conns
+                        .iter()
+                        .filter(|(_, c)| c.state == State::Open)
+                        .map(|(key, _)| key)
+                        .collect();
+                    for key in open {
+                        self.kick(key, KickReason::Shutdown, "server shutting down");
+                    }
+                    self.shutdown = true;
+                }
             }
         }
         Ok(())

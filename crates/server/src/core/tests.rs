@@ -1,1 +1,1430 @@
+//! Tests of the core as a pure state machine: every reply code of shake, send, open and
+//! chat, logins and pushes, the release schedules, replies held back until the ledger has
+//! committed what they depend on, and a property test of the money invariants across
+//! random operations and restarts (a fresh core replaying the ledger).
+//!
+//! `Sim` plays the supervisor: it takes the core's records into an in-memory ledger,
+//! treats everything as committed at once (unless a test drives the core by hand), and
+//! keeps what the outside world was told (deals, frames to connections).
 
+use proptest::prelude::*;
+
+use super::*;
+
+const TTL_MS: u64 = 10_000;
+const START_MS: u64 = 1_700_000_000_000;
+
+fn config(seed: u64) -> CoreConfig {
+    CoreConfig {
+        packet_ttl_ms: TTL_MS,
+        rng_seed: Some(seed),
+    }
+}
+
+fn shake_request(
+    packets: u32,
+    rate_per_sec: u32,
+    amount_min: u64,
+    amount_max: u64,
+) -> ShakeCampaignRequest {
+    ShakeCampaignRequest {
+        packets,
+        rate_per_sec,
+        amount_min,
+        amount_max,
+    }
+}
+
+/// One frame the core sent to a client connection.
+#[derive(Debug, Clone)]
+struct Sent {
+    worker: WorkerId,
+    conn: ConnId,
+    frame: Frame,
+    close: bool,
+}
+
+struct Sim {
+    cfg: CoreConfig,
+    core: Core,
+    /// Every record ever taken from the core, across restarts.
+    ledger: Vec<Record>,
+    /// Balances derived from the ledger alone, as the ledger's `balances` table keeps them.
+    ledger_balances: HashMap<Account, i64>,
+    /// Recipients of every sent packet, from the ledger.
+    recipients: BTreeMap<u64, Vec<u64>>,
+    /// Shares opened, from the ledger: (packet, user) → amount.
+    opened: HashMap<(u64, u64), u64>,
+    /// Shake packets won, from the ledger: (campaign, index).
+    won: HashSet<(u32, u32)>,
+    now_ms: u64,
+    live_workers: BTreeSet<WorkerId>,
+    /// Shake packets dealt since the last restart, in order: (worker, packet, amount).
+    dealt: Vec<(WorkerId, u64, u64)>,
+    /// Every frame drained for a connection since the last restart.
+    sent: Vec<Sent>,
+    /// Send packets the clients have heard of (notices and send replies).
+    packets: BTreeSet<u64>,
+    next_request: u32,
+}
+
+impl Sim {
+    fn new(seed: u64) -> Sim {
+        let cfg = config(seed);
+        Sim {
+            core: Core::new(cfg.clone()),
+            cfg,
+            ledger: Vec::new(),
+            ledger_balances: HashMap::new(),
+            recipients: BTreeMap::new(),
+            opened: HashMap::new(),
+            won: HashSet::new(),
+            now_ms: START_MS,
+            live_workers: BTreeSet::new(),
+            dealt: Vec::new(),
+            sent: Vec::new(),
+            packets: BTreeSet::new(),
+            next_request: 0,
+        }
+    }
+
+    /// Takes new records into the ledger, then drains every output (all is committed).
+    fn pump(&mut self) {
+        for record in self.core.take_records() {
+            let last = self.ledger.last().map_or(0, |r| r.seq);
+            assert_eq!(record.seq, last + 1, "ledger sequence has a gap");
+            self.learn(&record);
+            self.ledger.push(record);
+        }
+        let mut outs = Vec::new();
+        self.core.drain_ready(self.core.seq(), &mut outs);
+        for out in outs {
+            self.observe(out);
+        }
+    }
+
+    fn learn(&mut self, record: &Record) {
+        for (account, delta) in record.event.balance_deltas() {
+            *self.ledger_balances.entry(account).or_default() += delta;
+        }
+        match &record.event {
+            Event::PacketSent {
+                packet, recipients, ..
+            } => {
+                self.recipients.insert(*packet, recipients.clone());
+            }
+            Event::ShareOpened {
+                packet,
+                user,
+                amount_cents,
+            } => {
+                let first = self.opened.insert((*packet, *user), *amount_cents);
+                assert!(first.is_none(), "user {user} opened packet {packet} twice");
+            }
+            Event::ShakeWon {
+                campaign, index, ..
+            } => {
+                assert!(
+                    self.won.insert((*campaign, *index)),
+                    "shake packet {index} of campaign {campaign} won twice"
+                );
+            }
+            _ => {}
+        }
+    }
+
+    fn observe(&mut self, out: Out) {
+        match out {
+            Out::Deal { worker, packets } => {
+                assert!(
+                    self.live_workers.contains(&worker),
+                    "dealt to dead worker {worker}"
+                );
+                self.dealt
+                    .extend(packets.into_iter().map(|(id, amount)| (worker, id, amount)));
+            }
+            Out::ToConn {
+                worker,
+                conn,
+                bytes,
+                close,
+            } => {
+                let frame = hongbao_proto::decode(&bytes).expect("the core encodes whole frames");
+                match frame.message {
+                    Message::PacketNotice { packet_id, .. }
+                    | Message::SendReply {
+                        result: ResultCode::Ok,
+                        packet_id,
+                        ..
+                    } => {
+                        self.packets.insert(packet_id);
+                    }
+                    _ => {}
+                }
+                self.sent.push(Sent {
+                    worker,
+                    conn,
+                    frame,
+                    close,
+                });
+            }
+        }
+    }
+
+    fn request_id(&mut self) -> u32 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    /// The one reply to request `req` on (worker, conn) among the frames sent since `mark`.
+    fn reply(&self, mark: usize, worker: WorkerId, conn: ConnId, req: u32) -> Message {
+        let mut replies = self.sent[mark..]
+            .iter()
+            .filter(|s| s.worker == worker && s.conn == conn && s.frame.request_id == req);
+        let reply = replies.next().expect("the core answers every request");
+        assert!(replies.next().is_none(), "two replies to request {req}");
+        reply.frame.message.clone()
+    }
+
+    /// Server pushes (request id 0) to (worker, conn) since `mark`.
+    fn pushes(&self, mark: usize, worker: WorkerId, conn: ConnId) -> Vec<Sent> {
+        self.sent[mark..]
+            .iter()
+            .filter(|s| s.worker == worker && s.conn == conn && s.frame.request_id == 0)
+            .cloned()
+            .collect()
+    }
+
+    fn worker_up(&mut self, worker: WorkerId) {
+        self.core.worker_up(worker);
+        self.live_workers.insert(worker);
+        self.pump();
+    }
+
+    fn worker_down(&mut self, worker: WorkerId) {
+        self.core.worker_down(worker);
+        self.live_workers.remove(&worker);
+        self.pump();
+    }
+
+    fn online(&mut self, worker: WorkerId, conn: ConnId, user: u64) {
+        self.core.online(worker, conn, user);
+        self.pump();
+    }
+
+    fn tick_to(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
+        self.core.tick(now_ms);
+        self.pump();
+    }
+
+    /// Moves the clock on by `ms` in one tick.
+    fn advance(&mut self, ms: u64) {
+        self.tick_to(self.now_ms + ms);
+    }
+
+    /// Moves the clock on by `ms`, ticking every `step_ms` as the supervisor does.
+    fn advance_in_ticks(&mut self, ms: u64, step_ms: u64) {
+        let end = self.now_ms + ms;
+        while self.now_ms < end {
+            self.tick_to((self.now_ms + step_ms).min(end));
+        }
+    }
+
+    fn claim(&mut self, worker: WorkerId, conn: ConnId, user: u64, packet: u64) -> Message {
+        let (mark, req) = (self.sent.len(), self.request_id());
+        self.core
+            .claim(self.now_ms, worker, conn, req, user, packet);
+        self.pump();
+        self.reply(mark, worker, conn, req)
+    }
+
+    /// Returns (result, packet id, balance after).
+    fn send(
+        &mut self,
+        user: u64,
+        amount_cents: u64,
+        shares: u32,
+        recipients: &[u64],
+    ) -> (ResultCode, u64, u64) {
+        let (mark, req) = (self.sent.len(), self.request_id());
+        let (worker, conn) = (0, user);
+        let now = self.now_ms;
+        self.core.send(
+            now,
+            worker,
+            conn,
+            req,
+            user,
+            amount_cents,
+            shares,
+            recipients.to_vec(),
+        );
+        self.pump();
+        match self.reply(mark, worker, conn, req) {
+            Message::SendReply {
+                result,
+                packet_id,
+                balance_cents,
+            } => (result, packet_id, balance_cents),
+            other => panic!("send answered with {other:?}"),
+        }
+    }
+
+    /// Returns (result, amount).
+    fn open(&mut self, user: u64, packet: u64) -> (ResultCode, u64) {
+        let (mark, req) = (self.sent.len(), self.request_id());
+        let (worker, conn) = (0, user);
+        self.core.open(self.now_ms, worker, conn, req, user, packet);
+        self.pump();
+        match self.reply(mark, worker, conn, req) {
+            Message::OpenReply {
+                result,
+                packet_id,
+                amount_cents,
+            } => {
+                assert_eq!(packet_id, packet);
+                (result, amount_cents)
+            }
+            other => panic!("open answered with {other:?}"),
+        }
+    }
+
+    fn chat(&mut self, user: u64, to_user: u64, text: &str) -> ResultCode {
+        let (mark, req) = (self.sent.len(), self.request_id());
+        let (worker, conn) = (0, user);
+        self.core
+            .chat(worker, conn, req, user, to_user, text.into());
+        self.pump();
+        match self.reply(mark, worker, conn, req) {
+            Message::ChatReply { result } => result,
+            other => panic!("chat answered with {other:?}"),
+        }
+    }
+
+    fn shake_campaign(&mut self, req: &ShakeCampaignRequest) -> u32 {
+        let status = self
+            .core
+            .create_shake_campaign(self.now_ms, req)
+            .expect("a valid campaign");
+        self.pump();
+        status.id
+    }
+
+    fn send_campaign(&mut self, req: &SendCampaignRequest) -> u32 {
+        let status = self
+            .core
+            .create_send_campaign(self.now_ms, req)
+            .expect("a valid campaign");
+        self.pump();
+        status.id
+    }
+
+    /// Gives `user` exactly `cents` by letting them win a one-packet shake campaign.
+    fn fund(&mut self, user: u64, cents: u64) {
+        if self.live_workers.is_empty() {
+            self.worker_up(0);
+        }
+        let before = self.core.balance(user);
+        let campaign = self.shake_campaign(&shake_request(1, 1000, cents, cents));
+        self.advance(1);
+        let id = shake_packet_id(campaign, 0);
+        let &(worker, _, _) = self
+            .dealt
+            .iter()
+            .find(|d| d.1 == id)
+            .expect("the packet was dealt");
+        let reply = self.claim(worker, user, user, id);
+        assert!(matches!(
+            reply,
+            Message::ShakeReply {
+                result: ResultCode::Won,
+                ..
+            }
+        ));
+        assert_eq!(self.core.balance(user), before + cents);
+    }
+
+    /// Send packets created since the start, from the ledger: (packet, sender, amount,
+    /// shares, recipients).
+    fn sent_packets(&self) -> Vec<(u64, Account, u64, u32, Vec<u64>)> {
+        self.ledger
+            .iter()
+            .filter_map(|r| match &r.event {
+                Event::PacketSent {
+                    packet,
+                    sender,
+                    amount_cents,
+                    shares,
+                    recipients,
+                    ..
+                } => Some((*packet, *sender, *amount_cents, *shares, recipients.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The invariants that must hold after every step.
+    fn check(&self) {
+        let audit = self.core.audit();
+        assert!(audit.ok, "money not conserved: {audit:?}");
+        assert_eq!(audit.ledger_seq, self.ledger.last().map_or(0, |r| r.seq));
+        let from_ledger: HashMap<String, u64> = self
+            .ledger_balances
+            .iter()
+            .filter(|(_, c)| **c != 0)
+            .map(|(a, c)| {
+                assert!(*c > 0, "{a:?} went negative in the ledger");
+                (a.key(), *c as u64)
+            })
+            .collect();
+        assert_eq!(
+            self.core.balances_by_key(),
+            from_ledger,
+            "core balances differ from the ledger's"
+        );
+    }
+
+    /// A crash and restart: a fresh core replays the whole ledger, then resumes. Workers
+    /// and logins are gone until they come back.
+    fn restart(&mut self) {
+        self.pump();
+        let before = self.core.audit();
+        let balances_before = self.core.balances_by_key();
+        let campaigns_before: Vec<_> = self
+            .core
+            .campaign_ids()
+            .into_iter()
+            .map(|id| money_of(&self.core.campaign(id).unwrap()))
+            .collect();
+        self.core = Core::new(self.cfg.clone());
+        for record in &self.ledger {
+            self.core.replay(record);
+        }
+        self.core.resume(self.now_ms);
+        assert_eq!(
+            self.core.audit(),
+            before,
+            "the audit changed across a restart"
+        );
+        assert_eq!(self.core.balances_by_key(), balances_before);
+        let campaigns_after: Vec<_> = self
+            .core
+            .campaign_ids()
+            .into_iter()
+            .map(|id| money_of(&self.core.campaign(id).unwrap()))
+            .collect();
+        assert_eq!(campaigns_after, campaigns_before);
+        self.live_workers.clear();
+        self.dealt.clear();
+        self.sent.clear();
+    }
+}
+
+/// The money figures of a campaign status (not its release progress, which a restart
+/// rewinds to what was won).
+fn money_of(s: &CampaignStatus) -> (u32, &'static str, u32, u32, u64, u64, u64, u64, u64) {
+    (
+        s.id,
+        s.kind,
+        s.packets,
+        s.won,
+        s.won_cents,
+        s.minted_cents,
+        s.shares_opened,
+        s.amount_opened_cents,
+        s.refunded_cents,
+    )
+}
+
+fn result_of_shake(reply: &Message) -> (ResultCode, u64, u64) {
+    match reply {
+        Message::ShakeReply {
+            result,
+            packet_id,
+            amount_cents,
+        } => (*result, *packet_id, *amount_cents),
+        other => panic!("shake answered with {other:?}"),
+    }
+}
+
+// ----- open ----------------------------------------------------------------------------
+
+#[test]
+fn open_pays_each_recipient_once_and_repeats_return_the_same_amount() {
+    let mut sim = Sim::new(1);
+    sim.fund(1, 1000);
+    let (result, packet, balance) = sim.send(1, 900, 3, &[2, 3, 4]);
+    assert_eq!((result, balance), (ResultCode::Ok, 100));
+    let mut total = 0;
+    for user in [2, 3, 4] {
+        let (result, amount) = sim.open(user, packet);
+        assert_eq!(result, ResultCode::Opened);
+        assert!(amount >= 1);
+        assert_eq!(sim.core.balance(user), amount);
+        let records_before = sim.ledger.len();
+        assert_eq!(sim.open(user, packet), (ResultCode::AlreadyOpened, amount));
+        assert_eq!(
+            sim.ledger.len(),
+            records_before,
+            "a repeat must not touch the ledger"
+        );
+        assert_eq!(sim.core.balance(user), amount);
+        total += amount;
+    }
+    assert_eq!(total, 900, "shares add up to the packet");
+    let audit = sim.core.audit();
+    assert_eq!((audit.unopened_cents, audit.live_packets), (0, 0));
+    sim.check();
+}
+
+#[test]
+fn open_is_empty_once_all_shares_are_taken() {
+    let mut sim = Sim::new(2);
+    sim.fund(1, 500);
+    let (_, packet, _) = sim.send(1, 500, 2, &[2, 3, 4]);
+    assert_eq!(sim.open(3, packet).0, ResultCode::Opened);
+    assert_eq!(sim.open(4, packet).0, ResultCode::Opened);
+    assert_eq!(sim.open(2, packet), (ResultCode::Empty, 0));
+    assert_eq!(sim.core.balance(3) + sim.core.balance(4), 500);
+    // Fully opened: nothing to refund when its time-to-live runs out.
+    sim.advance(TTL_MS + 1);
+    assert!(!sim
+        .ledger
+        .iter()
+        .any(|r| matches!(r.event, Event::PacketExpired { .. })));
+    sim.check();
+}
+
+#[test]
+fn open_refuses_non_recipients_and_unknown_packets() {
+    let mut sim = Sim::new(3);
+    sim.fund(1, 100);
+    let (_, packet, _) = sim.send(1, 100, 1, &[2]);
+    assert_eq!(sim.open(1, packet), (ResultCode::NotARecipient, 0));
+    assert_eq!(sim.open(9, packet), (ResultCode::NotARecipient, 0));
+    assert_eq!(sim.open(2, packet + 1000), (ResultCode::NoSuchPacket, 0));
+    assert_eq!(sim.open(2, 0), (ResultCode::NoSuchPacket, 0));
+    assert_eq!(sim.open(2, packet), (ResultCode::Opened, 100));
+    sim.check();
+}
+
+#[test]
+fn open_after_the_time_to_live_is_expired_and_the_rest_goes_back_to_the_sender() {
+    let mut sim = Sim::new(4);
+    sim.fund(1, 1000);
+    let (_, packet, _) = sim.send(1, 1000, 3, &[2, 3, 4]);
+    let sent_at = sim.now_ms;
+    let (_, first) = sim.open(2, packet);
+    // At the expiry instant, before any tick has expired it, opening is already refused.
+    sim.now_ms = sent_at + TTL_MS;
+    assert_eq!(sim.open(3, packet), (ResultCode::Expired, 0));
+    assert_eq!(sim.core.balance(1), 0);
+    sim.tick_to(sent_at + TTL_MS);
+    assert_eq!(
+        sim.core.balance(1),
+        1000 - first,
+        "refund of the unopened rest"
+    );
+    assert_eq!(sim.open(4, packet), (ResultCode::Expired, 0));
+    // Whoever opened before the expiry still gets their answer.
+    assert_eq!(sim.open(2, packet), (ResultCode::AlreadyOpened, first));
+    let audit = sim.core.audit();
+    assert_eq!((audit.unopened_cents, audit.live_packets), (0, 0));
+    sim.check();
+    // Expiry happens once.
+    sim.advance(TTL_MS);
+    let expiries = sim
+        .ledger
+        .iter()
+        .filter(|r| matches!(r.event, Event::PacketExpired { .. }))
+        .count();
+    assert_eq!(expiries, 1);
+}
+
+// ----- send ----------------------------------------------------------------------------
+
+#[test]
+fn send_debits_the_sender_and_notifies_online_recipients() {
+    let mut sim = Sim::new(5);
+    sim.fund(1, 1000);
+    sim.online(0, 20, 2);
+    let mark = sim.sent.len();
+    let (result, packet, balance) = sim.send(1, 300, 2, &[2, 3]);
+    assert_eq!((result, balance), (ResultCode::Ok, 700));
+    assert_ne!(packet, 0);
+    assert_eq!(sim.core.balance(1), 700);
+    let notices = sim.pushes(mark, 0, 20);
+    assert_eq!(notices.len(), 1);
+    match notices[0].frame.message {
+        Message::PacketNotice {
+            packet_id,
+            from_user,
+            amount_cents,
+            shares,
+            expires_at_ms,
+        } => {
+            assert_eq!(
+                (packet_id, from_user, amount_cents, shares),
+                (packet, 1, 300, 2)
+            );
+            assert_eq!(expires_at_ms, sim.now_ms + TTL_MS);
+        }
+        ref other => panic!("expected a notice, got {other:?}"),
+    }
+    assert_eq!(sim.core.audit().unopened_cents, 300);
+    sim.check();
+}
+
+#[test]
+fn send_beyond_the_balance_is_insufficient_funds() {
+    let mut sim = Sim::new(6);
+    sim.fund(1, 100);
+    let records = sim.ledger.len();
+    assert_eq!(
+        sim.send(1, 101, 1, &[2]),
+        (ResultCode::InsufficientFunds, 0, 100)
+    );
+    assert_eq!(
+        sim.send(7, 1, 1, &[2]),
+        (ResultCode::InsufficientFunds, 0, 0)
+    );
+    assert_eq!(sim.ledger.len(), records, "a refused send writes nothing");
+    assert_eq!(sim.send(1, 100, 1, &[2]), (ResultCode::Ok, 1, 0));
+    sim.check();
+}
+
+#[test]
+fn send_rejects_malformed_packets() {
+    let mut sim = Sim::new(7);
+    sim.fund(1, 10_000);
+    let records = sim.ledger.len();
+    let too_many: Vec<u64> = (1..=MAX_RECIPIENTS as u64 + 1).collect();
+    let cases: [(u64, u32, &[u64]); 8] = [
+        (100, 0, &[2]),     // no shares
+        (2, 3, &[2, 3, 4]), // more shares than cents
+        (100, 2, &[2, 2]),  // duplicate recipients
+        (100, 1, &[]),      // nobody to send to
+        (100, 3, &[2, 3]),  // more shares than recipients
+        (0, 1, &[2]),       // nothing to send
+        (100, 1, &[0]),     // user 0 does not exist
+        (100, 1, too_many.as_slice()),
+    ];
+    for (amount, shares, recipients) in cases {
+        let reply = sim.send(1, amount, shares, recipients);
+        assert_eq!(
+            reply,
+            (ResultCode::BadRequest, 0, 10_000),
+            "send of {amount} in {shares} to {} recipients",
+            recipients.len()
+        );
+    }
+    assert_eq!(
+        sim.send(1, MAX_PACKET_CENTS + 1, 1, &[2]).0,
+        ResultCode::BadRequest
+    );
+    assert_eq!(sim.ledger.len(), records);
+    assert_eq!(sim.core.balance(1), 10_000);
+    // The boundaries themselves are fine: one cent per share, shares = recipients.
+    assert_eq!(sim.send(1, 3, 3, &[2, 3, 4]).0, ResultCode::Ok);
+    sim.check();
+}
+
+// ----- shake ---------------------------------------------------------------------------
+
+#[test]
+fn shake_claim_wins_once_and_credits_the_user() {
+    let mut sim = Sim::new(8);
+    sim.worker_up(0);
+    let campaign = sim.shake_campaign(&shake_request(5, 1000, 10, 20));
+    sim.advance(5);
+    assert_eq!(sim.dealt.len(), 5);
+    let (worker, packet, amount) = sim.dealt[0];
+    assert_eq!(worker, 0);
+    assert!((10..=20).contains(&amount));
+    let reply = sim.claim(0, 42, 7, packet);
+    assert_eq!(result_of_shake(&reply), (ResultCode::Won, packet, amount));
+    assert_eq!(sim.core.balance(7), amount);
+    assert_eq!(sim.core.pool_len(0), 4);
+    // The same packet again (a confused or malicious worker): nothing, no money.
+    let reply = sim.claim(0, 43, 8, packet);
+    assert_eq!(result_of_shake(&reply), (ResultCode::Nothing, 0, 0));
+    assert_eq!(sim.core.balance(8), 0);
+    // A packet never dealt to this worker: nothing.
+    let never = shake_packet_id(campaign, 4000);
+    assert_eq!(
+        result_of_shake(&sim.claim(0, 43, 8, never)).0,
+        ResultCode::Nothing
+    );
+    let status = sim.core.campaign(campaign).unwrap();
+    assert_eq!(
+        (status.won, status.won_cents, status.state),
+        (1, amount, "running")
+    );
+    sim.check();
+}
+
+#[test]
+fn a_dead_workers_pool_is_dealt_again_and_can_be_won() {
+    let mut sim = Sim::new(9);
+    sim.worker_up(0);
+    sim.worker_up(1);
+    let campaign = sim.shake_campaign(&shake_request(10, 1000, 1, 100));
+    sim.advance(10);
+    let pool0: Vec<(u64, u64)> = sim
+        .dealt
+        .iter()
+        .filter(|d| d.0 == 0)
+        .map(|d| (d.1, d.2))
+        .collect();
+    assert_eq!(pool0.len(), 5, "round-robin over two workers");
+    assert_eq!(sim.core.pool_len(1), 5);
+    sim.worker_down(0);
+    // A claim from the dead worker that arrives late is not a win.
+    assert_eq!(
+        result_of_shake(&sim.claim(0, 1, 1, pool0[0].0)).0,
+        ResultCode::Nothing
+    );
+    let mark = sim.dealt.len();
+    sim.advance(1);
+    let redealt: Vec<(WorkerId, u64, u64)> = sim.dealt[mark..].to_vec();
+    assert_eq!(redealt.len(), 5);
+    assert!(redealt.iter().all(|d| d.0 == 1));
+    let mut redealt_packets: Vec<(u64, u64)> = redealt.iter().map(|d| (d.1, d.2)).collect();
+    redealt_packets.sort();
+    let mut expected = pool0.clone();
+    expected.sort();
+    assert_eq!(redealt_packets, expected, "same packets, same amounts");
+    let mut total = 0;
+    let all: Vec<(WorkerId, u64, u64)> = sim.dealt.iter().filter(|d| d.0 == 1).copied().collect();
+    for (worker, packet, amount) in all {
+        let reply = sim.claim(worker, 2, 2, packet);
+        assert_eq!(result_of_shake(&reply), (ResultCode::Won, packet, amount));
+        total += amount;
+    }
+    let status = sim.core.campaign(campaign).unwrap();
+    assert_eq!((status.won, status.state), (10, "done"));
+    assert_eq!(status.won_cents, total);
+    assert_eq!(status.minted_cents, total);
+    assert_eq!(sim.core.audit().unclaimed_cents, 0);
+    sim.check();
+}
+
+#[test]
+fn nothing_is_dealt_while_no_worker_is_up() {
+    let mut sim = Sim::new(10);
+    sim.shake_campaign(&shake_request(10, 1000, 1, 1));
+    sim.advance(5);
+    assert!(sim.dealt.is_empty());
+    sim.worker_up(3);
+    sim.advance(1);
+    assert!(!sim.dealt.is_empty());
+    assert!(sim.dealt.iter().all(|d| d.0 == 3));
+}
+
+/// `worker_up` for a worker the core already counts as live replaces its pool with an
+/// empty one: the packets in the old pool are neither returned nor claimable, so the
+/// campaign can never finish until a restart. The supervisor's "second Hello for the same
+/// worker" path reaches this (see the report).
+#[test]
+#[ignore = "bug: worker_up on a live worker drops its pool without returning it"]
+fn a_second_worker_up_keeps_or_returns_the_pool() {
+    let mut sim = Sim::new(11);
+    sim.worker_up(0);
+    let campaign = sim.shake_campaign(&shake_request(4, 1000, 5, 5));
+    sim.advance(4);
+    assert_eq!(sim.core.pool_len(0), 4);
+    sim.worker_up(0);
+    sim.advance(1000);
+    let claimable: Vec<u64> = sim.dealt.iter().map(|d| d.1).collect();
+    for packet in claimable {
+        sim.claim(0, 1, 1, packet);
+    }
+    assert_eq!(sim.core.campaign(campaign).unwrap().won, 4);
+}
+
+// ----- chat and logins -----------------------------------------------------------------
+
+#[test]
+fn chat_is_delivered_to_online_users_only() {
+    let mut sim = Sim::new(12);
+    sim.online(1, 77, 5);
+    let mark = sim.sent.len();
+    assert_eq!(sim.chat(4, 5, "新年快乐"), ResultCode::Delivered);
+    let pushes = sim.pushes(mark, 1, 77);
+    assert_eq!(pushes.len(), 1);
+    assert_eq!(
+        pushes[0].frame.message,
+        Message::ChatMessage {
+            from_user: 4,
+            text: "新年快乐".into()
+        }
+    );
+    assert_eq!(sim.chat(4, 6, "hello?"), ResultCode::Offline);
+    sim.core.offline(1, 77, 5);
+    assert_eq!(sim.chat(4, 5, "still there?"), ResultCode::Offline);
+    assert!(sim.ledger.is_empty(), "chat moves no money");
+}
+
+#[test]
+fn a_second_login_kicks_the_first_connection() {
+    let mut sim = Sim::new(13);
+    sim.online(0, 10, 5);
+    let mark = sim.sent.len();
+    sim.online(1, 11, 5);
+    let kicks = sim.pushes(mark, 0, 10);
+    assert_eq!(kicks.len(), 1);
+    assert!(
+        kicks[0].close,
+        "the old connection is closed after its kick"
+    );
+    assert!(matches!(
+        kicks[0].frame.message,
+        Message::Kick {
+            reason: KickReason::Replaced,
+            ..
+        }
+    ));
+    assert_eq!(sim.core.counters.kicks_replaced, 1);
+    // The old connection going away later does not log the user out.
+    sim.core.offline(0, 10, 5);
+    let mark = sim.sent.len();
+    assert_eq!(sim.chat(4, 5, "where are you"), ResultCode::Delivered);
+    assert_eq!(sim.pushes(mark, 1, 11).len(), 1);
+    assert!(sim.pushes(mark, 0, 10).is_empty());
+    // Logging in again on the same connection is no replacement.
+    let mark = sim.sent.len();
+    sim.online(1, 11, 5);
+    assert!(sim.pushes(mark, 1, 11).is_empty());
+    assert_eq!(sim.core.counters.kicks_replaced, 1);
+}
+
+#[test]
+fn packets_sent_while_offline_are_noticed_at_login_until_opened() {
+    let mut sim = Sim::new(14);
+    sim.fund(1, 600);
+    let (_, first, _) = sim.send(1, 300, 1, &[8]);
+    let (_, second, _) = sim.send(1, 300, 2, &[8, 9]);
+    let mark = sim.sent.len();
+    sim.online(2, 80, 8);
+    let noticed: Vec<u64> = sim
+        .pushes(mark, 2, 80)
+        .iter()
+        .map(|s| match s.frame.message {
+            Message::PacketNotice { packet_id, .. } => packet_id,
+            ref other => panic!("expected notices, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(noticed, vec![first, second]);
+    sim.open(8, first);
+    sim.core.offline(2, 80, 8);
+    let mark = sim.sent.len();
+    sim.online(2, 81, 8);
+    let noticed: Vec<Message> = sim
+        .pushes(mark, 2, 81)
+        .into_iter()
+        .map(|s| s.frame.message)
+        .collect();
+    assert_eq!(noticed.len(), 1, "opened packets are not noticed again");
+    assert!(matches!(noticed[0], Message::PacketNotice { packet_id, .. } if packet_id == second));
+    // Expired packets are not noticed either.
+    sim.advance(TTL_MS);
+    sim.core.offline(2, 81, 8);
+    let mark = sim.sent.len();
+    sim.online(2, 82, 8);
+    assert!(sim.pushes(mark, 2, 82).is_empty());
+}
+
+// ----- campaigns -----------------------------------------------------------------------
+
+#[test]
+fn a_shake_campaign_releases_at_its_rate() {
+    let mut sim = Sim::new(15);
+    sim.worker_up(0);
+    sim.worker_up(1);
+    let campaign = sim.shake_campaign(&shake_request(10_000, 200, 1, 1000));
+    let mut per_100ms = Vec::new();
+    for _ in 0..10 {
+        let before = sim.dealt.len();
+        sim.advance_in_ticks(100, 5);
+        per_100ms.push(sim.dealt.len() - before);
+    }
+    let dealt = sim.dealt.len();
+    assert!(
+        (199..=201).contains(&dealt),
+        "{dealt} packets in one second at 200/s"
+    );
+    assert!(
+        per_100ms.iter().all(|n| (19..=21).contains(n)),
+        "release is even: {per_100ms:?}"
+    );
+    let to_worker0 = sim.dealt.iter().filter(|d| d.0 == 0).count();
+    assert!(
+        to_worker0.abs_diff(dealt - to_worker0) <= 1,
+        "fair across workers"
+    );
+    let distinct: HashSet<u64> = sim.dealt.iter().map(|d| d.1).collect();
+    assert_eq!(distinct.len(), dealt, "no packet is dealt twice");
+    let status = sim.core.campaign(campaign).unwrap();
+    assert_eq!(status.released as usize, dealt);
+    assert_eq!(status.released_all_ms, None);
+    sim.check();
+}
+
+#[test]
+fn a_send_campaign_creates_packets_at_its_rate_for_distinct_users_in_range() {
+    let mut sim = Sim::new(16);
+    let request = SendCampaignRequest {
+        packets: 50,
+        rate_per_sec: 100,
+        recipients: 3,
+        user_min: 10,
+        user_max: 20,
+        amount_min: 300,
+        amount_max: 500,
+    };
+    let campaign = sim.send_campaign(&request);
+    sim.advance_in_ticks(250, 5);
+    let created = sim.sent_packets();
+    assert!(
+        (24..=26).contains(&created.len()),
+        "{} packets in 250 ms at 100/s",
+        created.len()
+    );
+    sim.advance_in_ticks(1000, 5);
+    let created = sim.sent_packets();
+    assert_eq!(created.len(), 50);
+    for (_, sender, amount, shares, recipients) in &created {
+        assert_eq!(*sender, Account::Campaign(campaign));
+        assert!((300..=500).contains(amount));
+        assert_eq!(*shares, 3);
+        assert_eq!(recipients.len(), 3);
+        assert!(recipients.iter().all(|u| (10..=20).contains(u)));
+        let distinct: HashSet<&u64> = recipients.iter().collect();
+        assert_eq!(distinct.len(), 3, "recipients are distinct: {recipients:?}");
+    }
+    let minted: u64 = created.iter().map(|p| p.2).sum();
+    let status = sim.core.campaign(campaign).unwrap();
+    assert_eq!(
+        (status.state, status.released, status.shares),
+        ("done", 50, 150)
+    );
+    assert_eq!(status.minted_cents, minted);
+    assert!(status.released_all_ms.is_some());
+    let audit = sim.core.audit();
+    assert_eq!((audit.minted_cents, audit.unopened_cents), (minted, minted));
+    // Open one packet fully; the rest expire back to the campaign's account.
+    let (packet, _, amount, _, recipients) = created[0].clone();
+    for user in recipients {
+        assert_eq!(sim.open(user, packet).0, ResultCode::Opened);
+    }
+    sim.advance(TTL_MS);
+    let status = sim.core.campaign(campaign).unwrap();
+    assert_eq!(
+        (status.shares_opened, status.amount_opened_cents),
+        (3, amount)
+    );
+    assert_eq!(status.refunded_cents, minted - amount);
+    let audit = sim.core.audit();
+    assert_eq!(audit.campaign_balances_cents, minted - amount);
+    assert_eq!(audit.unopened_cents, 0);
+    sim.check();
+}
+
+#[test]
+fn campaigns_with_bad_shapes_are_refused_and_write_nothing() {
+    let mut core = Core::new(config(17));
+    let shakes = [
+        shake_request(0, 10, 1, 1),
+        shake_request(MAX_CAMPAIGN_PACKETS + 1, 10, 1, 1),
+        shake_request(10, 0, 1, 1),
+        shake_request(10, 1_000_001, 1, 1),
+        shake_request(10, 10, 0, 1),
+        shake_request(10, 10, 5, 4),
+        shake_request(10, 10, 1, MAX_PACKET_CENTS + 1),
+    ];
+    for req in &shakes {
+        assert!(
+            core.create_shake_campaign(START_MS, req).is_err(),
+            "{req:?}"
+        );
+    }
+    let good = SendCampaignRequest {
+        packets: 10,
+        rate_per_sec: 10,
+        recipients: 3,
+        user_min: 1,
+        user_max: 100,
+        amount_min: 3,
+        amount_max: 10,
+    };
+    let sends = [
+        SendCampaignRequest {
+            recipients: 0,
+            ..good.clone()
+        },
+        SendCampaignRequest {
+            recipients: MAX_RECIPIENTS as u32 + 1,
+            amount_min: 2000,
+            amount_max: 2000,
+            ..good.clone()
+        },
+        SendCampaignRequest {
+            amount_min: 2,
+            ..good.clone()
+        },
+        SendCampaignRequest {
+            user_min: 0,
+            ..good.clone()
+        },
+        SendCampaignRequest {
+            user_min: 50,
+            user_max: 49,
+            ..good.clone()
+        },
+        SendCampaignRequest {
+            user_min: 50,
+            user_max: 51,
+            ..good.clone()
+        },
+        SendCampaignRequest {
+            packets: 0,
+            ..good.clone()
+        },
+    ];
+    for req in &sends {
+        assert!(core.create_send_campaign(START_MS, req).is_err(), "{req:?}");
+    }
+    assert!(core.take_records().is_empty());
+    assert_eq!(core.seq(), 0);
+    let status = core.create_send_campaign(START_MS, &good).unwrap();
+    assert_eq!(
+        (status.id, status.kind, status.state),
+        (1, "send", "running")
+    );
+    let status = core
+        .create_shake_campaign(START_MS, &shake_request(3, 1, 7, 7))
+        .unwrap();
+    assert_eq!((status.id, status.minted_cents), (2, 21));
+    assert_eq!(core.take_records().len(), 2);
+}
+
+// ----- durability ----------------------------------------------------------------------
+
+#[test]
+fn outputs_wait_until_the_ledger_has_committed_them() {
+    let mut core = Core::new(config(18));
+    core.worker_up(0);
+    core.online(0, 5, 5);
+    let mut outs = Vec::new();
+    core.drain_ready(0, &mut outs);
+    assert!(outs.is_empty(), "a fresh core has nothing to say");
+    let campaign = core
+        .create_shake_campaign(START_MS, &shake_request(1, 1000, 50, 50))
+        .unwrap()
+        .id;
+    assert_eq!(core.seq(), 1);
+    core.tick(START_MS + 1);
+    // The deal depends on the campaign event: held until seq 1 is committed.
+    core.drain_ready(0, &mut outs);
+    assert!(outs.is_empty());
+    core.drain_ready(1, &mut outs);
+    let packet = shake_packet_id(campaign, 0);
+    assert_eq!(
+        outs,
+        vec![Out::Deal {
+            worker: 0,
+            packets: vec![(packet, 50)]
+        }]
+    );
+    outs.clear();
+    core.claim(START_MS + 2, 0, 5, 1, 5, packet);
+    // Even a reply that depends on nothing new waits behind the uncommitted win.
+    core.chat(0, 5, 2, 5, 5, "me".into());
+    assert_eq!(core.seq(), 2);
+    core.drain_ready(1, &mut outs);
+    assert!(outs.is_empty(), "\"you won\" before the win is durable");
+    core.drain_ready(2, &mut outs);
+    let frames: Vec<Frame> = outs
+        .iter()
+        .map(|o| match o {
+            Out::ToConn { bytes, .. } => hongbao_proto::decode(bytes).unwrap(),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(frames.len(), 3);
+    assert_eq!(
+        frames[0].message,
+        Message::ShakeReply {
+            result: ResultCode::Won,
+            packet_id: packet,
+            amount_cents: 50
+        }
+    );
+    assert_eq!(
+        frames[2].message,
+        Message::ChatReply {
+            result: ResultCode::Delivered
+        }
+    );
+    let mut rest = Vec::new();
+    core.drain_ready(u64::MAX, &mut rest);
+    assert!(rest.is_empty(), "drained once");
+}
+
+#[test]
+fn a_restart_rebuilds_the_money_and_deals_unwon_packets_again() {
+    let mut sim = Sim::new(19);
+    sim.worker_up(0);
+    let campaign = sim.shake_campaign(&shake_request(10, 1000, 1, 100));
+    sim.advance(10);
+    let dealt = sim.dealt.clone();
+    for &(worker, packet, _) in &dealt[..4] {
+        sim.claim(worker, 1, 1, packet);
+    }
+    let (_, packet, _) = sim.send(1, 3, 3, &[2, 3, 4]);
+    sim.open(2, packet);
+    sim.restart();
+    sim.check();
+    // Workers come back; the six packets never won are dealt again, the four won are not.
+    sim.worker_up(0);
+    sim.advance(1000);
+    let mut again: Vec<(u64, u64)> = sim.dealt.iter().map(|d| (d.1, d.2)).collect();
+    again.sort();
+    let mut unwon: Vec<(u64, u64)> = dealt[4..].iter().map(|d| (d.1, d.2)).collect();
+    unwon.sort();
+    assert_eq!(again, unwon);
+    for (packet, amount) in again {
+        let reply = sim.claim(0, 6, 6, packet);
+        assert_eq!(result_of_shake(&reply), (ResultCode::Won, packet, amount));
+    }
+    assert_eq!(sim.core.campaign(campaign).unwrap().state, "done");
+    // The packet survives too: its notice, its opened share, its unopened ones.
+    let mark = sim.sent.len();
+    sim.online(0, 3, 3);
+    assert_eq!(sim.pushes(mark, 0, 3).len(), 1);
+    assert_eq!(sim.open(2, packet), (ResultCode::AlreadyOpened, 1));
+    assert_eq!(sim.open(3, packet), (ResultCode::Opened, 1));
+    // New packets do not reuse ids.
+    let (_, next, _) = sim.send(1, 1, 1, &[2]);
+    assert_eq!(next, packet + 1);
+    sim.check();
+}
+
+// ----- the property --------------------------------------------------------------------
+
+/// Users 1..=USERS exist; recipients may also name USERS + 1..=USERS + 2, who never log in.
+const USERS: u64 = 8;
+
+#[derive(Debug, Clone)]
+enum Op {
+    ShakeCampaign {
+        packets: u32,
+        rate_per_sec: u32,
+        amount_min: u64,
+        spread: u64,
+    },
+    SendCampaign {
+        packets: u32,
+        rate_per_sec: u32,
+        recipients: u32,
+        user_min: u64,
+        amount_extra: u64,
+        spread: u64,
+    },
+    WorkerUp(WorkerId),
+    WorkerDown(WorkerId),
+    Online {
+        worker: WorkerId,
+        conn: u64,
+        user: u64,
+    },
+    Offline {
+        user: u64,
+    },
+    Tick {
+        ms: u64,
+    },
+    Claim {
+        pick: usize,
+        user: u64,
+    },
+    Send {
+        /// None: whoever has the most money, so that sends often succeed.
+        user: Option<u64>,
+        amount_cents: u64,
+        shares: u32,
+        recipients: Vec<u64>,
+    },
+    Open {
+        /// Picks among the packets the clients know of; None: a packet that does not exist.
+        pick: Option<usize>,
+        /// Some: the i-th recipient (mod count); None: `user`, likely not a recipient.
+        recipient: Option<usize>,
+        user: u64,
+    },
+    Chat {
+        user: u64,
+        to_user: u64,
+    },
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let user = 1..=USERS;
+    prop_oneof![
+        2 => (1u32..40, 1u32..3000, 1u64..200, 0u64..300).prop_map(
+            |(packets, rate_per_sec, amount_min, spread)| Op::ShakeCampaign {
+                packets,
+                rate_per_sec,
+                amount_min,
+                spread,
+            }
+        ),
+        1 => (1u32..8, 1u32..200, 1u32..4, 1u64..USERS, 0u64..500, 0u64..500).prop_map(
+            |(packets, rate_per_sec, recipients, user_min, amount_extra, spread)| {
+                Op::SendCampaign {
+                    packets,
+                    rate_per_sec,
+                    recipients,
+                    user_min,
+                    amount_extra,
+                    spread,
+                }
+            }
+        ),
+        3 => (0u16..3).prop_map(Op::WorkerUp),
+        1 => (0u16..3).prop_map(Op::WorkerDown),
+        3 => (0u16..3, 0u64..3, user.clone())
+            .prop_map(|(worker, conn, user)| Op::Online { worker, conn, user }),
+        1 => user.clone().prop_map(|user| Op::Offline { user }),
+        6 => prop_oneof![4 => 0u64..30, 2 => 0u64..2000, 1 => TTL_MS..2 * TTL_MS]
+            .prop_map(|ms| Op::Tick { ms }),
+        8 => (any::<usize>(), user.clone()).prop_map(|(pick, user)| Op::Claim { pick, user }),
+        5 => (
+            prop::option::weighted(0.7, user.clone()),
+            prop_oneof![3 => 1u64..400, 1 => 1u64..100_000, 1 => Just(0u64)],
+            prop_oneof![4 => 1u32..4, 1 => 0u32..6],
+            prop_oneof![
+                4 => prop::sample::subsequence((1..=USERS + 2).collect::<Vec<_>>(), 1..5),
+                1 => prop::collection::vec(1..=USERS + 2, 0..5),
+            ],
+        )
+            .prop_map(|(user, amount_cents, shares, recipients)| Op::Send {
+                user,
+                amount_cents,
+                shares,
+                recipients,
+            }),
+        8 => (
+            prop::option::weighted(0.95, any::<usize>()),
+            prop::option::weighted(0.8, 0usize..10),
+            user.clone(),
+        )
+            .prop_map(|(pick, recipient, user)| Op::Open {
+                pick,
+                recipient,
+                user,
+            }),
+        1 => (user.clone(), 1..=USERS + 2).prop_map(|(user, to_user)| Op::Chat { user, to_user }),
+        1 => Just(Op::Restart),
+    ]
+}
+
+impl Sim {
+    fn route(&self, user: u64) -> (WorkerId, ConnId) {
+        match self.core.routes.get(&user) {
+            Some(route) => (route.worker, route.conn),
+            None => (0, user << 8),
+        }
+    }
+
+    fn run(&mut self, op: &Op) {
+        match *op {
+            Op::ShakeCampaign {
+                packets,
+                rate_per_sec,
+                amount_min,
+                spread,
+            } => {
+                self.shake_campaign(&shake_request(
+                    packets,
+                    rate_per_sec,
+                    amount_min,
+                    amount_min + spread,
+                ));
+            }
+            Op::SendCampaign {
+                packets,
+                rate_per_sec,
+                recipients,
+                user_min,
+                amount_extra,
+                spread,
+            } => {
+                let amount_min = recipients as u64 + amount_extra;
+                self.send_campaign(&SendCampaignRequest {
+                    packets,
+                    rate_per_sec,
+                    recipients,
+                    user_min,
+                    user_max: (user_min + recipients as u64).max(USERS + 2),
+                    amount_min,
+                    amount_max: amount_min + spread,
+                });
+            }
+            Op::WorkerUp(worker) => {
+                // The supervisor only announces a worker the core does not count as live.
+                if !self.live_workers.contains(&worker) {
+                    self.worker_up(worker);
+                }
+            }
+            Op::WorkerDown(worker) => self.worker_down(worker),
+            Op::Online { worker, conn, user } => {
+                if self.live_workers.contains(&worker) {
+                    self.online(worker, (user << 8) | conn, user);
+                }
+            }
+            Op::Offline { user } => {
+                let (worker, conn) = self.route(user);
+                self.core.offline(worker, conn, user);
+                self.pump();
+            }
+            Op::Tick { ms } => self.advance(ms),
+            Op::Claim { pick, user } => {
+                if self.dealt.is_empty() {
+                    return;
+                }
+                // Any packet dealt since the restart: in a pool, already won, or stranded
+                // on a worker that died since.
+                let (worker, packet, amount) = self.dealt[pick % self.dealt.len()];
+                let (_, conn) = self.route(user);
+                let balance = self.core.balance(user);
+                let (result, packet_id, amount_cents) =
+                    result_of_shake(&self.claim(worker, conn, user, packet));
+                match result {
+                    ResultCode::Won => {
+                        assert_eq!((packet_id, amount_cents), (packet, amount));
+                        let last = &self.ledger.last().unwrap().event;
+                        let won = Event::ShakeWon {
+                            campaign: (packet >> 32) as u32,
+                            index: packet as u32,
+                            user,
+                            amount_cents: amount,
+                        };
+                        assert_eq!(last, &won, "a win the ledger does not hold");
+                        assert_eq!(self.core.balance(user), balance + amount);
+                    }
+                    ResultCode::Nothing => assert_eq!(self.core.balance(user), balance),
+                    other => panic!("claim answered {other:?}"),
+                }
+            }
+            Op::Send {
+                user,
+                amount_cents,
+                shares,
+                ref recipients,
+            } => {
+                let user = user.unwrap_or_else(|| {
+                    (1..=USERS)
+                        .max_by_key(|u| self.core.balance(*u))
+                        .expect("there are users")
+                });
+                let balance = self.core.balance(user);
+                let (result, packet, after) = self.send(user, amount_cents, shares, recipients);
+                match result {
+                    ResultCode::Ok => {
+                        assert_eq!(after, balance - amount_cents);
+                        assert_eq!(self.recipients[&packet], *recipients);
+                    }
+                    ResultCode::InsufficientFunds => {
+                        assert!(balance < amount_cents);
+                        assert_eq!(after, balance);
+                    }
+                    ResultCode::BadRequest => assert_eq!(after, balance),
+                    other => panic!("send answered {other:?}"),
+                }
+            }
+            Op::Open {
+                pick,
+                recipient,
+                user,
+            } => {
+                // What the clients heard of; before any notice, whatever the ledger holds
+                // (campaign packets for users who were offline).
+                let known: Vec<u64> = if self.packets.is_empty() {
+                    self.recipients.keys().copied().collect()
+                } else {
+                    self.packets.iter().copied().collect()
+                };
+                let packet = match (pick, known.len()) {
+                    (Some(pick), n) if n > 0 => known[pick % n],
+                    _ => 1 << 40,
+                };
+                let recipients = self.recipients.get(&packet).cloned().unwrap_or_default();
+                let user = match recipient {
+                    Some(i) if !recipients.is_empty() => recipients[i % recipients.len()],
+                    _ => user,
+                };
+                let earlier = self.opened.get(&(packet, user)).copied();
+                let balance = self.core.balance(user);
+                let (result, amount) = self.open(user, packet);
+                match result {
+                    ResultCode::Opened => {
+                        assert!(earlier.is_none());
+                        assert_eq!(self.opened.get(&(packet, user)), Some(&amount));
+                        assert!(amount >= 1);
+                        assert_eq!(self.core.balance(user), balance + amount);
+                    }
+                    ResultCode::AlreadyOpened => assert_eq!(Some(amount), earlier),
+                    ResultCode::NotARecipient => assert!(!recipients.contains(&user)),
+                    ResultCode::NoSuchPacket => assert!(!self.recipients.contains_key(&packet)),
+                    ResultCode::Expired | ResultCode::Empty => {}
+                    other => panic!("open answered {other:?}"),
+                }
+                if result != ResultCode::Opened {
+                    assert_eq!(self.core.balance(user), balance);
+                }
+            }
+            Op::Chat { user, to_user } => {
+                let online = self.core.routes.contains_key(&to_user);
+                let result = self.chat(user, to_user, "hi");
+                let expected = if online {
+                    ResultCode::Delivered
+                } else {
+                    ResultCode::Offline
+                };
+                assert_eq!(result, expected);
+            }
+            Op::Restart => self.restart(),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Money is conserved after every step, shares and wins are paid at most once, and a
+    /// restart from the ledger changes no figure.
+    #[test]
+    fn money_is_conserved_through_any_operations_and_restarts(
+        seed: u64,
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        let mut sim = Sim::new(seed);
+        for op in &ops {
+            sim.run(op);
+            sim.check();
+        }
+        // Whatever the history, a last restart rebuilds the same state.
+        sim.restart();
+        sim.check();
+        // And once every campaign has created its packets and every time-to-live has run
+        // out, nothing is left unopened.
+        sim.advance(2 * TTL_MS);
+        sim.advance(TTL_MS);
+        let audit = sim.core.audit();
+        prop_assert_eq!(audit.unopened_cents, 0);
+        prop_assert!(audit.ok);
+    }
+}

@@ -1,0 +1,517 @@
+//! The coordinator of a load run: starts the client processes, tells them the plan (users,
+//! QPS, a shared epoch), merges their once-a-second reports into one row per second, and
+//! changes the QPS live for all of them at once (from the next whole second).
+//!
+//! The clients never talk to each other: each computes its own firings from the plan and
+//! the clock (`schedule.rs`). The coordinator only relays QPS changes and listens.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::client::{self, ClientOptions};
+use crate::report::{self, Counters, Report, UserTotals};
+use crate::schedule::{partition, Schedule};
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub server: SocketAddr,
+    pub users: u64,
+    pub first_user: u64,
+    pub qps: u64,
+    /// Client processes; 0 = auto (enough to stay under the open-file limit, at least 2).
+    pub procs: u32,
+    /// Inclusive range of source addresses; `None` picks 127.0.100.1 onward, one per 30,000 users.
+    pub source_ips: Option<(Ipv4Addr, Ipv4Addr)>,
+    /// New connections per second, all processes together.
+    pub connect_rate: u64,
+    pub secret: String,
+}
+
+/// One second of the whole run, merged over the client processes.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub second: u64,
+    pub unix_ms: u64,
+    pub reports: u32,
+    pub target_qps: u64,
+    pub connected: u64,
+    pub logged_in: u64,
+    pub rss_bytes: u64,
+    pub cpu_ms: u64,
+    /// Cumulative at the end of this second.
+    pub counters: Counters,
+    pub shake_latency: Histogram<u64>,
+    pub open_latency: Histogram<u64>,
+}
+
+/// The progress line and `GET /stats`: one second's rates and the totals so far.
+#[derive(Debug, Clone, Serialize)]
+pub struct Progress {
+    pub second: u64,
+    pub unix_ms: u64,
+    pub target_qps: u64,
+    pub users: u64,
+    pub connections: u64,
+    pub logged_in: u64,
+    pub sent_per_sec: u64,
+    pub replies_per_sec: u64,
+    pub won_per_sec: u64,
+    pub nothing_per_sec: u64,
+    pub overloaded_per_sec: u64,
+    pub opened_per_sec: u64,
+    pub errors_per_sec: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub totals: Counters,
+}
+
+impl Progress {
+    pub fn line(&self) -> String {
+        let bar = if self.logged_in < self.users {
+            let done = (20 * self.logged_in / self.users.max(1)) as usize;
+            format!(" [{}{}]", "#".repeat(done), "-".repeat(20 - done))
+        } else {
+            String::new()
+        };
+        let t = &self.totals;
+        format!(
+            "t={}s conns={}/{}{} sent/s={} replies/s={} (won={} nothing={} overloaded={}) opened/s={} p50={:.2}ms p99={:.2}ms errors={} (refused={} timeout={} reset={} ports={} files={} not_ready={})",
+            self.second, self.logged_in, self.users, bar, self.sent_per_sec, self.replies_per_sec,
+            self.won_per_sec, self.nothing_per_sec, self.overloaded_per_sec, self.opened_per_sec,
+            self.p50_ms, self.p99_ms, t.errors(), t.failed_refused, t.failed_timeout, t.failed_reset,
+            t.failed_out_of_ports, t.failed_out_of_files, t.skipped_not_ready,
+        )
+    }
+}
+
+/// What a finished run hands back.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub totals: Counters,
+    pub users: BTreeMap<u64, UserTotals>,
+    pub peak_rss_bytes: u64,
+    pub cpu_ms: u64,
+}
+
+#[derive(Default)]
+struct Shared {
+    rows: BTreeMap<u64, Row>,
+    /// Newest cumulative report per process.
+    latest: Vec<Option<Report>>,
+    finals: Vec<Option<Report>>,
+    peak_rss_bytes: u64,
+}
+
+/// A running load: client processes plus the threads that read their reports.
+pub struct Load {
+    opts: LoadOptions,
+    procs: u32,
+    epoch_ms: u64,
+    children: Vec<Child>,
+    stdins: Mutex<Vec<ChildStdin>>,
+    schedule: Mutex<Schedule>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+}
+
+/// Client processes needed for `users` under an open-file limit of `nofile` (at least 2
+/// when there are that many users, so both cores get work).
+pub fn auto_procs(users: u64, nofile: u64) -> u32 {
+    let per = nofile.saturating_sub(nofile / 20).max(100);
+    (users.div_ceil(per).max(users.min(2))).max(1) as u32
+}
+
+/// Default source addresses: 127.0.100.1 onward, one per 30,000 users.
+pub fn default_source_ips(users: u64) -> Vec<Ipv4Addr> {
+    let n = users.div_ceil(30_000).max(1);
+    (0..n).map(|i| Ipv4Addr::new(127, 0, 100 + (i / 250) as u8, 1 + (i % 250) as u8)).collect()
+}
+
+pub fn ip_range(first: Ipv4Addr, last: Ipv4Addr) -> anyhow::Result<Vec<Ipv4Addr>> {
+    let (a, b) = (u32::from(first), u32::from(last));
+    if b < a || b - a > 65_536 || first.octets()[0] != 127 || last.octets()[0] != 127 {
+        bail!("source addresses must be a range within 127.0.0.0/8, first ≤ last, at most 65536");
+    }
+    Ok((a..=b).map(Ipv4Addr::from).collect())
+}
+
+impl Load {
+    /// Starts the client processes. Connecting begins at once; firing starts at the epoch
+    /// (about two seconds from now).
+    pub fn start(opts: LoadOptions) -> anyhow::Result<Load> {
+        if opts.users == 0 {
+            bail!("--users must be at least 1");
+        }
+        let nofile = hongbao_server::sys::raise_nofile_limit();
+        let procs = if opts.procs == 0 { auto_procs(opts.users, nofile) } else { opts.procs };
+        let per_proc = partition(opts.users, procs, 0).end;
+        if per_proc + 100 > nofile {
+            bail!("{per_proc} connections per client process exceed the open-file limit {nofile}; use more --procs");
+        }
+        let source_ips = match opts.source_ips {
+            Some((a, b)) => ip_range(a, b)?,
+            None => default_source_ips(opts.users),
+        };
+        let epoch_ms = (unix_ms() / 1000 + 2) * 1000;
+        let exe = std::env::current_exe()?;
+        let mut children = Vec::new();
+        let mut stdins = Vec::new();
+        let shared = Arc::new(Mutex::new(Shared {
+            latest: vec![None; procs as usize],
+            finals: vec![None; procs as usize],
+            ..Default::default()
+        }));
+        let schedule = Schedule::new(opts.users, opts.qps);
+        for p in 0..procs {
+            let client_opts = ClientOptions {
+                proc_index: p,
+                procs,
+                server: opts.server,
+                users: opts.users,
+                first_user: opts.first_user,
+                qps: opts.qps,
+                epoch_ms,
+                source_ips: rotate(&source_ips, p as usize),
+                connect_rate: opts.connect_rate.div_ceil(procs as u64).max(1),
+                secret: opts.secret.clone(),
+            };
+            let mut child = Command::new(&exe)
+                .arg("load-client")
+                .arg(serde_json::to_string(&client_opts)?)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting a load client process")?;
+            stdins.push(child.stdin.take().expect("piped"));
+            let stdout = child.stdout.take().expect("piped");
+            let shared = shared.clone();
+            let plan = schedule.clone();
+            std::thread::Builder::new().name(format!("load-client-{p}")).spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    match serde_json::from_str::<Report>(&line) {
+                        Ok(report) => merge(&shared, report, &plan),
+                        Err(e) => eprintln!("load client {p}: unreadable report: {e}"),
+                    }
+                }
+            })?;
+            children.push(child);
+        }
+        Ok(Load {
+            opts,
+            procs,
+            epoch_ms,
+            children,
+            stdins: Mutex::new(stdins),
+            schedule: Mutex::new(schedule),
+            shared,
+        })
+    }
+
+    pub fn procs(&self) -> u32 {
+        self.procs
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(|c| c.id()).collect()
+    }
+
+    pub fn epoch_ms(&self) -> u64 {
+        self.epoch_ms
+    }
+
+    /// The schedule second now running.
+    pub fn current_second(&self) -> u64 {
+        unix_ms().saturating_sub(self.epoch_ms) / 1000
+    }
+
+    /// Changes the QPS of every client from the next whole second; returns that second.
+    pub fn set_qps(&self, qps: u64) -> anyhow::Result<u64> {
+        let from_second = if unix_ms() < self.epoch_ms { 0 } else { self.current_second() + 1 };
+        self.schedule.lock().unwrap().set_qps(from_second, qps);
+        let line = serde_json::to_string(&client::Command::SetQps { from_second, qps })? + "\n";
+        for stdin in self.stdins.lock().unwrap().iter_mut() {
+            stdin.write_all(line.as_bytes()).context("telling a load client the new QPS")?;
+        }
+        Ok(from_second)
+    }
+
+    pub fn qps_at(&self, second: u64) -> u64 {
+        self.schedule.lock().unwrap().qps_at(second)
+    }
+
+    /// Rows of complete seconds (every process reported), oldest first.
+    pub fn rows(&self) -> Vec<Row> {
+        let shared = self.shared.lock().unwrap();
+        shared.rows.values().filter(|r| r.reports == self.procs).cloned().collect()
+    }
+
+    /// The newest complete second as a progress record.
+    pub fn progress(&self) -> Option<Progress> {
+        let shared = self.shared.lock().unwrap();
+        let mut complete = shared.rows.values().rev().filter(|r| r.reports == self.procs);
+        let row = complete.next()?;
+        let previous = complete.next().map(|r| r.counters.clone()).unwrap_or_default();
+        Some(progress(row, &previous, self.opts.users))
+    }
+
+    /// Totals right now (newest report of each process).
+    pub fn totals(&self) -> Counters {
+        let shared = self.shared.lock().unwrap();
+        let mut sum = Counters::default();
+        for r in shared.latest.iter().flatten() {
+            sum.add(&r.counters);
+        }
+        sum
+    }
+
+    pub fn logged_in(&self) -> u64 {
+        let shared = self.shared.lock().unwrap();
+        shared.latest.iter().flatten().map(|r| r.logged_in).sum()
+    }
+
+    /// Waits until every user is logged in; returns false on timeout.
+    pub fn wait_logged_in(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.logged_in() >= self.opts.users {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Stops the clients and collects their final reports.
+    pub fn stop(mut self) -> anyhow::Result<Finished> {
+        let line = serde_json::to_string(&client::Command::Stop)? + "\n";
+        for stdin in self.stdins.lock().unwrap().iter_mut() {
+            let _ = stdin.write_all(line.as_bytes());
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for child in &mut self.children {
+            loop {
+                if child.try_wait()?.is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        // The reader threads finish when the pipes close; give them a moment to merge.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let done = self.shared.lock().unwrap().finals.iter().all(Option::is_some);
+            if done || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let shared = self.shared.lock().unwrap();
+        let mut totals = Counters::default();
+        let mut users = BTreeMap::new();
+        let mut cpu_ms = 0;
+        for (p, fin) in shared.finals.iter().enumerate() {
+            let Some(fin) = fin else { bail!("load client {p} ended without a final report") };
+            totals.add(&fin.counters);
+            cpu_ms += fin.cpu_ms;
+            users.extend(fin.users.clone().unwrap_or_default());
+        }
+        Ok(Finished { totals, users, peak_rss_bytes: shared.peak_rss_bytes, cpu_ms })
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn rotate(ips: &[Ipv4Addr], by: usize) -> Vec<Ipv4Addr> {
+    let mut v = ips.to_vec();
+    v.rotate_left(by % ips.len().max(1));
+    v
+}
+
+fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
+    let mut s = shared.lock().unwrap();
+    let p = report.proc_index as usize;
+    if report.last {
+        s.finals[p] = Some(report);
+        return;
+    }
+    let row = s.rows.entry(report.second).or_insert_with(|| Row {
+        second: report.second,
+        unix_ms: report.unix_ms,
+        reports: 0,
+        target_qps: plan.qps_at(report.second),
+        connected: 0,
+        logged_in: 0,
+        rss_bytes: 0,
+        cpu_ms: 0,
+        counters: Counters::default(),
+        shake_latency: report::new_histogram(),
+        open_latency: report::new_histogram(),
+    });
+    row.reports += 1;
+    row.connected += report.connected;
+    row.logged_in += report.logged_in;
+    row.rss_bytes += report.rss_bytes;
+    row.cpu_ms += report.cpu_ms;
+    row.counters.add(&report.counters);
+    report::merge_sparse(&mut row.shake_latency, &report.shake_latency_us);
+    report::merge_sparse(&mut row.open_latency, &report.open_latency_us);
+    let rss = row.rss_bytes;
+    s.peak_rss_bytes = s.peak_rss_bytes.max(rss);
+    s.latest[p] = Some(report);
+}
+
+/// Rates of `row` against the cumulative counters of the second before it.
+pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
+    let c = &row.counters;
+    let ms = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1000.0 };
+    Progress {
+        second: row.second,
+        unix_ms: row.unix_ms,
+        target_qps: row.target_qps,
+        users,
+        connections: row.connected,
+        logged_in: row.logged_in,
+        sent_per_sec: c.shakes_sent - previous.shakes_sent,
+        replies_per_sec: c.shake_replies - previous.shake_replies,
+        won_per_sec: c.won - previous.won,
+        nothing_per_sec: c.nothing - previous.nothing,
+        overloaded_per_sec: c.overloaded - previous.overloaded,
+        opened_per_sec: c.opened - previous.opened,
+        errors_per_sec: c.errors() - previous.errors(),
+        p50_ms: ms(&row.shake_latency, 0.5),
+        p99_ms: ms(&row.shake_latency, 0.99),
+        max_ms: ms(&row.shake_latency, 1.0),
+        totals: c.clone(),
+    }
+}
+
+/// Serves `POST /qps {"qps": N}` and `GET /stats` for a running load.
+pub fn serve_control(addr: &str, load: Arc<Load>) -> anyhow::Result<SocketAddr> {
+    let server = tiny_http::Server::http(addr).map_err(|e| anyhow::anyhow!("binding control address {addr}: {e}"))?;
+    let bound = server.server_addr().to_ip().context("control address is not IP")?;
+    std::thread::Builder::new().name("load-control".into()).spawn(move || {
+        for mut request in server.incoming_requests() {
+            let (status, body) = control(&mut request, &load);
+            let header = tiny_http::Header::from_bytes("Content-Type", "application/json").expect("static");
+            let _ = request.respond(
+                tiny_http::Response::from_string(body.to_string()).with_status_code(status).with_header(header),
+            );
+        }
+    })?;
+    Ok(bound)
+}
+
+fn control(request: &mut tiny_http::Request, load: &Load) -> (u16, serde_json::Value) {
+    match (request.method(), request.url()) {
+        (tiny_http::Method::Post, "/qps") => {
+            let mut body = String::new();
+            let _ = std::io::Read::read_to_string(&mut std::io::Read::take(request.as_reader(), 4096), &mut body);
+            let qps = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("qps").and_then(|q| q.as_u64()));
+            match qps {
+                Some(qps) if qps <= 10_000_000 => match load.set_qps(qps) {
+                    Ok(from_second) => (200, json!({ "qps": qps, "from_second": from_second })),
+                    Err(e) => (500, json!({ "error": e.to_string() })),
+                },
+                _ => (400, json!({ "error": "expected {\"qps\": N} with 0 ≤ N ≤ 10000000" })),
+            }
+        }
+        (tiny_http::Method::Get, "/stats") => match load.progress() {
+            Some(p) => (200, serde_json::to_value(p).expect("serializes")),
+            None => (200, json!({ "second": null, "totals": load.totals() })),
+        },
+        _ => (404, json!({ "error": "endpoints: POST /qps, GET /stats" })),
+    }
+}
+
+/// `hongbao load`: runs until `duration` seconds of firing have passed (or SIGINT), with
+/// one progress line a second; prints the final totals as JSON.
+pub fn run_cli(opts: LoadOptions, control: Option<String>, duration: Option<u64>) -> anyhow::Result<()> {
+    hongbao_server::sys::catch_stop_signals();
+    let users = opts.users;
+    let load = Arc::new(Load::start(opts)?);
+    println!(
+        "hongbao load: {} users over {} client processes; firing starts at second 0 (epoch {} ms)",
+        users,
+        load.procs(),
+        load.epoch_ms()
+    );
+    if let Some(addr) = control {
+        let bound = serve_control(&addr, load.clone())?;
+        println!("hongbao load: control on http://{bound} (POST /qps {{\"qps\": N}}, GET /stats)");
+    }
+    let mut last = None;
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(p) = load.progress() {
+            if last != Some(p.second) {
+                last = Some(p.second);
+                println!("{}", p.line());
+            }
+        }
+        let done = duration.is_some_and(|d| unix_ms() >= load.epoch_ms() + d * 1000);
+        if done || hongbao_server::sys::stop_requested() {
+            break;
+        }
+    }
+    // The control thread holds a reference; stop through a fresh handle on the same load.
+    let load = match Arc::try_unwrap(load) {
+        Ok(load) => load,
+        Err(shared) => {
+            let totals = shared.totals();
+            println!("{}", serde_json::to_string_pretty(&json!({ "totals": totals }))?);
+            return Ok(()); // dropping the last reference kills the clients
+        }
+    };
+    let finished = load.stop()?;
+    let summary = json!({
+        "totals": finished.totals,
+        "users_with_money": finished.users.len(),
+        "peak_rss_bytes": finished.peak_rss_bytes,
+        "cpu_seconds": finished.cpu_ms as f64 / 1000.0,
+    });
+    println!("{}", serde_json::to_string_pretty(&summary)?);
+    Ok(())
+}
+
+/// `hongbao load --control ADDR --set-qps N`: changes the QPS of a running load.
+pub fn set_remote_qps(control: &str, qps: u64) -> anyhow::Result<()> {
+    let url = format!("http://{control}/qps");
+    match ureq::post(&url).timeout(Duration::from_secs(5)).send_json(json!({ "qps": qps })) {
+        Ok(r) => {
+            println!("{}", r.into_string()?);
+            Ok(())
+        }
+        Err(ureq::Error::Status(code, r)) => bail!("{url}: {code} {}", r.into_string()?),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,129 @@
+//! What a load client process reports to its coordinator, once a second, as one JSON line
+//! on its stdout: cumulative counters, and the latency histograms of the second just
+//! ended (sparse HDR buckets, so the coordinator can merge them exactly).
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// Cumulative counters of one client process (or, summed, of a whole load run).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub connect_attempts: u64,
+    pub connects: u64,
+    pub logins: u64,
+    pub login_failures: u64,
+    pub failed_refused: u64,
+    pub failed_timeout: u64,
+    pub failed_reset: u64,
+    pub failed_out_of_ports: u64,
+    pub failed_out_of_files: u64,
+    pub failed_other: u64,
+    pub disconnects: u64,
+    pub kicks: u64,
+    /// Firings whose user was not connected and logged in at the time.
+    pub skipped_not_ready: u64,
+    pub shakes_sent: u64,
+    pub shake_replies: u64,
+    pub won: u64,
+    pub won_cents: u64,
+    pub nothing: u64,
+    pub overloaded: u64,
+    pub notices: u64,
+    pub opens_sent: u64,
+    pub opened: u64,
+    pub opened_cents: u64,
+    pub open_other: u64,
+    pub error_replies: u64,
+}
+
+impl Counters {
+    pub fn add(&mut self, o: &Counters) {
+        macro_rules! sum {
+            ($($f:ident),*) => { $( self.$f += o.$f; )* };
+        }
+        sum!(
+            connect_attempts, connects, logins, login_failures, failed_refused, failed_timeout,
+            failed_reset, failed_out_of_ports, failed_out_of_files, failed_other, disconnects,
+            kicks, skipped_not_ready, shakes_sent, shake_replies, won, won_cents, nothing,
+            overloaded, notices, opens_sent, opened, opened_cents, open_other, error_replies
+        );
+    }
+
+    pub fn connect_failures(&self) -> u64 {
+        self.failed_refused
+            + self.failed_timeout
+            + self.failed_reset
+            + self.failed_out_of_ports
+            + self.failed_out_of_files
+            + self.failed_other
+    }
+
+    /// Everything that counts as an error in the progress line and the summary.
+    pub fn errors(&self) -> u64 {
+        self.connect_failures() + self.login_failures + self.skipped_not_ready + self.error_replies + self.kicks
+    }
+}
+
+/// What one user saw over the run (only users that received money are listed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserTotals {
+    pub won: u64,
+    pub won_cents: u64,
+    pub opened: u64,
+    pub opened_cents: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Report {
+    pub proc_index: u32,
+    pub pid: u32,
+    /// The schedule second these histograms cover (seconds since the run's epoch).
+    pub second: u64,
+    pub unix_ms: u64,
+    pub connected: u64,
+    pub logged_in: u64,
+    pub rss_bytes: u64,
+    pub cpu_ms: u64,
+    pub counters: Counters,
+    /// Latency in µs from intended send time to reply: (bucket value, count).
+    pub shake_latency_us: Vec<(u64, u64)>,
+    pub open_latency_us: Vec<(u64, u64)>,
+    /// Present in the final report only.
+    pub users: Option<BTreeMap<u64, UserTotals>>,
+    pub last: bool,
+}
+
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds")
+}
+
+pub fn sparse(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect()
+}
+
+pub fn merge_sparse(h: &mut Histogram<u64>, sparse: &[(u64, u64)]) {
+    for &(value, count) in sparse {
+        h.saturating_record_n(value, count);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_histograms_merge_to_the_same_percentiles() {
+        let mut a = new_histogram();
+        for v in [100, 250, 900, 5000, 5000, 70_000] {
+            a.record(v).unwrap();
+        }
+        let mut b = new_histogram();
+        merge_sparse(&mut b, &sparse(&a));
+        assert_eq!(a.len(), b.len());
+        for q in [0.5, 0.99, 1.0] {
+            assert_eq!(a.value_at_quantile(q), b.value_at_quantile(q));
+        }
+    }
+}

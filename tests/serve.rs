@@ -1,0 +1,1364 @@
+//! End-to-end tests of `hongbao serve`: the real binary with two gateway workers, real
+//! sockets on `127.0.0.1:0`, the admin API over HTTP, and a ledger in a temporary
+//! directory. Each test starts its own server (they run in parallel) and a `Server`
+//! guard SIGKILLs it when the test ends, so nothing outlives a failing test.
+//!
+//! What is checked is what a client or an operator can see: replies and pushes on the
+//! wire, balances and audits from the admin API, and that all of it survives a worker
+//! being killed and the whole server crashing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, ErrorKind, Read};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hongbao_proto::client::Client;
+use hongbao_proto::token;
+use hongbao_proto::{encode_to_vec, Frame, KickReason, Message, ResultCode};
+use serde_json::{json, Value};
+
+const SECRET: &str = "serve-test-secret";
+/// Read/write timeout of every test client: long enough for a loaded machine, short
+/// enough that a missing reply fails the test rather than hanging it.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the server may take to print its ready line.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+// ----- the server under test -------------------------------------------------------------
+
+/// A running `hongbao serve`; killed (SIGKILL) when dropped. Its stderr (and its workers')
+/// is collected and printed if the test fails.
+struct Server {
+    child: Child,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    replayed_events: u64,
+    stderr: Arc<Mutex<String>>,
+    http: ureq::Agent,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+            eprintln!("----- hongbao serve stderr -----\n{log}--------------------------------");
+        }
+    }
+}
+
+impl Server {
+    /// Starts `hongbao serve` with two workers on ephemeral ports, the ledger in `dir`.
+    fn start(dir: &Path, extra: &[&str]) -> Server {
+        let child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--workers", "2", "--secret", SECRET, "--data-dir"])
+            .arg(dir)
+            .args(extra)
+            .env_remove("HONGBAO_SECRET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting hongbao serve");
+        let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
+        let mut server = Server {
+            child,
+            listen: unbound,
+            admin: unbound,
+            replayed_events: 0,
+            stderr: Arc::default(),
+            http: ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(15))
+                .build(),
+        };
+        let stderr = server.child.stderr.take().unwrap();
+        let log = server.stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let lines = stdout_lines(server.child.stdout.take().unwrap());
+        let ready = lines
+            .recv_timeout(START_TIMEOUT)
+            .expect("hongbao serve did not print its ready line in time");
+        assert!(
+            ready.starts_with("hongbao serve ready: "),
+            "unexpected first line: {ready}"
+        );
+        let field = |name: &str| -> String {
+            ready
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("no {name}= in {ready:?}"))
+                .to_string()
+        };
+        server.listen = field("listen").parse().unwrap();
+        server.admin = field("admin").parse().unwrap();
+        server.replayed_events = field("replayed_events").parse().unwrap();
+        assert_eq!(field("workers"), "2");
+        assert_ne!(server.listen.port(), 0);
+        assert_ne!(server.admin.port(), 0);
+        server
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A connected client, not logged in.
+    fn connect(&self) -> Client {
+        let mut client = Client::connect(self.listen).expect("connecting to the server");
+        client.set_timeout(IO_TIMEOUT).unwrap();
+        client
+    }
+
+    /// A client logged in as `user`.
+    fn login(&self, user: u64) -> Client {
+        let mut client = self.connect();
+        let result = client.login(user, SECRET.as_bytes()).expect("login");
+        assert_eq!(result, ResultCode::Ok, "login of user {user}");
+        client
+    }
+
+    /// Any admin request: (status, body).
+    fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let url = format!("http://{}{path}", self.admin);
+        let request = self.http.request(method, &url);
+        let result = match body {
+            Some(body) => request
+                .set("Content-Type", "application/json")
+                .send_string(body),
+            None => request.call(),
+        };
+        match result {
+            Ok(response) => {
+                let status = response.status();
+                (status, response.into_string().unwrap())
+            }
+            Err(ureq::Error::Status(status, response)) => {
+                (status, response.into_string().unwrap_or_default())
+            }
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    fn get(&self, path: &str) -> Value {
+        let (status, body) = self.http("GET", path, None);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
+    fn audit(&self) -> Value {
+        let audit = self.get("/v1/audit");
+        assert_eq!(audit["ok"], true, "the money does not add up: {audit:#}");
+        audit
+    }
+
+    /// A user's balance as the ledger holds it.
+    fn balance(&self, user: u64) -> u64 {
+        let view = self.get(&format!("/v1/users/{user}"));
+        assert_eq!(view["user"], user);
+        view["balance_cents"].as_u64().unwrap()
+    }
+
+    fn stats_workers(&self) -> Vec<Value> {
+        self.get("/v1/stats")["workers"]
+            .as_array()
+            .expect("stats.workers")
+            .clone()
+    }
+
+    /// Starts a shake campaign; returns its id.
+    fn shake_campaign(&self, packets: u32, rate_per_sec: u32, min: u64, max: u64) -> u32 {
+        let body = json!({
+            "packets": packets,
+            "rate_per_sec": rate_per_sec,
+            "amount_min": min,
+            "amount_max": max,
+        });
+        let (status, reply) = self.http("POST", "/v1/campaigns/shake", Some(&body.to_string()));
+        assert_eq!(status, 201, "creating a shake campaign: {reply}");
+        let status: Value = serde_json::from_str(&reply).unwrap();
+        assert_eq!(status["kind"], "shake");
+        assert_eq!(status["packets"], packets);
+        status["id"].as_u64().unwrap() as u32
+    }
+
+    /// SIGINT, then waits for a clean exit.
+    fn stop_gracefully(&mut self) {
+        signal(self.pid(), "-INT");
+        let status = wait_until("the server to stop after SIGINT", secs(15), || {
+            self.child.try_wait().unwrap()
+        });
+        assert!(status.success(), "hongbao serve exited with {status}");
+    }
+
+    /// SIGKILL: no chance to flush or say goodbye.
+    fn crash(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+/// Lines of the server's stdout, read by a thread that keeps draining the pipe so the
+/// server never blocks (or dies of a broken pipe) writing to it.
+fn stdout_lines(stdout: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
+
+/// Whether process `pid` has exited (gone, or a zombie nobody has reaped yet).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rfind(')')
+            .and_then(|at| stat[at + 1..].split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Polls `f` every 20 ms until it gives a value; fails the test after `timeout`.
+fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = f() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ----- wire helpers ----------------------------------------------------------------------
+
+/// A frame header (and payload) with every field as given, valid or not.
+fn raw_frame(len: u32, version: u8, kind: u8, request_id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = len.to_be_bytes().to_vec();
+    bytes.push(version);
+    bytes.push(kind);
+    bytes.extend_from_slice(&request_id.to_be_bytes());
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+fn expect_kick(client: &mut Client, reason: KickReason) {
+    let frame = client.recv().expect("waiting for a kick");
+    match frame.message {
+        Message::Kick { reason: got, .. } if frame.request_id == 0 => assert_eq!(got, reason),
+        other => panic!("expected kick {reason:?}, got {other:?}"),
+    }
+}
+
+/// The server has closed this connection: the next read sees the end of the stream.
+fn expect_closed(client: &mut Client) {
+    match client.recv() {
+        Err(e) if is_closed(&e) => {}
+        other => panic!("expected the server to close the connection, got {other:?}"),
+    }
+}
+
+/// Like `expect_closed`, letting pushes that were already on their way arrive first.
+fn expect_closed_after_pushes(client: &mut Client) {
+    loop {
+        match client.recv() {
+            Ok(frame) if frame.request_id == 0 => {}
+            Err(e) if is_closed(&e) => return,
+            other => panic!("expected the server to close the connection, got {other:?}"),
+        }
+    }
+}
+
+fn is_closed(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::BrokenPipe
+    )
+}
+
+fn ping(client: &mut Client, client_time_us: u64) -> std::io::Result<()> {
+    match client.request(&Message::Ping { client_time_us })?.message {
+        Message::Pong {
+            client_time_us: echoed,
+            server_time_us,
+        } => {
+            assert_eq!(echoed, client_time_us);
+            assert!(server_time_us > 0);
+            Ok(())
+        }
+        other => panic!("expected a pong, got {other:?}"),
+    }
+}
+
+fn shake_result(client: &mut Client) -> (ResultCode, u64, u64) {
+    match client.shake().expect("shake") {
+        Message::ShakeReply {
+            result,
+            packet_id,
+            amount_cents,
+        } => (result, packet_id, amount_cents),
+        other => panic!("expected a shake reply, got {other:?}"),
+    }
+}
+
+/// Shakes until `wins` shakes have won; returns (packet_id, amount) of each win.
+fn shake_until_won(client: &mut Client, wins: usize) -> Vec<(u64, u64)> {
+    let deadline = Instant::now() + secs(15);
+    let mut won = Vec::new();
+    while won.len() < wins {
+        assert!(
+            Instant::now() < deadline,
+            "only {} wins of {wins}",
+            won.len()
+        );
+        match shake_result(client) {
+            (ResultCode::Won, packet, amount) => won.push((packet, amount)),
+            (ResultCode::Nothing, 0, 0) => std::thread::sleep(Duration::from_millis(10)),
+            other => panic!("unexpected shake reply {other:?}"),
+        }
+    }
+    won
+}
+
+fn send_result(
+    client: &mut Client,
+    amount: u64,
+    shares: u32,
+    to: &[u64],
+) -> (ResultCode, u64, u64) {
+    match client.send_packet(amount, shares, to).expect("send") {
+        Message::SendReply {
+            result,
+            packet_id,
+            balance_cents,
+        } => (result, packet_id, balance_cents),
+        other => panic!("expected a send reply, got {other:?}"),
+    }
+}
+
+fn open_result(client: &mut Client, packet: u64) -> (ResultCode, u64) {
+    match client.open(packet).expect("open") {
+        Message::OpenReply {
+            result,
+            packet_id,
+            amount_cents,
+        } => {
+            assert_eq!(packet_id, packet);
+            (result, amount_cents)
+        }
+        other => panic!("expected an open reply, got {other:?}"),
+    }
+}
+
+fn chat_result(client: &mut Client, to: u64, text: &str) -> ResultCode {
+    match client.chat(to, text).expect("chat") {
+        Message::ChatReply { result } => result,
+        other => panic!("expected a chat reply, got {other:?}"),
+    }
+}
+
+/// The next push, which must be a packet notice; returns its fields.
+fn expect_notice(client: &mut Client) -> (u64, u64, u64, u32, u64) {
+    match client
+        .next_push()
+        .expect("waiting for a packet notice")
+        .message
+    {
+        Message::PacketNotice {
+            packet_id,
+            from_user,
+            amount_cents,
+            shares,
+            expires_at_ms,
+        } => (packet_id, from_user, amount_cents, shares, expires_at_ms),
+        other => panic!("expected a packet notice, got {other:?}"),
+    }
+}
+
+fn expect_chat(client: &mut Client, from: u64, text: &str) {
+    match client
+        .next_push()
+        .expect("waiting for a chat message")
+        .message
+    {
+        Message::ChatMessage {
+            from_user,
+            text: got,
+        } => {
+            assert_eq!((from_user, got.as_str()), (from, text));
+        }
+        other => panic!("expected a chat message, got {other:?}"),
+    }
+}
+
+/// Logs in users from `first` on until both workers hold some of them (the kernel spreads
+/// connections over the workers' SO_REUSEPORT listeners by a hash, so a handful almost
+/// always suffices). Returns the clients by user and the stats' workers.
+fn users_on_both_workers(server: &Server, first: u64) -> (BTreeMap<u64, Client>, Vec<Value>) {
+    let mut clients = BTreeMap::new();
+    let workers = spread_over_workers(server, &mut clients, first);
+    (clients, workers)
+}
+
+/// Adds users from `next` on to `clients` (eight at a time) until both workers hold
+/// some of `clients`; returns the stats' workers.
+fn spread_over_workers(
+    server: &Server,
+    clients: &mut BTreeMap<u64, Client>,
+    mut next: u64,
+) -> Vec<Value> {
+    for round in 0..6 {
+        if round > 0 || clients.is_empty() {
+            for _ in 0..8 {
+                clients.insert(next, server.login(next));
+                next += 1;
+            }
+        }
+        let logged_in = clients.len() as u64;
+        // Workers report once a second.
+        let workers = wait_until("workers to report the logins", secs(10), || {
+            let workers = server.stats_workers();
+            let sum: u64 = workers
+                .iter()
+                .map(|w| w["logged_in"].as_u64().unwrap())
+                .sum();
+            (workers.len() == 2 && sum == logged_in).then_some(workers)
+        });
+        if workers.iter().all(|w| w["logged_in"].as_u64().unwrap() > 0) {
+            return workers;
+        }
+    }
+    panic!("{} connections all landed on one worker", clients.len());
+}
+
+// ----- the tests -------------------------------------------------------------------------
+
+#[test]
+fn login_tokens_and_frame_violations() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+
+    // Before login: ping is answered, everything else is refused, the connection stays.
+    let mut alice = server.connect();
+    ping(&mut alice, 12345).unwrap();
+    for message in [
+        Message::Shake,
+        Message::Open { packet_id: 1 },
+        Message::Chat {
+            to_user: 2,
+            text: "hi".into(),
+        },
+        Message::Send {
+            amount_cents: 1,
+            shares: 1,
+            recipients: vec![2],
+        },
+    ] {
+        match alice.request(&message).unwrap().message {
+            Message::Error { result, .. } => assert_eq!(result, ResultCode::NotLoggedIn),
+            other => panic!("{message:?} before login got {other:?}"),
+        }
+    }
+    assert_eq!(alice.login(1, SECRET.as_bytes()).unwrap(), ResultCode::Ok);
+    assert_eq!(shake_result(&mut alice), (ResultCode::Nothing, 0, 0));
+
+    // The hex form of the token is accepted too.
+    let mut bob = server.connect();
+    let hex = token::token_hex(SECRET.as_bytes(), 2).into_bytes();
+    let reply = bob
+        .request(&Message::Login {
+            user_id: 2,
+            token: hex,
+        })
+        .unwrap();
+    assert_eq!(
+        reply.message,
+        Message::LoginReply {
+            result: ResultCode::Ok,
+            user_id: 2
+        }
+    );
+
+    // A bad token: login-reply{bad-token}, kick{bad-token}, closed.
+    for (user, secret) in [(3, b"wrong secret".as_slice()), (0, SECRET.as_bytes())] {
+        let mut mallory = server.connect();
+        let reply = mallory
+            .request(&Message::Login {
+                user_id: user,
+                token: token::token(secret, user).to_vec(),
+            })
+            .unwrap();
+        assert_eq!(
+            reply.message,
+            Message::LoginReply {
+                result: ResultCode::BadToken,
+                user_id: user
+            }
+        );
+        expect_kick(&mut mallory, KickReason::BadToken);
+        expect_closed(&mut mallory);
+    }
+    // Someone else's token.
+    let mut eve = server.connect();
+    let stolen = token::token(SECRET.as_bytes(), 1).to_vec();
+    let reply = eve
+        .request(&Message::Login {
+            user_id: 4,
+            token: stolen,
+        })
+        .unwrap();
+    assert!(matches!(
+        reply.message,
+        Message::LoginReply {
+            result: ResultCode::BadToken,
+            ..
+        }
+    ));
+    expect_kick(&mut eve, KickReason::BadToken);
+    expect_closed(&mut eve);
+
+    // Nobody else noticed.
+    assert_eq!(
+        chat_result(&mut alice, 2, "still there?"),
+        ResultCode::Delivered
+    );
+    expect_chat(&mut bob, 1, "still there?");
+
+    // Fatal framing errors: kick{bad-frame}, closed. One of them from a logged-in user,
+    // who is then offline.
+    let fatal: [(&str, Vec<u8>); 4] = [
+        ("length 0xFFFFFFFF", vec![0xFF; 4]),
+        (
+            "length over the limit",
+            raw_frame(16 * 1024 + 1, 1, 6, 1, &[]),
+        ),
+        ("length under the header", raw_frame(5, 1, 6, 1, &[])),
+        ("version 2", raw_frame(14, 2, 6, 1, &[0; 8])),
+    ];
+    for (i, (what, bytes)) in fatal.iter().enumerate() {
+        let mut client = if i == 0 {
+            server.login(5)
+        } else {
+            server.connect()
+        };
+        client.send_raw(bytes).unwrap();
+        let frame = client.recv().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            matches!(
+                frame.message,
+                Message::Kick {
+                    reason: KickReason::BadFrame,
+                    ..
+                }
+            ),
+            "{what}: got {frame:?}"
+        );
+        expect_closed(&mut client);
+    }
+    wait_until("user 5 to be offline", secs(5), || {
+        (chat_result(&mut alice, 5, "gone?") == ResultCode::Offline).then_some(())
+    });
+
+    // Recoverable errors: answered under the frame's request id, the connection stays.
+    alice.send_raw(&raw_frame(6, 1, 0x7F, 77, &[])).unwrap();
+    let frame = alice.recv().unwrap();
+    assert_eq!(frame.request_id, 77);
+    assert!(
+        matches!(
+            frame.message,
+            Message::Error {
+                result: ResultCode::UnknownType,
+                ..
+            }
+        ),
+        "{frame:?}"
+    );
+    // A shake with a trailing byte, and a message only servers send.
+    alice.send_raw(&raw_frame(7, 1, 0x02, 78, &[0])).unwrap();
+    let server_kind = encode_to_vec(&Frame {
+        request_id: 79,
+        message: Message::ChatReply {
+            result: ResultCode::Delivered,
+        },
+    });
+    alice.send_raw(&server_kind).unwrap();
+    for request_id in [78, 79] {
+        let frame = alice.recv().unwrap();
+        assert_eq!(frame.request_id, request_id);
+        assert!(
+            matches!(
+                frame.message,
+                Message::Error {
+                    result: ResultCode::BadRequest,
+                    ..
+                }
+            ),
+            "{frame:?}"
+        );
+    }
+    ping(&mut alice, 1).unwrap();
+
+    // A frame that arrives a byte at a time, and frames pipelined in one write.
+    let bytes = encode_to_vec(&Frame {
+        request_id: 500,
+        message: Message::Ping { client_time_us: 9 },
+    });
+    for byte in &bytes {
+        alice.send_raw(std::slice::from_ref(byte)).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut pipelined = Vec::new();
+    for request_id in 501..=503 {
+        pipelined.extend(encode_to_vec(&Frame {
+            request_id,
+            message: Message::Ping {
+                client_time_us: request_id as u64,
+            },
+        }));
+    }
+    alice.send_raw(&pipelined).unwrap();
+    for (request_id, echoed) in [(500, 9), (501, 501), (502, 502), (503, 503)] {
+        let frame = alice.recv().unwrap();
+        assert_eq!(frame.request_id, request_id);
+        assert!(
+            matches!(frame.message, Message::Pong { client_time_us, .. } if client_time_us == echoed)
+        );
+    }
+    drop(bob);
+    server.audit();
+}
+
+#[test]
+fn a_second_login_replaces_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let mut friend = server.login(11);
+    let mut first = server.login(10);
+    let mut second = server.login(10);
+    expect_kick(&mut first, KickReason::Replaced);
+    expect_closed(&mut first);
+    drop(first);
+    // The route is the new connection's, also after the old one is gone for good.
+    for text in ["to the new one", "still the new one"] {
+        assert_eq!(chat_result(&mut friend, 10, text), ResultCode::Delivered);
+        expect_chat(&mut second, 11, text);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    ping(&mut second, 3).unwrap();
+    // Logging in again on the same connection is not a replacement.
+    assert_eq!(second.login(10, SECRET.as_bytes()).unwrap(), ResultCode::Ok);
+    ping(&mut second, 4).unwrap();
+    assert_eq!(
+        chat_result(&mut friend, 10, "same conn"),
+        ResultCode::Delivered
+    );
+    expect_chat(&mut second, 11, "same conn");
+}
+
+#[test]
+fn shakes_win_what_the_ledger_credits() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let mut alice = server.login(1);
+    let mut bob = server.login(2);
+    assert_eq!(shake_result(&mut alice), (ResultCode::Nothing, 0, 0));
+
+    let campaign = server.shake_campaign(40, 1000, 100, 900);
+    let mut packets = BTreeSet::new();
+    let mut total = 0;
+    for (user, client) in [(1, &mut alice), (2, &mut bob)] {
+        let won = shake_until_won(client, 3);
+        for &(packet, amount) in &won {
+            assert!((100..=900).contains(&amount), "won {amount}");
+            assert_eq!(packet >> 32, campaign as u64, "packet {packet:#x}");
+            assert!(packets.insert(packet), "packet {packet:#x} won twice");
+        }
+        let sum: u64 = won.iter().map(|(_, a)| a).sum();
+        assert_eq!(server.balance(user), sum);
+        total += sum;
+    }
+    assert_eq!(server.balance(3), 0);
+
+    let status = server.get(&format!("/v1/campaigns/{campaign}"));
+    assert_eq!(status["won"], 6);
+    assert_eq!(status["won_cents"], total);
+    assert_eq!(status["state"], "running");
+    let minted = status["minted_cents"].as_u64().unwrap();
+    assert!((40 * 100..=40 * 900).contains(&minted));
+    let audit = server.audit();
+    assert_eq!(audit["minted_cents"], minted);
+    assert_eq!(audit["user_balances_cents"], total);
+    assert_eq!(audit["unclaimed_cents"], minted - total);
+    assert_eq!(audit["unclaimed_packets"], 34);
+}
+
+#[test]
+fn shakes_over_the_rate_limit_are_overloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    // 10 a second for the server: 5 per worker.
+    let server = Server::start(dir.path(), &["--max-shake-qps", "10"]);
+    let mut client = server.login(1);
+    let burst = 30;
+    let mut ids = Vec::new();
+    for _ in 0..burst {
+        ids.push(client.send(&Message::Shake).unwrap());
+    }
+    let mut counts = BTreeMap::new();
+    for id in ids {
+        let frame = client.recv().unwrap();
+        assert_eq!(frame.request_id, id);
+        let Message::ShakeReply { result, .. } = frame.message else {
+            panic!("expected a shake reply, got {frame:?}");
+        };
+        *counts.entry(result.name()).or_insert(0) += 1;
+    }
+    let overloaded = counts.get("overloaded").copied().unwrap_or(0);
+    let nothing = counts.get("nothing").copied().unwrap_or(0);
+    assert_eq!(overloaded + nothing, burst, "{counts:?}");
+    // At most two seconds' worth of one worker's share got through.
+    assert!(nothing <= 10, "{counts:?}");
+    assert!(overloaded >= burst - 10, "{counts:?}");
+    // The next second admits again.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(shake_result(&mut client).0, ResultCode::Nothing);
+}
+
+#[test]
+fn sends_debit_the_sender_and_notify_recipients() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let mut sender = server.login(10);
+    let mut online = server.login(11);
+    server.shake_campaign(10, 1000, 1000, 1000);
+    shake_until_won(&mut sender, 2);
+    assert_eq!(server.balance(10), 2000);
+
+    // Refused sends leave the balance alone and say what it is.
+    let bad: [(u64, u32, &[u64]); 7] = [
+        (100, 0, &[11]),     // no shares
+        (0, 1, &[11]),       // no money
+        (100, 2, &[11, 11]), // duplicate recipients
+        (100, 1, &[]),       // no recipients
+        (1, 2, &[11, 12]),   // a share under a cent
+        (100, 3, &[11, 12]), // more shares than recipients
+        (100, 1, &[0]),      // user 0 does not exist
+    ];
+    for (amount, shares, to) in bad {
+        assert_eq!(
+            send_result(&mut sender, amount, shares, to),
+            (ResultCode::BadRequest, 0, 2000),
+            "send {amount} in {shares} to {to:?}"
+        );
+    }
+    assert_eq!(
+        send_result(&mut sender, 2001, 1, &[11]),
+        (ResultCode::InsufficientFunds, 0, 2000)
+    );
+    let mut poor = server.login(13);
+    assert_eq!(
+        send_result(&mut poor, 1, 1, &[11]),
+        (ResultCode::InsufficientFunds, 0, 0)
+    );
+
+    let before_ms = now_ms();
+    let (result, packet, balance) = send_result(&mut sender, 600, 2, &[11, 12]);
+    assert_eq!((result, balance), (ResultCode::Ok, 1400));
+    assert!(packet > 0);
+    assert_eq!(server.balance(10), 1400);
+
+    // Online: told at once. Offline: told at login.
+    let (id, from, amount, shares, expires) = expect_notice(&mut online);
+    assert_eq!((id, from, amount, shares), (packet, 10, 600, 2));
+    let ttl_ms = expires - before_ms;
+    assert!(
+        (24 * 3600 * 1000 - 60_000..=24 * 3600 * 1000 + 60_000).contains(&ttl_ms),
+        "expires in {ttl_ms} ms"
+    );
+    let mut offline = server.login(12);
+    assert_eq!(expect_notice(&mut offline), (packet, 10, 600, 2, expires));
+
+    // Spending it all is allowed; then nothing is left.
+    let (result, second, balance) = send_result(&mut sender, 1400, 1, &[11]);
+    assert_eq!((result, balance), (ResultCode::Ok, 0));
+    assert_eq!(expect_notice(&mut online).0, second);
+    assert_eq!(
+        send_result(&mut sender, 1, 1, &[11]),
+        (ResultCode::InsufficientFunds, 0, 0)
+    );
+    let audit = server.audit();
+    assert_eq!(audit["unopened_cents"], 2000);
+    assert_eq!(audit["unopened_shares"], 3);
+    assert_eq!(audit["live_packets"], 2);
+}
+
+#[test]
+fn opens_give_every_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let mut sender = server.login(20);
+    server.shake_campaign(10, 1000, 1000, 1000);
+    shake_until_won(&mut sender, 2);
+
+    // Two shares for three recipients: the third finds it empty.
+    let (result, packet, _) = send_result(&mut sender, 300, 2, &[21, 22, 23]);
+    assert_eq!(result, ResultCode::Ok);
+    let mut r21 = server.login(21);
+    let mut r22 = server.login(22);
+    let mut r23 = server.login(23);
+    let mut stranger = server.login(24);
+
+    let (result, first) = open_result(&mut r21, packet);
+    assert_eq!(result, ResultCode::Opened);
+    assert!((1..300).contains(&first), "first share {first}");
+    assert_eq!(
+        open_result(&mut r21, packet),
+        (ResultCode::AlreadyOpened, first)
+    );
+    assert_eq!(
+        open_result(&mut stranger, packet),
+        (ResultCode::NotARecipient, 0)
+    );
+    assert_eq!(
+        open_result(&mut sender, packet),
+        (ResultCode::NotARecipient, 0)
+    );
+    let (result, second) = open_result(&mut r22, packet);
+    assert_eq!(result, ResultCode::Opened);
+    assert_eq!(first + second, 300);
+    assert_eq!(open_result(&mut r23, packet), (ResultCode::Empty, 0));
+    assert_eq!(
+        open_result(&mut r22, packet),
+        (ResultCode::AlreadyOpened, second)
+    );
+    assert_eq!(
+        open_result(&mut r23, packet + 1000),
+        (ResultCode::NoSuchPacket, 0)
+    );
+    assert_eq!(
+        open_result(&mut r23, u64::MAX),
+        (ResultCode::NoSuchPacket, 0)
+    );
+
+    // A fresh connection of the same user still sees its first amount.
+    drop(r21);
+    let mut r21 = server.login(21);
+    assert_eq!(
+        open_result(&mut r21, packet),
+        (ResultCode::AlreadyOpened, first)
+    );
+
+    assert_eq!(server.balance(20), 1700);
+    assert_eq!(server.balance(21), first);
+    assert_eq!(server.balance(22), second);
+    assert_eq!(server.balance(23), 0);
+    let audit = server.audit();
+    assert_eq!(audit["unopened_cents"], 0);
+    assert_eq!(audit["live_packets"], 0);
+
+    // Every share of a one-cent-each packet, opened concurrently by its recipients.
+    let recipients: Vec<u64> = (30..40).collect();
+    let (result, packet, _) = send_result(&mut sender, 10, 10, &recipients);
+    assert_eq!(result, ResultCode::Ok);
+    let handles: Vec<_> = recipients
+        .iter()
+        .map(|&user| {
+            let mut client = server.login(user);
+            std::thread::spawn(move || open_result(&mut client, packet))
+        })
+        .collect();
+    for handle in handles {
+        assert_eq!(handle.join().unwrap(), (ResultCode::Opened, 1));
+    }
+    assert_eq!(server.balance(20), 1690);
+    server.audit();
+}
+
+#[test]
+fn expired_packets_refund_the_sender() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--packet-ttl-secs", "2"]);
+    let mut sender = server.login(30);
+    server.shake_campaign(10, 1000, 1000, 1000);
+    shake_until_won(&mut sender, 1);
+
+    let mut r31 = server.login(31);
+    let mut r32 = server.login(32);
+    let (result, packet, balance) = send_result(&mut sender, 500, 3, &[31, 32, 33]);
+    assert_eq!((result, balance), (ResultCode::Ok, 500));
+    let (_, _, _, _, expires_ms) = expect_notice(&mut r31);
+    let (result, opened) = open_result(&mut r31, packet);
+    assert_eq!(result, ResultCode::Opened);
+    assert_eq!(server.audit()["unopened_cents"], 500 - opened);
+
+    // Wait out the time-to-live.
+    let wait = expires_ms.saturating_sub(now_ms()) + 300;
+    std::thread::sleep(Duration::from_millis(wait));
+    assert_eq!(open_result(&mut r32, packet), (ResultCode::Expired, 0));
+    // An open from before the expiry still answers with its amount.
+    assert_eq!(
+        open_result(&mut r31, packet),
+        (ResultCode::AlreadyOpened, opened)
+    );
+    // The remainder went back to the sender.
+    wait_until("the refund", secs(5), || {
+        (server.balance(30) == 1000 - opened).then_some(())
+    });
+    let audit = server.audit();
+    assert_eq!(audit["unopened_cents"], 0);
+    assert_eq!(audit["unopened_shares"], 0);
+    assert_eq!(audit["live_packets"], 0);
+    // Someone logging in now is not told about the dead packet.
+    let mut late = server.login(33);
+    assert_eq!(open_result(&mut late, packet), (ResultCode::Expired, 0));
+    late.set_timeout(Duration::from_millis(300)).unwrap();
+    match late.next_push() {
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+        other => panic!("expected no notice for an expired packet, got {other:?}"),
+    }
+}
+
+#[test]
+fn chat_crosses_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let (mut clients, workers) = users_on_both_workers(&server, 100);
+    assert!(workers.iter().all(|w| w["logged_in"].as_u64().unwrap() > 0));
+    let users: Vec<u64> = clients.keys().copied().collect();
+    for &from in &users {
+        for &to in &users {
+            if from == to {
+                continue;
+            }
+            let text = format!("你好 {to}, from {from}");
+            let result = chat_result(clients.get_mut(&from).unwrap(), to, &text);
+            assert_eq!(result, ResultCode::Delivered, "{from} → {to}");
+            expect_chat(clients.get_mut(&to).unwrap(), from, &text);
+        }
+    }
+    // A user may chat to itself.
+    let me = users[0];
+    let client = clients.get_mut(&me).unwrap();
+    assert_eq!(
+        chat_result(client, me, "note to self"),
+        ResultCode::Delivered
+    );
+    expect_chat(client, me, "note to self");
+
+    // Never seen, and gone.
+    assert_eq!(chat_result(client, 999_999, "anyone?"), ResultCode::Offline);
+    let gone = users[1];
+    drop(clients.remove(&gone));
+    let client = clients.get_mut(&me).unwrap();
+    wait_until("the closed user to be offline", secs(5), || {
+        (chat_result(client, gone, "bye?") == ResultCode::Offline).then_some(())
+    });
+    // Nothing undelivered is queued for someone who comes back.
+    let mut back = server.login(gone);
+    back.set_timeout(Duration::from_millis(300)).unwrap();
+    assert!(back.next_push().is_err(), "a push for a fresh login");
+}
+
+#[test]
+fn campaigns_admin_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    assert_eq!(server.get("/v1/campaigns"), json!([]));
+
+    let refused = [
+        ("POST", "/v1/campaigns/shake", "{not json"),
+        ("POST", "/v1/campaigns/shake", ""),
+        ("POST", "/v1/campaigns/shake", r#"{"packets":10}"#),
+        (
+            "POST",
+            "/v1/campaigns/shake",
+            r#"{"packets":10,"rate_per_sec":10,"amount_min":1,"amount_max":2,"extra":1}"#,
+        ),
+        (
+            "POST",
+            "/v1/campaigns/shake",
+            r#"{"packets":-1,"rate_per_sec":10,"amount_min":1,"amount_max":2}"#,
+        ),
+        (
+            "POST",
+            "/v1/campaigns/shake",
+            r#"{"packets":0,"rate_per_sec":10,"amount_min":1,"amount_max":2}"#,
+        ),
+        (
+            "POST",
+            "/v1/campaigns/shake",
+            r#"{"packets":10,"rate_per_sec":0,"amount_min":1,"amount_max":2}"#,
+        ),
+        (
+            "POST",
+            "/v1/campaigns/shake",
+            r#"{"packets":10,"rate_per_sec":10,"amount_min":5,"amount_max":4}"#,
+        ),
+        (
+            "POST",
+            "/v1/campaigns/shake",
+            r#"{"packets":10,"rate_per_sec":10,"amount_min":0,"amount_max":4}"#,
+        ),
+        (
+            "POST",
+            "/v1/campaigns/send",
+            r#"{"packets":1,"rate_per_sec":1,"recipients":3,"user_min":1,"user_max":2,"amount_min":10,"amount_max":10}"#,
+        ),
+        (
+            "POST",
+            "/v1/campaigns/send",
+            r#"{"packets":1,"rate_per_sec":1,"recipients":3,"user_min":1,"user_max":9,"amount_min":2,"amount_max":10}"#,
+        ),
+        ("GET", "/v1/users/abc", ""),
+        ("GET", "/v1/campaigns/abc", ""),
+    ];
+    for (method, path, body) in refused {
+        let (status, reply) = server.http(method, path, Some(body).filter(|_| method == "POST"));
+        assert_eq!(status, 400, "{method} {path} {body}: {reply}");
+        let error: Value = serde_json::from_str(&reply).unwrap();
+        assert!(error["error"].is_string(), "{reply}");
+    }
+    assert_eq!(server.http("GET", "/v1/campaigns/7", None).0, 404);
+    assert_eq!(server.http("GET", "/v1/nothing", None).0, 404);
+    assert_eq!(server.http("DELETE", "/v1/audit", None).0, 405);
+    assert_eq!(server.http("GET", "/v1/campaigns/shake", None).0, 400);
+    // Nothing was started by any of that.
+    assert_eq!(server.get("/v1/campaigns"), json!([]));
+    let audit = server.audit();
+    assert_eq!(audit["minted_cents"], 0);
+
+    // A shake campaign, watched as it releases its packets.
+    let id = server.shake_campaign(50, 25, 10, 20);
+    let mut seen = BTreeSet::new();
+    let status = wait_until("the campaign to release everything", secs(10), || {
+        let status = server.get(&format!("/v1/campaigns/{id}"));
+        seen.insert(status["released"].as_u64().unwrap());
+        (status["released"] == 50).then_some(status)
+    });
+    assert!(
+        seen.iter().any(|r| (1..50).contains(r)),
+        "no progress seen in between: {seen:?}"
+    );
+    assert!(status["released_all_ms"].as_u64().unwrap() >= status["started_ms"].as_u64().unwrap());
+    assert_eq!(status["rate_per_sec"], 25);
+    let minted = status["minted_cents"].as_u64().unwrap();
+    assert!((500..=1000).contains(&minted));
+    let mut client = server.login(7);
+    let won: u64 = shake_until_won(&mut client, 2).iter().map(|(_, a)| a).sum();
+    let status = server.get(&format!("/v1/campaigns/{id}"));
+    assert_eq!(
+        (status["won"].clone(), status["won_cents"].clone()),
+        (json!(2), json!(won))
+    );
+
+    // A send campaign for users 500 and 501: the online one is told, from user 0.
+    let mut recipient = server.login(500);
+    let body = r#"{"packets":1,"rate_per_sec":10,"recipients":2,"user_min":500,"user_max":501,"amount_min":100,"amount_max":100}"#;
+    let (status, reply) = server.http("POST", "/v1/campaigns/send", Some(body));
+    assert_eq!(status, 201, "{reply}");
+    let send_id = serde_json::from_str::<Value>(&reply).unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(send_id, id as u64 + 1);
+    let (packet, from, amount, shares, _) = expect_notice(&mut recipient);
+    assert_eq!((from, amount, shares), (0, 100, 2));
+    let (result, share) = open_result(&mut recipient, packet);
+    assert_eq!(result, ResultCode::Opened);
+    let status = server.get(&format!("/v1/campaigns/{send_id}"));
+    assert_eq!(status["kind"], "send");
+    assert_eq!(status["state"], "done");
+    assert_eq!(status["shares"], 2);
+    assert_eq!(status["shares_opened"], 1);
+    assert_eq!(status["amount_opened_cents"], share);
+    assert_eq!(server.get("/v1/campaigns").as_array().unwrap().len(), 2);
+
+    let audit = server.audit();
+    assert_eq!(audit["minted_cents"], minted + 100);
+    assert_eq!(audit["user_balances_cents"], won + share);
+    assert_eq!(audit["unopened_cents"], 100 - share);
+
+    let (status, metrics) = server.http("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    assert!(metrics.contains("hongbao_"), "{metrics}");
+    assert!(metrics.contains("hongbao_audit_ok 1"), "{metrics}");
+    let stats = server.get("/v1/stats");
+    assert_eq!(stats["online_users"], 2);
+}
+
+#[test]
+fn a_killed_worker_is_restarted_and_the_others_carry_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let campaign = server.shake_campaign(40, 1000, 100, 100);
+    let (mut clients, workers) = users_on_both_workers(&server, 1);
+    let victim = &workers[0];
+    let (victim_index, victim_pid) = (
+        victim["worker"].as_u64().unwrap(),
+        victim["pid"].as_u64().unwrap() as u32,
+    );
+    let victims_users = victim["logged_in"].as_u64().unwrap() as usize;
+    wait_until("both pools to be dealt", secs(10), || {
+        let workers = server.stats_workers();
+        workers
+            .iter()
+            .all(|w| w["pool_packets"].as_u64().unwrap() > 0)
+            .then_some(())
+    });
+
+    signal(victim_pid, "-9");
+    wait_until("the worker to die", secs(5), || {
+        process_gone(victim_pid).then_some(())
+    });
+
+    // The victim's clients were cut off; the others still talk.
+    let mut cut_off = Vec::new();
+    for (&user, client) in clients.iter_mut() {
+        match ping(client, user) {
+            Ok(()) => {}
+            Err(e) if is_closed(&e) => cut_off.push(user),
+            Err(e) => panic!("user {user}: {e}"),
+        }
+    }
+    assert_eq!(cut_off.len(), victims_users, "cut off: {cut_off:?}");
+    for user in &cut_off {
+        clients.remove(user);
+    }
+    let survivors: Vec<u64> = clients.keys().copied().collect();
+    let (a, b) = (survivors[0], *survivors.last().unwrap());
+    assert_eq!(
+        chat_result(clients.get_mut(&a).unwrap(), b, "ok?"),
+        ResultCode::Delivered
+    );
+    expect_chat(clients.get_mut(&b).unwrap(), a, "ok?");
+    for user in &cut_off {
+        let client = clients.get_mut(&a).unwrap();
+        wait_until("a cut-off user to be offline", secs(5), || {
+            (chat_result(client, *user, "there?") == ResultCode::Offline).then_some(())
+        });
+    }
+
+    // Back under a new pid, counted as a restart.
+    let stats = wait_until("the worker to come back", secs(10), || {
+        let stats = server.get("/v1/stats");
+        let workers = stats["workers"].as_array().unwrap();
+        let back = workers.iter().find(|w| w["worker"] == victim_index)?;
+        (back["pid"].as_u64().unwrap() as u32 != victim_pid).then_some(stats.clone())
+    });
+    let workers = stats["workers"].as_array().unwrap();
+    for w in workers {
+        let restarts = w["restarts"].as_u64().unwrap();
+        if w["worker"] == victim_index {
+            assert!(restarts >= 1);
+        } else {
+            assert_eq!(restarts, 0);
+        }
+    }
+    // Totals are the sum of the live workers' levels, not of the dead one's too.
+    let sum = |key: &str| -> u64 { workers.iter().map(|w| w[key].as_u64().unwrap()).sum() };
+    assert_eq!(stats["logged_in"], sum("logged_in"), "{stats:#}");
+    assert_eq!(stats["connections"], sum("connections"), "{stats:#}");
+
+    // The cut-off users come back; everybody can reach everybody.
+    for &user in &cut_off {
+        clients.insert(user, server.login(user));
+    }
+    for &user in &cut_off {
+        let text = format!("welcome back {user}");
+        assert_eq!(
+            chat_result(clients.get_mut(&a).unwrap(), user, &text),
+            ResultCode::Delivered
+        );
+        expect_chat(clients.get_mut(&user).unwrap(), a, &text);
+    }
+
+    // The dead worker's pool went back into play: every packet can still be won (by
+    // clients on both workers, since each worker's pool is its own).
+    spread_over_workers(&server, &mut clients, 1000);
+    let mut won = 0;
+    let deadline = Instant::now() + secs(15);
+    while won < 40 {
+        assert!(Instant::now() < deadline, "only {won} of 40 packets won");
+        let mut any = false;
+        for client in clients.values_mut() {
+            if let (ResultCode::Won, _, 100) = shake_result(client) {
+                won += 1;
+                any = true;
+            }
+        }
+        if !any {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let status = server.get(&format!("/v1/campaigns/{campaign}"));
+    assert_eq!(
+        (status["won"].clone(), status["state"].clone()),
+        (json!(40), json!("done"))
+    );
+    let audit = server.audit();
+    assert_eq!(audit["user_balances_cents"], 4000);
+    assert_eq!(audit["unclaimed_cents"], 0);
+}
+
+#[test]
+fn a_crash_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    assert_eq!(server.replayed_events, 0);
+    let users = [1, 2, 3, 4, 5];
+    let mut clients: BTreeMap<u64, Client> = users.iter().map(|&u| (u, server.login(u))).collect();
+
+    server.shake_campaign(20, 1000, 500, 500);
+    shake_until_won(clients.get_mut(&1).unwrap(), 2);
+    shake_until_won(clients.get_mut(&2).unwrap(), 2);
+    let c1 = clients.get_mut(&1).unwrap();
+    let (result, from_1, _) = send_result(c1, 700, 3, &[3, 4, 5]);
+    assert_eq!(result, ResultCode::Ok);
+    let (result, opened_by_3) = open_result(clients.get_mut(&3).unwrap(), from_1);
+    assert_eq!(result, ResultCode::Opened);
+    let (result, from_2, _) = send_result(clients.get_mut(&2).unwrap(), 400, 2, &[4, 5]);
+    assert_eq!(result, ResultCode::Ok);
+    // Still running at the crash; nobody shakes for it.
+    let running = server.shake_campaign(1000, 5, 1, 10);
+
+    let audit = server.audit();
+    assert_eq!(audit["unopened_shares"], 4);
+    assert!(audit["unclaimed_cents"].as_u64().unwrap() > 0);
+    let balances: Vec<u64> = users.iter().map(|&u| server.balance(u)).collect();
+    assert_eq!(balances[..3], [300, 600, opened_by_3]);
+    let campaigns = server.get("/v1/campaigns");
+    let worker_pids: Vec<u32> = server
+        .stats_workers()
+        .iter()
+        .map(|w| w["pid"].as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(worker_pids.len(), 2);
+
+    server.crash();
+    // Workers exit when their link to the core closes; their clients see the end.
+    for &pid in &worker_pids {
+        wait_until("a worker to exit after the crash", secs(5), || {
+            process_gone(pid).then_some(())
+        });
+    }
+    for client in clients.values_mut() {
+        expect_closed_after_pushes(client);
+    }
+    drop(clients);
+
+    let mut server = Server::start(dir.path(), &[]);
+    assert!(server.replayed_events > 0);
+    assert_eq!(server.audit(), audit);
+    let after: Vec<u64> = users.iter().map(|&u| server.balance(u)).collect();
+    assert_eq!(after, balances);
+    let mut resumed = server.get("/v1/campaigns");
+    for c in resumed.as_array_mut().unwrap().iter_mut() {
+        // Released-but-unwon packets are released again from the restart on.
+        for field in ["released", "released_all_ms"] {
+            c.as_object_mut().unwrap().remove(field);
+        }
+    }
+    let mut expected = campaigns.clone();
+    for c in expected.as_array_mut().unwrap().iter_mut() {
+        for field in ["released", "released_all_ms"] {
+            c.as_object_mut().unwrap().remove(field);
+        }
+    }
+    assert_eq!(resumed, expected);
+    let status = server.get(&format!("/v1/campaigns/{running}"));
+    assert_eq!(status["state"], "running");
+
+    // The unopened shares are still there to open, and their recipients are told again.
+    let mut r4 = server.login(4);
+    let told: BTreeSet<u64> = (0..2).map(|_| expect_notice(&mut r4).0).collect();
+    assert_eq!(told, BTreeSet::from([from_1, from_2]));
+    let (result, a) = open_result(&mut r4, from_1);
+    assert_eq!(result, ResultCode::Opened);
+    let (result, b) = open_result(&mut r4, from_2);
+    assert_eq!(result, ResultCode::Opened);
+    let mut r3 = server.login(3);
+    assert_eq!(
+        open_result(&mut r3, from_1),
+        (ResultCode::AlreadyOpened, opened_by_3)
+    );
+    assert_eq!(server.balance(4), a + b);
+    let audit = server.audit();
+
+    // A graceful stop tells clients why, and keeps everything too.
+    server.stop_gracefully();
+    expect_kick(&mut r4, KickReason::Shutdown);
+    expect_closed(&mut r4);
+    let server = Server::start(dir.path(), &[]);
+    assert_eq!(server.audit(), audit);
+    assert_eq!(server.balance(4), a + b);
+    assert_eq!(server.balance(1), 300);
+}
+
+/// A client that never reads and a client that sends after being kicked must not take the
+/// worker down with them.
+#[test]
+fn misbehaving_clients_do_not_hurt_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let mut watcher = server.login(1);
+    // Kicked, then keeps writing.
+    let mut noisy = server.connect();
+    noisy.send_raw(&[0xFF; 4]).unwrap();
+    expect_kick(&mut noisy, KickReason::BadFrame);
+    for _ in 0..10 {
+        if noisy.send_raw(&[0u8; 1024]).is_err() {
+            break;
+        }
+    }
+    // Closes half-way through a frame.
+    let mut half = server.login(2);
+    half.send_raw(
+        &encode_to_vec(&Frame {
+            request_id: 1,
+            message: Message::Ping { client_time_us: 1 },
+        })[..7],
+    )
+    .unwrap();
+    drop(half);
+    // Connects and says nothing (the login timeout is 10 s; it just sits there).
+    let _silent = std::net::TcpStream::connect(server.listen).unwrap();
+    ping(&mut watcher, 2).unwrap();
+    wait_until("user 2 to be offline", secs(5), || {
+        (chat_result(&mut watcher, 2, "?") == ResultCode::Offline).then_some(())
+    });
+    server.audit();
+}
