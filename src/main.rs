@@ -184,7 +184,9 @@ fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
 fn procs(value: &str) -> Result<u32> {
     match value {
         "auto" => Ok(0),
-        n => n.parse().map_err(|_| anyhow::anyhow!("--procs must be a number or auto, not {n:?}")),
+        n => n
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--procs must be a number or auto, not {n:?}")),
     }
 }
 
@@ -192,7 +194,9 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
     let source_ips = match &args.source_ips {
         None => None,
         Some(range) => {
-            let (a, b) = range.split_once('-').ok_or_else(|| anyhow::anyhow!("--source-ips wants FIRST-LAST"))?;
+            let (a, b) = range
+                .split_once('-')
+                .ok_or_else(|| anyhow::anyhow!("--source-ips wants FIRST-LAST"))?;
             Some((a.parse()?, b.parse()?))
         }
     };
@@ -259,9 +263,15 @@ fn main() -> Result<()> {
         }
         Command::Load(args) => match (args.set_qps, &args.control) {
             (Some(qps), Some(control)) => hongbao_load::coordinator::set_remote_qps(control, qps),
-            _ => hongbao_load::coordinator::run_cli(load_options(&args)?, args.control.clone(), args.duration),
+            _ => hongbao_load::coordinator::run_cli(
+                load_options(&args)?,
+                args.control.clone(),
+                args.duration,
+            ),
         },
-        Command::LoadClient { options } => hongbao_load::client::run(serde_json::from_str(&options)?),
+        Command::LoadClient { options } => {
+            hongbao_load::client::run(serde_json::from_str(&options)?)
+        }
         Command::Bench(args) => {
             let summary = hongbao_load::bench::run(bench_options(args)?)?;
             if summary["audit"]["ok"] != true {

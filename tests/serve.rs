@@ -1261,12 +1261,14 @@ fn a_crash_loses_nothing_acknowledged() {
     let balances: Vec<u64> = users.iter().map(|&u| server.balance(u)).collect();
     assert_eq!(balances[..3], [300, 600, opened_by_3]);
     let campaigns = server.get("/v1/campaigns");
-    let worker_pids: Vec<u32> = server
-        .stats_workers()
-        .iter()
-        .map(|w| w["pid"].as_u64().unwrap() as u32)
-        .collect();
-    assert_eq!(worker_pids.len(), 2);
+    // Workers report (with their pids) once a second.
+    let worker_pids: Vec<u32> = wait_until("both workers to report", secs(10), || {
+        let workers = server.stats_workers();
+        (workers.len() == 2).then_some(workers)
+    })
+    .iter()
+    .map(|w| w["pid"].as_u64().unwrap() as u32)
+    .collect();
 
     server.crash();
     // Workers exit when their link to the core closes; their clients see the end.

@@ -139,7 +139,10 @@ pub struct Discrepancy {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
 }
 
 /// A `hongbao serve` child: killed if still running when dropped.
@@ -179,8 +182,14 @@ impl Server {
                 let _ = tx.send(line);
             }
         });
-        let mut server = Server { child, admin: "0.0.0.0:0".parse()?, listen: "0.0.0.0:0".parse()? };
-        let line = rx.recv_timeout(Duration::from_secs(60)).context("hongbao serve did not become ready")?;
+        let mut server = Server {
+            child,
+            admin: "0.0.0.0:0".parse()?,
+            listen: "0.0.0.0:0".parse()?,
+        };
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .context("hongbao serve did not become ready")?;
         let field = |name: &str| -> anyhow::Result<SocketAddr> {
             let v = line
                 .split_whitespace()
@@ -195,12 +204,18 @@ impl Server {
 
     fn get(&self, path: &str) -> anyhow::Result<Value> {
         let url = format!("http://{}{path}", self.admin);
-        Ok(ureq::get(&url).timeout(Duration::from_secs(15)).call()?.into_json()?)
+        Ok(ureq::get(&url)
+            .timeout(Duration::from_secs(15))
+            .call()?
+            .into_json()?)
     }
 
     fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
         let url = format!("http://{}{path}", self.admin);
-        match ureq::post(&url).timeout(Duration::from_secs(15)).send_json(body) {
+        match ureq::post(&url)
+            .timeout(Duration::from_secs(15))
+            .send_json(body)
+        {
             Ok(r) => Ok(r.into_json()?),
             Err(ureq::Error::Status(code, r)) => bail!("POST {path}: {code} {}", r.into_string()?),
             Err(e) => Err(e.into()),
@@ -240,7 +255,8 @@ struct ServerSample {
 fn sample(stats: &Value) -> ServerSample {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     let workers = stats["workers"].as_array().cloned().unwrap_or_default();
-    let rss = workers.iter().map(|w| n(&w["rss_bytes"])).sum::<u64>() + n(&stats["core"]["rss_bytes"]);
+    let rss =
+        workers.iter().map(|w| n(&w["rss_bytes"])).sum::<u64>() + n(&stats["core"]["rss_bytes"]);
     let cpu = workers.iter().map(|w| n(&w["cpu_ms"])).sum::<u64>() + n(&stats["core"]["cpu_ms"]);
     ServerSample {
         unix_ms: n(&stats["unix_ms"]),
@@ -263,12 +279,17 @@ struct Phase {
 /// Runs the bench; returns the summary (also written to `out/summary.json`). The caller
 /// exits non-zero when `summary["audit"]["ok"]` is false.
 pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
-    std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("creating {}", opts.out.display()))?;
     let data_dir = opts.out.join("data");
     if data_dir.exists() {
         std::fs::remove_dir_all(&data_dir).context("clearing the previous bench's ledger")?;
     }
-    say(&format!("bench: starting hongbao serve (workers {}), ledger in {}", opts.workers, data_dir.display()));
+    say(&format!(
+        "bench: starting hongbao serve (workers {}), ledger in {}",
+        opts.workers,
+        data_dir.display()
+    ));
     let server = Server::start(&opts, &data_dir)?;
     std::thread::sleep(Duration::from_millis(1500));
     let server_baseline = sample(&server.get("/v1/stats")?);
@@ -281,7 +302,11 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         std::thread::spawn(move || {
             while sampling.load(Ordering::Relaxed) {
                 let url = format!("http://{admin}/v1/stats");
-                if let Ok(Ok(v)) = ureq::get(&url).timeout(Duration::from_secs(5)).call().map(|r| r.into_json::<Value>()) {
+                if let Ok(Ok(v)) = ureq::get(&url)
+                    .timeout(Duration::from_secs(5))
+                    .call()
+                    .map(|r| r.into_json::<Value>())
+                {
                     samples.lock().unwrap().push(sample(&v));
                 }
                 let ms = unix_ms() % 1000;
@@ -301,20 +326,43 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         connect_rate: opts.connect_rate,
         secret: SECRET.into(),
     })?;
-    say(&format!("bench: {} load client processes; connecting {} users", load.procs(), opts.connections));
-    std::thread::sleep(Duration::from_millis(load.epoch_ms().saturating_sub(unix_ms()).saturating_sub(300)));
-    let load_baseline: u64 = load.pids().iter().map(|p| hongbao_server::sys::usage_of(&p.to_string()).0).sum();
+    say(&format!(
+        "bench: {} load client processes; connecting {} users",
+        load.procs(),
+        opts.connections
+    ));
+    std::thread::sleep(Duration::from_millis(
+        load.epoch_ms()
+            .saturating_sub(unix_ms())
+            .saturating_sub(300),
+    ));
+    let load_baseline: u64 = load
+        .pids()
+        .iter()
+        .map(|p| hongbao_server::sys::usage_of(&p.to_string()).0)
+        .sum();
 
     // Phase 1: connect everyone.
     let connect_timeout = Duration::from_secs(60 + opts.connections / 1000);
     let connected = load.wait_logged_in(connect_timeout);
     let connect_seconds = unix_ms().saturating_sub(load.epoch_ms()) as f64 / 1000.0;
     if !connected {
-        say(&format!("bench: only {} of {} logged in after {connect_seconds:.1} s", load.logged_in(), opts.connections));
+        say(&format!(
+            "bench: only {} of {} logged in after {connect_seconds:.1} s",
+            load.logged_in(),
+            opts.connections
+        ));
     } else {
-        say(&format!("bench: {} connected and logged in after {connect_seconds:.1} s", opts.connections));
+        say(&format!(
+            "bench: {} connected and logged in after {connect_seconds:.1} s",
+            opts.connections
+        ));
     }
-    let mut phases = vec![Phase { name: "connect".into(), start_second: 0, end_second: load.current_second() }];
+    let mut phases = vec![Phase {
+        name: "connect".into(),
+        start_second: 0,
+        end_second: load.current_second(),
+    }];
     let mut summaries = Vec::new();
     let mut discrepancies: Vec<Discrepancy> = Vec::new();
     let mut shake_total = ShakeAudit::default();
@@ -323,7 +371,10 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     for (n, &qps) in opts.phase_qps.iter().enumerate() {
         let name = format!("qps-{qps}");
         let from = load.set_qps(qps)?;
-        say(&format!("bench: phase {} at {qps} QPS from second {from}", n + 2));
+        say(&format!(
+            "bench: phase {} at {qps} QPS from second {from}",
+            n + 2
+        ));
         wait_until_second(&load, from + 1);
         let before = load.totals();
         let shake = server.post(
@@ -331,21 +382,34 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
             json!({"packets": opts.shake_packets, "rate_per_sec": opts.campaign_rate, "amount_min": 100, "amount_max": 10_000}),
         )?;
         let shake_id = shake["id"].as_u64().context("campaign id")?;
-        let shake_done = wait_campaign(&server, &load, shake_id, opts.shake_packets, opts.campaign_rate, |c| {
-            c["won"].as_u64() == c["packets"].as_u64()
-        })?;
+        let shake_done = wait_campaign(
+            &server,
+            &load,
+            shake_id,
+            opts.shake_packets,
+            opts.campaign_rate,
+            |c| c["won"].as_u64() == c["packets"].as_u64(),
+        )?;
         let send = server.post(
             "/v1/campaigns/send",
             json!({"packets": opts.send_packets, "rate_per_sec": opts.campaign_rate, "recipients": opts.recipients,
                    "user_min": 1, "user_max": opts.connections, "amount_min": 100 * opts.recipients as u64, "amount_max": 20_000}),
         )?;
         let send_id = send["id"].as_u64().context("campaign id")?;
-        let send_done = wait_campaign(&server, &load, send_id, opts.send_packets, opts.campaign_rate, |c| {
-            c["state"] == "done" && c["shares_opened"] == c["shares"]
-        })?;
+        let send_done = wait_campaign(
+            &server,
+            &load,
+            send_id,
+            opts.send_packets,
+            opts.campaign_rate,
+            |c| c["state"] == "done" && c["shares_opened"] == c["shares"],
+        )?;
         // Let the clients' reports catch up with what the server has said.
         let settle = Instant::now() + Duration::from_secs(5);
-        let (won, opened) = (shake_done["won"].as_u64().unwrap_or(0), send_done["shares_opened"].as_u64().unwrap_or(0));
+        let (won, opened) = (
+            shake_done["won"].as_u64().unwrap_or(0),
+            send_done["shares_opened"].as_u64().unwrap_or(0),
+        );
         while Instant::now() < settle {
             let t = load.totals();
             if t.won - before.won >= won && t.opened - before.opened >= opened {
@@ -356,16 +420,38 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         std::thread::sleep(Duration::from_millis(1100));
         let after = load.totals();
         let end_second = load.current_second().saturating_sub(1);
-        let phase = Phase { name: name.clone(), start_second: from, end_second };
-        let rows: Vec<Row> =
-            load.rows().into_iter().filter(|r| r.second >= phase.start_second && r.second <= phase.end_second).collect();
+        let phase = Phase {
+            name: name.clone(),
+            start_second: from,
+            end_second,
+        };
+        let rows: Vec<Row> = load
+            .rows()
+            .into_iter()
+            .filter(|r| r.second >= phase.start_second && r.second <= phase.end_second)
+            .collect();
         let summary = phase_summary(
-            &phase, qps, &rows, &samples.lock().unwrap(), load.epoch_ms(), &shake_done, &send_done, &before, &after,
-            opts.campaign_rate, &mut discrepancies,
+            &phase,
+            qps,
+            &rows,
+            &samples.lock().unwrap(),
+            load.epoch_ms(),
+            &shake_done,
+            &send_done,
+            &before,
+            &after,
+            opts.campaign_rate,
+            &mut discrepancies,
         );
         let audit = server.get("/v1/audit")?;
         if audit["ok"] != true {
-            discrepancies.push(Discrepancy { kind: "conservation".into(), user: None, phase: Some(name.clone()), server: 0, clients: 0 });
+            discrepancies.push(Discrepancy {
+                kind: "conservation".into(),
+                user: None,
+                phase: Some(name.clone()),
+                server: 0,
+                clients: 0,
+            });
         }
         say(&format!(
             "bench: {name}: client median {:.0}/s server median {:.0}/s p50 {:.2} ms p99 {:.2} ms overloaded {} errors {} audit {}",
@@ -399,23 +485,50 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         let server_cents = balances.get(&format!("u:{user}")).copied().unwrap_or(0);
         let client_cents = seen.won_cents + seen.opened_cents;
         if server_cents != client_cents {
-            discrepancies.push(Discrepancy { kind: "user_balance".into(), user: Some(*user), phase: None, server: server_cents, clients: client_cents });
+            discrepancies.push(Discrepancy {
+                kind: "user_balance".into(),
+                user: Some(*user),
+                phase: None,
+                server: server_cents,
+                clients: client_cents,
+            });
         }
     }
     for (key, cents) in &balances {
         if let Some(user) = key.strip_prefix("u:").and_then(|u| u.parse::<u64>().ok()) {
             if !finished.users.contains_key(&user) {
-                discrepancies.push(Discrepancy { kind: "user_balance".into(), user: Some(user), phase: None, server: *cents, clients: 0 });
+                discrepancies.push(Discrepancy {
+                    kind: "user_balance".into(),
+                    user: Some(user),
+                    phase: None,
+                    server: *cents,
+                    clients: 0,
+                });
             }
         }
     }
     if final_audit["ok"] != true {
-        discrepancies.push(Discrepancy { kind: "conservation".into(), user: None, phase: None, server: 0, clients: 0 });
+        discrepancies.push(Discrepancy {
+            kind: "conservation".into(),
+            user: None,
+            phase: None,
+            server: 0,
+            clients: 0,
+        });
     }
 
     let server_peak = samples.iter().map(|s| s.rss_bytes).max().unwrap_or(0);
-    let server_cpu = samples.last().map_or(0, |s| s.cpu_ms).saturating_sub(server_baseline.cpu_ms);
-    let per_conn = |peak: u64, base: u64| if peak_connections == 0 { 0 } else { peak.saturating_sub(base) / peak_connections };
+    let server_cpu = samples
+        .last()
+        .map_or(0, |s| s.cpu_ms)
+        .saturating_sub(server_baseline.cpu_ms);
+    let per_conn = |peak: u64, base: u64| {
+        if peak_connections == 0 {
+            0
+        } else {
+            peak.saturating_sub(base) / peak_connections
+        }
+    };
     let audit_ok = discrepancies.is_empty() && summaries.iter().all(|s| s.audit_ok);
     let summary = json!({
         "preset_connections": opts.connections,
@@ -446,8 +559,17 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
             "max_shake_qps": opts.max_shake_qps, "connect_rate": opts.connect_rate,
         },
     });
-    write_series(&opts.out.join("series.csv"), &rows, &samples, &phases, finished.totals.clone())?;
-    std::fs::write(opts.out.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
+    write_series(
+        &opts.out.join("series.csv"),
+        &rows,
+        &samples,
+        &phases,
+        finished.totals.clone(),
+    )?;
+    std::fs::write(
+        opts.out.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?,
+    )?;
     say(&format!(
         "bench: audit {}; summary in {}",
         if audit_ok { "ok" } else { "FAILED" },
@@ -499,8 +621,23 @@ fn wait_campaign(
 }
 
 fn latency(h: &Histogram<u64>) -> LatencyMs {
-    let ms = |q: f64| if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1000.0 };
-    LatencyMs { p50: ms(0.5), p99: ms(0.99), p999: ms(0.999), max: if h.is_empty() { 0.0 } else { h.max() as f64 / 1000.0 } }
+    let ms = |q: f64| {
+        if h.is_empty() {
+            0.0
+        } else {
+            h.value_at_quantile(q) as f64 / 1000.0
+        }
+    };
+    LatencyMs {
+        p50: ms(0.5),
+        p99: ms(0.99),
+        p999: ms(0.999),
+        max: if h.is_empty() {
+            0.0
+        } else {
+            h.max() as f64 / 1000.0
+        },
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -509,7 +646,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -538,7 +679,10 @@ fn phase_summary(
         }
         previous = Some(row);
     }
-    let (start_ms, end_ms) = (epoch_ms + phase.start_second * 1000, epoch_ms + (phase.end_second + 1) * 1000);
+    let (start_ms, end_ms) = (
+        epoch_ms + phase.start_second * 1000,
+        epoch_ms + (phase.end_second + 1) * 1000,
+    );
     let server_rates: Vec<f64> = samples
         .iter()
         .filter(|s| s.unix_ms >= start_ms + 1000 && s.unix_ms < end_ms)
@@ -567,21 +711,63 @@ fn phase_summary(
     let mut check = |kind: &str, server: u64, clients: u64| {
         if server != clients {
             ok = false;
-            discrepancies.push(Discrepancy { kind: kind.into(), user: None, phase: Some(phase.name.clone()), server, clients });
+            discrepancies.push(Discrepancy {
+                kind: kind.into(),
+                user: None,
+                phase: Some(phase.name.clone()),
+                server,
+                clients,
+            });
         }
     };
-    check("shake_packets_released_vs_won", shake_audit.released, shake_audit.won_server);
-    check("shake_packets_minted_vs_released", shake_audit.packets, shake_audit.released);
+    check(
+        "shake_packets_released_vs_won",
+        shake_audit.released,
+        shake_audit.won_server,
+    );
+    check(
+        "shake_packets_minted_vs_released",
+        shake_audit.packets,
+        shake_audit.released,
+    );
     check("shake_won", shake_audit.won_server, shake_audit.won_clients);
-    check("shake_amount_minted_vs_won", shake_audit.amount_minted, shake_audit.amount_won_server);
-    check("shake_amount_won", shake_audit.amount_won_server, shake_audit.amount_won_clients);
-    check("send_shares_created_vs_opened", send_audit.shares, send_audit.opened_server);
-    check("send_shares_opened", send_audit.opened_server, send_audit.opened_clients);
-    check("send_amount_sent_vs_opened", send_audit.amount_sent, send_audit.amount_opened_server);
-    check("send_amount_opened", send_audit.amount_opened_server, send_audit.amount_opened_clients);
+    check(
+        "shake_amount_minted_vs_won",
+        shake_audit.amount_minted,
+        shake_audit.amount_won_server,
+    );
+    check(
+        "shake_amount_won",
+        shake_audit.amount_won_server,
+        shake_audit.amount_won_clients,
+    );
+    check(
+        "send_shares_created_vs_opened",
+        send_audit.shares,
+        send_audit.opened_server,
+    );
+    check(
+        "send_shares_opened",
+        send_audit.opened_server,
+        send_audit.opened_clients,
+    );
+    check(
+        "send_amount_sent_vs_opened",
+        send_audit.amount_sent,
+        send_audit.amount_opened_server,
+    );
+    check(
+        "send_amount_opened",
+        send_audit.amount_opened_server,
+        send_audit.amount_opened_clients,
+    );
     let measured_rate = |c: &Value| {
         let (start, end) = (n(&c["started_ms"]), n(&c["released_all_ms"]));
-        if end > start { n(&c["released"]) as f64 * 1000.0 / (end - start) as f64 } else { 0.0 }
+        if end > start {
+            n(&c["released"]) as f64 * 1000.0 / (end - start) as f64
+        } else {
+            0.0
+        }
     };
     let shake_rate = measured_rate(shake);
     let send_rate = measured_rate(send);
@@ -601,7 +787,8 @@ fn phase_summary(
         qps_within_2pct: (client_qps_median - qps as f64).abs() <= qps as f64 * 0.02,
         shake_release_rate_per_sec: shake_rate,
         send_create_rate_per_sec: send_rate,
-        campaign_rates_within_1pct: within(shake_rate, rate as f64) && within(send_rate, rate as f64),
+        campaign_rates_within_1pct: within(shake_rate, rate as f64)
+            && within(send_rate, rate as f64),
         shake: shake_audit,
         send: send_audit,
         audit_ok: ok,
@@ -630,24 +817,53 @@ fn add_send(t: &mut SendAudit, s: &SendAudit) {
 
 fn load_peak_rss(rows: &[Row], pids: &[u32]) -> u64 {
     let from_rows = rows.iter().map(|r| r.rss_bytes).max().unwrap_or(0);
-    let now: u64 = pids.iter().map(|p| hongbao_server::sys::usage_of(&p.to_string()).0).sum();
+    let now: u64 = pids
+        .iter()
+        .map(|p| hongbao_server::sys::usage_of(&p.to_string()).0)
+        .sum();
     from_rows.max(now)
 }
 
 /// The CSV columns of `series.csv`, in order (documented in docs/bench.md).
 pub const SERIES_COLUMNS: &[&str] = &[
-    "second", "unix_ms", "phase", "target_qps", "client_connections", "client_sent_per_sec",
-    "client_replies_per_sec", "client_won_per_sec", "client_nothing_per_sec", "client_overloaded_per_sec",
-    "client_opened_per_sec", "client_errors_per_sec", "latency_p50_ms", "latency_p99_ms", "latency_max_ms",
-    "server_connections", "server_shakes_per_sec", "server_overloaded_per_sec", "server_won_per_sec",
-    "server_opened_per_sec", "server_rss_bytes", "server_cpu_ms", "load_rss_bytes", "load_cpu_ms",
+    "second",
+    "unix_ms",
+    "phase",
+    "target_qps",
+    "client_connections",
+    "client_sent_per_sec",
+    "client_replies_per_sec",
+    "client_won_per_sec",
+    "client_nothing_per_sec",
+    "client_overloaded_per_sec",
+    "client_opened_per_sec",
+    "client_errors_per_sec",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "latency_max_ms",
+    "server_connections",
+    "server_shakes_per_sec",
+    "server_overloaded_per_sec",
+    "server_won_per_sec",
+    "server_opened_per_sec",
+    "server_rss_bytes",
+    "server_cpu_ms",
+    "load_rss_bytes",
+    "load_cpu_ms",
 ];
 
-fn write_series(path: &Path, rows: &[Row], samples: &[ServerSample], phases: &[Phase], _totals: Counters) -> anyhow::Result<()> {
+fn write_series(
+    path: &Path,
+    rows: &[Row],
+    samples: &[ServerSample],
+    phases: &[Phase],
+    _totals: Counters,
+) -> anyhow::Result<()> {
     let mut out = String::new();
     out.push_str(&SERIES_COLUMNS.join(","));
     out.push('\n');
-    let by_second: BTreeMap<u64, &ServerSample> = samples.iter().map(|s| (s.unix_ms / 1000, s)).collect();
+    let by_second: BTreeMap<u64, &ServerSample> =
+        samples.iter().map(|s| (s.unix_ms / 1000, s)).collect();
     let mut previous = Counters::default();
     for row in rows {
         let p = progress(row, &previous, 0);
@@ -661,13 +877,30 @@ fn write_series(path: &Path, rows: &[Row], samples: &[ServerSample], phases: &[P
         let s = by_second.get(&(row.unix_ms / 1000)).copied();
         let g = |f: fn(&ServerSample) -> u64| s.map_or(String::new(), |s| f(s).to_string());
         let fields = [
-            row.second.to_string(), row.unix_ms.to_string(), phase.to_string(), row.target_qps.to_string(),
-            row.logged_in.to_string(), p.sent_per_sec.to_string(), p.replies_per_sec.to_string(),
-            p.won_per_sec.to_string(), p.nothing_per_sec.to_string(), p.overloaded_per_sec.to_string(),
-            p.opened_per_sec.to_string(), p.errors_per_sec.to_string(), format!("{:.3}", p.p50_ms),
-            format!("{:.3}", p.p99_ms), format!("{:.3}", p.max_ms), g(|s| s.connections), g(|s| s.shakes_per_sec),
-            g(|s| s.overloaded_per_sec), g(|s| s.won_per_sec), g(|s| s.opened_per_sec), g(|s| s.rss_bytes),
-            g(|s| s.cpu_ms), row.rss_bytes.to_string(), row.cpu_ms.to_string(),
+            row.second.to_string(),
+            row.unix_ms.to_string(),
+            phase.to_string(),
+            row.target_qps.to_string(),
+            row.logged_in.to_string(),
+            p.sent_per_sec.to_string(),
+            p.replies_per_sec.to_string(),
+            p.won_per_sec.to_string(),
+            p.nothing_per_sec.to_string(),
+            p.overloaded_per_sec.to_string(),
+            p.opened_per_sec.to_string(),
+            p.errors_per_sec.to_string(),
+            format!("{:.3}", p.p50_ms),
+            format!("{:.3}", p.p99_ms),
+            format!("{:.3}", p.max_ms),
+            g(|s| s.connections),
+            g(|s| s.shakes_per_sec),
+            g(|s| s.overloaded_per_sec),
+            g(|s| s.won_per_sec),
+            g(|s| s.opened_per_sec),
+            g(|s| s.rss_bytes),
+            g(|s| s.cpu_ms),
+            row.rss_bytes.to_string(),
+            row.cpu_ms.to_string(),
         ];
         out.push_str(&fields.join(","));
         out.push('\n');

@@ -9,8 +9,8 @@
 //! the server shows up as latency instead of silently thinning the load. Commands arrive
 //! as JSON lines on stdin; reports leave as JSON lines on stdout, once a second.
 
-use std::collections::{BinaryHeap, HashMap};
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
@@ -120,7 +120,10 @@ struct Client {
 }
 
 fn unix_us() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as u64
 }
 
 /// Runs one client process until told to stop (or its stdin closes).
@@ -141,7 +144,8 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
         })
         .collect();
     set_nonblocking(0);
-    poll.registry().register(&mut SourceFd(&0), STDIN, Interest::READABLE)?;
+    poll.registry()
+        .register(&mut SourceFd(&0), STDIN, Interest::READABLE)?;
     let mut client = Client {
         schedule: Schedule::new(opts.users, opts.qps),
         first_index: range.start,
@@ -280,15 +284,28 @@ impl Client {
         let user = &mut self.users[i];
         let request_id = user.next_request;
         user.next_request = user.next_request.wrapping_add(1).max(1);
-        user.inflight.push(Inflight { request_id, kind, intended_us, packet });
+        user.inflight.push(Inflight {
+            request_id,
+            kind,
+            intended_us,
+            packet,
+        });
         let mut bytes = Vec::with_capacity(32);
-        hongbao_proto::encode(&Frame { request_id, message }, &mut bytes);
+        hongbao_proto::encode(
+            &Frame {
+                request_id,
+                message,
+            },
+            &mut bytes,
+        );
         self.write(i, &bytes);
     }
 
     fn write(&mut self, i: usize, bytes: &[u8]) {
         let user = &mut self.users[i];
-        let Some(stream) = user.stream.as_mut() else { return };
+        let Some(stream) = user.stream.as_mut() else {
+            return;
+        };
         let mut written = 0;
         if user.out.is_empty() {
             while written < bytes.len() {
@@ -325,9 +342,18 @@ impl Client {
                         .token_cache
                         .entry(user_id)
                         .or_insert_with(|| hongbao_proto::token::token(secret, user_id));
-                    let login = Message::Login { user_id, token: token.to_vec() };
+                    let login = Message::Login {
+                        user_id,
+                        token: token.to_vec(),
+                    };
                     let mut bytes = Vec::with_capacity(64);
-                    hongbao_proto::encode(&Frame { request_id: 0, message: login }, &mut bytes);
+                    hongbao_proto::encode(
+                        &Frame {
+                            request_id: 0,
+                            message: login,
+                        },
+                        &mut bytes,
+                    );
                     self.write(i, &bytes);
                     self.token_cache.remove(&user_id);
                 }
@@ -336,7 +362,9 @@ impl Client {
             }
             return;
         }
-        let Some(stream) = user.stream.as_mut() else { return };
+        let Some(stream) = user.stream.as_mut() else {
+            return;
+        };
         let mut written = 0;
         let mut failed = false;
         while written < user.out.len() {
@@ -364,14 +392,19 @@ impl Client {
     fn on_readable(&mut self, i: usize, buf: &mut [u8]) {
         if self.users[i].state == State::Connecting {
             // An error (refused, reset) shows up as readable too.
-            let err = self.users[i].stream.as_ref().and_then(|s| s.take_error().ok().flatten());
+            let err = self.users[i]
+                .stream
+                .as_ref()
+                .and_then(|s| s.take_error().ok().flatten());
             if let Some(e) = err {
                 self.connect_failed(i, &e);
             }
             return;
         }
         loop {
-            let Some(stream) = self.users[i].stream.as_mut() else { return };
+            let Some(stream) = self.users[i].stream.as_mut() else {
+                return;
+            };
             let n = match stream.read(buf) {
                 Ok(0) => return self.disconnect(i),
                 Ok(n) => n,
@@ -423,7 +456,10 @@ impl Client {
         let now = unix_us();
         let user_id = self.user_id(i);
         match frame.message {
-            Message::LoginReply { result: ResultCode::Ok, .. } => {
+            Message::LoginReply {
+                result: ResultCode::Ok,
+                ..
+            } => {
                 let user = &mut self.users[i];
                 user.state = State::Ready;
                 user.attempt = 0;
@@ -431,10 +467,18 @@ impl Client {
                 self.counters.logins += 1;
             }
             Message::LoginReply { .. } => self.counters.login_failures += 1,
-            Message::ShakeReply { result, amount_cents, .. } => {
-                let Some(f) = self.take_inflight(i, frame.request_id) else { return };
+            Message::ShakeReply {
+                result,
+                amount_cents,
+                ..
+            } => {
+                let Some(f) = self.take_inflight(i, frame.request_id) else {
+                    return;
+                };
                 self.counters.shake_replies += 1;
-                let _ = self.shake_hist.record(now.saturating_sub(f.intended_us).max(1));
+                let _ = self
+                    .shake_hist
+                    .record(now.saturating_sub(f.intended_us).max(1));
                 match result {
                     ResultCode::Won => {
                         self.counters.won += 1;
@@ -450,15 +494,25 @@ impl Client {
             }
             Message::PacketNotice { packet_id, .. } => {
                 self.counters.notices += 1;
-                if let std::collections::hash_map::Entry::Vacant(e) = self.opens.entry((user_id, packet_id)) {
+                if let std::collections::hash_map::Entry::Vacant(e) =
+                    self.opens.entry((user_id, packet_id))
+                {
                     e.insert(false);
                     self.counters.opens_sent += 1;
                     self.request(i, Message::Open { packet_id }, Kind::Open, now, packet_id);
                 }
             }
-            Message::OpenReply { result, packet_id, amount_cents } => {
-                let Some(f) = self.take_inflight(i, frame.request_id) else { return };
-                let _ = self.open_hist.record(now.saturating_sub(f.intended_us).max(1));
+            Message::OpenReply {
+                result,
+                packet_id,
+                amount_cents,
+            } => {
+                let Some(f) = self.take_inflight(i, frame.request_id) else {
+                    return;
+                };
+                let _ = self
+                    .open_hist
+                    .record(now.saturating_sub(f.intended_us).max(1));
                 match result {
                     ResultCode::Opened | ResultCode::AlreadyOpened => {
                         let counted = self.opens.entry((user_id, packet_id)).or_insert(false);
@@ -496,7 +550,9 @@ impl Client {
                 self.next_initial - 1
             } else {
                 match self.retry.peek() {
-                    Some(Reverse((due, _))) if *due <= now_ms => self.retry.pop().unwrap().0 .1 as usize,
+                    Some(Reverse((due, _))) if *due <= now_ms => {
+                        self.retry.pop().unwrap().0 .1 as usize
+                    }
                     _ => return,
                 }
             };
@@ -512,7 +568,11 @@ impl Client {
         match open_socket(ip, self.opts.server) {
             Ok(mut stream) => {
                 let interest = Interest::READABLE | Interest::WRITABLE;
-                if let Err(e) = self.poll.registry().register(&mut stream, Token(i), interest) {
+                if let Err(e) = self
+                    .poll
+                    .registry()
+                    .register(&mut stream, Token(i), interest)
+                {
                     return self.connect_failed_before(i, &e, now_ms);
                 }
                 let user = &mut self.users[i];
@@ -529,7 +589,9 @@ impl Client {
             Some(libc::ECONNREFUSED) => self.counters.failed_refused += 1,
             Some(libc::ETIMEDOUT) => self.counters.failed_timeout += 1,
             Some(libc::ECONNRESET) => self.counters.failed_reset += 1,
-            Some(libc::EADDRNOTAVAIL) | Some(libc::EADDRINUSE) => self.counters.failed_out_of_ports += 1,
+            Some(libc::EADDRNOTAVAIL) | Some(libc::EADDRINUSE) => {
+                self.counters.failed_out_of_ports += 1
+            }
             Some(libc::EMFILE) | Some(libc::ENFILE) => self.counters.failed_out_of_files += 1,
             _ => self.counters.failed_other += 1,
         }
@@ -548,14 +610,19 @@ impl Client {
 
     fn check_connect_timeouts(&mut self) {
         // Cheap: only looked at while initial connects are still being made or retried.
-        if self.next_initial < self.users.len() || !self.retry.is_empty() || self.connected < self.users.len() as u64 {
+        if self.next_initial < self.users.len()
+            || !self.retry.is_empty()
+            || self.connected < self.users.len() as u64
+        {
             let now_ms = unix_us() / 1000;
             if now_ms % 1000 > 20 {
                 return; // once a second is plenty
             }
             for i in 0..self.users.len() {
                 let u = &self.users[i];
-                if u.state == State::Connecting && now_ms.saturating_sub(u.since_ms) > CONNECT_TIMEOUT_MS {
+                if u.state == State::Connecting
+                    && now_ms.saturating_sub(u.since_ms) > CONNECT_TIMEOUT_MS
+                {
                     self.counters.failed_timeout += 1;
                     self.drop_stream(i);
                     self.schedule_retry(i, now_ms);

@@ -124,7 +124,10 @@ pub struct Load {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
 }
 
 /// Client processes needed for `users` under an open-file limit of `nofile` (at least 2
@@ -137,7 +140,9 @@ pub fn auto_procs(users: u64, nofile: u64) -> u32 {
 /// Default source addresses: 127.0.100.1 onward, one per 30,000 users.
 pub fn default_source_ips(users: u64) -> Vec<Ipv4Addr> {
     let n = users.div_ceil(30_000).max(1);
-    (0..n).map(|i| Ipv4Addr::new(127, 0, 100 + (i / 250) as u8, 1 + (i % 250) as u8)).collect()
+    (0..n)
+        .map(|i| Ipv4Addr::new(127, 0, 100 + (i / 250) as u8, 1 + (i % 250) as u8))
+        .collect()
 }
 
 pub fn ip_range(first: Ipv4Addr, last: Ipv4Addr) -> anyhow::Result<Vec<Ipv4Addr>> {
@@ -156,7 +161,11 @@ impl Load {
             bail!("--users must be at least 1");
         }
         let nofile = hongbao_server::sys::raise_nofile_limit();
-        let procs = if opts.procs == 0 { auto_procs(opts.users, nofile) } else { opts.procs };
+        let procs = if opts.procs == 0 {
+            auto_procs(opts.users, nofile)
+        } else {
+            opts.procs
+        };
         let per_proc = partition(opts.users, procs, 0).end;
         if per_proc + 100 > nofile {
             bail!("{per_proc} connections per client process exceed the open-file limit {nofile}; use more --procs");
@@ -199,15 +208,17 @@ impl Load {
             let stdout = child.stdout.take().expect("piped");
             let shared = shared.clone();
             let plan = schedule.clone();
-            std::thread::Builder::new().name(format!("load-client-{p}")).spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    match serde_json::from_str::<Report>(&line) {
-                        Ok(report) => merge(&shared, report, &plan),
-                        Err(e) => eprintln!("load client {p}: unreadable report: {e}"),
+            std::thread::Builder::new()
+                .name(format!("load-client-{p}"))
+                .spawn(move || {
+                    for line in BufReader::new(stdout).lines() {
+                        let Ok(line) = line else { break };
+                        match serde_json::from_str::<Report>(&line) {
+                            Ok(report) => merge(&shared, report, &plan),
+                            Err(e) => eprintln!("load client {p}: unreadable report: {e}"),
+                        }
                     }
-                }
-            })?;
+                })?;
             children.push(child);
         }
         Ok(Load {
@@ -240,11 +251,17 @@ impl Load {
 
     /// Changes the QPS of every client from the next whole second; returns that second.
     pub fn set_qps(&self, qps: u64) -> anyhow::Result<u64> {
-        let from_second = if unix_ms() < self.epoch_ms { 0 } else { self.current_second() + 1 };
+        let from_second = if unix_ms() < self.epoch_ms {
+            0
+        } else {
+            self.current_second() + 1
+        };
         self.schedule.lock().unwrap().set_qps(from_second, qps);
         let line = serde_json::to_string(&client::Command::SetQps { from_second, qps })? + "\n";
         for stdin in self.stdins.lock().unwrap().iter_mut() {
-            stdin.write_all(line.as_bytes()).context("telling a load client the new QPS")?;
+            stdin
+                .write_all(line.as_bytes())
+                .context("telling a load client the new QPS")?;
         }
         Ok(from_second)
     }
@@ -256,15 +273,27 @@ impl Load {
     /// Rows of complete seconds (every process reported), oldest first.
     pub fn rows(&self) -> Vec<Row> {
         let shared = self.shared.lock().unwrap();
-        shared.rows.values().filter(|r| r.reports == self.procs).cloned().collect()
+        shared
+            .rows
+            .values()
+            .filter(|r| r.reports == self.procs)
+            .cloned()
+            .collect()
     }
 
     /// The newest complete second as a progress record.
     pub fn progress(&self) -> Option<Progress> {
         let shared = self.shared.lock().unwrap();
-        let mut complete = shared.rows.values().rev().filter(|r| r.reports == self.procs);
+        let mut complete = shared
+            .rows
+            .values()
+            .rev()
+            .filter(|r| r.reports == self.procs);
         let row = complete.next()?;
-        let previous = complete.next().map(|r| r.counters.clone()).unwrap_or_default();
+        let previous = complete
+            .next()
+            .map(|r| r.counters.clone())
+            .unwrap_or_default();
         Some(progress(row, &previous, self.opts.users))
     }
 
@@ -318,7 +347,13 @@ impl Load {
         // The reader threads finish when the pipes close; give them a moment to merge.
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let done = self.shared.lock().unwrap().finals.iter().all(Option::is_some);
+            let done = self
+                .shared
+                .lock()
+                .unwrap()
+                .finals
+                .iter()
+                .all(Option::is_some);
             if done || Instant::now() > deadline {
                 break;
             }
@@ -329,12 +364,19 @@ impl Load {
         let mut users = BTreeMap::new();
         let mut cpu_ms = 0;
         for (p, fin) in shared.finals.iter().enumerate() {
-            let Some(fin) = fin else { bail!("load client {p} ended without a final report") };
+            let Some(fin) = fin else {
+                bail!("load client {p} ended without a final report")
+            };
             totals.add(&fin.counters);
             cpu_ms += fin.cpu_ms;
             users.extend(fin.users.clone().unwrap_or_default());
         }
-        Ok(Finished { totals, users, peak_rss_bytes: shared.peak_rss_bytes, cpu_ms })
+        Ok(Finished {
+            totals,
+            users,
+            peak_rss_bytes: shared.peak_rss_bytes,
+            cpu_ms,
+        })
     }
 }
 
@@ -391,7 +433,13 @@ fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
 /// Rates of `row` against the cumulative counters of the second before it.
 pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
     let c = &row.counters;
-    let ms = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1000.0 };
+    let ms = |h: &Histogram<u64>, q: f64| {
+        if h.is_empty() {
+            0.0
+        } else {
+            h.value_at_quantile(q) as f64 / 1000.0
+        }
+    };
     Progress {
         second: row.second,
         unix_ms: row.unix_ms,
@@ -415,17 +463,26 @@ pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
 
 /// Serves `POST /qps {"qps": N}` and `GET /stats` for a running load.
 pub fn serve_control(addr: &str, load: Arc<Load>) -> anyhow::Result<SocketAddr> {
-    let server = tiny_http::Server::http(addr).map_err(|e| anyhow::anyhow!("binding control address {addr}: {e}"))?;
-    let bound = server.server_addr().to_ip().context("control address is not IP")?;
-    std::thread::Builder::new().name("load-control".into()).spawn(move || {
-        for mut request in server.incoming_requests() {
-            let (status, body) = control(&mut request, &load);
-            let header = tiny_http::Header::from_bytes("Content-Type", "application/json").expect("static");
-            let _ = request.respond(
-                tiny_http::Response::from_string(body.to_string()).with_status_code(status).with_header(header),
-            );
-        }
-    })?;
+    let server = tiny_http::Server::http(addr)
+        .map_err(|e| anyhow::anyhow!("binding control address {addr}: {e}"))?;
+    let bound = server
+        .server_addr()
+        .to_ip()
+        .context("control address is not IP")?;
+    std::thread::Builder::new()
+        .name("load-control".into())
+        .spawn(move || {
+            for mut request in server.incoming_requests() {
+                let (status, body) = control(&mut request, &load);
+                let header = tiny_http::Header::from_bytes("Content-Type", "application/json")
+                    .expect("static");
+                let _ = request.respond(
+                    tiny_http::Response::from_string(body.to_string())
+                        .with_status_code(status)
+                        .with_header(header),
+                );
+            }
+        })?;
     Ok(bound)
 }
 
@@ -433,7 +490,10 @@ fn control(request: &mut tiny_http::Request, load: &Load) -> (u16, serde_json::V
     match (request.method(), request.url()) {
         (tiny_http::Method::Post, "/qps") => {
             let mut body = String::new();
-            let _ = std::io::Read::read_to_string(&mut std::io::Read::take(request.as_reader(), 4096), &mut body);
+            let _ = std::io::Read::read_to_string(
+                &mut std::io::Read::take(request.as_reader(), 4096),
+                &mut body,
+            );
             let qps = serde_json::from_str::<serde_json::Value>(&body)
                 .ok()
                 .and_then(|v| v.get("qps").and_then(|q| q.as_u64()));
@@ -442,7 +502,10 @@ fn control(request: &mut tiny_http::Request, load: &Load) -> (u16, serde_json::V
                     Ok(from_second) => (200, json!({ "qps": qps, "from_second": from_second })),
                     Err(e) => (500, json!({ "error": e.to_string() })),
                 },
-                _ => (400, json!({ "error": "expected {\"qps\": N} with 0 ≤ N ≤ 10000000" })),
+                _ => (
+                    400,
+                    json!({ "error": "expected {\"qps\": N} with 0 ≤ N ≤ 10000000" }),
+                ),
             }
         }
         (tiny_http::Method::Get, "/stats") => match load.progress() {
@@ -455,7 +518,11 @@ fn control(request: &mut tiny_http::Request, load: &Load) -> (u16, serde_json::V
 
 /// `hongbao load`: runs until `duration` seconds of firing have passed (or SIGINT), with
 /// one progress line a second; prints the final totals as JSON.
-pub fn run_cli(opts: LoadOptions, control: Option<String>, duration: Option<u64>) -> anyhow::Result<()> {
+pub fn run_cli(
+    opts: LoadOptions,
+    control: Option<String>,
+    duration: Option<u64>,
+) -> anyhow::Result<()> {
     hongbao_server::sys::catch_stop_signals();
     let users = opts.users;
     let load = Arc::new(Load::start(opts)?);
@@ -488,7 +555,10 @@ pub fn run_cli(opts: LoadOptions, control: Option<String>, duration: Option<u64>
         Ok(load) => load,
         Err(shared) => {
             let totals = shared.totals();
-            println!("{}", serde_json::to_string_pretty(&json!({ "totals": totals }))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json!({ "totals": totals }))?
+            );
             return Ok(()); // dropping the last reference kills the clients
         }
     };
@@ -506,7 +576,10 @@ pub fn run_cli(opts: LoadOptions, control: Option<String>, duration: Option<u64>
 /// `hongbao load --control ADDR --set-qps N`: changes the QPS of a running load.
 pub fn set_remote_qps(control: &str, qps: u64) -> anyhow::Result<()> {
     let url = format!("http://{control}/qps");
-    match ureq::post(&url).timeout(Duration::from_secs(5)).send_json(json!({ "qps": qps })) {
+    match ureq::post(&url)
+        .timeout(Duration::from_secs(5))
+        .send_json(json!({ "qps": qps }))
+    {
         Ok(r) => {
             println!("{}", r.into_string()?);
             Ok(())

@@ -44,10 +44,31 @@ impl Counters {
             ($($f:ident),*) => { $( self.$f += o.$f; )* };
         }
         sum!(
-            connect_attempts, connects, logins, login_failures, failed_refused, failed_timeout,
-            failed_reset, failed_out_of_ports, failed_out_of_files, failed_other, disconnects,
-            kicks, skipped_not_ready, shakes_sent, shake_replies, won, won_cents, nothing,
-            overloaded, notices, opens_sent, opened, opened_cents, open_other, error_replies
+            connect_attempts,
+            connects,
+            logins,
+            login_failures,
+            failed_refused,
+            failed_timeout,
+            failed_reset,
+            failed_out_of_ports,
+            failed_out_of_files,
+            failed_other,
+            disconnects,
+            kicks,
+            skipped_not_ready,
+            shakes_sent,
+            shake_replies,
+            won,
+            won_cents,
+            nothing,
+            overloaded,
+            notices,
+            opens_sent,
+            opened,
+            opened_cents,
+            open_other,
+            error_replies
         );
     }
 
@@ -62,7 +83,11 @@ impl Counters {
 
     /// Everything that counts as an error in the progress line and the summary.
     pub fn errors(&self) -> u64 {
-        self.connect_failures() + self.login_failures + self.skipped_not_ready + self.error_replies + self.kicks
+        self.connect_failures()
+            + self.login_failures
+            + self.skipped_not_ready
+            + self.error_replies
+            + self.kicks
     }
 }
 
@@ -100,7 +125,9 @@ pub fn new_histogram() -> Histogram<u64> {
 }
 
 pub fn sparse(h: &Histogram<u64>) -> Vec<(u64, u64)> {
-    h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect()
+    h.iter_recorded()
+        .map(|v| (v.value_iterated_to(), v.count_at_value()))
+        .collect()
 }
 
 pub fn merge_sparse(h: &mut Histogram<u64>, sparse: &[(u64, u64)]) {

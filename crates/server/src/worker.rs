@@ -88,6 +88,12 @@ fn unix_now() -> Duration {
         .unwrap_or_default()
 }
 
+/// Time until 20 ms past the next whole Unix second.
+fn until_next_second() -> Duration {
+    let into = unix_now().subsec_millis() as u64;
+    Duration::from_millis((1000 - into) + 20)
+}
+
 fn conn_id(key: usize, generation: u32) -> ConnId {
     ((generation as u64) << 32) | key as u64
 }
@@ -175,7 +181,9 @@ impl Worker {
     fn event_loop(&mut self) -> anyhow::Result<()> {
         let mut events = Events::with_capacity(1024);
         let mut read_buf = vec![0u8; READ_BUF];
-        let mut next_tick = Instant::now();
+        // Ticks fall just after each whole wall-clock second, in every worker alike, so the
+        // per-second counters of all workers describe the same second.
+        let mut next_tick = Instant::now() + until_next_second();
         while !self.shutdown {
             let timeout = if self.again.is_empty() {
                 next_tick.saturating_duration_since(Instant::now())
@@ -206,7 +214,7 @@ impl Worker {
                 self.on_readable(key, &mut read_buf);
             }
             if Instant::now() >= next_tick {
-                next_tick += Duration::from_secs(1);
+                next_tick = Instant::now() + until_next_second();
                 self.tick();
             }
             self.flush_link()?;
