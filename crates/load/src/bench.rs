@@ -523,11 +523,9 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         .map_or(0, |s| s.cpu_ms)
         .saturating_sub(server_baseline.cpu_ms);
     let per_conn = |peak: u64, base: u64| {
-        if peak_connections == 0 {
-            0
-        } else {
-            peak.saturating_sub(base) / peak_connections
-        }
+        peak.saturating_sub(base)
+            .checked_div(peak_connections)
+            .unwrap_or(0)
     };
     let audit_ok = discrepancies.is_empty() && summaries.iter().all(|s| s.audit_ok);
     let summary = json!({

@@ -179,7 +179,7 @@ impl Client {
         let mut next_firing = 0usize;
         let epoch_us = self.opts.epoch_ms * 1000;
         // The second whose firings are loaded; the report for it goes out when it ends.
-        let mut second = (unix_us().saturating_sub(epoch_us) / 1_000_000).max(0);
+        let mut second = unix_us().saturating_sub(epoch_us) / 1_000_000;
         let mut firings_loaded = false;
         while !self.stop {
             let now = unix_us();
