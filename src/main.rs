@@ -34,6 +34,15 @@ enum Command {
     },
     /// Start a server and a load, run the seed experiment's phases, audit every cent.
     Bench(BenchArgs),
+    /// Check this machine's limits for N connections (server and load co-located).
+    Doctor {
+        /// Connections to plan for
+        #[arg(long, default_value_t = 1_000_000)]
+        connections: u64,
+        /// Write the sysctls that need changing (as root)
+        #[arg(long)]
+        apply: bool,
+    },
 }
 
 #[derive(Args)]
@@ -59,7 +68,7 @@ struct LoadArgs {
     /// Client processes: N or auto
     #[arg(long, default_value = "auto")]
     procs: String,
-    /// Source addresses FIRST-LAST, e.g. 127.0.100.1-127.0.100.40 [default: one per 30,000 users from 127.0.100.1]
+    /// Source addresses FIRST-LAST, e.g. 127.0.100.1-127.0.100.40 [default: enough from 127.0.100.1 for the port range]
     #[arg(long)]
     source_ips: Option<String>,
     /// Seconds of firing before stopping [default: until interrupted]
@@ -269,6 +278,18 @@ fn main() -> Result<()> {
                 args.duration,
             ),
         },
+        Command::Doctor { connections, apply } => {
+            use hongbao_server::doctor;
+            let limits = doctor::Limits::read();
+            print!("{}", doctor::report(&limits, connections));
+            if apply {
+                for line in doctor::apply(&limits, connections) {
+                    println!("{line}");
+                }
+                print!("{}", doctor::report(&doctor::Limits::read(), connections));
+            }
+            Ok(())
+        }
         Command::LoadClient { options } => {
             hongbao_load::client::run(serde_json::from_str(&options)?)
         }

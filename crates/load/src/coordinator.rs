@@ -29,7 +29,7 @@ pub struct LoadOptions {
     pub qps: u64,
     /// Client processes; 0 = auto (enough to stay under the open-file limit, at least 2).
     pub procs: u32,
-    /// Inclusive range of source addresses; `None` picks 127.0.100.1 onward, one per 30,000 users.
+    /// Inclusive range of source addresses; `None` picks enough from 127.0.100.1 onward.
     pub source_ips: Option<(Ipv4Addr, Ipv4Addr)>,
     /// New connections per second, all processes together.
     pub connect_rate: u64,
@@ -137,9 +137,11 @@ pub fn auto_procs(users: u64, nofile: u64) -> u32 {
     (users.div_ceil(per).max(users.min(2))).max(1) as u32
 }
 
-/// Default source addresses: 127.0.100.1 onward, one per 30,000 users.
+/// Default source addresses: 127.0.100.1 onward, enough that each carries at most 80% of
+/// the local port range.
 pub fn default_source_ips(users: u64) -> Vec<Ipv4Addr> {
-    let n = users.div_ceil(30_000).max(1);
+    let per_address = hongbao_server::doctor::Limits::read().users_per_source_address();
+    let n = users.div_ceil(per_address).max(1);
     (0..n)
         .map(|i| Ipv4Addr::new(127, 0, 100 + (i / 250) as u8, 1 + (i % 250) as u8))
         .collect()

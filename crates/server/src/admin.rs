@@ -135,7 +135,11 @@ fn route(
         (Method::Get, ["metrics"]) => ask(AdminRequest::Metrics),
         (
             _,
-            ["v1", "campaigns", ..] | ["v1", "users", _] | ["v1", "stats" | "audit"] | ["metrics"],
+            ["v1", "campaigns"]
+            | ["v1", "campaigns", "shake" | "send"]
+            | ["v1", "users", _]
+            | ["v1", "stats" | "audit"]
+            | ["metrics"],
         ) => AdminResponse::error(
             405,
             format!("{} is not allowed on {path}", request.method()),

@@ -749,6 +749,11 @@ impl Core {
     // ----- workers and routes ---------------------------------------------------------
 
     pub fn worker_up(&mut self, worker: WorkerId) {
+        // A worker that comes up again without having gone down first: its old pool and
+        // routes belong to a process that is gone.
+        if self.workers.contains_key(&worker) {
+            self.worker_down(worker);
+        }
         self.workers.insert(worker, HashSet::new());
     }
 
@@ -814,6 +819,17 @@ impl Core {
         if !pending.is_empty() {
             self.pending_notices.insert(user, pending);
         }
+    }
+
+    /// A worker checked `user`'s token on `conn`: answer the login, then take the route
+    /// (`online`). Answering here, not in the worker, orders logins as clients see them.
+    pub fn login(&mut self, worker: WorkerId, conn: ConnId, request_id: u32, user: u64) {
+        let reply = Message::LoginReply {
+            result: ResultCode::Ok,
+            user_id: user,
+        };
+        self.reply(worker, conn, request_id, reply);
+        self.online(worker, conn, user);
     }
 
     pub fn offline(&mut self, worker: WorkerId, conn: ConnId, user: u64) {

@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod config;
 pub mod core;
+pub mod doctor;
 pub mod error;
 pub mod event;
 pub mod ledger;

@@ -17,8 +17,11 @@ pub enum ToCore {
         worker: WorkerId,
         pid: u32,
     },
+    /// `user`'s token checked out on `conn`; the core answers the login (`req`) once the
+    /// route is its, so that of two logins the one answered first is the one replaced.
     Online {
         conn: ConnId,
+        req: u32,
         user: u64,
     },
     Offline {
@@ -158,7 +161,14 @@ mod tests {
     #[test]
     fn round_trips_split_anywhere() {
         let mut bytes = Vec::new();
-        encode(&ToCore::Online { conn: 5, user: 9 }, &mut bytes);
+        encode(
+            &ToCore::Online {
+                conn: 5,
+                req: 1,
+                user: 9,
+            },
+            &mut bytes,
+        );
         encode(
             &ToCore::Chat {
                 conn: 1,

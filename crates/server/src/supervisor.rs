@@ -381,10 +381,12 @@ impl Supervisor {
         let worker = self.links[key].worker;
         let Some(w) = worker else {
             if let ToCore::Hello { worker: w, .. } = msg {
-                if let Some(old) = self.worker_links.insert(w, key) {
+                // A worker index can have one link: an older one (a worker that was
+                // replaced before its link closed) goes down first, returning its pool.
+                if let Some(old) = self.worker_links.get(&w).copied() {
                     self.drop_link(old);
-                    self.worker_links.insert(w, key);
                 }
+                self.worker_links.insert(w, key);
                 self.links[key].worker = Some(w);
                 self.core.worker_up(w);
                 link::encode(
@@ -396,7 +398,7 @@ impl Supervisor {
         };
         match msg {
             ToCore::Hello { .. } => {}
-            ToCore::Online { conn, user } => self.core.online(w, conn, user),
+            ToCore::Online { conn, req, user } => self.core.login(w, conn, req, user),
             ToCore::Offline { conn, user } => self.core.offline(w, conn, user),
             ToCore::Claim {
                 conn,
@@ -733,6 +735,13 @@ impl Supervisor {
             "Money held in user balances",
             &[],
             audit.user_balances_cents as f64,
+        );
+        m.sample(
+            "hongbao_money_campaign_balances_cents",
+            "gauge",
+            "Money refunded to campaign system accounts",
+            &[],
+            audit.campaign_balances_cents as f64,
         );
         m.sample(
             "hongbao_money_unopened_cents",

@@ -116,7 +116,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         &mut hello,
     );
     (&std_link).write_all(&hello)?;
-    let cfg = read_welcome(&std_link)?;
+    let (cfg, early, link_in) = read_welcome(&std_link)?;
     std_link.set_nonblocking(true)?;
 
     let poll = Poll::new()?;
@@ -127,7 +127,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         conns: Slab::new(),
         again: Vec::new(),
         link: UnixStream::from_std(std_link),
-        link_in: Vec::new(),
+        link_in,
         link_out: Vec::new(),
         pool: VecDeque::new(),
         cfg,
@@ -152,27 +152,35 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         LINK,
         Interest::READABLE | Interest::WRITABLE,
     )?;
+    for msg in early {
+        worker.on_core_message(msg);
+    }
     worker.event_loop()
 }
 
-fn read_welcome(mut stream: &std::os::unix::net::UnixStream) -> anyhow::Result<WorkerConfig> {
+/// Waits for the core's welcome. Returns it with whatever came right behind it in the
+/// same reads (the core may already be dealing packets to us): the messages, and the
+/// bytes of one not yet whole.
+fn read_welcome(
+    mut stream: &std::os::unix::net::UnixStream,
+) -> anyhow::Result<(WorkerConfig, Vec<ToWorker>, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
+    let mut welcome = None;
+    let mut early = Vec::new();
     loop {
         let n = stream.read(&mut chunk)?;
         if n == 0 {
             anyhow::bail!("the core closed the link before welcoming this worker");
         }
         buf.extend_from_slice(&chunk[..n]);
-        let mut welcome = None;
-        link::decode_all::<ToWorker>(&mut buf, |m| {
-            if let ToWorker::Welcome(cfg) = m {
-                welcome = Some(cfg);
-            }
+        link::decode_all::<ToWorker>(&mut buf, |m| match m {
+            ToWorker::Welcome(cfg) if welcome.is_none() => welcome = Some(cfg),
+            other => early.push(other),
         })
         .map_err(anyhow::Error::msg)?;
         if let Some(cfg) = welcome {
-            return Ok(cfg);
+            return Ok((cfg, early, buf));
         }
     }
 }
@@ -461,16 +469,11 @@ impl Worker {
         if previous == 0 {
             self.stats.logged_in += 1;
         }
-        self.reply(
-            key,
-            req,
-            Message::LoginReply {
-                result: ResultCode::Ok,
-                user_id,
-            },
-        );
+        // The core answers: it must own the route before the client hears "ok", or a
+        // second login elsewhere could reach the core first and be the one replaced.
         self.tell_core(&ToCore::Online {
             conn: id,
+            req,
             user: user_id,
         });
     }
@@ -664,44 +667,48 @@ impl Worker {
         link::decode_all::<ToWorker>(&mut self.link_in, |m| inbox.push(m))
             .map_err(anyhow::Error::msg)?;
         for msg in inbox {
-            match msg {
-                ToWorker::Deal { packets } => self.pool.extend(packets),
-                ToWorker::ToConn { conn, bytes, close } => {
-                    let key = (conn & 0xFFFF_FFFF) as usize;
-                    let generation = (conn >> 32) as u32;
-                    if self
-                        .conns
-                        .get(key)
-                        .is_some_and(|c| c.generation == generation && c.state == State::Open)
-                    {
-                        self.write(key, &bytes);
-                        if close {
-                            // The core already routed the user elsewhere; just close.
-                            if let Some(c) = self.conns.get_mut(key) {
-                                c.user = 0;
-                                self.stats.logged_in -= 1;
-                            }
-                            self.kick_closing(key);
-                        }
-                    }
-                }
-                ToWorker::Welcome(cfg) => self.cfg = cfg,
-                ToWorker::Shutdown => {
-                    // Tell every client why its connection is about to close.
-                    let open: Vec<usize> = self
-                        .conns
-                        .iter()
-                        .filter(|(_, c)| c.state == State::Open)
-                        .map(|(key, _)| key)
-                        .collect();
-                    for key in open {
-                        self.kick(key, KickReason::Shutdown, "server shutting down");
-                    }
-                    self.shutdown = true;
-                }
-            }
+            self.on_core_message(msg);
         }
         Ok(())
+    }
+
+    fn on_core_message(&mut self, msg: ToWorker) {
+        match msg {
+            ToWorker::Deal { packets } => self.pool.extend(packets),
+            ToWorker::ToConn { conn, bytes, close } => {
+                let key = (conn & 0xFFFF_FFFF) as usize;
+                let generation = (conn >> 32) as u32;
+                if self
+                    .conns
+                    .get(key)
+                    .is_some_and(|c| c.generation == generation && c.state == State::Open)
+                {
+                    self.write(key, &bytes);
+                    if close {
+                        // The core already routed the user elsewhere; just close.
+                        if let Some(c) = self.conns.get_mut(key) {
+                            c.user = 0;
+                            self.stats.logged_in -= 1;
+                        }
+                        self.kick_closing(key);
+                    }
+                }
+            }
+            ToWorker::Welcome(cfg) => self.cfg = cfg,
+            ToWorker::Shutdown => {
+                // Tell every client why its connection is about to close.
+                let open: Vec<usize> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| c.state == State::Open)
+                    .map(|(key, _)| key)
+                    .collect();
+                for key in open {
+                    self.kick(key, KickReason::Shutdown, "server shutting down");
+                }
+                self.shutdown = true;
+            }
+        }
     }
 
     /// Like `kick`, for a connection whose kick frame is already written.

@@ -727,7 +727,6 @@ fn nothing_is_dealt_while_no_worker_is_up() {
 /// campaign can never finish until a restart. The supervisor's "second Hello for the same
 /// worker" path reaches this (see the report).
 #[test]
-#[ignore = "bug: worker_up on a live worker drops its pool without returning it"]
 fn a_second_worker_up_keeps_or_returns_the_pool() {
     let mut sim = Sim::new(11);
     sim.worker_up(0);

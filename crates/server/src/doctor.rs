@@ -1,0 +1,384 @@
+//! `hongbao doctor`: reads the limits that decide how many connections this machine can
+//! hold with the server and the load generator on it together, says which binds first and
+//! what to change, and with `--apply` (as root) changes the sysctls it can.
+//!
+//! Each connection costs two sockets here (server end and client end), so the file,
+//! memory and conntrack arithmetic is done for `2 × connections`.
+
+use std::fmt::Write as _;
+
+/// Kernel memory per socket measured on these machines (DESIGN.md §5).
+pub const KERNEL_BYTES_PER_SOCKET: u64 = 4_900;
+/// Our user-space budget per socket end (server and load generator each).
+pub const USER_BYTES_PER_SOCKET: u64 = 1_000;
+/// Users per source address the load generator plans for, as a share of the port range.
+pub const PORT_RANGE_USE: f64 = 0.8;
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub nofile_soft: u64,
+    pub nofile_hard: u64,
+    pub file_max: u64,
+    pub files_open: u64,
+    pub nr_open: u64,
+    pub port_range: (u64, u64),
+    pub reserved_ports: String,
+    pub somaxconn: u64,
+    pub syn_backlog: u64,
+    pub tcp_mem_max_pages: u64,
+    pub conntrack_max: Option<u64>,
+    /// Entries in the connection tracking table now (0 when it tracks nothing here).
+    pub conntrack_count: u64,
+    /// Whether a loopback connection shows up in the tracking table (probed).
+    pub loopback_tracked: bool,
+    pub mem_available: u64,
+    pub cores: usize,
+}
+
+fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn num(path: &str) -> u64 {
+    read(path)
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Limits {
+    pub fn read() -> Limits {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct we pass.
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+        let range = read("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+        let mut r = range.split_whitespace().filter_map(|v| v.parse().ok());
+        let port_range = (r.next().unwrap_or(32768), r.next().unwrap_or(60999));
+        let mem_available = read("/proc/meminfo")
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemAvailable:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+            * 1024;
+        Limits {
+            nofile_soft: lim.rlim_cur,
+            nofile_hard: lim.rlim_max,
+            file_max: num("/proc/sys/fs/file-max"),
+            files_open: num("/proc/sys/fs/file-nr"),
+            nr_open: num("/proc/sys/fs/nr_open"),
+            port_range,
+            reserved_ports: read("/proc/sys/net/ipv4/ip_local_reserved_ports").unwrap_or_default(),
+            somaxconn: num("/proc/sys/net/core/somaxconn"),
+            syn_backlog: num("/proc/sys/net/ipv4/tcp_max_syn_backlog"),
+            tcp_mem_max_pages: read("/proc/sys/net/ipv4/tcp_mem")
+                .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
+                .unwrap_or(0),
+            conntrack_max: read("/proc/sys/net/netfilter/nf_conntrack_max")
+                .and_then(|s| s.parse().ok()),
+            conntrack_count: num("/proc/sys/net/netfilter/nf_conntrack_count"),
+            loopback_tracked: probe_loopback_tracking(),
+            mem_available,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+
+    pub fn port_range_size(&self) -> u64 {
+        self.port_range.1.saturating_sub(self.port_range.0) + 1
+    }
+
+    /// Connections each loopback source address can carry to one server port.
+    pub fn users_per_source_address(&self) -> u64 {
+        ((self.port_range_size() as f64 * PORT_RANGE_USE) as u64).max(1)
+    }
+}
+
+/// Opens one loopback connection and sees whether the conntrack table counts it.
+fn probe_loopback_tracking() -> bool {
+    let path = "/proc/sys/net/netfilter/nf_conntrack_count";
+    if read(path).is_none() {
+        return false;
+    }
+    let before = num(path);
+    let probe = (|| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+        let client = std::net::TcpStream::connect(listener.local_addr().ok()?).ok()?;
+        let server = listener.accept().ok()?;
+        Some((client, server))
+    })();
+    let tracked = probe.is_some() && num(path) > before;
+    drop(probe);
+    tracked
+}
+
+/// One limit, what `connections` needs of it, and how many connections it allows.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub name: &'static str,
+    pub current: String,
+    pub needed: String,
+    pub allows: u64,
+    pub fix: Option<String>,
+}
+
+pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
+    let per_proc = l.nofile_hard.saturating_sub(l.nofile_hard / 20).max(1);
+    let procs = connections.div_ceil(per_proc);
+    let sockets = 2 * connections;
+    let per_socket = KERNEL_BYTES_PER_SOCKET + USER_BYTES_PER_SOCKET;
+    let mut v = vec![
+        Check {
+            name: "open files per process (hard)",
+            current: format!("soft {} hard {}", l.nofile_soft, l.nofile_hard),
+            needed: format!("{procs} server workers and {procs} load processes of ≤ {per_proc} sockets"),
+            allows: u64::MAX, // processes multiply; the hard limit only sets how many
+            fix: (l.nofile_hard < 20_000).then(|| "raise the hard nofile limit (limits.conf / systemd)".into()),
+        },
+        Check {
+            name: "fs.file-max (files, whole system)",
+            current: format!("{} ({} open now)", l.file_max, l.files_open),
+            needed: format!("> {}", sockets + 100_000),
+            allows: l.file_max.saturating_sub(l.files_open + 100_000) / 2,
+            fix: (l.file_max < sockets + 100_000).then(|| format!("sysctl -w fs.file-max={}", (sockets + 200_000).max(4_000_000))),
+        },
+        Check {
+            name: "fs.nr_open (per-process ceiling)",
+            current: l.nr_open.to_string(),
+            needed: format!("≥ {}", l.nofile_hard),
+            allows: u64::MAX,
+            fix: None,
+        },
+        Check {
+            name: "net.ipv4.ip_local_port_range",
+            current: format!("{} {} ({} ports)", l.port_range.0, l.port_range.1, l.port_range_size()),
+            needed: format!(
+                "{} source addresses × {} users each",
+                connections.div_ceil(l.users_per_source_address()),
+                l.users_per_source_address()
+            ),
+            // With IP_BIND_ADDRESS_NO_PORT and many 127.0.x.y sources, ports only set how
+            // many addresses the load spreads over; 127/8 has ~16M of them.
+            allows: l.users_per_source_address() * 65_000,
+            fix: (l.port_range.0 > 1024 || l.port_range.1 < 65535)
+                .then(|| "sysctl -w net.ipv4.ip_local_port_range=\"1024 65535\" (fewer source addresses needed)".into()),
+        },
+        Check {
+            name: "net.ipv4.ip_local_reserved_ports",
+            current: if l.reserved_ports.is_empty() { "(none)".into() } else { l.reserved_ports.clone() },
+            needed: "the server's listening ports (7000-7001 by default)".into(),
+            allows: u64::MAX,
+            fix: (!l.reserved_ports.contains("7000")).then(|| "sysctl -w net.ipv4.ip_local_reserved_ports=7000-7001".into()),
+        },
+        Check {
+            name: "net.core.somaxconn (accept backlog)",
+            current: l.somaxconn.to_string(),
+            needed: "≥ 65535 for connect storms".into(),
+            allows: u64::MAX,
+            fix: (l.somaxconn < 65535).then(|| "sysctl -w net.core.somaxconn=65535".into()),
+        },
+        Check {
+            name: "net.ipv4.tcp_max_syn_backlog",
+            current: l.syn_backlog.to_string(),
+            needed: "≥ 65535 for connect storms".into(),
+            allows: u64::MAX,
+            fix: (l.syn_backlog < 65535).then(|| "sysctl -w net.ipv4.tcp_max_syn_backlog=65535".into()),
+        },
+        Check {
+            name: "memory available",
+            current: format!("{} MiB", l.mem_available >> 20),
+            needed: format!("~{} MiB ({} B per socket, 2 per connection)", (sockets * per_socket) >> 20, per_socket),
+            allows: l.mem_available / (2 * per_socket),
+            fix: None,
+        },
+        Check {
+            name: "net.ipv4.tcp_mem (max, pages)",
+            current: format!("{} ({} MiB)", l.tcp_mem_max_pages, (l.tcp_mem_max_pages * 4096) >> 20),
+            needed: "room for queued data only: idle sockets hold no buffers".into(),
+            allows: u64::MAX,
+            fix: None,
+        },
+    ];
+    // Connection tracking only binds if it tracks our loopback connections.
+    let tracking = l.loopback_tracked;
+    if let Some(max) = l.conntrack_max.filter(|_| !tracking) {
+        v.push(Check {
+            name: "net.netfilter.nf_conntrack_max",
+            current: format!("{max} (loopback connections are not tracked here)"),
+            needed: "nothing while loopback connections are not tracked".into(),
+            allows: u64::MAX,
+            fix: None,
+        });
+    }
+    if let Some(max) = l.conntrack_max.filter(|_| tracking) {
+        v.push(Check {
+            name: "net.netfilter.nf_conntrack_max",
+            current: max.to_string(),
+            needed: format!("> {sockets} if loopback traffic is tracked"),
+            allows: max / 2,
+            fix: (max < sockets).then(|| {
+                format!(
+                    "sysctl -w net.netfilter.nf_conntrack_max={}",
+                    sockets + 100_000
+                )
+            }),
+        });
+    }
+    v
+}
+
+/// The report `hongbao doctor` prints.
+pub fn report(l: &Limits, connections: u64) -> String {
+    let checks = checks(l, connections);
+    let mut out = String::new();
+    let _ = writeln!(out, "hongbao doctor: {} cores, {} MiB available; planning for {connections} connections (server and load on this machine)", l.cores, l.mem_available >> 20);
+    for c in &checks {
+        let mark = if c.allows < connections {
+            "BINDS"
+        } else if c.fix.is_some() {
+            "change"
+        } else {
+            "ok"
+        };
+        let _ = writeln!(
+            out,
+            "  [{mark:>6}] {:<36} now: {}; needs: {}",
+            c.name, c.current, c.needed
+        );
+        if let Some(fix) = &c.fix {
+            let _ = writeln!(out, "           fix: {fix}");
+        }
+    }
+    let binding = checks.iter().min_by_key(|c| c.allows).expect("checks");
+    let capacity = binding.allows;
+    if capacity >= connections {
+        let _ = writeln!(
+            out,
+            "This machine can hold about {} connections co-located; the first limit to bind is {}.",
+            capacity, binding.name
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "This machine can hold only about {capacity} connections co-located: {} binds first.",
+            binding.name
+        );
+    }
+    out
+}
+
+/// Writes the sysctls `checks` suggests (needs root). Returns one line per change.
+pub fn apply(l: &Limits, connections: u64) -> Vec<String> {
+    let sockets = 2 * connections;
+    let mut wanted: Vec<(&str, String)> = vec![
+        (
+            "/proc/sys/net/ipv4/ip_local_port_range",
+            "1024 65535".into(),
+        ),
+        (
+            "/proc/sys/net/ipv4/ip_local_reserved_ports",
+            "7000-7001".into(),
+        ),
+        ("/proc/sys/net/core/somaxconn", "65535".into()),
+        ("/proc/sys/net/ipv4/tcp_max_syn_backlog", "65535".into()),
+    ];
+    if l.file_max < sockets + 100_000 {
+        wanted.push((
+            "/proc/sys/fs/file-max",
+            (sockets + 200_000).max(4_000_000).to_string(),
+        ));
+    }
+    if l.conntrack_max.is_some_and(|m| m < sockets) && l.loopback_tracked {
+        wanted.push((
+            "/proc/sys/net/netfilter/nf_conntrack_max",
+            (sockets + 100_000).to_string(),
+        ));
+    }
+    let mut lines = Vec::new();
+    for (path, value) in wanted {
+        let before = read(path).unwrap_or_default();
+        if before.split_whitespace().collect::<Vec<_>>()
+            == value.split_whitespace().collect::<Vec<_>>()
+        {
+            continue;
+        }
+        match std::fs::write(path, &value) {
+            Ok(()) => lines.push(format!("set {path}: {before} -> {value}")),
+            Err(e) => lines.push(format!(
+                "could not set {path} to {value}: {e} (run as root)"
+            )),
+        }
+    }
+    if l.nofile_hard < 20_000 {
+        lines.push(format!(
+            "the hard open-file limit is {}: raise it in limits.conf or the service unit; doctor cannot",
+            l.nofile_hard
+        ));
+    } else {
+        lines.push(format!(
+            "the open-file hard limit ({}) stays: serve and load split into processes under it",
+            l.nofile_hard
+        ));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine() -> Limits {
+        Limits {
+            nofile_soft: 1024,
+            nofile_hard: 20_000,
+            file_max: 2_466_170,
+            files_open: 400,
+            nr_open: 1_048_576,
+            port_range: (32768, 60999),
+            reserved_ports: String::new(),
+            somaxconn: 4096,
+            syn_backlog: 2048,
+            tcp_mem_max_pages: 575_796,
+            conntrack_max: Some(262_144),
+            conntrack_count: 12,
+            loopback_tracked: true,
+            mem_available: 23 << 30,
+            cores: 2,
+        }
+    }
+
+    #[test]
+    fn a_million_on_this_machine_is_bound_by_conntrack_then_fits_once_fixed() {
+        let mut l = machine();
+        let text = report(&l, 1_000_000);
+        assert!(text.contains("nf_conntrack_max binds first"), "{text}");
+        l.conntrack_max = Some(2_200_000);
+        l.port_range = (1024, 65535);
+        let text = report(&l, 1_000_000);
+        assert!(text.contains("can hold about"), "{text}");
+        // An empty table with many sockets open means loopback is not tracked at all.
+        l.conntrack_max = Some(262_144);
+        l.loopback_tracked = false;
+        assert!(report(&l, 1_000_000).contains("can hold about"));
+    }
+
+    #[test]
+    fn memory_binds_on_a_small_machine() {
+        let mut l = machine();
+        l.conntrack_max = None;
+        l.mem_available = 2 << 30;
+        assert!(report(&l, 1_000_000).contains("memory available binds first"));
+    }
+
+    #[test]
+    fn users_per_source_address_follow_the_port_range() {
+        let mut l = machine();
+        assert_eq!(l.users_per_source_address(), 22_585);
+        l.port_range = (1024, 65535);
+        assert_eq!(l.users_per_source_address(), 51_609);
+    }
+}
