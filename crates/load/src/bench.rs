@@ -670,8 +670,8 @@ fn phase_summary(
     let mut client_rates = Vec::new();
     let mut previous: Option<&Row> = None;
     for row in rows {
-        shake_h.add(&row.shake_latency).expect("same bounds");
-        open_h.add(&row.open_latency).expect("same bounds");
+        report::merge_sparse(&mut shake_h, &row.shake_latency);
+        report::merge_sparse(&mut open_h, &row.open_latency);
         if let Some(prev) = previous {
             client_rates.push(progress(row, &prev.counters, 0).sent_per_sec as f64);
         }

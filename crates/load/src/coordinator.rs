@@ -49,8 +49,10 @@ pub struct Row {
     pub cpu_ms: u64,
     /// Cumulative at the end of this second.
     pub counters: Counters,
-    pub shake_latency: Histogram<u64>,
-    pub open_latency: Histogram<u64>,
+    /// That second's latency, as sparse HDR buckets (µs, count) from every process; a
+    /// full histogram is ~140 KB, too much to keep for every second of a long run.
+    pub shake_latency: Vec<(u64, u64)>,
+    pub open_latency: Vec<(u64, u64)>,
 }
 
 /// The progress line and `GET /stats`: one second's rates and the totals so far.
@@ -416,8 +418,8 @@ fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
         rss_bytes: 0,
         cpu_ms: 0,
         counters: Counters::default(),
-        shake_latency: report::new_histogram(),
-        open_latency: report::new_histogram(),
+        shake_latency: Vec::new(),
+        open_latency: Vec::new(),
     });
     row.reports += 1;
     row.connected += report.connected;
@@ -425,8 +427,9 @@ fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
     row.rss_bytes += report.rss_bytes;
     row.cpu_ms += report.cpu_ms;
     row.counters.add(&report.counters);
-    report::merge_sparse(&mut row.shake_latency, &report.shake_latency_us);
-    report::merge_sparse(&mut row.open_latency, &report.open_latency_us);
+    row.shake_latency
+        .extend_from_slice(&report.shake_latency_us);
+    row.open_latency.extend_from_slice(&report.open_latency_us);
     let rss = row.rss_bytes;
     s.peak_rss_bytes = s.peak_rss_bytes.max(rss);
     s.latest[p] = Some(report);
@@ -435,6 +438,8 @@ fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
 /// Rates of `row` against the cumulative counters of the second before it.
 pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
     let c = &row.counters;
+    let mut shake = report::new_histogram();
+    report::merge_sparse(&mut shake, &row.shake_latency);
     let ms = |h: &Histogram<u64>, q: f64| {
         if h.is_empty() {
             0.0
@@ -456,9 +461,9 @@ pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
         overloaded_per_sec: c.overloaded - previous.overloaded,
         opened_per_sec: c.opened - previous.opened,
         errors_per_sec: c.errors() - previous.errors(),
-        p50_ms: ms(&row.shake_latency, 0.5),
-        p99_ms: ms(&row.shake_latency, 0.99),
-        max_ms: ms(&row.shake_latency, 1.0),
+        p50_ms: ms(&shake, 0.5),
+        p99_ms: ms(&shake, 0.99),
+        max_ms: ms(&shake, 1.0),
         totals: c.clone(),
     }
 }
