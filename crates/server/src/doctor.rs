@@ -12,7 +12,11 @@ pub const KERNEL_BYTES_PER_SOCKET: u64 = 4_900;
 /// Our user-space budget per socket end (server and load generator each).
 pub const USER_BYTES_PER_SOCKET: u64 = 1_000;
 /// Users per source address the load generator plans for, as a share of the port range.
-pub const PORT_RANGE_USE: f64 = 0.8;
+/// `connect()` takes ephemeral ports of one parity first (the other half is left for
+/// `bind()`), and once that half is used up each connect searches slowly through the
+/// rest: measured here, 200,000 users over 4 addresses (51K each) connected 130K in 10 s
+/// and the remaining 70K at ~300/s. So plan for 80% of half the range.
+pub const PORT_RANGE_USE: f64 = 0.4;
 
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -377,8 +381,8 @@ mod tests {
     #[test]
     fn users_per_source_address_follow_the_port_range() {
         let mut l = machine();
-        assert_eq!(l.users_per_source_address(), 22_585);
+        assert_eq!(l.users_per_source_address(), 11_292);
         l.port_range = (1024, 65535);
-        assert_eq!(l.users_per_source_address(), 51_609);
+        assert_eq!(l.users_per_source_address(), 25_804);
     }
 }
