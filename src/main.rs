@@ -218,6 +218,7 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         source_ips,
         connect_rate: args.connect_rate,
         secret: args.secret.clone(),
+        connect_at_epoch: false,
     })
 }
 

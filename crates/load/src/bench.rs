@@ -325,6 +325,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         source_ips: None,
         connect_rate: opts.connect_rate,
         secret: SECRET.into(),
+        connect_at_epoch: true,
     })?;
     say(&format!(
         "bench: {} load client processes; connecting {} users",
@@ -470,6 +471,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     let load_peak_rss = load_peak_rss(&rows, &load_pids);
     load.set_qps(0)?;
     let finished = load.stop()?;
+    drop(load);
     sampling.store(false, Ordering::Relaxed);
     let _ = sampler.join();
     let final_audit = server.get("/v1/audit")?;

@@ -51,6 +51,8 @@ pub struct ClientOptions {
     /// New connections per second for this process.
     pub connect_rate: u64,
     pub secret: String,
+    /// Unix ms from which to start connecting (0: at once).
+    pub connect_from_ms: u64,
 }
 
 /// Commands from the coordinator, one JSON object per stdin line.
@@ -214,8 +216,7 @@ impl Client {
                 self.fire(&firings[next_firing..next_firing + due], base);
                 next_firing += due;
             }
-            if now >= epoch_us {
-                // Connecting starts at the epoch, so the coordinator can read an idle baseline.
+            if now >= self.opts.connect_from_ms * 1000 {
                 self.start_connects(now / 1000);
             } else {
                 self.last_refill_ms = now / 1000;

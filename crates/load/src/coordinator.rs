@@ -34,6 +34,9 @@ pub struct LoadOptions {
     /// New connections per second, all processes together.
     pub connect_rate: u64,
     pub secret: String,
+    /// Hold connecting until the epoch (the bench reads an idle memory baseline first);
+    /// otherwise connecting starts at once and firing at the epoch.
+    pub connect_at_epoch: bool,
 }
 
 /// One second of the whole run, merged over the client processes.
@@ -119,7 +122,7 @@ pub struct Load {
     opts: LoadOptions,
     procs: u32,
     epoch_ms: u64,
-    children: Vec<Child>,
+    children: Mutex<Vec<Child>>,
     stdins: Mutex<Vec<ChildStdin>>,
     schedule: Mutex<Schedule>,
     shared: Arc<Mutex<Shared>>,
@@ -200,6 +203,7 @@ impl Load {
                 source_ips: rotate(&source_ips, p as usize),
                 connect_rate: opts.connect_rate.div_ceil(procs as u64).max(1),
                 secret: opts.secret.clone(),
+                connect_from_ms: if opts.connect_at_epoch { epoch_ms } else { 0 },
             };
             let mut child = Command::new(&exe)
                 .arg("load-client")
@@ -229,7 +233,7 @@ impl Load {
             opts,
             procs,
             epoch_ms,
-            children,
+            children: Mutex::new(children),
             stdins: Mutex::new(stdins),
             schedule: Mutex::new(schedule),
             shared,
@@ -241,7 +245,12 @@ impl Load {
     }
 
     pub fn pids(&self) -> Vec<u32> {
-        self.children.iter().map(|c| c.id()).collect()
+        self.children
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.id())
+            .collect()
     }
 
     pub fn epoch_ms(&self) -> u64 {
@@ -329,13 +338,13 @@ impl Load {
     }
 
     /// Stops the clients and collects their final reports.
-    pub fn stop(mut self) -> anyhow::Result<Finished> {
+    pub fn stop(&self) -> anyhow::Result<Finished> {
         let line = serde_json::to_string(&client::Command::Stop)? + "\n";
         for stdin in self.stdins.lock().unwrap().iter_mut() {
             let _ = stdin.write_all(line.as_bytes());
         }
         let deadline = Instant::now() + Duration::from_secs(30);
-        for child in &mut self.children {
+        for child in self.children.lock().unwrap().iter_mut() {
             loop {
                 if child.try_wait()?.is_some() {
                     break;
@@ -386,7 +395,7 @@ impl Load {
 
 impl Drop for Load {
     fn drop(&mut self) {
-        for child in &mut self.children {
+        for child in self.children.lock().unwrap().iter_mut() {
             if matches!(child.try_wait(), Ok(None)) {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -557,18 +566,6 @@ pub fn run_cli(
             break;
         }
     }
-    // The control thread holds a reference; stop through a fresh handle on the same load.
-    let load = match Arc::try_unwrap(load) {
-        Ok(load) => load,
-        Err(shared) => {
-            let totals = shared.totals();
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&json!({ "totals": totals }))?
-            );
-            return Ok(()); // dropping the last reference kills the clients
-        }
-    };
     let finished = load.stop()?;
     let summary = json!({
         "totals": finished.totals,
