@@ -1,5 +1,6 @@
-//! `hongbao bench` at a small scale, end to end: a real server (2 workers), a real load
-//! (2 client processes), both campaigns in two phases, and the money audit.
+//! `hongbao bench` at the scale CI can afford, end to end: a real server (3 worker
+//! processes), a real load (3 client processes) holding 30,000 connections, both
+//! campaigns in two phases, and the money audit — the smoke test of the multi-process path.
 
 use std::process::Command;
 
@@ -60,11 +61,11 @@ fn small_bench_balances_every_cent_and_matches_the_campaigns() {
         .args([
             "bench",
             "--connections",
-            "3000",
+            "30000",
             "--workers",
-            "2",
+            "3",
             "--procs",
-            "2",
+            "3",
         ])
         .args(["--phase-qps", "1500,3000", "--campaign-rate", "200"])
         .args([
@@ -102,7 +103,7 @@ fn small_bench_balances_every_cent_and_matches_the_campaigns() {
         summary["audit"]["discrepancies"].as_array().unwrap().len(),
         0
     );
-    assert_eq!(summary["connections"]["peak"], 3000);
+    assert_eq!(summary["connections"]["peak"], 30000);
 
     // The counts match the campaigns exactly: every packet released was won and seen won,
     // every share created was opened and seen opened, to the cent.
