@@ -559,13 +559,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
             "max_shake_qps": opts.max_shake_qps, "connect_rate": opts.connect_rate,
         },
     });
-    write_series(
-        &opts.out.join("series.csv"),
-        &rows,
-        &samples,
-        &phases,
-        finished.totals.clone(),
-    )?;
+    write_series(&opts.out.join("series.csv"), &rows, &samples, &phases)?;
     std::fs::write(
         opts.out.join("summary.json"),
         serde_json::to_string_pretty(&summary)?,
@@ -857,7 +851,6 @@ fn write_series(
     rows: &[Row],
     samples: &[ServerSample],
     phases: &[Phase],
-    _totals: Counters,
 ) -> anyhow::Result<()> {
     let mut out = String::new();
     out.push_str(&SERIES_COLUMNS.join(","));

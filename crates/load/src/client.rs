@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
 use hongbao_proto::{Frame, Message, ResultCode};
+use hongbao_server::sys::write_nonblocking;
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
@@ -309,13 +310,9 @@ impl Client {
         };
         let mut written = 0;
         if user.out.is_empty() {
-            while written < bytes.len() {
-                match stream.write(&bytes[written..]) {
-                    Ok(n) => written += n,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(_) => return self.disconnect(i),
-                }
+            match write_nonblocking(stream, bytes) {
+                Ok(n) => written = n,
+                Err(_) => return self.disconnect(i),
             }
         }
         if written < bytes.len() {
@@ -366,25 +363,12 @@ impl Client {
         let Some(stream) = user.stream.as_mut() else {
             return;
         };
-        let mut written = 0;
-        let mut failed = false;
-        while written < user.out.len() {
-            match stream.write(&user.out[written..]) {
-                Ok(n) => written += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(_) => {
-                    failed = true;
-                    break;
-                }
-            }
-        }
+        let Ok(written) = write_nonblocking(stream, &user.out) else {
+            return self.disconnect(i);
+        };
         user.out.drain(..written);
         if user.out.is_empty() {
             user.out = Vec::new();
-        }
-        if failed {
-            self.disconnect(i);
         }
     }
 

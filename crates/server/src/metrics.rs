@@ -11,13 +11,7 @@ use serde_json::{Map, Value};
 use crate::link::WorkerStats;
 
 /// Fields of `WorkerStats` that are levels, not counters.
-const GAUGES: &[&str] = &[
-    "connections",
-    "logged_in",
-    "pool_packets",
-    "rss_bytes",
-    "cpu_ms",
-];
+const LEVELS: &[&str] = &["connections", "logged_in", "pool_packets", "rss_bytes"];
 /// Fields that identify rather than count.
 const IDS: &[&str] = &["worker", "pid", "unix_second"];
 
@@ -28,10 +22,20 @@ fn as_map(stats: &WorkerStats) -> Map<String, Value> {
     }
 }
 
-/// Adds every numeric field of `stats` (but ids) into `totals`.
+/// Adds every numeric field of `stats` (but ids) into `totals`: a live worker's levels
+/// and counters.
 pub fn add_counters(totals: &mut Map<String, Value>, stats: &WorkerStats) {
+    add_fields(totals, stats, &[]);
+}
+
+/// Adds the counters of a worker that has exited into `totals`: its levels ended with it.
+pub fn retire(totals: &mut Map<String, Value>, stats: &WorkerStats) {
+    add_fields(totals, stats, LEVELS);
+}
+
+fn add_fields(totals: &mut Map<String, Value>, stats: &WorkerStats, skip: &[&str]) {
     for (k, v) in as_map(stats) {
-        if IDS.contains(&k.as_str()) {
+        if IDS.contains(&k.as_str()) || skip.contains(&k.as_str()) {
             continue;
         }
         let sum = totals.get(&k).and_then(Value::as_u64).unwrap_or(0) + v.as_u64().unwrap_or(0);
@@ -50,7 +54,10 @@ pub fn rates(latest: &WorkerStats, previous: Option<&WorkerStats>) -> Map<String
         .saturating_sub(previous.unix_second)
         .max(1);
     a.iter()
-        .filter(|(k, _)| !IDS.contains(&k.as_str()) && !GAUGES.contains(&k.as_str()))
+        // CPU time is a counter, but it is reported per worker, not as a rate.
+        .filter(|(k, _)| {
+            !IDS.contains(&k.as_str()) && !LEVELS.contains(&k.as_str()) && k.as_str() != "cpu_ms"
+        })
         .map(|(k, v)| {
             let delta = v
                 .as_u64()

@@ -456,18 +456,11 @@ impl Supervisor {
     fn flush_links(&mut self) {
         let mut dead = Vec::new();
         for (key, link) in self.links.iter_mut() {
-            while !link.outbuf.is_empty() {
-                match link.stream.write(&link.outbuf) {
-                    Ok(n) => {
-                        link.outbuf.drain(..n);
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(_) => {
-                        dead.push(key);
-                        break;
-                    }
+            match sys::write_nonblocking(&mut link.stream, &link.outbuf) {
+                Ok(n) => {
+                    link.outbuf.drain(..n);
                 }
+                Err(_) => dead.push(key),
             }
             if link.outbuf.len() > MAX_LINK_BACKLOG {
                 eprintln!(
@@ -544,13 +537,8 @@ impl Supervisor {
         let Some(proc_) = self.workers.get_mut(&w) else {
             return;
         };
-        if let Some(mut last) = proc_.latest.take() {
-            // Its levels ended with it; only its counters carry over into the totals.
-            last.connections = 0;
-            last.logged_in = 0;
-            last.pool_packets = 0;
-            last.rss_bytes = 0;
-            metrics::add_counters(&mut self.retired, &last);
+        if let Some(last) = proc_.latest.take() {
+            metrics::retire(&mut self.retired, &last);
         }
         proc_.previous = None;
     }

@@ -1,6 +1,7 @@
 //! Small operating-system helpers shared by the supervisor and the workers: file limits,
 //! SO_REUSEPORT listeners, abstract Unix addresses, our own CPU and memory, signals.
 
+use std::io::{ErrorKind, Write};
 use std::net::SocketAddr;
 use std::os::linux::net::SocketAddrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +46,22 @@ pub fn reuseport_listener(
         socket.listen(65535)?;
     }
     Ok(socket.into())
+}
+
+/// Writes as much of `bytes` as a non-blocking socket takes now and returns how much that
+/// was (0..=len); stops at `WouldBlock`. An error means the peer is gone.
+pub fn write_nonblocking(w: &mut impl Write, bytes: &[u8]) -> std::io::Result<usize> {
+    let mut written = 0;
+    while written < bytes.len() {
+        match w.write(&bytes[written..]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(written)
 }
 
 /// This process's resident memory (bytes) and CPU time used (ms), from /proc.

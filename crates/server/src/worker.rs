@@ -538,18 +538,9 @@ impl Worker {
         };
         let mut written = 0;
         if conn.out.is_empty() {
-            loop {
-                match conn.stream.write(&bytes[written..]) {
-                    Ok(n) => {
-                        written += n;
-                        if written == bytes.len() {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(_) => return self.close(key),
-                }
+            match sys::write_nonblocking(&mut conn.stream, bytes) {
+                Ok(n) => written = n,
+                Err(_) => return self.close(key),
             }
         }
         self.stats.bytes_out += written as u64;
@@ -569,19 +560,8 @@ impl Worker {
         if conn.out.is_empty() {
             return;
         }
-        let mut written = 0;
-        let result = loop {
-            match conn.stream.write(&conn.out[written..]) {
-                Ok(n) => {
-                    written += n;
-                    if written == conn.out.len() {
-                        break Ok(());
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break Ok(()),
-                Err(e) => break Err(e),
-            }
+        let Ok(written) = sys::write_nonblocking(&mut conn.stream, &conn.out) else {
+            return self.close(key);
         };
         self.stats.bytes_out += written as u64;
         conn.out.drain(..written);
@@ -590,9 +570,6 @@ impl Worker {
             if conn.state == State::Closing {
                 let _ = conn.stream.shutdown(Shutdown::Write);
             }
-        }
-        if result.is_err() {
-            self.close(key);
         }
     }
 
@@ -724,21 +701,17 @@ impl Worker {
     }
 
     fn flush_link(&mut self) -> anyhow::Result<()> {
-        while !self.link_out.is_empty() {
-            match self.link.write(&self.link_out) {
-                Ok(n) => {
-                    self.link_out.drain(..n);
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == ErrorKind::BrokenPipe => {
-                    self.shutdown = true;
-                    break;
-                }
-                Err(e) => return Err(e.into()),
+        match sys::write_nonblocking(&mut self.link, &self.link_out) {
+            Ok(n) => {
+                self.link_out.drain(..n);
+                Ok(())
             }
+            Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+                self.shutdown = true;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
         }
-        Ok(())
     }
 
     // ----- once a second --------------------------------------------------------------
