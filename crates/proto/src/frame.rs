@@ -558,7 +558,7 @@ fn put_text(out: &mut Vec<u8>, text: &str) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn frame(request_id: u32, message: Message) -> Frame {
@@ -568,8 +568,8 @@ mod tests {
         }
     }
 
-    /// One of every message, with non-trivial field values.
-    fn samples() -> Vec<Frame> {
+    /// One of every message, with non-trivial field values (also used by `json.rs`).
+    pub(crate) fn samples() -> Vec<Frame> {
         vec![
             frame(
                 1,
