@@ -34,6 +34,20 @@ enum Command {
     },
     /// Start a server and a load, run the seed experiment's phases, audit every cent.
     Bench(BenchArgs),
+    /// Collect per-second reports from serve and load instances; dashboard, series, /metrics.
+    Monitor {
+        /// Address for reports, the dashboard (/) and /metrics
+        #[arg(long, default_value = "127.0.0.1:7200")]
+        listen: std::net::SocketAddr,
+        /// Where series.csv (and, at the end, report.html and the charts) go
+        #[arg(long, default_value = "monitor-out")]
+        out: PathBuf,
+    },
+    /// Write DIR/report.html and a PNG of every chart from DIR/series.csv (and summary.json).
+    Report {
+        /// A bench's --out or a monitor's --out
+        dir: PathBuf,
+    },
     /// Check this machine's limits for N connections (server and load co-located).
     Doctor {
         /// Connections to plan for
@@ -80,6 +94,9 @@ struct LoadArgs {
     /// Secret for login tokens (must match the server's)
     #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_server::config::DEV_SECRET)]
     secret: String,
+    /// Report per-second counters to the hongbao monitor at this address
+    #[arg(long)]
+    monitor: Option<String>,
 }
 
 #[derive(Args)]
@@ -117,6 +134,9 @@ struct BenchArgs {
     /// New connections per second
     #[arg(long)]
     connect_rate: Option<u64>,
+    /// Where the bench's monitor (live dashboard, /metrics) listens [default: 127.0.0.1, any port]
+    #[arg(long)]
+    monitor_listen: Option<std::net::SocketAddr>,
 }
 
 /// Flags win over the config file, which wins over the defaults.
@@ -128,6 +148,9 @@ struct ServeArgs {
     /// Admin HTTP address [default: 127.0.0.1:7001]
     #[arg(long)]
     admin: Option<String>,
+    /// WebSocket address (same protocol; JSON in text messages; the browser page at /) [default: none]
+    #[arg(long)]
+    ws_listen: Option<String>,
     /// Directory of the ledger [default: hongbao-data]
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -146,6 +169,9 @@ struct ServeArgs {
     /// Secret for login tokens (HMAC-SHA256(secret, user id))
     #[arg(long, env = "HONGBAO_SECRET")]
     secret: Option<String>,
+    /// Report per-second counters to the hongbao monitor at this address
+    #[arg(long)]
+    monitor: Option<String>,
     /// TOML file giving any of the options above (and the rest: see docs/admin-api.md)
     #[arg(long)]
     config: Option<PathBuf>,
@@ -159,6 +185,8 @@ struct WorkerArgs {
     index: u16,
     #[arg(long)]
     listen: std::net::SocketAddr,
+    #[arg(long)]
+    ws_listen: Option<std::net::SocketAddr>,
 }
 
 fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
@@ -168,6 +196,9 @@ fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
     }
     if let Some(v) = args.admin {
         cfg.admin = v;
+    }
+    if let Some(v) = args.ws_listen {
+        cfg.ws_listen = v;
     }
     if let Some(v) = args.data_dir {
         cfg.data_dir = v;
@@ -186,6 +217,9 @@ fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
     }
     if let Some(v) = args.secret {
         cfg.secret = v;
+    }
+    if let Some(v) = args.monitor {
+        cfg.monitor = v;
     }
     Ok(cfg)
 }
@@ -219,6 +253,7 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         connect_rate: args.connect_rate,
         secret: args.secret.clone(),
         connect_at_epoch: false,
+        monitor: args.monitor.clone(),
     })
 }
 
@@ -258,6 +293,9 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
     if let Some(v) = args.connect_rate {
         opts.connect_rate = v;
     }
+    if let Some(v) = args.monitor_listen {
+        opts.monitor_listen = v;
+    }
     Ok(opts)
 }
 
@@ -269,6 +307,7 @@ fn main() -> Result<()> {
                 index: args.index,
                 link: args.link,
                 listen: args.listen,
+                ws_listen: args.ws_listen,
             })
         }
         Command::Load(args) => match (args.set_qps, &args.control) {
@@ -289,6 +328,20 @@ fn main() -> Result<()> {
                 }
                 print!("{}", doctor::report(&doctor::Limits::read(), connections));
             }
+            Ok(())
+        }
+        Command::Monitor { listen, out } => {
+            hongbao_server::sys::catch_stop_signals();
+            hongbao_monitor::run_cli(listen, &out, hongbao_server::sys::stop_requested)
+        }
+        Command::Report { dir } => {
+            let charts = hongbao_report::write_report(&dir)?;
+            println!(
+                "{} ({} charts: {})",
+                dir.join("report.html").display(),
+                charts.len(),
+                charts.join(", ")
+            );
             Ok(())
         }
         Command::LoadClient { options } => {

@@ -2,6 +2,7 @@
 //! processes), a real load (3 client processes) holding 30,000 connections, both
 //! campaigns in two phases, and the money audit — the smoke test of the multi-process path.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 
 use serde_json::Value;
@@ -130,19 +131,97 @@ fn small_bench_balances_every_cent_and_matches_the_campaigns() {
         s["amount_minted"].as_u64().unwrap() + d["amount_sent"].as_u64().unwrap()
     );
 
-    // The series has a header naming the documented columns and one row per second.
-    let series = std::fs::read_to_string(out.path().join("series.csv")).unwrap();
+    check_series(out.path(), &summary);
+    check_report(out.path());
+}
+
+/// series.csv: the documented header, one row per second per role from the role's first
+/// second to the end with no gaps, and per-second counts that add up to the summary's.
+fn check_series(dir: &std::path::Path, summary: &Value) {
+    let series = std::fs::read_to_string(dir.join("series.csv")).unwrap();
     let mut lines = series.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    assert_eq!(header, hongbao_load::bench::SERIES_COLUMNS);
-    let seconds: Vec<u64> = lines
-        .map(|l| l.split(',').next().unwrap().parse().unwrap())
+    assert_eq!(header, hongbao_monitor::collector::COLUMNS);
+    let rows: Vec<BTreeMap<&str, &str>> = lines
+        .map(|l| header.iter().copied().zip(l.split(',')).collect())
         .collect();
-    assert!(seconds.len() >= 4);
-    assert!(
-        seconds.windows(2).all(|w| w[1] == w[0] + 1),
-        "gaps in {seconds:?}"
+    let mut seconds: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for r in &rows {
+        seconds
+            .entry(r["role"])
+            .or_default()
+            .push(r["unix_second"].parse().unwrap());
+    }
+    assert_eq!(
+        seconds.keys().copied().collect::<Vec<_>>(),
+        ["core", "host", "load", "server"]
     );
+    let last = seconds.values().map(|s| *s.last().unwrap()).max().unwrap();
+    for (role, s) in &seconds {
+        assert!(s.len() >= 4, "{role}: {s:?}");
+        assert!(
+            s.windows(2).all(|w| w[1] == w[0] + 1),
+            "{role}: gaps in {s:?}"
+        );
+        assert_eq!(*s.last().unwrap(), last, "{role} stops early");
+    }
+    let sum = |role: &str, column: &str| -> u64 {
+        rows.iter()
+            .filter(|r| r["role"] == role)
+            .map(|r| r[column].parse::<u64>().unwrap_or(0))
+            .sum()
+    };
+    let totals = &summary["load"]["totals"];
+    assert_eq!(sum("load", "shakes"), totals["shakes_sent"]);
+    assert_eq!(sum("load", "won"), summary["shake"]["won_clients"]);
+    assert_eq!(sum("load", "opened"), summary["send"]["opened_clients"]);
+    assert_eq!(
+        sum("core", "packets_released"),
+        summary["shake"]["released"]
+    );
+    assert_eq!(sum("core", "packets_won"), summary["shake"]["won_server"]);
+    assert_eq!(sum("core", "send_packets"), summary["send"]["packets"]);
+    assert_eq!(
+        sum("core", "shares_opened"),
+        summary["send"]["opened_server"]
+    );
+    // Every shake the clients sent reached a worker and was counted there.
+    assert_eq!(sum("server", "shakes"), totals["shakes_sent"]);
+    assert!(sum("host", "net_rx_packets") > sum("load", "shakes"));
+    let phases: Vec<&str> = rows.iter().map(|r| r["phase"]).collect();
+    for phase in ["connect", "qps-1500", "qps-3000"] {
+        assert!(phases.contains(&phase), "no rows in phase {phase}");
+    }
+}
+
+/// report.html names every chart and the audit; each chart's PNG decodes to a real image.
+fn check_report(dir: &std::path::Path) {
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(html.contains("Audit"), "report.html lacks the audit");
+    for chart in hongbao_report::CHARTS {
+        assert!(
+            html.contains(chart.title),
+            "report.html lacks {}",
+            chart.title
+        );
+        let file = std::fs::File::open(dir.join(format!("{}.png", chart.name))).unwrap();
+        let mut reader = png::Decoder::new(file).read_info().unwrap();
+        let mut pixels = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut pixels).unwrap();
+        assert!(
+            info.width >= 800 && info.height >= 400,
+            "{}: {}x{}",
+            chart.name,
+            info.width,
+            info.height
+        );
+        let first = &pixels[..3];
+        assert!(
+            pixels.chunks(3).any(|p| p != first),
+            "{}.png is one flat colour",
+            chart.name
+        );
+    }
 }
 
 #[test]
@@ -156,10 +235,13 @@ fn docs_describe_every_summary_field_and_series_column() {
             "docs/bench.md does not describe `{leaf}` ({path})"
         );
     }
-    for column in hongbao_load::bench::SERIES_COLUMNS {
+    let monitoring =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/monitoring.md"))
+            .unwrap();
+    for column in hongbao_monitor::collector::COLUMNS {
         assert!(
-            doc.contains(&format!("`{column}`")),
-            "docs/bench.md does not describe column `{column}`"
+            monitoring.contains(&format!("`{column}`")),
+            "docs/monitoring.md does not describe column `{column}`"
         );
     }
 }

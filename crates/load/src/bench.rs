@@ -6,7 +6,6 @@
 //! The audit holds three witnesses against each other: the campaigns' own counts, the
 //! clients' counts of what they were told, and the ledger's balances user by user.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,6 +18,8 @@ use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use serde_json::{json, Value};
+
+use hongbao_monitor::Monitor;
 
 use crate::coordinator::{progress, Load, LoadOptions, Row};
 use crate::report::{self, Counters};
@@ -47,6 +48,8 @@ pub struct BenchOptions {
     pub recipients: u32,
     pub max_shake_qps: u32,
     pub connect_rate: u64,
+    /// Where the bench's own monitor (dashboard, /metrics) listens.
+    pub monitor_listen: SocketAddr,
 }
 
 impl BenchOptions {
@@ -63,6 +66,7 @@ impl BenchOptions {
             recipients: 3,
             max_shake_qps: 100_000,
             connect_rate: 20_000,
+            monitor_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         };
         match preset {
             Preset::Quick => base,
@@ -162,9 +166,10 @@ impl Drop for Server {
 }
 
 impl Server {
-    fn start(opts: &BenchOptions, data_dir: &Path) -> anyhow::Result<Server> {
+    fn start(opts: &BenchOptions, data_dir: &Path, monitor: SocketAddr) -> anyhow::Result<Server> {
         let mut child = Command::new(std::env::current_exe()?)
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--monitor", &monitor.to_string()])
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--workers", &opts.workers])
@@ -244,10 +249,6 @@ impl Server {
 struct ServerSample {
     unix_ms: u64,
     shakes_per_sec: u64,
-    overloaded_per_sec: u64,
-    won_per_sec: u64,
-    opened_per_sec: u64,
-    connections: u64,
     rss_bytes: u64,
     cpu_ms: u64,
 }
@@ -261,10 +262,6 @@ fn sample(stats: &Value) -> ServerSample {
     ServerSample {
         unix_ms: n(&stats["unix_ms"]),
         shakes_per_sec: n(&stats["per_sec"]["shakes"]),
-        overloaded_per_sec: n(&stats["per_sec"]["shakes_overloaded"]),
-        won_per_sec: n(&stats["core_per_sec"]["shake_won"]),
-        opened_per_sec: n(&stats["core_per_sec"]["open_opened"]),
-        connections: n(&stats["connections"]),
         rss_bytes: rss,
         cpu_ms: cpu,
     }
@@ -285,12 +282,19 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     if data_dir.exists() {
         std::fs::remove_dir_all(&data_dir).context("clearing the previous bench's ledger")?;
     }
+    let monitor = Monitor::start(opts.monitor_listen, Some(&opts.out), "hongbao bench")?;
+    say(&format!(
+        "bench: dashboard at http://{}/ ; series in {}",
+        monitor.addr(),
+        opts.out.join("series.csv").display()
+    ));
+    monitor.mark("start");
     say(&format!(
         "bench: starting hongbao serve (workers {}), ledger in {}",
         opts.workers,
         data_dir.display()
     ));
-    let server = Server::start(&opts, &data_dir)?;
+    let server = Server::start(&opts, &data_dir, monitor.addr())?;
     std::thread::sleep(Duration::from_millis(1500));
     let server_baseline = sample(&server.get("/v1/stats")?);
 
@@ -326,7 +330,9 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         connect_rate: opts.connect_rate,
         secret: SECRET.into(),
         connect_at_epoch: true,
+        monitor: Some(monitor.addr().to_string()),
     })?;
+    monitor.mark_at(load.epoch_ms(), "connect");
     say(&format!(
         "bench: {} load client processes; connecting {} users",
         load.procs(),
@@ -359,11 +365,6 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
             opts.connections
         ));
     }
-    let mut phases = vec![Phase {
-        name: "connect".into(),
-        start_second: 0,
-        end_second: load.current_second(),
-    }];
     let mut summaries = Vec::new();
     let mut discrepancies: Vec<Discrepancy> = Vec::new();
     let mut shake_total = ShakeAudit::default();
@@ -372,6 +373,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     for (n, &qps) in opts.phase_qps.iter().enumerate() {
         let name = format!("qps-{qps}");
         let from = load.set_qps(qps)?;
+        monitor.mark_at(load.epoch_ms() + from * 1000, &name);
         say(&format!(
             "bench: phase {} at {qps} QPS from second {from}",
             n + 2
@@ -462,7 +464,6 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         add_shake(&mut shake_total, &summary.shake);
         add_send(&mut send_total, &summary.send);
         summaries.push(summary);
-        phases.push(phase);
     }
 
     let rows = load.rows();
@@ -470,6 +471,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     let load_pids = load.pids();
     let load_peak_rss = load_peak_rss(&rows, &load_pids);
     load.set_qps(0)?;
+    monitor.mark("stop");
     let finished = load.stop()?;
     drop(load);
     sampling.store(false, Ordering::Relaxed);
@@ -477,6 +479,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     let final_audit = server.get("/v1/audit")?;
     let samples = samples.lock().unwrap().clone();
     server.stop()?;
+    // Both sent their last second on the way out: the series is complete.
+    monitor.finish()?;
 
     // Witness three: the ledger, user by user, against what each user's client was told.
     let ledger = hongbao_server::ledger::Ledger::open(&data_dir)?;
@@ -559,11 +563,16 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
             "max_shake_qps": opts.max_shake_qps, "connect_rate": opts.connect_rate,
         },
     });
-    write_series(&opts.out.join("series.csv"), &rows, &samples, &phases)?;
     std::fs::write(
         opts.out.join("summary.json"),
         serde_json::to_string_pretty(&summary)?,
     )?;
+    let charts = hongbao_report::write_report(&opts.out).context("writing the report")?;
+    say(&format!(
+        "bench: report {} ({} charts)",
+        opts.out.join("report.html").display(),
+        charts.len()
+    ));
     say(&format!(
         "bench: audit {}; summary in {}",
         if audit_ok { "ok" } else { "FAILED" },
@@ -816,88 +825,4 @@ fn load_peak_rss(rows: &[Row], pids: &[u32]) -> u64 {
         .map(|p| hongbao_server::sys::usage_of(&p.to_string()).0)
         .sum();
     from_rows.max(now)
-}
-
-/// The CSV columns of `series.csv`, in order (documented in docs/bench.md).
-pub const SERIES_COLUMNS: &[&str] = &[
-    "second",
-    "unix_ms",
-    "phase",
-    "target_qps",
-    "client_connections",
-    "client_sent_per_sec",
-    "client_replies_per_sec",
-    "client_won_per_sec",
-    "client_nothing_per_sec",
-    "client_overloaded_per_sec",
-    "client_opened_per_sec",
-    "client_errors_per_sec",
-    "latency_p50_ms",
-    "latency_p99_ms",
-    "latency_max_ms",
-    "server_connections",
-    "server_shakes_per_sec",
-    "server_overloaded_per_sec",
-    "server_won_per_sec",
-    "server_opened_per_sec",
-    "server_rss_bytes",
-    "server_cpu_ms",
-    "load_rss_bytes",
-    "load_cpu_ms",
-];
-
-fn write_series(
-    path: &Path,
-    rows: &[Row],
-    samples: &[ServerSample],
-    phases: &[Phase],
-) -> anyhow::Result<()> {
-    let mut out = String::new();
-    out.push_str(&SERIES_COLUMNS.join(","));
-    out.push('\n');
-    let by_second: BTreeMap<u64, &ServerSample> =
-        samples.iter().map(|s| (s.unix_ms / 1000, s)).collect();
-    let mut previous = Counters::default();
-    for row in rows {
-        let p = progress(row, &previous, 0);
-        previous = row.counters.clone();
-        let phase = phases
-            .iter()
-            .rev()
-            .find(|ph| row.second >= ph.start_second && row.second <= ph.end_second)
-            .map_or("between", |ph| ph.name.as_str());
-        // The server sample taken during the second after this row's second describes it.
-        let s = by_second.get(&(row.unix_ms / 1000)).copied();
-        let g = |f: fn(&ServerSample) -> u64| s.map_or(String::new(), |s| f(s).to_string());
-        let fields = [
-            row.second.to_string(),
-            row.unix_ms.to_string(),
-            phase.to_string(),
-            row.target_qps.to_string(),
-            row.logged_in.to_string(),
-            p.sent_per_sec.to_string(),
-            p.replies_per_sec.to_string(),
-            p.won_per_sec.to_string(),
-            p.nothing_per_sec.to_string(),
-            p.overloaded_per_sec.to_string(),
-            p.opened_per_sec.to_string(),
-            p.errors_per_sec.to_string(),
-            format!("{:.3}", p.p50_ms),
-            format!("{:.3}", p.p99_ms),
-            format!("{:.3}", p.max_ms),
-            g(|s| s.connections),
-            g(|s| s.shakes_per_sec),
-            g(|s| s.overloaded_per_sec),
-            g(|s| s.won_per_sec),
-            g(|s| s.opened_per_sec),
-            g(|s| s.rss_bytes),
-            g(|s| s.cpu_ms),
-            row.rss_bytes.to_string(),
-            row.cpu_ms.to_string(),
-        ];
-        out.push_str(&fields.join(","));
-        out.push('\n');
-    }
-    std::fs::write(path, out)?;
-    Ok(())
 }

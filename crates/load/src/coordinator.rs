@@ -9,11 +9,14 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
+use hongbao_monitor::sample::{self, RoleSample, Sample};
+use hongbao_monitor::Reporter;
 use serde::Serialize;
 use serde_json::json;
 
@@ -37,6 +40,8 @@ pub struct LoadOptions {
     /// Hold connecting until the epoch (the bench reads an idle memory baseline first);
     /// otherwise connecting starts at once and firing at the epoch.
     pub connect_at_epoch: bool,
+    /// Report each second to the `hongbao monitor` at this address.
+    pub monitor: Option<String>,
 }
 
 /// One second of the whole run, merged over the client processes.
@@ -126,6 +131,97 @@ pub struct Load {
     stdins: Mutex<Vec<ChildStdin>>,
     schedule: Mutex<Schedule>,
     shared: Arc<Mutex<Shared>>,
+    monitor: Option<LoadMonitor>,
+}
+
+/// Sends every complete second to a monitor, from a thread of its own.
+struct LoadMonitor {
+    reporter: Reporter,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    net_interface: String,
+}
+
+impl LoadMonitor {
+    fn start(
+        addr: &str,
+        shared: Arc<Mutex<Shared>>,
+        procs: u32,
+        epoch_s: u64,
+        server: SocketAddr,
+    ) -> anyhow::Result<LoadMonitor> {
+        let reporter = Reporter::start(addr);
+        let stop = Arc::new(AtomicBool::new(false));
+        let net_interface = sample::interface_for(server.ip());
+        let (r, st, iface) = (reporter.clone(), stop.clone(), net_interface.clone());
+        let thread = std::thread::Builder::new()
+            .name("load-monitor".into())
+            .spawn(move || {
+                let mut next = 0;
+                loop {
+                    let stopping = st.load(Ordering::Relaxed);
+                    let rows: Vec<Row> = {
+                        let s = shared.lock().unwrap();
+                        s.rows
+                            .range(next..)
+                            .map(|(_, row)| row)
+                            .take_while(|row| row.reports == procs)
+                            .cloned()
+                            .collect()
+                    };
+                    for row in rows {
+                        next = row.second + 1;
+                        r.send(load_sample(&row, epoch_s + row.second, &iface));
+                    }
+                    if stopping {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })?;
+        Ok(LoadMonitor {
+            reporter,
+            stop,
+            thread: Mutex::new(Some(thread)),
+            net_interface,
+        })
+    }
+}
+
+/// One second of the load as a monitor sample (role `load`).
+fn load_sample(row: &Row, unix_second: u64, net_interface: &str) -> Sample {
+    let c = &row.counters;
+    let counters = [
+        ("shakes", c.shakes_sent),
+        ("won", c.won),
+        ("nothing", c.nothing),
+        ("overloaded", c.overloaded),
+        ("opens", c.opens_sent),
+        ("opened", c.opened),
+        ("errors", c.errors()),
+    ];
+    let levels = [
+        ("connections", row.connected),
+        ("logged_in", row.logged_in),
+        ("rss_bytes", row.rss_bytes),
+    ];
+    let owned = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    };
+    Sample {
+        instance: format!("load@{}:{}", sample::hostname(), std::process::id()),
+        host: sample::hostname(),
+        unix_second,
+        roles: vec![RoleSample {
+            role: "load".into(),
+            processes: row.reports,
+            cpu_ms: row.cpu_ms,
+            counters: owned(&counters),
+            levels: owned(&levels),
+            latency_us: row.shake_latency.clone(),
+        }],
+        net: sample::read_net(net_interface),
+    }
 }
 
 fn unix_ms() -> u64 {
@@ -229,6 +325,16 @@ impl Load {
                 })?;
             children.push(child);
         }
+        let monitor = match &opts.monitor {
+            Some(addr) => Some(LoadMonitor::start(
+                addr,
+                shared.clone(),
+                procs,
+                epoch_ms / 1000,
+                opts.server,
+            )?),
+            None => None,
+        };
         Ok(Load {
             opts,
             procs,
@@ -237,6 +343,7 @@ impl Load {
             stdins: Mutex::new(stdins),
             schedule: Mutex::new(schedule),
             shared,
+            monitor,
         })
     }
 
@@ -372,6 +479,12 @@ impl Load {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        if let Some(m) = &self.monitor {
+            m.stop.store(true, Ordering::Relaxed);
+            if let Some(t) = m.thread.lock().unwrap().take() {
+                let _ = t.join();
+            }
+        }
         let shared = self.shared.lock().unwrap();
         let mut totals = Counters::default();
         let mut users = BTreeMap::new();
@@ -383,6 +496,24 @@ impl Load {
             totals.add(&fin.counters);
             cpu_ms += fin.cpu_ms;
             users.extend(fin.users.clone().unwrap_or_default());
+        }
+        if let Some(m) = &self.monitor {
+            // The counts of the last, partial second.
+            let last = Row {
+                second: 0,
+                unix_ms: 0,
+                reports: self.procs,
+                target_qps: 0,
+                connected: 0,
+                logged_in: 0,
+                rss_bytes: 0,
+                cpu_ms,
+                counters: totals.clone(),
+                shake_latency: Vec::new(),
+                open_latency: Vec::new(),
+            };
+            m.reporter
+                .send_final(&load_sample(&last, unix_ms() / 1000, &m.net_interface));
         }
         Ok(Finished {
             totals,

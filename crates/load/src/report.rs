@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
+
+pub use hongbao_monitor::sample::{merge_sparse, new_histogram, sparse};
 
 /// Cumulative counters of one client process (or, summed, of a whole load run).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,39 +119,4 @@ pub struct Report {
     /// Present in the final report only.
     pub users: Option<BTreeMap<u64, UserTotals>>,
     pub last: bool,
-}
-
-pub fn new_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds")
-}
-
-pub fn sparse(h: &Histogram<u64>) -> Vec<(u64, u64)> {
-    h.iter_recorded()
-        .map(|v| (v.value_iterated_to(), v.count_at_value()))
-        .collect()
-}
-
-pub fn merge_sparse(h: &mut Histogram<u64>, sparse: &[(u64, u64)]) {
-    for &(value, count) in sparse {
-        h.saturating_record_n(value, count);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sparse_histograms_merge_to_the_same_percentiles() {
-        let mut a = new_histogram();
-        for v in [100, 250, 900, 5000, 5000, 70_000] {
-            a.record(v).unwrap();
-        }
-        let mut b = new_histogram();
-        merge_sparse(&mut b, &sparse(&a));
-        assert_eq!(a.len(), b.len());
-        for q in [0.5, 0.99, 1.0] {
-            assert_eq!(a.value_at_quantile(q), b.value_at_quantile(q));
-        }
-    }
 }

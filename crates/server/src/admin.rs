@@ -28,6 +28,14 @@ pub enum AdminRequest {
     Stats,
     Audit,
     Metrics,
+    Broadcast(BroadcastRequest),
+}
+
+/// `POST /v1/broadcast`.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BroadcastRequest {
+    pub text: String,
 }
 
 pub struct AdminResponse {
@@ -117,6 +125,20 @@ fn route(
             Ok(req) => ask(AdminRequest::CreateSend(req)),
             Err(e) => e,
         },
+        (Method::Post, ["v1", "broadcast"]) => match body_json::<BroadcastRequest>(request) {
+            Ok(req) if req.text.len() > hongbao_proto::message::MAX_TEXT_LEN => {
+                AdminResponse::error(
+                    400,
+                    format!(
+                        "text is {} bytes; at most {}",
+                        req.text.len(),
+                        hongbao_proto::message::MAX_TEXT_LEN
+                    ),
+                )
+            }
+            Ok(req) => ask(AdminRequest::Broadcast(req)),
+            Err(e) => e,
+        },
         (Method::Get, ["v1", "campaigns"]) => ask(AdminRequest::Campaigns),
         (Method::Get, ["v1", "campaigns", id]) => match id.parse() {
             Ok(id) => ask(AdminRequest::Campaign(id)),
@@ -138,7 +160,7 @@ fn route(
             ["v1", "campaigns"]
             | ["v1", "campaigns", "shake" | "send"]
             | ["v1", "users", _]
-            | ["v1", "stats" | "audit"]
+            | ["v1", "stats" | "audit" | "broadcast"]
             | ["metrics"],
         ) => AdminResponse::error(
             405,

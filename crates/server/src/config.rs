@@ -14,6 +14,11 @@ pub struct ServeConfig {
     pub listen: String,
     /// Where the admin HTTP API listens.
     pub admin: String,
+    /// Where WebSocket clients connect ("" for none); `GET /` there is the browser page.
+    pub ws_listen: String,
+    /// Answer `GET /token?user=N` on the WebSocket address so the browser page can log
+    /// in as anyone: a demo, on by default only with the development secret.
+    pub demo_login: Option<bool>,
     /// Holds `ledger.sqlite`.
     pub data_dir: PathBuf,
     /// Gateway worker processes: a number, or "auto".
@@ -35,6 +40,8 @@ pub struct ServeConfig {
     pub commit_window_ms: u64,
     /// ...or until this many events.
     pub commit_max_batch: usize,
+    /// Report per-second counters to the `hongbao monitor` at this address ("" for none).
+    pub monitor: String,
 }
 
 pub const DEV_SECRET: &str = "hongbao-dev-secret";
@@ -44,6 +51,8 @@ impl Default for ServeConfig {
         ServeConfig {
             listen: "127.0.0.1:7000".into(),
             admin: "127.0.0.1:7001".into(),
+            ws_listen: String::new(),
+            demo_login: None,
             data_dir: PathBuf::from("hongbao-data"),
             workers: "auto".into(),
             connections: 20_000,
@@ -55,6 +64,7 @@ impl Default for ServeConfig {
             max_output_bytes: 256 * 1024,
             commit_window_ms: 2,
             commit_max_batch: 4096,
+            monitor: String::new(),
         }
     }
 }
@@ -68,6 +78,10 @@ impl ServeConfig {
         let text = std::fs::read_to_string(file)
             .map_err(|e| Error::config(format!("reading {}: {e}", file.display())))?;
         toml::from_str(&text).map_err(|e| Error::config(format!("{}: {e}", file.display())))
+    }
+
+    pub fn demo_login(&self) -> bool {
+        self.demo_login.unwrap_or(self.secret == DEV_SECRET)
     }
 
     /// How many sockets one worker may hold: the open-file limit less headroom for the

@@ -219,6 +219,10 @@ pub struct CoreCounters {
     pub logins: u64,
     pub kicks_replaced: u64,
     pub notices: u64,
+    /// Shake packets put into play (again, after a restart).
+    pub packets_released: u64,
+    /// Sent packets created, by users and by send campaigns.
+    pub send_packets: u64,
 }
 
 impl CoreCounters {
@@ -965,6 +969,7 @@ impl Core {
         shares: u32,
         recipients: Vec<u64>,
     ) -> u64 {
+        self.counters.send_packets += 1;
         let packet = self.next_packet;
         let expires_ms = now_ms + self.cfg.packet_ttl_ms;
         let event = Event::PacketSent {
@@ -1098,6 +1103,7 @@ impl Core {
                 due.push(c.scan);
                 c.scan += 1;
                 c.released += 1;
+                self.counters.packets_released += 1;
             }
             if c.released == c.packets && c.released_all_ms.is_none() {
                 c.released_all_ms = Some(now_ms);

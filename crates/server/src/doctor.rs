@@ -174,9 +174,9 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
         Check {
             name: "net.ipv4.ip_local_reserved_ports",
             current: if l.reserved_ports.is_empty() { "(none)".into() } else { l.reserved_ports.clone() },
-            needed: "the server's listening ports (7000-7001 by default)".into(),
+            needed: "the listening ports (serve 7000-7002, monitor 7200 by default)".into(),
             allows: u64::MAX,
-            fix: (!l.reserved_ports.contains("7000")).then(|| "sysctl -w net.ipv4.ip_local_reserved_ports=7000-7001".into()),
+            fix: (!l.reserved_ports.contains("7000")).then(|| "sysctl -w net.ipv4.ip_local_reserved_ports=7000-7002,7200".into()),
         },
         Check {
             name: "net.core.somaxconn (accept backlog)",
@@ -285,7 +285,7 @@ pub fn apply(l: &Limits, connections: u64) -> Vec<String> {
         ),
         (
             "/proc/sys/net/ipv4/ip_local_reserved_ports",
-            "7000-7001".into(),
+            "7000-7002,7200".into(),
         ),
         ("/proc/sys/net/core/somaxconn", "65535".into()),
         ("/proc/sys/net/ipv4/tcp_max_syn_backlog", "65535".into()),

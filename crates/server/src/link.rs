@@ -56,7 +56,12 @@ pub enum ToCore {
         text: String,
     },
     /// Cumulative counters, once a second.
-    Stats(WorkerStats),
+    Stats(Box<WorkerStats>),
+    /// Broadcast `id` is being written to `connections` connections.
+    BroadcastTaken {
+        id: u64,
+        connections: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -69,6 +74,12 @@ pub enum ToWorker {
         conn: ConnId,
         bytes: Vec<u8>,
         close: bool,
+    },
+    /// Push `Broadcast { server_time_us, text }` to every open connection, in slices.
+    Broadcast {
+        id: u64,
+        server_time_us: u64,
+        text: String,
     },
     Shutdown,
 }
@@ -85,6 +96,8 @@ pub struct WorkerConfig {
     /// 0 disables.
     pub idle_timeout_secs: u32,
     pub max_output_bytes: u32,
+    /// Answer `GET /token?user=N` on the WebSocket address (the browser page's log-in).
+    pub demo_login: bool,
 }
 
 /// A worker's cumulative counters (they restart at 0 when the worker restarts). Field
@@ -119,6 +132,14 @@ pub struct WorkerStats {
     pub kicks_slow_reader: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    pub ws_upgrades: u64,
+    pub ws_rejected: u64,
+    pub http_requests: u64,
+    pub broadcasts: u64,
+    pub broadcast_delivered: u64,
+    /// Shake latency of the second just ended, from reading the shake to writing its
+    /// reply: sparse HDR buckets (µs, count).
+    pub shake_latency_us: Vec<(u64, u64)>,
 }
 
 pub fn encode<T: Serialize>(msg: &T, out: &mut Vec<u8>) {

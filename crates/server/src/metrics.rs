@@ -3,17 +3,16 @@
 //! Worker stats travel as a struct whose field names are the metric names; here they are
 //! handled as JSON maps so adding a counter needs no code beyond the field.
 
-use std::collections::BTreeSet;
-use std::fmt::Write;
-
 use serde_json::{Map, Value};
+
+use hongbao_monitor::prom::Exposition;
 
 use crate::link::WorkerStats;
 
 /// Fields of `WorkerStats` that are levels, not counters.
 const LEVELS: &[&str] = &["connections", "logged_in", "pool_packets", "rss_bytes"];
-/// Fields that identify rather than count.
-const IDS: &[&str] = &["worker", "pid", "unix_second"];
+/// Fields that identify rather than count, or are not numbers.
+const IDS: &[&str] = &["worker", "pid", "unix_second", "shake_latency_us"];
 
 fn as_map(stats: &WorkerStats) -> Map<String, Value> {
     match serde_json::to_value(stats).expect("stats serialize") {
@@ -90,41 +89,5 @@ pub fn worker_totals(m: &mut Exposition, totals: &Map<String, Value>) {
                 value,
             ),
         }
-    }
-}
-
-/// A Prometheus text-format (0.0.4) page under construction.
-#[derive(Default)]
-pub struct Exposition {
-    out: String,
-    described: BTreeSet<String>,
-}
-
-impl Exposition {
-    pub fn sample(
-        &mut self,
-        name: &str,
-        kind: &str,
-        help: &str,
-        labels: &[(&str, String)],
-        value: f64,
-    ) {
-        if self.described.insert(name.to_string()) {
-            let _ = writeln!(self.out, "# HELP {name} {help}");
-            let _ = writeln!(self.out, "# TYPE {name} {kind}");
-        }
-        self.out.push_str(name);
-        if !labels.is_empty() {
-            let body: Vec<String> = labels
-                .iter()
-                .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
-                .collect();
-            let _ = write!(self.out, "{{{}}}", body.join(","));
-        }
-        let _ = writeln!(self.out, " {value}");
-    }
-
-    pub fn finish(self) -> String {
-        self.out
     }
 }

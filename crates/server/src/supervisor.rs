@@ -15,6 +15,10 @@ use std::sync::mpsc::{sync_channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use hdrhistogram::Histogram;
+use hongbao_monitor::prom::Exposition;
+use hongbao_monitor::sample::{self, RoleSample, Sample};
+use hongbao_monitor::Reporter;
 use mio::net::{UnixListener, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::{json, Map, Value};
@@ -67,7 +71,44 @@ struct Supervisor {
     retired: Map<String, Value>,
     core_counters_previous: BTreeMap<(&'static str, &'static str), u64>,
     core_rates: BTreeMap<(&'static str, &'static str), u64>,
+    /// Workers' shake latency not yet reported to the monitor, and since the start.
+    latency_pending: Histogram<u64>,
+    latency_total: Histogram<u64>,
+    monitor: Option<Reporter>,
+    net_interface: String,
+    ws_addr: Option<SocketAddr>,
+    next_broadcast: u64,
+    broadcasts: BTreeMap<u64, PendingBroadcast>,
     shutting_down: bool,
+}
+
+/// A broadcast handed to the workers, answered once each has said how many connections
+/// it is writing it to.
+struct PendingBroadcast {
+    reply: Sender<AdminResponse>,
+    server_time_us: u64,
+    waiting: Vec<WorkerId>,
+    workers: usize,
+    connections: u64,
+    deadline: Instant,
+}
+
+/// How long a broadcast's admin answer waits for the workers' counts.
+const BROADCAST_ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// How long after a whole second the supervisor reports it: the workers report theirs
+/// about 20 ms after the second.
+const SECOND_REPORT_DELAY: Duration = Duration::from_millis(150);
+
+fn until_next_second() -> Duration {
+    Duration::from_millis(1000 - now_ms() % 1000)
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as u64
 }
 
 fn now_ms() -> u64 {
@@ -128,6 +169,22 @@ pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let placeholder = sys::reuseport_listener(requested, false)
         .map_err(|e| anyhow::anyhow!("binding the client address {requested}: {e}"))?;
     let client_addr = placeholder.local_addr()?;
+    let ws_placeholder = if cfg.ws_listen.is_empty() {
+        None
+    } else {
+        let requested: SocketAddr = cfg
+            .ws_listen
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--ws-listen {}: {e}", cfg.ws_listen))?;
+        Some(
+            sys::reuseport_listener(requested, false)
+                .map_err(|e| anyhow::anyhow!("binding the WebSocket address {requested}: {e}"))?,
+        )
+    };
+    let ws_addr = match &ws_placeholder {
+        Some(p) => Some(p.local_addr()?),
+        None => None,
+    };
 
     let link_name = format!("hongbao-link-{}-{}", std::process::id(), now_ms());
     let std_listener =
@@ -149,6 +206,7 @@ pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         login_timeout_secs: cfg.login_timeout_secs,
         idle_timeout_secs: cfg.idle_timeout_secs,
         max_output_bytes: cfg.max_output_bytes,
+        demo_login: cfg.demo_login(),
     };
     let mut sup = Supervisor {
         cfg,
@@ -167,8 +225,18 @@ pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         retired: Map::new(),
         core_counters_previous: BTreeMap::new(),
         core_rates: BTreeMap::new(),
+        latency_pending: sample::new_histogram(),
+        latency_total: sample::new_histogram(),
+        monitor: None,
+        net_interface: sample::interface_for(client_addr.ip()),
+        ws_addr,
+        next_broadcast: 1,
+        broadcasts: BTreeMap::new(),
         shutting_down: false,
     };
+    if !sup.cfg.monitor.is_empty() {
+        sup.monitor = Some(Reporter::start(&sup.cfg.monitor));
+    }
     for w in 0..worker_count as WorkerId {
         let child = sup.spawn_worker(w)?;
         sup.workers.insert(
@@ -184,8 +252,13 @@ pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     }
     let result = sup.event_loop(admin_addr, replayed);
     sup.stop_workers();
+    if let Some(monitor) = sup.monitor.clone() {
+        // The last second's counts, so the monitor's series adds up to the totals.
+        monitor.send_final(&sup.sample(now_ms() / 1000));
+    }
     let flushed = sup.ledger.finish();
     drop(placeholder);
+    drop(ws_placeholder);
     result?;
     flushed?;
     eprintln!("hongbao serve: stopped; ledger at seq {}", sup.core.seq());
@@ -216,6 +289,11 @@ impl Supervisor {
             .arg(w.to_string())
             .arg("--listen")
             .arg(self.client_addr.to_string())
+            .args(
+                self.ws_addr
+                    .iter()
+                    .flat_map(|a| ["--ws-listen".to_string(), a.to_string()]),
+            )
             .stdin(Stdio::null())
             .spawn()
             .map_err(|e| anyhow::anyhow!("starting worker {w}: {e}"))?;
@@ -226,7 +304,8 @@ impl Supervisor {
         let mut events = Events::with_capacity(256);
         let tick = Duration::from_millis(self.core.tick_interval_ms());
         let mut next_tick = Instant::now();
-        let mut next_second = Instant::now() + Duration::from_secs(1);
+        // Just after each whole wall-clock second, once the workers' reports are in.
+        let mut next_second = Instant::now() + until_next_second() + SECOND_REPORT_DELAY;
         let mut next_check = Instant::now();
         let mut ready_said = false;
         let mut outs = Vec::new();
@@ -253,8 +332,13 @@ impl Supervisor {
                 next_tick = now + tick;
             }
             if now >= next_second {
-                next_second += Duration::from_secs(1);
+                next_second = now + until_next_second() + SECOND_REPORT_DELAY;
                 self.roll_core_rates();
+                if let Some(monitor) = self.monitor.clone() {
+                    let second = (now_ms() / 1000).saturating_sub(1);
+                    monitor.send(self.sample(second));
+                }
+                self.answer_broadcasts(true);
             }
             if now >= next_check {
                 next_check = now + Duration::from_millis(100);
@@ -262,8 +346,9 @@ impl Supervisor {
             }
             if !ready_said && self.worker_links.len() == self.workers.len() {
                 ready_said = true;
+                let ws = self.ws_addr.map_or(String::new(), |a| format!(" ws={a}"));
                 println!(
-                    "hongbao serve ready: listen={} admin={} workers={} data_dir={} replayed_events={}",
+                    "hongbao serve ready: listen={} admin={}{ws} workers={} data_dir={} replayed_events={}",
                     self.client_addr,
                     admin_addr,
                     self.workers.len(),
@@ -429,10 +514,19 @@ impl Supervisor {
                 to_user,
                 text,
             } => self.core.chat(w, conn, req, user, to_user, text),
+            ToCore::BroadcastTaken { id, connections } => {
+                if let Some(b) = self.broadcasts.get_mut(&id) {
+                    b.waiting.retain(|&x| x != w);
+                    b.connections += connections;
+                }
+                self.answer_broadcasts(false);
+            }
             ToCore::Stats(stats) => {
+                sample::merge_sparse(&mut self.latency_pending, &stats.shake_latency_us);
+                sample::merge_sparse(&mut self.latency_total, &stats.shake_latency_us);
                 if let Some(proc_) = self.workers.get_mut(&w) {
                     proc_.previous = proc_.latest.take();
-                    proc_.latest = Some(stats);
+                    proc_.latest = Some(*stats);
                 }
             }
         }
@@ -449,6 +543,10 @@ impl Supervisor {
                 self.worker_links.remove(&w);
                 self.core.worker_down(w);
                 self.retire_stats(w);
+                for b in self.broadcasts.values_mut() {
+                    b.waiting.retain(|&x| x != w);
+                }
+                self.answer_broadcasts(false);
             }
         }
     }
@@ -516,7 +614,18 @@ impl Supervisor {
             link::encode(&ToWorker::Shutdown, &mut link.outbuf);
         }
         self.flush_links();
+        // Read the workers' last reports while they close their links and exit.
         let deadline = Instant::now() + Duration::from_secs(3);
+        let mut events = Events::with_capacity(64);
+        while !self.worker_links.is_empty() && Instant::now() < deadline {
+            let _ = self.poll.poll(&mut events, Some(Duration::from_millis(10)));
+            for event in events.iter() {
+                let Token(key) = event.token();
+                if key != LINK_LISTENER.0 && key != WAKER.0 {
+                    self.read_link(key);
+                }
+            }
+        }
         for proc_ in self.workers.values_mut() {
             if let Some(child) = proc_.child.as_mut() {
                 while Instant::now() < deadline {
@@ -544,6 +653,85 @@ impl Supervisor {
     }
 
     // ----- admin -------------------------------------------------------------------------
+
+    /// This server's report to the monitor for `second`: the workers as role `server`,
+    /// the supervisor and core as role `core`.
+    fn sample(&mut self, second: u64) -> Sample {
+        let mut totals = self.retired.clone();
+        let mut levels = BTreeMap::new();
+        let mut processes = 0;
+        for (_, _, latest) in self.live_stats() {
+            metrics::add_counters(&mut totals, latest);
+            processes += 1;
+        }
+        let total = |k: &str| totals.get(k).and_then(Value::as_u64).unwrap_or(0);
+        for level in ["connections", "logged_in", "rss_bytes"] {
+            levels.insert(level.to_string(), total(level));
+        }
+        let by_result = &self.core.counters.by_result;
+        let core_count = |op, result| by_result.get(&(op, result)).copied().unwrap_or(0);
+        let won = core_count("shake", "won");
+        let errors = [
+            "bad_frames",
+            "bad_requests",
+            "login_failures",
+            "not_logged_in",
+        ]
+        .iter()
+        .map(|k| total(k))
+        .sum::<u64>();
+        let server_counters = [
+            ("shakes", total("shakes")),
+            ("won", won),
+            ("nothing", total("shakes_nothing")),
+            ("overloaded", total("shakes_overloaded")),
+            ("opens", total("opens")),
+            ("opened", core_count("open", "opened")),
+            ("sends", total("sends")),
+            ("errors", errors),
+            ("broadcasts", total("broadcasts")),
+            ("broadcast_delivered", total("broadcast_delivered")),
+        ];
+        let core_counters = [
+            ("packets_released", self.core.counters.packets_released),
+            ("packets_won", won),
+            ("send_packets", self.core.counters.send_packets),
+            ("shares_opened", core_count("open", "opened")),
+        ];
+        let owned = |pairs: &[(&str, u64)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let (rss, cpu) = sys::self_usage();
+        let latency = sample::sparse(&self.latency_pending);
+        self.latency_pending.reset();
+        Sample {
+            instance: format!("serve@{}:{}", sample::hostname(), std::process::id()),
+            host: sample::hostname(),
+            unix_second: second,
+            roles: vec![
+                RoleSample {
+                    role: "server".into(),
+                    processes,
+                    cpu_ms: total("cpu_ms"),
+                    counters: owned(&server_counters),
+                    levels,
+                    latency_us: latency,
+                },
+                RoleSample {
+                    role: "core".into(),
+                    processes: 1,
+                    cpu_ms: cpu,
+                    counters: owned(&core_counters),
+                    levels: BTreeMap::from([("rss_bytes".to_string(), rss)]),
+                    latency_us: Vec::new(),
+                },
+            ],
+            net: sample::read_net(&self.net_interface),
+        }
+    }
 
     fn roll_core_rates(&mut self) {
         let now = self.core.counters.by_result.clone();
@@ -594,6 +782,34 @@ impl Supervisor {
                     .collect();
                 AdminResponse::json(200, &all)
             }
+            AdminRequest::Broadcast(req) => {
+                let id = self.next_broadcast;
+                self.next_broadcast += 1;
+                let server_time_us = now_us();
+                let msg = ToWorker::Broadcast {
+                    id,
+                    server_time_us,
+                    text: req.text,
+                };
+                let mut waiting = Vec::new();
+                for (&w, &key) in &self.worker_links {
+                    link::encode(&msg, &mut self.links[key].outbuf);
+                    waiting.push(w);
+                }
+                self.broadcasts.insert(
+                    id,
+                    PendingBroadcast {
+                        reply: cmd.reply,
+                        server_time_us,
+                        workers: waiting.len(),
+                        waiting,
+                        connections: 0,
+                        deadline: Instant::now() + BROADCAST_ANSWER_WAIT,
+                    },
+                );
+                self.answer_broadcasts(false);
+                return;
+            }
             AdminRequest::Audit => AdminResponse::json(200, &self.core.audit()),
             AdminRequest::Stats => AdminResponse::json(200, &self.stats()),
             AdminRequest::Metrics => AdminResponse {
@@ -605,6 +821,28 @@ impl Supervisor {
         // Reads are answered once what they saw is durable, like everything else.
         self.deferred_admin
             .push_back((self.core.seq(), cmd.reply, response));
+    }
+
+    /// Answers the broadcasts every worker has counted (or, with `overdue`, those whose
+    /// wait is over: a worker that does not answer is left out of the count).
+    fn answer_broadcasts(&mut self, overdue: bool) {
+        let now = Instant::now();
+        let done: Vec<u64> = self
+            .broadcasts
+            .iter()
+            .filter(|(_, b)| b.waiting.is_empty() || (overdue && now >= b.deadline))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            let b = self.broadcasts.remove(&id).expect("listed");
+            let answer = json!({
+                "id": id,
+                "server_time_us": b.server_time_us,
+                "connections": b.connections,
+                "workers": b.workers - b.waiting.len(),
+            });
+            let _ = b.reply.send(AdminResponse::json(200, &answer));
+        }
     }
 
     fn live_stats(&self) -> impl Iterator<Item = (&WorkerId, &WorkerProc, &WorkerStats)> {
@@ -662,7 +900,7 @@ impl Supervisor {
     }
 
     fn metrics(&self) -> String {
-        let mut m = metrics::Exposition::default();
+        let mut m = Exposition::default();
         let mut totals = self.retired.clone();
         for (_, _, latest) in self.live_stats() {
             metrics::add_counters(&mut totals, latest);
@@ -709,6 +947,12 @@ impl Supervisor {
                 *v as f64,
             );
         }
+        m.histogram(
+            "hongbao_shake_latency_seconds",
+            "Shake latency in the workers: from reading the shake to writing its reply",
+            &[],
+            &self.latency_total,
+        );
         let audit = self.core.audit();
         m.sample(
             "hongbao_money_minted_cents",

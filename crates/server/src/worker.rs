@@ -9,12 +9,14 @@
 //! ready-encoded bytes addressed to a `ConnId` (slab key + generation, so an answer for
 //! a closed connection can never reach the next owner of its slot).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hongbao_proto::{Frame, KickReason, Message, ResultCode};
+use hdrhistogram::Histogram;
+use hongbao_proto::ws::{self, Handshake, Incoming, Limits, Opcode, Role};
+use hongbao_proto::{json, Frame, KickReason, Message, ResultCode};
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
@@ -25,10 +27,18 @@ use crate::sys;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const LINK: Token = Token(usize::MAX - 2);
+const WS_LISTENER: Token = Token(usize::MAX - 3);
+/// Connections a broadcast is written to per turn of the loop, so shakes wait at most a
+/// slice's worth of writes.
+const BROADCAST_SLICE: usize = 256;
+/// The browser client, served at `GET /` of the WebSocket address.
+const PAGE: &str = include_str!("page.html");
 /// Bytes read per `read` call into the worker's shared buffer.
 const READ_BUF: usize = 64 * 1024;
 /// Reads one connection may do per readiness event before others get a turn.
 const READS_PER_TURN: usize = 4;
+/// A claim unanswered this long is forgotten (its connection closed).
+const CLAIM_FORGET_SECS: u64 = 30;
 /// How long a kicked connection may take to read its kick before we close it.
 const CLOSING_GRACE_SECS: u32 = 2;
 
@@ -39,11 +49,29 @@ enum State {
     Closing,
 }
 
+/// How a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proto {
+    /// Raw TCP: binary frames.
+    Tcp,
+    /// WebSocket listener, before the HTTP upgrade.
+    WsHandshake,
+    /// Upgraded, no message yet: nothing to push (we do not know its form).
+    WsNew,
+    /// WebSocket whose latest message was binary: frames in binary messages.
+    WsBinary,
+    /// WebSocket whose latest message was text: the JSON form.
+    WsText,
+}
+
 /// One client connection. Kept small: this is what a million of cost.
 struct Conn {
     stream: TcpStream,
     generation: u32,
     state: State,
+    proto: Proto,
+    /// A fragmented WebSocket message being assembled.
+    ws: Option<Box<ws::Partial>>,
     /// Seconds since worker start of the last frame (or of the connect).
     last_seen: u32,
     user: u64,
@@ -55,13 +83,26 @@ pub struct WorkerOptions {
     pub index: WorkerId,
     pub link: String,
     pub listen: SocketAddr,
+    pub ws_listen: Option<SocketAddr>,
+}
+
+/// A broadcast being written out, a slice of connections at a time.
+struct BroadcastJob {
+    /// The frame as TCP bytes, in a binary WebSocket message, and in a text one.
+    tcp: Vec<u8>,
+    ws_binary: Vec<u8>,
+    ws_text: Vec<u8>,
+    next_key: usize,
+    end_key: usize,
 }
 
 struct Worker {
     index: WorkerId,
     poll: Poll,
     listener: TcpListener,
+    ws_listener: Option<TcpListener>,
     conns: Slab<Conn>,
+    broadcasts: VecDeque<BroadcastJob>,
     /// Connections that hit `READS_PER_TURN` and still have input waiting.
     again: Vec<usize>,
     link: UnixStream,
@@ -75,6 +116,10 @@ struct Worker {
     admission_used: u32,
     accept_paused: bool,
     stats: WorkerStats,
+    /// Shake latency of the current second (µs).
+    latency: Histogram<u64>,
+    /// When each shake waiting on the core for a win was read, by (connection, request).
+    claims: HashMap<(ConnId, u32), Instant>,
     shutdown: bool,
 }
 
@@ -104,6 +149,10 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     // Listen before saying hello: the supervisor announces "ready" once every worker has
     // said hello, and a client connecting then must find a listener.
     let listener = TcpListener::from_std(sys::reuseport_listener(opts.listen, true)?);
+    let ws_listener = match opts.ws_listen {
+        Some(addr) => Some(TcpListener::from_std(sys::reuseport_listener(addr, true)?)),
+        None => None,
+    };
     let addr = sys::abstract_addr(&opts.link)?;
     let std_link = std::os::unix::net::UnixStream::connect_addr(&addr)
         .map_err(|e| anyhow::anyhow!("worker {}: connecting to the core: {e}", opts.index))?;
@@ -124,7 +173,9 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         index: opts.index,
         poll,
         listener,
+        ws_listener,
         conns: Slab::new(),
+        broadcasts: VecDeque::new(),
         again: Vec::new(),
         link: UnixStream::from_std(std_link),
         link_in,
@@ -141,12 +192,20 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
             pid: std::process::id(),
             ..Default::default()
         },
+        latency: hongbao_monitor::sample::new_histogram(),
+        claims: HashMap::new(),
         shutdown: false,
     };
     worker
         .poll
         .registry()
         .register(&mut worker.listener, LISTENER, Interest::READABLE)?;
+    if let Some(l) = worker.ws_listener.as_mut() {
+        worker
+            .poll
+            .registry()
+            .register(l, WS_LISTENER, Interest::READABLE)?;
+    }
     worker.poll.registry().register(
         &mut worker.link,
         LINK,
@@ -185,6 +244,13 @@ fn read_welcome(
     }
 }
 
+impl Conn {
+    /// Whether pushes reach this connection (a WebSocket needs its first message first).
+    fn pushable(&self) -> bool {
+        !matches!(self.proto, Proto::WsHandshake | Proto::WsNew)
+    }
+}
+
 impl Worker {
     fn event_loop(&mut self) -> anyhow::Result<()> {
         let mut events = Events::with_capacity(1024);
@@ -193,7 +259,7 @@ impl Worker {
         // per-second counters of all workers describe the same second.
         let mut next_tick = Instant::now() + until_next_second();
         while !self.shutdown {
-            let timeout = if self.again.is_empty() {
+            let timeout = if self.again.is_empty() && self.broadcasts.is_empty() {
                 next_tick.saturating_duration_since(Instant::now())
             } else {
                 Duration::ZERO
@@ -206,7 +272,8 @@ impl Worker {
             }
             for event in events.iter() {
                 match event.token() {
-                    LISTENER => self.accept(),
+                    LISTENER => self.accept(false),
+                    WS_LISTENER => self.accept(true),
                     LINK => self.on_link(event.is_readable())?,
                     Token(key) => {
                         if event.is_writable() {
@@ -221,23 +288,36 @@ impl Worker {
             for key in std::mem::take(&mut self.again) {
                 self.on_readable(key, &mut read_buf);
             }
+            self.broadcast_slice();
             if Instant::now() >= next_tick {
                 next_tick = Instant::now() + until_next_second();
                 self.tick();
             }
             self.flush_link()?;
         }
+        // A last report, so the counts of this partial second are not lost.
+        self.tick();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !self.link_out.is_empty() && Instant::now() < deadline {
+            self.flush_link()?;
+            std::thread::sleep(Duration::from_millis(1));
+        }
         Ok(())
     }
 
     // ----- connections ----------------------------------------------------------------
 
-    fn accept(&mut self) {
+    fn accept(&mut self, websocket: bool) {
         if self.accept_paused {
             return;
         }
         loop {
-            match self.listener.accept() {
+            let accepted = match (websocket, self.ws_listener.as_ref()) {
+                (true, Some(l)) => l.accept(),
+                (true, None) => return,
+                (false, _) => self.listener.accept(),
+            };
+            match accepted {
                 Ok((mut stream, _)) => {
                     self.stats.accepted += 1;
                     if self.conns.len() >= self.cfg.max_connections as usize {
@@ -262,6 +342,12 @@ impl Worker {
                         stream,
                         generation,
                         state: State::Open,
+                        proto: if websocket {
+                            Proto::WsHandshake
+                        } else {
+                            Proto::Tcp
+                        },
+                        ws: None,
                         last_seen: now_s(self.started),
                         user: 0,
                         partial: Vec::new(),
@@ -302,7 +388,7 @@ impl Worker {
             }
             conn.last_seen = now_s(self.started);
             if conn.partial.is_empty() {
-                let used = self.frames(key, &buf[..n]);
+                let used = self.input(key, &mut buf[..n]);
                 if let Some(conn) = self.conns.get_mut(key) {
                     if used < n && conn.state == State::Open {
                         conn.partial.extend_from_slice(&buf[used..n]);
@@ -311,7 +397,7 @@ impl Worker {
             } else {
                 let mut partial = std::mem::take(&mut conn.partial);
                 partial.extend_from_slice(&buf[..n]);
-                let used = self.frames(key, &partial);
+                let used = self.input(key, &mut partial);
                 if let Some(conn) = self.conns.get_mut(key) {
                     if used < partial.len() && conn.state == State::Open {
                         partial.drain(..used);
@@ -322,6 +408,16 @@ impl Worker {
             }
         }
         self.again.push(key);
+    }
+
+    /// Handles what a connection sent; returns how many bytes it used (the rest is an
+    /// incomplete frame or request, kept for the next read).
+    fn input(&mut self, key: usize, data: &mut [u8]) -> usize {
+        match self.conns[key].proto {
+            Proto::Tcp => self.frames(key, data),
+            Proto::WsHandshake => self.handshake(key, data),
+            _ => self.ws_messages(key, data),
+        }
     }
 
     /// Handles every whole frame at the front of `data`; returns how many bytes it used.
@@ -335,21 +431,9 @@ impl Worker {
                     at += len;
                     match hongbao_proto::decode(bytes) {
                         Ok(frame) => self.handle(key, frame),
-                        Err(e) => {
-                            self.stats.bad_requests += 1;
-                            let request_id = e.request_id().unwrap_or(0);
-                            let result = e.result_code().unwrap_or(ResultCode::BadRequest);
-                            self.reply(
-                                key,
-                                request_id,
-                                Message::Error {
-                                    result,
-                                    text: e.to_string(),
-                                },
-                            );
-                        }
+                        Err(e) => self.bad_payload(key, &e),
                     }
-                    if !self.conns.get(key).is_some_and(|c| c.state == State::Open) {
+                    if !self.is_open(key) {
                         return data.len();
                     }
                 }
@@ -361,6 +445,256 @@ impl Worker {
             }
         }
         at
+    }
+
+    fn is_open(&self, key: usize) -> bool {
+        self.conns.get(key).is_some_and(|c| c.state == State::Open)
+    }
+
+    /// A whole frame whose payload we could not read: an error reply, the connection stays.
+    fn bad_payload(&mut self, key: usize, e: &hongbao_proto::FrameError) {
+        self.stats.bad_requests += 1;
+        let request_id = e.request_id().unwrap_or(0);
+        let result = e.result_code().unwrap_or(ResultCode::BadRequest);
+        self.reply(
+            key,
+            request_id,
+            Message::Error {
+                result,
+                text: e.to_string(),
+            },
+        );
+    }
+
+    // ----- WebSocket --------------------------------------------------------------------
+
+    /// The HTTP request on the WebSocket listener: an upgrade, the browser page, or a
+    /// refusal.
+    fn handshake(&mut self, key: usize, data: &mut [u8]) -> usize {
+        match ws::accept(data) {
+            Handshake::Partial => 0,
+            Handshake::Upgrade { consumed, response } => {
+                self.stats.ws_upgrades += 1;
+                self.write(key, &response);
+                let Some(conn) = self.conns.get_mut(key) else {
+                    return data.len();
+                };
+                conn.proto = Proto::WsNew;
+                consumed + self.ws_messages(key, &mut data[consumed..])
+            }
+            Handshake::NotWebSocket { method, path, .. } => {
+                self.stats.http_requests += 1;
+                let response = self.http(&method, &path);
+                self.write(key, &response);
+                self.hang_up(key);
+                data.len()
+            }
+            Handshake::Reject { response, .. } => {
+                self.stats.ws_rejected += 1;
+                self.write(key, &response);
+                self.hang_up(key);
+                data.len()
+            }
+        }
+    }
+
+    /// Plain HTTP on the WebSocket address: the browser client and its demo log-in.
+    fn http(&self, method: &str, path: &str) -> Vec<u8> {
+        let (route, query) = path.split_once('?').unwrap_or((path, ""));
+        match (method, route) {
+            ("GET", "/") | ("GET", "/index.html") => {
+                ws::http_response("200 OK", "text/html; charset=utf-8", PAGE.as_bytes())
+            }
+            ("GET", "/token") if self.cfg.demo_login => {
+                let user = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("user="))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .filter(|&u| u > 0);
+                match user {
+                    Some(user) => {
+                        let token = hongbao_proto::token::token_hex(&self.cfg.secret, user);
+                        let body = format!("{{\"user_id\":{user},\"token\":\"{token}\"}}");
+                        ws::http_response("200 OK", "application/json", body.as_bytes())
+                    }
+                    None => ws::http_response(
+                        "400 Bad Request",
+                        "text/plain",
+                        b"user must be a positive integer\n",
+                    ),
+                }
+            }
+            ("GET", _) => ws::http_response("404 Not Found", "text/plain", b"not found\n"),
+            _ => ws::http_response(
+                "405 Method Not Allowed",
+                "text/plain",
+                b"only GET, or a WebSocket upgrade\n",
+            ),
+        }
+    }
+
+    /// Closes once what is queued is written (for HTTP answers and WebSocket closes).
+    fn hang_up(&mut self, key: usize) {
+        self.leave(key);
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.state = State::Closing;
+            conn.last_seen = now_s(self.started);
+            conn.partial = Vec::new();
+            conn.ws = None;
+            if conn.out.is_empty() {
+                let _ = conn.stream.shutdown(Shutdown::Write);
+            }
+        }
+    }
+
+    /// Every whole WebSocket message at the front of `data`.
+    fn ws_messages(&mut self, key: usize, data: &mut [u8]) -> usize {
+        enum In {
+            Frame(Result<Frame, hongbao_proto::FrameError>, Proto),
+            Json(Result<Frame, json::JsonError>),
+            Ping(Vec<u8>),
+            Close(Option<u16>),
+        }
+        let mut inbox = Vec::new();
+        let mut partial = self.conns[key].ws.take();
+        let decoded = ws::decode(Role::Server, data, &mut partial, Limits::HONGBAO, |m| {
+            inbox.push(match m {
+                Incoming::Binary(bytes) => In::Frame(hongbao_proto::decode(bytes), Proto::WsBinary),
+                Incoming::Text(text) => In::Json(json::from_json(text)),
+                Incoming::Ping(payload) => In::Ping(payload.to_vec()),
+                Incoming::Pong(_) => return,
+                Incoming::Close { code, .. } => In::Close(code),
+            })
+        });
+        if let Some(conn) = self.conns.get_mut(key) {
+            conn.ws = partial;
+        }
+        for m in inbox {
+            if !self.is_open(key) {
+                return data.len();
+            }
+            match m {
+                In::Frame(frame, form) => {
+                    self.conns[key].proto = form;
+                    match frame {
+                        Ok(frame) => self.handle(key, frame),
+                        Err(e) if e.is_fatal() => {
+                            self.stats.bad_frames += 1;
+                            self.kick(key, KickReason::BadFrame, &e.to_string());
+                        }
+                        Err(e) => self.bad_payload(key, &e),
+                    }
+                }
+                In::Json(frame) => {
+                    self.conns[key].proto = Proto::WsText;
+                    match frame {
+                        Ok(frame) => self.handle(key, frame),
+                        Err(e) => {
+                            self.stats.bad_requests += 1;
+                            let reply = Message::Error {
+                                result: e.result_code(),
+                                text: e.to_string(),
+                            };
+                            self.reply(key, e.request_id.unwrap_or(0), reply);
+                        }
+                    }
+                }
+                In::Ping(payload) => {
+                    let mut pong = Vec::with_capacity(payload.len() + 2);
+                    ws::encode(Role::Server, Opcode::Pong, &payload, &mut pong);
+                    self.write(key, &pong);
+                }
+                In::Close(code) => {
+                    let mut close = Vec::new();
+                    match code {
+                        Some(_) => {
+                            ws::close_frame(Role::Server, ws::close_code::NORMAL, "", &mut close)
+                        }
+                        None => ws::encode(Role::Server, Opcode::Close, &[], &mut close),
+                    }
+                    self.write(key, &close);
+                    self.hang_up(key);
+                    return data.len();
+                }
+            }
+        }
+        match decoded {
+            Ok(used) => used,
+            Err(v) => {
+                self.stats.bad_frames += 1;
+                let mut close = Vec::new();
+                ws::close_frame(Role::Server, v.code, v.reason, &mut close);
+                self.write(key, &close);
+                self.hang_up(key);
+                data.len()
+            }
+        }
+    }
+
+    // ----- broadcast --------------------------------------------------------------------
+
+    fn start_broadcast(&mut self, id: u64, server_time_us: u64, text: String) {
+        self.stats.broadcasts += 1;
+        let frame = Frame {
+            request_id: 0,
+            message: Message::Broadcast {
+                server_time_us,
+                text,
+            },
+        };
+        let tcp = hongbao_proto::encode_to_vec(&frame);
+        let mut ws_binary = Vec::with_capacity(tcp.len() + 4);
+        ws::encode(Role::Server, Opcode::Binary, &tcp, &mut ws_binary);
+        let mut ws_text = Vec::new();
+        ws::encode(
+            Role::Server,
+            Opcode::Text,
+            json::to_json(&frame).as_bytes(),
+            &mut ws_text,
+        );
+        let connections = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.state == State::Open && c.pushable())
+            .count() as u64;
+        self.tell_core(&ToCore::BroadcastTaken { id, connections });
+        self.broadcasts.push_back(BroadcastJob {
+            tcp,
+            ws_binary,
+            ws_text,
+            next_key: 0,
+            end_key: self.conns.capacity(),
+        });
+    }
+
+    /// Writes the oldest broadcast to the next slice of connections.
+    fn broadcast_slice(&mut self) {
+        let Some(mut job) = self.broadcasts.pop_front() else {
+            return;
+        };
+        let mut visited = 0;
+        while job.next_key < job.end_key && visited < BROADCAST_SLICE {
+            let key = job.next_key;
+            job.next_key += 1;
+            let Some(conn) = self.conns.get(key) else {
+                continue;
+            };
+            visited += 1;
+            if conn.state != State::Open {
+                continue;
+            }
+            let bytes = match conn.proto {
+                Proto::Tcp => &job.tcp,
+                Proto::WsBinary => &job.ws_binary,
+                Proto::WsText => &job.ws_text,
+                Proto::WsHandshake | Proto::WsNew => continue,
+            };
+            self.stats.broadcast_delivered += 1;
+            self.write(key, bytes);
+        }
+        if job.next_key < job.end_key {
+            self.broadcasts.push_front(job);
+        }
     }
 
     fn handle(&mut self, key: usize, frame: Frame) {
@@ -479,6 +813,7 @@ impl Worker {
     }
 
     fn shake(&mut self, key: usize, req: u32, user: u64, conn: ConnId) {
+        let read_at = Instant::now();
         self.stats.shakes += 1;
         let second = unix_now().as_secs();
         if second != self.admission_second {
@@ -492,13 +827,15 @@ impl Worker {
                 packet_id: 0,
                 amount_cents: 0,
             };
-            return self.reply(key, req, reply);
+            self.reply(key, req, reply);
+            return self.record_latency(read_at);
         }
         self.admission_used += 1;
         match self.pool.pop_front() {
             Some((packet, _amount)) => {
                 // Only the core may say "won": it commits the win to the ledger first.
                 self.stats.shakes_won_claimed += 1;
+                self.claims.insert((conn, req), read_at);
                 self.tell_core(&ToCore::Claim {
                     conn,
                     req,
@@ -514,20 +851,68 @@ impl Worker {
                     amount_cents: 0,
                 };
                 self.reply(key, req, reply);
+                self.record_latency(read_at);
             }
         }
     }
 
+    fn record_latency(&mut self, since: Instant) {
+        let us = since.elapsed().as_micros().max(1) as u64;
+        self.latency.saturating_record(us);
+    }
+
     fn reply(&mut self, key: usize, request_id: u32, message: Message) {
-        let mut bytes = Vec::with_capacity(32);
-        hongbao_proto::encode(
-            &Frame {
-                request_id,
-                message,
-            },
-            &mut bytes,
-        );
+        let frame = Frame {
+            request_id,
+            message,
+        };
+        let Some(conn) = self.conns.get(key) else {
+            return;
+        };
+        let mut bytes = Vec::with_capacity(48);
+        match conn.proto {
+            Proto::Tcp => hongbao_proto::encode(&frame, &mut bytes),
+            Proto::WsBinary => {
+                let inner = hongbao_proto::encode_to_vec(&frame);
+                ws::encode(Role::Server, Opcode::Binary, &inner, &mut bytes);
+            }
+            Proto::WsText => ws::encode(
+                Role::Server,
+                Opcode::Text,
+                json::to_json(&frame).as_bytes(),
+                &mut bytes,
+            ),
+            Proto::WsHandshake | Proto::WsNew => return,
+        }
         self.write(key, &bytes);
+    }
+
+    /// Writes a frame the core encoded, in the connection's form.
+    fn deliver(&mut self, key: usize, frame_bytes: &[u8]) {
+        let Some(conn) = self.conns.get(key) else {
+            return;
+        };
+        match conn.proto {
+            Proto::Tcp => self.write(key, frame_bytes),
+            Proto::WsBinary => {
+                let mut bytes = Vec::with_capacity(frame_bytes.len() + 4);
+                ws::encode(Role::Server, Opcode::Binary, frame_bytes, &mut bytes);
+                self.write(key, &bytes);
+            }
+            Proto::WsText => {
+                if let Ok(frame) = hongbao_proto::decode(frame_bytes) {
+                    let mut bytes = Vec::new();
+                    ws::encode(
+                        Role::Server,
+                        Opcode::Text,
+                        json::to_json(&frame).as_bytes(),
+                        &mut bytes,
+                    );
+                    self.write(key, &bytes);
+                }
+            }
+            Proto::WsHandshake | Proto::WsNew => {}
+        }
     }
 
     /// Writes at once when nothing is queued; queues what the kernel will not take; closes
@@ -583,9 +968,11 @@ impl Worker {
                 text: text.to_string(),
             },
         );
+        self.ws_close_for_kick(key, reason);
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
+        conn.ws = None;
         conn.state = State::Closing;
         conn.last_seen = now_s(self.started);
         conn.partial = Vec::new();
@@ -653,6 +1040,12 @@ impl Worker {
         match msg {
             ToWorker::Deal { packets } => self.pool.extend(packets),
             ToWorker::ToConn { conn, bytes, close } => {
+                if !self.claims.is_empty() {
+                    let req = hongbao_proto::frame::request_id_of(&bytes);
+                    if let Some(read_at) = self.claims.remove(&(conn, req)) {
+                        self.record_latency(read_at);
+                    }
+                }
                 let key = (conn & 0xFFFF_FFFF) as usize;
                 let generation = (conn >> 32) as u32;
                 if self
@@ -660,18 +1053,24 @@ impl Worker {
                     .get(key)
                     .is_some_and(|c| c.generation == generation && c.state == State::Open)
                 {
-                    self.write(key, &bytes);
+                    self.deliver(key, &bytes);
                     if close {
                         // The core already routed the user elsewhere; just close.
                         if let Some(c) = self.conns.get_mut(key) {
                             c.user = 0;
                             self.stats.logged_in -= 1;
                         }
+                        self.ws_close_for_kick(key, KickReason::Replaced);
                         self.kick_closing(key);
                     }
                 }
             }
             ToWorker::Welcome(cfg) => self.cfg = cfg,
+            ToWorker::Broadcast {
+                id,
+                server_time_us,
+                text,
+            } => self.start_broadcast(id, server_time_us, text),
             ToWorker::Shutdown => {
                 // Tell every client why its connection is about to close.
                 let open: Vec<usize> = self
@@ -685,6 +1084,24 @@ impl Worker {
                 }
                 self.shutdown = true;
             }
+        }
+    }
+
+    /// A WebSocket's close frame after its kick: 1001 for a shutdown, 1008 otherwise,
+    /// with the kick reason's name.
+    fn ws_close_for_kick(&mut self, key: usize, reason: KickReason) {
+        let upgraded = self
+            .conns
+            .get(key)
+            .is_some_and(|c| !matches!(c.proto, Proto::Tcp | Proto::WsHandshake));
+        if upgraded {
+            let code = match reason {
+                KickReason::Shutdown => ws::close_code::GOING_AWAY,
+                _ => ws::close_code::POLICY,
+            };
+            let mut close = Vec::new();
+            ws::close_frame(Role::Server, code, reason.name(), &mut close);
+            self.write(key, &close);
         }
     }
 
@@ -719,7 +1136,8 @@ impl Worker {
     fn tick(&mut self) {
         if self.accept_paused {
             self.accept_paused = false;
-            self.accept();
+            self.accept(false);
+            self.accept(true);
         }
         self.sweep();
         self.stats.unix_second = unix_now().as_secs();
@@ -728,7 +1146,12 @@ impl Worker {
         let (rss, cpu) = sys::self_usage();
         self.stats.rss_bytes = rss;
         self.stats.cpu_ms = cpu;
-        let stats = ToCore::Stats(self.stats.clone());
+        self.stats.shake_latency_us = hongbao_monitor::sample::sparse(&self.latency);
+        self.latency.reset();
+        // A claim whose connection went away is never answered.
+        self.claims
+            .retain(|_, read_at| read_at.elapsed() < Duration::from_secs(CLAIM_FORGET_SECS));
+        let stats = ToCore::Stats(Box::new(self.stats.clone()));
         self.tell_core(&stats);
     }
 

@@ -1,0 +1,177 @@
+//! What a `serve` or `load` instance reports to the monitor once a second.
+//!
+//! Counters are cumulative, so a lost or late report loses no counts: the monitor takes
+//! differences. Latency comes as that second's histogram in sparse HDR buckets (µs,
+//! count), which merge exactly.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// The roles a series row can describe.
+pub const ROLES: &[&str] = &["server", "core", "load", "host"];
+
+/// Counters a role may report (cumulative), in the order of the series columns.
+pub const COUNTERS: &[&str] = &[
+    "shakes",
+    "won",
+    "nothing",
+    "overloaded",
+    "opens",
+    "opened",
+    "sends",
+    "errors",
+    "packets_released",
+    "packets_won",
+    "send_packets",
+    "shares_opened",
+    "broadcasts",
+    "broadcast_delivered",
+];
+
+/// Levels a role may report (values now, summed over instances).
+pub const LEVELS: &[&str] = &["connections", "logged_in", "rss_bytes"];
+
+/// One instance's report for one wall-clock second.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Sample {
+    /// Names the reporting instance, unique among the monitor's sources (`serve@host:pid`).
+    pub instance: String,
+    pub host: String,
+    /// The second described: counters as of its end.
+    pub unix_second: u64,
+    pub roles: Vec<RoleSample>,
+    /// Cumulative counters of the network interface in use.
+    #[serde(default)]
+    pub net: Option<NetCounters>,
+}
+
+/// One role of one instance: e.g. the server's workers summed, or its core.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RoleSample {
+    pub role: String,
+    /// Processes behind this role.
+    pub processes: u32,
+    /// CPU time of those processes since they started (ms, cumulative).
+    pub cpu_ms: u64,
+    /// Cumulative counters named in `COUNTERS`.
+    #[serde(default)]
+    pub counters: BTreeMap<String, u64>,
+    /// Levels named in `LEVELS`.
+    #[serde(default)]
+    pub levels: BTreeMap<String, u64>,
+    /// Shake latency of this second: sparse HDR buckets (µs, count).
+    #[serde(default)]
+    pub latency_us: Vec<(u64, u64)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetCounters {
+    pub interface: String,
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
+/// A latency histogram in µs, from 1 µs to 2 minutes at 3 significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds")
+}
+
+pub fn sparse(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    h.iter_recorded()
+        .map(|v| (v.value_iterated_to(), v.count_at_value()))
+        .collect()
+}
+
+pub fn merge_sparse(h: &mut Histogram<u64>, sparse: &[(u64, u64)]) {
+    for &(value, count) in sparse {
+        h.saturating_record_n(value, count);
+    }
+}
+
+/// This machine's name, for `Sample::host`.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string())
+}
+
+/// The interface that carries traffic to `peer`: `lo` for loopback, else the interface
+/// of the default route.
+pub fn interface_for(peer: IpAddr) -> String {
+    if peer.is_loopback() {
+        return "lo".to_string();
+    }
+    std::fs::read_to_string("/proc/net/route")
+        .ok()
+        .and_then(|table| {
+            table.lines().skip(1).find_map(|line| {
+                let mut fields = line.split_whitespace();
+                let interface = fields.next()?;
+                (fields.next()? == "00000000").then(|| interface.to_string())
+            })
+        })
+        .unwrap_or_else(|| "lo".to_string())
+}
+
+/// The kernel's counters for `interface` (from /proc/net/dev).
+pub fn read_net(interface: &str) -> Option<NetCounters> {
+    let table = std::fs::read_to_string("/proc/net/dev").ok()?;
+    parse_net_dev(&table, interface)
+}
+
+fn parse_net_dev(table: &str, interface: &str) -> Option<NetCounters> {
+    table.lines().skip(2).find_map(|line| {
+        let (name, rest) = line.split_once(':')?;
+        if name.trim() != interface {
+            return None;
+        }
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        // rx: bytes packets errs drop fifo frame compressed multicast; tx: bytes packets …
+        (f.len() >= 10).then(|| NetCounters {
+            interface: interface.to_string(),
+            rx_bytes: f[0],
+            rx_packets: f[1],
+            tx_bytes: f[8],
+            tx_packets: f[9],
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_dev_lines_are_read_by_interface() {
+        let table = "Inter-|   Receive                                                |  Transmit\n face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    lo: 1000 10 0 0 0 0 0 0 2000 20 0 0 0 0 0 0\n  eth0: 5 6 0 0 0 0 0 0 7 8 0 0 0 0 0 0\n";
+        let lo = parse_net_dev(table, "lo").unwrap();
+        assert_eq!(
+            (lo.rx_bytes, lo.rx_packets, lo.tx_bytes, lo.tx_packets),
+            (1000, 10, 2000, 20)
+        );
+        assert_eq!(parse_net_dev(table, "eth0").unwrap().tx_packets, 8);
+        assert!(parse_net_dev(table, "eth1").is_none());
+        // This machine's loopback is there and counting.
+        assert!(read_net("lo").is_some());
+    }
+
+    #[test]
+    fn sparse_buckets_merge_to_the_same_histogram() {
+        let mut a = new_histogram();
+        for v in [5, 50, 500, 5000, 5000] {
+            a.record(v).unwrap();
+        }
+        let mut b = new_histogram();
+        merge_sparse(&mut b, &sparse(&a));
+        assert_eq!(a.len(), b.len());
+        assert_eq!(a.value_at_quantile(0.99), b.value_at_quantile(0.99));
+    }
+}

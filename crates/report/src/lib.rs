@@ -1,0 +1,80 @@
+//! Charts, report.html and the dashboard page.
+//!
+//! The monitor writes `series.csv` (one row per second per role); this crate turns it into
+//! charts drawn by plotters — SVG for pages (the live dashboard swaps them in once a
+//! second), PNG copies for the report directory — and into `report.html`, which puts the
+//! bench's `summary.json` (audit first) above the charts.
+//!
+//! - `series.rs` parses the CSV; `broadcast.rs` the per-broadcast delivery curves;
+//! - `chart.rs` says which lines go on which chart; `draw.rs` draws them;
+//! - `report.rs` writes the report directory; `dashboard.rs` is the live page.
+
+mod broadcast;
+mod chart;
+mod dashboard;
+mod draw;
+mod html;
+mod report;
+mod series;
+
+use std::path::Path;
+
+pub use broadcast::Broadcast;
+pub use chart::{chart_list, ChartEntry, ChartInfo, CHARTS};
+pub use series::{PhaseStart, Role, Series, METRICS};
+
+/// Width and height of every chart, SVG and PNG alike.
+pub const CHART_SIZE: (u32, u32) = (draw::WIDTH, draw::HEIGHT);
+
+/// The named chart as an SVG document (fixed charts by name; "broadcast_<id>" from
+/// `broadcasts`). None for an unknown name.
+///
+/// A drawing failure (none is expected: the font is built in) still yields an SVG, one
+/// that says what went wrong, so a dashboard shows the error where the chart would be.
+pub fn render_svg(series: &Series, broadcasts: &[Broadcast], name: &str) -> Option<String> {
+    let plot = chart::plot(series, broadcasts, name)?;
+    Some(draw::svg(&plot).unwrap_or_else(|e| error_svg(&format!("{e:#}"))))
+}
+
+/// Writes the named chart as a PNG file. `Ok(false)` for an unknown name.
+pub fn render_png(
+    series: &Series,
+    broadcasts: &[Broadcast],
+    name: &str,
+    path: &Path,
+) -> anyhow::Result<bool> {
+    let Some(plot) = chart::plot(series, broadcasts, name) else {
+        return Ok(false);
+    };
+    draw::png(&plot, path)?;
+    Ok(true)
+}
+
+/// Reads DIR/series.csv (required), DIR/summary.json and DIR/broadcasts.json (optional);
+/// writes DIR/report.html and DIR/<chart>.png for every chart (+ one per broadcast).
+/// Returns the chart file names written (`qps.png`, …), in page order.
+///
+/// An unreadable summary.json or broadcasts.json is reported on the page rather than
+/// failing the report; a missing or malformed series.csv is an error.
+pub fn write_report(dir: &Path) -> anyhow::Result<Vec<String>> {
+    report::write_report(dir)
+}
+
+/// The live dashboard page (self-contained HTML+JS, no external resources). Every second it
+/// fetches `/charts/<name>.svg` for each name listed by `GET /v1/charts` (JSON array of
+/// {name,title}, e.g. `serde_json::to_string(&chart_list(&broadcasts))`) into an element
+/// with id `chart-<name>`, and shows every key of the JSON object from `GET /v1/latest`
+/// (e.g. [`Series::latest`]) as a headline.
+pub fn dashboard_html(title: &str) -> String {
+    dashboard::dashboard_html(title)
+}
+
+fn error_svg(message: &str) -> String {
+    let (width, height) = CHART_SIZE;
+    format!(
+        "<svg width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" \
+         xmlns=\"http://www.w3.org/2000/svg\"><rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\
+         <text x=\"20\" y=\"40\" font-family=\"sans-serif\" font-size=\"16\" fill=\"#c62828\">{}</text></svg>\n",
+        html::escape(message)
+    )
+}
