@@ -535,6 +535,9 @@ impl Worker {
 
     /// Closes once what is queued is written (for HTTP answers and WebSocket closes).
     fn hang_up(&mut self, key: usize) {
+        if !self.conns.contains(key) {
+            return; // the write before this closed it
+        }
         self.leave(key);
         if let Some(conn) = self.conns.get_mut(key) {
             conn.state = State::Closing;
@@ -607,9 +610,7 @@ impl Worker {
                 In::Close(code) => {
                     let mut close = Vec::new();
                     match code {
-                        Some(_) => {
-                            ws::close_frame(Role::Server, ws::close_code::NORMAL, "", &mut close)
-                        }
+                        Some(code) => ws::close_frame(Role::Server, code, "", &mut close),
                         None => ws::encode(Role::Server, Opcode::Close, &[], &mut close),
                     }
                     self.write(key, &close);
@@ -984,7 +985,9 @@ impl Worker {
 
     /// The connection's user goes offline (its socket may linger in `Closing`).
     fn leave(&mut self, key: usize) {
-        let conn = &mut self.conns[key];
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
         let user = std::mem::take(&mut conn.user);
         if user != 0 {
             let id = conn_id(key, conn.generation);

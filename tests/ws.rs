@@ -1,0 +1,1704 @@
+//! End-to-end tests of the WebSocket gateway (`hongbao serve --ws-listen`): the real
+//! binary with two gateway workers, real sockets on `127.0.0.1:0`, the admin API over
+//! HTTP, and a ledger in a temporary directory. Each test starts its own server (they run
+//! in parallel) and a `Server` guard SIGKILLs it when the test ends.
+//!
+//! The WebSocket client here is deliberately small and blocking, built on the codec in
+//! `hongbao_proto::ws` (handshake, masked client frames, decoding the server's frames), so
+//! what is under test is the gateway, not a third-party client. Malformed input (unmasked
+//! frames, fragments, oversized headers) goes out as raw bytes built by `raw_frame`.
+//!
+//! The server runs with the development secret, so the demo log-in (`GET /token`) is on.
+
+use std::collections::VecDeque;
+use std::io::{self, BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hongbao_proto::client::Client;
+use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
+use hongbao_proto::{decode, encode_to_vec, json, token};
+use hongbao_proto::{Frame, KickReason, Message, ResultCode};
+use hongbao_server::config::DEV_SECRET;
+use serde_json::{json, Value};
+
+/// Read/write timeout of every test socket: long enough for a loaded 2-core machine,
+/// short enough that a missing reply fails the test rather than hanging it.
+const IO_TIMEOUT: Duration = Duration::from_secs(8);
+/// How long the server may take to print its ready line.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// First-byte bits and opcodes of a WebSocket frame (RFC 6455 §5.2).
+const FIN: u8 = 0x80;
+const CONTINUATION: u8 = 0x0;
+const TEXT: u8 = 0x1;
+const BINARY: u8 = 0x2;
+const CLOSE: u8 = 0x8;
+const PING: u8 = 0x9;
+/// The mask of every raw client frame; the value does not matter, only that there is one.
+const MASK: [u8; 4] = [0x5a, 0x1c, 0xe7, 0x03];
+
+/// The RFC 6455 §1.3 sample key and the accept it must get.
+const RFC_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+const RFC_ACCEPT: &str = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=";
+
+// ----- the server under test -------------------------------------------------------------
+
+/// A running `hongbao serve` with a WebSocket listener; killed (SIGKILL) when dropped. Its
+/// stderr (and its workers') is printed if the test fails.
+struct Server {
+    child: Child,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    ws: SocketAddr,
+    stderr: Arc<Mutex<String>>,
+    http: ureq::Agent,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+            eprintln!("----- hongbao serve stderr -----\n{log}--------------------------------");
+        }
+    }
+}
+
+impl Server {
+    /// Starts `hongbao serve` with two workers and all three listeners on ephemeral
+    /// ports, the ledger in `dir`.
+    fn start(dir: &Path) -> Server {
+        Server::start_with(dir, &[])
+    }
+
+    /// Like `start`, with more command-line arguments.
+    fn start_with(dir: &Path, extra: &[&str]) -> Server {
+        let child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--ws-listen", "127.0.0.1:0", "--workers", "2"])
+            .args(["--secret", DEV_SECRET, "--data-dir"])
+            .arg(dir)
+            .args(extra)
+            .env_remove("HONGBAO_SECRET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting hongbao serve");
+        let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
+        let mut server = Server {
+            child,
+            listen: unbound,
+            admin: unbound,
+            ws: unbound,
+            stderr: Arc::default(),
+            http: ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(15))
+                .build(),
+        };
+        let stderr = server.child.stderr.take().unwrap();
+        let log = server.stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let lines = stdout_lines(server.child.stdout.take().unwrap());
+        let ready = lines
+            .recv_timeout(START_TIMEOUT)
+            .expect("hongbao serve did not print its ready line in time");
+        assert!(
+            ready.starts_with("hongbao serve ready: "),
+            "unexpected first line: {ready}"
+        );
+        let field = |name: &str| -> String {
+            ready
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("no {name}= in {ready:?}"))
+                .to_string()
+        };
+        server.listen = field("listen").parse().unwrap();
+        server.admin = field("admin").parse().unwrap();
+        server.ws = field("ws").parse().unwrap();
+        assert_eq!(field("workers"), "2");
+        for addr in [server.listen, server.admin, server.ws] {
+            assert_ne!(addr.port(), 0, "{ready}");
+        }
+        server
+    }
+
+    /// A raw-TCP client logged in as `user`.
+    fn tcp_login(&self, user: u64) -> Client {
+        let mut client = Client::connect(self.listen).expect("connecting over TCP");
+        client.set_timeout(IO_TIMEOUT).unwrap();
+        let result = client
+            .login(user, DEV_SECRET.as_bytes())
+            .expect("TCP login");
+        assert_eq!(result, ResultCode::Ok, "TCP login of user {user}");
+        client
+    }
+
+    /// An upgraded WebSocket client that has sent nothing yet.
+    fn ws_connect(&self) -> WsClient {
+        WsClient::connect(self.ws)
+    }
+
+    /// Any admin request: (status, body).
+    fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let url = format!("http://{}{path}", self.admin);
+        let request = self.http.request(method, &url);
+        let result = match body {
+            Some(body) => request
+                .set("Content-Type", "application/json")
+                .send_string(body),
+            None => request.call(),
+        };
+        match result {
+            Ok(response) => {
+                let status = response.status();
+                (status, response.into_string().unwrap())
+            }
+            Err(ureq::Error::Status(status, response)) => {
+                (status, response.into_string().unwrap_or_default())
+            }
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    fn get(&self, path: &str) -> Value {
+        let (status, body) = self.http("GET", path, None);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
+    fn audit(&self) -> Value {
+        let audit = self.get("/v1/audit");
+        assert_eq!(audit["ok"], true, "the money does not add up: {audit:#}");
+        audit
+    }
+
+    /// A user's balance as the ledger holds it.
+    fn balance(&self, user: u64) -> u64 {
+        let view = self.get(&format!("/v1/users/{user}"));
+        assert_eq!(view["user"], user);
+        view["balance_cents"].as_u64().unwrap()
+    }
+
+    /// Starts a shake campaign; returns its id.
+    fn shake_campaign(&self, packets: u32, rate_per_sec: u32, min: u64, max: u64) -> u64 {
+        let body = json!({
+            "packets": packets,
+            "rate_per_sec": rate_per_sec,
+            "amount_min": min,
+            "amount_max": max,
+        });
+        let (status, reply) = self.http("POST", "/v1/campaigns/shake", Some(&body.to_string()));
+        assert_eq!(status, 201, "creating a shake campaign: {reply}");
+        let campaign: Value = serde_json::from_str(&reply).unwrap();
+        assert_eq!(campaign["kind"], "shake");
+        campaign["id"].as_u64().unwrap()
+    }
+
+    /// The stats' workers, once both have reported.
+    fn stats_workers(&self) -> Vec<Value> {
+        wait_until("both workers to report", secs(10), || {
+            let workers = self.get("/v1/stats")["workers"]
+                .as_array()
+                .expect("stats.workers")
+                .clone();
+            (workers.len() == 2).then_some(workers)
+        })
+    }
+}
+
+/// Lines of the server's stdout, read by a thread that keeps draining the pipe so the
+/// server never blocks (or dies of a broken pipe) writing to it.
+fn stdout_lines(stdout: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Polls `f` every 20 ms until it gives a value; fails the test after `timeout`.
+fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = f() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn is_closed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::BrokenPipe
+    )
+}
+
+// ----- a small blocking WebSocket client -------------------------------------------------
+
+/// What the server sent: a whole message or a control frame, owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum WsEvent {
+    Binary(Vec<u8>),
+    Text(String),
+    Ping(Vec<u8>),
+    Pong(Vec<u8>),
+    Close(Option<u16>, String),
+}
+
+impl From<Incoming<'_>> for WsEvent {
+    fn from(m: Incoming<'_>) -> WsEvent {
+        match m {
+            Incoming::Binary(b) => WsEvent::Binary(b.to_vec()),
+            Incoming::Text(t) => WsEvent::Text(t.to_owned()),
+            Incoming::Ping(b) => WsEvent::Ping(b.to_vec()),
+            Incoming::Pong(b) => WsEvent::Pong(b.to_vec()),
+            Incoming::Close { code, reason } => WsEvent::Close(code, reason.to_owned()),
+        }
+    }
+}
+
+/// A WebSocket client over a blocking `TcpStream`. Like `hongbao_proto::client::Client`,
+/// it keeps what arrived while it waited for something else (`skipped`), and hands that
+/// out first; nothing received is dropped.
+struct WsClient {
+    stream: TcpStream,
+    /// Bytes read that do not make a whole frame yet.
+    inbuf: Vec<u8>,
+    /// A fragmented message from the server (it never sends one; the codec allows it).
+    partial: Option<Box<ws::Partial>>,
+    /// Decoded from the wire, not yet looked at.
+    decoded: VecDeque<WsEvent>,
+    /// Looked at by `wait_for` and passed over, oldest first.
+    skipped: VecDeque<WsEvent>,
+    next_request_id: u32,
+}
+
+/// A fresh 16-byte handshake nonce; unique per call, which is all a test needs.
+fn fresh_key() -> [u8; 16] {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&n.to_be_bytes());
+    key[8..].copy_from_slice(&t.to_be_bytes());
+    key
+}
+
+impl WsClient {
+    /// Connects and upgrades (with `client_request` / `check_response`, which checks
+    /// the `Sec-WebSocket-Accept`).
+    fn connect(addr: SocketAddr) -> WsClient {
+        let mut stream = TcpStream::connect(addr).expect("connecting to the WebSocket port");
+        stream.set_nodelay(true).unwrap();
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        let key = fresh_key();
+        stream
+            .write_all(&ws::client_request(&addr.to_string(), "/ws", &key))
+            .unwrap();
+        let mut inbuf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match ws::check_response(&inbuf, &key) {
+                Ok(Some(n)) => {
+                    inbuf.drain(..n);
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) => panic!(
+                    "WebSocket handshake failed: {e}: {:?}",
+                    String::from_utf8_lossy(&inbuf)
+                ),
+            }
+            let n = stream
+                .read(&mut chunk)
+                .expect("reading the handshake response");
+            assert!(n > 0, "the server closed during the handshake");
+            inbuf.extend_from_slice(&chunk[..n]);
+        }
+        WsClient {
+            stream,
+            inbuf,
+            partial: None,
+            decoded: VecDeque::new(),
+            skipped: VecDeque::new(),
+            next_request_id: 1,
+        }
+    }
+
+    fn set_read_timeout(&self, timeout: Duration) {
+        self.stream.set_read_timeout(Some(timeout)).unwrap();
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    /// One masked, unfragmented message or control frame.
+    fn send(&mut self, opcode: Opcode, payload: &[u8]) -> io::Result<()> {
+        let mut out = Vec::new();
+        ws::encode(Role::Client, opcode, payload, &mut out);
+        self.send_raw(&out)
+    }
+
+    fn send_text(&mut self, text: &str) {
+        self.send(Opcode::Text, text.as_bytes())
+            .expect("sending text");
+    }
+
+    fn fresh_id(&mut self) -> u32 {
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        id
+    }
+
+    /// The next event off the wire (not from `skipped`).
+    fn read_event(&mut self) -> io::Result<WsEvent> {
+        let mut chunk = [0u8; 8192];
+        loop {
+            if let Some(event) = self.decoded.pop_front() {
+                return Ok(event);
+            }
+            let mut got = Vec::new();
+            let used = ws::decode(
+                Role::Client,
+                &mut self.inbuf,
+                &mut self.partial,
+                Limits::HONGBAO,
+                |m| got.push(WsEvent::from(m)),
+            )
+            .map_err(|v| io::Error::new(ErrorKind::InvalidData, v))?;
+            self.inbuf.drain(..used);
+            if !got.is_empty() {
+                self.decoded.extend(got);
+                continue;
+            }
+            let n = self.stream.read(&mut chunk)?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    ErrorKind::UnexpectedEof,
+                    format!(
+                        "server closed the connection ({} bytes of a frame buffered)",
+                        self.inbuf.len()
+                    ),
+                ));
+            }
+            self.inbuf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// The next event: one passed over earlier, or the next off the wire.
+    fn recv(&mut self) -> io::Result<WsEvent> {
+        match self.skipped.pop_front() {
+            Some(event) => Ok(event),
+            None => self.read_event(),
+        }
+    }
+
+    fn expect_event(&mut self, what: &str) -> WsEvent {
+        self.recv()
+            .unwrap_or_else(|e| panic!("waiting for {what}: {e}"))
+    }
+
+    /// The first event `wanted` accepts; the others stay queued. A close frame while
+    /// waiting is an error (nothing more is coming).
+    fn wait_for(&mut self, what: &str, wanted: impl Fn(&WsEvent) -> bool) -> WsEvent {
+        if let Some(at) = self.skipped.iter().position(&wanted) {
+            return self.skipped.remove(at).expect("position is in range");
+        }
+        loop {
+            let event = self.read_event().unwrap_or_else(|e| {
+                panic!("waiting for {what}: {e}; passed over {:?}", self.skipped)
+            });
+            if wanted(&event) {
+                return event;
+            }
+            if let WsEvent::Close(..) = event {
+                panic!(
+                    "waiting for {what}, got {event:?}; passed over {:?}",
+                    self.skipped
+                );
+            }
+            self.skipped.push_back(event);
+        }
+    }
+
+    // --- binary messages: one protocol frame each ---
+
+    /// Sends `message` as a binary message under a fresh request id; returns the id.
+    fn send_binary(&mut self, message: &Message) -> u32 {
+        let request_id = self.fresh_id();
+        let frame = Frame {
+            request_id,
+            message: message.clone(),
+        };
+        self.send(Opcode::Binary, &encode_to_vec(&frame))
+            .expect("sending a binary message");
+        request_id
+    }
+
+    /// Sends `message` as binary and waits for the binary reply with its request id.
+    fn request_binary(&mut self, message: &Message) -> Message {
+        let id = self.send_binary(message);
+        self.wait_binary(&format!("the binary reply to {message:?}"), id)
+            .message
+    }
+
+    fn wait_binary(&mut self, what: &str, request_id: u32) -> Frame {
+        let event = self.wait_for(what, |e| match e {
+            WsEvent::Binary(b) => decode(b).is_ok_and(|f| f.request_id == request_id),
+            _ => false,
+        });
+        let WsEvent::Binary(bytes) = event else {
+            unreachable!("wait_for returned what it was asked for")
+        };
+        decode(&bytes).expect("decoded before")
+    }
+
+    fn next_push_binary(&mut self) -> Message {
+        self.wait_binary("a binary push", 0).message
+    }
+
+    fn login_binary(&mut self, user_id: u64) {
+        let token = token::token(DEV_SECRET.as_bytes(), user_id).to_vec();
+        let reply = self.request_binary(&Message::Login { user_id, token });
+        assert_eq!(
+            reply,
+            Message::LoginReply {
+                result: ResultCode::Ok,
+                user_id
+            },
+            "binary login of user {user_id}"
+        );
+    }
+
+    // --- text messages: one JSON object each ---
+
+    /// Sends `request` (a JSON object without `"id"`) as a text message under a fresh
+    /// request id, and waits for the text reply carrying that id. The reply must also be
+    /// what `json::from_json` reads.
+    fn request_json(&mut self, mut request: Value) -> Value {
+        let id = self.fresh_id();
+        request["id"] = json!(id);
+        self.send_text(&request.to_string());
+        self.wait_json(&format!("the JSON reply to {request}"), id)
+    }
+
+    fn wait_json(&mut self, what: &str, id: u32) -> Value {
+        let event = self.wait_for(what, |e| match e {
+            WsEvent::Text(t) => serde_json::from_str::<Value>(t).is_ok_and(|v| v["id"] == id),
+            _ => false,
+        });
+        let WsEvent::Text(text) = event else {
+            unreachable!("wait_for returned what it was asked for")
+        };
+        if let Err(e) = json::from_json(&text) {
+            panic!("the server wrote JSON its own codec refuses: {e}: {text}");
+        }
+        serde_json::from_str(&text).expect("parsed before")
+    }
+
+    fn next_push_json(&mut self) -> Value {
+        self.wait_json("a JSON push", 0)
+    }
+
+    fn login_json(&mut self, user_id: u64) {
+        let reply = self.request_json(json_login(user_id));
+        assert_eq!(reply["type"], "login_reply", "{reply}");
+        assert_eq!(reply["result"], "ok", "{reply}");
+        assert_eq!(reply["user_id"], user_id, "{reply}");
+    }
+
+    // --- the end ---
+
+    /// The next event must be a close frame with `code`; returns its reason.
+    fn expect_close(&mut self, code: u16) -> String {
+        match self.expect_event(&format!("a close frame with code {code}")) {
+            WsEvent::Close(Some(got), reason) => {
+                assert_eq!(got, code, "close code (reason {reason:?})");
+                reason
+            }
+            other => panic!("expected a close frame with code {code}, got {other:?}"),
+        }
+    }
+
+    /// The server has closed the TCP connection: the next read sees its end.
+    fn expect_eof(&mut self) {
+        match self.recv() {
+            Err(e) if is_closed(&e) => {}
+            other => panic!("expected the server to close the connection, got {other:?}"),
+        }
+    }
+}
+
+/// A raw frame: first byte (FIN, RSV, opcode) as given, payload masked with `mask` if
+/// there is one. Any length; nothing is checked.
+fn raw_frame(first: u8, mask: Option<[u8; 4]>, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![first];
+    let mask_bit = if mask.is_some() { 0x80 } else { 0 };
+    match payload.len() {
+        n if n < 126 => out.push(mask_bit | n as u8),
+        n if n < 65536 => {
+            out.push(mask_bit | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(mask_bit | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    let body = out.len();
+    out.extend_from_slice(payload);
+    if let Some(mask) = mask {
+        out.extend_from_slice(&mask);
+        // The mask goes before the payload: rotate it in place.
+        out[body..].rotate_right(4);
+        for (i, b) in out[body + 4..].iter_mut().enumerate() {
+            *b ^= mask[i % 4];
+        }
+    }
+    out
+}
+
+/// A masked client frame, as a well-behaved client sends it.
+fn masked(first: u8, payload: &[u8]) -> Vec<u8> {
+    raw_frame(first, Some(MASK), payload)
+}
+
+/// A masked frame header announcing `len` payload bytes, with no payload.
+fn header_only(first: u8, len: u64) -> Vec<u8> {
+    let mut out = vec![first];
+    if len < 126 {
+        out.push(0x80 | len as u8);
+    } else if len < 65536 {
+        out.push(0x80 | 126);
+        out.extend_from_slice(&(len as u16).to_be_bytes());
+    } else {
+        out.push(0x80 | 127);
+        out.extend_from_slice(&len.to_be_bytes());
+    }
+    out.extend_from_slice(&MASK);
+    out
+}
+
+/// A close frame's payload: code, then reason.
+fn close_payload(code: u16, reason: &str) -> Vec<u8> {
+    let mut payload = code.to_be_bytes().to_vec();
+    payload.extend_from_slice(reason.as_bytes());
+    payload
+}
+
+// ----- plain HTTP on the WebSocket port ----------------------------------------------
+
+/// An HTTP response read to the end of the connection.
+struct HttpReply {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+impl HttpReply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then_some(v.trim())
+        })
+    }
+}
+
+/// Sends `request` to the WebSocket port and reads the answer until the server closes
+/// the connection; a server that answers but keeps the connection open fails the test.
+fn http_on_ws_port(addr: SocketAddr, request: &str) -> HttpReply {
+    let mut stream = TcpStream::connect(addr).expect("connecting to the WebSocket port");
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut all = Vec::new();
+    if let Err(e) = stream.read_to_end(&mut all) {
+        panic!(
+            "the server did not close the connection after answering {request:?}: {e}; \
+             read so far {:?}",
+            String::from_utf8_lossy(&all)
+        );
+    }
+    let text = String::from_utf8(all).expect("an HTTP response in UTF-8");
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no end of head in {text:?}"));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    let reply = HttpReply {
+        status,
+        head: head.to_string(),
+        body: body.to_string(),
+    };
+    if let Some(len) = reply.header("Content-Length") {
+        assert_eq!(len.parse::<usize>().unwrap(), reply.body.len(), "{text}");
+    }
+    reply
+}
+
+/// Reads an HTTP response head (up to and including the blank line), byte by byte so
+/// nothing after it is consumed.
+fn read_http_head(stream: &mut TcpStream) -> HttpReply {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if let Err(e) = stream.read_exact(&mut byte) {
+            panic!(
+                "reading a response head: {e}; got {:?}",
+                String::from_utf8_lossy(&head)
+            );
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).expect("a response head in UTF-8");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    HttpReply {
+        status,
+        head,
+        body: String::new(),
+    }
+}
+
+/// Pings over an upgraded raw socket and reads the (unmasked, short) pong.
+fn expect_raw_pong(stream: &mut TcpStream, payload: &[u8]) {
+    stream.write_all(&masked(FIN | PING, payload)).unwrap();
+    let mut pong = vec![0u8; 2 + payload.len()];
+    stream.read_exact(&mut pong).expect("reading the pong");
+    assert_eq!(&pong[..2], &[FIN | 0xa, payload.len() as u8]);
+    assert_eq!(&pong[2..], payload);
+}
+
+/// An upgrade request with the given key and version headers (`None`: left out).
+fn upgrade_request(key: Option<&str>, version: Option<&str>) -> String {
+    let mut request = "GET /ws HTTP/1.1\r\nHost: server.example.com\r\n\
+                       Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        .to_string();
+    if let Some(key) = key {
+        request.push_str(&format!("Sec-WebSocket-Key: {key}\r\n"));
+    }
+    if let Some(version) = version {
+        request.push_str(&format!("Sec-WebSocket-Version: {version}\r\n"));
+    }
+    request.push_str("\r\n");
+    request
+}
+
+// ----- shared steps ------------------------------------------------------------------
+
+/// A JSON login request for `user` with the right token, without an `"id"`.
+fn json_login(user: u64) -> Value {
+    json!({
+        "type": "login",
+        "user_id": user,
+        "token": token::token_hex(DEV_SECRET.as_bytes(), user),
+    })
+}
+
+/// Shakes over binary WebSocket messages until one wins; returns (packet, amount).
+fn ws_binary_shake_until_won(client: &mut WsClient) -> (u64, u64) {
+    let deadline = Instant::now() + secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "no shake won in time");
+        match client.request_binary(&Message::Shake) {
+            Message::ShakeReply {
+                result: ResultCode::Won,
+                packet_id,
+                amount_cents,
+            } => return (packet_id, amount_cents),
+            Message::ShakeReply {
+                result: ResultCode::Nothing,
+                ..
+            } => std::thread::sleep(Duration::from_millis(10)),
+            other => panic!("unexpected shake reply {other:?}"),
+        }
+    }
+}
+
+/// Shakes over raw TCP until one wins; returns (packet, amount).
+fn tcp_shake_until_won(client: &mut Client) -> (u64, u64) {
+    let deadline = Instant::now() + secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "no shake won in time");
+        match client.shake().expect("shake over TCP") {
+            Message::ShakeReply {
+                result: ResultCode::Won,
+                packet_id,
+                amount_cents,
+            } => return (packet_id, amount_cents),
+            Message::ShakeReply {
+                result: ResultCode::Nothing,
+                ..
+            } => std::thread::sleep(Duration::from_millis(10)),
+            other => panic!("unexpected shake reply {other:?}"),
+        }
+    }
+}
+
+fn nothing() -> Message {
+    Message::ShakeReply {
+        result: ResultCode::Nothing,
+        packet_id: 0,
+        amount_cents: 0,
+    }
+}
+
+/// A protocol ping over binary: the pong echoes our time and adds the server's.
+fn binary_ping(client: &mut WsClient, client_time_us: u64) {
+    match client.request_binary(&Message::Ping { client_time_us }) {
+        Message::Pong {
+            client_time_us: echoed,
+            server_time_us,
+        } => {
+            assert_eq!(echoed, client_time_us);
+            assert!(server_time_us > 0);
+        }
+        other => panic!("expected a pong, got {other:?}"),
+    }
+}
+
+/// The next two events, which must be one text and one binary message, as (the text as
+/// JSON, the binary as a frame).
+fn one_text_one_binary(client: &mut WsClient) -> (Value, Frame) {
+    let mut text = None;
+    let mut binary = None;
+    for _ in 0..2 {
+        match client.expect_event("a reply") {
+            WsEvent::Text(t) => text = Some(serde_json::from_str::<Value>(&t).unwrap()),
+            WsEvent::Binary(b) => binary = Some(decode(&b).unwrap()),
+            other => panic!("expected a reply, got {other:?}"),
+        }
+    }
+    match (text, binary) {
+        (Some(text), Some(binary)) => (text, binary),
+        (text, binary) => panic!(
+            "each request should be answered in its own form; got text {text:?} and \
+             binary {binary:?}"
+        ),
+    }
+}
+
+// ----- the tests -------------------------------------------------------------------------
+
+#[test]
+fn handshakes_refusals_and_plain_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+
+    // The RFC's sample key gets the RFC's sample accept, and the socket then speaks
+    // WebSocket: a ping is answered.
+    let mut raw = TcpStream::connect(server.ws).unwrap();
+    raw.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    raw.write_all(upgrade_request(Some(RFC_KEY), Some("13")).as_bytes())
+        .unwrap();
+    let reply = read_http_head(&mut raw);
+    assert_eq!(reply.status, 101, "{}", reply.head);
+    assert!(
+        reply
+            .head
+            .starts_with("HTTP/1.1 101 Switching Protocols\r\n"),
+        "{}",
+        reply.head
+    );
+    assert_eq!(reply.header("Sec-WebSocket-Accept"), Some(RFC_ACCEPT));
+    assert!(reply
+        .header("Upgrade")
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket")));
+    assert!(reply
+        .header("Connection")
+        .is_some_and(|v| v.eq_ignore_ascii_case("upgrade")));
+    // No subprotocol or extension is ever agreed.
+    assert_eq!(reply.header("Sec-WebSocket-Extensions"), None);
+    assert_eq!(reply.header("Sec-WebSocket-Protocol"), None);
+    expect_raw_pong(&mut raw, b"are you there");
+
+    // A request that arrives in pieces, asking for compression the server ignores.
+    let mut raw = TcpStream::connect(server.ws).unwrap();
+    raw.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let request = upgrade_request(Some(RFC_KEY), Some("13")).replace(
+        "\r\n\r\n",
+        "\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n",
+    );
+    for piece in request.as_bytes().chunks(40) {
+        raw.write_all(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reply = read_http_head(&mut raw);
+    assert_eq!(reply.status, 101, "{}", reply.head);
+    assert_eq!(reply.header("Sec-WebSocket-Accept"), Some(RFC_ACCEPT));
+    assert_eq!(reply.header("Sec-WebSocket-Extensions"), None);
+    expect_raw_pong(&mut raw, b"in pieces");
+
+    // Frames right behind the request, in the same write, are read too.
+    let mut raw = TcpStream::connect(server.ws).unwrap();
+    raw.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let mut bytes = upgrade_request(Some(RFC_KEY), Some("13")).into_bytes();
+    bytes.extend(masked(FIN | PING, b"eager"));
+    raw.write_all(&bytes).unwrap();
+    assert_eq!(read_http_head(&mut raw).status, 101);
+    let mut pong = [0u8; 7];
+    raw.read_exact(&mut pong).expect("reading the pong");
+    assert_eq!(&pong, b"\x8a\x05eager");
+
+    // Our client's own key, checked by `check_response`; then a ping over it.
+    let mut client = server.ws_connect();
+    client.send(Opcode::Ping, b"hello").unwrap();
+    assert_eq!(
+        client.expect_event("a pong"),
+        WsEvent::Pong(b"hello".to_vec())
+    );
+
+    // Refusals: a status, a one-line body, `Connection: close`, and the end.
+    let old = http_on_ws_port(server.ws, &upgrade_request(Some(RFC_KEY), Some("12")));
+    assert_eq!(old.status, 426, "{}", old.head);
+    assert_eq!(old.header("Sec-WebSocket-Version"), Some("13"));
+    assert_eq!(old.header("Connection"), Some("close"));
+    let keyless = http_on_ws_port(server.ws, &upgrade_request(None, Some("13")));
+    assert_eq!(keyless.status, 400, "{}", keyless.head);
+    assert_eq!(keyless.header("Connection"), Some("close"));
+    assert_eq!(keyless.body, "no Sec-WebSocket-Key\n");
+
+    // Plain HTTP: the browser page, the demo token, and nothing else.
+    let page = http_on_ws_port(server.ws, "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(page.status, 200, "{}", page.head);
+    assert!(
+        page.header("Content-Type")
+            .is_some_and(|t| t.starts_with("text/html")),
+        "{}",
+        page.head
+    );
+    assert!(page.body.contains("<"), "not HTML: {}", page.body);
+
+    let token = http_on_ws_port(server.ws, "GET /token?user=7 HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(token.status, 200, "{}", token.head);
+    assert_eq!(token.header("Content-Type"), Some("application/json"));
+    let body: Value = serde_json::from_str(&token.body).unwrap();
+    assert_eq!(body["user_id"], 7);
+    let hex = body["token"].as_str().expect("a token string");
+    assert_eq!(hex.len(), 64);
+    assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()), "{hex}");
+    assert_eq!(hex, token::token_hex(DEV_SECRET.as_bytes(), 7));
+
+    let missing = http_on_ws_port(server.ws, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(missing.status, 404, "{}", missing.head);
+
+    // Header tokens are case-insensitive lists.
+    let mut raw = TcpStream::connect(server.ws).unwrap();
+    raw.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let request = format!(
+        "GET /anything HTTP/1.1\r\nhost: x\r\nupgrade: WebSocket\r\n\
+         connection: keep-alive, upgrade\r\nsec-websocket-key: {RFC_KEY}\r\n\
+         sec-websocket-version: 13\r\n\r\n"
+    );
+    raw.write_all(request.as_bytes()).unwrap();
+    let reply = read_http_head(&mut raw);
+    assert_eq!(reply.status, 101, "{}", reply.head);
+    expect_raw_pong(&mut raw, b"lists");
+    let versionless = http_on_ws_port(server.ws, &upgrade_request(Some(RFC_KEY), None));
+    assert_eq!(versionless.status, 426, "{}", versionless.head);
+
+    // More refusals: a head over 8192 bytes, an upgrade that is not a GET, a bad key;
+    // plain HTTP that is not a GET, and a demo token for no user.
+    let padded = upgrade_request(Some(RFC_KEY), Some("13")).replace(
+        "\r\n\r\n",
+        &format!("\r\nX-Pad: {}\r\n\r\n", "a".repeat(9000)),
+    );
+    let huge = http_on_ws_port(server.ws, &padded);
+    assert_eq!(huge.status, 431, "{}", huge.head);
+    let post = upgrade_request(Some(RFC_KEY), Some("13")).replacen("GET", "POST", 1);
+    assert_eq!(http_on_ws_port(server.ws, &post).status, 400);
+    let short_key = upgrade_request(Some("dGhlIHNhbXBsZQ=="), Some("13"));
+    assert_eq!(http_on_ws_port(server.ws, &short_key).status, 400);
+    let post = http_on_ws_port(server.ws, "POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+    assert_eq!(post.status, 405, "{}", post.head);
+    let nobody = http_on_ws_port(server.ws, "GET /token?user=0 HTTP/1.1\r\n\r\n");
+    assert_eq!(nobody.status, 400, "{}", nobody.head);
+
+    // The upgraded connections were not disturbed by any of it.
+    client.send(Opcode::Ping, b"still").unwrap();
+    assert_eq!(
+        client.expect_event("a pong"),
+        WsEvent::Pong(b"still".to_vec())
+    );
+}
+
+#[test]
+fn binary_messages_carry_protocol_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut client = server.ws_connect();
+
+    // Before login, as over TCP: ping works, shake is refused, the connection stays.
+    binary_ping(&mut client, 4242);
+    match client.request_binary(&Message::Shake) {
+        Message::Error { result, .. } => assert_eq!(result, ResultCode::NotLoggedIn),
+        other => panic!("shake before login got {other:?}"),
+    }
+    client.login_binary(11);
+    assert_eq!(client.request_binary(&Message::Shake), nothing());
+    binary_ping(&mut client, 4243);
+
+    // WebSocket pings are answered with the same payload, empty or not.
+    let payload = b"\x00\x01hongbao\xff".to_vec();
+    client.send(Opcode::Ping, &payload).unwrap();
+    assert_eq!(client.expect_event("a pong"), WsEvent::Pong(payload));
+    client.send(Opcode::Ping, b"").unwrap();
+    assert_eq!(client.expect_event("a pong"), WsEvent::Pong(vec![]));
+    // ... and a 125-byte one, the largest a control frame may carry.
+    let long = vec![0xa5; 125];
+    client.send(Opcode::Ping, &long).unwrap();
+    assert_eq!(client.expect_event("a pong"), WsEvent::Pong(long));
+    // Pongs from the client are ignored.
+    client.send(Opcode::Pong, b"unasked").unwrap();
+    assert_eq!(client.request_binary(&Message::Shake), nothing());
+
+    // Client frames must be masked: an unmasked one is a protocol error, 1002, closed.
+    let shake = encode_to_vec(&Frame {
+        request_id: 99,
+        message: Message::Shake,
+    });
+    client
+        .send_raw(&raw_frame(FIN | BINARY, None, &shake))
+        .unwrap();
+    client.expect_close(1002);
+    client.expect_eof();
+}
+
+#[test]
+fn text_messages_carry_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut client = server.ws_connect();
+
+    client.login_json(21);
+    let shake = client.request_json(json!({"type": "shake"}));
+    assert_eq!(shake["type"], "shake_reply", "{shake}");
+    assert_eq!(shake["result"], "nothing", "{shake}");
+    assert_eq!(shake["packet_id"], 0, "{shake}");
+    let pong = client.request_json(json!({"type": "ping", "client_time_us": 77}));
+    assert_eq!(pong["type"], "pong", "{pong}");
+    assert_eq!(pong["client_time_us"], 77, "{pong}");
+    assert!(pong["server_time_us"].as_u64().unwrap() > 0, "{pong}");
+
+    // Messages that are not valid get an error reply, and the connection stays.
+    client.send_text(r#"{"type":"open","id":9}"#);
+    let error = client.wait_json("the error for a missing field", 9);
+    assert_eq!(error["type"], "error", "{error}");
+    assert_eq!(error["result"], "bad-request", "{error}");
+    let text = error["text"].as_str().unwrap();
+    assert!(text.contains("packet_id"), "{error}");
+    client.send_text("this is not JSON");
+    let error = client.wait_json("the error for text that is not JSON", 0);
+    assert_eq!(
+        (&error["type"], &error["result"]),
+        (&json!("error"), &json!("bad-request")),
+        "{error}"
+    );
+    client.send_text(r#"{"type":"dance","id":10}"#);
+    let error = client.wait_json("the error for an unknown type", 10);
+    assert_eq!(error["result"], "unknown-type", "{error}");
+    let shake = client.request_json(json!({"type": "shake"}));
+    assert_eq!(shake["result"], "nothing", "{shake}");
+
+    // A binary message that is not one whole frame: kick{bad-frame} (binary, the form of
+    // the latest message), then close 1008.
+    client.send(Opcode::Binary, &[0, 0, 0, 6, 1]).unwrap();
+    match client.expect_event("a kick") {
+        WsEvent::Binary(bytes) => {
+            let frame = decode(&bytes).expect("a kick frame");
+            assert_eq!(frame.request_id, 0);
+            match frame.message {
+                Message::Kick { reason, .. } => assert_eq!(reason, KickReason::BadFrame),
+                other => panic!("expected a kick, got {other:?}"),
+            }
+        }
+        other => panic!("expected a binary kick, got {other:?}"),
+    }
+    assert_eq!(client.expect_close(1008), "bad-frame");
+    client.expect_eof();
+
+    // A whole frame and more in one binary message is as bad.
+    let mut client = server.ws_connect();
+    client.login_json(22);
+    let mut bytes = encode_to_vec(&Frame {
+        request_id: 5,
+        message: Message::Shake,
+    });
+    bytes.extend_from_slice(&[0, 0, 0]);
+    client.send(Opcode::Binary, &bytes).unwrap();
+    match client.expect_event("a kick") {
+        WsEvent::Binary(bytes) => assert!(matches!(
+            decode(&bytes).map(|f| f.message),
+            Ok(Message::Kick {
+                reason: KickReason::BadFrame,
+                ..
+            })
+        )),
+        other => panic!("expected a binary kick, got {other:?}"),
+    }
+    assert_eq!(client.expect_close(1008), "bad-frame");
+    client.expect_eof();
+
+    // A wrong token over JSON: login_reply{bad-token}, a JSON kick, close 1008.
+    let mut client = server.ws_connect();
+    let mut login = json_login(23);
+    login["token"] = json!(token::token_hex(b"not the secret", 23));
+    let reply = client.request_json(login);
+    assert_eq!(reply["type"], "login_reply", "{reply}");
+    assert_eq!(reply["result"], "bad-token", "{reply}");
+    let kick = client.next_push_json();
+    assert_eq!(kick["type"], "kick", "{kick}");
+    assert_eq!(kick["reason"], "bad-token", "{kick}");
+    assert_eq!(client.expect_close(1008), "bad-token");
+    client.expect_eof();
+}
+
+#[test]
+fn fragmented_messages_are_assembled_around_pings() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut client = server.ws_connect();
+
+    // A JSON login in three fragments, each in its own write, with a ping between the
+    // second and the last: the ping is answered at once, then the login.
+    let mut login = json_login(31);
+    login["id"] = json!(1);
+    let text = login.to_string();
+    let (a, rest) = text.split_at(10);
+    let (b, c) = rest.split_at(rest.len() / 2);
+    for frame in [
+        masked(TEXT, a.as_bytes()),
+        masked(CONTINUATION, b.as_bytes()),
+        masked(FIN | PING, b"mid-message"),
+        masked(FIN | CONTINUATION, c.as_bytes()),
+    ] {
+        client.send_raw(&frame).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    assert_eq!(
+        client.expect_event("the pong"),
+        WsEvent::Pong(b"mid-message".to_vec())
+    );
+    let reply = client.wait_json("the login reply", 1);
+    assert_eq!(
+        (&reply["type"], &reply["result"]),
+        (&json!("login_reply"), &json!("ok")),
+        "{reply}"
+    );
+    client.next_request_id = 2;
+
+    // UTF-8 is checked after assembly: a character split across fragments is fine.
+    let chat = json!({"type": "chat", "id": 2, "to_user": 999, "text": "新年快乐 🧧"}).to_string();
+    let cut = chat.find('年').unwrap() + 1; // inside 年
+    let mut bytes = masked(TEXT, &chat.as_bytes()[..cut]);
+    bytes.extend(masked(FIN | CONTINUATION, &chat.as_bytes()[cut..]));
+    client.send_raw(&bytes).unwrap();
+    let reply = client.wait_json("the chat reply", 2);
+    assert_eq!(reply["type"], "chat_reply", "{reply}");
+    assert_eq!(reply["result"], "offline", "{reply}");
+
+    // A binary shake in three fragments with a ping between, all in one write.
+    let frame = encode_to_vec(&Frame {
+        request_id: 77,
+        message: Message::Shake,
+    });
+    let mut bytes = masked(BINARY, &frame[..3]);
+    bytes.extend(masked(CONTINUATION, &frame[3..7]));
+    bytes.extend(masked(FIN | PING, b"again"));
+    bytes.extend(masked(FIN | CONTINUATION, &frame[7..]));
+    client.send_raw(&bytes).unwrap();
+    assert_eq!(
+        client.expect_event("the pong"),
+        WsEvent::Pong(b"again".to_vec())
+    );
+    match client.expect_event("the shake reply") {
+        WsEvent::Binary(bytes) => assert_eq!(
+            decode(&bytes).unwrap(),
+            Frame {
+                request_id: 77,
+                message: nothing()
+            }
+        ),
+        other => panic!("expected a binary shake reply, got {other:?}"),
+    }
+
+    // The same, each fragment in its own write.
+    let frame = encode_to_vec(&Frame {
+        request_id: 78,
+        message: Message::Shake,
+    });
+    for bytes in [
+        masked(BINARY, &frame[..1]),
+        masked(FIN | PING, b""),
+        masked(CONTINUATION, &frame[1..9]),
+        masked(FIN | CONTINUATION, &frame[9..]),
+    ] {
+        client.send_raw(&bytes).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    assert_eq!(client.expect_event("the pong"), WsEvent::Pong(vec![]));
+    match client.expect_event("the shake reply") {
+        WsEvent::Binary(bytes) => assert_eq!(decode(&bytes).unwrap().request_id, 78),
+        other => panic!("expected a binary shake reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn size_utf8_and_close_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+
+    // A text message announcing 40,000 bytes is refused from its header alone: 1009.
+    let mut client = server.ws_connect();
+    client.login_json(41);
+    client.send_raw(&header_only(FIN | TEXT, 40_000)).unwrap();
+    client.expect_close(1009);
+    client.expect_eof();
+
+    // So is a binary message one byte over a whole maximal frame, even as a fragment.
+    let mut client = server.ws_connect();
+    client.login_binary(42);
+    client
+        .send_raw(&header_only(BINARY, 4 + 16 * 1024 + 1))
+        .unwrap();
+    client.expect_close(1009);
+    client.expect_eof();
+
+    // Right at the limits is fine: a 32,768-byte text message (a shake padded with
+    // spaces), and a 16,388-byte binary one (a maximal frame of an unknown type, which
+    // gets an error reply and leaves the connection open).
+    let mut client = server.ws_connect();
+    client.login_json(47);
+    let mut text = r#"{"type":"shake","id":5}"#.to_string();
+    text.push_str(&" ".repeat(32 * 1024 - text.len()));
+    client.send_text(&text);
+    let shake = client.wait_json("the reply to a maximal text message", 5);
+    assert_eq!(shake["result"], "nothing", "{shake}");
+    let mut frame = (16 * 1024u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&[1, 0x7f, 0, 0, 0, 6]);
+    frame.resize(4 + 16 * 1024, 0);
+    client.send(Opcode::Binary, &frame).unwrap();
+    match client
+        .wait_binary("the reply to a maximal binary message", 6)
+        .message
+    {
+        Message::Error { result, .. } => assert_eq!(result, ResultCode::UnknownType),
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+    client.next_request_id = 7;
+    assert_eq!(client.request_binary(&Message::Shake), nothing());
+    // One byte over, announced in a first fragment: 1009.
+    let mut over = masked(TEXT, &[b' '; 100]);
+    over.extend(header_only(FIN | CONTINUATION, 32 * 1024 - 100 + 1));
+    client.send_raw(&over).unwrap();
+    client.expect_close(1009);
+    client.expect_eof();
+
+    // A text message that is not UTF-8: 1007.
+    let mut client = server.ws_connect();
+    client.login_json(43);
+    client
+        .send_raw(&masked(
+            FIN | TEXT,
+            b"{\"type\":\"chat\",\"id\":3,\"to_user\":1,\"text\":\"\xff\xfe\"}",
+        ))
+        .unwrap();
+    client.expect_close(1007);
+    client.expect_eof();
+
+    // The client closes with 1000: the server answers with a close and closes.
+    let mut client = server.ws_connect();
+    client.login_json(44);
+    client
+        .send_raw(&masked(FIN | CLOSE, &close_payload(1000, "bye")))
+        .unwrap();
+    client.expect_close(1000);
+    client.expect_eof();
+
+    // An empty close gets an empty close.
+    let mut client = server.ws_connect();
+    client.login_binary(45);
+    client.send_raw(&masked(FIN | CLOSE, b"")).unwrap();
+    assert_eq!(
+        client.expect_event("the close"),
+        WsEvent::Close(None, String::new())
+    );
+    client.expect_eof();
+}
+
+#[test]
+fn a_client_close_code_is_echoed() {
+    // docs/protocol.md: "the gateway answers with a close frame echoing its code".
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut client = server.ws_connect();
+    client.login_json(46);
+    // 1001 is what browsers send when the page goes away.
+    client
+        .send_raw(&masked(FIN | CLOSE, &close_payload(1001, "")))
+        .unwrap();
+    client.expect_close(1001);
+    client.expect_eof();
+}
+
+#[test]
+fn money_crosses_between_tcp_and_websocket() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut tcp = server.tcp_login(61);
+    let mut json_user = server.ws_connect();
+    json_user.login_json(62);
+    server.shake_campaign(40, 500, 1000, 2000);
+
+    // TCP wins, sends to the JSON user, who is told, opens, and is credited.
+    let (_, won) = tcp_shake_until_won(&mut tcp);
+    assert!((1000..=2000).contains(&won), "won {won}");
+    let send = tcp.send_packet(600, 1, &[62]).expect("send over TCP");
+    let Message::SendReply {
+        result: ResultCode::Ok,
+        packet_id,
+        balance_cents,
+    } = send
+    else {
+        panic!("send over TCP got {send:?}");
+    };
+    assert_eq!(balance_cents, won - 600);
+    let notice = json_user.next_push_json();
+    assert_eq!(notice["type"], "packet_notice", "{notice}");
+    assert_eq!(notice["packet_id"], packet_id, "{notice}");
+    assert_eq!(notice["from_user"], 61, "{notice}");
+    assert_eq!(notice["amount_cents"], 600, "{notice}");
+    assert_eq!(notice["shares"], 1, "{notice}");
+    let opened = json_user.request_json(json!({"type": "open", "packet_id": packet_id}));
+    assert_eq!(opened["type"], "open_reply", "{opened}");
+    assert_eq!(opened["result"], "opened", "{opened}");
+    assert_eq!(opened["packet_id"], packet_id, "{opened}");
+    assert_eq!(opened["amount_cents"], 600, "{opened}");
+    assert_eq!(server.balance(62), 600);
+    assert_eq!(server.balance(61), won - 600);
+    let view = server.get("/v1/users/62");
+    assert_eq!(view["recent_events"][0]["kind"], "share_opened", "{view:#}");
+    server.audit();
+
+    // The other way: a WebSocket-binary user wins, sends to a TCP user.
+    let mut binary_user = server.ws_connect();
+    binary_user.login_binary(63);
+    let mut tcp_receiver = server.tcp_login(64);
+    let (_, won) = ws_binary_shake_until_won(&mut binary_user);
+    match binary_user.request_binary(&Message::Send {
+        amount_cents: 300,
+        shares: 1,
+        recipients: vec![64],
+    }) {
+        Message::SendReply {
+            result: ResultCode::Ok,
+            packet_id,
+            balance_cents,
+        } => {
+            assert_eq!(balance_cents, won - 300);
+            match tcp_receiver.next_push().expect("a notice over TCP").message {
+                Message::PacketNotice {
+                    packet_id: noticed,
+                    from_user,
+                    amount_cents,
+                    shares,
+                    ..
+                } => assert_eq!(
+                    (noticed, from_user, amount_cents, shares),
+                    (packet_id, 63, 300, 1)
+                ),
+                other => panic!("expected a packet notice over TCP, got {other:?}"),
+            }
+            match tcp_receiver.open(packet_id).expect("open over TCP") {
+                Message::OpenReply {
+                    result,
+                    amount_cents,
+                    ..
+                } => assert_eq!((result, amount_cents), (ResultCode::Opened, 300)),
+                other => panic!("expected an open reply, got {other:?}"),
+            }
+        }
+        other => panic!("send over WebSocket got {other:?}"),
+    }
+    assert_eq!(server.balance(64), 300);
+    assert_eq!(server.balance(63), won - 300);
+    let audit = server.audit();
+    let campaign = server.get("/v1/campaigns/1");
+    assert_eq!(audit["minted_cents"], campaign["minted_cents"]);
+}
+
+#[test]
+fn broadcasts_reach_every_transport() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut tcp = server.tcp_login(71);
+    let mut binary = server.ws_connect();
+    binary.login_binary(72);
+    let mut text = server.ws_connect();
+    text.login_json(73);
+    // Upgraded but silent: we do not know its form, so it is not pushed to.
+    let mut silent = server.ws_connect();
+    // Logged in over JSON, then a binary message: pushes come in binary.
+    let mut mixed = server.ws_connect();
+    mixed.login_json(74);
+    binary_ping(&mut mixed, 1);
+
+    let (status, body) = server.http("POST", "/v1/broadcast", Some(r#"{"text":"hi all"}"#));
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    let connections = answer["connections"].as_u64().unwrap();
+    assert!(connections >= 4, "{answer:#}");
+    assert_eq!(answer["workers"], 2, "{answer:#}");
+    assert!(answer["id"].is_u64(), "{answer:#}");
+    let server_time_us = answer["server_time_us"].as_u64().unwrap();
+
+    let want = Message::Broadcast {
+        server_time_us,
+        text: "hi all".into(),
+    };
+    assert_eq!(tcp.next_push().expect("a broadcast over TCP").message, want);
+    assert_eq!(binary.next_push_binary(), want);
+    assert_eq!(mixed.next_push_binary(), want);
+    let pushed = text.next_push_json();
+    assert_eq!(pushed["type"], "broadcast", "{pushed}");
+    assert_eq!(pushed["text"], "hi all", "{pushed}");
+    assert_eq!(pushed["server_time_us"], server_time_us, "{pushed}");
+    silent.set_read_timeout(Duration::from_millis(300));
+    match silent.recv() {
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+        other => panic!("a silent WebSocket got {other:?}"),
+    }
+
+    // Bad requests.
+    let (status, body) = server.http("POST", "/v1/broadcast", Some("{}"));
+    assert_eq!(status, 400, "{body}");
+    let long = json!({ "text": "x".repeat(5000) }).to_string();
+    let (status, body) = server.http("POST", "/v1/broadcast", Some(&long));
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = server.http("GET", "/v1/broadcast", None);
+    assert_eq!(status, 405, "{body}");
+}
+
+#[test]
+fn a_websocket_that_never_upgrades_does_not_disturb_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    // Several, so both workers almost surely hold some: silent ones, and ones stuck
+    // half-way through their request head.
+    let mut loiterers = Vec::new();
+    for i in 0..8 {
+        let mut s = TcpStream::connect(server.ws).unwrap();
+        if i % 2 == 1 {
+            s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n")
+                .unwrap();
+        }
+        loiterers.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+
+    let mut clients: Vec<WsClient> = (0..4)
+        .map(|i| {
+            let mut c = server.ws_connect();
+            c.login_json(80 + i);
+            c
+        })
+        .collect();
+    for round in 0..5 {
+        for client in &mut clients {
+            let start = Instant::now();
+            let shake = client.request_json(json!({"type": "shake"}));
+            let took = start.elapsed();
+            assert_eq!(shake["result"], "nothing", "{shake}");
+            assert!(
+                took < Duration::from_secs(1),
+                "round {round}: shake took {took:?}"
+            );
+        }
+    }
+    drop(loiterers);
+}
+
+#[test]
+fn a_client_that_resets_after_a_violation_does_not_crash_a_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    // Bystanders, so both workers almost surely hold some.
+    let mut bystanders: Vec<WsClient> = (0..6)
+        .map(|i| {
+            let mut c = server.ws_connect();
+            c.login_binary(90 + i);
+            c
+        })
+        .collect();
+
+    // Errors are ignored here: once a worker has died, its connections are reset.
+    for _ in 0..10 {
+        let Ok(mut s) = TcpStream::connect(server.ws) else {
+            continue;
+        };
+        let _ = s.write_all(&ws::client_request("x", "/ws", &fresh_key()));
+        // Leave the 101 unread, so that closing the socket resets the connection (a
+        // socket closed with unread input sends RST): the server then reads the frame
+        // below, and its close frame cannot be written.
+        std::thread::sleep(Duration::from_millis(100));
+        let _ = s.write_all(&raw_frame(FIN | BINARY, None, b"unmasked"));
+        drop(s);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+
+    for (i, client) in bystanders.iter_mut().enumerate() {
+        let id = client.send_binary(&Message::Shake);
+        match client.read_event() {
+            Ok(WsEvent::Binary(bytes)) => {
+                assert_eq!(
+                    decode(&bytes).unwrap(),
+                    Frame {
+                        request_id: id,
+                        message: nothing()
+                    }
+                )
+            }
+            other => panic!("bystander {i} lost its connection (a worker died?): {other:?}"),
+        }
+    }
+    for worker in server.stats_workers() {
+        assert_eq!(worker["restarts"], 0, "worker restarted: {worker:#}");
+    }
+}
+
+#[test]
+fn rfc_violations_close_the_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut top_bit = vec![FIN | BINARY, 0x80 | 127, 0x80, 0, 0, 0, 0, 0, 0, 0];
+    top_bit.extend_from_slice(&MASK);
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("a reserved bit", masked(FIN | 0x40 | TEXT, b"{}"), 1002),
+        ("an unknown opcode", masked(FIN | 0x3, b""), 1002),
+        ("a 126-byte ping", masked(FIN | PING, &[0; 126]), 1002),
+        ("a fragmented ping", masked(PING, b"x"), 1002),
+        (
+            "a continuation of nothing",
+            masked(FIN | CONTINUATION, b"x"),
+            1002,
+        ),
+        (
+            "a new message inside another",
+            [masked(TEXT, b"{"), masked(FIN | BINARY, b"x")].concat(),
+            1002,
+        ),
+        ("a one-byte close", masked(FIN | CLOSE, &[3]), 1002),
+        (
+            "close code 999",
+            masked(FIN | CLOSE, &close_payload(999, "")),
+            1002,
+        ),
+        (
+            "close code 1005",
+            masked(FIN | CLOSE, &close_payload(1005, "")),
+            1002,
+        ),
+        (
+            "close code 2000",
+            masked(FIN | CLOSE, &close_payload(2000, "")),
+            1002,
+        ),
+        (
+            "close code 5000",
+            masked(FIN | CLOSE, &close_payload(5000, "")),
+            1002,
+        ),
+        ("a 64-bit length with its top bit set", top_bit, 1002),
+        (
+            "a close reason that is not UTF-8",
+            masked(FIN | CLOSE, &[0x03, 0xe8, 0xff]),
+            1007,
+        ),
+    ];
+    for (what, bytes, code) in cases {
+        let mut client = server.ws_connect();
+        client.login_binary(100);
+        client.send_raw(&bytes).unwrap();
+        match client.expect_event(what) {
+            WsEvent::Close(Some(got), _) => assert_eq!(got, code, "{what}"),
+            other => panic!("{what}: expected a close frame, got {other:?}"),
+        }
+        match client.recv() {
+            Err(e) if is_closed(&e) => {}
+            other => panic!("{what}: expected the connection closed, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_second_login_replaces_a_websocket() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+
+    // A JSON session replaced by a TCP login: a JSON kick, then close 1008 "replaced".
+    let mut first = server.ws_connect();
+    first.login_json(51);
+    let mut second = server.tcp_login(51);
+    let kick = first.next_push_json();
+    assert_eq!(kick["type"], "kick", "{kick}");
+    assert_eq!(kick["reason"], "replaced", "{kick}");
+    assert_eq!(first.expect_close(1008), "replaced");
+    first.expect_eof();
+    assert_eq!(second.shake().expect("the new session shakes"), nothing());
+
+    // A binary session replaced by a JSON one.
+    let mut first = server.ws_connect();
+    first.login_binary(52);
+    let mut second = server.ws_connect();
+    second.login_json(52);
+    assert!(matches!(
+        first.next_push_binary(),
+        Message::Kick {
+            reason: KickReason::Replaced,
+            ..
+        }
+    ));
+    assert_eq!(first.expect_close(1008), "replaced");
+    first.expect_eof();
+    let shake = second.request_json(json!({"type": "shake"}));
+    assert_eq!(shake["result"], "nothing", "{shake}");
+}
+
+#[test]
+fn idle_websockets_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, "login_timeout_secs = 1\n").unwrap();
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    );
+
+    // Upgraded but silent: nothing to push in, so only the close frame.
+    let mut silent = server.ws_connect();
+    // Spoke JSON (a ping) but never logged in: a JSON kick, then the close.
+    let mut json_user = server.ws_connect();
+    let pong = json_user.request_json(json!({"type": "ping", "client_time_us": 1}));
+    assert_eq!(pong["type"], "pong", "{pong}");
+    // Spoke binary: a binary kick.
+    let mut binary_user = server.ws_connect();
+    binary_ping(&mut binary_user, 1);
+    // Never upgraded: just closed.
+    let mut unupgraded = TcpStream::connect(server.ws).unwrap();
+    unupgraded.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    // Logged in: stays (no idle timeout by default).
+    let mut logged_in = server.ws_connect();
+    logged_in.login_json(53);
+
+    assert_eq!(silent.expect_close(1008), "idle");
+    silent.expect_eof();
+    let kick = json_user.next_push_json();
+    assert_eq!(
+        (&kick["type"], &kick["reason"]),
+        (&json!("kick"), &json!("idle")),
+        "{kick}"
+    );
+    assert_eq!(json_user.expect_close(1008), "idle");
+    json_user.expect_eof();
+    assert!(matches!(
+        binary_user.next_push_binary(),
+        Message::Kick {
+            reason: KickReason::Idle,
+            ..
+        }
+    ));
+    assert_eq!(binary_user.expect_close(1008), "idle");
+    binary_user.expect_eof();
+    let mut rest = Vec::new();
+    unupgraded
+        .read_to_end(&mut rest)
+        .expect("the unupgraded connection closed");
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+
+    let shake = logged_in.request_json(json!({"type": "shake"}));
+    assert_eq!(shake["result"], "nothing", "{shake}");
+}
+
+#[test]
+fn shutdown_says_going_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path());
+    let mut json_user = server.ws_connect();
+    json_user.login_json(54);
+    let mut binary_user = server.ws_connect();
+    binary_user.login_binary(55);
+    let mut silent = server.ws_connect();
+    let mut tcp = server.tcp_login(56);
+
+    let status = Command::new("kill")
+        .args(["-INT", &server.child.id().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success());
+
+    let kick = json_user.next_push_json();
+    assert_eq!(
+        (&kick["type"], &kick["reason"]),
+        (&json!("kick"), &json!("shutdown")),
+        "{kick}"
+    );
+    assert_eq!(json_user.expect_close(1001), "shutdown");
+    json_user.expect_eof();
+    assert!(matches!(
+        binary_user.next_push_binary(),
+        Message::Kick {
+            reason: KickReason::Shutdown,
+            ..
+        }
+    ));
+    assert_eq!(binary_user.expect_close(1001), "shutdown");
+    binary_user.expect_eof();
+    assert_eq!(silent.expect_close(1001), "shutdown");
+    silent.expect_eof();
+    match tcp.next_push().expect("a kick over TCP").message {
+        Message::Kick { reason, .. } => assert_eq!(reason, KickReason::Shutdown),
+        other => panic!("expected a kick over TCP, got {other:?}"),
+    }
+
+    let exit = wait_until("the server to stop after SIGINT", secs(20), || {
+        server.child.try_wait().unwrap()
+    });
+    assert!(exit.success(), "hongbao serve exited with {exit}");
+}
