@@ -1,7 +1,7 @@
 //! Prometheus text exposition (format 0.0.4), written by hand: counters, gauges and
 //! histograms, base units, a `hongbao_` prefix chosen by the callers.
 
-use std::collections::BTreeSet;
+use std::collections::HashMap;
 use std::fmt::Write;
 
 use hdrhistogram::Histogram;
@@ -12,11 +12,13 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     5.0, 10.0, 30.0,
 ];
 
-/// A Prometheus text page under construction.
+/// A Prometheus text page under construction. The format wants every line of a metric
+/// in one group, so lines are kept per metric (in the order metrics first appear) and
+/// joined at `finish`.
 #[derive(Default)]
 pub struct Exposition {
-    out: String,
-    described: BTreeSet<String>,
+    metrics: Vec<String>,
+    index: HashMap<String, usize>,
 }
 
 fn label_text(labels: &[(&str, String)]) -> String {
@@ -37,14 +39,21 @@ fn label_text(labels: &[(&str, String)]) -> String {
 }
 
 impl Exposition {
-    fn describe(&mut self, name: &str, kind: &str, help: &str) {
-        if self.described.insert(name.to_string()) {
-            let _ = writeln!(self.out, "# HELP {name} {help}");
-            let _ = writeln!(self.out, "# TYPE {name} {kind}");
-        }
+    /// The text of metric `name`, begun with its HELP and TYPE lines.
+    fn describe(&mut self, name: &str, kind: &str, help: &str) -> &mut String {
+        let at = match self.index.get(name) {
+            Some(&at) => at,
+            None => {
+                self.metrics
+                    .push(format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+                self.index.insert(name.to_string(), self.metrics.len() - 1);
+                self.metrics.len() - 1
+            }
+        };
+        &mut self.metrics[at]
     }
 
-    /// One sample of a counter or gauge. Samples of one name must be added together.
+    /// One sample of a counter or gauge.
     pub fn sample(
         &mut self,
         name: &str,
@@ -53,8 +62,8 @@ impl Exposition {
         labels: &[(&str, String)],
         value: f64,
     ) {
-        self.describe(name, kind, help);
-        let _ = writeln!(self.out, "{name}{} {value}", label_text(labels));
+        let out = self.describe(name, kind, help);
+        let _ = writeln!(out, "{name}{} {value}", label_text(labels));
     }
 
     /// A histogram of µs values, exported in seconds with `LATENCY_BUCKETS`.
@@ -65,7 +74,7 @@ impl Exposition {
         labels: &[(&str, String)],
         micros: &Histogram<u64>,
     ) {
-        self.describe(name, "histogram", help);
+        let out = self.describe(name, "histogram", help);
         let mut counts = vec![0u64; LATENCY_BUCKETS.len()];
         let mut sum_us = 0f64;
         for v in micros.iter_recorded() {
@@ -82,26 +91,53 @@ impl Exposition {
             cumulative += n;
             let mut with_le = labels.to_vec();
             with_le.push(("le", bound.to_string()));
-            let _ = writeln!(
-                self.out,
-                "{name}_bucket{} {cumulative}",
-                label_text(&with_le)
-            );
+            let _ = writeln!(out, "{name}_bucket{} {cumulative}", label_text(&with_le));
         }
         let mut inf = labels.to_vec();
         inf.push(("le", "+Inf".to_string()));
         let total = micros.len();
-        let _ = writeln!(self.out, "{name}_bucket{} {total}", label_text(&inf));
-        let _ = writeln!(
-            self.out,
-            "{name}_sum{} {}",
-            label_text(labels),
-            sum_us / 1e6
-        );
-        let _ = writeln!(self.out, "{name}_count{} {total}", label_text(labels));
+        let _ = writeln!(out, "{name}_bucket{} {total}", label_text(&inf));
+        let _ = writeln!(out, "{name}_sum{} {}", label_text(labels), sum_us / 1e6);
+        let _ = writeln!(out, "{name}_count{} {total}", label_text(labels));
     }
 
     pub fn finish(self) -> String {
-        self.out
+        self.metrics.concat()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_of_one_metric_stay_together() {
+        let mut m = Exposition::default();
+        for role in ["load", "server"] {
+            m.sample(
+                "hongbao_a_total",
+                "counter",
+                "a",
+                &[("role", role.into())],
+                1.0,
+            );
+            m.sample("hongbao_b", "gauge", "b", &[("role", role.into())], 2.0);
+        }
+        let text = m.finish();
+        let names: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split('{').next().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "hongbao_a_total",
+                "hongbao_a_total",
+                "hongbao_b",
+                "hongbao_b"
+            ]
+        );
+        assert_eq!(text.matches("# TYPE hongbao_a_total counter").count(), 1);
     }
 }

@@ -1,0 +1,761 @@
+//! End-to-end tests of `hongbao monitor` and of the Prometheus text that `serve` and the
+//! monitor expose: the real binary, real sockets on `127.0.0.1:0`, and `/metrics` read by
+//! a real Prometheus text-format parser (`prometheus-parse`), not by string matching.
+//!
+//! Every process a test starts is held by a `Process` guard that SIGKILLs it when the
+//! test ends, so nothing outlives a failing test; its stderr is printed if the test fails.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hongbao_monitor::{RoleSample, Sample};
+use hongbao_proto::client::Client;
+use hongbao_proto::{Message, ResultCode};
+use prometheus_parse::{HistogramCount, Scrape, Value as PromValue};
+use serde_json::{json, Value};
+
+/// How long a process may take to print its ready line (debug build, busy machine).
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a process may take to exit after SIGINT (the monitor draws its report).
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Read/write timeout of test clients and HTTP requests.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+const LATENCY_METRIC: &str = "hongbao_shake_latency_seconds";
+
+// ----- processes -------------------------------------------------------------------------
+
+/// A running `hongbao` subcommand: SIGKILLed when dropped. Its stdout is drained line by
+/// line into a channel (so it never blocks writing), its stderr into a log.
+struct Process {
+    what: &'static str,
+    child: Child,
+    stdout: Receiver<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+            eprintln!("----- hongbao {} stderr -----\n{log}-----", self.what);
+        }
+    }
+}
+
+impl Process {
+    fn spawn(what: &'static str, args: &[&str]) -> Process {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+            .args(args)
+            .env_remove("HONGBAO_SECRET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting hongbao {what}: {e}"));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().unwrap();
+        let log = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let stdout = lines_of(child.stdout.take().unwrap());
+        Process {
+            what,
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// The first stdout line, which must start with `prefix`.
+    fn ready_line(&self, prefix: &str) -> String {
+        let line = self
+            .stdout
+            .recv_timeout(START_TIMEOUT)
+            .unwrap_or_else(|e| panic!("hongbao {} printed no ready line: {e}", self.what));
+        assert!(line.starts_with(prefix), "unexpected first line: {line:?}");
+        line
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit by itself.
+    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let what = format!("hongbao {} to exit", self.what);
+        wait_until(&what, timeout, || self.child.try_wait().unwrap())
+    }
+
+    /// SIGINT, then waits for the exit, which must be clean.
+    fn interrupt(&mut self) {
+        let status = Command::new("kill")
+            .args(["-INT", &self.pid().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -INT {} failed", self.pid());
+        let status = self.wait_exit(STOP_TIMEOUT);
+        assert!(
+            status.success(),
+            "hongbao {} exited with {status}",
+            self.what
+        );
+    }
+
+    /// Every stdout line not read yet, up to the end of the stream (call after the exit).
+    fn rest_of_stdout(&self) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut lines = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stdout.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(RecvTimeoutError::Disconnected) => return lines,
+                Err(RecvTimeoutError::Timeout) => panic!("stdout of {} never ended", self.what),
+            }
+        }
+    }
+}
+
+fn lines_of(pipe: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+/// The value of `name=` in a ready line.
+fn field(line: &str, name: &str) -> String {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+        .to_string()
+}
+
+/// `hongbao monitor --listen 127.0.0.1:0 --out DIR`, and the address it bound.
+fn start_monitor(out: &Path) -> (Process, SocketAddr) {
+    let out = out.to_str().unwrap();
+    let monitor = Process::spawn(
+        "monitor",
+        &["monitor", "--listen", "127.0.0.1:0", "--out", out],
+    );
+    let ready = monitor.ready_line("hongbao monitor ready: ");
+    let addr: SocketAddr = field(&ready, "listen").parse().unwrap();
+    assert_ne!(addr.port(), 0, "{ready}");
+    assert_eq!(field(&ready, "out"), out);
+    assert!(
+        ready.ends_with(&format!("(dashboard http://{addr}/)")),
+        "{ready}"
+    );
+    (monitor, addr)
+}
+
+struct Serve {
+    process: Process,
+    listen: SocketAddr,
+    admin: SocketAddr,
+}
+
+/// `hongbao serve` with two workers on ephemeral ports and the dev secret.
+fn start_serve(data_dir: &Path, monitor: Option<SocketAddr>) -> Serve {
+    let data_dir = data_dir.to_str().unwrap();
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+    args.extend(["--workers", "2", "--data-dir", data_dir]);
+    let monitor = monitor.map(|m| m.to_string());
+    if let Some(m) = &monitor {
+        args.extend(["--monitor", m.as_str()]);
+    }
+    let process = Process::spawn("serve", &args);
+    let ready = process.ready_line("hongbao serve ready: ");
+    let listen: SocketAddr = field(&ready, "listen").parse().unwrap();
+    let admin: SocketAddr = field(&ready, "admin").parse().unwrap();
+    assert_ne!(listen.port(), 0);
+    assert_ne!(admin.port(), 0);
+    assert_eq!(field(&ready, "workers"), "2");
+    Serve {
+        process,
+        listen,
+        admin,
+    }
+}
+
+// ----- HTTP ------------------------------------------------------------------------------
+
+struct Reply {
+    status: u16,
+    content_type: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+fn http(method: &str, addr: SocketAddr, path: &str, body: Option<&str>) -> Reply {
+    let agent = ureq::AgentBuilder::new().timeout(IO_TIMEOUT).build();
+    let request = agent.request(method, &format!("http://{addr}{path}"));
+    let result = match body {
+        Some(body) => request.send_string(body),
+        None => request.call(),
+    };
+    let response = match result {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    Reply {
+        status: response.status(),
+        content_type: response.header("Content-Type").unwrap_or("").to_string(),
+        body: response.into_string().unwrap_or_default(),
+    }
+}
+
+fn get(addr: SocketAddr, path: &str) -> Reply {
+    let reply = http("GET", addr, path, None);
+    assert_eq!(reply.status, 200, "GET {path}: {}", reply.body);
+    reply
+}
+
+fn post(addr: SocketAddr, path: &str, body: &str) -> Reply {
+    http("POST", addr, path, Some(body))
+}
+
+/// A 400 whose body is `{"error": "..."}`.
+fn assert_refused(reply: &Reply, what: &str) {
+    assert_eq!(reply.status, 400, "{what}: {}", reply.body);
+    assert!(
+        reply.content_type.starts_with("application/json"),
+        "{what}: {}",
+        reply.content_type
+    );
+    let error = reply.json();
+    let message = error["error"].as_str().unwrap_or_default();
+    assert!(!message.is_empty(), "{what}: {error}");
+}
+
+// ----- Prometheus text -------------------------------------------------------------------
+
+/// `/metrics` read by the parser. Fails if the parser dropped any line: it skips lines it
+/// cannot read instead of failing, so every non-comment line must come back as a sample
+/// (or as one bucket of a histogram).
+fn scrape(addr: SocketAddr) -> Vec<prometheus_parse::Sample> {
+    let reply = get(addr, "/metrics");
+    assert!(
+        reply.content_type.starts_with("text/plain") && reply.content_type.contains("0.0.4"),
+        "content type {:?}",
+        reply.content_type
+    );
+    let text = reply.body;
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = Scrape::parse(lines).expect("the Prometheus parser refused /metrics");
+    let sample_lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .count();
+    let parsed: usize = scrape
+        .samples
+        .iter()
+        .map(|s| match &s.value {
+            PromValue::Histogram(buckets) => buckets.len(),
+            PromValue::Summary(quantiles) => quantiles.len(),
+            _ => 1,
+        })
+        .sum();
+    assert_eq!(parsed, sample_lines, "the parser skipped lines of:\n{text}");
+    for s in &scrape.samples {
+        assert!(
+            s.metric.starts_with("hongbao_"),
+            "{} lacks the prefix",
+            s.metric
+        );
+        // A histogram's `_sum` and `_count` come back as samples of their own.
+        let family = [
+            s.metric.as_str(),
+            s.metric.trim_end_matches("_count"),
+            s.metric.trim_end_matches("_sum"),
+        ];
+        assert!(
+            family.iter().any(|f| scrape.docs.contains_key(*f)),
+            "no HELP for {}",
+            s.metric
+        );
+    }
+    scrape.samples
+}
+
+fn labels_are(sample: &prometheus_parse::Sample, labels: &[(&str, &str)]) -> bool {
+    sample.labels.len() == labels.len()
+        && labels.iter().all(|(k, v)| sample.labels.get(k) == Some(*v))
+}
+
+/// The value of a counter, gauge or untyped sample with exactly these labels.
+fn value(samples: &[prometheus_parse::Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples
+        .iter()
+        .filter(|s| s.metric == name && labels_are(s, labels))
+        .find_map(|s| match s.value {
+            PromValue::Counter(v) | PromValue::Gauge(v) | PromValue::Untyped(v) => Some(v),
+            _ => None,
+        })
+}
+
+/// A counter with exactly these labels: it must be typed `counter`.
+fn counter(
+    samples: &[prometheus_parse::Sample],
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    let sample = samples
+        .iter()
+        .find(|s| s.metric == name && labels_are(s, labels))?;
+    match sample.value {
+        PromValue::Counter(v) => Some(v),
+        ref other => panic!("{name} {labels:?} is not a counter: {other:?}"),
+    }
+}
+
+/// The latency histogram with exactly these labels (besides `le`), checked: the documented
+/// bounds in order, cumulative counts, and `+Inf` equal to `_count`. Returns the count.
+fn latency_histogram(samples: &[prometheus_parse::Sample], labels: &[(&str, &str)]) -> u64 {
+    let buckets: &[HistogramCount] = samples
+        .iter()
+        .filter(|s| s.metric == LATENCY_METRIC && labels_are(s, labels))
+        .find_map(|s| match &s.value {
+            PromValue::Histogram(b) => Some(b.as_slice()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no histogram {LATENCY_METRIC} {labels:?}"));
+    let bounds: Vec<f64> = buckets.iter().map(|b| b.less_than).collect();
+    let mut expected = hongbao_monitor::prom::LATENCY_BUCKETS.to_vec();
+    expected.push(f64::INFINITY);
+    assert_eq!(
+        bounds, expected,
+        "bucket bounds of {LATENCY_METRIC} {labels:?}"
+    );
+    let counts: Vec<f64> = buckets.iter().map(|b| b.count).collect();
+    assert!(
+        counts.windows(2).all(|w| w[0] <= w[1]),
+        "buckets are not cumulative: {counts:?}"
+    );
+    let inf = *counts.last().unwrap();
+    let count = value(samples, &format!("{LATENCY_METRIC}_count"), labels)
+        .unwrap_or_else(|| panic!("no {LATENCY_METRIC}_count {labels:?}"));
+    assert_eq!(inf, count, "+Inf bucket against _count: {counts:?}");
+    let sum = value(samples, &format!("{LATENCY_METRIC}_sum"), labels)
+        .unwrap_or_else(|| panic!("no {LATENCY_METRIC}_sum {labels:?}"));
+    assert!(
+        sum >= 0.0 && (count == 0.0) == (sum == 0.0),
+        "sum {sum} for count {count}"
+    );
+    count as u64
+}
+
+// ----- series.csv ------------------------------------------------------------------------
+
+/// series.csv as rows of column → cell. Cells here hold no commas (no phase names with
+/// one), so a plain split reads them.
+fn series_rows(csv: &str) -> Vec<BTreeMap<String, String>> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    assert_eq!(header, hongbao_monitor::collector::COLUMNS);
+    lines
+        .map(|line| {
+            let cells: Vec<&str> = line.split(',').collect();
+            assert_eq!(cells.len(), header.len(), "row {line:?}");
+            header
+                .iter()
+                .zip(cells)
+                .map(|(h, c)| (h.to_string(), c.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+fn column_sum(rows: &[BTreeMap<String, String>], role: &str, column: &str) -> u64 {
+    rows.iter()
+        .filter(|r| r["role"] == role)
+        .map(|r| r[column].parse::<u64>().unwrap_or(0))
+        .sum()
+}
+
+// ----- misc ------------------------------------------------------------------------------
+
+/// Polls `f` every 50 ms until it gives a value; fails the test after `timeout`.
+fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = f() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn unix_second() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn shake_campaign(admin: SocketAddr, packets: u32, rate_per_sec: u32) {
+    let body = json!({
+        "packets": packets,
+        "rate_per_sec": rate_per_sec,
+        "amount_min": 100,
+        "amount_max": 500,
+    });
+    let reply = post(admin, "/v1/campaigns/shake", &body.to_string());
+    assert_eq!(
+        reply.status, 201,
+        "creating a shake campaign: {}",
+        reply.body
+    );
+    assert_eq!(reply.json()["kind"], "shake");
+}
+
+// ----- the tests -------------------------------------------------------------------------
+
+/// A serve and a two-process load report to one monitor: its live endpoints answer while
+/// they run, and after both stop, series.csv holds every role, second by second, with
+/// counts that add up to the load's own totals.
+#[test]
+fn monitor_merges_serve_and_load_by_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("monitor-out");
+    let (mut monitor, monitor_addr) = start_monitor(&out);
+    let mut serve = start_serve(&dir.path().join("data"), Some(monitor_addr));
+    shake_campaign(serve.admin, 1000, 200);
+
+    let (server, monitor_arg) = (serve.listen.to_string(), monitor_addr.to_string());
+    let mut load = Process::spawn(
+        "load",
+        &[
+            "load",
+            "--server",
+            &server,
+            "--users",
+            "500",
+            "--qps",
+            "500",
+            "--duration",
+            "6",
+            "--procs",
+            "2",
+            "--monitor",
+            &monitor_arg,
+        ],
+    );
+    // While the load fires: both roles' counters and the load's latency show on /metrics.
+    wait_until(
+        "the load's shakes on the monitor's /metrics",
+        Duration::from_secs(30),
+        || {
+            let samples = scrape(monitor_addr);
+            let has_latency = samples
+                .iter()
+                .any(|s| s.metric == LATENCY_METRIC && labels_are(s, &[("role", "load")]));
+            let load_shakes = counter(&samples, "hongbao_shakes_total", &[("role", "load")]);
+            let server_shakes = counter(&samples, "hongbao_shakes_total", &[("role", "server")]);
+            (has_latency && load_shakes > Some(0.0) && server_shakes > Some(0.0)).then_some(())
+        },
+    );
+    let status = load.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "hongbao load exited with {status}");
+    let stdout = load.rest_of_stdout();
+    let json_start = stdout
+        .iter()
+        .position(|l| l == "{")
+        .unwrap_or_else(|| panic!("no totals JSON in {stdout:#?}"));
+    let summary: Value = serde_json::from_str(&stdout[json_start..].join("\n")).unwrap();
+    let shakes_sent = summary["totals"]["shakes_sent"].as_u64().unwrap();
+    assert!(
+        shakes_sent >= 1000,
+        "only {shakes_sent} shakes in 6 s at 500/s"
+    );
+
+    // Right after the load, before anything stops.
+    let samples = scrape(monitor_addr);
+    let load_count = latency_histogram(&samples, &[("role", "load")]);
+    assert!(load_count > 0);
+    assert!(
+        load_count <= shakes_sent,
+        "{load_count} latencies for {shakes_sent} shakes"
+    );
+    let server_count = latency_histogram(&samples, &[("role", "server")]);
+    assert!(server_count > 0);
+    let load_shakes = counter(&samples, "hongbao_shakes_total", &[("role", "load")]).unwrap();
+    assert!(load_shakes > 0.0 && load_shakes <= shakes_sent as f64);
+    assert!(counter(&samples, "hongbao_shakes_total", &[("role", "server")]).unwrap() > 0.0);
+    assert!(counter(
+        &samples,
+        "hongbao_packets_released_total",
+        &[("role", "core")]
+    )
+    .is_some());
+    assert!(counter(
+        &samples,
+        "hongbao_network_rx_packets_total",
+        &[("role", "host")]
+    )
+    .is_some());
+    assert!(counter(&samples, "hongbao_monitor_rows_total", &[]).unwrap() > 0.0);
+    assert!(value(&samples, "hongbao_connections", &[("role", "load")]).is_some());
+
+    let latest = get(monitor_addr, "/v1/latest").json();
+    for role in ["server", "core", "load", "host"] {
+        assert_eq!(latest["rows"][role]["role"], role, "{latest:#}");
+    }
+    assert!(latest["unix_second"].as_u64().unwrap() <= unix_second());
+    let charts = get(monitor_addr, "/v1/charts").json();
+    let names: Vec<&str> = charts
+        .as_array()
+        .expect("an array of charts")
+        .iter()
+        .map(|c| {
+            assert!(c["title"].as_str().is_some_and(|t| !t.is_empty()), "{c}");
+            c["name"].as_str().unwrap()
+        })
+        .collect();
+    let documented: Vec<&str> = hongbao_report::CHARTS.iter().map(|c| c.name).collect();
+    assert_eq!(names, documented);
+    let svg = get(monitor_addr, "/charts/qps.svg");
+    assert!(
+        svg.content_type.starts_with("image/svg+xml"),
+        "{}",
+        svg.content_type
+    );
+    let head = svg.body.trim_start();
+    assert!(
+        (head.starts_with("<svg") || head.starts_with("<?xml")) && head.contains("<svg"),
+        "not an SVG: {}",
+        &head[..head.len().min(200)]
+    );
+    assert_eq!(
+        http("GET", monitor_addr, "/charts/nothing.svg", None).status,
+        404
+    );
+
+    serve.process.interrupt();
+    monitor.interrupt();
+    let monitor_stdout = monitor.rest_of_stdout();
+    assert!(
+        monitor_stdout.iter().any(|l| l.starts_with("report: ")),
+        "{monitor_stdout:?}"
+    );
+    assert!(out.join("report.html").is_file());
+
+    let csv = std::fs::read_to_string(out.join("series.csv")).unwrap();
+    let rows = series_rows(&csv);
+    let mut seconds: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for r in &rows {
+        seconds
+            .entry(r["role"].as_str())
+            .or_default()
+            .push(r["unix_second"].parse().unwrap());
+        assert_eq!(r["phase"], "", "no marks were made: {r:?}");
+    }
+    assert_eq!(
+        seconds.keys().copied().collect::<BTreeSet<_>>(),
+        BTreeSet::from(["core", "host", "load", "server"])
+    );
+    for (role, s) in &seconds {
+        assert!(s.len() >= 4, "{role}: {s:?}");
+        assert!(
+            s.windows(2).all(|w| w[1] == w[0] + 1),
+            "{role}: gaps in {s:?}"
+        );
+    }
+    assert_eq!(column_sum(&rows, "load", "shakes"), shakes_sent);
+    // Every shake the load sent reached a worker and was counted there.
+    assert_eq!(column_sum(&rows, "server", "shakes"), shakes_sent);
+    assert_eq!(
+        column_sum(&rows, "load", "won"),
+        summary["totals"]["won"].as_u64().unwrap()
+    );
+}
+
+/// `serve`'s admin `/metrics` reads as Prometheus text 0.0.4, with the shakes made and
+/// their latency histogram.
+#[test]
+fn serve_metrics_parse_as_prometheus_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = start_serve(dir.path(), None);
+    // A few packets, so some shakes win (answered via the core) and the rest get nothing.
+    shake_campaign(serve.admin, 3, 1000);
+    let secret = hongbao_server::config::DEV_SECRET.as_bytes();
+    let mut shakes = 0u64;
+    let mut won = 0;
+    for user in 1..=4 {
+        let mut client = Client::connect(serve.listen).expect("connecting");
+        client.set_timeout(IO_TIMEOUT).unwrap();
+        assert_eq!(
+            client.login(user, secret).unwrap(),
+            ResultCode::Ok,
+            "login {user}"
+        );
+        for _ in 0..3 {
+            match client.shake().expect("shake") {
+                Message::ShakeReply { result, .. } => {
+                    assert!(matches!(result, ResultCode::Won | ResultCode::Nothing));
+                    won += u64::from(result == ResultCode::Won);
+                }
+                other => panic!("expected a shake reply, got {other:?}"),
+            }
+            shakes += 1;
+        }
+    }
+
+    // Workers report once a second; wait for the reports that carry these shakes.
+    let samples = wait_until("the shakes on /metrics", Duration::from_secs(10), || {
+        let samples = scrape(serve.admin);
+        let counted = counter(&samples, "hongbao_worker_shakes_total", &[])?;
+        let latencies = value(&samples, &format!("{LATENCY_METRIC}_count"), &[])?;
+        (counted >= shakes as f64 && latencies >= shakes as f64).then_some(samples)
+    });
+    assert!(latency_histogram(&samples, &[]) >= shakes);
+    assert_eq!(value(&samples, "hongbao_audit_ok", &[]), Some(1.0));
+    assert_eq!(
+        counter(
+            &samples,
+            "hongbao_core_replies_total",
+            &[("op", "shake"), ("result", "won")]
+        ),
+        Some(won as f64)
+    );
+    assert!(counter(&samples, "hongbao_worker_logins_total", &[]).unwrap() >= 4.0);
+    for worker in ["0", "1"] {
+        let labels = [("worker", worker)];
+        assert!(value(&samples, "hongbao_worker_connections", &labels).is_some());
+        assert!(counter(&samples, "hongbao_worker_cpu_seconds_total", &labels).is_some());
+    }
+    let minted = value(&samples, "hongbao_money_minted_cents", &[]).unwrap();
+    assert!((300.0..=1500.0).contains(&minted), "minted {minted}");
+    let seq = value(&samples, "hongbao_ledger_seq", &[]).unwrap();
+    assert!(seq >= 1.0 + won as f64);
+}
+
+/// The monitor refuses what is not a report or a mark with a 400 and a reason, takes the
+/// good ones, writes rows for reports of past seconds, and stays up throughout.
+#[test]
+fn monitor_rejects_bad_reports_and_marks() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("monitor-out");
+    let (mut monitor, addr) = start_monitor(&out);
+
+    let bad_reports = [
+        "garbage{",
+        "",
+        "[]",
+        r#"{"instance": 5}"#,
+        r#"{"instance": "x", "host": "h", "unix_second": "soon", "roles": []}"#,
+        r#"{"instance": "x", "host": "h", "unix_second": 1, "roles": [{"role": "load"}]}"#,
+    ];
+    for body in bad_reports {
+        assert_refused(&post(addr, "/v1/report", body), &format!("report {body:?}"));
+    }
+    for body in ["{}", "garbage", r#"{"phase": ""}"#, r#"{"phase": 7}"#] {
+        assert_refused(&post(addr, "/v1/mark", body), &format!("mark {body:?}"));
+    }
+    let mark = post(addr, "/v1/mark", r#"{"phase": "warmup"}"#);
+    assert_eq!(mark.status, 200, "{}", mark.body);
+    assert_eq!(mark.json()["phase"], "warmup");
+    assert_eq!(http("GET", addr, "/v1/nothing", None).status, 404);
+
+    // Two consecutive seconds, long past: written at once, since their grace is over.
+    let first = unix_second() - 100;
+    let report = |second: u64, shakes: u64| Sample {
+        instance: "test@here:1".into(),
+        host: "here".into(),
+        unix_second: second,
+        roles: vec![RoleSample {
+            role: "load".into(),
+            processes: 1,
+            cpu_ms: 10 * shakes,
+            counters: BTreeMap::from([("shakes".to_string(), shakes)]),
+            levels: BTreeMap::from([("connections".to_string(), 3)]),
+            latency_us: vec![(250, shakes)],
+        }],
+        net: None,
+    };
+    for (second, shakes) in [(first, 10), (first + 1, 25)] {
+        let body = serde_json::to_string(&report(second, shakes)).unwrap();
+        let reply = post(addr, "/v1/report", &body);
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    // The ticker may close the first second between the two reports; the second's counts
+    // then go to the oldest second still open. Either way they are all written.
+    let rows = wait_until(
+        "rows for the reported seconds",
+        Duration::from_secs(5),
+        || {
+            let rows = series_rows(&get(addr, "/v1/series.csv").body);
+            (column_sum(&rows, "load", "shakes") == 25).then_some(rows)
+        },
+    );
+    let seconds: Vec<u64> = rows
+        .iter()
+        .map(|r| r["unix_second"].parse().unwrap())
+        .collect();
+    assert_eq!(seconds[..2], [first, first + 1], "{seconds:?}");
+    assert!(
+        seconds.windows(2).all(|w| w[1] == w[0] + 1),
+        "gaps in {seconds:?}"
+    );
+    assert!(rows.iter().all(|r| r["role"] == "load"));
+    assert_eq!(rows[0]["shakes"], "10");
+    assert_eq!(rows[0]["connections"], "3");
+    assert_eq!(rows[0]["latency_p50_ms"], "0.25");
+    assert_eq!(rows[0]["phase"], "", "the mark came later");
+    let samples = scrape(addr);
+    assert_eq!(
+        counter(&samples, "hongbao_shakes_total", &[("role", "load")]),
+        Some(25.0)
+    );
+    assert_eq!(latency_histogram(&samples, &[("role", "load")]), 35);
+
+    let page = get(addr, "/");
+    assert!(
+        page.content_type.starts_with("text/html"),
+        "{}",
+        page.content_type
+    );
+    monitor.interrupt();
+    let written = std::fs::read_to_string(out.join("series.csv")).unwrap();
+    assert!(
+        written.starts_with(&rows_prefix(&rows)),
+        "series.csv lacks the rows served"
+    );
+    assert!(out.join("report.html").is_file());
+}
+
+/// The header and first two rows of series.csv, as the monitor wrote them.
+fn rows_prefix(rows: &[BTreeMap<String, String>]) -> String {
+    let columns = hongbao_monitor::collector::COLUMNS;
+    let mut text = columns.join(",") + "\n";
+    for row in rows.iter().take(2) {
+        let cells: Vec<&str> = columns.iter().map(|c| row[*c].as_str()).collect();
+        text += &(cells.join(",") + "\n");
+    }
+    text
+}
