@@ -61,9 +61,12 @@ enum Command {
 
 #[derive(Args)]
 struct LoadArgs {
-    /// The server's client address
+    /// The server's client address: its --listen for tcp, its --ws-listen for ws
     #[arg(long, required_unless_present = "set_qps")]
     server: Option<std::net::SocketAddr>,
+    /// tcp (binary frames) or ws (the same frames in WebSocket binary messages)
+    #[arg(long, default_value = "tcp")]
+    transport: hongbao_load::transport::Transport,
     /// Simulated users, one connection each
     #[arg(long, default_value_t = 20_000)]
     users: u64,
@@ -137,6 +140,12 @@ struct BenchArgs {
     /// Where the bench's monitor (live dashboard, /metrics) listens [default: 127.0.0.1, any port]
     #[arg(long)]
     monitor_listen: Option<std::net::SocketAddr>,
+    /// tcp, or ws (the server also listens for WebSocket and the clients connect there)
+    #[arg(long, default_value = "tcp")]
+    transport: hongbao_load::transport::Transport,
+    /// Seconds between operator broadcasts in each steady phase; 0 = none
+    #[arg(long, default_value_t = 0.0)]
+    broadcast_every: f64,
 }
 
 /// Flags win over the config file, which wins over the defaults.
@@ -245,6 +254,7 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
     };
     Ok(hongbao_load::coordinator::LoadOptions {
         server: args.server.expect("clap requires --server"),
+        transport: args.transport,
         users: args.users,
         first_user: args.first_user,
         qps: args.qps,
@@ -296,6 +306,11 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
     if let Some(v) = args.monitor_listen {
         opts.monitor_listen = v;
     }
+    opts.transport = args.transport;
+    if !(args.broadcast_every >= 0.0 && args.broadcast_every.is_finite()) {
+        anyhow::bail!("--broadcast-every must be 0 (off) or a number of seconds");
+    }
+    opts.broadcast_every_secs = args.broadcast_every;
     Ok(opts)
 }
 

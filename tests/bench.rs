@@ -131,13 +131,75 @@ fn small_bench_balances_every_cent_and_matches_the_campaigns() {
         s["amount_minted"].as_u64().unwrap() + d["amount_sent"].as_u64().unwrap()
     );
 
-    check_series(out.path(), &summary);
+    check_series(out.path(), &summary, &["connect", "qps-1500", "qps-3000"]);
     check_report(out.path());
+}
+
+/// Over WebSocket, with broadcasts during the phases: every connection receives every
+/// broadcast, and the series, the summary and broadcasts.json agree.
+#[test]
+fn small_websocket_bench_delivers_every_broadcast() {
+    let out = tempfile::tempdir().unwrap();
+    let connections = 3000u64;
+    let status = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        .args([
+            "bench",
+            "--transport",
+            "ws",
+            "--connections",
+            &connections.to_string(),
+        ])
+        .args(["--workers", "2", "--procs", "2", "--phase-qps", "1000"])
+        .args(["--shake-packets", "100", "--send-packets", "50"])
+        .args(["--broadcast-every", "2"])
+        .arg("--out")
+        .arg(out.path())
+        .status()
+        .expect("running hongbao bench");
+    assert!(status.success(), "bench exited with {status}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    let b = &summary["broadcast"];
+    let sent = b["sent"].as_u64().unwrap();
+    assert!(sent >= 1, "{b}");
+    assert_eq!(b["connections"], sent * connections, "{b}");
+    assert_eq!(b["delivered"], b["connections"], "{b}");
+    for k in [
+        "min", "mean", "stddev", "p50", "p75", "p95", "p98", "p99", "p999", "max",
+    ] {
+        assert!(b["latency_ms"][k].is_number(), "broadcast.latency_ms.{k}");
+    }
+    assert!(b["complete_ms"].as_f64().unwrap() > 0.0);
+    let list: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("broadcasts.json")).unwrap())
+            .unwrap();
+    assert_eq!(list.len() as u64, sent);
+    for one in &list {
+        assert_eq!(one["delivered"], connections, "{one}");
+        let id = one["id"].as_u64().unwrap();
+        assert!(out.path().join(format!("broadcast_{id}.png")).exists());
+    }
+    check_series(out.path(), &summary, &["connect", "qps-1000"]);
+    let series = std::fs::read_to_string(out.path().join("series.csv")).unwrap();
+    let header: Vec<&str> = series.lines().next().unwrap().split(',').collect();
+    let col = header
+        .iter()
+        .position(|c| *c == "broadcast_delivered")
+        .unwrap();
+    let delivered: u64 = series
+        .lines()
+        .skip(1)
+        .filter(|l| l.contains(",load,"))
+        .map(|l| l.split(',').nth(col).unwrap().parse::<u64>().unwrap_or(0))
+        .sum();
+    assert_eq!(delivered, sent * connections);
 }
 
 /// series.csv: the documented header, one row per second per role from the role's first
 /// second to the end with no gaps, and per-second counts that add up to the summary's.
-fn check_series(dir: &std::path::Path, summary: &Value) {
+fn check_series(dir: &std::path::Path, summary: &Value, phases: &[&str]) {
     let series = std::fs::read_to_string(dir.join("series.csv")).unwrap();
     let mut lines = series.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
@@ -188,9 +250,9 @@ fn check_series(dir: &std::path::Path, summary: &Value) {
     // Every shake the clients sent reached a worker and was counted there.
     assert_eq!(sum("server", "shakes"), totals["shakes_sent"]);
     assert!(sum("host", "net_rx_packets") > sum("load", "shakes"));
-    let phases: Vec<&str> = rows.iter().map(|r| r["phase"]).collect();
-    for phase in ["connect", "qps-1500", "qps-3000"] {
-        assert!(phases.contains(&phase), "no rows in phase {phase}");
+    let seen: Vec<&str> = rows.iter().map(|r| r["phase"]).collect();
+    for phase in phases {
+        assert!(seen.contains(phase), "no rows in phase {phase}");
     }
 }
 

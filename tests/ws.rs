@@ -794,27 +794,6 @@ fn binary_ping(client: &mut WsClient, client_time_us: u64) {
     }
 }
 
-/// The next two events, which must be one text and one binary message, as (the text as
-/// JSON, the binary as a frame).
-fn one_text_one_binary(client: &mut WsClient) -> (Value, Frame) {
-    let mut text = None;
-    let mut binary = None;
-    for _ in 0..2 {
-        match client.expect_event("a reply") {
-            WsEvent::Text(t) => text = Some(serde_json::from_str::<Value>(&t).unwrap()),
-            WsEvent::Binary(b) => binary = Some(decode(&b).unwrap()),
-            other => panic!("expected a reply, got {other:?}"),
-        }
-    }
-    match (text, binary) {
-        (Some(text), Some(binary)) => (text, binary),
-        (text, binary) => panic!(
-            "each request should be answered in its own form; got text {text:?} and \
-             binary {binary:?}"
-        ),
-    }
-}
-
 // ----- the tests -------------------------------------------------------------------------
 
 #[test]

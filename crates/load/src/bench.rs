@@ -5,6 +5,10 @@
 //!
 //! The audit holds three witnesses against each other: the campaigns' own counts, the
 //! clients' counts of what they were told, and the ledger's balances user by user.
+//!
+//! With `--broadcast-every S` it also broadcasts every S seconds of each steady phase and
+//! checks that every connection the server handed a broadcast to received it, timing the
+//! deliveries (`broadcast.rs`; `broadcasts.json`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -21,8 +25,10 @@ use serde_json::{json, Value};
 
 use hongbao_monitor::Monitor;
 
+use crate::broadcast::{self, Sent};
 use crate::coordinator::{progress, Load, LoadOptions, Row};
 use crate::report::{self, Counters};
+use crate::transport::Transport;
 
 pub const SECRET: &str = "hongbao-bench-secret";
 
@@ -50,6 +56,10 @@ pub struct BenchOptions {
     pub connect_rate: u64,
     /// Where the bench's own monitor (dashboard, /metrics) listens.
     pub monitor_listen: SocketAddr,
+    /// How the clients connect: raw TCP, or WebSocket to the server's `--ws-listen`.
+    pub transport: Transport,
+    /// Seconds between operator broadcasts during each steady phase; 0 = none.
+    pub broadcast_every_secs: f64,
 }
 
 impl BenchOptions {
@@ -67,6 +77,8 @@ impl BenchOptions {
             max_shake_qps: 100_000,
             connect_rate: 20_000,
             monitor_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            transport: Transport::Tcp,
+            broadcast_every_secs: 0.0,
         };
         match preset {
             Preset::Quick => base,
@@ -154,6 +166,8 @@ struct Server {
     child: Child,
     admin: SocketAddr,
     listen: SocketAddr,
+    /// The WebSocket listener, when asked for.
+    ws: Option<SocketAddr>,
 }
 
 impl Drop for Server {
@@ -176,6 +190,10 @@ impl Server {
             .args(["--connections", &opts.connections.to_string()])
             .args(["--max-shake-qps", &opts.max_shake_qps.to_string()])
             .args(["--secret", SECRET])
+            .args(match opts.transport {
+                Transport::Tcp => &[][..],
+                Transport::Ws => &["--ws-listen", "127.0.0.1:0"][..],
+            })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -191,6 +209,7 @@ impl Server {
             child,
             admin: "0.0.0.0:0".parse()?,
             listen: "0.0.0.0:0".parse()?,
+            ws: None,
         };
         let line = rx
             .recv_timeout(Duration::from_secs(60))
@@ -204,6 +223,9 @@ impl Server {
         };
         server.listen = field("listen")?;
         server.admin = field("admin")?;
+        if opts.transport == Transport::Ws {
+            server.ws = Some(field("ws")?);
+        }
         Ok(server)
     }
 
@@ -321,7 +343,11 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     };
 
     let load = Load::start(LoadOptions {
-        server: server.listen,
+        server: match opts.transport {
+            Transport::Tcp => server.listen,
+            Transport::Ws => server.ws.context("the server has no WebSocket listener")?,
+        },
+        transport: opts.transport,
         users: opts.connections,
         first_user: 1,
         qps: 0,
@@ -369,6 +395,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     let mut discrepancies: Vec<Discrepancy> = Vec::new();
     let mut shake_total = ShakeAudit::default();
     let mut send_total = SendAudit::default();
+    let mut broadcaster = Broadcaster::new(opts.broadcast_every_secs);
 
     for (n, &qps) in opts.phase_qps.iter().enumerate() {
         let name = format!("qps-{qps}");
@@ -379,6 +406,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
             n + 2
         ));
         wait_until_second(&load, from + 1);
+        broadcaster.start_phase(&name);
         let before = load.totals();
         let shake = server.post(
             "/v1/campaigns/shake",
@@ -388,6 +416,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         let shake_done = wait_campaign(
             &server,
             &load,
+            &mut broadcaster,
             shake_id,
             opts.shake_packets,
             opts.campaign_rate,
@@ -402,6 +431,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         let send_done = wait_campaign(
             &server,
             &load,
+            &mut broadcaster,
             send_id,
             opts.send_packets,
             opts.campaign_rate,
@@ -418,9 +448,10 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
             if t.won - before.won >= won && t.opened - before.opened >= opened {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            broadcaster.sleep(Duration::from_millis(100), &server, &load)?;
         }
-        std::thread::sleep(Duration::from_millis(1100));
+        broadcaster.sleep(Duration::from_millis(1100), &server, &load)?;
+        broadcaster.end_phase();
         let after = load.totals();
         let end_second = load.current_second().saturating_sub(1);
         let phase = Phase {
@@ -466,6 +497,16 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         summaries.push(summary);
     }
 
+    // Every connection should get every broadcast: give the last ones time to arrive.
+    let sent = broadcaster.sent;
+    if !sent.is_empty() && !wait_deliveries(&load, &sent) {
+        say("bench: some broadcasts were not delivered to every connection in time");
+    }
+    let drops_after = {
+        let t = load.totals();
+        t.disconnects + t.connect_failures()
+    };
+
     let rows = load.rows();
     let peak_connections = rows.iter().map(|r| r.logged_in).max().unwrap_or(0);
     let load_pids = load.pids();
@@ -473,7 +514,33 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     load.set_qps(0)?;
     monitor.mark("stop");
     let finished = load.stop()?;
+    let deliveries = load.broadcasts();
     drop(load);
+    let broadcast_entries = broadcast::entries(&sent, &deliveries);
+    let broadcast_summary = broadcast::summary(&sent, &deliveries);
+    // Written before the monitor finishes, so its last report draws the curves.
+    std::fs::write(
+        opts.out.join("broadcasts.json"),
+        serde_json::to_string_pretty(&broadcast_entries)?,
+    )?;
+    for (s, e) in sent.iter().zip(&broadcast_entries) {
+        if !broadcast::delivery_ok(s, e.delivered, drops_after) {
+            discrepancies.push(Discrepancy {
+                kind: "broadcast_delivery".into(),
+                user: None,
+                phase: Some(s.phase.clone()),
+                server: s.connections,
+                clients: e.delivered,
+            });
+        }
+    }
+    if !sent.is_empty() {
+        let b = &broadcast_summary;
+        say(&format!(
+            "bench: {} broadcasts to {} connections: {} delivered; slowest complete in {:.1} ms; delivery p50 {:.2} ms p99 {:.2} ms max {:.2} ms",
+            b.sent, b.connections, b.delivered, b.complete_ms, b.latency_ms.p50, b.latency_ms.p99, b.latency_ms.max
+        ));
+    }
     sampling.store(false, Ordering::Relaxed);
     let _ = sampler.join();
     let final_audit = server.get("/v1/audit")?;
@@ -540,6 +607,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         "phases": summaries,
         "shake": shake_total,
         "send": send_total,
+        "broadcast": broadcast_summary,
         "audit": {
             "ok": audit_ok,
             "discrepancies": discrepancies,
@@ -561,6 +629,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
             "workers": opts.workers, "phase_qps": opts.phase_qps, "shake_packets": opts.shake_packets,
             "send_packets": opts.send_packets, "campaign_rate": opts.campaign_rate, "recipients": opts.recipients,
             "max_shake_qps": opts.max_shake_qps, "connect_rate": opts.connect_rate,
+            "transport": opts.transport.to_string(), "broadcast_every": opts.broadcast_every_secs,
         },
     });
     std::fs::write(
@@ -593,10 +662,117 @@ fn wait_until_second(load: &Load, second: u64) {
     }
 }
 
+/// Sends a steady phase's broadcasts on time while the bench waits for other things: the
+/// first when the phase's QPS holds, then every `every` (on an absolute schedule, so a
+/// slow answer does not push the next one later).
+struct Broadcaster {
+    every: Option<Duration>,
+    /// When the next one is due; `None` outside a steady phase.
+    next_at: Option<Instant>,
+    phase: String,
+    sent: Vec<Sent>,
+}
+
+impl Broadcaster {
+    fn new(every_secs: f64) -> Broadcaster {
+        Broadcaster {
+            every: (every_secs > 0.0).then(|| Duration::from_secs_f64(every_secs)),
+            next_at: None,
+            phase: String::new(),
+            sent: Vec::new(),
+        }
+    }
+
+    fn start_phase(&mut self, name: &str) {
+        if self.every.is_some() {
+            self.next_at = Some(Instant::now());
+            self.phase = name.to_string();
+        }
+    }
+
+    fn end_phase(&mut self) {
+        self.next_at = None;
+    }
+
+    /// Sends a broadcast if one is due.
+    fn tick(&mut self, server: &Server, load: &Load) -> anyhow::Result<()> {
+        let (Some(every), Some(due)) = (self.every, self.next_at) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if now < due {
+            return Ok(());
+        }
+        let mut next = due + every;
+        while next <= now {
+            next += every; // fell behind (a stall): skip, do not burst
+        }
+        self.next_at = Some(next);
+        // Drops before the send, as the clients last reported: a drop between that report
+        // and the send only loosens the check (`broadcast::delivery_ok`).
+        let t = load.totals();
+        let text = format!("bench broadcast {}", self.sent.len() + 1);
+        let r = server.post("/v1/broadcast", json!({ "text": text }))?;
+        let field = |k: &str| {
+            r[k].as_u64()
+                .with_context(|| format!("POST /v1/broadcast answered without {k}: {r}"))
+        };
+        self.sent.push(Sent {
+            id: field("id")?,
+            server_time_us: field("server_time_us")?,
+            connections: field("connections")?,
+            phase: self.phase.clone(),
+            drops_before: t.disconnects + t.connect_failures(),
+        });
+        Ok(())
+    }
+
+    /// Sleeps for `d`, sending what falls due meanwhile.
+    fn sleep(&mut self, d: Duration, server: &Server, load: &Load) -> anyhow::Result<()> {
+        let end = Instant::now() + d;
+        loop {
+            self.tick(server, load)?;
+            let now = Instant::now();
+            if now >= end {
+                return Ok(());
+            }
+            std::thread::sleep((end - now).min(Duration::from_millis(50)));
+        }
+    }
+}
+
+/// Waits until every broadcast in `sent` has reached as many clients as the server handed
+/// it to, for at most max(5 s, twice the slowest delivery seen so far); false on timeout.
+/// Clients report once a second, so the 5 s also covers their reports catching up.
+fn wait_deliveries(load: &Load, sent: &[Sent]) -> bool {
+    let slowest_ms = load
+        .broadcasts()
+        .iter()
+        .map(|b| b.complete_ms())
+        .fold(0.0, f64::max);
+    let deadline = Instant::now() + Duration::from_secs_f64((2.0 * slowest_ms / 1000.0).max(5.0));
+    loop {
+        let delivered = load.broadcasts_delivered();
+        let done = sent.iter().all(|s| {
+            delivered
+                .get(&s.server_time_us)
+                .is_some_and(|&d| d >= s.connections)
+        });
+        if done {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Polls a campaign until `done`, printing the load's progress line each second.
 fn wait_campaign(
     server: &Server,
     load: &Load,
+    broadcaster: &mut Broadcaster,
     id: u64,
     packets: u32,
     rate: u32,
@@ -619,7 +795,7 @@ fn wait_campaign(
                 say(&format!("  {}", p.line()));
             }
         }
-        std::thread::sleep(Duration::from_millis(100));
+        broadcaster.sleep(Duration::from_millis(100), server, load)?;
     }
 }
 

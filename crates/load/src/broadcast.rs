@@ -52,11 +52,14 @@ pub struct Receipts {
 impl Receipts {
     /// One broadcast message received at `receive_us`.
     pub fn record(&mut self, server_time_us: u64, receive_us: u64) {
-        let tally = self.by_stamp.entry(server_time_us).or_insert_with(|| Tally {
-            delivered: 0,
-            last_receive_us: 0,
-            latency_us: new_histogram(),
-        });
+        let tally = self
+            .by_stamp
+            .entry(server_time_us)
+            .or_insert_with(|| Tally {
+                delivered: 0,
+                last_receive_us: 0,
+                latency_us: new_histogram(),
+            });
         tally.delivered += 1;
         tally.last_receive_us = tally.last_receive_us.max(receive_us);
         // A clock step backwards would make this negative: count it as the fastest.
@@ -114,14 +117,21 @@ impl Deliveries {
         self.by_stamp.values().map(|m| m.delivered).sum()
     }
 
+    /// Messages received per broadcast, by stamp.
+    pub fn delivered_by_stamp(&self) -> BTreeMap<u64, u64> {
+        self.by_stamp
+            .iter()
+            .map(|(&stamp, m)| (stamp, m.delivered))
+            .collect()
+    }
+
     /// One entry per broadcast, oldest stamp first.
     pub fn stats(&self) -> Vec<BroadcastStats> {
         self.by_stamp
             .iter()
             .map(|(&server_time_us, m)| {
                 let mut latency_us = new_histogram();
-                let buckets: Vec<(u64, u64)> =
-                    m.latency_us.iter().map(|(&v, &c)| (v, c)).collect();
+                let buckets: Vec<(u64, u64)> = m.latency_us.iter().map(|(&v, &c)| (v, c)).collect();
                 merge_sparse(&mut latency_us, &buckets);
                 BroadcastStats {
                     server_time_us,
@@ -188,8 +198,19 @@ pub struct Sent {
     pub connections: u64,
     /// The steady phase it was sent in.
     pub phase: String,
-    /// Clients' disconnects so far when it was sent.
-    pub disconnects_before: u64,
+    /// Connections the clients had lost so far when it was sent: disconnects plus
+    /// connect failures (counted, cumulative).
+    pub drops_before: u64,
+}
+
+/// Whether a broadcast reached every connection it should have. The server handed it to
+/// `connections`; each connection lost after that (`drops_after − drops_before`) may have
+/// gone before reading it, and nothing else may. So with no loss, exactly `connections`
+/// deliveries; with `k` lost, between `connections − k` and `connections`. More than
+/// `connections` is a duplicate or a stray.
+pub fn delivery_ok(sent: &Sent, delivered: u64, drops_after: u64) -> bool {
+    let lost = drops_after.saturating_sub(sent.drops_before);
+    delivered <= sent.connections && delivered + lost >= sent.connections
 }
 
 /// One entry of `broadcasts.json`.
@@ -368,7 +389,9 @@ mod tests {
         let points = stats.cdf(CDF_POINTS);
         assert!(points.len() <= CDF_POINTS + 1, "{} points", points.len());
         assert!(points.len() >= CDF_POINTS / 2, "{} points", points.len());
-        assert!(points.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1));
+        assert!(points
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1));
         let last = *points.last().unwrap();
         assert_eq!(last.1, 10_001);
         assert!((last.0 - 2000.0).abs() < 2.0, "{last:?}");
@@ -392,6 +415,28 @@ mod tests {
     }
 
     #[test]
+    fn delivery_is_exact_unless_connections_were_lost() {
+        let sent = Sent {
+            id: 1,
+            server_time_us: T0,
+            connections: 1000,
+            phase: "qps-1000".into(),
+            drops_before: 7,
+        };
+        // Nothing lost since the send: every connection, exactly once.
+        assert!(delivery_ok(&sent, 1000, 7));
+        assert!(!delivery_ok(&sent, 999, 7));
+        assert!(!delivery_ok(&sent, 1001, 7));
+        // Three lost: up to three may be missing, none may be extra.
+        assert!(delivery_ok(&sent, 997, 10));
+        assert!(delivery_ok(&sent, 1000, 10));
+        assert!(!delivery_ok(&sent, 996, 10));
+        assert!(!delivery_ok(&sent, 1001, 10));
+        // Counters read before the send may be older than the ones after: never negative.
+        assert!(delivery_ok(&sent, 1000, 0));
+    }
+
+    #[test]
     fn entries_and_summary_match_sent_to_received_by_stamp() {
         let mut d = Deliveries::default();
         for r in reports() {
@@ -403,7 +448,7 @@ mod tests {
             server_time_us: stamp,
             connections,
             phase: "qps-1000".into(),
-            disconnects_before: 0,
+            drops_before: 0,
         };
         let sent = vec![
             sent(1, T0, 4),
@@ -433,6 +478,8 @@ mod tests {
         // Broadcasting off: zeros, not NaN.
         let off = summary(&[], &[]);
         assert_eq!(off, Summary::default());
-        assert!(serde_json::to_string(&off).unwrap().contains("\"p999\":0.0"));
+        assert!(serde_json::to_string(&off)
+            .unwrap()
+            .contains("\"p999\":0.0"));
     }
 }

@@ -4,6 +4,9 @@
 //!
 //! The clients never talk to each other: each computes its own firings from the plan and
 //! the clock (`schedule.rs`). The coordinator only relays QPS changes and listens.
+//!
+//! Broadcast receipts arrive in the same reports and are merged per broadcast, across
+//! processes and seconds (`broadcast.rs`): [`Load::broadcasts`].
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -20,13 +23,18 @@ use hongbao_monitor::Reporter;
 use serde::Serialize;
 use serde_json::json;
 
+use crate::broadcast::{BroadcastStats, Deliveries};
 use crate::client::{self, ClientOptions};
 use crate::report::{self, Counters, Report, UserTotals};
 use crate::schedule::{partition, Schedule};
+use crate::transport::Transport;
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
+    /// The address the clients connect to: the server's `--listen` for TCP, its
+    /// `--ws-listen` for WebSocket.
     pub server: SocketAddr,
+    pub transport: Transport,
     pub users: u64,
     pub first_user: u64,
     pub qps: u64,
@@ -61,6 +69,8 @@ pub struct Row {
     /// full histogram is ~140 KB, too much to keep for every second of a long run.
     pub shake_latency: Vec<(u64, u64)>,
     pub open_latency: Vec<(u64, u64)>,
+    /// Distinct broadcasts received so far (by any client), cumulative like `counters`.
+    pub broadcasts_seen: u64,
 }
 
 /// The progress line and `GET /stats`: one second's rates and the totals so far.
@@ -82,6 +92,8 @@ pub struct Progress {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// Distinct broadcasts received so far; their deliveries are `totals.broadcast_delivered`.
+    pub broadcasts_seen: u64,
     pub totals: Counters,
 }
 
@@ -94,12 +106,21 @@ impl Progress {
             String::new()
         };
         let t = &self.totals;
+        let broadcasts = if t.broadcast_delivered > 0 {
+            format!(
+                " broadcasts={} (delivered={})",
+                self.broadcasts_seen, t.broadcast_delivered
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "t={}s conns={}/{}{} sent/s={} replies/s={} (won={} nothing={} overloaded={}) opened/s={} p50={:.2}ms p99={:.2}ms errors={} (refused={} timeout={} reset={} ports={} files={} not_ready={})",
+            "t={}s conns={}/{}{} sent/s={} replies/s={} (won={} nothing={} overloaded={}) opened/s={} p50={:.2}ms p99={:.2}ms errors={} (refused={} timeout={} reset={} ports={} files={} handshake={} not_ready={}){}",
             self.second, self.logged_in, self.users, bar, self.sent_per_sec, self.replies_per_sec,
             self.won_per_sec, self.nothing_per_sec, self.overloaded_per_sec, self.opened_per_sec,
             self.p50_ms, self.p99_ms, t.errors(), t.failed_refused, t.failed_timeout, t.failed_reset,
-            t.failed_out_of_ports, t.failed_out_of_files, t.skipped_not_ready,
+            t.failed_out_of_ports, t.failed_out_of_files, t.failed_handshake, t.skipped_not_ready,
+            broadcasts,
         )
     }
 }
@@ -120,6 +141,7 @@ struct Shared {
     latest: Vec<Option<Report>>,
     finals: Vec<Option<Report>>,
     peak_rss_bytes: u64,
+    deliveries: Deliveries,
 }
 
 /// A running load: client processes plus the threads that read their reports.
@@ -199,6 +221,8 @@ fn load_sample(row: &Row, unix_second: u64, net_interface: &str) -> Sample {
         ("opens", c.opens_sent),
         ("opened", c.opened),
         ("errors", c.errors()),
+        ("broadcasts", row.broadcasts_seen),
+        ("broadcast_delivered", c.broadcast_delivered),
     ];
     let levels = [
         ("connections", row.connected),
@@ -300,6 +324,7 @@ impl Load {
                 connect_rate: opts.connect_rate.div_ceil(procs as u64).max(1),
                 secret: opts.secret.clone(),
                 connect_from_ms: if opts.connect_at_epoch { epoch_ms } else { 0 },
+                transport: opts.transport,
             };
             let mut child = Command::new(&exe)
                 .arg("load-client")
@@ -427,6 +452,19 @@ impl Load {
         sum
     }
 
+    /// Every broadcast received so far, merged over the clients, oldest stamp first.
+    /// Complete up to the clients' last reports (once a second; after [`Load::stop`],
+    /// everything).
+    pub fn broadcasts(&self) -> Vec<BroadcastStats> {
+        self.shared.lock().unwrap().deliveries.stats()
+    }
+
+    /// Messages received per broadcast so far, by stamp: [`Load::broadcasts`] without the
+    /// histograms, cheap enough to poll.
+    pub fn broadcasts_delivered(&self) -> BTreeMap<u64, u64> {
+        self.shared.lock().unwrap().deliveries.delivered_by_stamp()
+    }
+
     pub fn logged_in(&self) -> u64 {
         let shared = self.shared.lock().unwrap();
         shared.latest.iter().flatten().map(|r| r.logged_in).sum()
@@ -489,6 +527,21 @@ impl Load {
         let mut totals = Counters::default();
         let mut users = BTreeMap::new();
         let mut cpu_ms = 0;
+        // The last, partial second of every process: its counts, levels and latencies.
+        let mut last = Row {
+            second: 0,
+            unix_ms: 0,
+            reports: self.procs,
+            target_qps: 0,
+            connected: 0,
+            logged_in: 0,
+            rss_bytes: 0,
+            cpu_ms: 0,
+            counters: Counters::default(),
+            shake_latency: Vec::new(),
+            open_latency: Vec::new(),
+            broadcasts_seen: shared.deliveries.seen(),
+        };
         for (p, fin) in shared.finals.iter().enumerate() {
             let Some(fin) = fin else {
                 bail!("load client {p} ended without a final report")
@@ -496,22 +549,15 @@ impl Load {
             totals.add(&fin.counters);
             cpu_ms += fin.cpu_ms;
             users.extend(fin.users.clone().unwrap_or_default());
+            last.connected += fin.connected;
+            last.logged_in += fin.logged_in;
+            last.rss_bytes += fin.rss_bytes;
+            last.shake_latency.extend_from_slice(&fin.shake_latency_us);
+            last.open_latency.extend_from_slice(&fin.open_latency_us);
         }
+        last.cpu_ms = cpu_ms;
+        last.counters = totals.clone();
         if let Some(m) = &self.monitor {
-            // The counts of the last, partial second.
-            let last = Row {
-                second: 0,
-                unix_ms: 0,
-                reports: self.procs,
-                target_qps: 0,
-                connected: 0,
-                logged_in: 0,
-                rss_bytes: 0,
-                cpu_ms,
-                counters: totals.clone(),
-                shake_latency: Vec::new(),
-                open_latency: Vec::new(),
-            };
             m.reporter
                 .send_final(&load_sample(&last, unix_ms() / 1000, &m.net_interface));
         }
@@ -544,10 +590,12 @@ fn rotate(ips: &[Ipv4Addr], by: usize) -> Vec<Ipv4Addr> {
 fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
     let mut s = shared.lock().unwrap();
     let p = report.proc_index as usize;
+    s.deliveries.merge(&report.broadcasts);
     if report.last {
         s.finals[p] = Some(report);
         return;
     }
+    let seen = s.deliveries.seen();
     let row = s.rows.entry(report.second).or_insert_with(|| Row {
         second: report.second,
         unix_ms: report.unix_ms,
@@ -560,8 +608,12 @@ fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
         counters: Counters::default(),
         shake_latency: Vec::new(),
         open_latency: Vec::new(),
+        broadcasts_seen: 0,
     });
     row.reports += 1;
+    // Every process reports second s before s + 1, so a row's last merge comes after
+    // the previous row's: the count never goes backwards from row to row.
+    row.broadcasts_seen = row.broadcasts_seen.max(seen);
     row.connected += report.connected;
     row.logged_in += report.logged_in;
     row.rss_bytes += report.rss_bytes;
@@ -604,6 +656,7 @@ pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
         p50_ms: ms(&shake, 0.5),
         p99_ms: ms(&shake, 0.99),
         max_ms: ms(&shake, 1.0),
+        broadcasts_seen: row.broadcasts_seen,
         totals: c.clone(),
     }
 }
@@ -698,8 +751,20 @@ pub fn run_cli(
         }
     }
     let finished = load.stop()?;
+    let broadcasts: Vec<_> = load
+        .broadcasts()
+        .iter()
+        .map(|b| {
+            let l = crate::broadcast::LatencyDistMs::of(&b.latency_us);
+            json!({
+                "server_time_us": b.server_time_us, "delivered": b.delivered,
+                "complete_ms": b.complete_ms(), "p50_ms": l.p50, "p99_ms": l.p99, "max_ms": l.max,
+            })
+        })
+        .collect();
     let summary = json!({
         "totals": finished.totals,
+        "broadcasts": broadcasts,
         "users_with_money": finished.users.len(),
         "peak_rss_bytes": finished.peak_rss_bytes,
         "cpu_seconds": finished.cpu_ms as f64 / 1000.0,

@@ -2,12 +2,16 @@
 //! users at an exact, coordinated QPS) and `hongbao bench` (server + load + audit).
 //!
 //! - `schedule`: which users fire when, computed alike in every process;
-//! - `client`: one client process's event loop; `report`: what it tells its coordinator;
+//! - `client`: one client process's event loop; `transport`: its bytes ↔ frames over TCP
+//!   or WebSocket; `report`: what it tells its coordinator;
+//! - `broadcast`: broadcast delivery times, from a client's receipts to the bench's summary;
 //! - `coordinator`: starts clients, merges their reports, changes QPS live;
 //! - `bench`: the phases, the money audit and `summary.json`.
 
 pub mod bench;
+pub mod broadcast;
 pub mod client;
 pub mod coordinator;
 pub mod report;
 pub mod schedule;
+pub mod transport;

@@ -1,11 +1,13 @@
 //! What a load client process reports to its coordinator, once a second, as one JSON line
-//! on its stdout: cumulative counters, and the latency histograms of the second just
-//! ended (sparse HDR buckets, so the coordinator can merge them exactly).
+//! on its stdout: cumulative counters, the latency histograms of the second just ended
+//! (sparse HDR buckets, so the coordinator can merge them exactly), and the broadcasts
+//! received in it (`broadcast.rs`).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::broadcast::BroadcastReport;
 pub use hongbao_monitor::sample::{merge_sparse, new_histogram, sparse};
 
 /// Cumulative counters of one client process (or, summed, of a whole load run).
@@ -21,6 +23,9 @@ pub struct Counters {
     pub failed_out_of_ports: u64,
     pub failed_out_of_files: u64,
     pub failed_other: u64,
+    /// WebSocket only: the TCP connection opened but the upgrade failed (an HTTP error,
+    /// a bad `Sec-WebSocket-Accept`, or the server closing during the handshake).
+    pub failed_handshake: u64,
     pub disconnects: u64,
     pub kicks: u64,
     /// Firings whose user was not connected and logged in at the time.
@@ -37,6 +42,8 @@ pub struct Counters {
     pub opened_cents: u64,
     pub open_other: u64,
     pub error_replies: u64,
+    /// Broadcast messages received (every delivery, all broadcasts).
+    pub broadcast_delivered: u64,
 }
 
 impl Counters {
@@ -55,6 +62,7 @@ impl Counters {
             failed_out_of_ports,
             failed_out_of_files,
             failed_other,
+            failed_handshake,
             disconnects,
             kicks,
             skipped_not_ready,
@@ -69,7 +77,8 @@ impl Counters {
             opened,
             opened_cents,
             open_other,
-            error_replies
+            error_replies,
+            broadcast_delivered
         );
     }
 
@@ -80,6 +89,7 @@ impl Counters {
             + self.failed_out_of_ports
             + self.failed_out_of_files
             + self.failed_other
+            + self.failed_handshake
     }
 
     /// Everything that counts as an error in the progress line and the summary.
@@ -116,6 +126,10 @@ pub struct Report {
     /// Latency in µs from intended send time to reply: (bucket value, count).
     pub shake_latency_us: Vec<(u64, u64)>,
     pub open_latency_us: Vec<(u64, u64)>,
+    /// Broadcasts with receipts since the previous report (the final report: since the
+    /// last per-second one).
+    #[serde(default)]
+    pub broadcasts: Vec<BroadcastReport>,
     /// Present in the final report only.
     pub users: Option<BTreeMap<u64, UserTotals>>,
     pub last: bool,

@@ -689,7 +689,7 @@ impl Supervisor {
             ("opened", core_count("open", "opened")),
             ("sends", total("sends")),
             ("errors", errors),
-            ("broadcasts", total("broadcasts")),
+            ("broadcasts", self.next_broadcast - 1),
             ("broadcast_delivered", total("broadcast_delivered")),
         ];
         let core_counters = [

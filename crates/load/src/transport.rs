@@ -1,0 +1,365 @@
+//! How a load client's bytes carry protocol frames: over raw TCP, back to back; over
+//! WebSocket, one frame per masked binary message (docs/protocol.md, "WebSocket
+//! transport"). No I/O: `client.rs` owns the sockets and buffers, this turns bytes into
+//! [`Inbound`] events and frames into bytes, the same way for both, so the client has one
+//! read path and one write path with the transport as a parameter.
+//!
+//! A WebSocket connection first upgrades: [`upgrade_request`] with a fresh random key,
+//! then `ws::check_response` on what comes back (in `client.rs`, which holds the key only
+//! until the answer is in).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role, Violation};
+use hongbao_proto::{Frame, FrameError};
+use serde::{Deserialize, Serialize};
+
+/// The path the load asks to upgrade (the gateway upgrades any path).
+pub const WS_PATH: &str = "/ws";
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    #[default]
+    Tcp,
+    Ws,
+}
+
+impl FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Transport, String> {
+        match s {
+            "tcp" => Ok(Transport::Tcp),
+            "ws" => Ok(Transport::Ws),
+            other => Err(format!("transport must be tcp or ws, not {other:?}")),
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transport::Tcp => "tcp",
+            Transport::Ws => "ws",
+        })
+    }
+}
+
+/// What arrived, in order.
+#[derive(Debug, PartialEq)]
+pub enum Inbound<'a> {
+    Frame(Frame),
+    /// A whole frame whose payload does not decode: counted as an error reply; the
+    /// connection carries on, as the server does with ours.
+    BadFrame,
+    /// WebSocket ping: answer with [`pong`].
+    Ping(&'a [u8]),
+    /// WebSocket text message: we only ever send binary, so the server never should.
+    Text,
+    /// WebSocket close: nothing after it is read.
+    Close,
+}
+
+/// Why the stream cannot be read any further: drop the connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Broken {
+    /// A frame header with a bad length or version.
+    Frame(FrameError),
+    /// WebSocket rules broken by the server.
+    Ws(Violation),
+    /// A binary WebSocket message that holds less or more than one whole frame.
+    NotOneFrame { len: usize },
+}
+
+impl fmt::Display for Broken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Broken::Frame(e) => write!(f, "while reading a frame from the server: {e}"),
+            Broken::Ws(v) => write!(f, "while reading WebSocket frames from the server: {v}"),
+            Broken::NotOneFrame { len } => write!(
+                f,
+                "a {len}-byte binary WebSocket message from the server is not one frame"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Broken {}
+
+/// Reads every complete message at the start of `data`, calling `on` for each; returns
+/// how many bytes it used (the rest is part of one message, to keep for the next read).
+/// WebSocket frames are unmasked in place; `fragment` carries a fragmented WebSocket
+/// message across calls (the gateway never fragments, so it stays `None`).
+pub fn decode(
+    transport: Transport,
+    data: &mut [u8],
+    fragment: &mut Option<Box<ws::Partial>>,
+    mut on: impl FnMut(Inbound<'_>),
+) -> Result<usize, Broken> {
+    match transport {
+        Transport::Tcp => {
+            let mut at = 0;
+            while at < data.len() {
+                match hongbao_proto::check(&data[at..]) {
+                    Ok(Some(len)) => {
+                        on(frame(&data[at..at + len]));
+                        at += len;
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Err(Broken::Frame(e)),
+                }
+            }
+            Ok(at)
+        }
+        Transport::Ws => {
+            let mut broken = None;
+            let used = ws::decode(Role::Client, data, fragment, Limits::HONGBAO, |m| {
+                if broken.is_some() {
+                    return;
+                }
+                match m {
+                    Incoming::Binary(bytes) => match hongbao_proto::check(bytes) {
+                        Ok(Some(len)) if len == bytes.len() => on(frame(bytes)),
+                        Ok(_) => broken = Some(Broken::NotOneFrame { len: bytes.len() }),
+                        Err(e) => broken = Some(Broken::Frame(e)),
+                    },
+                    Incoming::Text(_) => on(Inbound::Text),
+                    Incoming::Ping(payload) => on(Inbound::Ping(payload)),
+                    Incoming::Pong(_) => {}
+                    Incoming::Close { .. } => on(Inbound::Close),
+                }
+            })
+            .map_err(Broken::Ws)?;
+            match broken {
+                Some(b) => Err(b),
+                None => Ok(used),
+            }
+        }
+    }
+}
+
+fn frame(bytes: &[u8]) -> Inbound<'static> {
+    match hongbao_proto::decode(bytes) {
+        Ok(frame) => Inbound::Frame(frame),
+        Err(_) => Inbound::BadFrame,
+    }
+}
+
+/// Appends `frame` as the transport carries it.
+pub fn encode(transport: Transport, frame: &Frame, out: &mut Vec<u8>) {
+    match transport {
+        Transport::Tcp => hongbao_proto::encode(frame, out),
+        Transport::Ws => {
+            let payload = hongbao_proto::encode_to_vec(frame);
+            ws::encode(Role::Client, Opcode::Binary, &payload, out);
+        }
+    }
+}
+
+/// The answer to a WebSocket ping.
+pub fn pong(payload: &[u8], out: &mut Vec<u8>) {
+    ws::encode(Role::Client, Opcode::Pong, payload, out);
+}
+
+/// The answer to a WebSocket close, sent on the way out.
+pub fn close_reply(out: &mut Vec<u8>) {
+    ws::close_frame(Role::Client, ws::close_code::NORMAL, "", out);
+}
+
+/// The opening handshake for `server` with `key` (16 random bytes, fresh per connection).
+pub fn upgrade_request(server: SocketAddr, key: &[u8; 16]) -> Vec<u8> {
+    ws::client_request(&server.to_string(), WS_PATH, key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hongbao_proto::Message;
+
+    fn frames() -> Vec<Frame> {
+        vec![
+            Frame {
+                request_id: 1,
+                message: Message::LoginReply {
+                    result: hongbao_proto::ResultCode::Ok,
+                    user_id: 42,
+                },
+            },
+            Frame {
+                request_id: 0,
+                message: Message::Broadcast {
+                    server_time_us: 1_700_000_000_000_000,
+                    text: "新年快乐".into(),
+                },
+            },
+            Frame {
+                request_id: 2,
+                message: Message::ShakeReply {
+                    result: hongbao_proto::ResultCode::Nothing,
+                    packet_id: 0,
+                    amount_cents: 0,
+                },
+            },
+        ]
+    }
+
+    /// What the server would send: the frames, with a ping in the middle and (for WS) a
+    /// close at the end.
+    fn server_stream(transport: Transport) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (n, f) in frames().iter().enumerate() {
+            let bytes = hongbao_proto::encode_to_vec(f);
+            match transport {
+                Transport::Tcp => out.extend_from_slice(&bytes),
+                Transport::Ws => {
+                    ws::encode(Role::Server, Opcode::Binary, &bytes, &mut out);
+                    if n == 1 {
+                        ws::encode(Role::Server, Opcode::Ping, b"hi", &mut out);
+                    }
+                }
+            }
+        }
+        if transport == Transport::Ws {
+            ws::close_frame(Role::Server, ws::close_code::GOING_AWAY, "bye", &mut out);
+        }
+        out
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Got {
+        Frame(Frame),
+        BadFrame,
+        Ping(Vec<u8>),
+        Text,
+        Close,
+    }
+
+    /// Feeds `stream` in two reads cut at `cut`, keeping the unused tail as the client
+    /// does.
+    fn feed(transport: Transport, stream: &[u8], cut: usize) -> Result<Vec<Got>, Broken> {
+        let mut got = Vec::new();
+        let mut tail: Vec<u8> = Vec::new();
+        let mut fragment = None;
+        for read in [&stream[..cut], &stream[cut..]] {
+            tail.extend_from_slice(read);
+            let used = decode(transport, &mut tail, &mut fragment, |m| {
+                got.push(match m {
+                    Inbound::Frame(f) => Got::Frame(f),
+                    Inbound::BadFrame => Got::BadFrame,
+                    Inbound::Ping(p) => Got::Ping(p.to_vec()),
+                    Inbound::Text => Got::Text,
+                    Inbound::Close => Got::Close,
+                })
+            })?;
+            tail.drain(..used);
+            if got.last() == Some(&Got::Close) {
+                break;
+            }
+        }
+        assert!(tail.is_empty(), "left over: {tail:?}");
+        Ok(got)
+    }
+
+    #[test]
+    fn both_transports_split_at_every_offset() {
+        let want_tcp: Vec<Got> = frames().into_iter().map(Got::Frame).collect();
+        let mut want_ws: Vec<Got> = frames().into_iter().map(Got::Frame).collect();
+        want_ws.insert(2, Got::Ping(b"hi".to_vec()));
+        want_ws.push(Got::Close);
+        for (transport, want) in [(Transport::Tcp, want_tcp), (Transport::Ws, want_ws)] {
+            let stream = server_stream(transport);
+            for cut in 0..=stream.len() {
+                let got = feed(transport, &stream, cut);
+                assert_eq!(got.as_ref(), Ok(&want), "{transport} cut {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn what_we_send_is_what_the_gateway_reads() {
+        for f in frames() {
+            let mut tcp = Vec::new();
+            encode(Transport::Tcp, &f, &mut tcp);
+            assert_eq!(tcp, hongbao_proto::encode_to_vec(&f));
+            let mut wire = Vec::new();
+            encode(Transport::Ws, &f, &mut wire);
+            assert_eq!(wire[0], 0x82, "final binary frame");
+            assert_ne!(wire[1] & 0x80, 0, "masked");
+            let mut got = Vec::new();
+            let used = ws::decode(Role::Server, &mut wire, &mut None, Limits::HONGBAO, |m| {
+                if let Incoming::Binary(b) = m {
+                    got.push(b.to_vec())
+                }
+            });
+            assert_eq!(used, Ok(wire.len()));
+            assert_eq!(got, [tcp]);
+        }
+        let mut p = Vec::new();
+        pong(b"hi", &mut p);
+        assert_eq!((p[0], p[1] & 0x7f), (0x8a, 2));
+        let mut c = Vec::new();
+        close_reply(&mut c);
+        assert_eq!((c[0], c[1] & 0x7f), (0x88, 2));
+    }
+
+    #[test]
+    fn broken_streams() {
+        // A WS binary message holding a frame and a half, or half a frame.
+        let bytes = hongbao_proto::encode_to_vec(&frames()[0]);
+        for payload in [
+            [&bytes[..], &bytes[..3]].concat(),
+            bytes[..bytes.len() - 1].to_vec(),
+        ] {
+            let mut out = Vec::new();
+            ws::encode(Role::Server, Opcode::Binary, &payload, &mut out);
+            assert_eq!(
+                feed(Transport::Ws, &out, 0),
+                Err(Broken::NotOneFrame { len: payload.len() })
+            );
+        }
+        // A masked server frame.
+        let mut masked = Vec::new();
+        ws::encode(Role::Client, Opcode::Binary, &bytes, &mut masked);
+        assert!(matches!(
+            feed(Transport::Ws, &masked, 0),
+            Err(Broken::Ws(_))
+        ));
+        // A bad length prefix over TCP, after a good frame that is still delivered.
+        let mut tcp = bytes.clone();
+        tcp.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 1]);
+        let mut got = 0;
+        let r = decode(Transport::Tcp, &mut tcp, &mut None, |_| got += 1);
+        assert!(matches!(r, Err(Broken::Frame(FrameError::TooLong { .. }))));
+        assert_eq!(got, 1);
+        // A whole frame of an unknown kind: counted, not fatal.
+        let mut odd = vec![0, 0, 0, 6, hongbao_proto::VERSION, 0xee, 0, 0, 0, 9];
+        let mut events = Vec::new();
+        let used = decode(Transport::Tcp, &mut odd, &mut None, |m| {
+            events.push(m == Inbound::BadFrame)
+        });
+        assert_eq!((used, events), (Ok(10), vec![true]));
+        // Text from the gateway is surfaced, not fatal.
+        let mut text = Vec::new();
+        ws::encode(Role::Server, Opcode::Text, b"{}", &mut text);
+        assert_eq!(feed(Transport::Ws, &text, 1), Ok(vec![Got::Text]));
+    }
+
+    #[test]
+    fn upgrade_request_is_accepted() {
+        let key = [7u8; 16];
+        let req = upgrade_request("127.0.0.1:7002".parse().unwrap(), &key);
+        let ws::Handshake::Upgrade { consumed, response } = ws::accept(&req) else {
+            panic!("not an upgrade");
+        };
+        assert_eq!(consumed, req.len());
+        assert_eq!(
+            ws::check_response(&response, &key),
+            Ok(Some(response.len()))
+        );
+        assert_eq!("ws".parse(), Ok(Transport::Ws));
+        assert_eq!(Transport::default().to_string(), "tcp");
+        assert!("udp".parse::<Transport>().is_err());
+    }
+}
