@@ -522,11 +522,16 @@ fn monitor_merges_serve_and_load_by_second() {
     assert!(counter(&samples, "hongbao_monitor_rows_total", &[]).unwrap() > 0.0);
     assert!(value(&samples, "hongbao_connections", &[("role", "load")]).is_some());
 
-    let latest = get(monitor_addr, "/v1/latest").json();
+    let rows = get(monitor_addr, "/v1/rows").json();
     for role in ["server", "core", "load", "host"] {
-        assert_eq!(latest["rows"][role]["role"], role, "{latest:#}");
+        assert_eq!(rows["rows"][role]["role"], role, "{rows:#}");
     }
+    assert!(rows["unix_second"].as_u64().unwrap() <= unix_second());
+    // The dashboard's headline: the newest second's figures.
+    let latest = get(monitor_addr, "/v1/latest").json();
     assert!(latest["unix_second"].as_u64().unwrap() <= unix_second());
+    assert!(latest["client_qps"].is_number(), "{latest:#}");
+    assert!(latest["server_qps"].is_number(), "{latest:#}");
     let charts = get(monitor_addr, "/v1/charts").json();
     let names: Vec<&str> = charts
         .as_array()

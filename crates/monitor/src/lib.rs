@@ -229,8 +229,15 @@ fn handle(shared: &Shared, mut request: Request) {
             respond_json(request, 200, &Value::Array(charts));
         }
         (Method::Get, "/v1/latest") => {
-            let latest = shared.collector.lock().unwrap().latest();
+            let csv = shared.collector.lock().unwrap().csv().to_string();
+            let latest = hongbao_report::Series::from_csv(&csv)
+                .map(|series| series.latest())
+                .unwrap_or_else(|e| json!({ "error": e.to_string() }));
             respond_json(request, 200, &latest);
+        }
+        (Method::Get, "/v1/rows") => {
+            let rows = shared.collector.lock().unwrap().latest();
+            respond_json(request, 200, &rows);
         }
         (Method::Get, "/v1/series.csv") => {
             let csv = shared.collector.lock().unwrap().csv().to_string();
