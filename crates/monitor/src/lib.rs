@@ -8,7 +8,6 @@ pub mod prom;
 pub mod reporter;
 pub mod sample;
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,16 +16,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use serde_json::{json, Value};
-use tiny_http::{Header, Method, Request, Response, Server};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 
 pub use collector::Collector;
 pub use reporter::Reporter;
 pub use sample::{RoleSample, Sample};
 
-/// Largest report body accepted.
-const MAX_BODY: u64 = 1 << 20;
-/// Threads answering HTTP.
-const HTTP_THREADS: usize = 2;
+/// Largest request body accepted.
+const MAX_BODY: usize = 1 << 20;
+/// Largest request head accepted.
+const MAX_HEAD: usize = 16 * 1024;
+/// A client this slow to send its request is dropped.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn unix_ms() -> u64 {
     SystemTime::now()
@@ -40,7 +42,6 @@ pub struct Monitor {
     addr: SocketAddr,
     dir: Option<PathBuf>,
     collector: Arc<Mutex<Collector>>,
-    server: Arc<Server>,
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
@@ -56,14 +57,9 @@ impl Monitor {
     /// the dashboard) when `dir` is given.
     pub fn start(listen: SocketAddr, dir: Option<&Path>, title: &str) -> anyhow::Result<Monitor> {
         let collector = Arc::new(Mutex::new(Collector::new(dir)?));
-        let server = Arc::new(
-            Server::http(listen)
-                .map_err(|e| anyhow::anyhow!("monitor cannot listen on {listen}: {e}"))?,
-        );
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .context("monitor listens on an IP address")?;
+        let listener = TcpListener::bind(listen)
+            .with_context(|| format!("monitor cannot listen on {listen}"))?;
+        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             collector: collector.clone(),
             dir: dir.map(Path::to_path_buf),
@@ -71,18 +67,25 @@ impl Monitor {
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        for i in 0..HTTP_THREADS {
-            let (server, shared) = (server.clone(), shared.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("monitor-http-{i}"))
-                    .spawn(move || {
-                        for request in server.incoming_requests() {
-                            handle(&shared, request);
+        // One short-lived thread per connection, one request each (`Connection: close`):
+        // a handful of reporters and dashboards, so no pool to starve.
+        let accept_stop = stop.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("monitor-accept".into())
+                .spawn(move || {
+                    for stream in listener.incoming() {
+                        if accept_stop.load(Ordering::Relaxed) {
+                            break;
                         }
-                    })?,
-            );
-        }
+                        let Ok(stream) = stream else { continue };
+                        let shared = shared.clone();
+                        let _ = std::thread::Builder::new()
+                            .name("monitor-http".into())
+                            .spawn(move || serve_connection(&shared, stream));
+                    }
+                })?,
+        );
         let (ticker_collector, ticker_stop) = (collector.clone(), stop.clone());
         threads.push(
             std::thread::Builder::new()
@@ -101,7 +104,6 @@ impl Monitor {
             addr,
             dir: dir.map(Path::to_path_buf),
             collector,
-            server,
             stop,
             threads,
         })
@@ -137,10 +139,8 @@ impl Monitor {
     /// Writes every second reported so far and stops serving.
     pub fn finish(mut self) -> anyhow::Result<()> {
         self.stop.store(true, Ordering::Relaxed);
-        self.server.unblock();
-        for _ in 1..HTTP_THREADS {
-            self.server.unblock();
-        }
+        // Wake the accepting thread so it sees the stop.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -148,31 +148,89 @@ impl Monitor {
     }
 }
 
-fn respond(request: Request, status: u16, content_type: &str, body: impl Into<Vec<u8>>) {
-    let header = Header::from_bytes("Content-Type", content_type).expect("valid header");
-    let cache = Header::from_bytes("Cache-Control", "no-store").expect("valid header");
-    let response = Response::from_data(body.into())
-        .with_status_code(status)
-        .with_header(header)
-        .with_header(cache);
-    let _ = request.respond(response);
+/// An answer: status, content type, body.
+type Answer = (u16, &'static str, Vec<u8>);
+
+fn respond(status: u16, content_type: &'static str, body: impl Into<Vec<u8>>) -> Answer {
+    (status, content_type, body.into())
 }
 
-fn respond_json(request: Request, status: u16, value: &Value) {
-    respond(request, status, "application/json", value.to_string());
+fn respond_json(status: u16, value: &Value) -> Answer {
+    respond(status, "application/json", value.to_string())
 }
 
-fn read_body(request: &mut Request) -> Result<String, String> {
-    let mut body = String::new();
-    request
-        .as_reader()
-        .take(MAX_BODY + 1)
-        .read_to_string(&mut body)
-        .map_err(|e| format!("unreadable body: {e}"))?;
-    if body.len() as u64 > MAX_BODY {
+/// Reads one HTTP/1.1 request, answers it and closes.
+fn serve_connection(shared: &Shared, stream: TcpStream) {
+    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+    let Ok(write_half) = stream.try_clone() else {
+        return;
+    };
+    let answer = match read_request(BufReader::new(stream)) {
+        Ok((method, url, body)) => route(shared, &method, &url, &body),
+        Err(e) => respond_json(400, &json!({ "error": e })),
+    };
+    let (status, content_type, body) = answer;
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        _ => "Error",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let mut out = write_half;
+    let _ = out.write_all(head.as_bytes());
+    let _ = out.write_all(&body);
+}
+
+/// Method, target and body (UTF-8) of one request.
+fn read_request(mut reader: BufReader<TcpStream>) -> Result<(String, String, String), String> {
+    let mut line = String::new();
+    let mut head_len = 0;
+    let mut read_line = |reader: &mut BufReader<TcpStream>, line: &mut String| {
+        line.clear();
+        let n = reader
+            .read_line(line)
+            .map_err(|e| format!("reading the request: {e}"))?;
+        head_len += n;
+        if n == 0 || head_len > MAX_HEAD {
+            return Err("incomplete or oversized request head".to_string());
+        }
+        Ok(())
+    };
+    read_line(&mut reader, &mut line)?;
+    let mut parts = line.split_whitespace();
+    let (Some(method), Some(url)) = (parts.next(), parts.next()) else {
+        return Err("not an HTTP request".into());
+    };
+    let (method, url) = (method.to_string(), url.to_string());
+    let mut length = 0usize;
+    loop {
+        read_line(&mut reader, &mut line)?;
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| "bad Content-Length".to_string())?;
+            }
+        }
+    }
+    if length > MAX_BODY {
         return Err(format!("body over {MAX_BODY} bytes"));
     }
-    Ok(body)
+    let mut body = vec![0; length];
+    reader
+        .read_exact(&mut body)
+        .map_err(|e| format!("reading the body: {e}"))?;
+    let body = String::from_utf8(body).map_err(|_| "body is not UTF-8".to_string())?;
+    Ok((method, url, body))
 }
 
 fn broadcasts(dir: Option<&Path>) -> Vec<hongbao_report::Broadcast> {
@@ -181,44 +239,47 @@ fn broadcasts(dir: Option<&Path>) -> Vec<hongbao_report::Broadcast> {
         .unwrap_or_default()
 }
 
-fn handle(shared: &Shared, mut request: Request) {
-    let url = request.url().to_string();
+fn route(shared: &Shared, method: &str, url: &str, body: &str) -> Answer {
     let path = url.split('?').next().unwrap_or("").to_string();
-    match (request.method(), path.as_str()) {
-        (Method::Post, "/v1/report") => {
-            let sample = read_body(&mut request)
-                .and_then(|b| serde_json::from_str::<Sample>(&b).map_err(|e| e.to_string()));
+    match (method, path.as_str()) {
+        ("POST", "/v1/report") => {
+            let sample = serde_json::from_str::<Sample>(body).map_err(|e| e.to_string());
             match sample {
                 Ok(sample) => {
                     shared.collector.lock().unwrap().add(&sample);
-                    respond_json(request, 200, &json!({"ok": true}));
+                    respond_json(200, &json!({"ok": true}))
                 }
-                Err(e) => respond_json(request, 400, &json!({ "error": e })),
+                Err(e) => respond_json(400, &json!({ "error": e })),
             }
         }
-        (Method::Post, "/v1/mark") => {
-            let phase = read_body(&mut request).and_then(|b| {
-                let v: Value = serde_json::from_str(&b).map_err(|e| e.to_string())?;
-                v.get("phase")
-                    .and_then(Value::as_str)
-                    .filter(|p| !p.is_empty() && p.len() <= 64)
-                    .map(str::to_string)
-                    .ok_or_else(|| "expected {\"phase\": \"name\"} (1–64 characters)".to_string())
-            });
+        ("POST", "/v1/mark") => {
+            let phase = {
+                let parsed: Result<Value, String> =
+                    serde_json::from_str(body).map_err(|e| e.to_string());
+                parsed.and_then(|v| {
+                    v.get("phase")
+                        .and_then(Value::as_str)
+                        .filter(|p| !p.is_empty() && p.len() <= 64)
+                        .map(str::to_string)
+                        .ok_or_else(|| {
+                            "expected {\"phase\": \"name\"} (1–64 characters)".to_string()
+                        })
+                })
+            };
             match phase {
                 Ok(phase) => {
                     let at = unix_ms();
                     shared.collector.lock().unwrap().mark(at, &phase);
-                    respond_json(request, 200, &json!({"phase": phase, "unix_ms": at}));
+                    respond_json(200, &json!({"phase": phase, "unix_ms": at}))
                 }
-                Err(e) => respond_json(request, 400, &json!({ "error": e })),
+                Err(e) => respond_json(400, &json!({ "error": e })),
             }
         }
-        (Method::Get, "/") => {
+        ("GET", "/") => {
             let page = hongbao_report::dashboard_html(&shared.title);
-            respond(request, 200, "text/html; charset=utf-8", page);
+            respond(200, "text/html; charset=utf-8", page)
         }
-        (Method::Get, "/v1/charts") => {
+        ("GET", "/v1/charts") => {
             let mut charts: Vec<Value> = hongbao_report::CHARTS
                 .iter()
                 .map(|c| json!({"name": c.name, "title": c.title}))
@@ -226,28 +287,28 @@ fn handle(shared: &Shared, mut request: Request) {
             for b in broadcasts(shared.dir.as_deref()) {
                 charts.push(json!({"name": format!("broadcast_{}", b.id), "title": format!("Broadcast {} delivery", b.id)}));
             }
-            respond_json(request, 200, &Value::Array(charts));
+            respond_json(200, &Value::Array(charts))
         }
-        (Method::Get, "/v1/latest") => {
+        ("GET", "/v1/latest") => {
             let csv = shared.collector.lock().unwrap().csv().to_string();
             let latest = hongbao_report::Series::from_csv(&csv)
                 .map(|series| series.latest())
                 .unwrap_or_else(|e| json!({ "error": e.to_string() }));
-            respond_json(request, 200, &latest);
+            respond_json(200, &latest)
         }
-        (Method::Get, "/v1/rows") => {
+        ("GET", "/v1/rows") => {
             let rows = shared.collector.lock().unwrap().latest();
-            respond_json(request, 200, &rows);
+            respond_json(200, &rows)
         }
-        (Method::Get, "/v1/series.csv") => {
+        ("GET", "/v1/series.csv") => {
             let csv = shared.collector.lock().unwrap().csv().to_string();
-            respond(request, 200, "text/csv", csv);
+            respond(200, "text/csv", csv)
         }
-        (Method::Get, "/metrics") => {
+        ("GET", "/metrics") => {
             let text = shared.collector.lock().unwrap().metrics();
-            respond(request, 200, "text/plain; version=0.0.4", text);
+            respond(200, "text/plain; version=0.0.4", text)
         }
-        (Method::Get, p) if p.starts_with("/charts/") && p.ends_with(".svg") => {
+        ("GET", p) if p.starts_with("/charts/") && p.ends_with(".svg") => {
             let name = &p["/charts/".len()..p.len() - ".svg".len()];
             let csv = shared.collector.lock().unwrap().csv().to_string();
             let svg = hongbao_report::Series::from_csv(&csv)
@@ -256,11 +317,11 @@ fn handle(shared: &Shared, mut request: Request) {
                     hongbao_report::render_svg(&series, &broadcasts(shared.dir.as_deref()), name)
                 });
             match svg {
-                Some(svg) => respond(request, 200, "image/svg+xml", svg),
-                None => respond_json(request, 404, &json!({"error": format!("no chart {name}")})),
+                Some(svg) => respond(200, "image/svg+xml", svg),
+                None => respond_json(404, &json!({"error": format!("no chart {name}")})),
             }
         }
-        _ => respond_json(request, 404, &json!({"error": format!("no route {path}")})),
+        _ => respond_json(404, &json!({"error": format!("no route {path}")})),
     }
 }
 

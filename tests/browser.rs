@@ -1,0 +1,962 @@
+//! The browser-facing parts in a real headless Chromium: the gateway's client page
+//! (`crates/server/src/page.html`, served at `GET /` of `serve --ws-listen`) and the
+//! monitor's live dashboard. Chromium is driven over the DevTools protocol (a WebSocket
+//! from `--remote-debugging-port`): `Runtime.evaluate` types and clicks as a person
+//! would, `Page.captureScreenshot` takes the pictures.
+//!
+//! Chromium is required, not optional: if it is missing these tests fail with a message
+//! saying so (CI installs it), because a skipped browser test looks the same as a passing
+//! one. Set `CHROMIUM` to use a binary other than `/usr/bin/chromium` or `chromium` on
+//! the PATH.
+//!
+//! Every process a test starts is held by a guard that kills it when the test ends;
+//! Chromium runs in a process group of its own so its helpers die with it. Screenshots
+//! are written under `CARGO_TARGET_TMPDIR/browser/`.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hongbao_proto::client::Client;
+use hongbao_proto::{Message, ResultCode};
+use hongbao_server::config::DEV_SECRET;
+use serde_json::{json, Value};
+use tungstenite::stream::MaybeTlsStream;
+use tungstenite::WebSocket;
+
+/// How long a process may take to print its ready line (debug build, busy machine).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a process may take to exit after SIGINT (the monitor draws its report).
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one DevTools command may take to be answered.
+const CDP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the page may take to show the effect of a click or a push.
+const UI_TIMEOUT: Duration = Duration::from_secs(20);
+/// Read/write timeout of the TCP test client.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// The phone-sized viewport the client page must fit.
+const PHONE: (u32, u32) = (360, 640);
+/// The user logged in on the page, and the one on TCP who sends it a packet.
+const PAGE_USER: u64 = 1001;
+const TCP_USER: u64 = 2002;
+
+// ----- processes -------------------------------------------------------------------------
+
+/// A running `hongbao` subcommand: SIGKILLed when dropped. Stdout is drained line by line
+/// into a channel, stderr into a log that is printed if the test fails.
+struct Hongbao {
+    what: &'static str,
+    child: Child,
+    stdout: Receiver<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Drop for Hongbao {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+            eprintln!("----- hongbao {} stderr -----\n{log}-----", self.what);
+        }
+    }
+}
+
+impl Hongbao {
+    fn spawn(what: &'static str, args: &[&str]) -> Hongbao {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+            .args(args)
+            .env_remove("HONGBAO_SECRET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting hongbao {what}: {e}"));
+        let stderr = log_lines(child.stderr.take().unwrap());
+        let stdout = lines_of(child.stdout.take().unwrap());
+        Hongbao {
+            what,
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// The first stdout line, which must start with `prefix`.
+    fn ready_line(&self, prefix: &str) -> String {
+        let line = self
+            .stdout
+            .recv_timeout(START_TIMEOUT)
+            .unwrap_or_else(|e| panic!("hongbao {} printed no ready line: {e}", self.what));
+        assert!(line.starts_with(prefix), "unexpected first line: {line:?}");
+        line
+    }
+
+    /// SIGINT, then waits for a clean exit.
+    fn interrupt(&mut self) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args(["-INT", &pid]).status();
+        assert!(
+            status.expect("running kill").success(),
+            "kill -INT {pid} failed"
+        );
+        let what = format!("hongbao {} to exit after SIGINT", self.what);
+        let status: ExitStatus = wait_until(&what, STOP_TIMEOUT, || self.child.try_wait().unwrap());
+        assert!(
+            status.success(),
+            "hongbao {} exited with {status}",
+            self.what
+        );
+    }
+}
+
+/// `hongbao serve` with two workers and a WebSocket listener; with the dev secret (so the
+/// page may fetch `/token`) unless `extra` says otherwise.
+struct Serve {
+    process: Hongbao,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    ws: SocketAddr,
+}
+
+fn start_serve(data_dir: &Path, extra: &[&str]) -> Serve {
+    let data_dir = data_dir.to_str().unwrap();
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+    args.extend(["--ws-listen", "127.0.0.1:0", "--workers", "2"]);
+    args.extend(["--data-dir", data_dir]);
+    args.extend(extra);
+    let process = Hongbao::spawn("serve", &args);
+    let ready = process.ready_line("hongbao serve ready: ");
+    Serve {
+        listen: field(&ready, "listen").parse().unwrap(),
+        admin: field(&ready, "admin").parse().unwrap(),
+        ws: field(&ready, "ws").parse().unwrap(),
+        process,
+    }
+}
+
+/// `hongbao monitor --listen 127.0.0.1:0 --out DIR`, and the address it bound.
+fn start_monitor(out: &Path) -> (Hongbao, SocketAddr) {
+    let out = out.to_str().unwrap();
+    let monitor = Hongbao::spawn(
+        "monitor",
+        &["monitor", "--listen", "127.0.0.1:0", "--out", out],
+    );
+    let ready = monitor.ready_line("hongbao monitor ready: ");
+    let addr: SocketAddr = field(&ready, "listen").parse().unwrap();
+    assert!(
+        ready.ends_with(&format!("(dashboard http://{addr}/)")),
+        "{ready}"
+    );
+    (monitor, addr)
+}
+
+/// `name=VALUE` from a ready line.
+fn field(line: &str, name: &str) -> String {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+        .to_string()
+}
+
+fn lines_of(pipe: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+fn log_lines(pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut sink = sink.lock().unwrap();
+            sink.push_str(&line);
+            sink.push('\n');
+        }
+    });
+    log
+}
+
+/// Polls `f` every 50 ms until it gives a value; fails the test after `timeout`.
+fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = f() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ----- HTTP ------------------------------------------------------------------------------
+
+fn http() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(15))
+        .build()
+}
+
+fn get_json(url: &str) -> Value {
+    let response = http()
+        .get(url)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    response
+        .into_json()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
+fn post_json(url: &str, body: Value) -> Value {
+    let response = http()
+        .post(url)
+        .send_json(body)
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    response
+        .into_json()
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"))
+}
+
+// ----- Chromium and the DevTools protocol ------------------------------------------------
+
+/// The Chromium binary: `$CHROMIUM`, `/usr/bin/chromium`, or `chromium` on the PATH. Its
+/// absence fails the test: it is a requirement, like the Rust toolchain.
+fn chromium_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("CHROMIUM") {
+        return PathBuf::from(path);
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|dir| dir.join("chromium"));
+    std::iter::once(PathBuf::from("/usr/bin/chromium"))
+        .chain(on_path)
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "tests/browser.rs needs headless Chromium and found none (looked for $CHROMIUM, \
+                 /usr/bin/chromium and `chromium` on the PATH). Install it (Debian/Ubuntu: \
+                 `apt-get install chromium`) or point $CHROMIUM at a Chrome/Chromium binary."
+            )
+        })
+}
+
+/// A headless Chromium with a throw-away profile. Dropping it kills its whole process
+/// group (the browser and its renderer, GPU and zygote helpers), by the group's id.
+struct Chromium {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    /// `ws://127.0.0.1:PORT/devtools/browser/ID`
+    devtools_url: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Chromium {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+            eprintln!("----- chromium stderr -----\n{log}-----");
+        }
+    }
+}
+
+impl Chromium {
+    fn launch() -> Chromium {
+        let binary = chromium_binary();
+        let profile = tempfile::tempdir().unwrap();
+        let mut child = Command::new(&binary)
+            .args(["--headless", "--no-sandbox", "--disable-gpu"])
+            .args(["--no-first-run", "--no-default-browser-check"])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("--remote-debugging-port=0")
+            .arg("about:blank")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
+        // Chromium says where DevTools listens on stderr; keep reading it afterwards so
+        // it never blocks on a full pipe.
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = channel();
+        let pipe = child.stderr.take().unwrap();
+        let log = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if let Some(at) = line.find("ws://") {
+                    if line.contains("DevTools listening on") {
+                        let _ = tx.send(line[at..].trim().to_string());
+                    }
+                }
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut chromium = Chromium {
+            child,
+            stderr,
+            devtools_url: String::new(),
+            _profile: profile,
+        };
+        chromium.devtools_url = rx.recv_timeout(START_TIMEOUT).unwrap_or_else(|_| {
+            let log = chromium.stderr.lock().unwrap().clone();
+            panic!(
+                "{} printed no `DevTools listening on ws://...` line within {:?}; stderr:\n{log}",
+                binary.display(),
+                START_TIMEOUT
+            )
+        });
+        chromium
+    }
+
+    /// A new tab, attached with a flat DevTools session, at the given viewport size.
+    fn new_page(&self, width: u32, height: u32, mobile: bool) -> Page {
+        let (socket, _) = tungstenite::connect(self.devtools_url.as_str())
+            .unwrap_or_else(|e| panic!("connecting to {}: {e}", self.devtools_url));
+        if let MaybeTlsStream::Plain(stream) = socket.get_ref() {
+            // Short reads so a call can check its deadline between messages.
+            stream
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+        }
+        let mut page = Page {
+            socket,
+            next_id: 1,
+            session: None,
+            console: Vec::new(),
+            in_flight: BTreeMap::new(),
+        };
+        let target = page.call("Target.createTarget", json!({"url": "about:blank"}));
+        let target_id = target["targetId"].as_str().unwrap().to_string();
+        let attached = page.call(
+            "Target.attachToTarget",
+            json!({"targetId": target_id, "flatten": true}),
+        );
+        page.session = Some(attached["sessionId"].as_str().unwrap().to_string());
+        for domain in [
+            "Page.enable",
+            "Runtime.enable",
+            "Log.enable",
+            "Network.enable",
+        ] {
+            page.call(domain, json!({}));
+        }
+        page.call(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile}),
+        );
+        page
+    }
+}
+
+/// One tab, driven over the browser's DevTools WebSocket with a flat session.
+struct Page {
+    socket: WebSocket<MaybeTlsStream<TcpStream>>,
+    next_id: u64,
+    session: Option<String>,
+    /// Console messages, uncaught exceptions, browser log entries and failed requests,
+    /// for diagnostics.
+    console: Vec<String>,
+    /// HTTP requests sent and not finished yet (DevTools request id → method and URL).
+    in_flight: BTreeMap<String, String>,
+}
+
+impl Page {
+    /// One DevTools command; its `result`. Events that arrive meanwhile are noted in
+    /// `console` when they are console output, exceptions or log entries.
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut command = json!({"id": id, "method": method, "params": params});
+        if let Some(session) = &self.session {
+            command["sessionId"] = json!(session);
+        }
+        self.socket
+            .send(tungstenite::Message::text(command.to_string()))
+            .unwrap_or_else(|e| panic!("DevTools {method}: {e}"));
+        let deadline = Instant::now() + CDP_TIMEOUT;
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "DevTools {method}: no answer within {CDP_TIMEOUT:?}"
+            );
+            let message = match self.socket.read() {
+                Ok(tungstenite::Message::Text(text)) => text,
+                Ok(_) => continue,
+                Err(tungstenite::Error::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => panic!("DevTools {method}: {e}"),
+            };
+            let message: Value = serde_json::from_str(message.as_str()).unwrap();
+            if message["id"] == id {
+                if let Some(error) = message.get("error") {
+                    panic!("DevTools {method} failed: {error}");
+                }
+                return message["result"].clone();
+            }
+            self.note_event(&message);
+        }
+    }
+
+    fn note_event(&mut self, event: &Value) {
+        let params = &event["params"];
+        let line = match event["method"].as_str() {
+            Some("Runtime.consoleAPICalled") => {
+                let args: Vec<String> = params["args"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|a| a.get("value").unwrap_or(&a["description"]).to_string())
+                    .collect();
+                format!("console.{}: {}", params["type"], args.join(" "))
+            }
+            Some("Runtime.exceptionThrown") => format!(
+                "exception: {}",
+                params["exceptionDetails"]["exception"]["description"]
+            ),
+            Some("Log.entryAdded") => format!(
+                "log {}: {} {}",
+                params["entry"]["level"], params["entry"]["text"], params["entry"]["url"]
+            ),
+            Some("Network.requestWillBeSent") => {
+                let request = &params["request"];
+                let what = format!("{} {}", request["method"], request["url"]);
+                self.in_flight.insert(params["requestId"].to_string(), what);
+                return;
+            }
+            Some("Network.loadingFinished") => {
+                self.in_flight.remove(&params["requestId"].to_string());
+                return;
+            }
+            Some("Network.loadingFailed") => {
+                let what = self.in_flight.remove(&params["requestId"].to_string());
+                format!(
+                    "request failed: {} {}",
+                    what.unwrap_or_default(),
+                    params["errorText"]
+                )
+            }
+            _ => return,
+        };
+        self.console.push(line);
+    }
+
+    fn navigate(&mut self, url: &str) {
+        let navigated = self.call("Page.navigate", json!({"url": url}));
+        if let Some(error) = navigated.get("errorText") {
+            panic!("navigating to {url}: {error}");
+        }
+        self.wait_for(
+            &format!("{url} to load"),
+            "document.readyState === 'complete'",
+        );
+    }
+
+    /// The value of a JavaScript expression (JSON-serialisable); fails on an exception.
+    fn eval(&mut self, expression: &str) -> Value {
+        let reply = self.call(
+            "Runtime.evaluate",
+            json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
+        );
+        if let Some(details) = reply.get("exceptionDetails") {
+            panic!(
+                "evaluating {expression}: {}\n{}",
+                details["exception"]["description"],
+                self.diagnostics()
+            );
+        }
+        reply["result"]["value"].clone()
+    }
+
+    /// Polls `expression` until it is truthy (not false, null, 0 or ""); returns its value.
+    fn wait_for(&mut self, what: &str, expression: &str) -> Value {
+        let deadline = Instant::now() + UI_TIMEOUT;
+        loop {
+            let value = self.eval(expression);
+            let truthy = match &value {
+                Value::Null | Value::Bool(false) => false,
+                Value::Number(n) => n.as_f64() != Some(0.0),
+                Value::String(s) => !s.is_empty(),
+                _ => true,
+            };
+            if truthy {
+                return value;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "timed out after {UI_TIMEOUT:?} waiting for {what} ({expression})\n{}",
+                    self.diagnostics()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn text(&mut self, selector: &str) -> String {
+        let expression =
+            format!("(document.querySelector({selector:?}) || {{textContent: ''}}).textContent");
+        self.eval(&expression)
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn click(&mut self, selector: &str) {
+        let clicked = self.eval(&format!(
+            "(() => {{ const el = document.querySelector({selector:?}); \
+             if (!el || el.disabled) return false; el.click(); return true; }})()"
+        ));
+        assert_eq!(
+            clicked,
+            json!(true),
+            "{selector} is missing or disabled\n{}",
+            self.diagnostics()
+        );
+    }
+
+    /// Types into an input as a person would: sets the value and fires `input`.
+    fn type_into(&mut self, selector: &str, text: &str) {
+        let typed = self.eval(&format!(
+            "(() => {{ const el = document.querySelector({selector:?}); if (!el) return false; \
+             el.focus(); el.value = {text:?}; \
+             el.dispatchEvent(new Event('input', {{bubbles: true}})); return true; }})()"
+        ));
+        assert_eq!(typed, json!(true), "no {selector} to type into");
+    }
+
+    /// What the page shows (its text, the client page's log included), what the console
+    /// said, and the requests still in flight: printed on failures.
+    fn diagnostics(&mut self) -> String {
+        let page = self
+            .call(
+                "Runtime.evaluate",
+                json!({
+                    "expression": "document.body ? document.body.innerText.slice(-4000) : ''",
+                    "returnByValue": true,
+                }),
+            )
+            .get("result")
+            .and_then(|r| r.get("value"))
+            .and_then(Value::as_str)
+            .unwrap_or("(page not readable)")
+            .to_string();
+        let in_flight: Vec<&str> = self.in_flight.values().map(String::as_str).collect();
+        format!(
+            "----- page text -----\n{page}\n----- console -----\n{}\n\
+             ----- requests in flight -----\n{}\n-----",
+            self.console.join("\n"),
+            in_flight.join("\n")
+        )
+    }
+
+    /// A PNG of the whole page (beyond the viewport), at the viewport's width.
+    fn screenshot(&mut self, width: u32) -> Vec<u8> {
+        let height = self
+            .eval("Math.ceil(document.documentElement.scrollHeight)")
+            .as_u64()
+            .unwrap();
+        let shot = self.call(
+            "Page.captureScreenshot",
+            json!({
+                "format": "png",
+                "captureBeyondViewport": true,
+                "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+            }),
+        );
+        let data = shot["data"].as_str().expect("screenshot data");
+        data_encoding::BASE64
+            .decode(data.as_bytes())
+            .expect("screenshot is base64")
+    }
+}
+
+/// Checks that `png` is a PNG of the given width and over 10 KB (a blank page is far
+/// smaller), and writes it under the target directory; returns its path.
+fn save_screenshot(png: &[u8], width: u32, name: &str) -> PathBuf {
+    assert!(
+        png.len() > 10 * 1024,
+        "{name}: {} bytes is too small for a rendered page",
+        png.len()
+    );
+    let decoder = png::Decoder::new(png);
+    let reader = decoder
+        .read_info()
+        .unwrap_or_else(|e| panic!("{name} is not a PNG: {e}"));
+    assert_eq!(reader.info().width, width, "{name} width");
+    assert!(reader.info().height > 0);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, png).unwrap();
+    eprintln!("screenshot: {}", path.display());
+    path
+}
+
+/// "¥12.34" (anywhere in `text`) → 1234 cents.
+fn cents_in(text: &str) -> u64 {
+    let at = text
+        .find('¥')
+        .unwrap_or_else(|| panic!("no ¥ amount in {text:?}"));
+    let amount: String = text[at + '¥'.len_utf8()..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let (yuan, fen) = amount
+        .split_once('.')
+        .unwrap_or_else(|| panic!("{text:?}: amount without 2 decimals"));
+    assert_eq!(fen.len(), 2, "{text:?}: amount without 2 decimals");
+    yuan.parse::<u64>().unwrap() * 100 + fen.parse::<u64>().unwrap()
+}
+
+// ----- the client page -------------------------------------------------------------------
+
+/// A TCP client logged in with the dev secret.
+fn tcp_login(serve: &Serve, user: u64) -> Client {
+    let mut client = Client::connect(serve.listen).expect("connecting over TCP");
+    client.set_timeout(IO_TIMEOUT).unwrap();
+    let result = client.login(user, DEV_SECRET.as_bytes()).expect("login");
+    assert_eq!(result, ResultCode::Ok, "TCP login of user {user}");
+    client
+}
+
+/// Shakes until a win (bounded); returns the amount won.
+fn tcp_shake_until_won(client: &mut Client) -> u64 {
+    wait_until("the TCP user to win a shake", UI_TIMEOUT, || {
+        match client.shake().expect("shake") {
+            Message::ShakeReply {
+                result: ResultCode::Won,
+                amount_cents,
+                ..
+            } => Some(amount_cents),
+            Message::ShakeReply { .. } => None,
+            other => panic!("unexpected shake reply {other:?}"),
+        }
+    })
+}
+
+/// The next push that is not a broadcast (broadcasts go to every connection).
+fn next_non_broadcast_push(client: &mut Client) -> Message {
+    loop {
+        let push = client.next_push().expect("waiting for a push");
+        if !matches!(push.message, Message::Broadcast { .. }) {
+            return push.message;
+        }
+    }
+}
+
+fn ledger_balance(serve: &Serve, user: u64) -> u64 {
+    let view = get_json(&format!("http://{}/v1/users/{user}", serve.admin));
+    view["balance_cents"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no balance_cents in {view}"))
+}
+
+#[test]
+fn browser_client_logs_in_shakes_wins_and_opens_a_packet() {
+    let started = Instant::now();
+    let data = tempfile::tempdir().unwrap();
+    let mut serve = start_serve(data.path(), &[]);
+    let admin = format!("http://{}", serve.admin);
+    // Slow enough that the first shakes may find nothing, quick enough to win soon.
+    post_json(
+        &format!("{admin}/v1/campaigns/shake"),
+        json!({"packets": 50, "rate_per_sec": 20, "amount_min": 100, "amount_max": 500}),
+    );
+
+    let chromium = Chromium::launch();
+    let mut page = chromium.new_page(PHONE.0, PHONE.1, true);
+    page.navigate(&format!("http://{}/", serve.ws));
+    assert_eq!(page.eval("document.title"), json!("hongbao"));
+
+    // Log in: the page fetches a token from /token and sends `login`.
+    page.type_into("#user", &PAGE_USER.to_string());
+    page.click("#login");
+    let logged_in = format!("logged in as {PAGE_USER}");
+    page.wait_for(
+        "the page to log in",
+        &format!("document.querySelector('#status').textContent.includes({logged_in:?})"),
+    );
+    assert_eq!(page.text("#balance"), "¥0.00");
+
+    // Shake until the page says "won".
+    let deadline = Instant::now() + UI_TIMEOUT;
+    while !page.text("#last-result").contains("won") {
+        assert!(
+            Instant::now() < deadline,
+            "the page never won a shake\n{}",
+            page.diagnostics()
+        );
+        page.click("#shake");
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    // Let a shake still in flight land before reading the balance.
+    std::thread::sleep(Duration::from_millis(300));
+    let won_on_page: u64 = page
+        .eval("Array.from(document.querySelectorAll('#wins li:not(.empty)')).map(li => li.textContent)")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|text| cents_in(text.as_str().unwrap()))
+        .sum();
+    assert!(won_on_page >= 100, "won {won_on_page} cents");
+    assert_eq!(cents_in(&page.text("#balance")), won_on_page);
+
+    // A TCP user wins money and sends the page's user a packet of two shares.
+    let mut sender = tcp_login(&serve, TCP_USER);
+    let sender_won = tcp_shake_until_won(&mut sender);
+    let packet_id = match sender
+        .send_packet(sender_won, 2, &[PAGE_USER, 3003])
+        .expect("send")
+    {
+        Message::SendReply {
+            result: ResultCode::Ok,
+            packet_id,
+            ..
+        } => packet_id,
+        other => panic!("send from the TCP user: {other:?}"),
+    };
+
+    // The notice shows up; open it.
+    let notice = format!("#notices li[data-packet='{packet_id}']");
+    page.wait_for(
+        "the packet notice",
+        &format!("!!document.querySelector({notice:?})"),
+    );
+    let notice_text = page.text(&notice);
+    assert!(
+        notice_text.contains(&format!("user {TCP_USER}")),
+        "{notice_text}"
+    );
+    assert_eq!(cents_in(&notice_text), sender_won, "{notice_text}");
+    page.click(&format!("{notice} button.open"));
+    page.wait_for(
+        "the packet to be opened",
+        &format!("document.querySelector({notice:?}).dataset.state === 'opened'"),
+    );
+    let opened = cents_in(&page.text(&format!("{notice} .outcome")));
+    assert!(
+        (1..=sender_won).contains(&opened),
+        "opened {opened} of {sender_won}"
+    );
+    let balance = cents_in(&page.text("#balance"));
+    assert_eq!(balance, won_on_page + opened);
+    assert_eq!(
+        ledger_balance(&serve, PAGE_USER),
+        balance,
+        "the ledger and the page disagree"
+    );
+
+    // The page sends 0.50 to the TCP user; the balance follows the send reply.
+    page.type_into("#send-amount", "0.50");
+    page.type_into("#send-shares", "1");
+    page.type_into("#send-to", &TCP_USER.to_string());
+    page.click("#send");
+    page.wait_for(
+        "the send to succeed",
+        "document.querySelector('#send-result').textContent.startsWith('sent')",
+    );
+    match next_non_broadcast_push(&mut sender) {
+        Message::PacketNotice {
+            from_user,
+            amount_cents,
+            shares,
+            ..
+        } => {
+            assert_eq!((from_user, amount_cents, shares), (PAGE_USER, 50, 1));
+        }
+        other => panic!("expected a packet notice for the TCP user, got {other:?}"),
+    }
+    let balance = cents_in(&page.text("#balance"));
+    assert_eq!(balance, won_on_page + opened - 50);
+    assert_eq!(ledger_balance(&serve, PAGE_USER), balance);
+
+    // A broadcast arrives with its delay.
+    let text = "新年快乐 from the browser test";
+    post_json(&format!("{admin}/v1/broadcast"), json!({"text": text}));
+    let shown = page.wait_for(
+        "the broadcast",
+        &format!(
+            "(Array.from(document.querySelectorAll('#broadcasts li'))\
+             .find(li => li.textContent.includes({text:?})) || {{}}).textContent"
+        ),
+    );
+    assert!(
+        shown.as_str().unwrap().contains("delay"),
+        "{shown}\n{}",
+        page.diagnostics()
+    );
+
+    // Logging in as the page's user elsewhere kicks the page; it says why and reconnects.
+    let _elsewhere = tcp_login(&serve, PAGE_USER);
+    page.wait_for(
+        "the page to show the kick",
+        "document.querySelector('#status').textContent.includes('replaced')",
+    );
+    assert_eq!(
+        page.eval("document.querySelector('#shake').disabled"),
+        json!(true)
+    );
+    page.click("#login");
+    page.wait_for(
+        "the page to log in again",
+        &format!("document.querySelector('#status').textContent.includes({logged_in:?})"),
+    );
+    assert_eq!(
+        cents_in(&page.text("#balance")),
+        balance,
+        "the balance is kept across a reconnect"
+    );
+
+    // Fits a phone: no horizontal scroll at 360 px.
+    let scroll_width = page
+        .eval("document.documentElement.scrollWidth")
+        .as_u64()
+        .unwrap();
+    assert!(
+        scroll_width <= u64::from(PHONE.0),
+        "the page scrolls sideways at {} px: scrollWidth {scroll_width}",
+        PHONE.0
+    );
+    let png = page.screenshot(PHONE.0);
+    save_screenshot(&png, PHONE.0, "hongbao-page.png");
+
+    assert_eq!(
+        get_json(&format!("{admin}/v1/audit"))["ok"],
+        true,
+        "the money does not add up"
+    );
+    drop(page);
+    drop(chromium);
+    serve.process.interrupt();
+    eprintln!("browser client test took {:?}", started.elapsed());
+}
+
+#[test]
+fn browser_client_asks_for_a_token_when_the_server_hands_none_out() {
+    // With a secret of its own the server has no `/token` (404): the page must ask for
+    // the token instead, and log in with what is pasted.
+    const SECRET: &str = "browser-test-secret";
+    let data = tempfile::tempdir().unwrap();
+    let mut serve = start_serve(data.path(), &["--secret", SECRET]);
+    let chromium = Chromium::launch();
+    let mut page = chromium.new_page(PHONE.0, PHONE.1, true);
+    page.navigate(&format!("http://{}/", serve.ws));
+    assert_eq!(
+        page.eval("document.querySelector('#token-box').hidden"),
+        json!(true),
+        "the token field shows before it is needed"
+    );
+
+    page.type_into("#user", "42");
+    page.click("#login");
+    page.wait_for(
+        "the page to ask for a token",
+        "!document.querySelector('#token-box').hidden && \
+         document.querySelector('#status').textContent.includes('token')",
+    );
+    // A wrong token: the server refuses it and closes; the page says so.
+    page.type_into("#token", &"00".repeat(32));
+    page.click("#login");
+    page.wait_for(
+        "the page to show the refused login",
+        "document.querySelector('#status').textContent.includes('bad-token')",
+    );
+    let token = hongbao_proto::token::token_hex(SECRET.as_bytes(), 42);
+    page.type_into("#token", &token);
+    page.click("#login");
+    page.wait_for(
+        "the page to log in with the pasted token",
+        "document.querySelector('#status').textContent.includes('logged in as 42')",
+    );
+    page.click("#shake");
+    page.wait_for(
+        "a shake result (no campaign: nothing)",
+        "document.querySelector('#last-result').textContent.includes('nothing')",
+    );
+    drop(page);
+    drop(chromium);
+    serve.process.interrupt();
+}
+
+// ----- the monitor's dashboard -----------------------------------------------------------
+
+#[test]
+fn dashboard_renders_charts_in_chromium() {
+    let started = Instant::now();
+    let out = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let (mut monitor, monitor_addr) = start_monitor(out.path());
+    let monitor_arg = monitor_addr.to_string();
+    let mut serve = start_serve(data.path(), &["--monitor", &monitor_arg]);
+    let base = format!("http://{monitor_addr}");
+
+    // Rows are written a few seconds after their second ends: wait for a few of the
+    // server's, so the charts have lines to draw.
+    wait_until(
+        "the monitor to write 3 server rows",
+        Duration::from_secs(30),
+        || {
+            let csv = http()
+                .get(&format!("{base}/v1/series.csv"))
+                .call()
+                .ok()?
+                .into_string()
+                .ok()?;
+            let server_rows = csv.lines().filter(|l| l.contains(",server,")).count();
+            (server_rows >= 3).then_some(())
+        },
+    );
+    let charts = get_json(&format!("{base}/v1/charts"));
+    let charts = charts.as_array().expect("/v1/charts is a list").len();
+    assert!(charts >= 8, "only {charts} charts");
+
+    let chromium = Chromium::launch();
+    let mut page = chromium.new_page(1280, 900, false);
+    page.navigate(&format!("{base}/"));
+    let drawn = page.wait_for(
+        "every chart to be drawn",
+        &format!(
+            "(() => {{ const svgs = Array.from(document.querySelectorAll('[id^=chart-] svg')); \
+             const drawn = svgs.filter(s => s.querySelector('path, polyline')).length; \
+             return svgs.length === {charts} && drawn === {charts} && drawn; }})()"
+        ),
+    );
+    assert_eq!(drawn, json!(charts));
+    let png = page.screenshot(1280);
+    save_screenshot(&png, 1280, "hongbao-dashboard.png");
+
+    drop(page);
+    drop(chromium);
+    serve.process.interrupt();
+    monitor.interrupt();
+    eprintln!("dashboard test took {:?}", started.elapsed());
+}
