@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
+use hongbao_report::Broadcast;
 use serde::{Deserialize, Serialize};
 
 use crate::report::{merge_sparse, new_histogram, sparse};
@@ -213,23 +214,12 @@ pub fn delivery_ok(sent: &Sent, delivered: u64, drops_after: u64) -> bool {
     delivered <= sent.connections && delivered + lost >= sent.connections
 }
 
-/// One entry of `broadcasts.json`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Entry {
-    pub id: u64,
-    pub server_time_us: u64,
-    pub connections: u64,
-    pub delivered: u64,
-    pub complete_ms: f64,
-    pub cdf: Vec<(f64, u64)>,
-}
-
 /// `broadcasts.json`: one entry per broadcast sent, matched to what arrived by stamp.
-pub fn entries(sent: &[Sent], stats: &[BroadcastStats]) -> Vec<Entry> {
+pub fn entries(sent: &[Sent], stats: &[BroadcastStats]) -> Vec<Broadcast> {
     sent.iter()
         .map(|s| {
             let got = stats.iter().find(|b| b.server_time_us == s.server_time_us);
-            Entry {
+            Broadcast {
                 id: s.id,
                 server_time_us: s.server_time_us,
                 connections: s.connections,

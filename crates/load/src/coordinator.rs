@@ -53,7 +53,7 @@ pub struct LoadOptions {
 }
 
 /// One second of the whole run, merged over the client processes.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Row {
     pub second: u64,
     pub unix_ms: u64,
@@ -229,9 +229,6 @@ fn load_sample(row: &Row, unix_second: u64, net_interface: &str) -> Sample {
         ("logged_in", row.logged_in),
         ("rss_bytes", row.rss_bytes),
     ];
-    let owned = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
-        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
-    };
     Sample {
         instance: format!("load@{}:{}", sample::hostname(), std::process::id()),
         host: sample::hostname(),
@@ -240,8 +237,8 @@ fn load_sample(row: &Row, unix_second: u64, net_interface: &str) -> Sample {
             role: "load".into(),
             processes: row.reports,
             cpu_ms: row.cpu_ms,
-            counters: owned(&counters),
-            levels: owned(&levels),
+            counters: sample::named(&counters),
+            levels: sample::named(&levels),
             latency_us: row.shake_latency.clone(),
         }],
         net: sample::read_net(net_interface),
@@ -529,18 +526,9 @@ impl Load {
         let mut cpu_ms = 0;
         // The last, partial second of every process: its counts, levels and latencies.
         let mut last = Row {
-            second: 0,
-            unix_ms: 0,
             reports: self.procs,
-            target_qps: 0,
-            connected: 0,
-            logged_in: 0,
-            rss_bytes: 0,
-            cpu_ms: 0,
-            counters: Counters::default(),
-            shake_latency: Vec::new(),
-            open_latency: Vec::new(),
             broadcasts_seen: shared.deliveries.seen(),
+            ..Row::default()
         };
         for (p, fin) in shared.finals.iter().enumerate() {
             let Some(fin) = fin else {
@@ -599,16 +587,8 @@ fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
     let row = s.rows.entry(report.second).or_insert_with(|| Row {
         second: report.second,
         unix_ms: report.unix_ms,
-        reports: 0,
         target_qps: plan.qps_at(report.second),
-        connected: 0,
-        logged_in: 0,
-        rss_bytes: 0,
-        cpu_ms: 0,
-        counters: Counters::default(),
-        shake_latency: Vec::new(),
-        open_latency: Vec::new(),
-        broadcasts_seen: 0,
+        ..Row::default()
     });
     row.reports += 1;
     // Every process reports second s before s + 1, so a row's last merge comes after

@@ -14,45 +14,15 @@ use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 
 use crate::prom::Exposition;
-use crate::sample::{merge_sparse, new_histogram, NetCounters, Sample, COUNTERS, LEVELS};
+use crate::sample::{merge_sparse, new_histogram, Sample, COUNTERS, LEVELS, NET_COLUMNS};
 
 /// Seconds after a second ends before its row is written.
 pub const GRACE_SECS: u64 = 3;
 /// An instance silent this long no longer counts towards levels.
 const GONE_SECS: u64 = 5;
 
-/// The columns of series.csv, in order (docs/monitoring.md describes each).
-pub const COLUMNS: &[&str] = &[
-    "unix_second",
-    "role",
-    "instances",
-    "phase",
-    "connections",
-    "logged_in",
-    "cpu_seconds",
-    "rss_bytes",
-    "shakes",
-    "won",
-    "nothing",
-    "overloaded",
-    "opens",
-    "opened",
-    "sends",
-    "errors",
-    "latency_p50_ms",
-    "latency_p99_ms",
-    "latency_max_ms",
-    "packets_released",
-    "packets_won",
-    "send_packets",
-    "shares_opened",
-    "net_rx_packets",
-    "net_tx_packets",
-    "net_rx_bytes",
-    "net_tx_bytes",
-    "broadcasts",
-    "broadcast_delivered",
-];
+/// The columns of series.csv, in order (the report crate reads the same list).
+pub use hongbao_report::COLUMNS;
 
 /// One role in one second, while the second is open.
 #[derive(Default)]
@@ -92,7 +62,8 @@ pub struct Collector {
     next_open: Option<u64>,
     open: BTreeMap<u64, BTreeMap<String, Cell>>,
     sources: HashMap<(String, String), Source>,
-    net: HashMap<(String, String), NetCounters>,
+    /// Newest counters (`NET_COLUMNS` order) per host and interface.
+    net: HashMap<(String, String), [u64; 4]>,
     roles: BTreeMap<String, RoleTotals>,
     marks: Vec<(u64, String)>,
     latest_rows: BTreeMap<String, Map<String, Value>>,
@@ -139,19 +110,7 @@ impl Collector {
         for rs in &sample.roles {
             let key = (sample.instance.clone(), rs.role.clone());
             let source = self.sources.entry(key).or_default();
-            let totals = self
-                .roles
-                .entry(rs.role.clone())
-                .or_insert_with(|| RoleTotals {
-                    first_second: second,
-                    ..Default::default()
-                });
-            let cell = self
-                .open
-                .entry(second)
-                .or_default()
-                .entry(rs.role.clone())
-                .or_default();
+            let (totals, cell) = slot(&mut self.roles, &mut self.open, second, &rs.role);
             for (name, &value) in &rs.counters {
                 let before = source.counters.get(name).copied().unwrap_or(0);
                 let delta = value.saturating_sub(before);
@@ -185,62 +144,24 @@ impl Collector {
         }
         if let Some(net) = &sample.net {
             let key = (sample.host.clone(), net.interface.clone());
-            let before = self.net.get(&key).cloned();
-            let totals = self
-                .roles
-                .entry("host".into())
-                .or_insert_with(|| RoleTotals {
-                    first_second: second,
-                    ..Default::default()
-                });
-            let cell = self
-                .open
-                .entry(second)
-                .or_default()
-                .entry("host".into())
-                .or_default();
+            let (totals, cell) = slot(&mut self.roles, &mut self.open, second, "host");
             cell.levels.insert(key.0.clone(), (0, BTreeMap::new()));
-            let pairs = [
-                (
-                    "net_rx_packets",
-                    net.rx_packets,
-                    before.as_ref().map(|b| b.rx_packets),
-                ),
-                (
-                    "net_tx_packets",
-                    net.tx_packets,
-                    before.as_ref().map(|b| b.tx_packets),
-                ),
-                (
-                    "net_rx_bytes",
-                    net.rx_bytes,
-                    before.as_ref().map(|b| b.rx_bytes),
-                ),
-                (
-                    "net_tx_bytes",
-                    net.tx_bytes,
-                    before.as_ref().map(|b| b.tx_bytes),
-                ),
-            ];
-            for (name, now, before) in pairs {
+            let now = net.values();
+            let before = self.net.get(&key).copied();
+            for (i, name) in NET_COLUMNS.into_iter().enumerate() {
                 totals.keys.insert(name.into());
                 // The first report of an interface sets the baseline: its counters hold
                 // everything since boot.
-                let delta = before.map_or(0, |b| now.saturating_sub(b));
+                let delta = before.map_or(0, |b| now[i].saturating_sub(b[i]));
                 *cell.counts.entry(name.into()).or_default() += delta;
                 *totals.counts.entry(name.into()).or_default() += delta;
             }
-            let merged = match before {
-                Some(b) => NetCounters {
-                    interface: net.interface.clone(),
-                    rx_packets: net.rx_packets.max(b.rx_packets),
-                    tx_packets: net.tx_packets.max(b.tx_packets),
-                    rx_bytes: net.rx_bytes.max(b.rx_bytes),
-                    tx_bytes: net.tx_bytes.max(b.tx_bytes),
-                },
-                None => net.clone(),
+            // Several instances on one host report the same counters: keep the newest.
+            let newest = match before {
+                Some(b) => std::array::from_fn(|i| now[i].max(b[i])),
+                None => now,
             };
-            self.net.insert(key, merged);
+            self.net.insert(key, newest);
         }
     }
 
@@ -355,13 +276,7 @@ impl Collector {
                 row.insert(level.to_string(), sum.into());
             }
         }
-        let net = [
-            "net_rx_packets",
-            "net_tx_packets",
-            "net_rx_bytes",
-            "net_tx_bytes",
-        ];
-        for name in COUNTERS.iter().chain(net.iter()) {
+        for name in COUNTERS.iter().chain(NET_COLUMNS.iter()) {
             if has(name) {
                 let v = cell.counts.get(*name).copied().unwrap_or(0);
                 row.insert(name.to_string(), v.into());
@@ -456,6 +371,25 @@ impl Collector {
         );
         m.finish()
     }
+}
+
+/// The run totals of `role` and its cell for `second`, made on first use.
+fn slot<'a>(
+    roles: &'a mut BTreeMap<String, RoleTotals>,
+    open: &'a mut BTreeMap<u64, BTreeMap<String, Cell>>,
+    second: u64,
+    role: &str,
+) -> (&'a mut RoleTotals, &'a mut Cell) {
+    let totals = roles.entry(role.to_string()).or_insert_with(|| RoleTotals {
+        first_second: second,
+        ..Default::default()
+    });
+    let cell = open
+        .entry(second)
+        .or_default()
+        .entry(role.to_string())
+        .or_default();
+    (totals, cell)
 }
 
 fn csv_field(s: &str) -> String {

@@ -76,6 +76,31 @@ pub struct NetCounters {
     pub tx_bytes: u64,
 }
 
+/// The series columns of the interface counters.
+pub const NET_COLUMNS: [&str; 4] = [
+    "net_rx_packets",
+    "net_tx_packets",
+    "net_rx_bytes",
+    "net_tx_bytes",
+];
+
+impl NetCounters {
+    /// The counters in the order of `NET_COLUMNS`.
+    pub fn values(&self) -> [u64; 4] {
+        [
+            self.rx_packets,
+            self.tx_packets,
+            self.rx_bytes,
+            self.tx_bytes,
+        ]
+    }
+}
+
+/// Counters or levels as a sample carries them, from (name, value) pairs.
+pub fn named(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
 /// A latency histogram in µs, from 1 µs to 2 minutes at 3 significant digits.
 pub fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds")

@@ -21,7 +21,7 @@ use std::path::Path;
 
 pub use broadcast::Broadcast;
 pub use chart::{chart_list, ChartEntry, ChartInfo, CHARTS};
-pub use series::{PhaseStart, Role, Series, METRICS};
+pub use series::{PhaseStart, Role, Series, COLUMNS};
 
 /// Width and height of every chart, SVG and PNG alike.
 pub const CHART_SIZE: (u32, u32) = (draw::WIDTH, draw::HEIGHT);

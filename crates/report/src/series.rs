@@ -40,10 +40,13 @@ impl Role {
     }
 }
 
-/// The numeric columns of `series.csv`, in the monitor's order. `unix_second`, `role` and
-/// `phase` are handled apart.
-pub const METRICS: &[&str] = &[
+/// The columns of `series.csv`, in order: the monitor writes them, this reads them
+/// (docs/monitoring.md describes each).
+pub const COLUMNS: &[&str] = &[
+    "unix_second",
+    "role",
     "instances",
+    "phase",
     "connections",
     "logged_in",
     "cpu_seconds",
@@ -71,8 +74,13 @@ pub const METRICS: &[&str] = &[
     "broadcast_delivered",
 ];
 
+/// Where a numeric column's value sits in a row's cells (its place among `COLUMNS`);
+/// `unix_second`, `role` and `phase` are read apart.
 fn metric_index(column: &str) -> Option<usize> {
-    METRICS.iter().position(|m| *m == column)
+    if matches!(column, "unix_second" | "role" | "phase") {
+        return None;
+    }
+    COLUMNS.iter().position(|c| *c == column)
 }
 
 /// One role's cells for one second; `None` is an empty (not applicable) cell.
@@ -142,7 +150,7 @@ impl Series {
             let Some(role) = Role::parse(cell(role_at)) else {
                 continue;
             };
-            let mut values: Cells = vec![None; METRICS.len()];
+            let mut values: Cells = vec![None; COLUMNS.len()];
             for &(at, metric) in &metric_at {
                 values[metric] = cell(at).parse::<f64>().ok().filter(|v| v.is_finite());
             }

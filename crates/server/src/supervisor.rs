@@ -698,12 +698,6 @@ impl Supervisor {
             ("send_packets", self.core.counters.send_packets),
             ("shares_opened", core_count("open", "opened")),
         ];
-        let owned = |pairs: &[(&str, u64)]| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), *v))
-                .collect::<BTreeMap<_, _>>()
-        };
         let (rss, cpu) = sys::self_usage();
         let latency = sample::sparse(&self.latency_pending);
         self.latency_pending.reset();
@@ -716,7 +710,7 @@ impl Supervisor {
                     role: "server".into(),
                     processes,
                     cpu_ms: total("cpu_ms"),
-                    counters: owned(&server_counters),
+                    counters: sample::named(&server_counters),
                     levels,
                     latency_us: latency,
                 },
@@ -724,8 +718,8 @@ impl Supervisor {
                     role: "core".into(),
                     processes: 1,
                     cpu_ms: cpu,
-                    counters: owned(&core_counters),
-                    levels: BTreeMap::from([("rss_bytes".to_string(), rss)]),
+                    counters: sample::named(&core_counters),
+                    levels: sample::named(&[("rss_bytes", rss)]),
                     latency_us: Vec::new(),
                 },
             ],

@@ -244,6 +244,27 @@ fn read_welcome(
     }
 }
 
+/// `frame` as a connection speaking `proto` reads it; `None` before a WebSocket's
+/// first message, when its form is not known.
+fn in_form(proto: Proto, frame: &Frame) -> Option<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(48);
+    match proto {
+        Proto::Tcp => hongbao_proto::encode(frame, &mut bytes),
+        Proto::WsBinary => {
+            let inner = hongbao_proto::encode_to_vec(frame);
+            ws::encode(Role::Server, Opcode::Binary, &inner, &mut bytes);
+        }
+        Proto::WsText => ws::encode(
+            Role::Server,
+            Opcode::Text,
+            json::to_json(frame).as_bytes(),
+            &mut bytes,
+        ),
+        Proto::WsHandshake | Proto::WsNew => return None,
+    }
+    Some(bytes)
+}
+
 impl Conn {
     /// Whether pushes reach this connection (a WebSocket needs its first message first).
     fn pushable(&self) -> bool {
@@ -643,16 +664,9 @@ impl Worker {
                 text,
             },
         };
-        let tcp = hongbao_proto::encode_to_vec(&frame);
-        let mut ws_binary = Vec::with_capacity(tcp.len() + 4);
-        ws::encode(Role::Server, Opcode::Binary, &tcp, &mut ws_binary);
-        let mut ws_text = Vec::new();
-        ws::encode(
-            Role::Server,
-            Opcode::Text,
-            json::to_json(&frame).as_bytes(),
-            &mut ws_text,
-        );
+        let form = |proto| in_form(proto, &frame).expect("an upgraded form");
+        let (tcp, ws_binary, ws_text) =
+            (form(Proto::Tcp), form(Proto::WsBinary), form(Proto::WsText));
         let connections = self
             .conns
             .iter()
@@ -870,22 +884,9 @@ impl Worker {
         let Some(conn) = self.conns.get(key) else {
             return;
         };
-        let mut bytes = Vec::with_capacity(48);
-        match conn.proto {
-            Proto::Tcp => hongbao_proto::encode(&frame, &mut bytes),
-            Proto::WsBinary => {
-                let inner = hongbao_proto::encode_to_vec(&frame);
-                ws::encode(Role::Server, Opcode::Binary, &inner, &mut bytes);
-            }
-            Proto::WsText => ws::encode(
-                Role::Server,
-                Opcode::Text,
-                json::to_json(&frame).as_bytes(),
-                &mut bytes,
-            ),
-            Proto::WsHandshake | Proto::WsNew => return,
+        if let Some(bytes) = in_form(conn.proto, &frame) {
+            self.write(key, &bytes);
         }
-        self.write(key, &bytes);
     }
 
     /// Writes a frame the core encoded, in the connection's form.
@@ -901,14 +902,10 @@ impl Worker {
                 self.write(key, &bytes);
             }
             Proto::WsText => {
-                if let Ok(frame) = hongbao_proto::decode(frame_bytes) {
-                    let mut bytes = Vec::new();
-                    ws::encode(
-                        Role::Server,
-                        Opcode::Text,
-                        json::to_json(&frame).as_bytes(),
-                        &mut bytes,
-                    );
+                let text = hongbao_proto::decode(frame_bytes)
+                    .ok()
+                    .and_then(|frame| in_form(Proto::WsText, &frame));
+                if let Some(bytes) = text {
                     self.write(key, &bytes);
                 }
             }
