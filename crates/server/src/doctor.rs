@@ -176,7 +176,12 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
             current: if l.reserved_ports.is_empty() { "(none)".into() } else { l.reserved_ports.clone() },
             needed: "the listening ports (serve 7000-7002, monitor 7200 by default)".into(),
             allows: u64::MAX,
-            fix: (!l.reserved_ports.contains("7000")).then(|| "sysctl -w net.ipv4.ip_local_reserved_ports=7000-7002,7200".into()),
+            fix: (reserved_ports_wanted(&l.reserved_ports) != l.reserved_ports).then(|| {
+                format!(
+                    "sysctl -w net.ipv4.ip_local_reserved_ports={}",
+                    reserved_ports_wanted(&l.reserved_ports)
+                )
+            }),
         },
         Check {
             name: "net.core.somaxconn (accept backlog)",
@@ -275,6 +280,35 @@ pub fn report(l: &Limits, connections: u64) -> String {
     out
 }
 
+/// The ports hongbao listens on by default (serve's TCP, admin and WebSocket; monitor).
+const LISTENING_PORTS: [(u16, u16); 2] = [(7000, 7002), (7200, 7200)];
+
+/// `current` (the kernel's `ip_local_reserved_ports` list, e.g. "8900,9000-9010") with
+/// our listening ports added where it does not cover them already; what others reserved
+/// stays reserved. Equal to `current` when nothing is missing.
+fn reserved_ports_wanted(current: &str) -> String {
+    let ranges: Vec<(u16, u16)> = current
+        .split(',')
+        .filter_map(|part| {
+            let part = part.trim();
+            let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+            Some((lo.parse().ok()?, hi.parse().ok()?))
+        })
+        .collect();
+    let covered = |port: u16| ranges.iter().any(|&(lo, hi)| lo <= port && port <= hi);
+    let mut parts: Vec<String> = vec![current.trim().to_string()];
+    for (lo, hi) in LISTENING_PORTS {
+        if !(lo..=hi).all(covered) {
+            parts.push(if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") });
+        }
+    }
+    parts.retain(|p| !p.is_empty());
+    if parts.len() == 1 && parts[0] == current.trim() {
+        return current.to_string();
+    }
+    parts.join(",")
+}
+
 /// Writes the sysctls `checks` suggests (needs root). Returns one line per change.
 pub fn apply(l: &Limits, connections: u64) -> Vec<String> {
     let sockets = 2 * connections;
@@ -285,7 +319,7 @@ pub fn apply(l: &Limits, connections: u64) -> Vec<String> {
         ),
         (
             "/proc/sys/net/ipv4/ip_local_reserved_ports",
-            "7000-7002,7200".into(),
+            reserved_ports_wanted(&l.reserved_ports),
         ),
         ("/proc/sys/net/core/somaxconn", "65535".into()),
         ("/proc/sys/net/ipv4/tcp_max_syn_backlog", "65535".into()),
@@ -376,6 +410,15 @@ mod tests {
         l.conntrack_max = None;
         l.mem_available = 2 << 30;
         assert!(report(&l, 1_000_000).contains("memory available binds first"));
+    }
+
+    #[test]
+    fn reserved_ports_keep_what_others_reserved() {
+        assert_eq!(reserved_ports_wanted(""), "7000-7002,7200");
+        assert_eq!(reserved_ports_wanted("8900"), "8900,7000-7002,7200");
+        assert_eq!(reserved_ports_wanted("7000-7002,7200"), "7000-7002,7200");
+        assert_eq!(reserved_ports_wanted("7000-7010,7200,8900"), "7000-7010,7200,8900");
+        assert_eq!(reserved_ports_wanted("7000,7200"), "7000,7200,7000-7002");
     }
 
     #[test]
