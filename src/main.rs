@@ -100,6 +100,9 @@ struct LoadArgs {
     /// Report per-second counters to the hongbao monitor at this address
     #[arg(long)]
     monitor: Option<String>,
+    /// A user answered "overloaded" skips its shakes for this many seconds; 0 keeps shaking
+    #[arg(long, default_value_t = hongbao_load::bench::DEFAULT_OVERLOAD_BACKOFF_SECS)]
+    overload_backoff_secs: u32,
 }
 
 #[derive(Args)]
@@ -146,6 +149,9 @@ struct BenchArgs {
     /// Seconds between operator broadcasts in each steady phase; 0 = none
     #[arg(long, default_value_t = 0.0)]
     broadcast_every: f64,
+    /// The server answers "overloaded" to shakes that waited in its kernel queue longer than this; 0 never [default: 0]
+    #[arg(long)]
+    max_queue_ms: Option<u32>,
 }
 
 /// Flags win over the config file, which wins over the defaults.
@@ -181,6 +187,9 @@ struct ServeArgs {
     /// Report per-second counters to the hongbao monitor at this address
     #[arg(long)]
     monitor: Option<String>,
+    /// Answer "overloaded" to a shake that waited in the kernel longer than this; 0 never [default: 0]
+    #[arg(long)]
+    max_queue_ms: Option<u32>,
     /// TOML file giving any of the options above (and the rest: see docs/admin-api.md)
     #[arg(long)]
     config: Option<PathBuf>,
@@ -230,6 +239,9 @@ fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
     if let Some(v) = args.monitor {
         cfg.monitor = v;
     }
+    if let Some(v) = args.max_queue_ms {
+        cfg.max_queue_ms = v;
+    }
     Ok(cfg)
 }
 
@@ -264,6 +276,7 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         secret: args.secret.clone(),
         connect_at_epoch: false,
         monitor: args.monitor.clone(),
+        overload_backoff_secs: args.overload_backoff_secs,
     })
 }
 
@@ -311,6 +324,9 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
         anyhow::bail!("--broadcast-every must be 0 (off) or a number of seconds");
     }
     opts.broadcast_every_secs = args.broadcast_every;
+    if let Some(v) = args.max_queue_ms {
+        opts.max_queue_ms = v;
+    }
     Ok(opts)
 }
 

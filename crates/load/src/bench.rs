@@ -32,6 +32,10 @@ use crate::transport::Transport;
 
 pub const SECRET: &str = "hongbao-bench-secret";
 
+/// How long a simulated user told "overloaded" stops shaking.
+pub const DEFAULT_OVERLOAD_BACKOFF_SECS: u32 = 30;
+
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preset {
     Quick,
@@ -60,6 +64,8 @@ pub struct BenchOptions {
     pub transport: Transport,
     /// Seconds between operator broadcasts during each steady phase; 0 = none.
     pub broadcast_every_secs: f64,
+    /// The server's `max_queue_ms`.
+    pub max_queue_ms: u32,
 }
 
 impl BenchOptions {
@@ -79,6 +85,7 @@ impl BenchOptions {
             monitor_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             transport: Transport::Tcp,
             broadcast_every_secs: 0.0,
+            max_queue_ms: hongbao_server::config::ServeConfig::default().max_queue_ms,
         };
         match preset {
             Preset::Quick => base,
@@ -111,6 +118,9 @@ pub struct PhaseSummary {
     pub latency_ms: LatencyMs,
     pub open_latency_ms: LatencyMs,
     pub overloaded: u64,
+    /// Shakes the schedule asked for that users skipped while backing off after an
+    /// "overloaded" (not sent, not errors).
+    pub backed_off: u64,
     pub errors: u64,
     /// |client median − target| / target ≤ 2% (meaningful when nothing was overloaded).
     pub qps_within_2pct: bool,
@@ -189,6 +199,7 @@ impl Server {
             .args(["--workers", &opts.workers])
             .args(["--connections", &opts.connections.to_string()])
             .args(["--max-shake-qps", &opts.max_shake_qps.to_string()])
+            .args(["--max-queue-ms", &opts.max_queue_ms.to_string()])
             .args(["--secret", SECRET])
             .args(match opts.transport {
                 Transport::Tcp => &[][..],
@@ -357,6 +368,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         secret: SECRET.into(),
         connect_at_epoch: true,
         monitor: Some(monitor.addr().to_string()),
+        overload_backoff_secs: DEFAULT_OVERLOAD_BACKOFF_SECS,
     })?;
     monitor.mark_at(load.epoch_ms(), "connect");
     say(&format!(
@@ -962,6 +974,7 @@ fn phase_summary(
         latency_ms: latency(&shake_h),
         open_latency_ms: latency(&open_h),
         overloaded,
+        backed_off: after.backed_off - before.backed_off,
         errors: after.errors() - before.errors(),
         qps_within_2pct: (client_qps_median - qps as f64).abs() <= qps as f64 * 0.02,
         shake_release_rate_per_sec: shake_rate,

@@ -65,6 +65,10 @@ pub struct ClientOptions {
     /// Raw TCP, or WebSocket to the server's `--ws-listen` address.
     #[serde(default)]
     pub transport: Transport,
+    /// A user answered "overloaded" skips its shakes for this many seconds, as the app
+    /// does ("too many people, try again shortly"); 0 keeps shaking.
+    #[serde(default)]
+    pub overload_backoff_secs: u32,
 }
 
 /// Commands from the coordinator, one JSON object per stdin line.
@@ -113,6 +117,8 @@ struct User {
     inflight: Vec<Inflight>,
     /// A fragmented WebSocket message being assembled (the gateway never fragments).
     fragment: Option<Box<ws::Partial>>,
+    /// Unix second until which this user backs off after an "overloaded" (0: not).
+    backoff_until_s: u32,
 }
 
 struct Client {
@@ -165,6 +171,7 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
             out: Vec::new(),
             inflight: Vec::new(),
             fragment: None,
+            backoff_until_s: 0,
         })
         .collect();
     set_nonblocking(0);
@@ -298,6 +305,10 @@ impl Client {
             let intended_us = base_us + f.offset_ns as u64 / 1000;
             if self.users[i].state != State::Ready {
                 self.counters.skipped_not_ready += 1;
+                continue;
+            }
+            if u64::from(self.users[i].backoff_until_s) * 1_000_000 > intended_us {
+                self.counters.backed_off += 1;
                 continue;
             }
             self.counters.shakes_sent += 1;
@@ -560,7 +571,11 @@ impl Client {
                         t.won_cents += amount_cents;
                     }
                     ResultCode::Nothing => self.counters.nothing += 1,
-                    ResultCode::Overloaded => self.counters.overloaded += 1,
+                    ResultCode::Overloaded => {
+                        self.counters.overloaded += 1;
+                        let backoff = u64::from(self.opts.overload_backoff_secs);
+                        self.users[i].backoff_until_s = (now / 1_000_000 + backoff) as u32;
+                    }
                     _ => self.counters.error_replies += 1,
                 }
             }

@@ -50,6 +50,8 @@ pub struct LoadOptions {
     pub connect_at_epoch: bool,
     /// Report each second to the `hongbao monitor` at this address.
     pub monitor: Option<String>,
+    /// See `ClientOptions::overload_backoff_secs`.
+    pub overload_backoff_secs: u32,
 }
 
 /// One second of the whole run, merged over the client processes.
@@ -233,14 +235,16 @@ fn load_sample(row: &Row, unix_second: u64, net_interface: &str) -> Sample {
         instance: format!("load@{}:{}", sample::hostname(), std::process::id()),
         host: sample::hostname(),
         unix_second,
-        roles: vec![RoleSample {
+        roles: std::iter::once(RoleSample {
             role: "load".into(),
             processes: row.reports,
             cpu_ms: row.cpu_ms,
             counters: sample::named(&counters),
             levels: sample::named(&levels),
             latency_us: row.shake_latency.clone(),
-        }],
+        })
+        .chain(sample::host_role())
+        .collect(),
         net: sample::read_net(net_interface),
     }
 }
@@ -332,6 +336,7 @@ impl Load {
                 secret: opts.secret.clone(),
                 connect_from_ms: if opts.connect_at_epoch { epoch_ms } else { 0 },
                 transport: opts.transport,
+                overload_backoff_secs: opts.overload_backoff_secs,
             };
             let mut child = Command::new(&exe)
                 .arg("load-client")

@@ -30,6 +30,9 @@ pub struct Counters {
     pub kicks: u64,
     /// Firings whose user was not connected and logged in at the time.
     pub skipped_not_ready: u64,
+    /// Firings skipped because the user was told "overloaded" and is backing off.
+    #[serde(default)]
+    pub backed_off: u64,
     pub shakes_sent: u64,
     pub shake_replies: u64,
     pub won: u64,
@@ -66,6 +69,7 @@ impl Counters {
             disconnects,
             kicks,
             skipped_not_ready,
+            backed_off,
             shakes_sent,
             shake_replies,
             won,

@@ -108,8 +108,19 @@ impl Collector {
             second = second.max(open);
         }
         for rs in &sample.roles {
-            let key = (sample.instance.clone(), rs.role.clone());
+            // The machine is one source however many instances on it report it.
+            let source_name = if rs.role == "host" {
+                &sample.host
+            } else {
+                &sample.instance
+            };
+            let key = (source_name.clone(), rs.role.clone());
+            let first = !self.sources.contains_key(&key);
             let source = self.sources.entry(key).or_default();
+            if first && rs.role == "host" {
+                // The machine's busy time counts from boot: its first report is the baseline.
+                source.cpu_ms = rs.cpu_ms;
+            }
             let (totals, cell) = slot(&mut self.roles, &mut self.open, second, &rs.role);
             for (name, &value) in &rs.counters {
                 let before = source.counters.get(name).copied().unwrap_or(0);
@@ -128,7 +139,7 @@ impl Collector {
                 source.last_second = sample.unix_second;
                 source.levels = (rs.processes, rs.levels.clone());
                 cell.levels
-                    .insert(sample.instance.clone(), source.levels.clone());
+                    .insert(source_name.clone(), source.levels.clone());
             }
             if !rs.latency_us.is_empty() {
                 totals.keys.insert("latency".into());
@@ -263,9 +274,7 @@ impl Collector {
         row.insert("role".into(), role.into());
         row.insert("instances".into(), cell.levels.len().into());
         row.insert("phase".into(), phase.into());
-        if role != "host" {
-            row.insert("cpu_seconds".into(), json!(cell.cpu_ms as f64 / 1000.0));
-        }
+        row.insert("cpu_seconds".into(), json!(cell.cpu_ms as f64 / 1000.0));
         for level in LEVELS {
             if has(level) {
                 let sum: u64 = cell
@@ -331,15 +340,13 @@ impl Collector {
                 };
                 m.sample(&name, "counter", &help, &labels, *v as f64);
             }
-            if role != "host" {
-                m.sample(
-                    "hongbao_cpu_seconds_total",
-                    "counter",
-                    "CPU time used by each role's processes since the monitor started",
-                    &labels,
-                    t.cpu_ms as f64 / 1000.0,
-                );
-            }
+            m.sample(
+                "hongbao_cpu_seconds_total",
+                "counter",
+                "CPU time used by each role's processes (host: the whole machine) since the monitor started",
+                &labels,
+                t.cpu_ms as f64 / 1000.0,
+            );
             for (k, v) in &t.levels {
                 let name = match k.as_str() {
                     "rss_bytes" => "hongbao_resident_memory_bytes".to_string(),

@@ -143,6 +143,31 @@ pub fn interface_for(peer: IpAddr) -> String {
         .unwrap_or_else(|| "lo".to_string())
 }
 
+/// The machine as a role: `cpu_ms` is the CPU time all cores spent busy since boot
+/// (user, system, interrupts, steal — everything but idle and I/O wait), whoever spent it:
+/// the host row's CPU less the roles' CPU is what other processes and the kernel's own
+/// threads took. Every instance on a host reports it; the monitor counts it once per host.
+pub fn host_role() -> Option<RoleSample> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    Some(RoleSample {
+        role: "host".into(),
+        cpu_ms: parse_busy_ms(stat.lines().next()?)?,
+        ..Default::default()
+    })
+}
+
+/// Busy milliseconds from /proc/stat's `cpu` line (in USER_HZ ticks of 10 ms).
+fn parse_busy_ms(line: &str) -> Option<u64> {
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    let ticks: Vec<u64> = fields.map(|f| f.parse().unwrap_or(0)).collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let busy = ticks.get(..8)?.iter().sum::<u64>() - ticks[3] - ticks[4];
+    Some(busy * 10)
+}
+
 /// The kernel's counters for `interface` (from /proc/net/dev).
 pub fn read_net(interface: &str) -> Option<NetCounters> {
     let table = std::fs::read_to_string("/proc/net/dev").ok()?;
@@ -186,6 +211,16 @@ mod tests {
         assert!(parse_net_dev(table, "eth1").is_none());
         // This machine's loopback is there and counting.
         assert!(read_net("lo").is_some());
+    }
+
+    #[test]
+    fn busy_time_is_everything_but_idle_and_io_wait() {
+        let line = "cpu  100 5 50 1000 20 3 7 2 0 0";
+        assert_eq!(parse_busy_ms(line), Some((100 + 5 + 50 + 3 + 7 + 2) * 10));
+        assert_eq!(parse_busy_ms("cpu0 1 2 3 4 5 6 7 8"), None);
+        let host = host_role().expect("/proc/stat");
+        assert_eq!(host.role, "host");
+        assert!(host.cpu_ms > 0);
     }
 
     #[test]

@@ -195,7 +195,17 @@ fn fixed_spec(name: &str) -> Option<(&'static str, YScale, Vec<LineSpec>)> {
                 line(Server, "connections", "server connections"),
             ],
         ),
-        "cpu" => ("CPU (cores)", YScale::Linear, per_role("cpu_seconds", 1.0)),
+        "cpu" => ("CPU (cores)", YScale::Linear, {
+            // The machine's busy time beside the roles': the gap is everyone else's.
+            let mut lines = per_role("cpu_seconds", 1.0);
+            lines.push(LineSpec {
+                role: Host,
+                column: "cpu_seconds",
+                label: "machine",
+                scale: 1.0,
+            });
+            lines
+        }),
         "memory" => (
             "resident memory (MiB)",
             YScale::Linear,

@@ -74,7 +74,8 @@ fn synthetic_csv() -> String {
         );
         let _ = writeln!(
             csv,
-            "{second},host,,,,,,,,,,,,,,,,,,,,,,{rx},{tx},{rxb},{txb},,,ignored",
+            "{second},host,1,,,,1.{cpu},,,,,,,,,,,,,,,,,{rx},{tx},{rxb},{txb},,,ignored",
+            cpu = 10 + t % 9,
             rx = 30_000 + qps,
             tx = 29_000 + qps,
             rxb = 3_000_000 + qps * 60,
@@ -114,7 +115,7 @@ const LEGENDS: &[(&str, &[&str])] = &[
     ),
     ("latency", &["p50", "p99", "max"]),
     ("connections", &["clients connected", "server connections"]),
-    ("cpu", &["server", "core", "load"]),
+    ("cpu", &["server", "core", "load", "machine"]),
     ("memory", &["server", "core", "load"]),
     ("network", &["rx packets/s", "tx packets/s"]),
 ];

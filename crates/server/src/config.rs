@@ -42,6 +42,11 @@ pub struct ServeConfig {
     pub commit_max_batch: usize,
     /// Report per-second counters to the `hongbao monitor` at this address ("" for none).
     pub monitor: String,
+    /// A shake that waited in the kernel (arrival to read) longer than this is answered
+    /// "overloaded": the machine is behind, and well-behaved clients back off. 0 never
+    /// (the default: with the clients on the same two cores the backlog sits on their side,
+    /// and shedding measured worse there — docs/BENCHMARKS.md).
+    pub max_queue_ms: u32,
 }
 
 pub const DEV_SECRET: &str = "hongbao-dev-secret";
@@ -65,6 +70,7 @@ impl Default for ServeConfig {
             commit_window_ms: 2,
             commit_max_batch: 4096,
             monitor: String::new(),
+            max_queue_ms: 0,
         }
     }
 }

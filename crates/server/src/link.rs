@@ -98,6 +98,8 @@ pub struct WorkerConfig {
     pub max_output_bytes: u32,
     /// Answer `GET /token?user=N` on the WebSocket address (the browser page's log-in).
     pub demo_login: bool,
+    /// See `ServeConfig::max_queue_ms`.
+    pub max_queue_ms: u32,
 }
 
 /// A worker's cumulative counters (they restart at 0 when the worker restarts). Field
@@ -121,6 +123,8 @@ pub struct WorkerStats {
     pub shakes_won_claimed: u64,
     pub shakes_nothing: u64,
     pub shakes_overloaded: u64,
+    /// Of `shakes_overloaded`: shed because they waited longer than `max_queue_ms`.
+    pub shakes_shed_late: u64,
     pub sends: u64,
     pub opens: u64,
     pub chats: u64,

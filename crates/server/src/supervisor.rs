@@ -207,6 +207,7 @@ pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         idle_timeout_secs: cfg.idle_timeout_secs,
         max_output_bytes: cfg.max_output_bytes,
         demo_login: cfg.demo_login(),
+        max_queue_ms: cfg.max_queue_ms,
     };
     let mut sup = Supervisor {
         cfg,
@@ -722,7 +723,10 @@ impl Supervisor {
                     levels: sample::named(&[("rss_bytes", rss)]),
                     latency_us: Vec::new(),
                 },
-            ],
+            ]
+            .into_iter()
+            .chain(sample::host_role())
+            .collect(),
             net: sample::read_net(&self.net_interface),
         }
     }

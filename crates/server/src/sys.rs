@@ -3,7 +3,9 @@
 
 use std::io::{ErrorKind, Write};
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
+use std::time::Duration;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -41,11 +43,66 @@ pub fn reuseport_listener(
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
+    // Accepted connections inherit this: each read can tell how long its bytes waited.
+    set_int_option(&socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
     socket.bind(&addr.into())?;
     if listen {
         socket.listen(65535)?;
     }
     Ok(socket.into())
+}
+
+fn set_int_option(socket: &Socket, level: i32, name: i32, value: i32) -> std::io::Result<()> {
+    // SAFETY: setsockopt reads an int from a valid pointer for the given length.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            &value as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Reads like `read(2)`, and also returns when the kernel received the newest of the
+/// bytes read (SO_TIMESTAMPNS; the wall clock, as time since the Unix epoch) when the
+/// socket has receive timestamps on.
+pub fn read_stamped(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<Duration>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; every pointer in it refers to a live local buffer of
+    // the stated length, and the cmsg walk stays inside `control` as the kernel filled it.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        let n = libc::recvmsg(fd, &mut msg, 0);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut stamp = None;
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_TIMESTAMPNS
+            {
+                let ts = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::timespec);
+                stamp = Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32));
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        Ok((n as usize, stamp))
+    }
 }
 
 /// Writes as much of `bytes` as a non-blocking socket takes now and returns how much that
@@ -117,4 +174,31 @@ pub fn catch_stop_signals() {
 
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    /// Connections accepted from our listeners carry receive timestamps: a read tells how
+    /// long its bytes waited, which is what shedding late shakes relies on.
+    #[test]
+    fn an_accepted_connection_reads_with_the_kernel_arrival_time() {
+        let listener = reuseport_listener("127.0.0.1:0".parse().unwrap(), true).unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let (server, _) = listener.accept().unwrap();
+        client.write_all(b"hello").unwrap();
+        std::thread::sleep(Duration::from_millis(60));
+        let mut buf = [0u8; 16];
+        let (n, stamp) = read_stamped(server.as_raw_fd(), &mut buf).unwrap();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        let waited = now - stamp.expect("a receive timestamp");
+        assert!(
+            waited >= Duration::from_millis(55) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+    }
 }

@@ -9,6 +9,7 @@
 //! ready-encoded bytes addressed to a `ConnId` (slab key + generation, so an answer for
 //! a closed connection can never reach the next owner of its slot).
 
+use std::os::fd::AsRawFd;
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -120,6 +121,8 @@ struct Worker {
     latency: Histogram<u64>,
     /// When each shake waiting on the core for a win was read, by (connection, request).
     claims: HashMap<(ConnId, u32), Instant>,
+    /// When the kernel received the newest bytes of the current read (wall clock).
+    received: Option<Duration>,
     shutdown: bool,
 }
 
@@ -194,6 +197,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         },
         latency: hongbao_monitor::sample::new_histogram(),
         claims: HashMap::new(),
+        received: None,
         shutdown: false,
     };
     worker
@@ -396,9 +400,12 @@ impl Worker {
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
-            let n = match conn.stream.read(buf) {
-                Ok(0) => return self.close(key),
-                Ok(n) => n,
+            let n = match sys::read_stamped(conn.stream.as_raw_fd(), buf) {
+                Ok((0, _)) => return self.close(key),
+                Ok((n, received)) => {
+                    self.received = received;
+                    n
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return self.close(key),
@@ -830,12 +837,21 @@ impl Worker {
     fn shake(&mut self, key: usize, req: u32, user: u64, conn: ConnId) {
         let read_at = Instant::now();
         self.stats.shakes += 1;
-        let second = unix_now().as_secs();
-        if second != self.admission_second {
-            self.admission_second = second;
+        let now = unix_now();
+        if now.as_secs() != self.admission_second {
+            self.admission_second = now.as_secs();
             self.admission_used = 0;
         }
-        if self.admission_used >= self.cfg.max_shakes_per_sec {
+        // A shake that waited in the kernel longer than `max_queue_ms` means the machine
+        // is not keeping up: shed it (and the clients back off) rather than let every
+        // queue behind it grow.
+        let waited = self.received.map_or(Duration::ZERO, |r| now.saturating_sub(r));
+        let late = self.cfg.max_queue_ms > 0
+            && waited > Duration::from_millis(self.cfg.max_queue_ms.into());
+        if late {
+            self.stats.shakes_shed_late += 1;
+        }
+        if late || self.admission_used >= self.cfg.max_shakes_per_sec {
             self.stats.shakes_overloaded += 1;
             let reply = Message::ShakeReply {
                 result: ResultCode::Overloaded,

@@ -112,11 +112,18 @@ fn roles_start_at_their_first_report_and_net_counts_from_a_baseline() {
         if s >= 12 {
             roles.push(role("core", 0, 0, 0));
         }
+        // The machine's busy time counts from boot; both instances report it.
+        let machine = RoleSample {
+            role: "host".into(),
+            cpu_ms: 9_000_000 + s * 1_500,
+            ..Default::default()
+        };
+        roles.push(machine.clone());
         let mut one = sample("serve", s, roles);
         one.net = Some(net(1_000 + s * 5));
         c.add(&one);
-        // A second instance on the same host reports the same interface.
-        let mut two = sample("load", s, vec![]);
+        // A second instance on the same host reports the same interface and machine.
+        let mut two = sample("load", s, vec![machine]);
         two.net = Some(net(1_000 + s * 5));
         c.add(&two);
     }
@@ -131,6 +138,13 @@ fn roles_start_at_their_first_report_and_net_counts_from_a_baseline() {
         "4 seconds × 5 after the baseline"
     );
     assert_eq!(rows.iter().filter(|r| r["role"] == "host").count(), 5);
+    let host_cpu: Vec<&str> = rows
+        .iter()
+        .filter(|r| r["role"] == "host")
+        .map(|r| r["cpu_seconds"].as_str())
+        .collect();
+    assert_eq!(host_cpu, ["0.0", "1.5", "1.5", "1.5", "1.5"], "once per host, from a baseline");
+    assert!(rows.iter().all(|r| r["role"] != "host" || r["instances"] == "1"));
     let metrics = c.metrics();
     assert!(metrics.contains("hongbao_network_rx_packets_total{role=\"host\"} 20"));
 }
