@@ -47,6 +47,7 @@ const PHASE_FIELDS: &[&str] = &[
     "latency_ms.p999",
     "latency_ms.max",
     "overloaded",
+    "backed_off",
     "errors",
 ];
 

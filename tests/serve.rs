@@ -760,6 +760,48 @@ fn shakes_over_the_rate_limit_are_overloaded() {
 }
 
 #[test]
+fn shakes_that_waited_too_long_are_overloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--max-queue-ms", "100"]);
+    let mut client = server.login(1);
+    assert_eq!(shake_result(&mut client).0, ResultCode::Nothing);
+    let pids: Vec<u32> = wait_until("both workers to report", secs(10), || {
+        let workers = server.stats_workers();
+        (workers.len() == 2).then_some(workers)
+    })
+    .iter()
+    .map(|w| w["pid"].as_u64().unwrap() as u32)
+    .collect();
+    // Frozen workers cannot read: the shake waits in the kernel well past 100 ms.
+    for &pid in &pids {
+        signal(pid, "-STOP");
+    }
+    let id = client.send(&Message::Shake).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    for &pid in &pids {
+        signal(pid, "-CONT");
+    }
+    let frame = client.recv().unwrap();
+    assert_eq!(frame.request_id, id);
+    assert!(
+        matches!(
+            frame.message,
+            Message::ShakeReply {
+                result: ResultCode::Overloaded,
+                ..
+            }
+        ),
+        "{frame:?}"
+    );
+    // A shake read in time is served as usual.
+    assert_eq!(shake_result(&mut client).0, ResultCode::Nothing);
+    wait_until("the shed shake to be counted", secs(10), || {
+        let totals = &server.get("/v1/stats")["totals"];
+        (totals["shakes_shed_late"] == 1 && totals["shakes_overloaded"] == 1).then_some(())
+    });
+}
+
+#[test]
 fn sends_debit_the_sender_and_notify_recipients() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &[]);

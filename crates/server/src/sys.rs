@@ -43,8 +43,6 @@ pub fn reuseport_listener(
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
-    // Accepted connections inherit this: each read can tell how long its bytes waited.
-    set_int_option(&socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
     socket.bind(&addr.into())?;
     if listen {
         socket.listen(65535)?;
@@ -52,7 +50,14 @@ pub fn reuseport_listener(
     Ok(socket.into())
 }
 
-fn set_int_option(socket: &Socket, level: i32, name: i32, value: i32) -> std::io::Result<()> {
+/// Turns on receive timestamps (SO_TIMESTAMPNS) for the connections a listener accepts
+/// from now on, so `read_stamped` can tell how long their bytes waited. It costs a clock
+/// read per packet machine-wide once any socket asks, so only when shedding is on.
+pub fn enable_receive_timestamps(listener: &impl AsRawFd) -> std::io::Result<()> {
+    set_int_option(listener, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+}
+
+fn set_int_option(socket: &impl AsRawFd, level: i32, name: i32, value: i32) -> std::io::Result<()> {
     // SAFETY: setsockopt reads an int from a valid pointer for the given length.
     let rc = unsafe {
         libc::setsockopt(
@@ -181,11 +186,12 @@ mod tests {
     use super::*;
     use std::time::{SystemTime, UNIX_EPOCH};
 
-    /// Connections accepted from our listeners carry receive timestamps: a read tells how
+    /// Connections accepted from a listener with timestamps on carry them: a read tells how
     /// long its bytes waited, which is what shedding late shakes relies on.
     #[test]
     fn an_accepted_connection_reads_with_the_kernel_arrival_time() {
         let listener = reuseport_listener("127.0.0.1:0".parse().unwrap(), true).unwrap();
+        enable_receive_timestamps(&listener).unwrap();
         let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         let (server, _) = listener.accept().unwrap();

@@ -169,6 +169,12 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     );
     (&std_link).write_all(&hello)?;
     let (cfg, early, link_in) = read_welcome(&std_link)?;
+    if cfg.max_queue_ms > 0 {
+        sys::enable_receive_timestamps(&listener)?;
+        if let Some(l) = &ws_listener {
+            sys::enable_receive_timestamps(l)?;
+        }
+    }
     std_link.set_nonblocking(true)?;
 
     let poll = Poll::new()?;
@@ -400,7 +406,12 @@ impl Worker {
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
-            let n = match sys::read_stamped(conn.stream.as_raw_fd(), buf) {
+            let read = if self.cfg.max_queue_ms > 0 {
+                sys::read_stamped(conn.stream.as_raw_fd(), buf)
+            } else {
+                conn.stream.read(buf).map(|n| (n, None))
+            };
+            let n = match read {
                 Ok((0, _)) => return self.close(key),
                 Ok((n, received)) => {
                     self.received = received;
