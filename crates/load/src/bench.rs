@@ -35,7 +35,6 @@ pub const SECRET: &str = "hongbao-bench-secret";
 /// How long a simulated user told "overloaded" stops shaking.
 pub const DEFAULT_OVERLOAD_BACKOFF_SECS: u32 = 30;
 
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preset {
     Quick,

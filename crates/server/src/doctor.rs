@@ -299,7 +299,11 @@ fn reserved_ports_wanted(current: &str) -> String {
     let mut parts: Vec<String> = vec![current.trim().to_string()];
     for (lo, hi) in LISTENING_PORTS {
         if !(lo..=hi).all(covered) {
-            parts.push(if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") });
+            parts.push(if lo == hi {
+                lo.to_string()
+            } else {
+                format!("{lo}-{hi}")
+            });
         }
     }
     parts.retain(|p| !p.is_empty());
@@ -417,7 +421,10 @@ mod tests {
         assert_eq!(reserved_ports_wanted(""), "7000-7002,7200");
         assert_eq!(reserved_ports_wanted("8900"), "8900,7000-7002,7200");
         assert_eq!(reserved_ports_wanted("7000-7002,7200"), "7000-7002,7200");
-        assert_eq!(reserved_ports_wanted("7000-7010,7200,8900"), "7000-7010,7200,8900");
+        assert_eq!(
+            reserved_ports_wanted("7000-7010,7200,8900"),
+            "7000-7010,7200,8900"
+        );
         assert_eq!(reserved_ports_wanted("7000,7200"), "7000,7200,7000-7002");
     }
 

@@ -5,8 +5,8 @@ use std::io::{ErrorKind, Write};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
-use std::time::Duration;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 

@@ -9,10 +9,10 @@
 //! ready-encoded bytes addressed to a `ConnId` (slab key + generation, so an answer for
 //! a closed connection can never reach the next owner of its slot).
 
-use std::os::fd::AsRawFd;
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
@@ -856,7 +856,9 @@ impl Worker {
         // A shake that waited in the kernel longer than `max_queue_ms` means the machine
         // is not keeping up: shed it (and the clients back off) rather than let every
         // queue behind it grow.
-        let waited = self.received.map_or(Duration::ZERO, |r| now.saturating_sub(r));
+        let waited = self
+            .received
+            .map_or(Duration::ZERO, |r| now.saturating_sub(r));
         let late = self.cfg.max_queue_ms > 0
             && waited > Duration::from_millis(self.cfg.max_queue_ms.into());
         if late {

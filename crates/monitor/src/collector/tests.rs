@@ -143,8 +143,14 @@ fn roles_start_at_their_first_report_and_net_counts_from_a_baseline() {
         .filter(|r| r["role"] == "host")
         .map(|r| r["cpu_seconds"].as_str())
         .collect();
-    assert_eq!(host_cpu, ["0.0", "1.5", "1.5", "1.5", "1.5"], "once per host, from a baseline");
-    assert!(rows.iter().all(|r| r["role"] != "host" || r["instances"] == "1"));
+    assert_eq!(
+        host_cpu,
+        ["0.0", "1.5", "1.5", "1.5", "1.5"],
+        "once per host, from a baseline"
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r["role"] != "host" || r["instances"] == "1"));
     let metrics = c.metrics();
     assert!(metrics.contains("hongbao_network_rx_packets_total{role=\"host\"} 20"));
 }
