@@ -149,9 +149,12 @@ struct BenchArgs {
     /// Seconds between operator broadcasts in each steady phase; 0 = none
     #[arg(long, default_value_t = 0.0)]
     broadcast_every: f64,
-    /// The server answers "overloaded" to shakes that waited in its kernel queue longer than this; 0 never [default: 0]
+    /// The server answers "overloaded" to shakes that waited in its kernel queue longer than this; 0 never [default: 200]
     #[arg(long)]
     max_queue_ms: Option<u32>,
+    /// The server's nice value, so the co-located load keeps its schedule [default: 5]
+    #[arg(long, allow_negative_numbers = true)]
+    server_nice: Option<i32>,
 }
 
 /// Flags win over the config file, which wins over the defaults.
@@ -326,6 +329,9 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
     opts.broadcast_every_secs = args.broadcast_every;
     if let Some(v) = args.max_queue_ms {
         opts.max_queue_ms = v;
+    }
+    if let Some(v) = args.server_nice {
+        opts.server_nice = v;
     }
     Ok(opts)
 }

@@ -65,8 +65,8 @@ pub struct ClientOptions {
     /// Raw TCP, or WebSocket to the server's `--ws-listen` address.
     #[serde(default)]
     pub transport: Transport,
-    /// A user answered "overloaded" skips its shakes for this many seconds, as the app
-    /// does ("too many people, try again shortly"); 0 keeps shaking.
+    /// A user answered "overloaded" skips its shakes for this many seconds (±50%), as the
+    /// app does ("too many people, try again shortly"); 0 keeps shaking.
     #[serde(default)]
     pub overload_backoff_secs: u32,
 }
@@ -573,8 +573,13 @@ impl Client {
                     ResultCode::Nothing => self.counters.nothing += 1,
                     ResultCode::Overloaded => {
                         self.counters.overloaded += 1;
+                        // ±50% jitter, so that users shed together do not all return in
+                        // the same second and overload the server again in waves.
                         let backoff = u64::from(self.opts.overload_backoff_secs);
-                        self.users[i].backoff_until_s = (now / 1_000_000 + backoff) as u32;
+                        if backoff > 0 {
+                            let secs = rand::thread_rng().gen_range(backoff / 2..=backoff * 3 / 2);
+                            self.users[i].backoff_until_s = (now / 1_000_000 + secs) as u32;
+                        }
                     }
                     _ => self.counters.error_replies += 1,
                 }

@@ -44,8 +44,7 @@ pub struct ServeConfig {
     pub monitor: String,
     /// A shake that waited in the kernel (arrival to read) longer than this is answered
     /// "overloaded": the machine is behind, and well-behaved clients back off. 0 never
-    /// (the default: with the clients on the same two cores the backlog sits on their side,
-    /// and shedding measured worse there — docs/BENCHMARKS.md).
+    /// (the default; `hongbao bench` sets it).
     pub max_queue_ms: u32,
 }
 
@@ -96,11 +95,20 @@ impl ServeConfig {
         nofile_limit.saturating_sub(nofile_limit / 20).max(100)
     }
 
+    /// How many connections `workers = "auto"` plans per worker: 95% of what one may
+    /// hold. SO_REUSEPORT spreads connections by a hash, not evenly; planned full, the
+    /// fullest workers turned ~1 in 1,000 connections away at a million (each came back on
+    /// another worker, but only after a reconnect).
+    pub fn planned_connections_per_worker(nofile_limit: u64) -> u64 {
+        (Self::connections_per_worker(nofile_limit) * 19 / 20).max(1)
+    }
+
     /// The worker count: as given, or for "auto" enough workers to hold `connections`
-    /// under the open-file limit, and never fewer than the cores.
+    /// under the open-file limit with room for an uneven spread, and never fewer than
+    /// the cores.
     pub fn worker_count(&self, nofile_limit: u64, cores: usize) -> Result<usize> {
         if self.workers == "auto" {
-            let per = Self::connections_per_worker(nofile_limit);
+            let per = Self::planned_connections_per_worker(nofile_limit);
             return Ok((self.connections.div_ceil(per) as usize).max(cores).max(1));
         }
         match self.workers.parse::<usize>() {
@@ -123,7 +131,7 @@ mod tests {
             connections: 1_000_000,
             ..Default::default()
         };
-        assert_eq!(cfg.worker_count(20_000, 2).unwrap(), 53);
+        assert_eq!(cfg.worker_count(20_000, 2).unwrap(), 56);
         cfg.connections = 1000;
         assert_eq!(cfg.worker_count(20_000, 2).unwrap(), 2);
         cfg.workers = "3".into();

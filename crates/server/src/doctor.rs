@@ -7,6 +7,8 @@
 
 use std::fmt::Write as _;
 
+use crate::config::ServeConfig;
+
 /// Kernel memory per socket measured on these machines (DESIGN.md §5).
 pub const KERNEL_BYTES_PER_SOCKET: u64 = 4_900;
 /// Our user-space budget per socket end (server and load generator each).
@@ -139,7 +141,10 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
         Check {
             name: "open files per process (hard)",
             current: format!("soft {} hard {}", l.nofile_soft, l.nofile_hard),
-            needed: format!("{procs} server workers and {procs} load processes of ≤ {per_proc} sockets"),
+            needed: format!(
+                "{} server workers and {procs} load processes of ≤ {per_proc} sockets",
+                connections.div_ceil(ServeConfig::planned_connections_per_worker(l.nofile_hard))
+            ),
             allows: u64::MAX, // processes multiply; the hard limit only sets how many
             fix: (l.nofile_hard < 20_000).then(|| "raise the hard nofile limit (limits.conf / systemd)".into()),
         },
