@@ -110,6 +110,21 @@ pub fn read_stamped(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option
     }
 }
 
+/// Whether a socket has bytes waiting to be read (peeks one without taking it).
+pub fn has_input(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: recv writes at most one byte into a live local.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            &mut byte as *mut u8 as *mut libc::c_void,
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
+}
+
 /// Writes as much of `bytes` as a non-blocking socket takes now and returns how much that
 /// was (0..=len); stops at `WouldBlock`. An error means the peer is gone.
 pub fn write_nonblocking(w: &mut impl Write, bytes: &[u8]) -> std::io::Result<usize> {
@@ -198,7 +213,9 @@ mod tests {
         client.write_all(b"hello").unwrap();
         std::thread::sleep(Duration::from_millis(60));
         let mut buf = [0u8; 16];
+        assert!(has_input(server.as_raw_fd()));
         let (n, stamp) = read_stamped(server.as_raw_fd(), &mut buf).unwrap();
+        assert!(!has_input(server.as_raw_fd()));
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
         assert_eq!(&buf[..n], b"hello");
         let waited = now - stamp.expect("a receive timestamp");

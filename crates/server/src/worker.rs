@@ -1194,7 +1194,13 @@ impl Worker {
             let quiet = now.saturating_sub(c.last_seen);
             match c.state {
                 State::Closing if quiet >= CLOSING_GRACE_SECS => expired.push((key, None)),
-                State::Open if c.user == 0 && quiet >= login_timeout => {
+                // A login already waiting in the socket is not the client's delay but ours
+                // (a starved worker during a connect storm): it will be read next turn.
+                State::Open
+                    if c.user == 0
+                        && quiet >= login_timeout
+                        && !sys::has_input(c.stream.as_raw_fd()) =>
+                {
                     expired.push((key, Some("no login")))
                 }
                 State::Open if c.user != 0 && idle_timeout > 0 && quiet >= idle_timeout => {
