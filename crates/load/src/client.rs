@@ -111,14 +111,14 @@ struct User {
     state: State,
     attempt: u8,
     next_request: u32,
+    /// Unix ms. Connecting or upgrading: when the attempt began (for the connect timeout).
+    /// Ready: until when the user backs off after an "overloaded" (in the past: not).
     since_ms: u64,
     partial: Vec<u8>,
     out: Vec<u8>,
     inflight: Vec<Inflight>,
     /// A fragmented WebSocket message being assembled (the gateway never fragments).
     fragment: Option<Box<ws::Partial>>,
-    /// Unix second until which this user backs off after an "overloaded" (0: not).
-    backoff_until_s: u32,
 }
 
 struct Client {
@@ -171,7 +171,6 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
             out: Vec::new(),
             inflight: Vec::new(),
             fragment: None,
-            backoff_until_s: 0,
         })
         .collect();
     set_nonblocking(0);
@@ -307,7 +306,7 @@ impl Client {
                 self.counters.skipped_not_ready += 1;
                 continue;
             }
-            if u64::from(self.users[i].backoff_until_s) * 1_000_000 > intended_us {
+            if self.users[i].since_ms * 1000 > intended_us {
                 self.counters.backed_off += 1;
                 continue;
             }
@@ -577,8 +576,8 @@ impl Client {
                         // the same second and overload the server again in waves.
                         let backoff = u64::from(self.opts.overload_backoff_secs);
                         if backoff > 0 {
-                            let secs = rand::thread_rng().gen_range(backoff / 2..=backoff * 3 / 2);
-                            self.users[i].backoff_until_s = (now / 1_000_000 + secs) as u32;
+                            let ms = rand::thread_rng().gen_range(backoff * 500..=backoff * 1500);
+                            self.users[i].since_ms = now / 1000 + ms;
                         }
                     }
                     _ => self.counters.error_replies += 1,
