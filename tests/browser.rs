@@ -14,15 +14,18 @@
 //! are written under `CARGO_TARGET_TMPDIR/browser/`.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{field, wait_until, Hongbao, START_TIMEOUT};
 use hongbao_proto::client::Client;
 use hongbao_proto::{Message, ResultCode};
 use hongbao_server::config::DEV_SECRET;
@@ -30,10 +33,6 @@ use serde_json::{json, Value};
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::WebSocket;
 
-/// How long a process may take to print its ready line (debug build, busy machine).
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a process may take to exit after SIGINT (the monitor draws its report).
-const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long one DevTools command may take to be answered.
 const CDP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the page may take to show the effect of a click or a push.
@@ -47,76 +46,6 @@ const PAGE_USER: u64 = 1001;
 const TCP_USER: u64 = 2002;
 
 // ----- processes -------------------------------------------------------------------------
-
-/// A running `hongbao` subcommand: SIGKILLed when dropped. Stdout is drained line by line
-/// into a channel, stderr into a log that is printed if the test fails.
-struct Hongbao {
-    what: &'static str,
-    child: Child,
-    stdout: Receiver<String>,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Drop for Hongbao {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
-            eprintln!("----- hongbao {} stderr -----\n{log}-----", self.what);
-        }
-    }
-}
-
-impl Hongbao {
-    fn spawn(what: &'static str, args: &[&str]) -> Hongbao {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
-            .args(args)
-            .env_remove("HONGBAO_SECRET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting hongbao {what}: {e}"));
-        let stderr = log_lines(child.stderr.take().unwrap());
-        let stdout = lines_of(child.stdout.take().unwrap());
-        Hongbao {
-            what,
-            child,
-            stdout,
-            stderr,
-        }
-    }
-
-    /// The first stdout line, which must start with `prefix`.
-    fn ready_line(&self, prefix: &str) -> String {
-        let line = self
-            .stdout
-            .recv_timeout(START_TIMEOUT)
-            .unwrap_or_else(|e| panic!("hongbao {} printed no ready line: {e}", self.what));
-        assert!(line.starts_with(prefix), "unexpected first line: {line:?}");
-        line
-    }
-
-    /// SIGINT, then waits for a clean exit.
-    fn interrupt(&mut self) {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill").args(["-INT", &pid]).status();
-        assert!(
-            status.expect("running kill").success(),
-            "kill -INT {pid} failed"
-        );
-        let what = format!("hongbao {} to exit after SIGINT", self.what);
-        let status: ExitStatus = wait_until(&what, STOP_TIMEOUT, || self.child.try_wait().unwrap());
-        assert!(
-            status.success(),
-            "hongbao {} exited with {status}",
-            self.what
-        );
-    }
-}
 
 /// `hongbao serve` with two workers and a WebSocket listener; with the dev secret (so the
 /// page may fetch `/token`) unless `extra` says otherwise.
@@ -157,49 +86,6 @@ fn start_monitor(out: &Path) -> (Hongbao, SocketAddr) {
         "{ready}"
     );
     (monitor, addr)
-}
-
-/// `name=VALUE` from a ready line.
-fn field(line: &str, name: &str) -> String {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
-        .to_string()
-}
-
-fn lines_of(pipe: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    rx
-}
-
-fn log_lines(pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let log = Arc::new(Mutex::new(String::new()));
-    let sink = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let mut sink = sink.lock().unwrap();
-            sink.push_str(&line);
-            sink.push('\n');
-        }
-    });
-    log
-}
-
-/// Polls `f` every 50 ms until it gives a value; fails the test after `timeout`.
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = f() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 // ----- HTTP ------------------------------------------------------------------------------

@@ -2,157 +2,33 @@
 //! monitor expose: the real binary, real sockets on `127.0.0.1:0`, and `/metrics` read by
 //! a real Prometheus text-format parser (`prometheus-parse`), not by string matching.
 //!
-//! Every process a test starts is held by a `Process` guard that SIGKILLs it when the
+//! Every process a test starts is held by a `Hongbao` guard that SIGKILLs it when the
 //! test ends, so nothing outlives a failing test; its stderr is printed if the test fails.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod common;
+
+use common::{field, wait_until, Hongbao};
 use hongbao_monitor::{RoleSample, Sample};
 use hongbao_proto::client::Client;
 use hongbao_proto::{Message, ResultCode};
 use prometheus_parse::{HistogramCount, Scrape, Value as PromValue};
 use serde_json::{json, Value};
 
-/// How long a process may take to print its ready line (debug build, busy machine).
-const START_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long a process may take to exit after SIGINT (the monitor draws its report).
-const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Read/write timeout of test clients and HTTP requests.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const LATENCY_METRIC: &str = "hongbao_shake_latency_seconds";
 
 // ----- processes -------------------------------------------------------------------------
 
-/// A running `hongbao` subcommand: SIGKILLed when dropped. Its stdout is drained line by
-/// line into a channel (so it never blocks writing), its stderr into a log.
-struct Process {
-    what: &'static str,
-    child: Child,
-    stdout: Receiver<String>,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
-            eprintln!("----- hongbao {} stderr -----\n{log}-----", self.what);
-        }
-    }
-}
-
-impl Process {
-    fn spawn(what: &'static str, args: &[&str]) -> Process {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
-            .args(args)
-            .env_remove("HONGBAO_SECRET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting hongbao {what}: {e}"));
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stderr.take().unwrap();
-        let log = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut log = log.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let stdout = lines_of(child.stdout.take().unwrap());
-        Process {
-            what,
-            child,
-            stdout,
-            stderr,
-        }
-    }
-
-    /// The first stdout line, which must start with `prefix`.
-    fn ready_line(&self, prefix: &str) -> String {
-        let line = self
-            .stdout
-            .recv_timeout(START_TIMEOUT)
-            .unwrap_or_else(|e| panic!("hongbao {} printed no ready line: {e}", self.what));
-        assert!(line.starts_with(prefix), "unexpected first line: {line:?}");
-        line
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Waits for the process to exit by itself.
-    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let what = format!("hongbao {} to exit", self.what);
-        wait_until(&what, timeout, || self.child.try_wait().unwrap())
-    }
-
-    /// SIGINT, then waits for the exit, which must be clean.
-    fn interrupt(&mut self) {
-        let status = Command::new("kill")
-            .args(["-INT", &self.pid().to_string()])
-            .status()
-            .expect("running kill");
-        assert!(status.success(), "kill -INT {} failed", self.pid());
-        let status = self.wait_exit(STOP_TIMEOUT);
-        assert!(
-            status.success(),
-            "hongbao {} exited with {status}",
-            self.what
-        );
-    }
-
-    /// Every stdout line not read yet, up to the end of the stream (call after the exit).
-    fn rest_of_stdout(&self) -> Vec<String> {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut lines = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.stdout.recv_timeout(left) {
-                Ok(line) => lines.push(line),
-                Err(RecvTimeoutError::Disconnected) => return lines,
-                Err(RecvTimeoutError::Timeout) => panic!("stdout of {} never ended", self.what),
-            }
-        }
-    }
-}
-
-fn lines_of(pipe: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    rx
-}
-
-/// The value of `name=` in a ready line.
-fn field(line: &str, name: &str) -> String {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
-        .to_string()
-}
-
 /// `hongbao monitor --listen 127.0.0.1:0 --out DIR`, and the address it bound.
-fn start_monitor(out: &Path) -> (Process, SocketAddr) {
+fn start_monitor(out: &Path) -> (Hongbao, SocketAddr) {
     let out = out.to_str().unwrap();
-    let monitor = Process::spawn(
+    let monitor = Hongbao::spawn(
         "monitor",
         &["monitor", "--listen", "127.0.0.1:0", "--out", out],
     );
@@ -168,7 +44,7 @@ fn start_monitor(out: &Path) -> (Process, SocketAddr) {
 }
 
 struct Serve {
-    process: Process,
+    process: Hongbao,
     listen: SocketAddr,
     admin: SocketAddr,
 }
@@ -182,7 +58,7 @@ fn start_serve(data_dir: &Path, monitor: Option<SocketAddr>) -> Serve {
     if let Some(m) = &monitor {
         args.extend(["--monitor", m.as_str()]);
     }
-    let process = Process::spawn("serve", &args);
+    let process = Hongbao::spawn("serve", &args);
     let ready = process.ready_line("hongbao serve ready: ");
     let listen: SocketAddr = field(&ready, "listen").parse().unwrap();
     let admin: SocketAddr = field(&ready, "admin").parse().unwrap();
@@ -399,18 +275,6 @@ fn column_sum(rows: &[BTreeMap<String, String>], role: &str, column: &str) -> u6
 
 // ----- misc ------------------------------------------------------------------------------
 
-/// Polls `f` every 50 ms until it gives a value; fails the test after `timeout`.
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = f() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn unix_second() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -448,7 +312,7 @@ fn monitor_merges_serve_and_load_by_second() {
     shake_campaign(serve.admin, 1000, 200);
 
     let (server, monitor_arg) = (serve.listen.to_string(), monitor_addr.to_string());
-    let mut load = Process::spawn(
+    let mut load = Hongbao::spawn(
         "load",
         &[
             "load",

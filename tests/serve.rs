@@ -8,14 +8,16 @@
 //! being killed and the whole server crashing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, ErrorKind, Read};
+use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod common;
+
+use common::{field, lines_of, log_lines, signal, wait_until, Admin, START_TIMEOUT};
 use hongbao_proto::client::Client;
 use hongbao_proto::token;
 use hongbao_proto::{encode_to_vec, Frame, KickReason, Message, ResultCode};
@@ -25,8 +27,6 @@ const SECRET: &str = "serve-test-secret";
 /// Read/write timeout of every test client: long enough for a loaded machine, short
 /// enough that a missing reply fails the test rather than hanging it.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long the server may take to print its ready line.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 // ----- the server under test -------------------------------------------------------------
 
@@ -35,10 +35,17 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 struct Server {
     child: Child,
     listen: SocketAddr,
-    admin: SocketAddr,
+    admin: Admin,
     replayed_events: u64,
     stderr: Arc<Mutex<String>>,
-    http: ureq::Agent,
+}
+
+/// `server.get(…)`, `server.audit()`…: the admin API's helpers.
+impl std::ops::Deref for Server {
+    type Target = Admin;
+    fn deref(&self) -> &Admin {
+        &self.admin
+    }
 }
 
 impl Drop for Server {
@@ -55,7 +62,7 @@ impl Drop for Server {
 impl Server {
     /// Starts `hongbao serve` with two workers on ephemeral ports, the ledger in `dir`.
     fn start(dir: &Path, extra: &[&str]) -> Server {
-        let child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(["--workers", "2", "--secret", SECRET, "--data-dir"])
             .arg(dir)
@@ -66,27 +73,16 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("starting hongbao serve");
+        let stderr = log_lines(child.stderr.take().unwrap());
+        let lines = lines_of(child.stdout.take().unwrap());
         let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
         let mut server = Server {
             child,
             listen: unbound,
-            admin: unbound,
+            admin: Admin::new(unbound),
             replayed_events: 0,
-            stderr: Arc::default(),
-            http: ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(15))
-                .build(),
+            stderr,
         };
-        let stderr = server.child.stderr.take().unwrap();
-        let log = server.stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = log.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let lines = stdout_lines(server.child.stdout.take().unwrap());
         let ready = lines
             .recv_timeout(START_TIMEOUT)
             .expect("hongbao serve did not print its ready line in time");
@@ -94,19 +90,13 @@ impl Server {
             ready.starts_with("hongbao serve ready: "),
             "unexpected first line: {ready}"
         );
-        let field = |name: &str| -> String {
-            ready
-                .split_whitespace()
-                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-                .unwrap_or_else(|| panic!("no {name}= in {ready:?}"))
-                .to_string()
-        };
+        let field = |name: &str| field(&ready, name);
         server.listen = field("listen").parse().unwrap();
-        server.admin = field("admin").parse().unwrap();
+        server.admin = Admin::new(field("admin").parse().unwrap());
         server.replayed_events = field("replayed_events").parse().unwrap();
         assert_eq!(field("workers"), "2");
         assert_ne!(server.listen.port(), 0);
-        assert_ne!(server.admin.port(), 0);
+        assert_ne!(server.admin.addr.port(), 0);
         server
     }
 
@@ -127,47 +117,6 @@ impl Server {
         let result = client.login(user, SECRET.as_bytes()).expect("login");
         assert_eq!(result, ResultCode::Ok, "login of user {user}");
         client
-    }
-
-    /// Any admin request: (status, body).
-    fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        let url = format!("http://{}{path}", self.admin);
-        let request = self.http.request(method, &url);
-        let result = match body {
-            Some(body) => request
-                .set("Content-Type", "application/json")
-                .send_string(body),
-            None => request.call(),
-        };
-        match result {
-            Ok(response) => {
-                let status = response.status();
-                (status, response.into_string().unwrap())
-            }
-            Err(ureq::Error::Status(status, response)) => {
-                (status, response.into_string().unwrap_or_default())
-            }
-            Err(e) => panic!("{method} {path}: {e}"),
-        }
-    }
-
-    fn get(&self, path: &str) -> Value {
-        let (status, body) = self.http("GET", path, None);
-        assert_eq!(status, 200, "GET {path}: {body}");
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
-    }
-
-    fn audit(&self) -> Value {
-        let audit = self.get("/v1/audit");
-        assert_eq!(audit["ok"], true, "the money does not add up: {audit:#}");
-        audit
-    }
-
-    /// A user's balance as the ledger holds it.
-    fn balance(&self, user: u64) -> u64 {
-        let view = self.get(&format!("/v1/users/{user}"));
-        assert_eq!(view["user"], user);
-        view["balance_cents"].as_u64().unwrap()
     }
 
     fn stats_workers(&self) -> Vec<Value> {
@@ -209,26 +158,6 @@ impl Server {
     }
 }
 
-/// Lines of the server's stdout, read by a thread that keeps draining the pipe so the
-/// server never blocks (or dies of a broken pipe) writing to it.
-fn stdout_lines(stdout: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    rx
-}
-
-fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("running kill");
-    assert!(status.success(), "kill {signal} {pid} failed");
-}
-
 /// Whether process `pid` has exited (gone, or a zombie nobody has reaped yet).
 fn process_gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -249,18 +178,6 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
-}
-
-/// Polls `f` every 20 ms until it gives a value; fails the test after `timeout`.
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = f() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 // ----- wire helpers ----------------------------------------------------------------------

@@ -11,15 +11,17 @@
 //! The server runs with the development secret, so the demo log-in (`GET /token`) is on.
 
 use std::collections::VecDeque;
-use std::io::{self, BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod common;
+
+use common::{field, lines_of, log_lines, wait_until, Admin, START_TIMEOUT};
 use hongbao_proto::client::Client;
 use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
 use hongbao_proto::{decode, encode_to_vec, json, token};
@@ -30,9 +32,6 @@ use serde_json::{json, Value};
 /// Read/write timeout of every test socket: long enough for a loaded 2-core machine,
 /// short enough that a missing reply fails the test rather than hanging it.
 const IO_TIMEOUT: Duration = Duration::from_secs(8);
-/// How long the server may take to print its ready line.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// First-byte bits and opcodes of a WebSocket frame (RFC 6455 §5.2).
 const FIN: u8 = 0x80;
 const CONTINUATION: u8 = 0x0;
@@ -54,10 +53,17 @@ const RFC_ACCEPT: &str = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=";
 struct Server {
     child: Child,
     listen: SocketAddr,
-    admin: SocketAddr,
+    admin: Admin,
     ws: SocketAddr,
     stderr: Arc<Mutex<String>>,
-    http: ureq::Agent,
+}
+
+/// `server.get(…)`, `server.audit()`…: the admin API's helpers.
+impl std::ops::Deref for Server {
+    type Target = Admin;
+    fn deref(&self) -> &Admin {
+        &self.admin
+    }
 }
 
 impl Drop for Server {
@@ -80,7 +86,7 @@ impl Server {
 
     /// Like `start`, with more command-line arguments.
     fn start_with(dir: &Path, extra: &[&str]) -> Server {
-        let child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(["--ws-listen", "127.0.0.1:0", "--workers", "2"])
             .args(["--secret", DEV_SECRET, "--data-dir"])
@@ -92,27 +98,16 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("starting hongbao serve");
+        let stderr = log_lines(child.stderr.take().unwrap());
+        let lines = lines_of(child.stdout.take().unwrap());
         let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
         let mut server = Server {
             child,
             listen: unbound,
-            admin: unbound,
+            admin: Admin::new(unbound),
             ws: unbound,
-            stderr: Arc::default(),
-            http: ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(15))
-                .build(),
+            stderr,
         };
-        let stderr = server.child.stderr.take().unwrap();
-        let log = server.stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = log.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let lines = stdout_lines(server.child.stdout.take().unwrap());
         let ready = lines
             .recv_timeout(START_TIMEOUT)
             .expect("hongbao serve did not print its ready line in time");
@@ -120,18 +115,12 @@ impl Server {
             ready.starts_with("hongbao serve ready: "),
             "unexpected first line: {ready}"
         );
-        let field = |name: &str| -> String {
-            ready
-                .split_whitespace()
-                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-                .unwrap_or_else(|| panic!("no {name}= in {ready:?}"))
-                .to_string()
-        };
+        let field = |name: &str| field(&ready, name);
         server.listen = field("listen").parse().unwrap();
-        server.admin = field("admin").parse().unwrap();
+        server.admin = Admin::new(field("admin").parse().unwrap());
         server.ws = field("ws").parse().unwrap();
         assert_eq!(field("workers"), "2");
-        for addr in [server.listen, server.admin, server.ws] {
+        for addr in [server.listen, server.admin.addr, server.ws] {
             assert_ne!(addr.port(), 0, "{ready}");
         }
         server
@@ -151,47 +140,6 @@ impl Server {
     /// An upgraded WebSocket client that has sent nothing yet.
     fn ws_connect(&self) -> WsClient {
         WsClient::connect(self.ws)
-    }
-
-    /// Any admin request: (status, body).
-    fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        let url = format!("http://{}{path}", self.admin);
-        let request = self.http.request(method, &url);
-        let result = match body {
-            Some(body) => request
-                .set("Content-Type", "application/json")
-                .send_string(body),
-            None => request.call(),
-        };
-        match result {
-            Ok(response) => {
-                let status = response.status();
-                (status, response.into_string().unwrap())
-            }
-            Err(ureq::Error::Status(status, response)) => {
-                (status, response.into_string().unwrap_or_default())
-            }
-            Err(e) => panic!("{method} {path}: {e}"),
-        }
-    }
-
-    fn get(&self, path: &str) -> Value {
-        let (status, body) = self.http("GET", path, None);
-        assert_eq!(status, 200, "GET {path}: {body}");
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
-    }
-
-    fn audit(&self) -> Value {
-        let audit = self.get("/v1/audit");
-        assert_eq!(audit["ok"], true, "the money does not add up: {audit:#}");
-        audit
-    }
-
-    /// A user's balance as the ledger holds it.
-    fn balance(&self, user: u64) -> u64 {
-        let view = self.get(&format!("/v1/users/{user}"));
-        assert_eq!(view["user"], user);
-        view["balance_cents"].as_u64().unwrap()
     }
 
     /// Starts a shake campaign; returns its id.
@@ -221,32 +169,8 @@ impl Server {
     }
 }
 
-/// Lines of the server's stdout, read by a thread that keeps draining the pipe so the
-/// server never blocks (or dies of a broken pipe) writing to it.
-fn stdout_lines(stdout: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    rx
-}
-
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
-}
-
-/// Polls `f` every 20 ms until it gives a value; fails the test after `timeout`.
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = f() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn is_closed(e: &io::Error) -> bool {

@@ -1,0 +1,218 @@
+//! What the integration tests share: running `hongbao` subcommands, reading their output,
+//! the admin API, waiting. Each test file compiles its own copy and uses part of it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long a process may take to print its ready line.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a process may take to exit after SIGINT (a monitor draws its report).
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running `hongbao` subcommand: SIGKILLed when dropped. Its stdout is drained line by
+/// line into a channel (so it never blocks writing), its stderr into a log that is
+/// printed if the test fails.
+pub struct Hongbao {
+    pub what: &'static str,
+    pub child: Child,
+    pub stdout: Receiver<String>,
+    pub stderr: Arc<Mutex<String>>,
+}
+
+impl Drop for Hongbao {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+            eprintln!("----- hongbao {} stderr -----\n{log}-----", self.what);
+        }
+    }
+}
+
+impl Hongbao {
+    pub fn spawn(what: &'static str, args: &[&str]) -> Hongbao {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+            .args(args)
+            .env_remove("HONGBAO_SECRET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting hongbao {what}: {e}"));
+        let stderr = log_lines(child.stderr.take().unwrap());
+        let stdout = lines_of(child.stdout.take().unwrap());
+        Hongbao {
+            what,
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// The first stdout line, which must start with `prefix`.
+    pub fn ready_line(&self, prefix: &str) -> String {
+        let line = self
+            .stdout
+            .recv_timeout(START_TIMEOUT)
+            .unwrap_or_else(|e| panic!("hongbao {} printed no ready line: {e}", self.what));
+        assert!(line.starts_with(prefix), "unexpected first line: {line:?}");
+        line
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let what = format!("hongbao {} to exit", self.what);
+        wait_until(&what, timeout, || self.child.try_wait().unwrap())
+    }
+
+    /// SIGINT, then waits for the exit, which must be clean.
+    pub fn interrupt(&mut self) {
+        signal(self.pid(), "-INT");
+        let status = self.wait_exit(STOP_TIMEOUT);
+        assert!(
+            status.success(),
+            "hongbao {} exited with {status}",
+            self.what
+        );
+    }
+
+    /// Every stdout line not read yet, up to the end of the stream (call after the exit).
+    pub fn rest_of_stdout(&self) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut lines = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stdout.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(RecvTimeoutError::Disconnected) => return lines,
+                Err(RecvTimeoutError::Timeout) => panic!("stdout of {} never ended", self.what),
+            }
+        }
+    }
+}
+
+/// The admin HTTP API of a running `hongbao serve`.
+pub struct Admin {
+    pub addr: SocketAddr,
+    agent: ureq::Agent,
+}
+
+impl Admin {
+    pub fn new(addr: SocketAddr) -> Admin {
+        Admin {
+            addr,
+            agent: ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(15))
+                .build(),
+        }
+    }
+
+    /// Any admin request: (status, body).
+    pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let url = format!("http://{}{path}", self.addr);
+        let request = self.agent.request(method, &url);
+        let result = match body {
+            Some(body) => request
+                .set("Content-Type", "application/json")
+                .send_string(body),
+            None => request.call(),
+        };
+        match result {
+            Ok(response) => {
+                let status = response.status();
+                (status, response.into_string().unwrap())
+            }
+            Err(ureq::Error::Status(status, response)) => {
+                (status, response.into_string().unwrap_or_default())
+            }
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Value {
+        let (status, body) = self.http("GET", path, None);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
+    pub fn audit(&self) -> Value {
+        let audit = self.get("/v1/audit");
+        assert_eq!(audit["ok"], true, "the money does not add up: {audit:#}");
+        audit
+    }
+
+    /// A user's balance as the ledger holds it.
+    pub fn balance(&self, user: u64) -> u64 {
+        let view = self.get(&format!("/v1/users/{user}"));
+        assert_eq!(view["user"], user);
+        view["balance_cents"].as_u64().unwrap()
+    }
+}
+
+/// `name=VALUE` from a ready line.
+pub fn field(line: &str, name: &str) -> String {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+        .to_string()
+}
+
+/// A pipe's lines, as they come, on a channel.
+pub fn lines_of(pipe: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+/// A pipe's lines, collected into one log.
+pub fn log_lines(pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut sink = sink.lock().unwrap();
+            sink.push_str(&line);
+            sink.push('\n');
+        }
+    });
+    log
+}
+
+/// `kill SIGNAL PID`, which must succeed.
+pub fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
+
+/// Polls `f` every 20 ms until it gives a value; fails the test after `timeout`.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
