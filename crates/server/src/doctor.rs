@@ -301,21 +301,27 @@ fn reserved_ports_wanted(current: &str) -> String {
         })
         .collect();
     let covered = |port: u16| ranges.iter().any(|&(lo, hi)| lo <= port && port <= hi);
-    let mut parts: Vec<String> = vec![current.trim().to_string()];
-    for (lo, hi) in LISTENING_PORTS {
-        if !(lo..=hi).all(covered) {
-            parts.push(if lo == hi {
+    let missing: Vec<String> = LISTENING_PORTS
+        .into_iter()
+        .filter(|&(lo, hi)| !(lo..=hi).all(covered))
+        .map(|(lo, hi)| {
+            if lo == hi {
                 lo.to_string()
             } else {
                 format!("{lo}-{hi}")
-            });
-        }
-    }
-    parts.retain(|p| !p.is_empty());
-    if parts.len() == 1 && parts[0] == current.trim() {
+            }
+        })
+        .collect();
+    if missing.is_empty() {
         return current.to_string();
     }
-    parts.join(",")
+    let kept = Some(current.trim())
+        .filter(|c| !c.is_empty())
+        .map(str::to_string);
+    kept.into_iter()
+        .chain(missing)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Writes the sysctls `checks` suggests (needs root). Returns one line per change.
