@@ -155,6 +155,11 @@ struct BenchArgs {
     /// The server's nice value, so the co-located load keeps its schedule [default: 5]
     #[arg(long, allow_negative_numbers = true)]
     server_nice: Option<i32>,
+    /// Run in a network namespace of its own, with an established-socket hash sized for
+    /// the connections and doctor's sysctls applied there (root; the dashboard is then
+    /// reachable only from inside it)
+    #[arg(long)]
+    netns: bool,
 }
 
 /// Flags win over the config file, which wins over the defaults.
@@ -333,6 +338,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
     if let Some(v) = args.server_nice {
         opts.server_nice = v;
     }
+    opts.netns = args.netns;
     Ok(opts)
 }
 
@@ -385,7 +391,14 @@ fn main() -> Result<()> {
             hongbao_load::client::run(serde_json::from_str(&options)?)
         }
         Command::Bench(args) => {
-            let summary = hongbao_load::bench::run(bench_options(args)?)?;
+            let opts = bench_options(args)?;
+            if opts.netns {
+                // Before the bench starts any thread: only the calling thread moves.
+                for line in hongbao_server::doctor::enter_network_namespace(opts.connections)? {
+                    println!("bench: {line}");
+                }
+            }
+            let summary = hongbao_load::bench::run(opts)?;
             if summary["audit"]["ok"] != true {
                 anyhow::bail!("the money audit failed: see summary.json");
             }

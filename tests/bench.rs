@@ -46,6 +46,9 @@ const PHASE_FIELDS: &[&str] = &[
     "latency_ms.p99",
     "latency_ms.p999",
     "latency_ms.max",
+    "send_lag_ms.p50",
+    "send_lag_ms.p99",
+    "send_lag_ms.max",
     "overloaded",
     "backed_off",
     "errors",
@@ -98,6 +101,10 @@ fn small_bench_balances_every_cent_and_matches_the_campaigns() {
             assert!(!field(phase, path).is_null(), "phase lacks {path}");
         }
         assert_eq!(phase["audit_ok"], true, "phase audit: {phase}");
+        // Every shake sent was timed against its intended send time (at least 1 µs late).
+        let lag = &phase["send_lag_ms"];
+        assert!(lag["p50"].as_f64().unwrap() > 0.0, "send lag: {lag}");
+        assert!(lag["max"].as_f64().unwrap() >= lag["p99"].as_f64().unwrap());
     }
 
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
@@ -138,6 +145,42 @@ fn small_bench_balances_every_cent_and_matches_the_campaigns() {
 
 /// Over WebSocket, with broadcasts during the phases: every connection receives every
 /// broadcast, and the series, the summary and broadcasts.json agree.
+/// `--netns`: the bench runs in a network namespace of its own whose established-socket
+/// hash is sized for its connections, and the host's setting is left as it was.
+#[test]
+fn a_bench_in_its_own_network_namespace_balances_and_leaves_the_host_as_it_was() {
+    let child_ehash = "/proc/sys/net/ipv4/tcp_child_ehash_entries";
+    if std::fs::OpenOptions::new()
+        .write(true)
+        .open(child_ehash)
+        .is_err()
+    {
+        eprintln!("skipped: --netns needs root and a kernel with {child_ehash}");
+        return;
+    }
+    let host_before = std::fs::read_to_string(child_ehash).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        .args(["bench", "--netns", "--connections", "3000"])
+        .args(["--workers", "2", "--procs", "2", "--phase-qps", "1000"])
+        .args(["--shake-packets", "100", "--send-packets", "40"])
+        .arg("--out")
+        .arg(out.path())
+        .status()
+        .expect("running hongbao bench --netns");
+    assert!(status.success(), "bench exited with {status}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    assert_eq!(summary["network"]["own_namespace"], true);
+    assert_eq!(
+        summary["network"]["ehash_buckets"],
+        hongbao_server::doctor::ehash_buckets_wanted(3000)
+    );
+    assert_eq!(std::fs::read_to_string(child_ehash).unwrap(), host_before);
+}
+
 #[test]
 fn small_websocket_bench_delivers_every_broadcast() {
     let out = tempfile::tempdir().unwrap();

@@ -142,6 +142,8 @@ struct Client {
     receipts: Receipts,
     shake_hist: Histogram<u64>,
     open_hist: Histogram<u64>,
+    /// How late shakes went out against their intended send time (this process's lag).
+    lag_hist: Histogram<u64>,
     connected: u64,
     logged_in: u64,
     stdin_buf: Vec<u8>,
@@ -195,6 +197,7 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
         receipts: Receipts::default(),
         shake_hist: report::new_histogram(),
         open_hist: report::new_histogram(),
+        lag_hist: report::new_histogram(),
         connected: 0,
         logged_in: 0,
         stdin_buf: Vec::new(),
@@ -222,13 +225,13 @@ impl Client {
                 if current > second || !firings_loaded {
                     if firings_loaded {
                         // Fire what is left of the second we were in (late, and measured so).
-                        self.fire(&firings[next_firing..], epoch_us + second * 1_000_000);
+                        self.fire(&firings[next_firing..], epoch_us + second * 1_000_000, now);
                         self.report(second, false);
                         second += 1;
                         // Seconds skipped entirely (a long stall) are fired late, not dropped.
                         while second < current {
                             self.load_firings(second, &mut firings);
-                            self.fire(&firings, epoch_us + second * 1_000_000);
+                            self.fire(&firings, epoch_us + second * 1_000_000, now);
                             self.report(second, false);
                             second += 1;
                         }
@@ -243,7 +246,7 @@ impl Client {
                     .iter()
                     .take_while(|f| base + f.offset_ns as u64 / 1000 <= now)
                     .count();
-                self.fire(&firings[next_firing..next_firing + due], base);
+                self.fire(&firings[next_firing..next_firing + due], base, now);
                 next_firing += due;
             }
             if now >= self.opts.connect_from_ms * 1000 {
@@ -298,7 +301,9 @@ impl Client {
 
     // ----- sending ---------------------------------------------------------------------
 
-    fn fire(&mut self, firings: &[Firing], base_us: u64) {
+    /// Sends the shakes of `firings` (offsets from `base_us`) at `now_us`, recording how
+    /// late each went out against its intended time.
+    fn fire(&mut self, firings: &[Firing], base_us: u64, now_us: u64) {
         for f in firings {
             let i = (f.user_index - self.first_index) as usize;
             let intended_us = base_us + f.offset_ns as u64 / 1000;
@@ -311,6 +316,9 @@ impl Client {
                 continue;
             }
             self.counters.shakes_sent += 1;
+            let _ = self
+                .lag_hist
+                .record(now_us.saturating_sub(intended_us).max(1));
             self.request(i, Message::Shake, Kind::Shake, intended_us, 0);
         }
     }
@@ -836,12 +844,14 @@ impl Client {
             counters: self.counters.clone(),
             shake_latency_us: report::sparse(&self.shake_hist),
             open_latency_us: report::sparse(&self.open_hist),
+            send_lag_us: report::sparse(&self.lag_hist),
             broadcasts: self.receipts.drain(),
             users,
             last,
         };
         self.shake_hist.reset();
         self.open_hist.reset();
+        self.lag_hist.reset();
         let mut out = std::io::stdout().lock();
         let _ = serde_json::to_writer(&mut out, &report);
         let _ = out.write_all(b"\n");

@@ -71,6 +71,7 @@ pub struct Row {
     /// full histogram is ~140 KB, too much to keep for every second of a long run.
     pub shake_latency: Vec<(u64, u64)>,
     pub open_latency: Vec<(u64, u64)>,
+    pub send_lag: Vec<(u64, u64)>,
     /// Distinct broadcasts received so far (by any client), cumulative like `counters`.
     pub broadcasts_seen: u64,
 }
@@ -263,20 +264,11 @@ pub fn auto_procs(users: u64, nofile: u64) -> u32 {
     (users.div_ceil(per).max(users.min(2))).max(1) as u32
 }
 
-/// Users per source address by default. The kernel picks a connecting socket's port by
-/// probing ports of one parity from a hashed offset until the 4-tuple is free, so the
-/// probes per connect grow with how full that address's ports are: at the port range's
-/// 25,804 users per address the last connects of a million probed ~5 ports each and the
-/// connect rate fell from ~35,000/s to ~10,000/s. At 2,000 an address's ports stay ~6%
-/// used; 127/8 has addresses to spare.
-const USERS_PER_SOURCE_ADDRESS: u64 = 2_000;
-
-/// Default source addresses: 127.0.100.1 onward, at most `USERS_PER_SOURCE_ADDRESS` users
-/// each (fewer if the local port range is small).
+/// Default source addresses: 127.0.100.1 onward, at most
+/// `doctor::LOAD_USERS_PER_SOURCE_ADDRESS` users each (fewer if the local port range is
+/// small).
 pub fn default_source_ips(users: u64) -> Vec<Ipv4Addr> {
-    let per_address = hongbao_server::doctor::Limits::read()
-        .users_per_source_address()
-        .min(USERS_PER_SOURCE_ADDRESS);
+    let per_address = hongbao_server::doctor::Limits::read().load_users_per_source_address();
     let n = users.div_ceil(per_address).max(1);
     (0..n)
         .map(|i| Ipv4Addr::new(127, 0, 100 + (i / 250) as u8, 1 + (i % 250) as u8))
@@ -557,6 +549,7 @@ impl Load {
             last.rss_bytes += fin.rss_bytes;
             last.shake_latency.extend_from_slice(&fin.shake_latency_us);
             last.open_latency.extend_from_slice(&fin.open_latency_us);
+            last.send_lag.extend_from_slice(&fin.send_lag_us);
         }
         last.cpu_ms = cpu_ms;
         last.counters = totals.clone();
@@ -617,6 +610,7 @@ fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
     row.shake_latency
         .extend_from_slice(&report.shake_latency_us);
     row.open_latency.extend_from_slice(&report.open_latency_us);
+    row.send_lag.extend_from_slice(&report.send_lag_us);
     let rss = row.rss_bytes;
     s.peak_rss_bytes = s.peak_rss_bytes.max(rss);
     s.latest[p] = Some(report);

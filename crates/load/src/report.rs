@@ -130,6 +130,10 @@ pub struct Report {
     /// Latency in µs from intended send time to reply: (bucket value, count).
     pub shake_latency_us: Vec<(u64, u64)>,
     pub open_latency_us: Vec<(u64, u64)>,
+    /// How late this process sent its shakes against their intended time, µs: the part
+    /// of the latency that is the load's own (a stall here, not in the server).
+    #[serde(default)]
+    pub send_lag_us: Vec<(u64, u64)>,
     /// Broadcasts with receipts since the previous report (the final report: since the
     /// last per-second one).
     #[serde(default)]

@@ -246,7 +246,7 @@ fn phases_table(page: &mut String, phases: &Value) {
         page.push_str("<p class=\"note\">No phases recorded.</p>\n");
         return;
     };
-    let columns: [(&str, &[&str]); 12] = [
+    let columns: [(&str, &[&str]); 13] = [
         ("phase", &["name"]),
         ("seconds", &["seconds"]),
         ("target QPS", &["target_qps"]),
@@ -256,6 +256,7 @@ fn phases_table(page: &mut String, phases: &Value) {
         ("p99 ms", &["latency_ms", "p99"]),
         ("p99.9 ms", &["latency_ms", "p999"]),
         ("max ms", &["latency_ms", "max"]),
+        ("load send lag p99 ms", &["send_lag_ms", "p99"]),
         ("overloaded", &["overloaded"]),
         ("errors", &["errors"]),
         ("audit", &["audit_ok"]),

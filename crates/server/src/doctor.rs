@@ -19,6 +19,15 @@ pub const USER_BYTES_PER_SOCKET: u64 = 1_000;
 /// rest: measured here, 200,000 users over 4 addresses (51K each) connected 130K in 10 s
 /// and the remaining 70K at ~300/s. So plan for 80% of half the range.
 pub const PORT_RANGE_USE: f64 = 0.4;
+/// Users per source address the load generator binds by default. The kernel picks a
+/// connecting socket's port by probing ports of one parity from a hashed offset until the
+/// 4-tuple is free, so the probes per connect grow with how full that address's ports
+/// are: at the port range's 25,804 users per address the last connects of a million
+/// probed ~5 ports each and the connect rate fell from ~35,000/s to ~10,000/s. At 2,000 an
+/// address's ports stay ~6% used; 127/8 has addresses to spare.
+pub const LOAD_USERS_PER_SOURCE_ADDRESS: u64 = 2_000;
+/// The kernel's ceiling for `net.ipv4.tcp_child_ehash_entries`.
+const MAX_CHILD_EHASH_BUCKETS: u64 = 16 << 20;
 
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -31,7 +40,10 @@ pub struct Limits {
     pub reserved_ports: String,
     pub somaxconn: u64,
     pub syn_backlog: u64,
-    pub tcp_mem_max_pages: u64,
+    /// `None` inside a network namespace other than the first (the file is global).
+    pub tcp_mem_max_pages: Option<u64>,
+    /// Buckets of the established-socket hash this namespace looks sockets up in.
+    pub ehash_buckets: u64,
     pub conntrack_max: Option<u64>,
     /// Entries in the connection tracking table now (0 when it tracks nothing here).
     pub conntrack_count: u64,
@@ -83,8 +95,11 @@ impl Limits {
             somaxconn: num("/proc/sys/net/core/somaxconn"),
             syn_backlog: num("/proc/sys/net/ipv4/tcp_max_syn_backlog"),
             tcp_mem_max_pages: read("/proc/sys/net/ipv4/tcp_mem")
-                .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
-                .unwrap_or(0),
+                .and_then(|s| s.split_whitespace().nth(2)?.parse().ok()),
+            // Negative: this namespace shares the first namespace's table.
+            ehash_buckets: read("/proc/sys/net/ipv4/tcp_ehash_entries")
+                .and_then(|s| s.parse::<i64>().ok())
+                .map_or(0, i64::unsigned_abs),
             conntrack_max: read("/proc/sys/net/netfilter/nf_conntrack_max")
                 .and_then(|s| s.parse().ok()),
             conntrack_count: num("/proc/sys/net/netfilter/nf_conntrack_count"),
@@ -101,6 +116,13 @@ impl Limits {
     /// Connections each loopback source address can carry to one server port.
     pub fn users_per_source_address(&self) -> u64 {
         ((self.port_range_size() as f64 * PORT_RANGE_USE) as u64).max(1)
+    }
+
+    /// Users per source address the load binds: the port range's capacity, at most
+    /// `LOAD_USERS_PER_SOURCE_ADDRESS`.
+    pub fn load_users_per_source_address(&self) -> u64 {
+        self.users_per_source_address()
+            .min(LOAD_USERS_PER_SOURCE_ADDRESS)
     }
 }
 
@@ -167,8 +189,8 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
             current: format!("{} {} ({} ports)", l.port_range.0, l.port_range.1, l.port_range_size()),
             needed: format!(
                 "{} source addresses × {} users each",
-                connections.div_ceil(l.users_per_source_address()),
-                l.users_per_source_address()
+                connections.div_ceil(l.load_users_per_source_address()),
+                l.load_users_per_source_address()
             ),
             // With IP_BIND_ADDRESS_NO_PORT and many 127.0.x.y sources, ports only set how
             // many addresses the load spreads over; 127/8 has ~16M of them.
@@ -211,10 +233,30 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
         },
         Check {
             name: "net.ipv4.tcp_mem (max, pages)",
-            current: format!("{} ({} MiB)", l.tcp_mem_max_pages, (l.tcp_mem_max_pages * 4096) >> 20),
+            current: match l.tcp_mem_max_pages {
+                Some(pages) => format!("{pages} ({} MiB)", (pages * 4096) >> 20),
+                None => "set in the first network namespace (global)".into(),
+            },
             needed: "room for queued data only: idle sockets hold no buffers".into(),
             allows: u64::MAX,
             fix: None,
+        },
+        Check {
+            name: "net.ipv4.tcp_ehash_entries",
+            current: format!(
+                "{} buckets ({:.1} sockets per bucket at this size)",
+                l.ehash_buckets,
+                sockets as f64 / l.ehash_buckets.max(1) as f64
+            ),
+            needed: format!("~{} (one per socket): every packet received walks its bucket", ehash_buckets_wanted(connections)),
+            // A longer chain costs CPU per packet, not connections.
+            allows: u64::MAX,
+            fix: (l.ehash_buckets < sockets / 2).then(|| {
+                "run in a network namespace with its own table: `hongbao bench --netns`, or \
+                 sysctl -w net.ipv4.tcp_child_ehash_entries=N before creating one \
+                 (the first namespace's size is set at boot: thash_entries=)"
+                    .into()
+            }),
         },
     ];
     // Connection tracking only binds if it tracks our loopback connections.
@@ -380,6 +422,59 @@ pub fn apply(l: &Limits, connections: u64) -> Vec<String> {
     lines
 }
 
+/// Established-hash buckets that `connections` want: one per socket (both ends), a power
+/// of two, within what the kernel accepts for a new namespace.
+pub fn ehash_buckets_wanted(connections: u64) -> u64 {
+    (2 * connections)
+        .next_power_of_two()
+        .clamp(1 << 16, MAX_CHILD_EHASH_BUCKETS)
+}
+
+/// Moves this process into a new network namespace with an established-socket hash sized
+/// for `connections` and its loopback up, then applies doctor's per-namespace sysctls
+/// there. The size of the first namespace's hash is fixed at boot (262,144 buckets on
+/// these machines: eight sockets per bucket at a million connections, and `perf` shows
+/// 10% of the machine in `__inet_lookup_established`); a namespace created after
+/// `net.ipv4.tcp_child_ehash_entries` is set gets a table of that size. The host's
+/// setting is put back at once: only this namespace is affected.
+///
+/// Only the calling thread moves (and the processes it starts after): call it before any
+/// other thread exists. Needs root. Returns what it did, a line each.
+pub fn enter_network_namespace(connections: u64) -> anyhow::Result<Vec<String>> {
+    use anyhow::Context;
+    use std::os::unix::fs::FileExt;
+    let path = "/proc/sys/net/ipv4/tcp_child_ehash_entries";
+    let host_buckets = Limits::read().ehash_buckets;
+    // The file stays bound to the namespace it was opened in, so the host's value can be
+    // put back after the move.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {path} (needs root and a kernel ≥ 6.1)"))?;
+    let mut before = [0u8; 32];
+    let n = file.read_at(&mut before, 0)?;
+    let buckets = ehash_buckets_wanted(connections);
+    file.write_at(buckets.to_string().as_bytes(), 0)
+        .with_context(|| format!("writing {path}"))?;
+    // SAFETY: unshare takes flags only; it moves the calling thread.
+    let moved = unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0;
+    let error = std::io::Error::last_os_error();
+    file.write_at(&before[..n], 0)
+        .with_context(|| format!("restoring {path}"))?;
+    if !moved {
+        return Err(error).context("unshare(CLONE_NEWNET)");
+    }
+    crate::sys::bring_loopback_up().context("bringing lo up in the new namespace")?;
+    let inside = Limits::read();
+    let mut lines = vec![format!(
+        "a network namespace of its own: established hash {} buckets (the host's: {host_buckets})",
+        inside.ehash_buckets
+    )];
+    lines.extend(apply(&inside, connections));
+    Ok(lines)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,7 +490,8 @@ mod tests {
             reserved_ports: String::new(),
             somaxconn: 4096,
             syn_backlog: 2048,
-            tcp_mem_max_pages: 575_796,
+            tcp_mem_max_pages: Some(575_796),
+            ehash_buckets: 262_144,
             conntrack_max: Some(262_144),
             conntrack_count: 12,
             loopback_tracked: true,
@@ -417,6 +513,31 @@ mod tests {
         l.conntrack_max = Some(262_144);
         l.loopback_tracked = false;
         assert!(report(&l, 1_000_000).contains("can hold about"));
+    }
+
+    #[test]
+    fn a_small_established_hash_is_a_change_not_a_limit() {
+        let mut l = machine();
+        let ehash = |l: &Limits| {
+            checks(l, 1_000_000)
+                .into_iter()
+                .find(|c| c.name == "net.ipv4.tcp_ehash_entries")
+                .unwrap()
+        };
+        let c = ehash(&l);
+        assert_eq!(c.allows, u64::MAX);
+        assert!(
+            c.current.contains("7.6 sockets per bucket"),
+            "{}",
+            c.current
+        );
+        assert!(c.fix.unwrap().contains("--netns"));
+        l.ehash_buckets = ehash_buckets_wanted(1_000_000);
+        assert_eq!(l.ehash_buckets, 2_097_152);
+        assert!(ehash(&l).fix.is_none());
+        // Within what the kernel takes for a new namespace, and never tiny.
+        assert_eq!(ehash_buckets_wanted(100), 65_536);
+        assert_eq!(ehash_buckets_wanted(100_000_000), 16 << 20);
     }
 
     #[test]
