@@ -718,6 +718,46 @@ fn shakes_that_waited_too_long_are_overloaded() {
     });
 }
 
+/// Users told "overloaded" stop shaking for the back-off time: with the server's shake
+/// limit far under the offered rate, a load that backs off sends a fraction of what one
+/// that keeps shaking sends, and counts the firings it skipped as backed off.
+#[test]
+fn load_users_told_overloaded_back_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--max-shake-qps", "50"]);
+    let run = |backoff_secs: &str| -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+            .args(["load", "--server", &server.listen.to_string()])
+            .args(["--users", "100", "--qps", "500"])
+            .args(["--procs", "1", "--duration", "5"])
+            .args(["--secret", SECRET, "--overload-backoff-secs", backoff_secs])
+            .output()
+            .expect("running hongbao load");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "load failed: {stdout}");
+        // Progress lines, then the summary as pretty JSON.
+        let start = stdout.rfind("\n{").expect("a summary") + 1;
+        serde_json::from_str(&stdout[start..]).expect("the summary parses")
+    };
+    let n = |v: &Value, k: &str| v["totals"][k].as_u64().unwrap();
+
+    let steady = run("0");
+    assert_eq!(n(&steady, "backed_off"), 0);
+    assert!(n(&steady, "overloaded") > 1000, "{steady}");
+
+    // 5 firings per user per second, and the first "overloaded" sends each user away for
+    // 30–90 s: after that, every firing in the run is skipped.
+    let backing = run("60");
+    let (sent, skipped) = (n(&backing, "shakes_sent"), n(&backing, "backed_off"));
+    assert!(n(&backing, "overloaded") >= 1, "{backing}");
+    assert!(
+        skipped > sent,
+        "sent {sent}, backed off {skipped}: {backing}"
+    );
+    assert!(sent < n(&steady, "shakes_sent") / 2, "{backing}");
+    assert_eq!(n(&backing, "error_replies"), 0);
+}
+
 #[test]
 fn sends_debit_the_sender_and_notify_recipients() {
     let dir = tempfile::tempdir().unwrap();
