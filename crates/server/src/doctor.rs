@@ -252,10 +252,12 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
             // A longer chain costs CPU per packet, not connections.
             allows: u64::MAX,
             fix: (l.ehash_buckets < sockets / 2).then(|| {
-                "run in a network namespace with its own table: `hongbao bench --netns`, or \
-                 sysctl -w net.ipv4.tcp_child_ehash_entries=N before creating one \
-                 (the first namespace's size is set at boot: thash_entries=)"
-                    .into()
+                format!(
+                    "run in a network namespace with its own table: `hongbao bench --netns`, or \
+                     sysctl -w net.ipv4.tcp_child_ehash_entries={} before creating one \
+                     (the first namespace's size is set at boot: thash_entries=)",
+                    ehash_buckets_wanted(connections)
+                )
             }),
         },
     ];
