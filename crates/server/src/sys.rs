@@ -50,11 +50,12 @@ pub fn reuseport_listener(
     Ok(socket.into())
 }
 
-/// Turns on receive timestamps (SO_TIMESTAMPNS) for the connections a listener accepts
-/// from now on, so `read_stamped` can tell how long their bytes waited. It costs a clock
-/// read per packet machine-wide once any socket asks, so only when shedding is on.
-pub fn enable_receive_timestamps(listener: &impl AsRawFd) -> std::io::Result<()> {
-    set_int_option(listener, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+/// Turns on receive timestamps (SO_TIMESTAMPNS) for a connection, or for the connections
+/// a listener accepts from now on (those whose handshake finishes later), so
+/// `read_stamped` can tell how long their bytes waited. It costs a clock read per packet
+/// machine-wide once any socket asks, so only when shedding is on.
+pub fn enable_receive_timestamps(socket: &impl AsRawFd) -> std::io::Result<()> {
+    set_int_option(socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
 }
 
 fn set_int_option(socket: &impl AsRawFd, level: i32, name: i32, value: i32) -> std::io::Result<()> {

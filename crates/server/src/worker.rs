@@ -116,6 +116,10 @@ struct Worker {
     admission_second: u64,
     admission_used: u32,
     accept_paused: bool,
+    /// Connections whose handshake finished before the listener had receive timestamps on
+    /// (a client may connect between our listen() and the core's Welcome) did not inherit
+    /// them: turn them on one by one until the first drain of the accept queue.
+    stamp_accept_backlog: bool,
     stats: WorkerStats,
     /// Shake latency of the current second (µs).
     latency: Histogram<u64>,
@@ -169,7 +173,8 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     );
     (&std_link).write_all(&hello)?;
     let (cfg, early, link_in) = read_welcome(&std_link)?;
-    if cfg.max_queue_ms > 0 {
+    let shedding = cfg.max_queue_ms > 0;
+    if shedding {
         sys::enable_receive_timestamps(&listener)?;
         if let Some(l) = &ws_listener {
             sys::enable_receive_timestamps(l)?;
@@ -196,6 +201,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         admission_second: 0,
         admission_used: 0,
         accept_paused: false,
+        stamp_accept_backlog: shedding,
         stats: WorkerStats {
             worker: opts.index,
             pid: std::process::id(),
@@ -356,6 +362,9 @@ impl Worker {
                         continue; // dropped: closes at once
                     }
                     let _ = stream.set_nodelay(true);
+                    if self.stamp_accept_backlog {
+                        let _ = sys::enable_receive_timestamps(&stream);
+                    }
                     let entry = self.conns.vacant_entry();
                     let key = entry.key();
                     let interest = Interest::READABLE | Interest::WRITABLE;
@@ -385,7 +394,11 @@ impl Worker {
                         out: Vec::new(),
                     });
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    // Everything accepted from now on was born with the listener's option.
+                    self.stamp_accept_backlog = false;
+                    return;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // Out of files (or similar): stop accepting until the next tick rather
