@@ -11,13 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
 
-use common::{field, lines_of, log_lines, signal, wait_until, Admin, START_TIMEOUT};
+use common::{field, signal, wait_until, Admin, Hongbao};
 use hongbao_proto::client::Client;
 use hongbao_proto::token;
 use hongbao_proto::{encode_to_vec, Frame, KickReason, Message, ResultCode};
@@ -31,13 +30,12 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 // ----- the server under test -------------------------------------------------------------
 
 /// A running `hongbao serve`; killed (SIGKILL) when dropped. Its stderr (and its workers')
-/// is collected and printed if the test fails.
+/// is collected and printed if the test fails (the `Hongbao` guard).
 struct Server {
-    child: Child,
+    process: Hongbao,
     listen: SocketAddr,
     admin: Admin,
     replayed_events: u64,
-    stderr: Arc<Mutex<String>>,
 }
 
 /// `server.get(…)`, `server.audit()`…: the admin API's helpers.
@@ -48,48 +46,22 @@ impl std::ops::Deref for Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
-            eprintln!("----- hongbao serve stderr -----\n{log}--------------------------------");
-        }
-    }
-}
-
 impl Server {
     /// Starts `hongbao serve` with two workers on ephemeral ports, the ledger in `dir`.
     fn start(dir: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .args(["--workers", "2", "--secret", SECRET, "--data-dir"])
-            .arg(dir)
-            .args(extra)
-            .env_remove("HONGBAO_SECRET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting hongbao serve");
-        let stderr = log_lines(child.stderr.take().unwrap());
-        let lines = lines_of(child.stdout.take().unwrap());
+        let dir = dir.to_str().expect("a UTF-8 data directory");
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+        args.extend(["--workers", "2", "--secret", SECRET, "--data-dir", dir]);
+        args.extend(extra);
+        let process = Hongbao::spawn("serve", &args);
+        let ready = process.ready_line("hongbao serve ready: ");
         let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
         let mut server = Server {
-            child,
+            process,
             listen: unbound,
             admin: Admin::new(unbound),
             replayed_events: 0,
-            stderr,
         };
-        let ready = lines
-            .recv_timeout(START_TIMEOUT)
-            .expect("hongbao serve did not print its ready line in time");
-        assert!(
-            ready.starts_with("hongbao serve ready: "),
-            "unexpected first line: {ready}"
-        );
         let field = |name: &str| field(&ready, name);
         server.listen = field("listen").parse().unwrap();
         server.admin = Admin::new(field("admin").parse().unwrap());
@@ -101,7 +73,7 @@ impl Server {
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.child.id()
     }
 
     /// A connected client, not logged in.
@@ -146,15 +118,15 @@ impl Server {
     fn stop_gracefully(&mut self) {
         signal(self.pid(), "-INT");
         let status = wait_until("the server to stop after SIGINT", secs(15), || {
-            self.child.try_wait().unwrap()
+            self.process.child.try_wait().unwrap()
         });
         assert!(status.success(), "hongbao serve exited with {status}");
     }
 
     /// SIGKILL: no chance to flush or say goodbye.
     fn crash(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
+        self.process.child.kill().unwrap();
+        self.process.child.wait().unwrap();
     }
 }
 

@@ -14,14 +14,13 @@ use std::collections::VecDeque;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
 
-use common::{field, lines_of, log_lines, wait_until, Admin, START_TIMEOUT};
+use common::{field, wait_until, Admin, Hongbao};
 use hongbao_proto::client::Client;
 use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
 use hongbao_proto::{decode, encode_to_vec, json, token};
@@ -51,11 +50,10 @@ const RFC_ACCEPT: &str = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=";
 /// A running `hongbao serve` with a WebSocket listener; killed (SIGKILL) when dropped. Its
 /// stderr (and its workers') is printed if the test fails.
 struct Server {
-    child: Child,
+    process: Hongbao,
     listen: SocketAddr,
     admin: Admin,
     ws: SocketAddr,
-    stderr: Arc<Mutex<String>>,
 }
 
 /// `server.get(…)`, `server.audit()`…: the admin API's helpers.
@@ -63,17 +61,6 @@ impl std::ops::Deref for Server {
     type Target = Admin;
     fn deref(&self) -> &Admin {
         &self.admin
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
-            eprintln!("----- hongbao serve stderr -----\n{log}--------------------------------");
-        }
     }
 }
 
@@ -86,35 +73,20 @@ impl Server {
 
     /// Like `start`, with more command-line arguments.
     fn start_with(dir: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .args(["--ws-listen", "127.0.0.1:0", "--workers", "2"])
-            .args(["--secret", DEV_SECRET, "--data-dir"])
-            .arg(dir)
-            .args(extra)
-            .env_remove("HONGBAO_SECRET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting hongbao serve");
-        let stderr = log_lines(child.stderr.take().unwrap());
-        let lines = lines_of(child.stdout.take().unwrap());
+        let dir = dir.to_str().expect("a UTF-8 data directory");
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+        args.extend(["--ws-listen", "127.0.0.1:0", "--workers", "2"]);
+        args.extend(["--secret", DEV_SECRET, "--data-dir", dir]);
+        args.extend(extra);
+        let process = Hongbao::spawn("serve", &args);
+        let ready = process.ready_line("hongbao serve ready: ");
         let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
         let mut server = Server {
-            child,
+            process,
             listen: unbound,
             admin: Admin::new(unbound),
             ws: unbound,
-            stderr,
         };
-        let ready = lines
-            .recv_timeout(START_TIMEOUT)
-            .expect("hongbao serve did not print its ready line in time");
-        assert!(
-            ready.starts_with("hongbao serve ready: "),
-            "unexpected first line: {ready}"
-        );
         let field = |name: &str| field(&ready, name);
         server.listen = field("listen").parse().unwrap();
         server.admin = Admin::new(field("admin").parse().unwrap());
@@ -1571,7 +1543,7 @@ fn shutdown_says_going_away() {
     let mut tcp = server.tcp_login(56);
 
     let status = Command::new("kill")
-        .args(["-INT", &server.child.id().to_string()])
+        .args(["-INT", &server.process.child.id().to_string()])
         .status()
         .expect("running kill");
     assert!(status.success());
@@ -1601,7 +1573,7 @@ fn shutdown_says_going_away() {
     }
 
     let exit = wait_until("the server to stop after SIGINT", secs(20), || {
-        server.child.try_wait().unwrap()
+        server.process.child.try_wait().unwrap()
     });
     assert!(exit.success(), "hongbao serve exited with {exit}");
 }
