@@ -58,36 +58,31 @@ fn field<'a>(v: &'a Value, path: &str) -> &'a Value {
     path.split('.').fold(v, |v, k| &v[k])
 }
 
+/// Runs `hongbao bench ARGS --out OUT` (ARGS split at whitespace), which must succeed,
+/// and returns its summary.json.
+fn run_bench(out: &std::path::Path, args: &str) -> Value {
+    let status = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        .arg("bench")
+        .args(args.split_whitespace())
+        .arg("--out")
+        .arg(out)
+        .status()
+        .expect("running hongbao bench");
+    assert!(status.success(), "bench exited with {status}");
+    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
+}
+
 #[test]
 fn small_bench_balances_every_cent_and_matches_the_campaigns() {
     let out = tempfile::tempdir().unwrap();
     let (shake_packets, send_packets, recipients) = (150u64, 60u64, 3u64);
-    let status = Command::new(env!("CARGO_BIN_EXE_hongbao"))
-        .args([
-            "bench",
-            "--connections",
-            "30000",
-            "--workers",
-            "3",
-            "--procs",
-            "3",
-        ])
-        .args(["--phase-qps", "1500,3000", "--campaign-rate", "200"])
-        .args([
-            "--shake-packets",
-            &shake_packets.to_string(),
-            "--send-packets",
-            &send_packets.to_string(),
-        ])
-        .arg("--out")
-        .arg(out.path())
-        .status()
-        .expect("running hongbao bench");
-    assert!(status.success(), "bench exited with {status}");
-
-    let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap())
-            .unwrap();
+    let summary = run_bench(
+        out.path(),
+        &format!(
+            "--connections 30000 --workers 3 --procs 3 --phase-qps 1500,3000 \
+             --campaign-rate 200 --shake-packets {shake_packets} --send-packets {send_packets}"
+        ),
+    );
     for path in SUMMARY_FIELDS {
         assert!(
             !field(&summary, path).is_null(),
@@ -143,8 +138,6 @@ fn small_bench_balances_every_cent_and_matches_the_campaigns() {
     check_report(out.path());
 }
 
-/// Over WebSocket, with broadcasts during the phases: every connection receives every
-/// broadcast, and the series, the summary and broadcasts.json agree.
 /// `--netns`: the bench runs in a network namespace of its own whose established-socket
 /// hash is sized for its connections, and the host's setting is left as it was.
 #[test]
@@ -160,18 +153,11 @@ fn a_bench_in_its_own_network_namespace_balances_and_leaves_the_host_as_it_was()
     }
     let host_before = std::fs::read_to_string(child_ehash).unwrap();
     let out = tempfile::tempdir().unwrap();
-    let status = Command::new(env!("CARGO_BIN_EXE_hongbao"))
-        .args(["bench", "--netns", "--connections", "3000"])
-        .args(["--workers", "2", "--procs", "2", "--phase-qps", "1000"])
-        .args(["--shake-packets", "100", "--send-packets", "40"])
-        .arg("--out")
-        .arg(out.path())
-        .status()
-        .expect("running hongbao bench --netns");
-    assert!(status.success(), "bench exited with {status}");
-    let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap())
-            .unwrap();
+    let summary = run_bench(
+        out.path(),
+        "--netns --connections 3000 --workers 2 --procs 2 --phase-qps 1000 \
+         --shake-packets 100 --send-packets 40",
+    );
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
     assert_eq!(summary["network"]["own_namespace"], true);
     assert_eq!(
@@ -181,29 +167,19 @@ fn a_bench_in_its_own_network_namespace_balances_and_leaves_the_host_as_it_was()
     assert_eq!(std::fs::read_to_string(child_ehash).unwrap(), host_before);
 }
 
+/// Over WebSocket, with broadcasts during the phases: every connection receives every
+/// broadcast, and the series, the summary and broadcasts.json agree.
 #[test]
 fn small_websocket_bench_delivers_every_broadcast() {
     let out = tempfile::tempdir().unwrap();
     let connections = 3000u64;
-    let status = Command::new(env!("CARGO_BIN_EXE_hongbao"))
-        .args([
-            "bench",
-            "--transport",
-            "ws",
-            "--connections",
-            &connections.to_string(),
-        ])
-        .args(["--workers", "2", "--procs", "2", "--phase-qps", "1000"])
-        .args(["--shake-packets", "100", "--send-packets", "50"])
-        .args(["--broadcast-every", "2"])
-        .arg("--out")
-        .arg(out.path())
-        .status()
-        .expect("running hongbao bench");
-    assert!(status.success(), "bench exited with {status}");
-    let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap())
-            .unwrap();
+    let summary = run_bench(
+        out.path(),
+        &format!(
+            "--transport ws --connections {connections} --workers 2 --procs 2 \
+             --phase-qps 1000 --shake-packets 100 --send-packets 50 --broadcast-every 2"
+        ),
+    );
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
     let b = &summary["broadcast"];
     let sent = b["sent"].as_u64().unwrap();
