@@ -679,7 +679,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         },
         "network": {
             "own_namespace": opts.netns,
-            "ehash_buckets": hongbao_server::doctor::Limits::read().ehash_buckets,
+            "ehash_buckets": hongbao_server::doctor::ehash_buckets(),
         },
     });
     std::fs::write(

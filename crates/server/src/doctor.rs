@@ -96,10 +96,7 @@ impl Limits {
             syn_backlog: num("/proc/sys/net/ipv4/tcp_max_syn_backlog"),
             tcp_mem_max_pages: read("/proc/sys/net/ipv4/tcp_mem")
                 .and_then(|s| s.split_whitespace().nth(2)?.parse().ok()),
-            // Negative: this namespace shares the first namespace's table.
-            ehash_buckets: read("/proc/sys/net/ipv4/tcp_ehash_entries")
-                .and_then(|s| s.parse::<i64>().ok())
-                .map_or(0, i64::unsigned_abs),
+            ehash_buckets: ehash_buckets(),
             conntrack_max: read("/proc/sys/net/netfilter/nf_conntrack_max")
                 .and_then(|s| s.parse().ok()),
             conntrack_count: num("/proc/sys/net/netfilter/nf_conntrack_count"),
@@ -124,6 +121,14 @@ impl Limits {
         self.users_per_source_address()
             .min(LOAD_USERS_PER_SOURCE_ADDRESS)
     }
+}
+
+/// Buckets of the established-socket hash this network namespace looks sockets up in.
+pub fn ehash_buckets() -> u64 {
+    // Negative: this namespace shares the first namespace's table.
+    read("/proc/sys/net/ipv4/tcp_ehash_entries")
+        .and_then(|s| s.parse::<i64>().ok())
+        .map_or(0, i64::unsigned_abs)
 }
 
 /// Opens one loopback connection and sees whether the conntrack table counts it.
@@ -446,7 +451,7 @@ pub fn enter_network_namespace(connections: u64) -> anyhow::Result<Vec<String>> 
     use anyhow::Context;
     use std::os::unix::fs::FileExt;
     let path = "/proc/sys/net/ipv4/tcp_child_ehash_entries";
-    let host_buckets = Limits::read().ehash_buckets;
+    let host_buckets = ehash_buckets();
     // The file stays bound to the namespace it was opened in, so the host's value can be
     // put back after the move.
     let file = std::fs::OpenOptions::new()
@@ -468,12 +473,11 @@ pub fn enter_network_namespace(connections: u64) -> anyhow::Result<Vec<String>> 
         return Err(error).context("unshare(CLONE_NEWNET)");
     }
     crate::sys::bring_loopback_up().context("bringing lo up in the new namespace")?;
-    let inside = Limits::read();
     let mut lines = vec![format!(
         "a network namespace of its own: established hash {} buckets (the host's: {host_buckets})",
-        inside.ehash_buckets
+        ehash_buckets()
     )];
-    lines.extend(apply(&inside, connections));
+    lines.extend(apply(&Limits::read(), connections));
     Ok(lines)
 }
 
