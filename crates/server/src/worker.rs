@@ -118,8 +118,9 @@ struct Worker {
     accept_paused: bool,
     /// Connections whose handshake finished before the listener had receive timestamps on
     /// (a client may connect between our listen() and the core's Welcome) did not inherit
-    /// them: turn them on one by one until the first drain of the accept queue.
-    stamp_accept_backlog: bool,
+    /// them: turn them on one by one until the first drain of each listener's accept
+    /// queue (indexed by `websocket`).
+    stamp_accept_backlog: [bool; 2],
     stats: WorkerStats,
     /// Shake latency of the current second (µs).
     latency: Histogram<u64>,
@@ -201,7 +202,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         admission_second: 0,
         admission_used: 0,
         accept_paused: false,
-        stamp_accept_backlog: shedding,
+        stamp_accept_backlog: [shedding; 2],
         stats: WorkerStats {
             worker: opts.index,
             pid: std::process::id(),
@@ -362,7 +363,7 @@ impl Worker {
                         continue; // dropped: closes at once
                     }
                     let _ = stream.set_nodelay(true);
-                    if self.stamp_accept_backlog {
+                    if self.stamp_accept_backlog[websocket as usize] {
                         let _ = sys::enable_receive_timestamps(&stream);
                     }
                     let entry = self.conns.vacant_entry();
@@ -396,7 +397,7 @@ impl Worker {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     // Everything accepted from now on was born with the listener's option.
-                    self.stamp_accept_backlog = false;
+                    self.stamp_accept_backlog[websocket as usize] = false;
                     return;
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
