@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{field, wait_until, Hongbao, START_TIMEOUT};
+use common::{field, start_monitor, wait_until, Hongbao, START_TIMEOUT};
 use hongbao_proto::client::Client;
 use hongbao_proto::{Message, ResultCode};
 use hongbao_server::config::DEV_SECRET;
@@ -70,22 +70,6 @@ fn start_serve(data_dir: &Path, extra: &[&str]) -> Serve {
         ws: field(&ready, "ws").parse().unwrap(),
         process,
     }
-}
-
-/// `hongbao monitor --listen 127.0.0.1:0 --out DIR`, and the address it bound.
-fn start_monitor(out: &Path) -> (Hongbao, SocketAddr) {
-    let out = out.to_str().unwrap();
-    let monitor = Hongbao::spawn(
-        "monitor",
-        &["monitor", "--listen", "127.0.0.1:0", "--out", out],
-    );
-    let ready = monitor.ready_line("hongbao monitor ready: ");
-    let addr: SocketAddr = field(&ready, "listen").parse().unwrap();
-    assert!(
-        ready.ends_with(&format!("(dashboard http://{addr}/)")),
-        "{ready}"
-    );
-    (monitor, addr)
 }
 
 // ----- HTTP ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod common;
 
-use common::{field, wait_until, Hongbao};
+use common::{field, start_monitor, wait_until, Hongbao};
 use hongbao_monitor::{RoleSample, Sample};
 use hongbao_proto::client::Client;
 use hongbao_proto::{Message, ResultCode};
@@ -24,24 +24,6 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const LATENCY_METRIC: &str = "hongbao_shake_latency_seconds";
 
 // ----- processes -------------------------------------------------------------------------
-
-/// `hongbao monitor --listen 127.0.0.1:0 --out DIR`, and the address it bound.
-fn start_monitor(out: &Path) -> (Hongbao, SocketAddr) {
-    let out = out.to_str().unwrap();
-    let monitor = Hongbao::spawn(
-        "monitor",
-        &["monitor", "--listen", "127.0.0.1:0", "--out", out],
-    );
-    let ready = monitor.ready_line("hongbao monitor ready: ");
-    let addr: SocketAddr = field(&ready, "listen").parse().unwrap();
-    assert_ne!(addr.port(), 0, "{ready}");
-    assert_eq!(field(&ready, "out"), out);
-    assert!(
-        ready.ends_with(&format!("(dashboard http://{addr}/)")),
-        "{ready}"
-    );
-    (monitor, addr)
-}
 
 struct Serve {
     process: Hongbao,

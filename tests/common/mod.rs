@@ -105,6 +105,24 @@ impl Hongbao {
     }
 }
 
+/// `hongbao monitor --listen 127.0.0.1:0 --out DIR`, and the address it bound.
+pub fn start_monitor(out: &std::path::Path) -> (Hongbao, SocketAddr) {
+    let out = out.to_str().unwrap();
+    let monitor = Hongbao::spawn(
+        "monitor",
+        &["monitor", "--listen", "127.0.0.1:0", "--out", out],
+    );
+    let ready = monitor.ready_line("hongbao monitor ready: ");
+    let addr: SocketAddr = field(&ready, "listen").parse().unwrap();
+    assert_ne!(addr.port(), 0, "{ready}");
+    assert_eq!(field(&ready, "out"), out);
+    assert!(
+        ready.ends_with(&format!("(dashboard http://{addr}/)")),
+        "{ready}"
+    );
+    (monitor, addr)
+}
+
 /// The admin HTTP API of a running `hongbao serve`.
 pub struct Admin {
     pub addr: SocketAddr,
