@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use hongbao_server::ServeConfig;
+use hongbao_sys::Stop;
 
 #[derive(Parser)]
 #[command(
@@ -344,7 +345,9 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Serve(args) => hongbao_server::supervisor::run(serve_config(args)?),
+        Command::Serve(args) => {
+            hongbao_server::supervisor::run(serve_config(args)?, Stop::on_signals()?)
+        }
         Command::Worker(args) => {
             hongbao_server::worker::run(hongbao_server::worker::WorkerOptions {
                 index: args.index,
@@ -359,10 +362,11 @@ fn main() -> Result<()> {
                 load_options(&args)?,
                 args.control.clone(),
                 args.duration,
+                &Stop::on_signals()?,
             ),
         },
         Command::Doctor { connections, apply } => {
-            use hongbao_server::doctor;
+            use hongbao_sys::doctor;
             let limits = doctor::Limits::read();
             print!("{}", doctor::report(&limits, connections));
             if apply {
@@ -374,8 +378,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Monitor { listen, out } => {
-            hongbao_server::sys::catch_stop_signals();
-            hongbao_monitor::run_cli(listen, &out, hongbao_server::sys::stop_requested)
+            hongbao_monitor::run_cli(listen, &out, &Stop::on_signals()?)
         }
         Command::Report { dir } => {
             let charts = hongbao_report::write_report(&dir)?;
@@ -394,7 +397,7 @@ fn main() -> Result<()> {
             let opts = bench_options(args)?;
             if opts.netns {
                 // Before the bench starts any thread: only the calling thread moves.
-                for line in hongbao_server::doctor::enter_network_namespace(opts.connections)? {
+                for line in hongbao_sys::doctor::enter_network_namespace(opts.connections)? {
                     println!("bench: {line}");
                 }
             }

@@ -13,9 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 mod common;
 
 use common::{field, start_monitor, wait_until, Hongbao};
-use hongbao_monitor::{RoleSample, Sample};
 use hongbao_proto::client::Client;
 use hongbao_proto::{Message, ResultCode};
+use hongbao_telemetry::{RoleSample, Sample};
 use prometheus_parse::{HistogramCount, Scrape, Value as PromValue};
 use serde_json::{json, Value};
 
@@ -203,7 +203,7 @@ fn latency_histogram(samples: &[prometheus_parse::Sample], labels: &[(&str, &str
         })
         .unwrap_or_else(|| panic!("no histogram {LATENCY_METRIC} {labels:?}"));
     let bounds: Vec<f64> = buckets.iter().map(|b| b.less_than).collect();
-    let mut expected = hongbao_monitor::prom::LATENCY_BUCKETS.to_vec();
+    let mut expected = hongbao_telemetry::prom::LATENCY_BUCKETS.to_vec();
     expected.push(f64::INFINITY);
     assert_eq!(
         bounds, expected,

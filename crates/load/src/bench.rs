@@ -417,7 +417,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     let load_baseline: u64 = load
         .pids()
         .iter()
-        .map(|p| hongbao_server::sys::usage_of(&p.to_string()).0)
+        .map(|p| hongbao_sys::usage::usage_of(&p.to_string()).0)
         .sum();
 
     // Phase 1: connect everyone.
@@ -679,7 +679,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
         },
         "network": {
             "own_namespace": opts.netns,
-            "ehash_buckets": hongbao_server::doctor::ehash_buckets(),
+            "ehash_buckets": hongbao_sys::doctor::ehash_buckets(),
         },
     });
     std::fs::write(
@@ -1052,7 +1052,7 @@ fn load_peak_rss(rows: &[Row], pids: &[u32]) -> u64 {
     let from_rows = rows.iter().map(|r| r.rss_bytes).max().unwrap_or(0);
     let now: u64 = pids
         .iter()
-        .map(|p| hongbao_server::sys::usage_of(&p.to_string()).0)
+        .map(|p| hongbao_sys::usage::usage_of(&p.to_string()).0)
         .sum();
     from_rows.max(now)
 }

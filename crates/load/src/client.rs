@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
 use hongbao_proto::{ws, Frame, Message, ResultCode};
-use hongbao_server::sys::write_nonblocking;
+use hongbao_sys::net::write_nonblocking;
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
@@ -159,7 +159,7 @@ fn unix_us() -> u64 {
 
 /// Runs one client process until told to stop (or its stdin closes).
 pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
-    hongbao_server::sys::raise_nofile_limit();
+    hongbao_sys::limits::raise_nofile_limit();
     let range = partition(opts.users, opts.procs, opts.proc_index);
     let poll = Poll::new()?;
     let users = (range.start..range.end)
@@ -893,7 +893,7 @@ fn set_nonblocking(fd: i32) {
 }
 
 fn self_usage() -> (u64, u64) {
-    hongbao_server::sys::self_usage()
+    hongbao_sys::usage::self_usage()
 }
 
 #[cfg(test)]

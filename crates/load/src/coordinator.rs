@@ -18,8 +18,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
-use hongbao_monitor::sample::{self, RoleSample, Sample};
-use hongbao_monitor::Reporter;
+use hongbao_telemetry::sample::{self, RoleSample, Sample};
+use hongbao_telemetry::Reporter;
 use serde::Serialize;
 use serde_json::json;
 
@@ -260,7 +260,7 @@ fn unix_ms() -> u64 {
 /// Client processes needed for `users` under an open-file limit of `nofile` (at least 2
 /// when there are that many users, so both cores get work).
 pub fn auto_procs(users: u64, nofile: u64) -> u32 {
-    let per = nofile.saturating_sub(nofile / 20).max(100);
+    let per = hongbao_sys::limits::sockets_per_process(nofile);
     (users.div_ceil(per).max(users.min(2))).max(1) as u32
 }
 
@@ -268,7 +268,7 @@ pub fn auto_procs(users: u64, nofile: u64) -> u32 {
 /// `doctor::LOAD_USERS_PER_SOURCE_ADDRESS` users each (fewer if the local port range is
 /// small).
 pub fn default_source_ips(users: u64) -> Vec<Ipv4Addr> {
-    let per_address = hongbao_server::doctor::Limits::read().load_users_per_source_address();
+    let per_address = hongbao_sys::doctor::Limits::read().load_users_per_source_address();
     let n = users.div_ceil(per_address).max(1);
     (0..n)
         .map(|i| Ipv4Addr::new(127, 0, 100 + (i / 250) as u8, 1 + (i % 250) as u8))
@@ -290,7 +290,7 @@ impl Load {
         if opts.users == 0 {
             bail!("--users must be at least 1");
         }
-        let nofile = hongbao_server::sys::raise_nofile_limit();
+        let nofile = hongbao_sys::limits::raise_nofile_limit();
         let procs = if opts.procs == 0 {
             auto_procs(opts.users, nofile)
         } else {
@@ -711,8 +711,8 @@ pub fn run_cli(
     opts: LoadOptions,
     control: Option<String>,
     duration: Option<u64>,
+    stop: &hongbao_sys::Stop,
 ) -> anyhow::Result<()> {
-    hongbao_server::sys::catch_stop_signals();
     let users = opts.users;
     let load = Arc::new(Load::start(opts)?);
     println!(
@@ -735,7 +735,7 @@ pub fn run_cli(
             }
         }
         let done = duration.is_some_and(|d| unix_ms() >= load.epoch_ms() + d * 1000);
-        if done || hongbao_server::sys::stop_requested() {
+        if done || stop.requested() {
             break;
         }
     }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::broadcast::BroadcastReport;
-pub use hongbao_monitor::sample::{merge_sparse, new_histogram, sparse};
+pub use hongbao_telemetry::sample::{merge_sparse, new_histogram, sparse};
 
 /// Cumulative counters of one client process (or, summed, of a whole load run).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,8 +13,10 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 
-use crate::prom::Exposition;
-use crate::sample::{merge_sparse, new_histogram, Sample, COUNTERS, LEVELS, NET_COLUMNS};
+use hongbao_telemetry::prom::Page;
+use hongbao_telemetry::sample::{
+    merge_sparse, new_histogram, Sample, COUNTERS, LEVELS, NET_COLUMNS,
+};
 
 /// Seconds after a second ends before its row is written.
 pub const GRACE_SECS: u64 = 3;
@@ -324,7 +326,7 @@ impl Collector {
     /// Totals over the run as Prometheus text: counters per role, levels of the newest
     /// row, CPU, and the latency histogram of each role that reports one.
     pub fn metrics(&self) -> String {
-        let mut m = Exposition::default();
+        let mut m = Page::default();
         for (role, t) in &self.roles {
             let labels = [("role", role.clone())];
             for (k, v) in &t.counts {
@@ -338,11 +340,9 @@ impl Collector {
                         format!("{k} counted by each role since the monitor started"),
                     ),
                 };
-                m.sample(&name, "counter", &help, &labels, *v as f64);
+                m.counter(&name, &help, &labels, *v as f64);
             }
-            m.sample(
-                "hongbao_cpu_seconds_total",
-                "counter",
+            m.counter("hongbao_cpu_seconds_total",
                 "CPU time used by each role's processes (host: the whole machine) since the monitor started",
                 &labels,
                 t.cpu_ms as f64 / 1000.0,
@@ -352,13 +352,7 @@ impl Collector {
                     "rss_bytes" => "hongbao_resident_memory_bytes".to_string(),
                     _ => format!("hongbao_{k}"),
                 };
-                m.sample(
-                    &name,
-                    "gauge",
-                    &format!("{k} of each role"),
-                    &labels,
-                    *v as f64,
-                );
+                m.gauge(&name, &format!("{k} of each role"), &labels, *v as f64);
             }
             if let Some(h) = &t.latency {
                 m.histogram(
@@ -369,14 +363,13 @@ impl Collector {
                 );
             }
         }
-        m.sample(
+        m.counter(
             "hongbao_monitor_rows_total",
-            "counter",
             "Series rows written",
             &[],
             self.rows_written as f64,
         );
-        m.finish()
+        m.render()
     }
 }
 

@@ -4,9 +4,6 @@
 //! own process. See docs/monitoring.md.
 
 pub mod collector;
-pub mod prom;
-pub mod reporter;
-pub mod sample;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,8 +17,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 
 pub use collector::Collector;
-pub use reporter::Reporter;
-pub use sample::{RoleSample, Sample};
+use hongbao_telemetry::Sample;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 1 << 20;
@@ -327,11 +323,7 @@ fn route(shared: &Shared, method: &str, url: &str, body: &str) -> Answer {
 
 /// `hongbao monitor --listen ADDR --out DIR`: runs until SIGINT/SIGTERM, then writes the
 /// last rows and the report.
-pub fn run_cli(
-    listen: SocketAddr,
-    out: &Path,
-    stop_requested: impl Fn() -> bool,
-) -> anyhow::Result<()> {
+pub fn run_cli(listen: SocketAddr, out: &Path, stop: &hongbao_sys::Stop) -> anyhow::Result<()> {
     let monitor = Monitor::start(listen, Some(out), "hongbao monitor")?;
     println!(
         "hongbao monitor ready: listen={} out={} (dashboard http://{}/)",
@@ -339,7 +331,7 @@ pub fn run_cli(
         out.display(),
         monitor.addr()
     );
-    while !stop_requested() {
+    while !stop.requested() {
         std::thread::sleep(Duration::from_millis(200));
     }
     monitor.finish()?;

@@ -89,26 +89,12 @@ impl ServeConfig {
         self.demo_login.unwrap_or(self.secret == DEV_SECRET)
     }
 
-    /// How many sockets one worker may hold: the open-file limit less headroom for the
-    /// worker's own files (listener, link, epoll, stdio).
-    pub fn connections_per_worker(nofile_limit: u64) -> u64 {
-        nofile_limit.saturating_sub(nofile_limit / 20).max(100)
-    }
-
-    /// How many connections `workers = "auto"` plans per worker: 95% of what one may
-    /// hold. SO_REUSEPORT spreads connections by a hash, not evenly; planned full, the
-    /// fullest workers turned ~1 in 1,000 connections away at a million (each came back on
-    /// another worker, but only after a reconnect).
-    pub fn planned_connections_per_worker(nofile_limit: u64) -> u64 {
-        (Self::connections_per_worker(nofile_limit) * 19 / 20).max(1)
-    }
-
     /// The worker count: as given, or for "auto" enough workers to hold `connections`
     /// under the open-file limit with room for an uneven spread, and never fewer than
     /// the cores.
     pub fn worker_count(&self, nofile_limit: u64, cores: usize) -> Result<usize> {
         if self.workers == "auto" {
-            let per = Self::planned_connections_per_worker(nofile_limit);
+            let per = hongbao_sys::limits::planned_sockets_per_process(nofile_limit);
             return Ok((self.connections.div_ceil(per) as usize).max(cores).max(1));
         }
         match self.workers.parse::<usize>() {

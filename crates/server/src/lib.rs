@@ -6,12 +6,11 @@
 //! - `core`: money state and routes, plain code; `split`: the double-mean split;
 //! - `event`: what the ledger stores; `ledger`: SQLite, group commit;
 //! - `link`: worker ↔ core messages; `admin`: HTTP API; `metrics`: rates and Prometheus;
-//! - `config`: settings; `sys`: OS helpers.
+//! - `config`: settings.
 
 pub mod admin;
 pub mod config;
 pub mod core;
-pub mod doctor;
 pub mod error;
 pub mod event;
 pub mod ledger;
@@ -19,7 +18,6 @@ pub mod link;
 pub mod metrics;
 pub mod split;
 pub mod supervisor;
-pub mod sys;
 pub mod worker;
 
 pub use config::ServeConfig;

@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use hongbao_monitor::prom::Exposition;
+use hongbao_telemetry::prom::Page;
 
 use crate::link::WorkerStats;
 
@@ -69,21 +69,19 @@ pub fn rates(latest: &WorkerStats, previous: Option<&WorkerStats>) -> Map<String
 
 /// Writes the summed worker counters as `hongbao_worker_<name>_total` counters (gauges for
 /// levels), in base units.
-pub fn worker_totals(m: &mut Exposition, totals: &Map<String, Value>) {
+pub fn worker_totals(m: &mut Page, totals: &Map<String, Value>) {
     for (k, v) in totals {
         let value = v.as_u64().unwrap_or(0) as f64;
         match k.as_str() {
             "rss_bytes" | "cpu_ms" => {} // exported per worker with their own names
-            "connections" | "logged_in" | "pool_packets" => m.sample(
+            "connections" | "logged_in" | "pool_packets" => m.gauge(
                 &format!("hongbao_{k}"),
-                "gauge",
                 &format!("Sum over workers of {k}"),
                 &[],
                 value,
             ),
-            _ => m.sample(
+            _ => m.counter(
                 &format!("hongbao_worker_{k}_total"),
-                "counter",
                 &format!("Sum over workers of {k}"),
                 &[],
                 value,

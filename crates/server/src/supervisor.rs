@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
-use hongbao_monitor::prom::Exposition;
-use hongbao_monitor::sample::{self, RoleSample, Sample};
-use hongbao_monitor::Reporter;
+use hongbao_telemetry::prom::Page;
+use hongbao_telemetry::sample::{self, RoleSample, Sample};
+use hongbao_telemetry::Reporter;
 use mio::net::{UnixListener, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::{json, Map, Value};
@@ -30,7 +30,7 @@ use crate::core::{Core, CoreConfig, Out, WorkerId};
 use crate::ledger::{GroupCommit, Ledger, LedgerWriter};
 use crate::link::{self, ToCore, ToWorker, WorkerConfig, WorkerStats};
 use crate::metrics;
-use crate::sys;
+use hongbao_sys::{limits, net, usage, Stop};
 
 const LINK_LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
@@ -80,6 +80,7 @@ struct Supervisor {
     next_broadcast: u64,
     broadcasts: BTreeMap<u64, PendingBroadcast>,
     shutting_down: bool,
+    stop: Stop,
 }
 
 /// A broadcast handed to the workers, answered once each has said how many connections
@@ -120,9 +121,8 @@ fn now_ms() -> u64 {
 
 /// Runs `hongbao serve` until SIGINT/SIGTERM. Prints one "ready" line on stdout with the
 /// bound addresses once every worker has connected.
-pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
-    sys::catch_stop_signals();
-    let nofile = sys::raise_nofile_limit();
+pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
+    let nofile = limits::raise_nofile_limit();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let worker_count = cfg.worker_count(nofile, cores)?;
     if cfg.secret == DEV_SECRET {
@@ -166,7 +166,7 @@ pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         .listen
         .parse()
         .map_err(|e| anyhow::anyhow!("--listen {}: {e}", cfg.listen))?;
-    let placeholder = sys::reuseport_listener(requested, false)
+    let placeholder = net::reuseport_listener(requested, false)
         .map_err(|e| anyhow::anyhow!("binding the client address {requested}: {e}"))?;
     let client_addr = placeholder.local_addr()?;
     let ws_placeholder = if cfg.ws_listen.is_empty() {
@@ -177,7 +177,7 @@ pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             .parse()
             .map_err(|e| anyhow::anyhow!("--ws-listen {}: {e}", cfg.ws_listen))?;
         Some(
-            sys::reuseport_listener(requested, false)
+            net::reuseport_listener(requested, false)
                 .map_err(|e| anyhow::anyhow!("binding the WebSocket address {requested}: {e}"))?,
         )
     };
@@ -188,7 +188,7 @@ pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
 
     let link_name = format!("hongbao-link-{}-{}", std::process::id(), now_ms());
     let std_listener =
-        std::os::unix::net::UnixListener::bind_addr(&sys::abstract_addr(&link_name)?)?;
+        std::os::unix::net::UnixListener::bind_addr(&net::abstract_addr(&link_name)?)?;
     std_listener.set_nonblocking(true)?;
     let mut link_listener = UnixListener::from_std(std_listener);
     poll.registry()
@@ -198,7 +198,7 @@ pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let admin_addr = admin::start(&cfg.admin, ledger_path, admin_tx, waker.clone())?;
 
     let per_worker_qps = cfg.max_shake_qps.div_ceil(worker_count as u32);
-    let max_connections = ServeConfig::connections_per_worker(nofile) as u32;
+    let max_connections = limits::sockets_per_process(nofile) as u32;
     let worker_cfg = WorkerConfig {
         secret: cfg.secret.as_bytes().to_vec(),
         max_shakes_per_sec: per_worker_qps,
@@ -234,6 +234,7 @@ pub fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         next_broadcast: 1,
         broadcasts: BTreeMap::new(),
         shutting_down: false,
+        stop,
     };
     if !sup.cfg.monitor.is_empty() {
         sup.monitor = Some(Reporter::start(&sup.cfg.monitor));
@@ -364,7 +365,7 @@ impl Supervisor {
             if self.ledger.is_dead() {
                 anyhow::bail!("the ledger writer stopped; refusing to acknowledge anything more");
             }
-            if sys::stop_requested() {
+            if self.stop.requested() {
                 return Ok(());
             }
         }
@@ -555,7 +556,7 @@ impl Supervisor {
     fn flush_links(&mut self) {
         let mut dead = Vec::new();
         for (key, link) in self.links.iter_mut() {
-            match sys::write_nonblocking(&mut link.stream, &link.outbuf) {
+            match net::write_nonblocking(&mut link.stream, &link.outbuf) {
                 Ok(n) => {
                     link.outbuf.drain(..n);
                 }
@@ -699,7 +700,7 @@ impl Supervisor {
             ("send_packets", self.core.counters.send_packets),
             ("shares_opened", core_count("open", "opened")),
         ];
-        let (rss, cpu) = sys::self_usage();
+        let (rss, cpu) = usage::self_usage();
         let latency = sample::sparse(&self.latency_pending);
         self.latency_pending.reset();
         Sample {
@@ -878,7 +879,7 @@ impl Supervisor {
             .iter()
             .map(|((op, r), v)| (format!("{op}_{r}"), *v))
             .collect();
-        let (rss, cpu) = sys::self_usage();
+        let (rss, cpu) = usage::self_usage();
         json!({
             "unix_ms": now_ms(),
             "connections": totals.get("connections").cloned().unwrap_or(0.into()),
@@ -898,7 +899,7 @@ impl Supervisor {
     }
 
     fn metrics(&self) -> String {
-        let mut m = Exposition::default();
+        let mut m = Page::default();
         let mut totals = self.retired.clone();
         for (_, _, latest) in self.live_stats() {
             metrics::add_counters(&mut totals, latest);
@@ -906,30 +907,26 @@ impl Supervisor {
         metrics::worker_totals(&mut m, &totals);
         for (w, proc_, latest) in self.live_stats() {
             let label = [("worker", w.to_string())];
-            m.sample(
+            m.gauge(
                 "hongbao_worker_connections",
-                "gauge",
                 "Open client connections per worker",
                 &label,
                 latest.connections as f64,
             );
-            m.sample(
+            m.counter(
                 "hongbao_worker_restarts_total",
-                "counter",
                 "Times a worker was restarted",
                 &label,
                 proc_.restarts as f64,
             );
-            m.sample(
+            m.gauge(
                 "hongbao_worker_resident_memory_bytes",
-                "gauge",
                 "Resident memory per worker",
                 &label,
                 latest.rss_bytes as f64,
             );
-            m.sample(
+            m.counter(
                 "hongbao_worker_cpu_seconds_total",
-                "counter",
                 "CPU time per worker",
                 &label,
                 latest.cpu_ms as f64 / 1000.0,
@@ -937,9 +934,8 @@ impl Supervisor {
         }
         for ((op, result), v) in &self.core.counters.by_result {
             let labels = [("op", op.to_string()), ("result", result.to_string())];
-            m.sample(
+            m.counter(
                 "hongbao_core_replies_total",
-                "counter",
                 "Replies from the core by operation and result",
                 &labels,
                 *v as f64,
@@ -952,84 +948,73 @@ impl Supervisor {
             &self.latency_total,
         );
         let audit = self.core.audit();
-        m.sample(
+        m.gauge(
             "hongbao_money_minted_cents",
-            "gauge",
             "Money minted by campaigns",
             &[],
             audit.minted_cents as f64,
         );
-        m.sample(
+        m.gauge(
             "hongbao_money_balances_cents",
-            "gauge",
             "Money held in user balances",
             &[],
             audit.user_balances_cents as f64,
         );
-        m.sample(
+        m.gauge(
             "hongbao_money_campaign_balances_cents",
-            "gauge",
             "Money refunded to campaign system accounts",
             &[],
             audit.campaign_balances_cents as f64,
         );
-        m.sample(
+        m.gauge(
             "hongbao_money_unopened_cents",
-            "gauge",
             "Money in unopened shares",
             &[],
             audit.unopened_cents as f64,
         );
-        m.sample(
+        m.gauge(
             "hongbao_money_unclaimed_cents",
-            "gauge",
             "Money in unclaimed shake packets",
             &[],
             audit.unclaimed_cents as f64,
         );
-        m.sample(
+        m.gauge(
             "hongbao_audit_ok",
-            "gauge",
             "1 when money is conserved",
             &[],
             if audit.ok { 1.0 } else { 0.0 },
         );
-        m.sample(
+        m.gauge(
             "hongbao_online_users",
-            "gauge",
             "Users logged in",
             &[],
             self.core.online_users() as f64,
         );
-        m.sample(
+        m.gauge(
             "hongbao_ledger_seq",
-            "gauge",
             "Newest ledger event",
             &[],
             self.core.seq() as f64,
         );
-        m.sample(
+        m.gauge(
             "hongbao_ledger_committed_seq",
-            "gauge",
             "Newest committed ledger event",
             &[],
             self.ledger.committed() as f64,
         );
-        let (rss, cpu) = sys::self_usage();
-        m.sample(
+        let (rss, cpu) = usage::self_usage();
+        m.gauge(
             "hongbao_core_resident_memory_bytes",
-            "gauge",
             "Resident memory of the supervisor and core",
             &[],
             rss as f64,
         );
-        m.sample(
+        m.counter(
             "hongbao_core_cpu_seconds_total",
-            "counter",
             "CPU time of the supervisor and core",
             &[],
             cpu as f64 / 1000.0,
         );
-        m.finish()
+        m.render()
     }
 }

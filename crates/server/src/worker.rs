@@ -24,7 +24,7 @@ use slab::Slab;
 
 use crate::core::{ConnId, WorkerId};
 use crate::link::{self, ToCore, ToWorker, WorkerConfig, WorkerStats};
-use crate::sys;
+use hongbao_sys::{limits, net, usage};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const LINK: Token = Token(usize::MAX - 2);
@@ -153,15 +153,15 @@ fn conn_id(key: usize, generation: u32) -> ConnId {
 
 /// Runs a worker until the core tells it to stop or the link closes.
 pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
-    sys::raise_nofile_limit();
+    limits::raise_nofile_limit();
     // Listen before saying hello: the supervisor announces "ready" once every worker has
     // said hello, and a client connecting then must find a listener.
-    let listener = TcpListener::from_std(sys::reuseport_listener(opts.listen, true)?);
+    let listener = TcpListener::from_std(net::reuseport_listener(opts.listen, true)?);
     let ws_listener = match opts.ws_listen {
-        Some(addr) => Some(TcpListener::from_std(sys::reuseport_listener(addr, true)?)),
+        Some(addr) => Some(TcpListener::from_std(net::reuseport_listener(addr, true)?)),
         None => None,
     };
-    let addr = sys::abstract_addr(&opts.link)?;
+    let addr = net::abstract_addr(&opts.link)?;
     let std_link = std::os::unix::net::UnixStream::connect_addr(&addr)
         .map_err(|e| anyhow::anyhow!("worker {}: connecting to the core: {e}", opts.index))?;
     let mut hello = Vec::new();
@@ -176,9 +176,9 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     let (cfg, early, link_in) = read_welcome(&std_link)?;
     let shedding = cfg.max_queue_ms > 0;
     if shedding {
-        sys::enable_receive_timestamps(&listener)?;
+        net::enable_receive_timestamps(&listener)?;
         if let Some(l) = &ws_listener {
-            sys::enable_receive_timestamps(l)?;
+            net::enable_receive_timestamps(l)?;
         }
     }
     std_link.set_nonblocking(true)?;
@@ -208,7 +208,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
             pid: std::process::id(),
             ..Default::default()
         },
-        latency: hongbao_monitor::sample::new_histogram(),
+        latency: hongbao_telemetry::sample::new_histogram(),
         claims: HashMap::new(),
         received: None,
         shutdown: false,
@@ -364,7 +364,7 @@ impl Worker {
                     }
                     let _ = stream.set_nodelay(true);
                     if self.stamp_accept_backlog[websocket as usize] {
-                        let _ = sys::enable_receive_timestamps(&stream);
+                        let _ = net::enable_receive_timestamps(&stream);
                     }
                     let entry = self.conns.vacant_entry();
                     let key = entry.key();
@@ -421,7 +421,7 @@ impl Worker {
                 return;
             };
             let read = if self.cfg.max_queue_ms > 0 {
-                sys::read_stamped(conn.stream.as_raw_fd(), buf)
+                net::read_stamped(conn.stream.as_raw_fd(), buf)
             } else {
                 conn.stream.read(buf).map(|n| (n, None))
             };
@@ -964,7 +964,7 @@ impl Worker {
         };
         let mut written = 0;
         if conn.out.is_empty() {
-            match sys::write_nonblocking(&mut conn.stream, bytes) {
+            match net::write_nonblocking(&mut conn.stream, bytes) {
                 Ok(n) => written = n,
                 Err(_) => return self.close(key),
             }
@@ -986,7 +986,7 @@ impl Worker {
         if conn.out.is_empty() {
             return;
         }
-        let Ok(written) = sys::write_nonblocking(&mut conn.stream, &conn.out) else {
+        let Ok(written) = net::write_nonblocking(&mut conn.stream, &conn.out) else {
             return self.close(key);
         };
         self.stats.bytes_out += written as u64;
@@ -1161,7 +1161,7 @@ impl Worker {
     }
 
     fn flush_link(&mut self) -> anyhow::Result<()> {
-        match sys::write_nonblocking(&mut self.link, &self.link_out) {
+        match net::write_nonblocking(&mut self.link, &self.link_out) {
             Ok(n) => {
                 self.link_out.drain(..n);
                 Ok(())
@@ -1186,10 +1186,10 @@ impl Worker {
         self.stats.unix_second = unix_now().as_secs();
         self.stats.connections = self.conns.len() as u64;
         self.stats.pool_packets = self.pool.len() as u64;
-        let (rss, cpu) = sys::self_usage();
+        let (rss, cpu) = usage::self_usage();
         self.stats.rss_bytes = rss;
         self.stats.cpu_ms = cpu;
-        self.stats.shake_latency_us = hongbao_monitor::sample::sparse(&self.latency);
+        self.stats.shake_latency_us = hongbao_telemetry::sample::sparse(&self.latency);
         self.latency.reset();
         // A claim whose connection went away is never answered.
         self.claims
@@ -1213,7 +1213,7 @@ impl Worker {
                 State::Open
                     if c.user == 0
                         && quiet >= login_timeout
-                        && !sys::has_input(c.stream.as_raw_fd()) =>
+                        && !net::has_input(c.stream.as_raw_fd()) =>
                 {
                     expired.push((key, Some("no login")))
                 }

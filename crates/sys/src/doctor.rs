@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::ServeConfig;
+use crate::limits::{planned_sockets_per_process, sockets_per_process};
 
 /// Kernel memory per socket measured on these machines (DESIGN.md §5).
 pub const KERNEL_BYTES_PER_SOCKET: u64 = 4_900;
@@ -160,7 +160,7 @@ pub struct Check {
 }
 
 pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
-    let per_proc = l.nofile_hard.saturating_sub(l.nofile_hard / 20).max(1);
+    let per_proc = sockets_per_process(l.nofile_hard);
     let procs = connections.div_ceil(per_proc);
     let sockets = 2 * connections;
     let per_socket = KERNEL_BYTES_PER_SOCKET + USER_BYTES_PER_SOCKET;
@@ -170,7 +170,7 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
             current: format!("soft {} hard {}", l.nofile_soft, l.nofile_hard),
             needed: format!(
                 "{} server workers and {procs} load processes of ≤ {per_proc} sockets",
-                connections.div_ceil(ServeConfig::planned_connections_per_worker(l.nofile_hard))
+                connections.div_ceil(planned_sockets_per_process(l.nofile_hard))
             ),
             allows: u64::MAX, // processes multiply; the hard limit only sets how many
             fix: (l.nofile_hard < 20_000).then(|| "raise the hard nofile limit (limits.conf / systemd)".into()),
@@ -472,7 +472,7 @@ pub fn enter_network_namespace(connections: u64) -> anyhow::Result<Vec<String>> 
     if !moved {
         return Err(error).context("unshare(CLONE_NEWNET)");
     }
-    crate::sys::bring_loopback_up().context("bringing lo up in the new namespace")?;
+    crate::net::bring_loopback_up().context("bringing lo up in the new namespace")?;
     let mut lines = vec![format!(
         "a network namespace of its own: established hash {} buckets (the host's: {host_buckets})",
         ehash_buckets()

@@ -1,31 +1,14 @@
-//! Small operating-system helpers shared by the supervisor and the workers: file limits,
-//! SO_REUSEPORT listeners, abstract Unix addresses, our own CPU and memory, signals.
+//! Socket helpers shared by the gateway workers, the supervisor and the load clients:
+//! SO_REUSEPORT listeners, receive timestamps, non-blocking writes, abstract Unix
+//! addresses, and loopback in a new network namespace.
 
 use std::io::{ErrorKind, Write};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
-
-/// Raises the soft open-file limit to the hard limit; returns the new soft limit.
-pub fn raise_nofile_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return 1024;
-        }
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
-    lim.rlim_cur
-}
 
 /// A Linux abstract-namespace Unix address (no file to clean up, no path length worry).
 pub fn abstract_addr(name: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {
@@ -140,61 +123,6 @@ pub fn write_nonblocking(w: &mut impl Write, bytes: &[u8]) -> std::io::Result<us
         }
     }
     Ok(written)
-}
-
-/// This process's resident memory (bytes) and CPU time used (ms), from /proc.
-pub fn self_usage() -> (u64, u64) {
-    usage_of("self")
-}
-
-/// Resident memory (bytes) and CPU time (ms) of process `pid` ("self" for this one).
-pub fn usage_of(pid: &str) -> (u64, u64) {
-    let page = 4096;
-    let rss = std::fs::read_to_string(format!("/proc/{pid}/statm"))
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .map_or(0, |pages| pages * page);
-    let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            // Fields after the command name, which is in parentheses and may hold spaces.
-            let rest = &s[s.rfind(')')? + 2..];
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let utime: u64 = f.get(11)?.parse().ok()?;
-            let stime: u64 = f.get(12)?.parse().ok()?;
-            Some((utime + stime) * 10) // clock ticks are 10 ms on Linux (USER_HZ = 100)
-        })
-        .unwrap_or(0);
-    (rss, cpu)
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-/// Makes SIGINT and SIGTERM set a flag instead of killing us, so loops can stop in order.
-pub fn catch_stop_signals() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(
-            libc::SIGINT,
-            on_stop_signal as *const () as libc::sighandler_t,
-        );
-        libc::signal(
-            libc::SIGTERM,
-            on_stop_signal as *const () as libc::sighandler_t,
-        );
-    }
-}
-
-pub fn stop_requested() -> bool {
-    STOP.load(Ordering::SeqCst)
 }
 
 /// Sets `lo` up in this network namespace (a new namespace starts with it down).

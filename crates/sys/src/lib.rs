@@ -1,0 +1,17 @@
+//! What hongbao asks of the operating system and the machine, in one place below
+//! everything else:
+//!
+//! - `limits`: the open-file limit and how many sockets a process may plan for;
+//! - `net`: SO_REUSEPORT listeners, receive timestamps, non-blocking writes, abstract
+//!   Unix addresses, loopback in a new namespace;
+//! - `usage`: memory and CPU of a process, from /proc;
+//! - `stop`: the stop value every loop is handed;
+//! - `doctor`: the machine's limits for N connections, and `--netns`.
+
+pub mod doctor;
+pub mod limits;
+pub mod net;
+pub mod stop;
+pub mod usage;
+
+pub use stop::Stop;

@@ -1,0 +1,56 @@
+//! The stop value: handed to every loop that must end in order, instead of a global flag
+//! each polls. Cloning it shares it; `request` stops every holder. `on_signals` makes
+//! SIGINT and SIGTERM request it (signal-hook stores to the flag, which is all a signal
+//! handler may safely do), so Ctrl-C ends `serve`, `load`, `bench` and `monitor` in order.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Default)]
+pub struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    /// A stop nobody has requested yet.
+    pub fn new() -> Stop {
+        Stop::default()
+    }
+
+    /// A stop that SIGINT and SIGTERM request (from now on; the signals no longer kill).
+    pub fn on_signals() -> std::io::Result<Stop> {
+        let stop = Stop::new();
+        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_hook::flag::register(signal, stop.0.clone())?;
+        }
+        Ok(stop)
+    }
+
+    pub fn request(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn requested(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clones_share_one_stop() {
+        let stop = Stop::new();
+        let loop_side = stop.clone();
+        assert!(!loop_side.requested());
+        stop.request();
+        assert!(loop_side.requested());
+    }
+
+    #[test]
+    fn a_signal_requests_it() {
+        let stop = Stop::on_signals().unwrap();
+        // SAFETY: raise(2) sends a signal to this process, whose handler only stores.
+        unsafe { libc::raise(libc::SIGTERM) };
+        assert!(stop.requested());
+    }
+}

@@ -1,0 +1,43 @@
+//! A process's resident memory and CPU time, read from /proc: what every instance reports
+//! each second and what the bench holds per connection.
+
+/// This process's resident memory (bytes) and CPU time used (ms).
+pub fn self_usage() -> (u64, u64) {
+    usage_of("self")
+}
+
+/// Resident memory (bytes) and CPU time (ms) of process `pid` ("self" for this one); zeros
+/// when it cannot be read (the process is gone).
+pub fn usage_of(pid: &str) -> (u64, u64) {
+    let page = 4096;
+    let rss = std::fs::read_to_string(format!("/proc/{pid}/statm"))
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * page);
+    let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let rest = &s[s.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let utime: u64 = f.get(11)?.parse().ok()?;
+            let stime: u64 = f.get(12)?.parse().ok()?;
+            Some((utime + stime) * 10) // clock ticks are 10 ms on Linux (USER_HZ = 100)
+        })
+        .unwrap_or(0);
+    (rss, cpu)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_our_own_usage() {
+        let (rss, _cpu) = super::self_usage();
+        assert!(rss > 0);
+        assert_eq!(super::usage_of("0"), (0, 0));
+    }
+}
