@@ -162,7 +162,7 @@ fn a_bench_in_its_own_network_namespace_balances_and_leaves_the_host_as_it_was()
     assert_eq!(summary["network"]["own_namespace"], true);
     assert_eq!(
         summary["network"]["ehash_buckets"],
-        hongbao_server::doctor::ehash_buckets_wanted(3000)
+        hongbao_sys::doctor::ehash_buckets_wanted(3000)
     );
     assert_eq!(std::fs::read_to_string(child_ehash).unwrap(), host_before);
 }
