@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::sample::{NetCounters, RoleSample};
+use hongbao_telemetry::sample::{NetCounters, RoleSample};
 
 fn role(name: &str, shakes: u64, cpu_ms: u64, connections: u64) -> RoleSample {
     RoleSample {
