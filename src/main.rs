@@ -96,7 +96,7 @@ struct LoadArgs {
     #[arg(long, default_value_t = 20_000)]
     connect_rate: u64,
     /// Secret for login tokens (must match the server's)
-    #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_server::config::DEV_SECRET)]
+    #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_proto::token::DEV_SECRET)]
     secret: String,
     /// Report per-second counters to the hongbao monitor at this address
     #[arg(long)]

@@ -24,6 +24,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use hongbao_money::seam::Balances;
 use hongbao_monitor::Monitor;
 
 use crate::broadcast::{self, Sent};
@@ -589,18 +590,19 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
     sampling.store(false, Ordering::Relaxed);
     let _ = sampler.join();
     let final_audit = server.get("/v1/audit")?;
+    // Witness three: every balance the ledger holds, read through the server.
+    let balances: Balances =
+        serde_json::from_value(server.get("/v1/balances")?).context("reading GET /v1/balances")?;
     let samples = samples.lock().unwrap().clone();
     server.stop()?;
     // Both sent their last second on the way out: the series is complete.
     monitor.finish()?;
 
-    // Witness three: the ledger, user by user, against what each user's client was told.
-    let ledger = hongbao_server::ledger::Ledger::open(&data_dir)?;
-    let balances = ledger.balances()?;
+    // The ledger, user by user, against what each user's client was told.
     let mut users_checked = 0u64;
     for (user, seen) in &finished.users {
         users_checked += 1;
-        let server_cents = balances.get(&format!("u:{user}")).copied().unwrap_or(0);
+        let server_cents = balances.users.get(user).copied().unwrap_or(0);
         let client_cents = seen.won_cents + seen.opened_cents;
         if server_cents != client_cents {
             discrepancies.push(Discrepancy {
@@ -612,17 +614,15 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Value> {
             });
         }
     }
-    for (key, cents) in &balances {
-        if let Some(user) = key.strip_prefix("u:").and_then(|u| u.parse::<u64>().ok()) {
-            if !finished.users.contains_key(&user) {
-                discrepancies.push(Discrepancy {
-                    kind: "user_balance".into(),
-                    user: Some(user),
-                    phase: None,
-                    server: *cents,
-                    clients: 0,
-                });
-            }
+    for (user, cents) in &balances.users {
+        if !finished.users.contains_key(user) {
+            discrepancies.push(Discrepancy {
+                kind: "user_balance".into(),
+                user: Some(*user),
+                phase: None,
+                server: *cents,
+                clients: 0,
+            });
         }
     }
     if final_audit["ok"] != true {

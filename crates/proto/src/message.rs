@@ -175,7 +175,8 @@ impl Message {
 
 /// The outcome named in every reply. One namespace for all replies so a result byte means
 /// the same thing wherever it appears.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 #[repr(u8)]
 pub enum ResultCode {
     Ok = 0,
@@ -252,10 +253,16 @@ impl ResultCode {
     pub fn from_name(name: &str) -> Option<ResultCode> {
         Self::ALL.iter().copied().find(|r| r.name() == name)
     }
+
+    /// Its place in `ALL` (its wire byte), for tables indexed by result.
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// Why the server closes a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 #[repr(u8)]
 pub enum KickReason {
     /// The same user logged in on another connection.
@@ -299,5 +306,22 @@ impl KickReason {
 
     pub fn from_name(name: &str) -> Option<KickReason> {
         Self::ALL.iter().copied().find(|r| r.name() == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Results and kick reasons serialize under the names the docs, JSON and metrics use.
+    #[test]
+    fn serde_names_are_the_documented_names() {
+        for r in ResultCode::ALL {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.name());
+            assert_eq!(r.index(), r as u8 as usize);
+        }
+        for k in KickReason::ALL {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.name());
+        }
     }
 }

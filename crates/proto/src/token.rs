@@ -13,6 +13,10 @@ type HmacSha256 = Hmac<Sha256>;
 /// Bytes in a raw token.
 pub const TOKEN_LEN: usize = 32;
 
+/// The secret `serve` and `load` use when none is given: for development only (`serve`
+/// says so when it starts with it, and hands out demo tokens).
+pub const DEV_SECRET: &str = "hongbao-dev-secret";
+
 fn mac(secret: &[u8], user_id: u64) -> HmacSha256 {
     // HMAC takes keys of any length, so this cannot fail.
     let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC accepts any key length");

@@ -23,6 +23,7 @@
 
 use std::cell::Cell;
 use std::io::Cursor;
+use std::ops::ControlFlow;
 
 use data_encoding::BASE64;
 use tungstenite::handshake::derive_accept_key;
@@ -418,6 +419,24 @@ pub fn decode(
     limits: Limits,
     mut on: impl FnMut(Incoming<'_>),
 ) -> Result<usize, Violation> {
+    decode_each(role, input, partial, limits, |m| {
+        on(m);
+        ControlFlow::Continue(())
+    })
+}
+
+/// Like [`decode`], but `on` may stop the decoding after any message (returning
+/// `ControlFlow::Break`): the bytes used up to and including that message are returned,
+/// and the rest is left for the next call. A caller that acts on each message before
+/// reading the next one (the gateway: a message sets the form of its reply) stops after
+/// every data message.
+pub fn decode_each(
+    role: Role,
+    input: &mut [u8],
+    partial: &mut Option<Box<Partial>>,
+    limits: Limits,
+    mut on: impl FnMut(Incoming<'_>) -> ControlFlow<()>,
+) -> Result<usize, Violation> {
     let mut at = 0;
     while at < input.len() {
         let mut cursor = Cursor::new(&input[at..]);
@@ -440,11 +459,19 @@ pub fn decode(
         let payload = &*payload;
         at = end;
         match header.opcode {
-            OpCode::Control(Control::Ping) => on(Incoming::Ping(payload)),
-            OpCode::Control(Control::Pong) => on(Incoming::Pong(payload)),
+            OpCode::Control(Control::Ping) => {
+                if on(Incoming::Ping(payload)).is_break() {
+                    break;
+                }
+            }
+            OpCode::Control(Control::Pong) => {
+                if on(Incoming::Pong(payload)).is_break() {
+                    break;
+                }
+            }
             // Close: the reserved control opcodes were refused by the parse.
             OpCode::Control(_) => {
-                on(read_close(payload)?);
+                let _ = on(read_close(payload)?);
                 break;
             }
             OpCode::Data(Data::Continue) => {
@@ -452,13 +479,17 @@ pub fn decode(
                 assembling.append(payload, limits);
                 if header.is_final {
                     let done = partial.take().expect("just used");
-                    deliver(done.text, &done.data, &mut on)?;
+                    if deliver(done.text, &done.data, &mut on)?.is_break() {
+                        break;
+                    }
                 }
             }
             OpCode::Data(data) => {
                 let text = data == Data::Text;
                 if header.is_final {
-                    deliver(text, payload, &mut on)?;
+                    if deliver(text, payload, &mut on)?.is_break() {
+                        break;
+                    }
                 } else {
                     *partial = Some(Box::new(Partial {
                         text,
@@ -522,16 +553,16 @@ fn check_header(
     Ok(len as usize)
 }
 
-fn deliver(text: bool, payload: &[u8], on: &mut impl FnMut(Incoming<'_>)) -> Result<(), Violation> {
+fn deliver(
+    text: bool,
+    payload: &[u8],
+    on: &mut impl FnMut(Incoming<'_>) -> ControlFlow<()>,
+) -> Result<ControlFlow<()>, Violation> {
     if !text {
-        on(Incoming::Binary(payload));
-        return Ok(());
+        return Ok(on(Incoming::Binary(payload)));
     }
     match std::str::from_utf8(payload) {
-        Ok(text) => {
-            on(Incoming::Text(text));
-            Ok(())
-        }
+        Ok(text) => Ok(on(Incoming::Text(text))),
         Err(_) => Err(Violation {
             code: close_code::INVALID_DATA,
             reason: "text message is not UTF-8",

@@ -15,18 +15,16 @@ use mio::Waker;
 use serde::Serialize;
 use tiny_http::{Header, Method, Request, Response, Server};
 
-use crate::core::{SendCampaignRequest, ShakeCampaignRequest};
-use crate::ledger::Reader;
+use hongbao_money::seam::{AdminRequest as MoneyRequest, LedgerRead};
+
+use crate::embedded::ledger::Reader;
 
 const MAX_BODY: u64 = 64 * 1024;
 
 pub enum AdminRequest {
-    CreateShake(ShakeCampaignRequest),
-    CreateSend(SendCampaignRequest),
-    Campaign(u32),
-    Campaigns,
+    /// Campaigns and the audit: the money side's.
+    Money(MoneyRequest),
     Stats,
-    Audit,
     Metrics,
     Broadcast(BroadcastRequest),
 }
@@ -90,7 +88,8 @@ pub fn start(
             .spawn(move || {
                 let reader = Reader::open(&path).ok();
                 for mut request in server.incoming_requests() {
-                    let response = route(&mut request, reader.as_ref(), &to_core, &waker);
+                    let reader = reader.as_ref().map(|r| r as &dyn LedgerRead);
+                    let response = route(&mut request, reader, &to_core, &waker);
                     respond(request, response);
                 }
             })?;
@@ -108,7 +107,7 @@ fn respond(request: Request, response: AdminResponse) {
 
 fn route(
     request: &mut Request,
-    reader: Option<&Reader>,
+    reader: Option<&dyn LedgerRead>,
     to_core: &SyncSender<AdminCommand>,
     waker: &Waker,
 ) -> AdminResponse {
@@ -118,11 +117,11 @@ fn route(
     let ask = |request: AdminRequest| ask_core(request, to_core, waker);
     match (method, segments.as_slice()) {
         (Method::Post, ["v1", "campaigns", "shake"]) => match body_json(request) {
-            Ok(req) => ask(AdminRequest::CreateShake(req)),
+            Ok(req) => ask(AdminRequest::Money(MoneyRequest::CreateShake(req))),
             Err(e) => e,
         },
         (Method::Post, ["v1", "campaigns", "send"]) => match body_json(request) {
-            Ok(req) => ask(AdminRequest::CreateSend(req)),
+            Ok(req) => ask(AdminRequest::Money(MoneyRequest::CreateSend(req))),
             Err(e) => e,
         },
         (Method::Post, ["v1", "broadcast"]) => match body_json::<BroadcastRequest>(request) {
@@ -139,28 +138,35 @@ fn route(
             Ok(req) => ask(AdminRequest::Broadcast(req)),
             Err(e) => e,
         },
-        (Method::Get, ["v1", "campaigns"]) => ask(AdminRequest::Campaigns),
+        (Method::Get, ["v1", "campaigns"]) => ask(AdminRequest::Money(MoneyRequest::Campaigns)),
         (Method::Get, ["v1", "campaigns", id]) => match id.parse() {
-            Ok(id) => ask(AdminRequest::Campaign(id)),
+            Ok(id) => ask(AdminRequest::Money(MoneyRequest::Campaign(id))),
             Err(_) => AdminResponse::error(400, format!("campaign id {id:?} is not a number")),
         },
         (Method::Get, ["v1", "users", id]) => match (id.parse::<u64>(), reader) {
-            (Ok(user), Some(reader)) => match reader.user(user, 20) {
+            (Ok(user), Some(reader)) => match LedgerRead::user(reader, user, 20) {
                 Ok(view) => AdminResponse::json(200, &view),
-                Err(e) => AdminResponse::error(500, e.to_string()),
+                Err(e) => AdminResponse::error(500, e),
             },
             (Ok(_), None) => AdminResponse::error(503, "the ledger reader is unavailable"),
             (Err(_), _) => AdminResponse::error(400, format!("user id {id:?} is not a number")),
         },
         (Method::Get, ["v1", "stats"]) => ask(AdminRequest::Stats),
-        (Method::Get, ["v1", "audit"]) => ask(AdminRequest::Audit),
+        (Method::Get, ["v1", "audit"]) => ask(AdminRequest::Money(MoneyRequest::Audit)),
+        (Method::Get, ["v1", "balances"]) => match reader {
+            Some(reader) => match reader.balances() {
+                Ok(balances) => AdminResponse::json(200, &balances),
+                Err(e) => AdminResponse::error(500, e),
+            },
+            None => AdminResponse::error(503, "the ledger reader is unavailable"),
+        },
         (Method::Get, ["metrics"]) => ask(AdminRequest::Metrics),
         (
             _,
             ["v1", "campaigns"]
             | ["v1", "campaigns", "shake" | "send"]
             | ["v1", "users", _]
-            | ["v1", "stats" | "audit" | "broadcast"]
+            | ["v1", "stats" | "audit" | "broadcast" | "balances"]
             | ["metrics"],
         ) => AdminResponse::error(
             405,

@@ -48,7 +48,7 @@ pub struct ServeConfig {
     pub max_queue_ms: u32,
 }
 
-pub const DEV_SECRET: &str = "hongbao-dev-secret";
+pub use hongbao_proto::token::DEV_SECRET;
 
 impl Default for ServeConfig {
     fn default() -> Self {

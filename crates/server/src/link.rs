@@ -3,10 +3,10 @@
 //! format is private; the length is still checked so a confused peer cannot make us
 //! allocate without bound.
 
+use hongbao_money::seam::Op;
+use hongbao_money::{ConnId, Push, Reply, UserId, WorkerId};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-
-use crate::core::{ConnId, WorkerId};
 
 /// Largest link message (a deal of many packets, a batch of bytes for a connection).
 pub const MAX_LINK_MSG: usize = 64 << 20;
@@ -17,41 +17,28 @@ pub enum ToCore {
         worker: WorkerId,
         pid: u32,
     },
-    /// `user`'s token checked out on `conn`; the core answers the login (`req`) once the
+    /// `user`'s token checked out on `conn`; presence answers the login (`req`) once the
     /// route is its, so that of two logins the one answered first is the one replaced.
     Online {
         conn: ConnId,
         req: u32,
-        user: u64,
+        user: UserId,
     },
     Offline {
         conn: ConnId,
-        user: u64,
+        user: UserId,
     },
-    Claim {
+    /// A request for the money side, answered with `ToWorker::Reply`.
+    Op {
         conn: ConnId,
         req: u32,
-        user: u64,
-        packet: u64,
-    },
-    Send {
-        conn: ConnId,
-        req: u32,
-        user: u64,
-        amount_cents: u64,
-        shares: u32,
-        recipients: Vec<u64>,
-    },
-    Open {
-        conn: ConnId,
-        req: u32,
-        user: u64,
-        packet: u64,
+        user: UserId,
+        op: Op,
     },
     Chat {
         conn: ConnId,
         req: u32,
-        user: u64,
+        user: UserId,
         to_user: u64,
         text: String,
     },
@@ -70,9 +57,16 @@ pub enum ToWorker {
     Deal {
         packets: Vec<(u64, u64)>,
     },
-    ToConn {
+    /// The answer to request `req` of `conn`.
+    Reply {
         conn: ConnId,
-        bytes: Vec<u8>,
+        req: u32,
+        reply: Reply,
+    },
+    /// Sent unasked; the connection closes after it when `close`.
+    Push {
+        conn: ConnId,
+        push: Push,
         close: bool,
     },
     /// Push `Broadcast { server_time_us, text }` to every open connection, in slices.
@@ -186,19 +180,17 @@ mod tests {
     #[test]
     fn round_trips_split_anywhere() {
         let mut bytes = Vec::new();
-        encode(
-            &ToCore::Online {
-                conn: 5,
-                req: 1,
-                user: 9,
-            },
-            &mut bytes,
-        );
+        let conn = ConnId {
+            key: 5,
+            generation: 1,
+        };
+        let user = UserId::new(9).unwrap();
+        encode(&ToCore::Online { conn, req: 1, user }, &mut bytes);
         encode(
             &ToCore::Chat {
-                conn: 1,
+                conn,
                 req: 2,
-                user: 3,
+                user,
                 to_user: 4,
                 text: "hi".into(),
             },
@@ -212,6 +204,40 @@ mod tests {
             decode_all::<ToCore>(&mut buf, |m| got.push(m)).unwrap();
             assert_eq!(got.len(), 2);
             assert!(buf.is_empty());
+        }
+    }
+
+    /// A user's view travels as JSON text inside the link's binary encoding: its events
+    /// are the ledger's JSON, which bincode alone cannot read back.
+    #[test]
+    fn typed_replies_cross_the_link() {
+        let view = hongbao_money::UserView {
+            user: 3,
+            balance_cents: 120,
+            recent_events: vec![serde_json::json!({"kind": "shake_won", "seq": 4})],
+        };
+        let conn = ConnId {
+            key: 1,
+            generation: 2,
+        };
+        let mut bytes = Vec::new();
+        encode(
+            &ToWorker::Reply {
+                conn,
+                req: 8,
+                reply: Reply::Me(view.clone()),
+            },
+            &mut bytes,
+        );
+        let mut got = Vec::new();
+        decode_all::<ToWorker>(&mut bytes, |m| got.push(m)).unwrap();
+        match &got[..] {
+            [ToWorker::Reply {
+                reply: Reply::Me(back),
+                req: 8,
+                ..
+            }] => assert_eq!(back, &view),
+            other => panic!("{other:?}"),
         }
     }
 }

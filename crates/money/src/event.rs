@@ -25,6 +25,15 @@ impl Account {
         }
     }
 
+    /// The account a `key` names, `None` if it is not one.
+    pub fn from_key(key: &str) -> Option<Account> {
+        match key.split_once(':')? {
+            ("u", id) => Some(Account::User(id.parse().ok()?)),
+            ("c", id) => Some(Account::Campaign(id.parse().ok()?)),
+            _ => None,
+        }
+    }
+
     pub fn user(&self) -> Option<u64> {
         match self {
             Account::User(u) => Some(*u),
@@ -197,6 +206,10 @@ mod tests {
             expires_ms: 0,
         };
         assert!(minted.balance_deltas().is_empty());
+        for account in [Account::User(3), Account::Campaign(9)] {
+            assert_eq!(Account::from_key(&account.key()), Some(account));
+        }
+        assert_eq!(Account::from_key("x:1"), None);
         let json = serde_json::to_string(&sent).unwrap();
         assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), sent);
     }

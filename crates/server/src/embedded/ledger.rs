@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use hongbao_money::event::{Account, Event, Record};
+use hongbao_money::seam::{Balances, LedgerRead};
+use hongbao_money::UserView;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::event::{Account, Event, Record};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS events (
@@ -39,14 +40,6 @@ CREATE TABLE IF NOT EXISTS balances (
 pub struct Ledger {
     conn: Connection,
     path: PathBuf,
-}
-
-/// `GET /v1/users/{id}`: what the ledger holds for one user.
-#[derive(Debug, Serialize)]
-pub struct UserView {
-    pub user: u64,
-    pub balance_cents: u64,
-    pub recent_events: Vec<serde_json::Value>,
 }
 
 impl Ledger {
@@ -211,6 +204,41 @@ impl Reader {
             balance_cents: balance.unwrap_or(0) as u64,
             recent_events,
         })
+    }
+
+    /// Every non-zero balance, by account.
+    pub fn balances(&self) -> Result<Balances> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT account, cents FROM balances WHERE cents != 0")
+            .map_err(|e| Error::ledger("reading balances", e))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+            .map_err(|e| Error::ledger("reading balances", e))?;
+        let mut balances = Balances::default();
+        for row in rows {
+            let (account, cents) = row.map_err(|e| Error::ledger("reading balances", e))?;
+            match Account::from_key(&account) {
+                Some(Account::User(u)) => {
+                    balances.users.insert(u, cents as u64);
+                }
+                Some(Account::Campaign(c)) => {
+                    balances.campaigns.insert(c, cents as u64);
+                }
+                None => return Err(Error::Corrupt(format!("account key {account:?}"))),
+            }
+        }
+        Ok(balances)
+    }
+}
+
+impl LedgerRead for Reader {
+    fn user(&self, user: u64, limit: usize) -> Result<UserView, String> {
+        Reader::user(self, user, limit).map_err(|e| e.to_string())
+    }
+
+    fn balances(&self) -> Result<Balances, String> {
+        Reader::balances(self).map_err(|e| e.to_string())
     }
 }
 

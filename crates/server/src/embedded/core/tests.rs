@@ -1,15 +1,26 @@
-//! Tests of the core as a pure state machine: every reply code of shake, send, open and
-//! chat, logins and pushes, the release schedules, replies held back until the ledger has
-//! committed what they depend on, and a property test of the money invariants across
-//! random operations and restarts (a fresh core replaying the ledger).
+//! Tests of the core as a pure state machine: every reply code of shake, send and open,
+//! notices at login and by push, the release schedules, replies held back until the
+//! ledger has committed what they depend on, and a property test of the money invariants
+//! across random operations and restarts (a fresh core replaying the ledger).
 //!
 //! `Sim` plays the supervisor: it takes the core's records into an in-memory ledger,
-//! treats everything as committed at once (unless a test drives the core by hand), and
-//! keeps what the outside world was told (deals, frames to connections).
+//! treats everything as committed at once (unless a test drives the core by hand), routes
+//! logins, chat and notices through a real `Presence`, and keeps what the outside world
+//! was told (deals, replies and pushes to connections).
 
 use proptest::prelude::*;
 
+use hongbao_money::api::{CampaignKind, CampaignState, CampaignStatus};
+use hongbao_money::rules::{
+    shake_packet_id, SendCampaignRequest, ShakeCampaignRequest, MAX_CAMPAIGN_PACKETS,
+    MAX_PACKET_CENTS,
+};
+use hongbao_money::{ConnId, Push};
+use hongbao_proto::message::MAX_RECIPIENTS;
+use hongbao_proto::KickReason;
+
 use super::*;
+use crate::presence::{Delivery, Presence};
 
 const TTL_MS: u64 = 10_000;
 const START_MS: u64 = 1_700_000_000_000;
@@ -35,18 +46,47 @@ fn shake_request(
     }
 }
 
-/// One frame the core sent to a client connection.
+/// Connection number `n` of the tests.
+fn cid(n: u64) -> ConnId {
+    ConnId {
+        key: n as u32,
+        generation: 1,
+    }
+}
+
+fn uid(user: u64) -> UserId {
+    UserId::new(user).expect("test users start at 1")
+}
+
+fn origin(worker: WorkerId, conn: u64, request: u32, user: u64) -> Origin {
+    Origin {
+        worker,
+        conn: cid(conn),
+        request,
+        user: uid(user),
+    }
+}
+
+/// What a connection was told: the reply to a request, or a push.
+#[derive(Debug, Clone, PartialEq)]
+enum Said {
+    Reply(u32, Reply),
+    Push(Push),
+}
+
+/// One thing said to a client connection.
 #[derive(Debug, Clone)]
 struct Sent {
     worker: WorkerId,
     conn: ConnId,
-    frame: Frame,
+    said: Said,
     close: bool,
 }
 
 struct Sim {
     cfg: CoreConfig,
     core: Core,
+    presence: Presence,
     /// Every record ever taken from the core, across restarts.
     ledger: Vec<Record>,
     /// Balances derived from the ledger alone, as the ledger's `balances` table keeps them.
@@ -61,11 +101,12 @@ struct Sim {
     live_workers: BTreeSet<WorkerId>,
     /// Shake packets dealt since the last restart, in order: (worker, packet, amount).
     dealt: Vec<(WorkerId, u64, u64)>,
-    /// Every frame drained for a connection since the last restart.
+    /// Everything said to a connection since the last restart.
     sent: Vec<Sent>,
     /// Send packets the clients have heard of (notices and send replies).
     packets: BTreeSet<u64>,
     next_request: u32,
+    next_ticket: u64,
 }
 
 impl Sim {
@@ -73,6 +114,7 @@ impl Sim {
         let cfg = config(seed);
         Sim {
             core: Core::new(cfg.clone()),
+            presence: Presence::default(),
             cfg,
             ledger: Vec::new(),
             ledger_balances: HashMap::new(),
@@ -85,11 +127,12 @@ impl Sim {
             sent: Vec::new(),
             packets: BTreeSet::new(),
             next_request: 0,
+            next_ticket: 0,
         }
     }
 
     /// Takes new records into the ledger, then drains every output (all is committed).
-    fn pump(&mut self) {
+    fn pump(&mut self) -> Vec<AdminAnswer> {
         for record in self.core.take_records() {
             let last = self.ledger.last().map_or(0, |r| r.seq);
             assert_eq!(record.seq, last + 1, "ledger sequence has a gap");
@@ -98,9 +141,14 @@ impl Sim {
         }
         let mut outs = Vec::new();
         self.core.drain_ready(self.core.seq(), &mut outs);
+        let mut answers = Vec::new();
         for out in outs {
-            self.observe(out);
+            match out {
+                Output::Admin { answer, .. } => answers.push(answer),
+                other => self.observe(other),
+            }
         }
+        answers
     }
 
     fn learn(&mut self, record: &Record) {
@@ -133,9 +181,9 @@ impl Sim {
         }
     }
 
-    fn observe(&mut self, out: Out) {
+    fn observe(&mut self, out: Output) {
         match out {
-            Out::Deal { worker, packets } => {
+            Output::Deal { worker, packets } => {
                 assert!(
                     self.live_workers.contains(&worker),
                     "dealt to dead worker {worker}"
@@ -143,32 +191,47 @@ impl Sim {
                 self.dealt
                     .extend(packets.into_iter().map(|(id, amount)| (worker, id, amount)));
             }
-            Out::ToConn {
-                worker,
-                conn,
-                bytes,
-                close,
-            } => {
-                let frame = hongbao_proto::decode(&bytes).expect("the core encodes whole frames");
-                match frame.message {
-                    Message::PacketNotice { packet_id, .. }
-                    | Message::SendReply {
-                        result: ResultCode::Ok,
-                        packet_id,
-                        ..
-                    } => {
-                        self.packets.insert(packet_id);
-                    }
-                    _ => {}
+            Output::Reply { to, reply } => {
+                if let Reply::Send {
+                    result: ResultCode::Ok,
+                    packet_id,
+                    ..
+                } = reply
+                {
+                    self.packets.insert(packet_id);
                 }
                 self.sent.push(Sent {
-                    worker,
-                    conn,
-                    frame,
-                    close,
+                    worker: to.worker,
+                    conn: to.conn,
+                    said: Said::Reply(to.request, reply),
+                    close: false,
                 });
             }
+            Output::Notice { user, notice } => {
+                self.packets.insert(notice.packet_id);
+                if let Some(delivery) = self.presence.notice(user, notice) {
+                    self.delivered(delivery);
+                }
+            }
+            Output::Admin { .. } => unreachable!("taken by pump"),
         }
+    }
+
+    fn delivered(&mut self, delivery: Delivery) {
+        self.sent.push(match delivery {
+            Delivery::Reply { to, request, reply } => Sent {
+                worker: to.worker,
+                conn: to.conn,
+                said: Said::Reply(request, reply),
+                close: false,
+            },
+            Delivery::Push { to, push, close } => Sent {
+                worker: to.worker,
+                conn: to.conn,
+                said: Said::Push(push),
+                close,
+            },
+        });
     }
 
     fn request_id(&mut self) -> u32 {
@@ -176,22 +239,29 @@ impl Sim {
         self.next_request
     }
 
-    /// The one reply to request `req` on (worker, conn) among the frames sent since `mark`.
-    fn reply(&self, mark: usize, worker: WorkerId, conn: ConnId, req: u32) -> Message {
-        let mut replies = self.sent[mark..]
-            .iter()
-            .filter(|s| s.worker == worker && s.conn == conn && s.frame.request_id == req);
-        let reply = replies.next().expect("the core answers every request");
+    /// The one reply to request `req` on (worker, conn) among what was said since `mark`.
+    fn reply(&self, mark: usize, worker: WorkerId, conn: u64, req: u32) -> Reply {
+        let mut replies = self.sent[mark..].iter().filter_map(|s| match &s.said {
+            Said::Reply(r, reply) if s.worker == worker && s.conn == cid(conn) && *r == req => {
+                Some(reply)
+            }
+            _ => None,
+        });
+        let reply = replies.next().expect("every request is answered");
         assert!(replies.next().is_none(), "two replies to request {req}");
-        reply.frame.message.clone()
+        reply.clone()
     }
 
-    /// Server pushes (request id 0) to (worker, conn) since `mark`.
-    fn pushes(&self, mark: usize, worker: WorkerId, conn: ConnId) -> Vec<Sent> {
+    /// Pushes to (worker, conn) since `mark`.
+    fn pushes(&self, mark: usize, worker: WorkerId, conn: u64) -> Vec<(Push, bool)> {
         self.sent[mark..]
             .iter()
-            .filter(|s| s.worker == worker && s.conn == conn && s.frame.request_id == 0)
-            .cloned()
+            .filter_map(|s| match &s.said {
+                Said::Push(push) if s.worker == worker && s.conn == cid(conn) => {
+                    Some((push.clone(), s.close))
+                }
+                _ => None,
+            })
             .collect()
     }
 
@@ -203,13 +273,24 @@ impl Sim {
 
     fn worker_down(&mut self, worker: WorkerId) {
         self.core.worker_down(worker);
+        self.presence.worker_down(worker);
         self.live_workers.remove(&worker);
         self.pump();
     }
 
-    fn online(&mut self, worker: WorkerId, conn: ConnId, user: u64) {
-        self.core.online(worker, conn, user);
+    /// A login, as the supervisor handles it: presence answers, the core pushes what
+    /// waits for the user.
+    fn online(&mut self, worker: WorkerId, conn: u64, user: u64) {
+        let origin = origin(worker, conn, 0, user);
+        for delivery in self.presence.login(origin) {
+            self.delivered(delivery);
+        }
+        self.core.submit(self.now_ms, origin, Op::LoggedIn);
         self.pump();
+    }
+
+    fn offline(&mut self, worker: WorkerId, conn: u64, user: u64) {
+        self.presence.offline(worker, cid(conn), uid(user));
     }
 
     fn tick_to(&mut self, now_ms: u64) {
@@ -231,10 +312,10 @@ impl Sim {
         }
     }
 
-    fn claim(&mut self, worker: WorkerId, conn: ConnId, user: u64, packet: u64) -> Message {
+    fn claim(&mut self, worker: WorkerId, conn: u64, user: u64, packet: u64) -> Reply {
         let (mark, req) = (self.sent.len(), self.request_id());
-        self.core
-            .claim(self.now_ms, worker, conn, req, user, packet);
+        let origin = origin(worker, conn, req, user);
+        self.core.submit(self.now_ms, origin, Op::Claim { packet });
         self.pump();
         self.reply(mark, worker, conn, req)
     }
@@ -248,21 +329,17 @@ impl Sim {
         recipients: &[u64],
     ) -> (ResultCode, u64, u64) {
         let (mark, req) = (self.sent.len(), self.request_id());
-        let (worker, conn) = (0, user);
-        let now = self.now_ms;
-        self.core.send(
-            now,
-            worker,
-            conn,
-            req,
-            user,
+        let op = Op::Send {
             amount_cents,
             shares,
-            recipients.to_vec(),
-        );
+            recipients: recipients.to_vec(),
+            idempotency_key: None,
+        };
+        self.core
+            .submit(self.now_ms, origin(0, user, req, user), op);
         self.pump();
-        match self.reply(mark, worker, conn, req) {
-            Message::SendReply {
+        match self.reply(mark, 0, user, req) {
+            Reply::Send {
                 result,
                 packet_id,
                 balance_cents,
@@ -274,11 +351,12 @@ impl Sim {
     /// Returns (result, amount).
     fn open(&mut self, user: u64, packet: u64) -> (ResultCode, u64) {
         let (mark, req) = (self.sent.len(), self.request_id());
-        let (worker, conn) = (0, user);
-        self.core.open(self.now_ms, worker, conn, req, user, packet);
+        let op = Op::Open { packet };
+        self.core
+            .submit(self.now_ms, origin(0, user, req, user), op);
         self.pump();
-        match self.reply(mark, worker, conn, req) {
-            Message::OpenReply {
+        match self.reply(mark, 0, user, req) {
+            Reply::Open {
                 result,
                 packet_id,
                 amount_cents,
@@ -292,32 +370,36 @@ impl Sim {
 
     fn chat(&mut self, user: u64, to_user: u64, text: &str) -> ResultCode {
         let (mark, req) = (self.sent.len(), self.request_id());
-        let (worker, conn) = (0, user);
-        self.core
-            .chat(worker, conn, req, user, to_user, text.into());
-        self.pump();
-        match self.reply(mark, worker, conn, req) {
-            Message::ChatReply { result } => result,
+        let origin = origin(0, user, req, user);
+        for delivery in self.presence.chat(origin, to_user, text.into()) {
+            self.delivered(delivery);
+        }
+        match self.reply(mark, 0, user, req) {
+            Reply::Chat { result } => result,
             other => panic!("chat answered with {other:?}"),
         }
     }
 
+    fn admin(&mut self, request: AdminRequest) -> AdminAnswer {
+        self.next_ticket += 1;
+        self.core.admin(self.now_ms, self.next_ticket, request);
+        let mut answers = self.pump();
+        assert_eq!(answers.len(), 1, "one answer per admin request");
+        answers.remove(0)
+    }
+
     fn shake_campaign(&mut self, req: &ShakeCampaignRequest) -> u32 {
-        let status = self
-            .core
-            .create_shake_campaign(self.now_ms, req)
-            .expect("a valid campaign");
-        self.pump();
-        status.id
+        match self.admin(AdminRequest::CreateShake(req.clone())) {
+            AdminAnswer::Campaign(status) => status.id,
+            other => panic!("a valid campaign: {other:?}"),
+        }
     }
 
     fn send_campaign(&mut self, req: &SendCampaignRequest) -> u32 {
-        let status = self
-            .core
-            .create_send_campaign(self.now_ms, req)
-            .expect("a valid campaign");
-        self.pump();
-        status.id
+        match self.admin(AdminRequest::CreateSend(req.clone())) {
+            AdminAnswer::Campaign(status) => status.id,
+            other => panic!("a valid campaign: {other:?}"),
+        }
     }
 
     /// Gives `user` exactly `cents` by letting them win a one-packet shake campaign.
@@ -337,7 +419,7 @@ impl Sim {
         let reply = self.claim(worker, user, user, id);
         assert!(matches!(
             reply,
-            Message::ShakeReply {
+            Reply::Shake {
                 result: ResultCode::Won,
                 ..
             }
@@ -398,6 +480,7 @@ impl Sim {
             .map(|id| money_of(&self.core.campaign(id).unwrap()))
             .collect();
         self.core = Core::new(self.cfg.clone());
+        self.presence = Presence::default();
         for record in &self.ledger {
             self.core.replay(record);
         }
@@ -423,7 +506,8 @@ impl Sim {
 
 /// The money figures of a campaign status (not its release progress, which a restart
 /// rewinds to what was won).
-fn money_of(s: &CampaignStatus) -> (u32, &'static str, u32, u32, u64, u64, u64, u64, u64) {
+#[allow(clippy::type_complexity)]
+fn money_of(s: &CampaignStatus) -> (u32, CampaignKind, u32, u32, u64, u64, u64, u64, u64) {
     (
         s.id,
         s.kind,
@@ -437,9 +521,9 @@ fn money_of(s: &CampaignStatus) -> (u32, &'static str, u32, u32, u64, u64, u64, 
     )
 }
 
-fn result_of_shake(reply: &Message) -> (ResultCode, u64, u64) {
+fn result_of_shake(reply: &Reply) -> (ResultCode, u64, u64) {
     match reply {
-        Message::ShakeReply {
+        Reply::Shake {
             result,
             packet_id,
             amount_cents,
@@ -556,21 +640,15 @@ fn send_debits_the_sender_and_notifies_online_recipients() {
     assert_eq!(sim.core.balance(1), 700);
     let notices = sim.pushes(mark, 0, 20);
     assert_eq!(notices.len(), 1);
-    match notices[0].frame.message {
-        Message::PacketNotice {
-            packet_id,
-            from_user,
-            amount_cents,
-            shares,
-            expires_at_ms,
-        } => {
+    match &notices[0].0 {
+        Push::Notice(n) => {
             assert_eq!(
-                (packet_id, from_user, amount_cents, shares),
-                (packet, 1, 300, 2)
+                (n.packet_id, n.from_user, n.amount_cents, n.shares),
+                (packet, Some(uid(1)), 300, 2)
             );
-            assert_eq!(expires_at_ms, sim.now_ms + TTL_MS);
+            assert_eq!(n.expires_at_ms, sim.now_ms + TTL_MS);
         }
-        ref other => panic!("expected a notice, got {other:?}"),
+        other => panic!("expected a notice, got {other:?}"),
     }
     assert_eq!(sim.core.audit().unopened_cents, 300);
     sim.check();
@@ -659,7 +737,7 @@ fn shake_claim_wins_once_and_credits_the_user() {
     let status = sim.core.campaign(campaign).unwrap();
     assert_eq!(
         (status.won, status.won_cents, status.state),
-        (1, amount, "running")
+        (1, amount, CampaignState::Running)
     );
     sim.check();
 }
@@ -703,7 +781,7 @@ fn a_dead_workers_pool_is_dealt_again_and_can_be_won() {
         total += amount;
     }
     let status = sim.core.campaign(campaign).unwrap();
-    assert_eq!((status.won, status.state), (10, "done"));
+    assert_eq!((status.won, status.state), (10, CampaignState::Done));
     assert_eq!(status.won_cents, total);
     assert_eq!(status.minted_cents, total);
     assert_eq!(sim.core.audit().unclaimed_cents, 0);
@@ -742,60 +820,38 @@ fn a_second_worker_up_keeps_or_returns_the_pool() {
     assert_eq!(sim.core.campaign(campaign).unwrap().won, 4);
 }
 
-// ----- chat and logins -----------------------------------------------------------------
+// ----- logins and notices -------------------------------------------------------------
 
 #[test]
-fn chat_is_delivered_to_online_users_only() {
+fn chat_moves_no_money_and_a_second_login_is_kicked_through_presence() {
     let mut sim = Sim::new(12);
     sim.online(1, 77, 5);
     let mark = sim.sent.len();
     assert_eq!(sim.chat(4, 5, "新年快乐"), ResultCode::Delivered);
-    let pushes = sim.pushes(mark, 1, 77);
-    assert_eq!(pushes.len(), 1);
     assert_eq!(
-        pushes[0].frame.message,
-        Message::ChatMessage {
-            from_user: 4,
-            text: "新年快乐".into()
-        }
+        sim.pushes(mark, 1, 77),
+        vec![(
+            Push::Chat {
+                from_user: uid(4),
+                text: "新年快乐".into()
+            },
+            false
+        )]
     );
-    assert_eq!(sim.chat(4, 6, "hello?"), ResultCode::Offline);
-    sim.core.offline(1, 77, 5);
-    assert_eq!(sim.chat(4, 5, "still there?"), ResultCode::Offline);
-    assert!(sim.ledger.is_empty(), "chat moves no money");
-}
-
-#[test]
-fn a_second_login_kicks_the_first_connection() {
-    let mut sim = Sim::new(13);
+    let mark = sim.sent.len();
     sim.online(0, 10, 5);
-    let mark = sim.sent.len();
-    sim.online(1, 11, 5);
-    let kicks = sim.pushes(mark, 0, 10);
-    assert_eq!(kicks.len(), 1);
-    assert!(
-        kicks[0].close,
-        "the old connection is closed after its kick"
-    );
+    let kicks = sim.pushes(mark, 1, 77);
     assert!(matches!(
-        kicks[0].frame.message,
-        Message::Kick {
-            reason: KickReason::Replaced,
-            ..
-        }
+        &kicks[..],
+        [(
+            Push::Kick {
+                reason: KickReason::Replaced,
+                ..
+            },
+            true
+        )]
     ));
-    assert_eq!(sim.core.counters.kicks_replaced, 1);
-    // The old connection going away later does not log the user out.
-    sim.core.offline(0, 10, 5);
-    let mark = sim.sent.len();
-    assert_eq!(sim.chat(4, 5, "where are you"), ResultCode::Delivered);
-    assert_eq!(sim.pushes(mark, 1, 11).len(), 1);
-    assert!(sim.pushes(mark, 0, 10).is_empty());
-    // Logging in again on the same connection is no replacement.
-    let mark = sim.sent.len();
-    sim.online(1, 11, 5);
-    assert!(sim.pushes(mark, 1, 11).is_empty());
-    assert_eq!(sim.core.counters.kicks_replaced, 1);
+    assert!(sim.ledger.is_empty(), "chat and logins move no money");
 }
 
 #[test]
@@ -809,26 +865,22 @@ fn packets_sent_while_offline_are_noticed_at_login_until_opened() {
     let noticed: Vec<u64> = sim
         .pushes(mark, 2, 80)
         .iter()
-        .map(|s| match s.frame.message {
-            Message::PacketNotice { packet_id, .. } => packet_id,
-            ref other => panic!("expected notices, got {other:?}"),
+        .map(|(push, _)| match push {
+            Push::Notice(n) => n.packet_id,
+            other => panic!("expected notices, got {other:?}"),
         })
         .collect();
     assert_eq!(noticed, vec![first, second]);
     sim.open(8, first);
-    sim.core.offline(2, 80, 8);
+    sim.offline(2, 80, 8);
     let mark = sim.sent.len();
     sim.online(2, 81, 8);
-    let noticed: Vec<Message> = sim
-        .pushes(mark, 2, 81)
-        .into_iter()
-        .map(|s| s.frame.message)
-        .collect();
+    let noticed = sim.pushes(mark, 2, 81);
     assert_eq!(noticed.len(), 1, "opened packets are not noticed again");
-    assert!(matches!(noticed[0], Message::PacketNotice { packet_id, .. } if packet_id == second));
+    assert!(matches!(noticed[0].0, Push::Notice(n) if n.packet_id == second));
     // Expired packets are not noticed either.
     sim.advance(TTL_MS);
-    sim.core.offline(2, 81, 8);
+    sim.offline(2, 81, 8);
     let mark = sim.sent.len();
     sim.online(2, 82, 8);
     assert!(sim.pushes(mark, 2, 82).is_empty());
@@ -906,7 +958,7 @@ fn a_send_campaign_creates_packets_at_its_rate_for_distinct_users_in_range() {
     let status = sim.core.campaign(campaign).unwrap();
     assert_eq!(
         (status.state, status.released, status.shares),
-        ("done", 50, 150)
+        (CampaignState::Done, 50, 150)
     );
     assert_eq!(status.minted_cents, minted);
     assert!(status.released_all_ms.is_some());
@@ -944,7 +996,10 @@ fn campaigns_with_bad_shapes_are_refused_and_write_nothing() {
     ];
     for req in &shakes {
         assert!(
-            core.create_shake_campaign(START_MS, req).is_err(),
+            matches!(
+                core.create_shake_campaign(START_MS, req),
+                AdminAnswer::Refused(_)
+            ),
             "{req:?}"
         );
     }
@@ -992,18 +1047,28 @@ fn campaigns_with_bad_shapes_are_refused_and_write_nothing() {
         },
     ];
     for req in &sends {
-        assert!(core.create_send_campaign(START_MS, req).is_err(), "{req:?}");
+        assert!(
+            matches!(
+                core.create_send_campaign(START_MS, req),
+                AdminAnswer::Refused(_)
+            ),
+            "{req:?}"
+        );
     }
     assert!(core.take_records().is_empty());
     assert_eq!(core.seq(), 0);
-    let status = core.create_send_campaign(START_MS, &good).unwrap();
+    let AdminAnswer::Campaign(status) = core.create_send_campaign(START_MS, &good) else {
+        panic!("a good campaign")
+    };
     assert_eq!(
         (status.id, status.kind, status.state),
-        (1, "send", "running")
+        (1, CampaignKind::Send, CampaignState::Running)
     );
-    let status = core
-        .create_shake_campaign(START_MS, &shake_request(3, 1, 7, 7))
-        .unwrap();
+    let AdminAnswer::Campaign(status) =
+        core.create_shake_campaign(START_MS, &shake_request(3, 1, 7, 7))
+    else {
+        panic!("a good campaign")
+    };
     assert_eq!((status.id, status.minted_cents), (2, 21));
     assert_eq!(core.take_records().len(), 2);
 }
@@ -1014,61 +1079,88 @@ fn campaigns_with_bad_shapes_are_refused_and_write_nothing() {
 fn outputs_wait_until_the_ledger_has_committed_them() {
     let mut core = Core::new(config(18));
     core.worker_up(0);
-    core.online(0, 5, 5);
     let mut outs = Vec::new();
     core.drain_ready(0, &mut outs);
     assert!(outs.is_empty(), "a fresh core has nothing to say");
-    let campaign = core
-        .create_shake_campaign(START_MS, &shake_request(1, 1000, 50, 50))
-        .unwrap()
-        .id;
+    let AdminAnswer::Campaign(status) =
+        core.create_shake_campaign(START_MS, &shake_request(1, 1000, 50, 50))
+    else {
+        panic!("a good campaign")
+    };
     assert_eq!(core.seq(), 1);
     core.tick(START_MS + 1);
     // The deal depends on the campaign event: held until seq 1 is committed.
     core.drain_ready(0, &mut outs);
     assert!(outs.is_empty());
     core.drain_ready(1, &mut outs);
-    let packet = shake_packet_id(campaign, 0);
+    let packet = shake_packet_id(status.id, 0);
     assert_eq!(
         outs,
-        vec![Out::Deal {
+        vec![Output::Deal {
             worker: 0,
             packets: vec![(packet, 50)]
         }]
     );
     outs.clear();
-    core.claim(START_MS + 2, 0, 5, 1, 5, packet);
-    // Even a reply that depends on nothing new waits behind the uncommitted win.
-    core.chat(0, 5, 2, 5, 5, "me".into());
+    core.submit(START_MS + 2, origin(0, 5, 1, 5), Op::Claim { packet });
+    // Even an answer that depends on nothing new waits behind the uncommitted win.
+    core.submit(START_MS + 2, origin(0, 5, 2, 5), Op::Notices);
+    core.admin(START_MS + 2, 9, AdminRequest::Audit);
     assert_eq!(core.seq(), 2);
     core.drain_ready(1, &mut outs);
     assert!(outs.is_empty(), "\"you won\" before the win is durable");
     core.drain_ready(2, &mut outs);
-    let frames: Vec<Frame> = outs
-        .iter()
-        .map(|o| match o {
-            Out::ToConn { bytes, .. } => hongbao_proto::decode(bytes).unwrap(),
-            other => panic!("unexpected {other:?}"),
-        })
-        .collect();
-    assert_eq!(frames.len(), 3);
+    assert_eq!(outs.len(), 3);
     assert_eq!(
-        frames[0].message,
-        Message::ShakeReply {
-            result: ResultCode::Won,
-            packet_id: packet,
-            amount_cents: 50
+        outs[0],
+        Output::Reply {
+            to: origin(0, 5, 1, 5),
+            reply: Reply::Shake {
+                result: ResultCode::Won,
+                packet_id: packet,
+                amount_cents: 50
+            }
         }
     );
-    assert_eq!(
-        frames[2].message,
-        Message::ChatReply {
-            result: ResultCode::Delivered
-        }
-    );
+    assert!(matches!(&outs[1], Output::Reply { reply: Reply::Notices(n), .. } if n.is_empty()));
+    assert!(matches!(&outs[2], Output::Admin { ticket: 9, answer: AdminAnswer::Audit(a) } if a.ok));
     let mut rest = Vec::new();
     core.drain_ready(u64::MAX, &mut rest);
     assert!(rest.is_empty(), "drained once");
+}
+
+/// A notice reaches a user who logs in once: by push if its packet was created after the
+/// notices of the login were gathered, or at the login if before.
+#[test]
+fn a_login_while_a_notice_is_uncommitted_hears_of_the_packet_once() {
+    let mut sim = Sim::new(20);
+    sim.fund(1, 100);
+    // The send is applied but not committed when user 2 logs in.
+    let op = Op::Send {
+        amount_cents: 100,
+        shares: 1,
+        recipients: vec![2],
+        idempotency_key: None,
+    };
+    sim.core.submit(sim.now_ms, origin(0, 1, 77, 1), op);
+    let mark = sim.sent.len();
+    let login = origin(0, 20, 0, 2);
+    for delivery in sim.presence.login(login) {
+        sim.delivered(delivery);
+    }
+    sim.core.submit(sim.now_ms, login, Op::LoggedIn);
+    sim.pump();
+    let notices = sim
+        .pushes(mark, 0, 20)
+        .into_iter()
+        .filter(|(p, _)| matches!(p, Push::Notice(_)))
+        .count();
+    assert_eq!(notices, 1);
+    // A later login hears of it again, once: it is still waiting.
+    sim.offline(0, 20, 2);
+    let mark = sim.sent.len();
+    sim.online(0, 21, 2);
+    assert_eq!(sim.pushes(mark, 0, 21).len(), 1);
 }
 
 #[test]
@@ -1097,7 +1189,10 @@ fn a_restart_rebuilds_the_money_and_deals_unwon_packets_again() {
         let reply = sim.claim(0, 6, 6, packet);
         assert_eq!(result_of_shake(&reply), (ResultCode::Won, packet, amount));
     }
-    assert_eq!(sim.core.campaign(campaign).unwrap().state, "done");
+    assert_eq!(
+        sim.core.campaign(campaign).unwrap().state,
+        CampaignState::Done
+    );
     // The packet survives too: its notice, its opened share, its unopened ones.
     let mark = sim.sent.len();
     sim.online(0, 3, 3);
@@ -1116,7 +1211,7 @@ fn a_restart_rebuilds_the_money_and_deals_unwon_packets_again() {
 const USERS: u64 = 8;
 
 #[derive(Debug, Clone)]
-enum Op {
+enum Action {
     ShakeCampaign {
         packets: u32,
         rate_per_sec: u32,
@@ -1169,11 +1264,11 @@ enum Op {
     Restart,
 }
 
-fn op() -> impl Strategy<Value = Op> {
+fn action() -> impl Strategy<Value = Action> {
     let user = 1..=USERS;
     prop_oneof![
         2 => (1u32..40, 1u32..3000, 1u64..200, 0u64..300).prop_map(
-            |(packets, rate_per_sec, amount_min, spread)| Op::ShakeCampaign {
+            |(packets, rate_per_sec, amount_min, spread)| Action::ShakeCampaign {
                 packets,
                 rate_per_sec,
                 amount_min,
@@ -1182,7 +1277,7 @@ fn op() -> impl Strategy<Value = Op> {
         ),
         1 => (1u32..8, 1u32..200, 1u32..4, 1u64..USERS, 0u64..500, 0u64..500).prop_map(
             |(packets, rate_per_sec, recipients, user_min, amount_extra, spread)| {
-                Op::SendCampaign {
+                Action::SendCampaign {
                     packets,
                     rate_per_sec,
                     recipients,
@@ -1192,14 +1287,14 @@ fn op() -> impl Strategy<Value = Op> {
                 }
             }
         ),
-        3 => (0u16..3).prop_map(Op::WorkerUp),
-        1 => (0u16..3).prop_map(Op::WorkerDown),
+        3 => (0u16..3).prop_map(Action::WorkerUp),
+        1 => (0u16..3).prop_map(Action::WorkerDown),
         3 => (0u16..3, 0u64..3, user.clone())
-            .prop_map(|(worker, conn, user)| Op::Online { worker, conn, user }),
-        1 => user.clone().prop_map(|user| Op::Offline { user }),
+            .prop_map(|(worker, conn, user)| Action::Online { worker, conn, user }),
+        1 => user.clone().prop_map(|user| Action::Offline { user }),
         6 => prop_oneof![4 => 0u64..30, 2 => 0u64..2000, 1 => TTL_MS..2 * TTL_MS]
-            .prop_map(|ms| Op::Tick { ms }),
-        8 => (any::<usize>(), user.clone()).prop_map(|(pick, user)| Op::Claim { pick, user }),
+            .prop_map(|ms| Action::Tick { ms }),
+        8 => (any::<usize>(), user.clone()).prop_map(|(pick, user)| Action::Claim { pick, user }),
         5 => (
             prop::option::weighted(0.7, user.clone()),
             prop_oneof![3 => 1u64..400, 1 => 1u64..100_000, 1 => Just(0u64)],
@@ -1209,7 +1304,7 @@ fn op() -> impl Strategy<Value = Op> {
                 1 => prop::collection::vec(1..=USERS + 2, 0..5),
             ],
         )
-            .prop_map(|(user, amount_cents, shares, recipients)| Op::Send {
+            .prop_map(|(user, amount_cents, shares, recipients)| Action::Send {
                 user,
                 amount_cents,
                 shares,
@@ -1220,27 +1315,27 @@ fn op() -> impl Strategy<Value = Op> {
             prop::option::weighted(0.8, 0usize..10),
             user.clone(),
         )
-            .prop_map(|(pick, recipient, user)| Op::Open {
+            .prop_map(|(pick, recipient, user)| Action::Open {
                 pick,
                 recipient,
                 user,
             }),
-        1 => (user.clone(), 1..=USERS + 2).prop_map(|(user, to_user)| Op::Chat { user, to_user }),
-        1 => Just(Op::Restart),
+        1 => (user.clone(), 1..=USERS + 2).prop_map(|(user, to_user)| Action::Chat { user, to_user }),
+        1 => Just(Action::Restart),
     ]
 }
 
 impl Sim {
-    fn route(&self, user: u64) -> (WorkerId, ConnId) {
-        match self.core.routes.get(&user) {
-            Some(route) => (route.worker, route.conn),
+    fn route(&self, user: u64) -> (WorkerId, u64) {
+        match self.presence.route(uid(user)) {
+            Some(route) => (route.worker, route.conn.key as u64),
             None => (0, user << 8),
         }
     }
 
-    fn run(&mut self, op: &Op) {
-        match *op {
-            Op::ShakeCampaign {
+    fn run(&mut self, action: &Action) {
+        match *action {
+            Action::ShakeCampaign {
                 packets,
                 rate_per_sec,
                 amount_min,
@@ -1253,7 +1348,7 @@ impl Sim {
                     amount_min + spread,
                 ));
             }
-            Op::SendCampaign {
+            Action::SendCampaign {
                 packets,
                 rate_per_sec,
                 recipients,
@@ -1272,25 +1367,24 @@ impl Sim {
                     amount_max: amount_min + spread,
                 });
             }
-            Op::WorkerUp(worker) => {
+            Action::WorkerUp(worker) => {
                 // The supervisor only announces a worker the core does not count as live.
                 if !self.live_workers.contains(&worker) {
                     self.worker_up(worker);
                 }
             }
-            Op::WorkerDown(worker) => self.worker_down(worker),
-            Op::Online { worker, conn, user } => {
+            Action::WorkerDown(worker) => self.worker_down(worker),
+            Action::Online { worker, conn, user } => {
                 if self.live_workers.contains(&worker) {
                     self.online(worker, (user << 8) | conn, user);
                 }
             }
-            Op::Offline { user } => {
+            Action::Offline { user } => {
                 let (worker, conn) = self.route(user);
-                self.core.offline(worker, conn, user);
-                self.pump();
+                self.offline(worker, conn, user);
             }
-            Op::Tick { ms } => self.advance(ms),
-            Op::Claim { pick, user } => {
+            Action::Tick { ms } => self.advance(ms),
+            Action::Claim { pick, user } => {
                 if self.dealt.is_empty() {
                     return;
                 }
@@ -1318,7 +1412,7 @@ impl Sim {
                     other => panic!("claim answered {other:?}"),
                 }
             }
-            Op::Send {
+            Action::Send {
                 user,
                 amount_cents,
                 shares,
@@ -1344,7 +1438,7 @@ impl Sim {
                     other => panic!("send answered {other:?}"),
                 }
             }
-            Op::Open {
+            Action::Open {
                 pick,
                 recipient,
                 user,
@@ -1385,8 +1479,8 @@ impl Sim {
                     assert_eq!(self.core.balance(user), balance);
                 }
             }
-            Op::Chat { user, to_user } => {
-                let online = self.core.routes.contains_key(&to_user);
+            Action::Chat { user, to_user } => {
+                let online = self.presence.route(uid(to_user)).is_some();
                 let result = self.chat(user, to_user, "hi");
                 let expected = if online {
                     ResultCode::Delivered
@@ -1395,7 +1489,7 @@ impl Sim {
                 };
                 assert_eq!(result, expected);
             }
-            Op::Restart => self.restart(),
+            Action::Restart => self.restart(),
         }
     }
 }
@@ -1408,11 +1502,11 @@ proptest! {
     #[test]
     fn money_is_conserved_through_any_operations_and_restarts(
         seed: u64,
-        ops in prop::collection::vec(op(), 1..200),
+        actions in prop::collection::vec(action(), 1..200),
     ) {
         let mut sim = Sim::new(seed);
-        for op in &ops {
-            sim.run(op);
+        for action in &actions {
+            sim.run(action);
             sim.check();
         }
         // Whatever the history, a last restart rebuilds the same state.

@@ -1,0 +1,148 @@
+//! What the money side shows the outside: a campaign's status and the audit (admin API),
+//! a user's view of the ledger, and the notice of a packet waiting to be opened. Both
+//! backends produce these and the bench reads them back, so they deserialize too.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::UserId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CampaignKind {
+    Shake,
+    Send,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CampaignState {
+    /// Packets remain to release (shake: to win) or to create (send).
+    Running,
+    Done,
+}
+
+/// `GET /v1/campaigns/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CampaignStatus {
+    pub id: u32,
+    pub kind: CampaignKind,
+    pub packets: u32,
+    pub rate_per_sec: u32,
+    pub state: CampaignState,
+    /// Shake: packets put into play (dealt to workers). Send: packets created.
+    pub released: u32,
+    pub started_ms: u64,
+    pub released_all_ms: Option<u64>,
+    /// Shake only: packets won and their amount; the amount minted.
+    pub won: u32,
+    pub won_cents: u64,
+    pub minted_cents: u64,
+    /// Send only: shares created and opened, amounts sent, opened and refunded.
+    pub shares: u64,
+    pub shares_opened: u64,
+    pub amount_opened_cents: u64,
+    pub refunded_cents: u64,
+}
+
+/// `GET /v1/audit`: the conservation check, minted = held, recomputed from the state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Audit {
+    pub ok: bool,
+    pub minted_cents: u64,
+    pub user_balances_cents: u64,
+    pub campaign_balances_cents: u64,
+    pub unopened_cents: u64,
+    pub unclaimed_cents: u64,
+    pub users_with_balance: u64,
+    pub live_packets: u64,
+    pub unopened_shares: u64,
+    pub unclaimed_packets: u64,
+    pub ledger_seq: u64,
+}
+
+impl Audit {
+    /// Money held anywhere: in users' and campaigns' balances, in unopened shares, in
+    /// shake packets nobody has won.
+    pub fn held_cents(&self) -> u64 {
+        self.user_balances_cents
+            + self.campaign_balances_cents
+            + self.unopened_cents
+            + self.unclaimed_cents
+    }
+
+    /// Sets `ok`: every cent minted is held somewhere, and no cent is held twice.
+    pub fn checked(mut self) -> Audit {
+        self.ok = self.held_cents() == self.minted_cents;
+        self
+    }
+}
+
+/// A user's balance and newest ledger events (`GET /v1/users/{id}`, `GET /v1/me`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UserView {
+    pub user: u64,
+    pub balance_cents: u64,
+    /// Newest first: the event as the ledger stores it, with its `seq` and `ts_ms`.
+    pub recent_events: Vec<serde_json::Value>,
+}
+
+/// A sent packet that names a user who has not opened it yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    pub packet_id: u64,
+    /// `None` for a system campaign's packet.
+    pub from_user: Option<UserId>,
+    pub amount_cents: u64,
+    pub shares: u32,
+    pub expires_at_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_audit_balances_only_when_every_cent_is_held_once() {
+        let audit = Audit {
+            minted_cents: 100,
+            user_balances_cents: 60,
+            unopened_cents: 30,
+            unclaimed_cents: 10,
+            ..Audit::default()
+        };
+        assert!(audit.clone().checked().ok);
+        let extra = Audit {
+            campaign_balances_cents: 1,
+            ..audit
+        };
+        assert!(!extra.checked().ok);
+    }
+
+    #[test]
+    fn campaign_status_reads_back_what_it_writes() {
+        let status = CampaignStatus {
+            id: 3,
+            kind: CampaignKind::Send,
+            packets: 2,
+            rate_per_sec: 1,
+            state: CampaignState::Running,
+            released: 1,
+            started_ms: 5,
+            released_all_ms: None,
+            won: 0,
+            won_cents: 0,
+            minted_cents: 9,
+            shares: 3,
+            shares_opened: 1,
+            amount_opened_cents: 4,
+            refunded_cents: 0,
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["kind"], "send");
+        assert_eq!(json["state"], "running");
+        assert_eq!(
+            serde_json::from_value::<CampaignStatus>(json).unwrap(),
+            status
+        );
+    }
+}

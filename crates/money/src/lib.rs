@@ -1,0 +1,26 @@
+//! The money side of hongbao, as plain code both backends share — the embedded core with
+//! its SQLite ledger, and the cluster backend on Redis and PostgreSQL:
+//!
+//! - `ids`: users, workers, connections;
+//! - `event`: what a ledger stores, and how each event moves balances;
+//! - `split`: the double-mean split of a sent packet, in integer cents;
+//! - `rules`: limits and the checks a send or a campaign must pass;
+//! - `api`: what operators and clients read (campaign status, the audit, a user's view,
+//!   a packet notice);
+//! - `gateway`: what the gateways and the money side say to each other, free of any
+//!   transport (requests, replies, pushes);
+//! - `seam`: the one interface the gateways reach money through.
+
+pub mod api;
+pub mod event;
+pub mod gateway;
+pub mod ids;
+pub mod rules;
+pub mod seam;
+pub mod split;
+
+pub use api::{Audit, CampaignStatus, Notice, UserView};
+pub use event::{Account, Event, Record};
+pub use gateway::{Push, Reply, Request};
+pub use ids::{ConnId, UserId, WorkerId};
+pub use seam::{AdminAnswer, AdminRequest, Money, Op, Origin, Output};

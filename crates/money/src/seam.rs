@@ -1,0 +1,229 @@
+//! The money seam: the one interface through which the gateways reach money, whatever
+//! keeps it. The embedded backend (the core in the supervisor, its SQLite ledger) is one
+//! implementation; the cluster backend (Redis and PostgreSQL) another.
+//!
+//! Everything goes in as a call and comes out of `drain`, in order, once it is durable:
+//! a reply is never released before the ledger holds what it tells, so "you won" cannot
+//! be taken back by a crash. A backend that answers at once (the embedded core) and one
+//! that answers after network round trips (the cluster) look the same from here; the
+//! caller drains when the backend's waker fires and on every turn of its loop.
+//!
+//! Presence — who is connected where, chat, delivering a notice to a user's connection —
+//! is not money and is not here: a notice comes out as `Output::Notice` for a user, and
+//! the gateway side finds the user's connection, if any.
+
+use std::collections::BTreeMap;
+
+use hongbao_proto::ResultCode;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{Audit, CampaignStatus, Notice, UserView};
+use crate::gateway::Reply;
+use crate::ids::{ConnId, UserId, WorkerId};
+use crate::rules::{SendCampaignRequest, ShakeCampaignRequest};
+
+/// Where an operation came from and where its reply goes: the worker and connection, the
+/// request id the reply carries, and the user it acts for (checked by the gateway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Origin {
+    pub worker: WorkerId,
+    pub conn: ConnId,
+    pub request: u32,
+    pub user: UserId,
+}
+
+/// An operation a client's request became.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// The gateway popped shake packet `packet` from its pool for the caller: commit the
+    /// win (or answer `nothing` if the packet is no longer the gateway's to give).
+    Claim {
+        packet: u64,
+    },
+    Send {
+        amount_cents: u64,
+        shares: u32,
+        recipients: Vec<u64>,
+        idempotency_key: Option<String>,
+    },
+    Open {
+        packet: u64,
+    },
+    /// Answered with `Reply::Me`.
+    Me,
+    /// Answered with `Reply::Notices`.
+    Notices,
+    /// The caller just logged in: every packet waiting for it comes out as a notice.
+    LoggedIn,
+}
+
+/// What an operator asks of the money side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminRequest {
+    CreateShake(ShakeCampaignRequest),
+    CreateSend(SendCampaignRequest),
+    Campaign(u32),
+    Campaigns,
+    Audit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminAnswer {
+    /// A campaign created (durable) or looked up.
+    Campaign(CampaignStatus),
+    NoCampaign(u32),
+    Campaigns(Vec<CampaignStatus>),
+    Audit(Audit),
+    /// The request broke a rule: nothing was started or written.
+    Refused(String),
+}
+
+/// What comes out of the money side, in order, once durable.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    Reply {
+        to: Origin,
+        reply: Reply,
+    },
+    /// A notice for a user, wherever it is connected now; dropped if it is offline (it
+    /// stays waiting and comes out again at its next login).
+    Notice {
+        user: UserId,
+        notice: Notice,
+    },
+    /// Shake packets `(id, amount_cents)` for a worker's pool.
+    Deal {
+        worker: WorkerId,
+        packets: Vec<(u64, u64)>,
+    },
+    Admin {
+        ticket: u64,
+        answer: AdminAnswer,
+    },
+}
+
+/// Replies by operation and result, as fields rather than names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OpKind {
+    Shake,
+    Send,
+    Open,
+    Chat,
+}
+
+impl OpKind {
+    pub const ALL: [OpKind; 4] = [OpKind::Shake, OpKind::Send, OpKind::Open, OpKind::Chat];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Shake => "shake",
+            OpKind::Send => "send",
+            OpKind::Open => "open",
+            OpKind::Chat => "chat",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplyCounts([[u64; ResultCode::ALL.len()]; OpKind::ALL.len()]);
+
+impl ReplyCounts {
+    pub fn count(&mut self, op: OpKind, result: ResultCode) {
+        self.0[op as usize][result.index()] += 1;
+    }
+
+    pub fn get(&self, op: OpKind, result: ResultCode) -> u64 {
+        self.0[op as usize][result.index()]
+    }
+
+    pub fn add(&mut self, other: &ReplyCounts) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0.iter()) {
+            for (m, t) in mine.iter_mut().zip(theirs) {
+                *m += t;
+            }
+        }
+    }
+
+    /// Every (operation, result, count) counted at least once, in a fixed order.
+    pub fn nonzero(&self) -> impl Iterator<Item = (OpKind, ResultCode, u64)> + '_ {
+        OpKind::ALL.into_iter().flat_map(move |op| {
+            ResultCode::ALL
+                .into_iter()
+                .map(move |r| (op, r, self.get(op, r)))
+                .filter(|(_, _, n)| *n > 0)
+        })
+    }
+}
+
+/// The money side's counters and progress, read without I/O (stats, metrics, samples).
+#[derive(Debug, Clone, Default)]
+pub struct MoneySnapshot {
+    pub replies: ReplyCounts,
+    /// Shake packets put into play (again, after a restart).
+    pub packets_released: u64,
+    /// Sent packets created, by users and by send campaigns.
+    pub send_packets: u64,
+    /// The newest event applied, and the newest the ledger has committed.
+    pub ledger_seq: u64,
+    pub committed_seq: u64,
+}
+
+/// The interface. Calls never block on I/O; answers come out of `drain`.
+pub trait Money: Send {
+    fn submit(&mut self, now_ms: u64, origin: Origin, op: Op);
+    /// Answered through `drain` as `Output::Admin { ticket, .. }`.
+    fn admin(&mut self, now_ms: u64, ticket: u64, request: AdminRequest);
+    /// Time passes: release shake packets, create campaign packets, expire packets. Call
+    /// every few milliseconds for an even rate.
+    fn tick(&mut self, now_ms: u64);
+    fn worker_up(&mut self, worker: WorkerId);
+    /// The worker is gone: the shake packets in its pool go back to their campaigns.
+    fn worker_down(&mut self, worker: WorkerId);
+    /// Everything that became durable since the last call, in order.
+    fn drain(&mut self, out: &mut Vec<Output>);
+    fn snapshot(&self) -> MoneySnapshot;
+    /// The audit as of now if it can be had without I/O (for `/metrics`).
+    fn audit_now(&self) -> Option<Audit>;
+    /// Why nothing more may be acknowledged (the ledger failed), if so.
+    fn failure(&self) -> Option<String>;
+    /// Commits everything submitted, then stops.
+    fn finish(&mut self) -> Result<(), String>;
+}
+
+/// Every balance the ledger holds, for the bench's user-by-user audit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Balances {
+    pub users: BTreeMap<u64, u64>,
+    pub campaigns: BTreeMap<u32, u64>,
+}
+
+/// Reads of what the ledger has committed, beside the money loop (admin threads).
+pub trait LedgerRead: Send {
+    fn user(&self, user: u64, limit: usize) -> Result<UserView, String>;
+    fn balances(&self) -> Result<Balances, String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_counts_are_fields_by_operation_and_result() {
+        let mut c = ReplyCounts::default();
+        c.count(OpKind::Shake, ResultCode::Won);
+        c.count(OpKind::Shake, ResultCode::Won);
+        c.count(OpKind::Chat, ResultCode::Offline);
+        let mut total = ReplyCounts::default();
+        total.add(&c);
+        total.add(&c);
+        assert_eq!(total.get(OpKind::Shake, ResultCode::Won), 4);
+        let seen: Vec<_> = c.nonzero().collect();
+        assert_eq!(
+            seen,
+            [
+                (OpKind::Shake, ResultCode::Won, 2),
+                (OpKind::Chat, ResultCode::Offline, 1)
+            ]
+        );
+    }
+}

@@ -1,0 +1,179 @@
+//! The embedded money backend, the default: the core runs in the supervisor's loop, its
+//! SQLite ledger is group-committed on a thread of its own, and a reader thread answers
+//! `Op::Me` from what the ledger has committed. Together they are one `Money`.
+//!
+//! - `core`: the money state machine (plain code, no I/O);
+//! - `ledger`: SQLite — events plus derived balances, the group-commit writer, readers.
+
+pub mod core;
+pub mod ledger;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+
+use hongbao_money::seam::{AdminRequest, MoneySnapshot, Op, Origin, Output};
+use hongbao_money::{Audit, Money, Reply, WorkerId};
+use hongbao_proto::ResultCode;
+
+use self::core::{Core, CoreConfig};
+use self::ledger::{GroupCommit, Ledger, LedgerWriter, Reader};
+
+/// `Op::Me` requests waiting for the reader; beyond this they are answered `unavailable`.
+const READS_QUEUED: usize = 1024;
+/// Recent events in a `Reply::Me`.
+const RECENT_EVENTS: usize = 20;
+
+pub struct EmbeddedConfig {
+    pub data_dir: PathBuf,
+    pub core: CoreConfig,
+    pub group: GroupCommit,
+}
+
+pub struct Embedded {
+    core: Core,
+    ledger: LedgerWriter,
+    path: PathBuf,
+    reads: SyncSender<Origin>,
+    answers: Receiver<Output>,
+}
+
+/// Wakes the loop that drains the backend (the ledger committed, a read is answered).
+pub type Wake = Arc<dyn Fn() + Send + Sync>;
+
+impl Embedded {
+    /// Opens the ledger in `cfg.data_dir`, rebuilds the money state from it and checks
+    /// that it balances. Returns the backend and how many events were replayed.
+    pub fn open(cfg: EmbeddedConfig, now_ms: u64, wake: Wake) -> anyhow::Result<(Embedded, u64)> {
+        let ledger = Ledger::open(&cfg.data_dir)?;
+        let path = cfg.data_dir.join("ledger.sqlite");
+        let mut core = Core::new(cfg.core);
+        let replayed = ledger.for_each(|record| core.replay(&record))?;
+        let stored = ledger.balances()?;
+        let rebuilt = core.balances_by_key();
+        if stored != rebuilt {
+            anyhow::bail!(
+                "the ledger's balances table disagrees with its events ({} vs {} accounts)",
+                stored.len(),
+                rebuilt.len()
+            );
+        }
+        core.resume(now_ms);
+        let audit = core.audit();
+        if !audit.ok {
+            anyhow::bail!(
+                "the ledger in {} does not balance: {audit:?}",
+                cfg.data_dir.display()
+            );
+        }
+        let commit_wake = wake.clone();
+        let ledger = LedgerWriter::spawn(ledger, core.seq(), cfg.group, move || commit_wake());
+        let (reads, answers) = spawn_reader(&path, wake)?;
+        Ok((
+            Embedded {
+                core,
+                ledger,
+                path,
+                reads,
+                answers,
+            },
+            replayed,
+        ))
+    }
+
+    /// The SQLite file, for read-only connections beside the writer.
+    pub fn ledger_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How often `tick` wants calling for an even release.
+    pub fn tick_interval_ms(&self) -> u64 {
+        self.core.tick_interval_ms()
+    }
+}
+
+/// The reader thread: `Op::Me` from committed data, off the money loop.
+fn spawn_reader(path: &Path, wake: Wake) -> anyhow::Result<(SyncSender<Origin>, Receiver<Output>)> {
+    let (tx, rx) = sync_channel::<Origin>(READS_QUEUED);
+    let (out_tx, out_rx) = std::sync::mpsc::channel();
+    let reader = Reader::open(path)?;
+    std::thread::Builder::new()
+        .name("ledger-reader".into())
+        .spawn(move || {
+            for to in rx {
+                let reply = match reader.user(to.user.get(), RECENT_EVENTS) {
+                    Ok(view) => Reply::Me(view),
+                    Err(e) => Reply::Error {
+                        result: ResultCode::Unavailable,
+                        text: format!("reading the ledger: {e}"),
+                    },
+                };
+                if out_tx.send(Output::Reply { to, reply }).is_err() {
+                    return;
+                }
+                wake();
+            }
+        })?;
+    Ok((tx, out_rx))
+}
+
+impl Money for Embedded {
+    fn submit(&mut self, now_ms: u64, origin: Origin, op: Op) {
+        if op != Op::Me {
+            return self.core.submit(now_ms, origin, op);
+        }
+        if let Err(TrySendError::Full(to) | TrySendError::Disconnected(to)) =
+            self.reads.try_send(origin)
+        {
+            let reply = Reply::Error {
+                result: ResultCode::Unavailable,
+                text: "the ledger reader is busy; try again".into(),
+            };
+            self.core.answer(to, reply);
+        }
+    }
+
+    fn admin(&mut self, now_ms: u64, ticket: u64, request: AdminRequest) {
+        self.core.admin(now_ms, ticket, request);
+    }
+
+    fn tick(&mut self, now_ms: u64) {
+        self.core.tick(now_ms);
+    }
+
+    fn worker_up(&mut self, worker: WorkerId) {
+        self.core.worker_up(worker);
+    }
+
+    fn worker_down(&mut self, worker: WorkerId) {
+        self.core.worker_down(worker);
+    }
+
+    fn drain(&mut self, out: &mut Vec<Output>) {
+        self.ledger.submit(self.core.take_records());
+        self.core.drain_ready(self.ledger.committed(), out);
+        out.extend(self.answers.try_iter());
+    }
+
+    fn snapshot(&self) -> MoneySnapshot {
+        MoneySnapshot {
+            committed_seq: self.ledger.committed(),
+            ..self.core.snapshot()
+        }
+    }
+
+    fn audit_now(&self) -> Option<Audit> {
+        Some(self.core.audit())
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.ledger
+            .is_dead()
+            .then(|| "the ledger writer stopped; refusing to acknowledge anything more".into())
+    }
+
+    fn finish(&mut self) -> Result<(), String> {
+        self.ledger.submit(self.core.take_records());
+        self.ledger.finish().map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,242 @@
+//! Presence: which connection each logged-in user is on, beside the money side rather
+//! than inside it. It answers logins (taking the route, kicking the connection it
+//! replaces), routes chat, and delivers notices the money side emits for a user to
+//! wherever that user is now. Plain code: it says what to deliver, the supervisor writes
+//! it to the workers' links.
+
+use std::collections::HashMap;
+
+use hongbao_money::seam::{OpKind, Origin, ReplyCounts};
+use hongbao_money::{ConnId, Notice, Push, Reply, UserId, WorkerId};
+use hongbao_proto::{KickReason, ResultCode};
+
+/// Where a user is connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub worker: WorkerId,
+    pub conn: ConnId,
+}
+
+/// Something for one connection.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delivery {
+    Reply {
+        to: Route,
+        request: u32,
+        reply: Reply,
+    },
+    /// `close`: the connection is closed after it (a kick).
+    Push { to: Route, push: Push, close: bool },
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PresenceCounters {
+    pub logins: u64,
+    pub kicks_replaced: u64,
+    /// Notices delivered to a connection.
+    pub notices: u64,
+    /// Chat replies by result.
+    pub chat: ReplyCounts,
+}
+
+#[derive(Default)]
+pub struct Presence {
+    routes: HashMap<UserId, Route>,
+    pub counters: PresenceCounters,
+}
+
+impl Presence {
+    /// A worker checked the user's token on `origin`'s connection: take the route and
+    /// answer the login; an older connection of the same user is kicked. Answering here,
+    /// not in the worker, orders logins as clients see them: of two, the one answered
+    /// first is the one replaced.
+    pub fn login(&mut self, origin: Origin) -> Vec<Delivery> {
+        self.counters.logins += 1;
+        let route = Route {
+            worker: origin.worker,
+            conn: origin.conn,
+        };
+        let mut out = vec![Delivery::Reply {
+            to: route,
+            request: origin.request,
+            reply: Reply::Login {
+                result: ResultCode::Ok,
+                user_id: origin.user.get(),
+            },
+        }];
+        if let Some(old) = self.routes.insert(origin.user, route) {
+            if old != route {
+                self.counters.kicks_replaced += 1;
+                out.push(Delivery::Push {
+                    to: old,
+                    push: Push::Kick {
+                        reason: KickReason::Replaced,
+                        text: "logged in elsewhere".into(),
+                    },
+                    close: true,
+                });
+            }
+        }
+        out
+    }
+
+    /// The connection closed or logged in as someone else.
+    pub fn offline(&mut self, worker: WorkerId, conn: ConnId, user: UserId) {
+        if self.routes.get(&user) == Some(&Route { worker, conn }) {
+            self.routes.remove(&user);
+        }
+    }
+
+    /// The worker is gone, and its users with it.
+    pub fn worker_down(&mut self, worker: WorkerId) {
+        self.routes.retain(|_, r| r.worker != worker);
+    }
+
+    pub fn route(&self, user: UserId) -> Option<Route> {
+        self.routes.get(&user).copied()
+    }
+
+    pub fn online_users(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// `text` from the caller to `to_user`'s connection: `delivered`, or `offline`.
+    pub fn chat(&mut self, origin: Origin, to_user: u64, text: String) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let route = UserId::new(to_user).and_then(|u| self.route(u));
+        let result = match route {
+            Some(to) => {
+                out.push(Delivery::Push {
+                    to,
+                    push: Push::Chat {
+                        from_user: origin.user,
+                        text,
+                    },
+                    close: false,
+                });
+                ResultCode::Delivered
+            }
+            None => ResultCode::Offline,
+        };
+        self.counters.chat.count(OpKind::Chat, result);
+        out.push(Delivery::Reply {
+            to: Route {
+                worker: origin.worker,
+                conn: origin.conn,
+            },
+            request: origin.request,
+            reply: Reply::Chat { result },
+        });
+        out
+    }
+
+    /// A notice for `user`, to its connection if it is online.
+    pub fn notice(&mut self, user: UserId, notice: Notice) -> Option<Delivery> {
+        let to = self.route(user)?;
+        self.counters.notices += 1;
+        Some(Delivery::Push {
+            to,
+            push: Push::Notice(notice),
+            close: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(worker: WorkerId, key: u32, user: u64) -> Origin {
+        Origin {
+            worker,
+            conn: ConnId { key, generation: 1 },
+            request: 7,
+            user: UserId::new(user).unwrap(),
+        }
+    }
+
+    fn user(id: u64) -> UserId {
+        UserId::new(id).unwrap()
+    }
+
+    #[test]
+    fn a_second_login_kicks_the_first_connection() {
+        let mut p = Presence::default();
+        let first = p.login(origin(0, 1, 5));
+        assert_eq!(first.len(), 1);
+        let second = p.login(origin(1, 2, 5));
+        assert!(matches!(
+            &second[1],
+            Delivery::Push { to, push: Push::Kick { reason: KickReason::Replaced, .. }, close: true }
+                if to.worker == 0 && to.conn.key == 1
+        ));
+        assert_eq!(p.route(user(5)).unwrap().worker, 1);
+        // The first connection going away does not take the second's route.
+        p.offline(
+            0,
+            ConnId {
+                key: 1,
+                generation: 1,
+            },
+            user(5),
+        );
+        assert_eq!(p.online_users(), 1);
+        // A login again on the same connection replaces nothing.
+        assert_eq!(p.login(origin(1, 2, 5)).len(), 1);
+        assert_eq!(p.counters.kicks_replaced, 1);
+    }
+
+    #[test]
+    fn chat_is_delivered_to_online_users_only() {
+        let mut p = Presence::default();
+        p.login(origin(0, 1, 5));
+        let sent = p.chat(origin(1, 9, 6), 5, "hi".into());
+        assert!(
+            matches!(&sent[0], Delivery::Push { push: Push::Chat { from_user, text }, .. }
+            if from_user.get() == 6 && text == "hi")
+        );
+        assert!(matches!(
+            &sent[1],
+            Delivery::Reply {
+                reply: Reply::Chat {
+                    result: ResultCode::Delivered
+                },
+                request: 7,
+                ..
+            }
+        ));
+        for to in [4, 0] {
+            let sent = p.chat(origin(1, 9, 6), to, "anyone?".into());
+            assert_eq!(sent.len(), 1);
+            assert!(matches!(
+                &sent[0],
+                Delivery::Reply {
+                    reply: Reply::Chat {
+                        result: ResultCode::Offline
+                    },
+                    ..
+                }
+            ));
+        }
+        p.worker_down(0);
+        assert_eq!(p.online_users(), 0);
+    }
+
+    #[test]
+    fn notices_reach_the_users_current_connection() {
+        let mut p = Presence::default();
+        let notice = Notice {
+            packet_id: 3,
+            from_user: None,
+            amount_cents: 10,
+            shares: 1,
+            expires_at_ms: 0,
+        };
+        assert_eq!(p.notice(user(5), notice), None);
+        p.login(origin(2, 4, 5));
+        assert!(
+            matches!(p.notice(user(5), notice), Some(Delivery::Push { to, .. }) if to.worker == 2)
+        );
+        assert_eq!(p.counters.notices, 1);
+    }
+}

@@ -1,0 +1,524 @@
+//! `hongbao serve`: the supervisor process. It hosts the money backend (the embedded
+//! core and its ledger), presence, and the admin API, and spawns the gateway workers
+//! (this same binary, `hongbao worker`), each holding its own SO_REUSEPORT listeners and
+//! one link back here.
+//!
+//! Its loop reads the links, hands operations to the money side and logins and chat to
+//! presence, ticks the money side's clock, and routes whatever comes out of the money
+//! side — which it only releases once durable — to the workers. It also watches the
+//! worker processes (`workers.rs`): a worker that dies has its pool returned (when its
+//! link closes) and is started again. `report.rs` turns what it knows into stats,
+//! samples for the monitor and Prometheus text.
+//!
+//! - `workers`: worker processes and their links;
+//! - `report`: `/v1/stats`, monitor samples, `/metrics`.
+
+mod report;
+mod workers;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::{ErrorKind, Write};
+use std::net::SocketAddr;
+use std::sync::mpsc::{sync_channel, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hongbao_money::seam::{AdminAnswer, AdminRequest as MoneyRequest, Op, Origin, Output};
+use hongbao_money::{ConnId, Money, UserId, WorkerId};
+use hongbao_sys::{limits, net, Stop};
+use hongbao_telemetry::sample;
+use hongbao_telemetry::Reporter;
+use mio::net::UnixListener;
+use mio::{Events, Interest, Poll, Token, Waker};
+use serde_json::json;
+use slab::Slab;
+
+use crate::admin::{self, AdminCommand, AdminRequest, AdminResponse};
+use crate::config::{ServeConfig, DEV_SECRET};
+use crate::embedded::core::CoreConfig;
+use crate::embedded::ledger::GroupCommit;
+use crate::embedded::{Embedded, EmbeddedConfig};
+use crate::link::{self, ToCore, ToWorker, WorkerConfig};
+use crate::presence::{Delivery, Presence};
+
+use workers::{Link, WorkerProc};
+
+const LINK_LISTENER: Token = Token(usize::MAX - 1);
+const WAKER: Token = Token(usize::MAX - 2);
+
+/// How long a broadcast's admin answer waits for the workers' counts.
+const BROADCAST_ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// How long after a whole second the supervisor reports it: the workers report theirs
+/// about 20 ms after the second.
+const SECOND_REPORT_DELAY: Duration = Duration::from_millis(150);
+
+struct Supervisor {
+    cfg: ServeConfig,
+    money: Box<dyn Money>,
+    tick_interval: Duration,
+    presence: Presence,
+    poll: Poll,
+    link_listener: UnixListener,
+    link_name: String,
+    links: Slab<Link>,
+    worker_links: HashMap<WorkerId, usize>,
+    workers: BTreeMap<WorkerId, WorkerProc>,
+    worker_cfg: WorkerConfig,
+    client_addr: SocketAddr,
+    ws_addr: Option<SocketAddr>,
+    admin_rx: Receiver<AdminCommand>,
+    /// Admin answers held until the ledger has committed what they saw.
+    deferred_admin: VecDeque<(u64, Sender<AdminResponse>, AdminResponse)>,
+    /// Admin requests handed to the money side, by ticket: where the answer goes, and
+    /// whether it creates (201) or reads (200).
+    tickets: HashMap<u64, (Sender<AdminResponse>, bool)>,
+    next_ticket: u64,
+    report: report::Report,
+    monitor: Option<Reporter>,
+    next_broadcast: u64,
+    broadcasts: BTreeMap<u64, PendingBroadcast>,
+    shutting_down: bool,
+    stop: Stop,
+}
+
+/// A broadcast handed to the workers, answered once each has said how many connections
+/// it is writing it to.
+struct PendingBroadcast {
+    reply: Sender<AdminResponse>,
+    server_time_us: u64,
+    waiting: Vec<WorkerId>,
+    workers: usize,
+    connections: u64,
+    deadline: Instant,
+}
+
+fn until_next_second() -> Duration {
+    Duration::from_millis(1000 - now_ms() % 1000)
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as u64
+}
+
+fn now_ms() -> u64 {
+    now_us() / 1000
+}
+
+/// A bound, non-listening socket that reserves `addr` (resolving ":0") and joins the
+/// workers' SO_REUSEPORT group but never receives connections.
+fn placeholder(addr: &str, what: &str) -> anyhow::Result<std::net::TcpListener> {
+    let requested: SocketAddr = addr
+        .parse()
+        .map_err(|e| anyhow::anyhow!("the {what} address {addr:?}: {e}"))?;
+    net::reuseport_listener(requested, false)
+        .map_err(|e| anyhow::anyhow!("binding the {what} address {requested}: {e}"))
+}
+
+/// Runs `hongbao serve` until `stop`. Prints one "ready" line on stdout with the bound
+/// addresses once every worker has connected.
+pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
+    let nofile = limits::raise_nofile_limit();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let worker_count = cfg.worker_count(nofile, cores)?;
+    if cfg.secret == DEV_SECRET {
+        eprintln!(
+            "hongbao serve: using the built-in development secret; set `secret` for real use"
+        );
+    }
+
+    let poll = Poll::new()?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+    let wake = waker.clone();
+    let (money, replayed) = Embedded::open(
+        EmbeddedConfig {
+            data_dir: cfg.data_dir.clone(),
+            core: CoreConfig {
+                packet_ttl_ms: cfg.packet_ttl_secs * 1000,
+                rng_seed: None,
+            },
+            group: GroupCommit {
+                commit_window: Duration::from_millis(cfg.commit_window_ms),
+                max_batch: cfg.commit_max_batch.max(1),
+            },
+        },
+        now_ms(),
+        Arc::new(move || {
+            let _ = wake.wake();
+        }),
+    )?;
+    let ledger_path = money.ledger_path().to_path_buf();
+    let tick_interval = Duration::from_millis(money.tick_interval_ms());
+
+    let client_placeholder = placeholder(&cfg.listen, "client")?;
+    let client_addr = client_placeholder.local_addr()?;
+    let ws_placeholder = match cfg.ws_listen.as_str() {
+        "" => None,
+        addr => Some(placeholder(addr, "WebSocket")?),
+    };
+    let ws_addr = match &ws_placeholder {
+        Some(p) => Some(p.local_addr()?),
+        None => None,
+    };
+
+    let link_name = format!("hongbao-link-{}-{}", std::process::id(), now_ms());
+    let std_listener =
+        std::os::unix::net::UnixListener::bind_addr(&net::abstract_addr(&link_name)?)?;
+    std_listener.set_nonblocking(true)?;
+    let mut link_listener = UnixListener::from_std(std_listener);
+    poll.registry()
+        .register(&mut link_listener, LINK_LISTENER, Interest::READABLE)?;
+
+    let (admin_tx, admin_rx) = sync_channel(256);
+    let admin_addr = admin::start(&cfg.admin, ledger_path, admin_tx, waker.clone())?;
+
+    let worker_cfg = WorkerConfig {
+        secret: cfg.secret.as_bytes().to_vec(),
+        max_shakes_per_sec: cfg.max_shake_qps.div_ceil(worker_count as u32),
+        max_connections: limits::sockets_per_process(nofile) as u32,
+        login_timeout_secs: cfg.login_timeout_secs,
+        idle_timeout_secs: cfg.idle_timeout_secs,
+        max_output_bytes: cfg.max_output_bytes,
+        demo_login: cfg.demo_login(),
+        max_queue_ms: cfg.max_queue_ms,
+    };
+    let monitor = (!cfg.monitor.is_empty()).then(|| Reporter::start(&cfg.monitor));
+    let mut sup = Supervisor {
+        cfg,
+        money: Box::new(money),
+        tick_interval,
+        presence: Presence::default(),
+        poll,
+        link_listener,
+        link_name,
+        links: Slab::new(),
+        worker_links: HashMap::new(),
+        workers: BTreeMap::new(),
+        worker_cfg,
+        client_addr,
+        ws_addr,
+        admin_rx,
+        deferred_admin: VecDeque::new(),
+        tickets: HashMap::new(),
+        next_ticket: 1,
+        report: report::Report::new(sample::interface_for(client_addr.ip())),
+        monitor,
+        next_broadcast: 1,
+        broadcasts: BTreeMap::new(),
+        shutting_down: false,
+        stop,
+    };
+    for w in 0..worker_count as WorkerId {
+        let child = sup.spawn_worker(w)?;
+        sup.workers.insert(w, WorkerProc::new(child));
+    }
+    let result = sup.event_loop(admin_addr, replayed);
+    sup.stop_workers();
+    if let Some(monitor) = sup.monitor.clone() {
+        // The last second's counts, so the monitor's series adds up to the totals.
+        monitor.send_final(&sup.sample(now_ms() / 1000));
+    }
+    let flushed = sup.money.finish();
+    drop(client_placeholder);
+    drop(ws_placeholder);
+    result?;
+    flushed.map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "hongbao serve: stopped; ledger at seq {}",
+        sup.money.snapshot().ledger_seq
+    );
+    Ok(())
+}
+
+fn origin(worker: WorkerId, conn: ConnId, request: u32, user: UserId) -> Origin {
+    Origin {
+        worker,
+        conn,
+        request,
+        user,
+    }
+}
+
+impl Supervisor {
+    fn event_loop(&mut self, admin_addr: SocketAddr, replayed: u64) -> anyhow::Result<()> {
+        let mut events = Events::with_capacity(256);
+        let mut next_tick = Instant::now();
+        // Just after each whole wall-clock second, once the workers' reports are in.
+        let mut next_second = Instant::now() + until_next_second() + SECOND_REPORT_DELAY;
+        let mut next_check = Instant::now();
+        let mut ready_said = false;
+        let mut outs = Vec::new();
+        loop {
+            let timeout = next_tick.saturating_duration_since(Instant::now());
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != ErrorKind::Interrupted {
+                    return Err(e.into());
+                }
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LINK_LISTENER => self.accept_links()?,
+                    WAKER => {}
+                    Token(key) => self.read_link(key),
+                }
+            }
+            while let Ok(cmd) = self.admin_rx.try_recv() {
+                self.admin(cmd);
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                self.money.tick(now_ms());
+                next_tick = now + self.tick_interval;
+            }
+            if now >= next_second {
+                next_second = now + until_next_second() + SECOND_REPORT_DELAY;
+                self.report.roll_rates(&self.replies());
+                if let Some(monitor) = self.monitor.clone() {
+                    let second = (now_ms() / 1000).saturating_sub(1);
+                    monitor.send(self.sample(second));
+                }
+                self.answer_broadcasts(true);
+            }
+            if now >= next_check {
+                next_check = now + Duration::from_millis(100);
+                self.check_workers()?;
+            }
+            if !ready_said && self.worker_links.len() == self.workers.len() {
+                ready_said = true;
+                let ws = self.ws_addr.map_or(String::new(), |a| format!(" ws={a}"));
+                println!(
+                    "hongbao serve ready: listen={} admin={}{ws} workers={} data_dir={} replayed_events={}",
+                    self.client_addr,
+                    admin_addr,
+                    self.workers.len(),
+                    self.cfg.data_dir.display(),
+                    replayed
+                );
+                let _ = std::io::stdout().flush();
+            }
+            self.route_outputs(&mut outs);
+            self.flush_links();
+            if let Some(why) = self.money.failure() {
+                anyhow::bail!(why);
+            }
+            if self.stop.requested() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Whatever the money side has made durable goes out: replies and deals to their
+    /// workers, notices through presence, answers to the operators who asked.
+    fn route_outputs(&mut self, outs: &mut Vec<Output>) {
+        self.money.drain(outs);
+        for out in outs.drain(..) {
+            match out {
+                Output::Reply { to, reply } => {
+                    let msg = ToWorker::Reply {
+                        conn: to.conn,
+                        req: to.request,
+                        reply,
+                    };
+                    self.tell_worker(to.worker, &msg);
+                }
+                Output::Notice { user, notice } => {
+                    if let Some(delivery) = self.presence.notice(user, notice) {
+                        self.deliver(delivery);
+                    }
+                }
+                Output::Deal { worker, packets } => {
+                    self.tell_worker(worker, &ToWorker::Deal { packets });
+                }
+                Output::Admin { ticket, answer } => {
+                    if let Some((reply, creates)) = self.tickets.remove(&ticket) {
+                        let _ = reply.send(admin_answer(answer, creates));
+                    }
+                }
+            }
+        }
+        let committed = self.money.snapshot().committed_seq;
+        while let Some((tag, _, _)) = self.deferred_admin.front() {
+            if *tag > committed {
+                break;
+            }
+            let (_, reply, response) = self.deferred_admin.pop_front().expect("looked at");
+            let _ = reply.send(response);
+        }
+    }
+
+    fn tell_worker(&mut self, worker: WorkerId, msg: &ToWorker) {
+        if let Some(link) = self
+            .worker_links
+            .get(&worker)
+            .and_then(|k| self.links.get_mut(*k))
+        {
+            link::encode(msg, &mut link.outbuf);
+        }
+    }
+
+    fn deliver(&mut self, delivery: Delivery) {
+        let (worker, msg) = match delivery {
+            Delivery::Reply { to, request, reply } => (
+                to.worker,
+                ToWorker::Reply {
+                    conn: to.conn,
+                    req: request,
+                    reply,
+                },
+            ),
+            Delivery::Push { to, push, close } => (
+                to.worker,
+                ToWorker::Push {
+                    conn: to.conn,
+                    push,
+                    close,
+                },
+            ),
+        };
+        self.tell_worker(worker, &msg);
+    }
+
+    fn on_worker_message(&mut self, w: WorkerId, msg: ToCore, now: u64) {
+        match msg {
+            ToCore::Hello { .. } => {}
+            ToCore::Online { conn, req, user } => {
+                let origin = origin(w, conn, req, user);
+                for delivery in self.presence.login(origin) {
+                    self.deliver(delivery);
+                }
+                self.money.submit(now, origin, Op::LoggedIn);
+            }
+            ToCore::Offline { conn, user } => self.presence.offline(w, conn, user),
+            ToCore::Op {
+                conn,
+                req,
+                user,
+                op,
+            } => {
+                self.money.submit(now, origin(w, conn, req, user), op);
+            }
+            ToCore::Chat {
+                conn,
+                req,
+                user,
+                to_user,
+                text,
+            } => {
+                for delivery in self
+                    .presence
+                    .chat(origin(w, conn, req, user), to_user, text)
+                {
+                    self.deliver(delivery);
+                }
+            }
+            ToCore::BroadcastTaken { id, connections } => {
+                if let Some(b) = self.broadcasts.get_mut(&id) {
+                    b.waiting.retain(|&x| x != w);
+                    b.connections += connections;
+                }
+                self.answer_broadcasts(false);
+            }
+            ToCore::Stats(stats) => {
+                self.report.worker_latency(&stats.shake_latency_us);
+                if let Some(proc_) = self.workers.get_mut(&w) {
+                    proc_.previous = proc_.latest.take();
+                    proc_.latest = Some(*stats);
+                }
+            }
+        }
+    }
+
+    // ----- admin -------------------------------------------------------------------------
+
+    fn admin(&mut self, cmd: AdminCommand) {
+        let response = match cmd.request {
+            AdminRequest::Money(request) => {
+                let ticket = self.next_ticket;
+                self.next_ticket += 1;
+                let creates = matches!(
+                    request,
+                    MoneyRequest::CreateShake(_) | MoneyRequest::CreateSend(_)
+                );
+                self.tickets.insert(ticket, (cmd.reply, creates));
+                self.money.admin(now_ms(), ticket, request);
+                return;
+            }
+            AdminRequest::Broadcast(req) => return self.broadcast(req.text, cmd.reply),
+            AdminRequest::Stats => AdminResponse::json(200, &self.stats()),
+            AdminRequest::Metrics => AdminResponse {
+                status: 200,
+                body: self.metrics(),
+                content_type: hongbao_telemetry::prom::CONTENT_TYPE,
+            },
+        };
+        // Reads are answered once what they saw is durable, like everything else.
+        let seq = self.money.snapshot().ledger_seq;
+        self.deferred_admin.push_back((seq, cmd.reply, response));
+    }
+
+    fn broadcast(&mut self, text: String, reply: Sender<AdminResponse>) {
+        let id = self.next_broadcast;
+        self.next_broadcast += 1;
+        let server_time_us = now_us();
+        let msg = ToWorker::Broadcast {
+            id,
+            server_time_us,
+            text,
+        };
+        let mut waiting = Vec::new();
+        for (&w, &key) in &self.worker_links {
+            link::encode(&msg, &mut self.links[key].outbuf);
+            waiting.push(w);
+        }
+        self.broadcasts.insert(
+            id,
+            PendingBroadcast {
+                reply,
+                server_time_us,
+                workers: waiting.len(),
+                waiting,
+                connections: 0,
+                deadline: Instant::now() + BROADCAST_ANSWER_WAIT,
+            },
+        );
+        self.answer_broadcasts(false);
+    }
+
+    /// Answers the broadcasts every worker has counted (or, with `overdue`, those whose
+    /// wait is over: a worker that does not answer is left out of the count).
+    fn answer_broadcasts(&mut self, overdue: bool) {
+        let now = Instant::now();
+        let done: Vec<u64> = self
+            .broadcasts
+            .iter()
+            .filter(|(_, b)| b.waiting.is_empty() || (overdue && now >= b.deadline))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            let b = self.broadcasts.remove(&id).expect("listed");
+            let answer = json!({
+                "id": id,
+                "server_time_us": b.server_time_us,
+                "connections": b.connections,
+                "workers": b.workers - b.waiting.len(),
+            });
+            let _ = b.reply.send(AdminResponse::json(200, &answer));
+        }
+    }
+}
+
+/// The HTTP answer to what the money side said.
+fn admin_answer(answer: AdminAnswer, creates: bool) -> AdminResponse {
+    match answer {
+        AdminAnswer::Campaign(status) => {
+            AdminResponse::json(if creates { 201 } else { 200 }, &status)
+        }
+        AdminAnswer::NoCampaign(id) => AdminResponse::error(404, format!("no campaign {id}")),
+        AdminAnswer::Campaigns(all) => AdminResponse::json(200, &all),
+        AdminAnswer::Audit(audit) => AdminResponse::json(200, &audit),
+        AdminAnswer::Refused(why) => AdminResponse::error(400, why),
+    }
+}

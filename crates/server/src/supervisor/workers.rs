@@ -1,0 +1,269 @@
+//! The supervisor's side of the gateway workers: starting them (this same binary,
+//! `hongbao worker`), their links (one Unix stream each, length-prefixed messages both
+//! ways), restarting a worker that dies, and stopping them all in order.
+
+use std::io::{ErrorKind, Read};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hongbao_money::WorkerId;
+use hongbao_sys::net;
+use mio::net::UnixStream;
+use mio::{Events, Interest, Token};
+
+use super::{now_ms, Supervisor, LINK_LISTENER, WAKER};
+use crate::link::{self, ToCore, ToWorker, WorkerStats};
+
+/// A worker whose link output backs up past this is treated as dead.
+const MAX_LINK_BACKLOG: usize = 256 << 20;
+
+pub(super) struct Link {
+    stream: UnixStream,
+    worker: Option<WorkerId>,
+    inbuf: Vec<u8>,
+    pub(super) outbuf: Vec<u8>,
+}
+
+pub(super) struct WorkerProc {
+    child: Option<Child>,
+    pub(super) restarts: u32,
+    respawn_at: Option<Instant>,
+    /// Stats reports: latest and the one a second before, for per-second rates.
+    pub(super) latest: Option<WorkerStats>,
+    pub(super) previous: Option<WorkerStats>,
+}
+
+impl WorkerProc {
+    pub(super) fn new(child: Child) -> WorkerProc {
+        WorkerProc {
+            child: Some(child),
+            restarts: 0,
+            respawn_at: None,
+            latest: None,
+            previous: None,
+        }
+    }
+}
+
+impl Supervisor {
+    pub(super) fn spawn_worker(&self, w: WorkerId) -> anyhow::Result<Child> {
+        let exe = std::env::current_exe()?;
+        let child = Command::new(exe)
+            .arg("worker")
+            .arg("--link")
+            .arg(&self.link_name)
+            .arg("--index")
+            .arg(w.to_string())
+            .arg("--listen")
+            .arg(self.client_addr.to_string())
+            .args(
+                self.ws_addr
+                    .iter()
+                    .flat_map(|a| ["--ws-listen".to_string(), a.to_string()]),
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting worker {w}: {e}"))?;
+        Ok(child)
+    }
+
+    pub(super) fn accept_links(&mut self) -> anyhow::Result<()> {
+        loop {
+            match self.link_listener.accept() {
+                Ok((mut stream, _)) => {
+                    let entry = self.links.vacant_entry();
+                    self.poll.registry().register(
+                        &mut stream,
+                        Token(entry.key()),
+                        Interest::READABLE | Interest::WRITABLE,
+                    )?;
+                    entry.insert(Link {
+                        stream,
+                        worker: None,
+                        inbuf: Vec::new(),
+                        outbuf: Vec::new(),
+                    });
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    pub(super) fn read_link(&mut self, key: usize) {
+        let mut chunk = [0u8; 64 * 1024];
+        let mut closed = false;
+        let Some(link) = self.links.get_mut(key) else {
+            return;
+        };
+        loop {
+            match link.stream.read(&mut chunk) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => link.inbuf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        let mut inbox = Vec::new();
+        if let Err(e) = link::decode_all::<ToCore>(&mut link.inbuf, |m| inbox.push(m)) {
+            eprintln!("hongbao serve: dropping a worker link: {e}");
+            closed = true;
+        }
+        let now = now_ms();
+        for msg in inbox {
+            match self.links[key].worker {
+                Some(w) => self.on_worker_message(w, msg, now),
+                None => self.hello(key, msg),
+            }
+        }
+        if closed {
+            self.drop_link(key);
+        }
+    }
+
+    /// A new link's first message names its worker.
+    fn hello(&mut self, key: usize, msg: ToCore) {
+        let ToCore::Hello { worker: w, .. } = msg else {
+            return;
+        };
+        // A worker index can have one link: an older one (a worker that was replaced
+        // before its link closed) goes down first, returning its pool.
+        if let Some(old) = self.worker_links.get(&w).copied() {
+            self.drop_link(old);
+        }
+        self.worker_links.insert(w, key);
+        self.links[key].worker = Some(w);
+        self.money.worker_up(w);
+        link::encode(
+            &ToWorker::Welcome(self.worker_cfg.clone()),
+            &mut self.links[key].outbuf,
+        );
+    }
+
+    pub(super) fn drop_link(&mut self, key: usize) {
+        if !self.links.contains(key) {
+            return;
+        }
+        let mut link = self.links.remove(key);
+        let _ = self.poll.registry().deregister(&mut link.stream);
+        let Some(w) = link.worker else {
+            return;
+        };
+        if self.worker_links.get(&w) == Some(&key) {
+            self.worker_links.remove(&w);
+            self.money.worker_down(w);
+            self.presence.worker_down(w);
+            self.retire_stats(w);
+            for b in self.broadcasts.values_mut() {
+                b.waiting.retain(|&x| x != w);
+            }
+            self.answer_broadcasts(false);
+        }
+    }
+
+    pub(super) fn flush_links(&mut self) {
+        let mut dead = Vec::new();
+        for (key, link) in self.links.iter_mut() {
+            match net::write_nonblocking(&mut link.stream, &link.outbuf) {
+                Ok(n) => {
+                    link.outbuf.drain(..n);
+                }
+                Err(_) => dead.push(key),
+            }
+            if link.outbuf.len() > MAX_LINK_BACKLOG {
+                eprintln!(
+                    "hongbao serve: worker {:?} is not reading its link; dropping it",
+                    link.worker
+                );
+                dead.push(key);
+            }
+        }
+        for key in dead {
+            self.drop_link(key);
+        }
+    }
+
+    pub(super) fn check_workers(&mut self) -> anyhow::Result<()> {
+        if self.shutting_down {
+            return Ok(());
+        }
+        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+        for w in ids {
+            let proc_ = self.workers.get_mut(&w).expect("listed");
+            if let Some(child) = proc_.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    eprintln!(
+                        "hongbao serve: worker {w} (pid {}) exited: {status}; restarting",
+                        child.id()
+                    );
+                    proc_.child = None;
+                    proc_.restarts += 1;
+                    // Back off when a worker keeps dying, so a crash loop cannot spin.
+                    let delay = Duration::from_millis(100 * proc_.restarts.min(50) as u64);
+                    proc_.respawn_at = Some(Instant::now() + delay);
+                    if let Some(key) = self.worker_links.get(&w).copied() {
+                        self.drop_link(key);
+                    }
+                }
+            }
+            let proc_ = self.workers.get_mut(&w).expect("listed");
+            if proc_.child.is_none() && proc_.respawn_at.is_some_and(|t| Instant::now() >= t) {
+                proc_.respawn_at = None;
+                let child = self.spawn_worker(w)?;
+                self.workers.get_mut(&w).expect("listed").child = Some(child);
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells every worker to shut down (they kick their clients with the reason), reads
+    /// their last reports while they go, then makes sure they are gone.
+    pub(super) fn stop_workers(&mut self) {
+        self.shutting_down = true;
+        for link in self.links.iter_mut().map(|(_, l)| l) {
+            link::encode(&ToWorker::Shutdown, &mut link.outbuf);
+        }
+        self.flush_links();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut events = Events::with_capacity(64);
+        while !self.worker_links.is_empty() && Instant::now() < deadline {
+            let _ = self.poll.poll(&mut events, Some(Duration::from_millis(10)));
+            for event in events.iter() {
+                let Token(key) = event.token();
+                if key != LINK_LISTENER.0 && key != WAKER.0 {
+                    self.read_link(key);
+                }
+            }
+        }
+        for proc_ in self.workers.values_mut() {
+            if let Some(child) = proc_.child.as_mut() {
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    fn retire_stats(&mut self, w: WorkerId) {
+        let Some(proc_) = self.workers.get_mut(&w) else {
+            return;
+        };
+        if let Some(last) = proc_.latest.take() {
+            self.report.retire(&last);
+        }
+        proc_.previous = None;
+    }
+}

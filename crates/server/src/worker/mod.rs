@@ -1,0 +1,585 @@
+//! A gateway worker: one process, one event loop, one SET — its connections, its local
+//! shake pool, its admission counter, its stats.
+//!
+//! Connections live in a slab of small records driven by mio, not in a task each: the
+//! read buffer is shared by the whole worker. There is one read/dispatch/write path for
+//! every transport: bytes go through the connection's codec (the wire seam, `codec.rs`)
+//! into transport-free requests, handlers (`handler.rs`) act on them, and typed replies
+//! and pushes go back through the codec into bytes. Losing shakes are answered here at
+//! memory speed; winning shakes, sends, opens and chats go to the supervisor over the
+//! link, and its answers come back as typed replies addressed to a `ConnId` (slab key +
+//! generation, so an answer for a closed connection can never reach the next owner of its
+//! slot).
+//!
+//! - `conn`: the connection record and writing, kicking, closing;
+//! - `codec`: the wire seam — binary frames, WebSocket; `http`: HTTP on the listener;
+//! - `handler`: requests → logins, admission, the shake pool, the link;
+//! - `broadcast`: operator broadcasts, a slice of connections per turn.
+
+mod broadcast;
+mod codec;
+mod conn;
+mod handler;
+mod http;
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hdrhistogram::Histogram;
+use hongbao_money::{ConnId, Reply, WorkerId};
+use hongbao_proto::KickReason;
+use hongbao_sys::{limits, net, usage};
+use mio::net::{TcpListener, UnixStream};
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+
+use crate::link::{self, ToCore, ToWorker, WorkerConfig, WorkerStats};
+use broadcast::BroadcastJob;
+use codec::{Codec, Cx, Idle, Then};
+use conn::{Conn, State, CLOSING_GRACE_SECS};
+use handler::Admission;
+use http::HttpCodec;
+
+const LINK: Token = Token(usize::MAX - 1);
+/// Listener `i` has token `LISTENERS - i`.
+const LISTENERS: usize = usize::MAX - 2;
+/// Bytes read per `read` call into the worker's shared buffer.
+const READ_BUF: usize = 64 * 1024;
+/// Reads one connection may do per readiness event before others get a turn.
+const READS_PER_TURN: usize = 4;
+/// A claim unanswered this long is forgotten (its connection closed).
+const CLAIM_FORGET_SECS: u64 = 30;
+
+pub struct WorkerOptions {
+    pub index: WorkerId,
+    pub link: String,
+    pub listen: SocketAddr,
+    pub ws_listen: Option<SocketAddr>,
+}
+
+/// A listening socket and what its connections speak first.
+struct Listener {
+    socket: TcpListener,
+    /// Binary frames, or HTTP (then perhaps WebSocket).
+    http: bool,
+    /// Connections whose handshake finished before the listener had receive timestamps
+    /// on (a client may connect between our listen() and the supervisor's Welcome) did
+    /// not inherit them: turn them on one by one until the first drain of the accept
+    /// queue.
+    stamp_backlog: bool,
+}
+
+struct Worker {
+    index: WorkerId,
+    poll: Poll,
+    listeners: Vec<Listener>,
+    conns: Slab<Conn>,
+    broadcasts: VecDeque<BroadcastJob>,
+    /// Connections that hit `READS_PER_TURN` and still have input waiting.
+    again: Vec<usize>,
+    link: UnixStream,
+    link_in: Vec<u8>,
+    link_out: Vec<u8>,
+    pool: VecDeque<(u64, u64)>,
+    cfg: WorkerConfig,
+    started: Instant,
+    next_generation: u32,
+    admission: Admission,
+    accept_paused: bool,
+    stats: WorkerStats,
+    /// Shake latency of the current second (µs).
+    latency: Histogram<u64>,
+    /// When each shake waiting on the core for a win was read, by (connection, request).
+    claims: HashMap<(ConnId, u32), Instant>,
+    /// When the kernel received the newest bytes of the current read (wall clock).
+    received: Option<Duration>,
+    /// Transport answers of the current decode step (reused).
+    scratch: Vec<u8>,
+    shutdown: bool,
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// Time until 20 ms past the next whole Unix second.
+fn until_next_second() -> Duration {
+    let into = unix_now().subsec_millis() as u64;
+    Duration::from_millis((1000 - into) + 20)
+}
+
+/// Runs a worker until the supervisor tells it to stop or the link closes.
+pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
+    limits::raise_nofile_limit();
+    // Listen before saying hello: the supervisor announces "ready" once every worker has
+    // said hello, and a client connecting then must find a listener.
+    let mut listeners = vec![Listener {
+        socket: TcpListener::from_std(net::reuseport_listener(opts.listen, true)?),
+        http: false,
+        stamp_backlog: false,
+    }];
+    if let Some(addr) = opts.ws_listen {
+        listeners.push(Listener {
+            socket: TcpListener::from_std(net::reuseport_listener(addr, true)?),
+            http: true,
+            stamp_backlog: false,
+        });
+    }
+    let addr = net::abstract_addr(&opts.link)?;
+    let std_link = std::os::unix::net::UnixStream::connect_addr(&addr)
+        .map_err(|e| anyhow::anyhow!("worker {}: connecting to the core: {e}", opts.index))?;
+    let mut hello = Vec::new();
+    link::encode(
+        &ToCore::Hello {
+            worker: opts.index,
+            pid: std::process::id(),
+        },
+        &mut hello,
+    );
+    (&std_link).write_all(&hello)?;
+    let (cfg, early, link_in) = read_welcome(&std_link)?;
+    if cfg.max_queue_ms > 0 {
+        for l in &mut listeners {
+            net::enable_receive_timestamps(&l.socket)?;
+            l.stamp_backlog = true;
+        }
+    }
+    std_link.set_nonblocking(true)?;
+
+    let poll = Poll::new()?;
+    for (i, l) in listeners.iter_mut().enumerate() {
+        poll.registry()
+            .register(&mut l.socket, Token(LISTENERS - i), Interest::READABLE)?;
+    }
+    let mut link = UnixStream::from_std(std_link);
+    poll.registry()
+        .register(&mut link, LINK, Interest::READABLE | Interest::WRITABLE)?;
+    let mut worker = Worker {
+        index: opts.index,
+        poll,
+        listeners,
+        conns: Slab::new(),
+        broadcasts: VecDeque::new(),
+        again: Vec::new(),
+        link,
+        link_in,
+        link_out: Vec::new(),
+        pool: VecDeque::new(),
+        cfg,
+        started: Instant::now(),
+        next_generation: 1,
+        admission: Admission::default(),
+        accept_paused: false,
+        stats: WorkerStats {
+            worker: opts.index,
+            pid: std::process::id(),
+            ..Default::default()
+        },
+        latency: hongbao_telemetry::sample::new_histogram(),
+        claims: HashMap::new(),
+        received: None,
+        scratch: Vec::new(),
+        shutdown: false,
+    };
+    for msg in early {
+        worker.on_core_message(msg);
+    }
+    worker.event_loop()
+}
+
+/// Waits for the supervisor's welcome. Returns it with whatever came right behind it in
+/// the same reads (packets may already be dealt to us): the messages, and the bytes of
+/// one not yet whole.
+fn read_welcome(
+    mut stream: &std::os::unix::net::UnixStream,
+) -> anyhow::Result<(WorkerConfig, Vec<ToWorker>, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let mut welcome = None;
+    let mut early = Vec::new();
+    loop {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            anyhow::bail!("the core closed the link before welcoming this worker");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        link::decode_all::<ToWorker>(&mut buf, |m| match m {
+            ToWorker::Welcome(cfg) if welcome.is_none() => welcome = Some(cfg),
+            other => early.push(other),
+        })
+        .map_err(anyhow::Error::msg)?;
+        if let Some(cfg) = welcome {
+            return Ok((cfg, early, buf));
+        }
+    }
+}
+
+impl Worker {
+    fn now_s(&self) -> u32 {
+        self.started.elapsed().as_secs() as u32
+    }
+
+    fn event_loop(&mut self) -> anyhow::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        let mut read_buf = vec![0u8; READ_BUF];
+        // Ticks fall just after each whole wall-clock second, in every worker alike, so the
+        // per-second counters of all workers describe the same second.
+        let mut next_tick = Instant::now() + until_next_second();
+        while !self.shutdown {
+            let timeout = if self.again.is_empty() && self.broadcasts.is_empty() {
+                next_tick.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() == ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LINK => self.on_link(event.is_readable())?,
+                    Token(t) if t > LISTENERS - self.listeners.len() && t <= LISTENERS => {
+                        self.accept(LISTENERS - t)
+                    }
+                    Token(key) => {
+                        if event.is_writable() {
+                            self.flush_conn(key);
+                        }
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            self.on_readable(key, &mut read_buf);
+                        }
+                    }
+                }
+            }
+            for key in std::mem::take(&mut self.again) {
+                self.on_readable(key, &mut read_buf);
+            }
+            self.broadcast_slice();
+            if Instant::now() >= next_tick {
+                next_tick = Instant::now() + until_next_second();
+                self.tick();
+            }
+            self.flush_link()?;
+        }
+        // A last report, so the counts of this partial second are not lost.
+        self.tick();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !self.link_out.is_empty() && Instant::now() < deadline {
+            self.flush_link()?;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    // ----- connections ----------------------------------------------------------------
+
+    fn accept(&mut self, i: usize) {
+        if self.accept_paused {
+            return;
+        }
+        loop {
+            let listener = &mut self.listeners[i];
+            match listener.socket.accept() {
+                Ok((mut stream, _)) => {
+                    self.stats.accepted += 1;
+                    if self.conns.len() >= self.cfg.max_connections as usize {
+                        self.stats.rejected += 1;
+                        continue; // dropped: closes at once
+                    }
+                    let _ = stream.set_nodelay(true);
+                    if listener.stamp_backlog {
+                        let _ = net::enable_receive_timestamps(&stream);
+                    }
+                    let codec = if listener.http {
+                        Codec::Http(HttpCodec)
+                    } else {
+                        Codec::Frames
+                    };
+                    let entry = self.conns.vacant_entry();
+                    let interest = Interest::READABLE | Interest::WRITABLE;
+                    if self
+                        .poll
+                        .registry()
+                        .register(&mut stream, Token(entry.key()), interest)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    let generation = self.next_generation;
+                    self.next_generation = self.next_generation.wrapping_add(1).max(1);
+                    let now = self.started.elapsed().as_secs() as u32;
+                    entry.insert(Conn::new(stream, generation, now, codec));
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    // Everything accepted from now on was born with the listener's option.
+                    listener.stamp_backlog = false;
+                    return;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of files (or similar): stop accepting until the next tick rather
+                    // than spin; the backlog waits in the kernel.
+                    eprintln!(
+                        "worker {}: accept: {e}; pausing accepts for a second",
+                        self.index
+                    );
+                    self.accept_paused = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_readable(&mut self, key: usize, buf: &mut [u8]) {
+        for _ in 0..READS_PER_TURN {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            let read = if self.cfg.max_queue_ms > 0 {
+                net::read_stamped(conn.stream.as_raw_fd(), buf)
+            } else {
+                conn.stream.read(buf).map(|n| (n, None))
+            };
+            let n = match read {
+                Ok((0, _)) => return self.close(key),
+                Ok((n, received)) => {
+                    self.received = received;
+                    n
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return self.close(key),
+            };
+            self.stats.bytes_in += n as u64;
+            if conn.state == State::Closing {
+                continue; // discard until the peer closes
+            }
+            conn.last_seen = self.started.elapsed().as_secs() as u32;
+            let mut partial = conn.take_partial();
+            let rest = if partial.is_empty() {
+                let used = self.input(key, &mut buf[..n]);
+                buf[used..n].to_vec()
+            } else {
+                partial.extend_from_slice(&buf[..n]);
+                let used = self.input(key, &mut partial);
+                partial.drain(..used);
+                partial
+            };
+            if let Some(conn) = self.conns.get_mut(key).filter(|c| c.state == State::Open) {
+                conn.keep_partial(rest);
+            }
+        }
+        self.again.push(key);
+    }
+
+    /// The one read path: decodes what a connection sent a request at a time, writes what
+    /// the transport answers by itself, and dispatches each request. Returns how many
+    /// bytes it used (the rest is an incomplete request, kept for the next read).
+    fn input(&mut self, key: usize, data: &mut [u8]) -> usize {
+        let mut at = 0;
+        while at < data.len() && self.is_open(key) {
+            let mut out = std::mem::take(&mut self.scratch);
+            let mut cx = Cx {
+                out: &mut out,
+                stats: &mut self.stats,
+                cfg: &self.cfg,
+            };
+            let step = self.conns[key].codec.decode(&mut data[at..], &mut cx);
+            at += step.used;
+            if !out.is_empty() {
+                self.write(key, &out);
+                out.clear();
+            }
+            self.scratch = out;
+            match step.then {
+                Then::Read => {}
+                Then::Kick(reason, text) => {
+                    self.kick(key, reason, &text);
+                    return data.len();
+                }
+                Then::HangUp => {
+                    self.hang_up(key);
+                    return data.len();
+                }
+            }
+            match step.inbound {
+                Some(inbound) => self.dispatch(key, inbound),
+                None if step.used == 0 => break,
+                None => {}
+            }
+        }
+        if self.is_open(key) {
+            at
+        } else {
+            data.len()
+        }
+    }
+
+    // ----- the link to the supervisor ---------------------------------------------------
+
+    fn tell_core(&mut self, msg: &ToCore) {
+        link::encode(msg, &mut self.link_out);
+    }
+
+    fn on_link(&mut self, readable: bool) -> anyhow::Result<()> {
+        if !readable {
+            return Ok(());
+        }
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            match self.link.read(&mut chunk) {
+                Ok(0) => {
+                    // The core is gone: nothing we could acknowledge any more.
+                    self.shutdown = true;
+                    return Ok(());
+                }
+                Ok(n) => self.link_in.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut inbox = Vec::new();
+        link::decode_all::<ToWorker>(&mut self.link_in, |m| inbox.push(m))
+            .map_err(anyhow::Error::msg)?;
+        for msg in inbox {
+            self.on_core_message(msg);
+        }
+        Ok(())
+    }
+
+    fn on_core_message(&mut self, msg: ToWorker) {
+        match msg {
+            ToWorker::Deal { packets } => self.pool.extend(packets),
+            ToWorker::Reply { conn, req, reply } => {
+                if matches!(reply, Reply::Shake { .. }) {
+                    if let Some(read_at) = self.claims.remove(&(conn, req)) {
+                        self.record_latency(read_at);
+                    }
+                }
+                if let Some(key) = self.key_of(conn) {
+                    self.reply(key, req, &reply);
+                }
+            }
+            ToWorker::Push { conn, push, close } => {
+                let Some(key) = self.key_of(conn) else {
+                    return;
+                };
+                self.push(key, &push);
+                if close {
+                    // Presence already routed the user elsewhere: just close.
+                    if self.conns[key].user.take().is_some() {
+                        self.stats.logged_in -= 1;
+                    }
+                    let reason = match push {
+                        hongbao_money::Push::Kick { reason, .. } => reason,
+                        _ => KickReason::Replaced,
+                    };
+                    self.goodbye(key, reason);
+                }
+            }
+            ToWorker::Welcome(cfg) => self.cfg = cfg,
+            ToWorker::Broadcast {
+                id,
+                server_time_us,
+                text,
+            } => self.start_broadcast(id, server_time_us, text),
+            ToWorker::Shutdown => {
+                // Tell every client why its connection is about to close.
+                let open: Vec<usize> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| c.state == State::Open)
+                    .map(|(key, _)| key)
+                    .collect();
+                for key in open {
+                    self.kick(key, KickReason::Shutdown, "server shutting down");
+                }
+                self.shutdown = true;
+            }
+        }
+    }
+
+    fn flush_link(&mut self) -> anyhow::Result<()> {
+        match net::write_nonblocking(&mut self.link, &self.link_out) {
+            Ok(n) => {
+                self.link_out.drain(..n);
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+                self.shutdown = true;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    // ----- once a second --------------------------------------------------------------
+
+    fn tick(&mut self) {
+        if self.accept_paused {
+            self.accept_paused = false;
+            for i in 0..self.listeners.len() {
+                self.accept(i);
+            }
+        }
+        self.sweep();
+        self.stats.unix_second = unix_now().as_secs();
+        self.stats.connections = self.conns.len() as u64;
+        self.stats.pool_packets = self.pool.len() as u64;
+        let (rss, cpu) = usage::self_usage();
+        self.stats.rss_bytes = rss;
+        self.stats.cpu_ms = cpu;
+        self.stats.shake_latency_us = hongbao_telemetry::sample::sparse(&self.latency);
+        self.latency.reset();
+        // A claim whose connection went away is never answered.
+        self.claims
+            .retain(|_, read_at| read_at.elapsed() < Duration::from_secs(CLAIM_FORGET_SECS));
+        let stats = ToCore::Stats(Box::new(self.stats.clone()));
+        self.tell_core(&stats);
+    }
+
+    /// Closes connections that never logged in, went silent, or were kicked and linger.
+    fn sweep(&mut self) {
+        let now = self.now_s();
+        let login_timeout = self.cfg.login_timeout_secs;
+        let idle_timeout = self.cfg.idle_timeout_secs;
+        let mut expired = Vec::new();
+        for (key, c) in self.conns.iter() {
+            let quiet = now.saturating_sub(c.last_seen);
+            let waiting = matches!(c.codec.idle(), Idle::Request) || c.user.is_none();
+            match c.state {
+                State::Closing if quiet >= CLOSING_GRACE_SECS => expired.push((key, None)),
+                // A login already waiting in the socket is not the client's delay but ours
+                // (a starved worker during a connect storm): it will be read next turn.
+                State::Open
+                    if waiting
+                        && quiet >= login_timeout
+                        && !net::has_input(c.stream.as_raw_fd()) =>
+                {
+                    expired.push((key, Some("no login")))
+                }
+                State::Open if !waiting && idle_timeout > 0 && quiet >= idle_timeout => {
+                    expired.push((key, Some("idle")))
+                }
+                _ => {}
+            }
+        }
+        for (key, why) in expired {
+            match why {
+                Some(text) => {
+                    self.stats.kicks_idle += 1;
+                    self.kick(key, KickReason::Idle, text);
+                }
+                None => self.close(key),
+            }
+        }
+    }
+}
