@@ -1017,6 +1017,11 @@ fn campaigns_admin_api() {
         ),
         ("GET", "/v1/users/abc", ""),
         ("GET", "/v1/campaigns/abc", ""),
+        // Bodies must be JSON objects: serde would read a struct from an array.
+        ("POST", "/v1/campaigns/shake", "[1,1,1,1]"),
+        ("POST", "/v1/campaigns/send", "[1,1,2,1,9,2,10]"),
+        ("POST", "/v1/broadcast", r#"["to everyone"]"#),
+        ("POST", "/v1/broadcast", r#""to everyone""#),
     ];
     for (method, path, body) in refused {
         let (status, reply) = server.http(method, path, Some(body).filter(|_| method == "POST"));
@@ -1089,6 +1094,51 @@ fn campaigns_admin_api() {
     assert!(metrics.contains("hongbao_audit_ok 1"), "{metrics}");
     let stats = server.get("/v1/stats");
     assert_eq!(stats["online_users"], 2);
+}
+
+/// Thirty operators' tools asking at once over keep-alive connections are all answered,
+/// twice each (tiny_http's pool once left 26 of 30 waiting).
+#[test]
+fn the_admin_api_answers_many_keep_alive_clients_at_once() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let addr = server.admin.addr;
+    let clients: Vec<_> = (0..30)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut stream = std::net::TcpStream::connect(addr).unwrap();
+                stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+                for _ in 0..2 {
+                    stream
+                        .write_all(b"GET /v1/audit HTTP/1.1\r\nHost: admin\r\n\r\n")
+                        .unwrap();
+                    let mut head = Vec::new();
+                    let mut byte = [0u8];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        stream.read_exact(&mut byte).expect("an answer");
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8(head).unwrap();
+                    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .expect("a length");
+                    let mut body = vec![0; length];
+                    stream.read_exact(&mut body).unwrap();
+                    assert!(String::from_utf8(body).unwrap().contains("\"ok\": true"));
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().expect("every client answered twice");
+    }
 }
 
 #[test]

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
+use hongbao_http::{json_object, Request, Response, Server};
 use hongbao_telemetry::sample::{self, RoleSample, Sample};
 use hongbao_telemetry::Reporter;
 use serde::Serialize;
@@ -28,6 +29,9 @@ use crate::client::{self, ClientOptions};
 use crate::report::{self, Counters, Report, UserTotals};
 use crate::schedule::{partition, Schedule};
 use crate::transport::Transport;
+
+/// The fastest a load may be asked to fire.
+const MAX_QPS: u64 = 10_000_000;
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -651,57 +655,35 @@ pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
 }
 
 /// Serves `POST /qps {"qps": N}` and `GET /stats` for a running load.
-pub fn serve_control(addr: &str, load: Arc<Load>) -> anyhow::Result<SocketAddr> {
-    let server = tiny_http::Server::http(addr)
-        .map_err(|e| anyhow::anyhow!("binding control address {addr}: {e}"))?;
-    let bound = server
-        .server_addr()
-        .to_ip()
-        .context("control address is not IP")?;
-    std::thread::Builder::new()
-        .name("load-control".into())
-        .spawn(move || {
-            for mut request in server.incoming_requests() {
-                let (status, body) = control(&mut request, &load);
-                let header = tiny_http::Header::from_bytes("Content-Type", "application/json")
-                    .expect("static");
-                let _ = request.respond(
-                    tiny_http::Response::from_string(body.to_string())
-                        .with_status_code(status)
-                        .with_header(header),
-                );
-            }
-        })?;
-    Ok(bound)
+pub fn serve_control(addr: &str, load: Arc<Load>) -> anyhow::Result<Server> {
+    Server::start(addr, "load-control", 4096, move |r| control(&r, &load))
+        .map_err(|e| anyhow::anyhow!("binding control address {addr}: {e}"))
 }
 
-fn control(request: &mut tiny_http::Request, load: &Load) -> (u16, serde_json::Value) {
-    match (request.method(), request.url()) {
-        (tiny_http::Method::Post, "/qps") => {
-            let mut body = String::new();
-            let _ = std::io::Read::read_to_string(
-                &mut std::io::Read::take(request.as_reader(), 4096),
-                &mut body,
-            );
-            let qps = serde_json::from_str::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v.get("qps").and_then(|q| q.as_u64()));
-            match qps {
-                Some(qps) if qps <= 10_000_000 => match load.set_qps(qps) {
-                    Ok(from_second) => (200, json!({ "qps": qps, "from_second": from_second })),
-                    Err(e) => (500, json!({ "error": e.to_string() })),
-                },
-                _ => (
-                    400,
-                    json!({ "error": "expected {\"qps\": N} with 0 ≤ N ≤ 10000000" }),
-                ),
-            }
-        }
-        (tiny_http::Method::Get, "/stats") => match load.progress() {
-            Some(p) => (200, serde_json::to_value(p).expect("serializes")),
-            None => (200, json!({ "second": null, "totals": load.totals() })),
+/// `POST /qps`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetQps {
+    qps: u64,
+}
+
+fn control(request: &Request, load: &Load) -> Response {
+    match (request.method.as_str(), request.path.as_str()) {
+        ("POST", "/qps") => match json_object::<SetQps>(&request.body) {
+            Ok(SetQps { qps }) if qps <= MAX_QPS => match load.set_qps(qps) {
+                Ok(from_second) => {
+                    Response::json(200, &json!({ "qps": qps, "from_second": from_second }))
+                }
+                Err(e) => Response::error(500, e.to_string()),
+            },
+            Ok(_) => Response::error(400, format!("qps must be 0..={MAX_QPS}")),
+            Err(refused) => refused,
         },
-        _ => (404, json!({ "error": "endpoints: POST /qps, GET /stats" })),
+        ("GET", "/stats") => match load.progress() {
+            Some(p) => Response::json(200, &p),
+            None => Response::json(200, &json!({ "second": null, "totals": load.totals() })),
+        },
+        _ => Response::error(404, "endpoints: POST /qps, GET /stats"),
     }
 }
 
@@ -721,10 +703,17 @@ pub fn run_cli(
         load.procs(),
         load.epoch_ms()
     );
-    if let Some(addr) = control {
-        let bound = serve_control(&addr, load.clone())?;
-        println!("hongbao load: control on http://{bound} (POST /qps {{\"qps\": N}}, GET /stats)");
-    }
+    let control = match control {
+        Some(addr) => {
+            let server = serve_control(&addr, load.clone())?;
+            let bound = server.addr();
+            println!(
+                "hongbao load: control on http://{bound} (POST /qps {{\"qps\": N}}, GET /stats)"
+            );
+            Some(server)
+        }
+        None => None,
+    };
     let mut last = None;
     loop {
         std::thread::sleep(Duration::from_millis(100));
@@ -739,6 +728,7 @@ pub fn run_cli(
             break;
         }
     }
+    drop(control);
     let finished = load.stop()?;
     let broadcasts: Vec<_> = load
         .broadcasts()

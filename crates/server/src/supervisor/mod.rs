@@ -33,10 +33,13 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::json;
 use slab::Slab;
 
-use crate::admin::{self, AdminCommand, AdminRequest, AdminResponse};
+use hongbao_http::Response;
+use hongbao_money::seam::LedgerRead;
+
+use crate::admin::{self, AdminCommand, AdminRequest};
 use crate::config::{ServeConfig, DEV_SECRET};
 use crate::embedded::core::CoreConfig;
-use crate::embedded::ledger::GroupCommit;
+use crate::embedded::ledger::{GroupCommit, Reader};
 use crate::embedded::{Embedded, EmbeddedConfig};
 use crate::link::{self, ToCore, ToWorker, WorkerConfig};
 use crate::presence::{Delivery, Presence};
@@ -69,10 +72,10 @@ struct Supervisor {
     ws_addr: Option<SocketAddr>,
     admin_rx: Receiver<AdminCommand>,
     /// Admin answers held until the ledger has committed what they saw.
-    deferred_admin: VecDeque<(u64, Sender<AdminResponse>, AdminResponse)>,
+    deferred_admin: VecDeque<(u64, Sender<Response>, Response)>,
     /// Admin requests handed to the money side, by ticket: where the answer goes, and
     /// whether it creates (201) or reads (200).
-    tickets: HashMap<u64, (Sender<AdminResponse>, bool)>,
+    tickets: HashMap<u64, (Sender<Response>, bool)>,
     next_ticket: u64,
     report: report::Report,
     monitor: Option<Reporter>,
@@ -85,7 +88,7 @@ struct Supervisor {
 /// A broadcast handed to the workers, answered once each has said how many connections
 /// it is writing it to.
 struct PendingBroadcast {
-    reply: Sender<AdminResponse>,
+    reply: Sender<Response>,
     server_time_us: u64,
     waiting: Vec<WorkerId>,
     workers: usize,
@@ -173,7 +176,12 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
         .register(&mut link_listener, LINK_LISTENER, Interest::READABLE)?;
 
     let (admin_tx, admin_rx) = sync_channel(256);
-    let admin_addr = admin::start(&cfg.admin, ledger_path, admin_tx, waker.clone())?;
+    let reader = Reader::open(&ledger_path)
+        .map(|r| Box::new(r) as Box<dyn LedgerRead>)
+        .map_err(|e| eprintln!("hongbao serve: no ledger reader for the admin API: {e}"))
+        .ok();
+    let admin = admin::start(&cfg.admin, reader, admin_tx, waker.clone())?;
+    let admin_addr = admin.addr();
 
     let worker_cfg = WorkerConfig {
         secret: cfg.secret.as_bytes().to_vec(),
@@ -221,6 +229,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
         // The last second's counts, so the monitor's series adds up to the totals.
         monitor.send_final(&sup.sample(now_ms() / 1000));
     }
+    drop(admin);
     let flushed = sup.money.finish();
     drop(client_placeholder);
     drop(ws_placeholder);
@@ -447,19 +456,17 @@ impl Supervisor {
                 return;
             }
             AdminRequest::Broadcast(req) => return self.broadcast(req.text, cmd.reply),
-            AdminRequest::Stats => AdminResponse::json(200, &self.stats()),
-            AdminRequest::Metrics => AdminResponse {
-                status: 200,
-                body: self.metrics(),
-                content_type: hongbao_telemetry::prom::CONTENT_TYPE,
-            },
+            AdminRequest::Stats => Response::json(200, &self.stats()),
+            AdminRequest::Metrics => {
+                Response::new(200, hongbao_telemetry::prom::CONTENT_TYPE, self.metrics())
+            }
         };
         // Reads are answered once what they saw is durable, like everything else.
         let seq = self.money.snapshot().ledger_seq;
         self.deferred_admin.push_back((seq, cmd.reply, response));
     }
 
-    fn broadcast(&mut self, text: String, reply: Sender<AdminResponse>) {
+    fn broadcast(&mut self, text: String, reply: Sender<Response>) {
         let id = self.next_broadcast;
         self.next_broadcast += 1;
         let server_time_us = now_us();
@@ -505,20 +512,18 @@ impl Supervisor {
                 "connections": b.connections,
                 "workers": b.workers - b.waiting.len(),
             });
-            let _ = b.reply.send(AdminResponse::json(200, &answer));
+            let _ = b.reply.send(Response::json(200, &answer));
         }
     }
 }
 
 /// The HTTP answer to what the money side said.
-fn admin_answer(answer: AdminAnswer, creates: bool) -> AdminResponse {
+fn admin_answer(answer: AdminAnswer, creates: bool) -> Response {
     match answer {
-        AdminAnswer::Campaign(status) => {
-            AdminResponse::json(if creates { 201 } else { 200 }, &status)
-        }
-        AdminAnswer::NoCampaign(id) => AdminResponse::error(404, format!("no campaign {id}")),
-        AdminAnswer::Campaigns(all) => AdminResponse::json(200, &all),
-        AdminAnswer::Audit(audit) => AdminResponse::json(200, &audit),
-        AdminAnswer::Refused(why) => AdminResponse::error(400, why),
+        AdminAnswer::Campaign(status) => Response::json(if creates { 201 } else { 200 }, &status),
+        AdminAnswer::NoCampaign(id) => Response::error(404, format!("no campaign {id}")),
+        AdminAnswer::Campaigns(all) => Response::json(200, &all),
+        AdminAnswer::Audit(audit) => Response::json(200, &audit),
+        AdminAnswer::Refused(why) => Response::error(400, why),
     }
 }
