@@ -116,6 +116,7 @@ fn assert_refused(reply: &Reply, what: &str) {
 /// (or as one bucket of a histogram).
 fn scrape(addr: SocketAddr) -> Vec<prometheus_parse::Sample> {
     let reply = get(addr, "/metrics");
+    promtool_finds_nothing(&reply.body);
     assert!(
         reply.content_type.starts_with("text/plain") && reply.content_type.contains("0.0.4"),
         "content type {:?}",
@@ -160,6 +161,32 @@ fn scrape(addr: SocketAddr) -> Vec<prometheus_parse::Sample> {
     scrape.samples
 }
 
+/// `promtool check metrics` (Prometheus's own linter, from Debian's `prometheus`) on the
+/// page: no problem reported. `.ci/run` installs it.
+fn promtool_finds_nothing(text: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (apt-get install prometheus) checks /metrics");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn labels_are(sample: &prometheus_parse::Sample, labels: &[(&str, &str)]) -> bool {
     sample.labels.len() == labels.len()
         && labels.iter().all(|(k, v)| sample.labels.get(k) == Some(*v))
@@ -189,6 +216,26 @@ fn counter(
         PromValue::Counter(v) => Some(v),
         ref other => panic!("{name} {labels:?} is not a counter: {other:?}"),
     }
+}
+
+/// A per-worker counter summed over the workers; every sample must carry a `worker`
+/// label and be typed `counter`.
+fn worker_sum(samples: &[prometheus_parse::Sample], name: &str) -> Option<f64> {
+    let per_worker: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .map(|s| {
+            assert!(
+                s.labels.get("worker").is_some(),
+                "{name} without a worker label"
+            );
+            match s.value {
+                PromValue::Counter(v) => v,
+                ref other => panic!("{name} is not a counter: {other:?}"),
+            }
+        })
+        .collect();
+    (!per_worker.is_empty()).then(|| per_worker.iter().sum())
 }
 
 /// The latency histogram with exactly these labels (besides `le`), checked: the documented
@@ -480,7 +527,7 @@ fn serve_metrics_parse_as_prometheus_text() {
     // Workers report once a second; wait for the reports that carry these shakes.
     let samples = wait_until("the shakes on /metrics", Duration::from_secs(10), || {
         let samples = scrape(serve.admin);
-        let counted = counter(&samples, "hongbao_worker_shakes_total", &[])?;
+        let counted = worker_sum(&samples, "hongbao_worker_shakes_total")?;
         let latencies = value(&samples, &format!("{LATENCY_METRIC}_count"), &[])?;
         (counted >= shakes as f64 && latencies >= shakes as f64).then_some(samples)
     });
@@ -494,11 +541,13 @@ fn serve_metrics_parse_as_prometheus_text() {
         ),
         Some(won as f64)
     );
-    assert!(counter(&samples, "hongbao_worker_logins_total", &[]).unwrap() >= 4.0);
+    assert!(worker_sum(&samples, "hongbao_worker_logins_total").unwrap() >= 4.0);
     for worker in ["0", "1"] {
         let labels = [("worker", worker)];
         assert!(value(&samples, "hongbao_worker_connections", &labels).is_some());
+        assert!(value(&samples, "hongbao_worker_pool_packets", &labels).is_some());
         assert!(counter(&samples, "hongbao_worker_cpu_seconds_total", &labels).is_some());
+        assert!(counter(&samples, "hongbao_worker_shakes_total", &labels).is_some());
     }
     let minted = value(&samples, "hongbao_money_minted_cents", &[]).unwrap();
     assert!((300.0..=1500.0).contains(&minted), "minted {minted}");

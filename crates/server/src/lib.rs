@@ -5,7 +5,7 @@
 //! - `worker`: one gateway worker process (mio event loop, slab of connections);
 //! - `embedded`: the default money backend — the core (plain code) and its SQLite ledger;
 //! - `presence`: who is connected where; logins, chat, notice delivery;
-//! - `link`: worker ↔ supervisor messages; `admin`: HTTP API; `metrics`: rates and Prometheus;
+//! - `link`: worker ↔ supervisor messages; `admin`: HTTP API; `stats`: what workers count;
 //! - `config`: settings.
 
 pub mod admin;
@@ -13,8 +13,8 @@ pub mod config;
 pub mod embedded;
 pub mod error;
 pub mod link;
-pub mod metrics;
 pub mod presence;
+pub mod stats;
 pub mod supervisor;
 pub mod worker;
 

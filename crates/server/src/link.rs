@@ -5,6 +5,8 @@
 
 use hongbao_money::seam::Op;
 use hongbao_money::{ConnId, Push, Reply, UserId, WorkerId};
+
+use crate::stats::WorkerStats;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -94,50 +96,6 @@ pub struct WorkerConfig {
     pub demo_login: bool,
     /// See `ServeConfig::max_queue_ms`.
     pub max_queue_ms: u32,
-}
-
-/// A worker's cumulative counters (they restart at 0 when the worker restarts). Field
-/// names are the metric names, so aggregation and `/metrics` need no per-field code.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct WorkerStats {
-    pub worker: WorkerId,
-    pub pid: u32,
-    pub unix_second: u64,
-    pub connections: u64,
-    pub logged_in: u64,
-    pub pool_packets: u64,
-    pub rss_bytes: u64,
-    pub cpu_ms: u64,
-    pub accepted: u64,
-    pub rejected: u64,
-    pub closed: u64,
-    pub logins: u64,
-    pub login_failures: u64,
-    pub shakes: u64,
-    pub shakes_won_claimed: u64,
-    pub shakes_nothing: u64,
-    pub shakes_overloaded: u64,
-    /// Of `shakes_overloaded`: shed because they waited longer than `max_queue_ms`.
-    pub shakes_shed_late: u64,
-    pub sends: u64,
-    pub opens: u64,
-    pub chats: u64,
-    pub pings: u64,
-    pub bad_frames: u64,
-    pub bad_requests: u64,
-    pub not_logged_in: u64,
-    pub kicks_idle: u64,
-    pub kicks_slow_reader: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    pub ws_upgrades: u64,
-    pub ws_rejected: u64,
-    pub http_requests: u64,
-    pub broadcasts: u64,
-    pub broadcast_delivered: u64,
-    /// Shake latency of the second just ended, from reading the shake to writing its
-    /// reply: sparse HDR buckets (µs, count).
-    pub shake_latency_us: Vec<(u64, u64)>,
 }
 
 pub fn encode<T: Serialize>(msg: &T, out: &mut Vec<u8>) {

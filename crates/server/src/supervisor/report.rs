@@ -4,6 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use super::workers::WorkerProc;
+use super::{now_ms, Supervisor};
+use crate::stats::{CoreView, Stats, Totals, WorkerCounters, WorkerStats, WorkerView};
 use hdrhistogram::Histogram;
 use hongbao_money::seam::{OpKind, ReplyCounts};
 use hongbao_money::WorkerId;
@@ -11,16 +14,16 @@ use hongbao_proto::ResultCode;
 use hongbao_sys::usage;
 use hongbao_telemetry::prom::Page;
 use hongbao_telemetry::sample::{self, RoleSample, Sample};
-use serde_json::{json, Map, Value};
 
-use super::workers::WorkerProc;
-use super::{now_ms, Supervisor};
-use crate::link::WorkerStats;
-use crate::metrics;
+/// What a worker index's exited processes counted, so its totals never go backwards.
+#[derive(Default)]
+struct Retired {
+    counters: WorkerCounters,
+    cpu_ms: u64,
+}
 
 pub(super) struct Report {
-    /// Counters of workers that have exited, so totals never go backwards.
-    retired: Map<String, Value>,
+    retired: BTreeMap<WorkerId, Retired>,
     previous_replies: ReplyCounts,
     /// Replies in the last whole second.
     reply_rates: Vec<(OpKind, ResultCode, u64)>,
@@ -33,7 +36,7 @@ pub(super) struct Report {
 impl Report {
     pub(super) fn new(net_interface: String) -> Report {
         Report {
-            retired: Map::new(),
+            retired: BTreeMap::new(),
             previous_replies: ReplyCounts::default(),
             reply_rates: Vec::new(),
             latency_pending: sample::new_histogram(),
@@ -48,7 +51,9 @@ impl Report {
     }
 
     pub(super) fn retire(&mut self, last: &WorkerStats) {
-        metrics::retire(&mut self.retired, last);
+        let retired = self.retired.entry(last.worker).or_default();
+        retired.counters.add(&last.counters);
+        retired.cpu_ms += last.cpu_ms;
     }
 
     /// Once a second: the replies of the second just ended.
@@ -75,10 +80,32 @@ impl Supervisor {
             .filter_map(|(w, p)| p.latest.as_ref().map(|s| (w, p, s)))
     }
 
-    fn worker_totals(&self) -> Map<String, Value> {
-        let mut totals = self.report.retired.clone();
+    /// Worker index → (counters, CPU ms) since the server started, its exited
+    /// processes' included.
+    fn per_worker(&self) -> BTreeMap<WorkerId, (WorkerCounters, u64)> {
+        let mut all: BTreeMap<WorkerId, (WorkerCounters, u64)> = self
+            .report
+            .retired
+            .iter()
+            .map(|(w, r)| (*w, (r.counters.clone(), r.cpu_ms)))
+            .collect();
+        for (w, _, latest) in self.live_stats() {
+            let (counters, cpu_ms) = all.entry(*w).or_default();
+            counters.add(&latest.counters);
+            *cpu_ms += latest.cpu_ms;
+        }
+        all
+    }
+
+    /// Everything the workers counted, and their levels now.
+    fn worker_totals(&self) -> Totals {
+        let mut totals = Totals::default();
+        for (counters, cpu_ms) in self.per_worker().values() {
+            totals.counters.add(counters);
+            totals.cpu_ms += cpu_ms;
+        }
         for (_, _, latest) in self.live_stats() {
-            metrics::add_counters(&mut totals, latest);
+            totals.levels.add(&latest.levels);
         }
         totals
     }
@@ -88,34 +115,27 @@ impl Supervisor {
     pub(super) fn sample(&mut self, second: u64) -> Sample {
         let totals = self.worker_totals();
         let processes = self.live_stats().count() as u32;
-        let total = |k: &str| totals.get(k).and_then(Value::as_u64).unwrap_or(0);
-        let levels = ["connections", "logged_in", "rss_bytes"]
-            .into_iter()
-            .map(|level| (level.to_string(), total(level)))
-            .collect();
+        let t = &totals.counters;
+        let levels = sample::named(&[
+            ("connections", totals.levels.connections),
+            ("logged_in", totals.levels.logged_in),
+            ("rss_bytes", totals.levels.rss_bytes),
+        ]);
         let money = self.money.snapshot();
         let won = money.replies.get(OpKind::Shake, ResultCode::Won);
         let opened = money.replies.get(OpKind::Open, ResultCode::Opened);
-        let errors = [
-            "bad_frames",
-            "bad_requests",
-            "login_failures",
-            "not_logged_in",
-        ]
-        .iter()
-        .map(|k| total(k))
-        .sum::<u64>();
+        let errors = t.bad_frames + t.bad_requests + t.login_failures + t.not_logged_in;
         let server_counters = [
-            ("shakes", total("shakes")),
+            ("shakes", t.shakes),
             ("won", won),
-            ("nothing", total("shakes_nothing")),
-            ("overloaded", total("shakes_overloaded")),
-            ("opens", total("opens")),
+            ("nothing", t.shakes_nothing),
+            ("overloaded", t.shakes_overloaded),
+            ("opens", t.opens),
             ("opened", opened),
-            ("sends", total("sends")),
+            ("sends", t.sends),
             ("errors", errors),
             ("broadcasts", self.next_broadcast - 1),
-            ("broadcast_delivered", total("broadcast_delivered")),
+            ("broadcast_delivered", t.broadcast_delivered),
         ];
         let core_counters = [
             ("packets_released", money.packets_released),
@@ -134,7 +154,7 @@ impl Supervisor {
                 RoleSample {
                     role: "server".into(),
                     processes,
-                    cpu_ms: total("cpu_ms"),
+                    cpu_ms: totals.cpu_ms,
                     counters: sample::named(&server_counters),
                     levels,
                     latency_us: latency,
@@ -155,83 +175,112 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn stats(&self) -> Value {
-        let mut workers = Vec::new();
-        let totals = self.worker_totals();
-        let mut rates = Map::new();
-        for (w, proc_, latest) in self.live_stats() {
-            let worker_rates = metrics::rates(latest, proc_.previous.as_ref());
-            for (k, v) in &worker_rates {
-                let sum =
-                    rates.get(k).and_then(Value::as_u64).unwrap_or(0) + v.as_u64().unwrap_or(0);
-                rates.insert(k.clone(), sum.into());
-            }
-            workers.push(json!({
-                "worker": w,
-                "pid": latest.pid,
-                "restarts": proc_.restarts,
-                "connections": latest.connections,
-                "logged_in": latest.logged_in,
-                "pool_packets": latest.pool_packets,
-                "rss_bytes": latest.rss_bytes,
-                "cpu_ms": latest.cpu_ms,
-                "per_sec": worker_rates,
-            }));
-        }
-        let core_rates: BTreeMap<String, u64> = self
-            .report
-            .reply_rates
-            .iter()
-            .map(|(op, r, v)| (format!("{}_{}", op.name(), r.name()), *v))
+    pub(super) fn stats(&self) -> Stats {
+        let mut per_sec = WorkerCounters::default();
+        let workers = self
+            .live_stats()
+            .map(|(w, proc_, latest)| {
+                let rates = match &proc_.previous {
+                    Some(previous) => {
+                        let seconds = latest
+                            .unix_second
+                            .saturating_sub(previous.unix_second)
+                            .max(1);
+                        latest.counters.since(&previous.counters).per(seconds)
+                    }
+                    None => WorkerCounters::default(),
+                };
+                per_sec.add(&rates);
+                WorkerView {
+                    worker: *w,
+                    pid: latest.pid,
+                    restarts: proc_.restarts,
+                    levels: latest.levels.clone(),
+                    cpu_ms: latest.cpu_ms,
+                    per_sec: rates,
+                }
+            })
             .collect();
-        let (rss, cpu) = usage::self_usage();
+        let totals = self.worker_totals();
+        let (rss_bytes, cpu_ms) = usage::self_usage();
         let money = self.money.snapshot();
-        json!({
-            "unix_ms": now_ms(),
-            "connections": totals.get("connections").cloned().unwrap_or(0.into()),
-            "logged_in": totals.get("logged_in").cloned().unwrap_or(0.into()),
-            "online_users": self.presence.online_users(),
-            "per_sec": rates,
-            "core_per_sec": core_rates,
-            "totals": totals,
-            "workers": workers,
-            "core": {
-                "ledger_seq": money.ledger_seq,
-                "ledger_committed_seq": money.committed_seq,
-                "rss_bytes": rss,
-                "cpu_ms": cpu,
+        Stats {
+            unix_ms: now_ms(),
+            connections: totals.levels.connections,
+            logged_in: totals.levels.logged_in,
+            online_users: self.presence.online_users() as u64,
+            per_sec,
+            core_per_sec: self
+                .report
+                .reply_rates
+                .iter()
+                .map(|(op, r, v)| (format!("{}_{}", op.name(), r.name()), *v))
+                .collect(),
+            totals,
+            workers,
+            core: CoreView {
+                ledger_seq: money.ledger_seq,
+                ledger_committed_seq: money.committed_seq,
+                rss_bytes,
+                cpu_ms,
             },
-        })
+        }
     }
 
     pub(super) fn metrics(&self) -> String {
         let mut m = Page::default();
-        metrics::worker_totals(&mut m, &self.worker_totals());
+        // Per worker, so a straggler shows: counters since the server started (a
+        // restarted worker's predecessors included), levels now.
+        for (w, (counters, cpu_ms)) in self.per_worker() {
+            let label = [("worker", w.to_string())];
+            for (name, value) in counters.each() {
+                let metric = format!("hongbao_worker_{name}_total");
+                m.counter(
+                    &metric,
+                    &format!("{name} counted by each worker"),
+                    &label,
+                    value as f64,
+                );
+            }
+            m.counter(
+                "hongbao_worker_cpu_seconds_total",
+                "CPU time per worker",
+                &label,
+                cpu_ms as f64 / 1000.0,
+            );
+        }
         for (w, proc_, latest) in self.live_stats() {
             let label = [("worker", w.to_string())];
-            m.gauge(
-                "hongbao_worker_connections",
-                "Open client connections per worker",
-                &label,
-                latest.connections as f64,
-            );
+            let levels = [
+                (
+                    "hongbao_worker_connections",
+                    "Open client connections per worker",
+                    latest.levels.connections,
+                ),
+                (
+                    "hongbao_worker_logged_in",
+                    "Logged-in connections per worker",
+                    latest.levels.logged_in,
+                ),
+                (
+                    "hongbao_worker_pool_packets",
+                    "Shake packets in each worker's pool",
+                    latest.levels.pool_packets,
+                ),
+                (
+                    "hongbao_worker_resident_memory_bytes",
+                    "Resident memory per worker",
+                    latest.levels.rss_bytes,
+                ),
+            ];
+            for (name, help, value) in levels {
+                m.gauge(name, help, &label, value as f64);
+            }
             m.counter(
                 "hongbao_worker_restarts_total",
                 "Times a worker was restarted",
                 &label,
                 proc_.restarts as f64,
-            );
-            m.gauge(
-                "hongbao_worker_resident_memory_bytes",
-                "Resident memory per worker",
-                &label,
-                latest.rss_bytes as f64,
-            );
-            m.counter(
-                "hongbao_worker_cpu_seconds_total",
-                "CPU time per worker",
-                &label,
-                latest.cpu_ms as f64 / 1000.0,
             );
         }
         for (op, result, v) in self.replies().nonzero() {

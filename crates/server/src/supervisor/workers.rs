@@ -12,7 +12,8 @@ use mio::net::UnixStream;
 use mio::{Events, Interest, Token};
 
 use super::{now_ms, Supervisor, LINK_LISTENER, WAKER};
-use crate::link::{self, ToCore, ToWorker, WorkerStats};
+use crate::link::{self, ToCore, ToWorker};
+use crate::stats::WorkerStats;
 
 /// A worker whose link output backs up past this is treated as dead.
 const MAX_LINK_BACKLOG: usize = 256 << 20;

@@ -22,7 +22,7 @@ pub(super) struct BroadcastJob {
 
 impl Worker {
     pub(super) fn start_broadcast(&mut self, id: u64, server_time_us: u64, text: String) {
-        self.stats.broadcasts += 1;
+        self.stats.counters.broadcasts += 1;
         let frame = Frame {
             request_id: 0,
             message: codec::push_message(&Push::Broadcast {
@@ -67,7 +67,7 @@ impl Worker {
             let Some(form) = conn.codec.form() else {
                 continue;
             };
-            self.stats.broadcast_delivered += 1;
+            self.stats.counters.broadcast_delivered += 1;
             self.write(key, &job.bytes[form as usize]);
         }
         if job.next_key < job.end_key {

@@ -21,7 +21,8 @@ use hongbao_proto::{json, Frame, FrameError, KickReason, Message, ResultCode};
 use std::ops::ControlFlow;
 
 use super::http::HttpCodec;
-use crate::link::{WorkerConfig, WorkerStats};
+use crate::link::WorkerConfig;
+use crate::stats::WorkerCounters;
 
 pub(super) enum Codec {
     /// Binary frames over raw TCP.
@@ -100,7 +101,7 @@ impl Step {
 pub(super) struct Cx<'a> {
     /// Bytes the transport answers by itself, written before the step's request is handled.
     pub out: &'a mut Vec<u8>,
-    pub stats: &'a mut WorkerStats,
+    pub stats: &'a mut WorkerCounters,
     pub cfg: &'a WorkerConfig,
 }
 
@@ -465,7 +466,7 @@ mod tests {
             let mut codec = codec();
             let mut got = Vec::new();
             let mut buf = Vec::new();
-            let (mut stats, cfg, mut out) = (WorkerStats::default(), cfg(), Vec::new());
+            let (mut stats, cfg, mut out) = (WorkerCounters::default(), cfg(), Vec::new());
             for piece in [&stream[..cut], &stream[cut..]] {
                 buf.extend_from_slice(piece);
                 loop {
@@ -544,7 +545,7 @@ mod tests {
             br#"{"type":"shake","id":4}"#,
             &mut stream,
         );
-        let (mut stats, cfg) = (WorkerStats::default(), cfg());
+        let (mut stats, cfg) = (WorkerCounters::default(), cfg());
         let mut cx = Cx {
             out: &mut out,
             stats: &mut stats,

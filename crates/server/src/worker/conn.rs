@@ -125,12 +125,12 @@ impl Worker {
                 Err(_) => return self.close(key),
             }
         }
-        self.stats.bytes_out += written as u64;
+        self.stats.counters.bytes_out += written as u64;
         if written < bytes.len() {
             let buffers = conn.buffers.get_or_insert_with(Box::default);
             buffers.out.extend_from_slice(&bytes[written..]);
             if buffers.out.len() > self.cfg.max_output_bytes as usize {
-                self.stats.kicks_slow_reader += 1;
+                self.stats.counters.kicks_slow_reader += 1;
                 self.close(key);
             }
         }
@@ -146,7 +146,7 @@ impl Worker {
         let Ok(written) = net::write_nonblocking(&mut conn.stream, &buffers.out) else {
             return self.close(key);
         };
-        self.stats.bytes_out += written as u64;
+        self.stats.counters.bytes_out += written as u64;
         buffers.out.drain(..written);
         if buffers.out.is_empty() {
             buffers.out = Vec::new();
@@ -210,7 +210,7 @@ impl Worker {
         };
         if let Some(user) = conn.user.take() {
             let conn = conn_id(key, conn.generation);
-            self.stats.logged_in -= 1;
+            self.stats.levels.logged_in -= 1;
             self.tell_core(&ToCore::Offline { conn, user });
         }
     }
@@ -222,7 +222,7 @@ impl Worker {
         self.leave(key);
         let mut conn = self.conns.remove(key);
         let _ = self.poll.registry().deregister(&mut conn.stream);
-        self.stats.closed += 1;
+        self.stats.counters.closed += 1;
     }
 }
 

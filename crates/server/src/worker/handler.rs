@@ -41,7 +41,7 @@ impl Worker {
         match inbound {
             Inbound::Request { id, request, auth } => self.handle(key, id, request, auth),
             Inbound::Refused { id, result, text } => {
-                self.stats.bad_requests += 1;
+                self.stats.counters.bad_requests += 1;
                 self.reply(key, id, &Reply::Error { result, text });
             }
         }
@@ -50,7 +50,7 @@ impl Worker {
     fn handle(&mut self, key: usize, id: u32, request: Request, auth: Auth) {
         let request = match request {
             Request::Ping { client_time_us } => {
-                self.stats.pings += 1;
+                self.stats.counters.pings += 1;
                 let server_time_us = unix_now().as_micros() as u64;
                 let pong = Reply::Pong {
                     client_time_us,
@@ -66,7 +66,7 @@ impl Worker {
             Auth::Connection => self.conns[key].user,
         };
         let Some(user) = user else {
-            self.stats.not_logged_in += 1;
+            self.stats.counters.not_logged_in += 1;
             let error = Reply::Error {
                 result: ResultCode::NotLoggedIn,
                 text: "log in first".into(),
@@ -77,7 +77,7 @@ impl Worker {
         let op = match request {
             Request::Shake => return self.shake(key, id, user),
             Request::Chat { to_user, text } => {
-                self.stats.chats += 1;
+                self.stats.counters.chats += 1;
                 let chat = ToCore::Chat {
                     conn,
                     req: id,
@@ -93,7 +93,7 @@ impl Worker {
                 recipients,
                 idempotency_key,
             } => {
-                self.stats.sends += 1;
+                self.stats.counters.sends += 1;
                 Op::Send {
                     amount_cents,
                     shares,
@@ -102,7 +102,7 @@ impl Worker {
                 }
             }
             Request::Open { packet_id } => {
-                self.stats.opens += 1;
+                self.stats.counters.opens += 1;
                 Op::Open { packet: packet_id }
             }
             Request::Me => Op::Me,
@@ -121,7 +121,7 @@ impl Worker {
         let user = UserId::new(user_id)
             .filter(|_| hongbao_proto::token::verify(&self.cfg.secret, user_id, token));
         let Some(user) = user else {
-            self.stats.login_failures += 1;
+            self.stats.counters.login_failures += 1;
             let reply = Reply::Login {
                 result: ResultCode::BadToken,
                 user_id,
@@ -129,7 +129,7 @@ impl Worker {
             self.reply(key, id, &reply);
             return self.kick(key, KickReason::BadToken, "bad token");
         };
-        self.stats.logins += 1;
+        self.stats.counters.logins += 1;
         let conn = &mut self.conns[key];
         let previous = conn.user.replace(user);
         let conn = conn_id(key, conn.generation);
@@ -141,7 +141,7 @@ impl Worker {
                 });
             }
             Some(_) => {}
-            None => self.stats.logged_in += 1,
+            None => self.stats.levels.logged_in += 1,
         }
         // Presence answers: it must own the route before the client hears "ok", or a
         // second login elsewhere could reach it first and be the one replaced.
@@ -154,7 +154,7 @@ impl Worker {
 
     fn shake(&mut self, key: usize, id: u32, user: UserId) {
         let read_at = Instant::now();
-        self.stats.shakes += 1;
+        self.stats.counters.shakes += 1;
         let now = unix_now();
         // A shake that waited in the kernel longer than `max_queue_ms` means the machine
         // is not keeping up: shed it (and the clients back off) rather than let every
@@ -165,16 +165,16 @@ impl Worker {
         let late = self.cfg.max_queue_ms > 0
             && waited > Duration::from_millis(self.cfg.max_queue_ms.into());
         if late {
-            self.stats.shakes_shed_late += 1;
+            self.stats.counters.shakes_shed_late += 1;
         }
         if late || !self.admission.admit(now, self.cfg.max_shakes_per_sec) {
-            self.stats.shakes_overloaded += 1;
+            self.stats.counters.shakes_overloaded += 1;
             return self.answer_shake(key, id, ResultCode::Overloaded, read_at);
         }
         match self.pool.pop_front() {
             Some((packet, _amount)) => {
                 // Only the core may say "won": it commits the win to the ledger first.
-                self.stats.shakes_won_claimed += 1;
+                self.stats.counters.shakes_won_claimed += 1;
                 let conn = conn_id(key, self.conns[key].generation);
                 self.claims.insert((conn, id), read_at);
                 self.tell_core(&ToCore::Op {
@@ -185,7 +185,7 @@ impl Worker {
                 });
             }
             None => {
-                self.stats.shakes_nothing += 1;
+                self.stats.counters.shakes_nothing += 1;
                 self.answer_shake(key, id, ResultCode::Nothing, read_at);
             }
         }

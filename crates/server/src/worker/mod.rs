@@ -36,7 +36,8 @@ use mio::net::{TcpListener, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use crate::link::{self, ToCore, ToWorker, WorkerConfig, WorkerStats};
+use crate::link::{self, ToCore, ToWorker, WorkerConfig};
+use crate::stats::WorkerStats;
 use broadcast::BroadcastJob;
 use codec::{Codec, Cx, Idle, Then};
 use conn::{Conn, State, CLOSING_GRACE_SECS};
@@ -288,9 +289,9 @@ impl Worker {
             let listener = &mut self.listeners[i];
             match listener.socket.accept() {
                 Ok((mut stream, _)) => {
-                    self.stats.accepted += 1;
+                    self.stats.counters.accepted += 1;
                     if self.conns.len() >= self.cfg.max_connections as usize {
-                        self.stats.rejected += 1;
+                        self.stats.counters.rejected += 1;
                         continue; // dropped: closes at once
                     }
                     let _ = stream.set_nodelay(true);
@@ -357,7 +358,7 @@ impl Worker {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return self.close(key),
             };
-            self.stats.bytes_in += n as u64;
+            self.stats.counters.bytes_in += n as u64;
             if conn.state == State::Closing {
                 continue; // discard until the peer closes
             }
@@ -388,7 +389,7 @@ impl Worker {
             let mut out = std::mem::take(&mut self.scratch);
             let mut cx = Cx {
                 out: &mut out,
-                stats: &mut self.stats,
+                stats: &mut self.stats.counters,
                 cfg: &self.cfg,
             };
             let step = self.conns[key].codec.decode(&mut data[at..], &mut cx);
@@ -476,7 +477,7 @@ impl Worker {
                 if close {
                     // Presence already routed the user elsewhere: just close.
                     if self.conns[key].user.take().is_some() {
-                        self.stats.logged_in -= 1;
+                        self.stats.levels.logged_in -= 1;
                     }
                     let reason = match push {
                         hongbao_money::Push::Kick { reason, .. } => reason,
@@ -532,10 +533,10 @@ impl Worker {
         }
         self.sweep();
         self.stats.unix_second = unix_now().as_secs();
-        self.stats.connections = self.conns.len() as u64;
-        self.stats.pool_packets = self.pool.len() as u64;
+        self.stats.levels.connections = self.conns.len() as u64;
+        self.stats.levels.pool_packets = self.pool.len() as u64;
         let (rss, cpu) = usage::self_usage();
-        self.stats.rss_bytes = rss;
+        self.stats.levels.rss_bytes = rss;
         self.stats.cpu_ms = cpu;
         self.stats.shake_latency_us = hongbao_telemetry::sample::sparse(&self.latency);
         self.latency.reset();
@@ -575,7 +576,7 @@ impl Worker {
         for (key, why) in expired {
             match why {
                 Some(text) => {
-                    self.stats.kicks_idle += 1;
+                    self.stats.counters.kicks_idle += 1;
                     self.kick(key, KickReason::Idle, text);
                 }
                 None => self.close(key),

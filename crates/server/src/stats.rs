@@ -1,0 +1,196 @@
+//! What a worker counts, as fields: the counters (cumulative since the worker started),
+//! the levels (values now), and the report a worker sends once a second. The list of
+//! counters is written once, in `counters!`, and everything that adds, subtracts, names
+//! or exports them follows from it — a counter cannot be misspelt into reading zero.
+
+use std::collections::BTreeMap;
+
+use hongbao_money::WorkerId;
+use serde::{Deserialize, Serialize};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// A worker's cumulative counters (they restart at 0 with the worker).
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct WorkerCounters {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl WorkerCounters {
+            /// Every counter's name, in order (the metric is `hongbao_worker_<name>_total`).
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($name)),*];
+
+            pub fn add(&mut self, other: &WorkerCounters) {
+                $(self.$name += other.$name;)*
+            }
+
+            /// What was counted since `earlier`.
+            pub fn since(&self, earlier: &WorkerCounters) -> WorkerCounters {
+                WorkerCounters { $($name: self.$name.saturating_sub(earlier.$name),)* }
+            }
+
+            /// Counts over `seconds` as rates per second.
+            pub fn per(&self, seconds: u64) -> WorkerCounters {
+                let seconds = seconds.max(1);
+                WorkerCounters { $($name: self.$name / seconds,)* }
+            }
+
+            /// (name, value) of every counter, in `NAMES` order.
+            pub fn each(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name)),*]
+            }
+        }
+    };
+}
+
+counters!(
+    accepted,
+    /// Turned away over the connection limit.
+    rejected,
+    closed,
+    logins,
+    login_failures,
+    shakes,
+    shakes_won_claimed,
+    shakes_nothing,
+    shakes_overloaded,
+    /// Of `shakes_overloaded`: shed because they waited longer than `max_queue_ms`.
+    shakes_shed_late,
+    sends,
+    opens,
+    chats,
+    pings,
+    bad_frames,
+    bad_requests,
+    not_logged_in,
+    kicks_idle,
+    kicks_slow_reader,
+    bytes_in,
+    bytes_out,
+    ws_upgrades,
+    ws_rejected,
+    http_requests,
+    broadcasts,
+    broadcast_delivered,
+);
+
+/// A worker's levels: values now, not counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerLevels {
+    pub connections: u64,
+    pub logged_in: u64,
+    pub pool_packets: u64,
+    pub rss_bytes: u64,
+}
+
+impl WorkerLevels {
+    pub fn add(&mut self, other: &WorkerLevels) {
+        self.connections += other.connections;
+        self.logged_in += other.logged_in;
+        self.pool_packets += other.pool_packets;
+        self.rss_bytes += other.rss_bytes;
+    }
+}
+
+/// A worker's report, once a second.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WorkerStats {
+    pub worker: WorkerId,
+    pub pid: u32,
+    pub unix_second: u64,
+    pub levels: WorkerLevels,
+    /// CPU time since the worker started (ms).
+    pub cpu_ms: u64,
+    pub counters: WorkerCounters,
+    /// Shake latency of the second just ended, from reading the shake to writing its
+    /// reply: sparse HDR buckets (µs, count).
+    pub shake_latency_us: Vec<(u64, u64)>,
+}
+
+/// `GET /v1/stats`: totals are counters, levels and CPU together in one flat object.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Totals {
+    #[serde(flatten)]
+    pub counters: WorkerCounters,
+    #[serde(flatten)]
+    pub levels: WorkerLevels,
+    pub cpu_ms: u64,
+}
+
+/// One worker in `GET /v1/stats`.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerView {
+    pub worker: WorkerId,
+    pub pid: u32,
+    pub restarts: u32,
+    #[serde(flatten)]
+    pub levels: WorkerLevels,
+    pub cpu_ms: u64,
+    pub per_sec: WorkerCounters,
+}
+
+/// The supervisor process in `GET /v1/stats`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CoreView {
+    pub ledger_seq: u64,
+    pub ledger_committed_seq: u64,
+    pub rss_bytes: u64,
+    pub cpu_ms: u64,
+}
+
+/// `GET /v1/stats`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    pub unix_ms: u64,
+    pub connections: u64,
+    pub logged_in: u64,
+    pub online_users: u64,
+    pub per_sec: WorkerCounters,
+    /// Replies of the last whole second, keyed `{op}_{result}`.
+    pub core_per_sec: BTreeMap<String, u64>,
+    pub totals: Totals,
+    pub workers: Vec<WorkerView>,
+    pub core: CoreView,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_add_subtract_and_name_themselves() {
+        let mut a = WorkerCounters {
+            shakes: 5,
+            bytes_in: 9,
+            ..Default::default()
+        };
+        let b = WorkerCounters {
+            shakes: 2,
+            ..Default::default()
+        };
+        a.add(&b);
+        assert_eq!(a.shakes, 7);
+        assert_eq!(a.since(&b).shakes, 5);
+        assert_eq!(b.since(&a).shakes, 0);
+        let named: BTreeMap<_, _> = a.each().into_iter().collect();
+        assert_eq!(named["shakes"], 7);
+        assert_eq!(named.len(), WorkerCounters::NAMES.len());
+        // The JSON names are the field names.
+        let json = serde_json::to_value(&a).unwrap();
+        for name in WorkerCounters::NAMES {
+            assert!(json.get(name).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn totals_are_one_flat_object() {
+        let totals = Totals {
+            cpu_ms: 3,
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&totals).unwrap();
+        for key in ["shakes", "connections", "pool_packets", "cpu_ms"] {
+            assert!(json.get(key).is_some(), "{key} in {json}");
+        }
+    }
+}
