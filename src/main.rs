@@ -402,7 +402,7 @@ fn main() -> Result<()> {
                 }
             }
             let summary = hongbao_load::bench::run(opts)?;
-            if summary["audit"]["ok"] != true {
+            if !summary.audit.ok {
                 anyhow::bail!("the money audit failed: see summary.json");
             }
             Ok(())

@@ -232,7 +232,8 @@ pub fn entries(sent: &[Sent], stats: &[BroadcastStats]) -> Vec<Broadcast> {
 }
 
 /// Delivery latency over every delivery of every broadcast, ms.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LatencyDistMs {
     pub min: f64,
     pub mean: f64,
@@ -268,7 +269,8 @@ impl LatencyDistMs {
 }
 
 /// `summary.json`'s `broadcast`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Summary {
     /// Broadcasts sent.
     pub sent: u64,

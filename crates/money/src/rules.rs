@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use hongbao_proto::message::MAX_RECIPIENTS;
 use hongbao_proto::ResultCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Largest amount of a single packet or campaign packet, in cents (10 million yuan).
 pub const MAX_PACKET_CENTS: u64 = 1_000_000_000;
@@ -58,7 +58,7 @@ pub fn check_send(
 }
 
 /// `POST /v1/campaigns/shake`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ShakeCampaignRequest {
     pub packets: u32,
@@ -68,7 +68,7 @@ pub struct ShakeCampaignRequest {
 }
 
 /// `POST /v1/campaigns/send`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct SendCampaignRequest {
     pub packets: u32,

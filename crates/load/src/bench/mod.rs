@@ -1,0 +1,551 @@
+//! `hongbao bench`: the seed experiment on one machine. Starts a server and a load, runs
+//! the phases (connect everyone; then for each QPS step a shake campaign and a send
+//! campaign under that load), audits the money after every phase and at the end, stops
+//! everything it started, and writes `summary.json` and `series.csv` (docs/bench.md).
+//!
+//! The audit holds three witnesses against each other: the campaigns' own counts, the
+//! clients' counts of what they were told, and the ledger's balances user by user.
+//!
+//! With `--broadcast-every S` it also broadcasts every S seconds of each steady phase and
+//! checks that every connection the server handed a broadcast to received it, timing the
+//! deliveries (`broadcast.rs`; `broadcasts.json`).
+//!
+//! - `server`: the bench's `hongbao serve` child; `broadcaster`: broadcasts in phases;
+//! - `summary`: `summary.json` as typed structs, and each phase's audit.
+
+mod broadcaster;
+mod server;
+pub mod summary;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use hongbao_money::rules::{SendCampaignRequest, ShakeCampaignRequest};
+use hongbao_money::seam::Balances;
+use hongbao_money::{Audit, CampaignStatus};
+use hongbao_monitor::Monitor;
+use serde_json::Value;
+
+use crate::broadcast;
+use crate::coordinator::{Load, LoadOptions, Row};
+use crate::transport::Transport;
+use broadcaster::{wait_deliveries, Broadcaster};
+use server::{sample, Server, ServerSample};
+pub use summary::Summary;
+use summary::{
+    AuditSummary, ConnectionsSummary, Discrepancy, LoadSummary, NetworkSummary, OptionsSummary,
+    Phase, Resources, SendAudit, ShakeAudit,
+};
+
+pub const SECRET: &str = "hongbao-bench-secret";
+
+/// The bench's server sheds shakes that waited longer than this (`max_queue_ms`).
+pub const DEFAULT_BENCH_MAX_QUEUE_MS: u32 = 200;
+
+/// The bench's server runs this much nicer than the load (see `server_nice`).
+pub const DEFAULT_SERVER_NICE: i32 = 5;
+
+/// How long a simulated user told "overloaded" stops shaking.
+pub const DEFAULT_OVERLOAD_BACKOFF_SECS: u32 = 30;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    Quick,
+    Seed,
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub connections: u64,
+    pub out: PathBuf,
+    /// Server worker processes ("auto" or a number).
+    pub workers: String,
+    /// Load client processes; 0 = auto.
+    pub procs: u32,
+    /// One steady phase per entry, in order.
+    pub phase_qps: Vec<u64>,
+    pub shake_packets: u32,
+    pub send_packets: u32,
+    pub campaign_rate: u32,
+    pub recipients: u32,
+    pub max_shake_qps: u32,
+    pub connect_rate: u64,
+    /// Where the bench's own monitor (dashboard, /metrics) listens.
+    pub monitor_listen: SocketAddr,
+    /// How the clients connect: raw TCP, or WebSocket to the server's `--ws-listen`.
+    pub transport: Transport,
+    /// Seconds between operator broadcasts during each steady phase; 0 = none.
+    pub broadcast_every_secs: f64,
+    /// The server's `max_queue_ms`.
+    pub max_queue_ms: u32,
+    /// The server runs at this nice value (its workers inherit it). The load stands in
+    /// for a million phones that bring their own CPUs: sharing two cores with the server
+    /// at equal priority it fell behind its own schedule when the machine was saturated
+    /// (at 1M/60K, by 70 s), and the backlog built up in the clients, out of the server's
+    /// sight. Ahead of the server, it sends on time, and overload shows where it would in
+    /// the field: as requests waiting at the server, which `max_queue_ms` sheds.
+    pub server_nice: i32,
+    /// The caller moved the bench into a network namespace of its own
+    /// (`doctor::enter_network_namespace`): recorded in the summary.
+    pub netns: bool,
+}
+
+impl BenchOptions {
+    pub fn preset(preset: Preset) -> BenchOptions {
+        let base = BenchOptions {
+            connections: 20_000,
+            out: PathBuf::from("bench-out"),
+            workers: "auto".into(),
+            procs: 0,
+            phase_qps: vec![30_000, 60_000],
+            shake_packets: 2_000,
+            send_packets: 1_000,
+            campaign_rate: 200,
+            recipients: 3,
+            max_shake_qps: 100_000,
+            connect_rate: 20_000,
+            monitor_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            transport: Transport::Tcp,
+            broadcast_every_secs: 0.0,
+            max_queue_ms: DEFAULT_BENCH_MAX_QUEUE_MS,
+            server_nice: DEFAULT_SERVER_NICE,
+            netns: false,
+        };
+        match preset {
+            Preset::Quick => base,
+            Preset::Seed => BenchOptions {
+                connections: 1_000_000,
+                shake_packets: 40_000,
+                send_packets: 20_000,
+                connect_rate: 50_000,
+                ..base
+            },
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// Runs the bench; returns the summary (also written to `out/summary.json`). The caller
+/// exits non-zero when `summary.audit.ok` is false.
+pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("creating {}", opts.out.display()))?;
+    let data_dir = opts.out.join("data");
+    if data_dir.exists() {
+        std::fs::remove_dir_all(&data_dir).context("clearing the previous bench's ledger")?;
+    }
+    let monitor = Monitor::start(opts.monitor_listen, Some(&opts.out), "hongbao bench")?;
+    say(&format!(
+        "bench: dashboard at http://{}/ ; series in {}",
+        monitor.addr(),
+        opts.out.join("series.csv").display()
+    ));
+    monitor.mark("start");
+    say(&format!(
+        "bench: starting hongbao serve (workers {}), ledger in {}",
+        opts.workers,
+        data_dir.display()
+    ));
+    let server = Server::start(&opts, &data_dir, monitor.addr())?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let server_baseline = sample(&server.get("/v1/stats")?);
+
+    // Once-a-second server samples, for the series and the server-side QPS.
+    let samples: Arc<Mutex<Vec<ServerSample>>> = Arc::default();
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (samples, sampling, admin) = (samples.clone(), sampling.clone(), server.admin);
+        std::thread::spawn(move || {
+            while sampling.load(Ordering::Relaxed) {
+                let url = format!("http://{admin}/v1/stats");
+                if let Ok(Ok(v)) = ureq::get(&url)
+                    .timeout(Duration::from_secs(5))
+                    .call()
+                    .map(|r| r.into_json::<Value>())
+                {
+                    samples.lock().unwrap().push(sample(&v));
+                }
+                let ms = unix_ms() % 1000;
+                // Sample in the middle of each second, away from the workers' report instants.
+                std::thread::sleep(Duration::from_millis(((1500 - ms) % 1000).max(10)));
+            }
+        })
+    };
+
+    let load = Load::start(LoadOptions {
+        server: match opts.transport {
+            Transport::Tcp => server.listen,
+            Transport::Ws => server.ws.context("the server has no WebSocket listener")?,
+        },
+        transport: opts.transport,
+        users: opts.connections,
+        first_user: 1,
+        qps: 0,
+        procs: opts.procs,
+        source_ips: None,
+        connect_rate: opts.connect_rate,
+        secret: SECRET.into(),
+        connect_at_epoch: true,
+        monitor: Some(monitor.addr().to_string()),
+        overload_backoff_secs: DEFAULT_OVERLOAD_BACKOFF_SECS,
+    })?;
+    monitor.mark_at(load.epoch_ms(), "connect");
+    say(&format!(
+        "bench: {} load client processes; connecting {} users",
+        load.procs(),
+        opts.connections
+    ));
+    std::thread::sleep(Duration::from_millis(
+        load.epoch_ms()
+            .saturating_sub(unix_ms())
+            .saturating_sub(300),
+    ));
+    let load_baseline: u64 = load
+        .pids()
+        .iter()
+        .map(|p| hongbao_sys::usage::usage_of(&p.to_string()).0)
+        .sum();
+
+    // Phase 1: connect everyone.
+    let connect_timeout = Duration::from_secs(60 + opts.connections / 1000);
+    let connected = load.wait_logged_in(connect_timeout);
+    let connect_seconds = unix_ms().saturating_sub(load.epoch_ms()) as f64 / 1000.0;
+    if !connected {
+        say(&format!(
+            "bench: only {} of {} logged in after {connect_seconds:.1} s",
+            load.logged_in(),
+            opts.connections
+        ));
+    } else {
+        say(&format!(
+            "bench: {} connected and logged in after {connect_seconds:.1} s",
+            opts.connections
+        ));
+    }
+    let mut summaries = Vec::new();
+    let mut discrepancies: Vec<Discrepancy> = Vec::new();
+    let mut shake_total = ShakeAudit::default();
+    let mut send_total = SendAudit::default();
+    let mut broadcaster = Broadcaster::new(opts.broadcast_every_secs);
+
+    for (n, &qps) in opts.phase_qps.iter().enumerate() {
+        let name = format!("qps-{qps}");
+        let from = load.set_qps(qps)?;
+        monitor.mark_at(load.epoch_ms() + from * 1000, &name);
+        say(&format!(
+            "bench: phase {} at {qps} QPS from second {from}",
+            n + 2
+        ));
+        wait_until_second(&load, from + 1);
+        broadcaster.start_phase(&name);
+        let before = load.totals();
+        let shake = ShakeCampaignRequest {
+            packets: opts.shake_packets,
+            rate_per_sec: opts.campaign_rate,
+            amount_min: 100,
+            amount_max: 10_000,
+        };
+        let shake = start_campaign(&server, "shake", &shake)?;
+        let shake = wait_campaign(&server, &load, &mut broadcaster, &shake)?;
+        let send = SendCampaignRequest {
+            packets: opts.send_packets,
+            rate_per_sec: opts.campaign_rate,
+            recipients: opts.recipients,
+            user_min: 1,
+            user_max: opts.connections,
+            amount_min: 100 * opts.recipients as u64,
+            amount_max: 20_000,
+        };
+        let send = start_campaign(&server, "send", &send)?;
+        let send = wait_campaign(&server, &load, &mut broadcaster, &send)?;
+        // Let the clients' reports catch up with what the server has said.
+        let settle = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < settle {
+            let t = load.totals();
+            if t.won - before.won >= shake.won as u64
+                && t.opened - before.opened >= send.shares_opened
+            {
+                break;
+            }
+            broadcaster.sleep(Duration::from_millis(100), &server, &load)?;
+        }
+        broadcaster.sleep(Duration::from_millis(1100), &server, &load)?;
+        broadcaster.end_phase();
+        let after = load.totals();
+        let end_second = load.current_second().saturating_sub(1);
+        let rows: Vec<Row> = load
+            .rows()
+            .into_iter()
+            .filter(|r| r.second >= from && r.second <= end_second)
+            .collect();
+        let (start_ms, end_ms) = (
+            load.epoch_ms() + from * 1000,
+            load.epoch_ms() + (end_second + 1) * 1000,
+        );
+        let server_rates = samples
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.unix_ms >= start_ms + 1000 && s.unix_ms < end_ms)
+            .map(|s| s.shakes_per_sec as f64)
+            .collect();
+        let phase = Phase {
+            name: &name,
+            qps,
+            start_second: from,
+            end_second,
+            rows: &rows,
+            server_rates,
+            shake: &shake,
+            send: &send,
+            before: &before,
+            after: &after,
+            campaign_rate: opts.campaign_rate,
+        };
+        let summary = phase.summary(&mut discrepancies);
+        let audit: Audit = server.get("/v1/audit")?;
+        if !audit.ok {
+            discrepancies.push(Discrepancy::new("conservation", Some(&name), 0, 0));
+        }
+        say(&format!(
+            "bench: {name}: client median {:.0}/s server median {:.0}/s p50 {:.2} ms p99 {:.2} ms (load's send lag p99 {:.2} ms) overloaded {} errors {} audit {}",
+            summary.client_qps_median, summary.server_qps_median, summary.latency_ms.p50, summary.latency_ms.p99,
+            summary.send_lag_ms.p99, summary.overloaded, summary.errors, if summary.audit_ok && audit.ok { "ok" } else { "FAILED" }
+        ));
+        shake_total.add(&summary.shake);
+        send_total.add(&summary.send);
+        summaries.push(summary);
+    }
+
+    // Every connection should get every broadcast: give the last ones time to arrive.
+    let sent = broadcaster.sent;
+    if !sent.is_empty() && !wait_deliveries(&load, &sent) {
+        say("bench: some broadcasts were not delivered to every connection in time");
+    }
+    let drops_after = {
+        let t = load.totals();
+        t.disconnects + t.connect_failures()
+    };
+
+    let rows = load.rows();
+    let peak_connections = rows.iter().map(|r| r.logged_in).max().unwrap_or(0);
+    let load_pids = load.pids();
+    let load_peak_rss = load_peak_rss(&rows, &load_pids);
+    load.set_qps(0)?;
+    monitor.mark("stop");
+    let finished = load.stop()?;
+    let deliveries = load.broadcasts();
+    drop(load);
+    let broadcast_entries = broadcast::entries(&sent, &deliveries);
+    let broadcast_summary = broadcast::summary(&sent, &deliveries);
+    // Written before the monitor finishes, so its last report draws the curves.
+    std::fs::write(
+        opts.out.join("broadcasts.json"),
+        serde_json::to_string_pretty(&broadcast_entries)?,
+    )?;
+    for (s, e) in sent.iter().zip(&broadcast_entries) {
+        if !broadcast::delivery_ok(s, e.delivered, drops_after) {
+            discrepancies.push(Discrepancy::new(
+                "broadcast_delivery",
+                Some(&s.phase),
+                s.connections,
+                e.delivered,
+            ));
+        }
+    }
+    if !sent.is_empty() {
+        let b = &broadcast_summary;
+        say(&format!(
+            "bench: {} broadcasts to {} connections: {} delivered; slowest complete in {:.1} ms; delivery p50 {:.2} ms p99 {:.2} ms max {:.2} ms",
+            b.sent, b.connections, b.delivered, b.complete_ms, b.latency_ms.p50, b.latency_ms.p99, b.latency_ms.max
+        ));
+    }
+    sampling.store(false, Ordering::Relaxed);
+    let _ = sampler.join();
+    let final_audit: Audit = server.get("/v1/audit")?;
+    // Witness three: every balance the ledger holds, read through the server.
+    let balances: Balances = server.get("/v1/balances")?;
+    let samples = samples.lock().unwrap().clone();
+    server.stop()?;
+    // Both sent their last second on the way out: the series is complete.
+    monitor.finish()?;
+
+    // The ledger, user by user, against what each user's client was told.
+    let mut users_checked = 0u64;
+    for (user, seen) in &finished.users {
+        users_checked += 1;
+        let server_cents = balances.users.get(user).copied().unwrap_or(0);
+        let client_cents = seen.won_cents + seen.opened_cents;
+        if server_cents != client_cents {
+            discrepancies.push(Discrepancy {
+                user: Some(*user),
+                ..Discrepancy::new("user_balance", None, server_cents, client_cents)
+            });
+        }
+    }
+    for (user, cents) in &balances.users {
+        if !finished.users.contains_key(user) {
+            discrepancies.push(Discrepancy {
+                user: Some(*user),
+                ..Discrepancy::new("user_balance", None, *cents, 0)
+            });
+        }
+    }
+    if !final_audit.ok {
+        discrepancies.push(Discrepancy::new("conservation", None, 0, 0));
+    }
+
+    let server_peak = samples.iter().map(|s| s.rss_bytes).max().unwrap_or(0);
+    let server_cpu = samples
+        .last()
+        .map_or(0, |s| s.cpu_ms)
+        .saturating_sub(server_baseline.cpu_ms);
+    let per_conn = |peak: u64, base: u64| {
+        peak.saturating_sub(base)
+            .checked_div(peak_connections)
+            .unwrap_or(0)
+    };
+    let audit_ok = discrepancies.is_empty() && summaries.iter().all(|s| s.audit_ok);
+    let summary = Summary {
+        preset_connections: opts.connections,
+        connections: ConnectionsSummary {
+            target: opts.connections,
+            peak: peak_connections,
+            connect_seconds,
+            all_connected: connected,
+        },
+        phases: summaries,
+        shake: shake_total,
+        send: send_total,
+        broadcast: broadcast_summary,
+        audit: AuditSummary {
+            ok: audit_ok,
+            discrepancies,
+            users_checked,
+            server: final_audit,
+        },
+        resources: Resources {
+            server_rss_bytes: server_peak,
+            server_rss_baseline_bytes: server_baseline.rss_bytes,
+            server_rss_per_connection_bytes: per_conn(server_peak, server_baseline.rss_bytes),
+            server_cpu_seconds: server_cpu as f64 / 1000.0,
+            load_rss_bytes: load_peak_rss,
+            load_rss_baseline_bytes: load_baseline,
+            load_rss_per_connection_bytes: per_conn(load_peak_rss, load_baseline),
+            load_cpu_seconds: finished.cpu_ms as f64 / 1000.0,
+        },
+        load: LoadSummary {
+            procs: load_pids.len() as u64,
+            totals: finished.totals,
+        },
+        options: OptionsSummary {
+            workers: opts.workers.clone(),
+            phase_qps: opts.phase_qps.clone(),
+            shake_packets: opts.shake_packets,
+            send_packets: opts.send_packets,
+            campaign_rate: opts.campaign_rate,
+            recipients: opts.recipients,
+            max_shake_qps: opts.max_shake_qps,
+            connect_rate: opts.connect_rate,
+            transport: opts.transport.to_string(),
+            broadcast_every: opts.broadcast_every_secs,
+            max_queue_ms: opts.max_queue_ms,
+            server_nice: opts.server_nice,
+        },
+        network: NetworkSummary {
+            own_namespace: opts.netns,
+            ehash_buckets: hongbao_sys::doctor::ehash_buckets(),
+        },
+    };
+    std::fs::write(
+        opts.out.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?,
+    )?;
+    let charts = hongbao_report::write_report(&opts.out).context("writing the report")?;
+    say(&format!(
+        "bench: report {} ({} charts)",
+        opts.out.join("report.html").display(),
+        charts.len()
+    ));
+    say(&format!(
+        "bench: audit {}; summary in {}",
+        if audit_ok { "ok" } else { "FAILED" },
+        opts.out.join("summary.json").display()
+    ));
+    Ok(summary)
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn wait_until_second(load: &Load, second: u64) {
+    while load.current_second() < second {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn start_campaign(
+    server: &Server,
+    kind: &str,
+    request: &impl serde::Serialize,
+) -> anyhow::Result<CampaignStatus> {
+    server
+        .post(&format!("/v1/campaigns/{kind}"), request)
+        .with_context(|| format!("starting a {kind} campaign"))
+}
+
+/// Polls a campaign until it has run its course, printing the load's progress line each
+/// second.
+fn wait_campaign(
+    server: &Server,
+    load: &Load,
+    broadcaster: &mut Broadcaster,
+    started: &CampaignStatus,
+) -> anyhow::Result<CampaignStatus> {
+    let rate = started.rate_per_sec.max(1);
+    let deadline = Instant::now() + Duration::from_secs(30 + (started.packets / rate) as u64 * 2);
+    let mut last_line = 0;
+    loop {
+        let c: CampaignStatus = server.get(&format!("/v1/campaigns/{}", started.id))?;
+        if summary::campaign_done(&c) {
+            return Ok(c);
+        }
+        if Instant::now() > deadline {
+            say(&format!(
+                "bench: campaign {} did not finish in time: {c:?}",
+                c.id
+            ));
+            return Ok(c);
+        }
+        if let Some(p) = load.progress() {
+            if p.second != last_line {
+                last_line = p.second;
+                say(&format!("  {}", p.line()));
+            }
+        }
+        broadcaster.sleep(Duration::from_millis(100), server, load)?;
+    }
+}
+
+fn load_peak_rss(rows: &[Row], pids: &[u32]) -> u64 {
+    let from_rows = rows.iter().map(|r| r.rss_bytes).max().unwrap_or(0);
+    let now: u64 = pids
+        .iter()
+        .map(|p| hongbao_sys::usage::usage_of(&p.to_string()).0)
+        .sum();
+    from_rows.max(now)
+}

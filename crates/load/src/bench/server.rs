@@ -1,0 +1,168 @@
+//! The bench's server: a `hongbao serve` child on ephemeral ports with its own ledger,
+//! talked to through its admin API, and sampled once a second for the server side of the
+//! series and the per-connection memory.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{BenchOptions, SECRET};
+use crate::transport::Transport;
+
+/// A `hongbao serve` child: killed if still running when dropped.
+pub(super) struct Server {
+    child: Child,
+    pub admin: SocketAddr,
+    pub listen: SocketAddr,
+    /// The WebSocket listener, when asked for.
+    pub ws: Option<SocketAddr>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Server {
+    pub fn start(
+        opts: &BenchOptions,
+        data_dir: &Path,
+        monitor: SocketAddr,
+    ) -> anyhow::Result<Server> {
+        let mut command = Command::new(std::env::current_exe()?);
+        let server_nice = opts.server_nice;
+        // SAFETY: the closure runs in the forked child before exec and only calls
+        // setpriority(2), which is async-signal-safe.
+        unsafe {
+            command.pre_exec(move || {
+                if server_nice != 0 {
+                    libc::setpriority(libc::PRIO_PROCESS, 0, server_nice);
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--monitor", &monitor.to_string()])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--workers", &opts.workers])
+            .args(["--connections", &opts.connections.to_string()])
+            .args(["--max-shake-qps", &opts.max_shake_qps.to_string()])
+            .args(["--max-queue-ms", &opts.max_queue_ms.to_string()])
+            .args(["--secret", SECRET])
+            .args(match opts.transport {
+                Transport::Tcp => &[][..],
+                Transport::Ws => &["--ws-listen", "127.0.0.1:0"][..],
+            })
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting hongbao serve")?;
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut server = Server {
+            child,
+            admin: "0.0.0.0:0".parse()?,
+            listen: "0.0.0.0:0".parse()?,
+            ws: None,
+        };
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .context("hongbao serve did not become ready")?;
+        let field = |name: &str| -> anyhow::Result<SocketAddr> {
+            let v = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .with_context(|| format!("no {name}= in {line:?}"))?;
+            Ok(v.parse()?)
+        };
+        server.listen = field("listen")?;
+        server.admin = field("admin")?;
+        if opts.transport == Transport::Ws {
+            server.ws = Some(field("ws")?);
+        }
+        Ok(server)
+    }
+
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let url = format!("http://{}{path}", self.admin);
+        Ok(ureq::get(&url)
+            .timeout(Duration::from_secs(15))
+            .call()?
+            .into_json()?)
+    }
+
+    pub fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> anyhow::Result<T> {
+        let url = format!("http://{}{path}", self.admin);
+        match ureq::post(&url)
+            .timeout(Duration::from_secs(15))
+            .send_json(serde_json::to_value(body)?)
+        {
+            Ok(r) => Ok(r.into_json()?),
+            Err(ureq::Error::Status(code, r)) => bail!("POST {path}: {code} {}", r.into_string()?),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Asks the server to stop (SIGINT) and waits for it.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGINT);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!("hongbao serve did not stop within 30 s")
+    }
+}
+
+/// One sample of the server's `/v1/stats`, taken once a second.
+#[derive(Debug, Clone)]
+pub(super) struct ServerSample {
+    pub unix_ms: u64,
+    pub shakes_per_sec: u64,
+    pub rss_bytes: u64,
+    pub cpu_ms: u64,
+}
+
+pub(super) fn sample(stats: &Value) -> ServerSample {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let workers = stats["workers"].as_array().cloned().unwrap_or_default();
+    let rss =
+        workers.iter().map(|w| n(&w["rss_bytes"])).sum::<u64>() + n(&stats["core"]["rss_bytes"]);
+    let cpu = workers.iter().map(|w| n(&w["cpu_ms"])).sum::<u64>() + n(&stats["core"]["cpu_ms"]);
+    ServerSample {
+        unix_ms: n(&stats["unix_ms"]),
+        shakes_per_sec: n(&stats["per_sec"]["shakes"]),
+        rss_bytes: rss,
+        cpu_ms: cpu,
+    }
+}

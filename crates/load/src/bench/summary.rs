@@ -1,0 +1,462 @@
+//! `summary.json`: what a bench run measured and what its audit found, as typed structs
+//! (docs/bench.md describes every field; a test holds the two together, and the bench
+//! tests read every summary back through these types, refusing unknown fields).
+//!
+//! Also the per-phase arithmetic: medians, latency quantiles, measured campaign rates,
+//! and the checks of the campaigns' counts against the clients'.
+
+use hdrhistogram::Histogram;
+use hongbao_money::api::CampaignState;
+use hongbao_money::{Audit, CampaignStatus};
+use serde::{Deserialize, Serialize};
+
+use crate::broadcast;
+use crate::coordinator::{progress, Row};
+use crate::report::{self, Counters};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Summary {
+    pub preset_connections: u64,
+    pub connections: ConnectionsSummary,
+    pub phases: Vec<PhaseSummary>,
+    pub shake: ShakeAudit,
+    pub send: SendAudit,
+    pub broadcast: broadcast::Summary,
+    pub audit: AuditSummary,
+    pub resources: Resources,
+    pub load: LoadSummary,
+    pub options: OptionsSummary,
+    pub network: NetworkSummary,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionsSummary {
+    pub target: u64,
+    pub peak: u64,
+    pub connect_seconds: f64,
+    pub all_connected: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencyMs {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+impl LatencyMs {
+    pub fn of(h: &Histogram<u64>) -> LatencyMs {
+        if h.is_empty() {
+            return LatencyMs::default();
+        }
+        let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        LatencyMs {
+            p50: ms(0.5),
+            p99: ms(0.99),
+            p999: ms(0.999),
+            max: h.max() as f64 / 1000.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseSummary {
+    pub name: String,
+    pub target_qps: u64,
+    pub seconds: u64,
+    pub client_qps_median: f64,
+    pub server_qps_median: f64,
+    pub latency_ms: LatencyMs,
+    pub open_latency_ms: LatencyMs,
+    /// How late the load sent its shakes against their intended time (included in
+    /// `latency_ms`): the load generator's own lag, e.g. when it shares the machine.
+    pub send_lag_ms: LatencyMs,
+    pub overloaded: u64,
+    /// Shakes the schedule asked for that users skipped while backing off after an
+    /// "overloaded" (not sent, not errors).
+    pub backed_off: u64,
+    pub errors: u64,
+    /// |client median − target| / target ≤ 2% (meaningful when nothing was overloaded).
+    pub qps_within_2pct: bool,
+    pub shake_release_rate_per_sec: f64,
+    pub send_create_rate_per_sec: f64,
+    /// Both campaigns within 1% of their configured rate.
+    pub campaign_rates_within_1pct: bool,
+    pub shake: ShakeAudit,
+    pub send: SendAudit,
+    pub audit_ok: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShakeAudit {
+    pub packets: u64,
+    pub released: u64,
+    pub won_server: u64,
+    pub won_clients: u64,
+    pub amount_minted: u64,
+    pub amount_won_server: u64,
+    pub amount_won_clients: u64,
+}
+
+impl ShakeAudit {
+    pub fn add(&mut self, s: &ShakeAudit) {
+        self.packets += s.packets;
+        self.released += s.released;
+        self.won_server += s.won_server;
+        self.won_clients += s.won_clients;
+        self.amount_minted += s.amount_minted;
+        self.amount_won_server += s.amount_won_server;
+        self.amount_won_clients += s.amount_won_clients;
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendAudit {
+    pub packets: u64,
+    pub shares: u64,
+    pub opened_server: u64,
+    pub opened_clients: u64,
+    pub amount_sent: u64,
+    pub amount_opened_server: u64,
+    pub amount_opened_clients: u64,
+}
+
+impl SendAudit {
+    pub fn add(&mut self, s: &SendAudit) {
+        self.packets += s.packets;
+        self.shares += s.shares;
+        self.opened_server += s.opened_server;
+        self.opened_clients += s.opened_clients;
+        self.amount_sent += s.amount_sent;
+        self.amount_opened_server += s.amount_opened_server;
+        self.amount_opened_clients += s.amount_opened_clients;
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Discrepancy {
+    pub kind: String,
+    pub user: Option<u64>,
+    pub phase: Option<String>,
+    pub server: u64,
+    pub clients: u64,
+}
+
+impl Discrepancy {
+    pub fn new(kind: &str, phase: Option<&str>, server: u64, clients: u64) -> Discrepancy {
+        Discrepancy {
+            kind: kind.into(),
+            user: None,
+            phase: phase.map(str::to_string),
+            server,
+            clients,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSummary {
+    pub ok: bool,
+    pub discrepancies: Vec<Discrepancy>,
+    pub users_checked: u64,
+    /// The server's final `GET /v1/audit`.
+    pub server: Audit,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    pub server_rss_bytes: u64,
+    pub server_rss_baseline_bytes: u64,
+    pub server_rss_per_connection_bytes: u64,
+    pub server_cpu_seconds: f64,
+    pub load_rss_bytes: u64,
+    pub load_rss_baseline_bytes: u64,
+    pub load_rss_per_connection_bytes: u64,
+    pub load_cpu_seconds: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadSummary {
+    pub procs: u64,
+    pub totals: Counters,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptionsSummary {
+    pub workers: String,
+    pub phase_qps: Vec<u64>,
+    pub shake_packets: u32,
+    pub send_packets: u32,
+    pub campaign_rate: u32,
+    pub recipients: u32,
+    pub max_shake_qps: u32,
+    pub connect_rate: u64,
+    pub transport: String,
+    pub broadcast_every: f64,
+    pub max_queue_ms: u32,
+    pub server_nice: i32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSummary {
+    pub own_namespace: bool,
+    pub ehash_buckets: u64,
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One steady phase, as the bench saw it.
+pub struct Phase<'a> {
+    pub name: &'a str,
+    pub qps: u64,
+    pub start_second: u64,
+    pub end_second: u64,
+    /// The phase's rows of the load (one per second).
+    pub rows: &'a [Row],
+    /// The server's shakes per second, sampled in the phase.
+    pub server_rates: Vec<f64>,
+    pub shake: &'a CampaignStatus,
+    pub send: &'a CampaignStatus,
+    /// The clients' totals when the phase's campaigns started and when it ended.
+    pub before: &'a Counters,
+    pub after: &'a Counters,
+    pub campaign_rate: u32,
+}
+
+impl Phase<'_> {
+    /// The phase's figures and its audit; what does not match goes to `discrepancies`.
+    pub fn summary(&self, discrepancies: &mut Vec<Discrepancy>) -> PhaseSummary {
+        let mut shake_h = report::new_histogram();
+        let mut open_h = report::new_histogram();
+        let mut lag_h = report::new_histogram();
+        let mut client_rates = Vec::new();
+        let mut previous: Option<&Row> = None;
+        for row in self.rows {
+            report::merge_sparse(&mut shake_h, &row.shake_latency);
+            report::merge_sparse(&mut open_h, &row.open_latency);
+            report::merge_sparse(&mut lag_h, &row.send_lag);
+            if let Some(prev) = previous {
+                client_rates.push(progress(row, &prev.counters, 0).sent_per_sec as f64);
+            }
+            previous = Some(row);
+        }
+        let (shake, send, before, after) = (self.shake, self.send, self.before, self.after);
+        let shake_audit = ShakeAudit {
+            packets: shake.packets as u64,
+            released: shake.released as u64,
+            won_server: shake.won as u64,
+            won_clients: after.won - before.won,
+            amount_minted: shake.minted_cents,
+            amount_won_server: shake.won_cents,
+            amount_won_clients: after.won_cents - before.won_cents,
+        };
+        let send_audit = SendAudit {
+            packets: send.released as u64,
+            shares: send.shares,
+            opened_server: send.shares_opened,
+            opened_clients: after.opened - before.opened,
+            amount_sent: send.minted_cents,
+            amount_opened_server: send.amount_opened_cents,
+            amount_opened_clients: after.opened_cents - before.opened_cents,
+        };
+        let checks = [
+            (
+                "shake_packets_released_vs_won",
+                shake_audit.released,
+                shake_audit.won_server,
+            ),
+            (
+                "shake_packets_minted_vs_released",
+                shake_audit.packets,
+                shake_audit.released,
+            ),
+            ("shake_won", shake_audit.won_server, shake_audit.won_clients),
+            (
+                "shake_amount_minted_vs_won",
+                shake_audit.amount_minted,
+                shake_audit.amount_won_server,
+            ),
+            (
+                "shake_amount_won",
+                shake_audit.amount_won_server,
+                shake_audit.amount_won_clients,
+            ),
+            (
+                "send_shares_created_vs_opened",
+                send_audit.shares,
+                send_audit.opened_server,
+            ),
+            (
+                "send_shares_opened",
+                send_audit.opened_server,
+                send_audit.opened_clients,
+            ),
+            (
+                "send_amount_sent_vs_opened",
+                send_audit.amount_sent,
+                send_audit.amount_opened_server,
+            ),
+            (
+                "send_amount_opened",
+                send_audit.amount_opened_server,
+                send_audit.amount_opened_clients,
+            ),
+        ];
+        let mut ok = true;
+        for (kind, server, clients) in checks {
+            if server != clients {
+                ok = false;
+                discrepancies.push(Discrepancy::new(kind, Some(self.name), server, clients));
+            }
+        }
+        let shake_rate = measured_rate(shake);
+        let send_rate = measured_rate(send);
+        let rate = self.campaign_rate as f64;
+        let within = |r: f64| (r - rate).abs() <= rate * 0.01;
+        let client_qps_median = median(client_rates);
+        let qps = self.qps as f64;
+        PhaseSummary {
+            name: self.name.to_string(),
+            target_qps: self.qps,
+            seconds: self.end_second + 1 - self.start_second,
+            client_qps_median,
+            server_qps_median: median(self.server_rates.clone()),
+            latency_ms: LatencyMs::of(&shake_h),
+            open_latency_ms: LatencyMs::of(&open_h),
+            send_lag_ms: LatencyMs::of(&lag_h),
+            overloaded: after.overloaded - before.overloaded,
+            backed_off: after.backed_off - before.backed_off,
+            errors: after.errors() - before.errors(),
+            qps_within_2pct: (client_qps_median - qps).abs() <= qps * 0.02,
+            shake_release_rate_per_sec: shake_rate,
+            send_create_rate_per_sec: send_rate,
+            campaign_rates_within_1pct: within(shake_rate) && within(send_rate),
+            shake: shake_audit,
+            send: send_audit,
+            audit_ok: ok,
+        }
+    }
+}
+
+/// Packets released (created) per second, from the campaign's start to its last release.
+fn measured_rate(c: &CampaignStatus) -> f64 {
+    match c.released_all_ms {
+        Some(end) if end > c.started_ms => c.released as f64 * 1000.0 / (end - c.started_ms) as f64,
+        _ => 0.0,
+    }
+}
+
+/// Whether a campaign has run its course: a shake campaign's packets all won, a send
+/// campaign's packets all created and their shares all opened.
+pub fn campaign_done(c: &CampaignStatus) -> bool {
+    match c.kind {
+        hongbao_money::api::CampaignKind::Shake => c.won == c.packets,
+        hongbao_money::api::CampaignKind::Send => {
+            c.state == CampaignState::Done && c.shares_opened == c.shares
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    /// A summary with one of everything, so every field shows in its JSON.
+    fn example() -> Summary {
+        Summary {
+            phases: vec![PhaseSummary::default()],
+            audit: AuditSummary {
+                discrepancies: vec![Discrepancy {
+                    user: Some(1),
+                    phase: Some("qps-1".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Every leaf of `value` as a dotted path (array elements as `[]`).
+    fn leaves(prefix: &str, value: &Value, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    leaves(&format!("{prefix}{k}."), v, out);
+                }
+            }
+            Value::Array(items) => {
+                for v in items.iter().take(1) {
+                    leaves(&format!("{}[].", prefix.trim_end_matches('.')), v, out);
+                }
+            }
+            _ => out.push(prefix.trim_end_matches('.').to_string()),
+        }
+    }
+
+    /// docs/bench.md names every field summary.json has (the load's `totals` and the
+    /// server's audit are described with their own endpoints).
+    #[test]
+    fn docs_describe_every_summary_field() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/bench.md"))
+                .expect("docs/bench.md");
+        let mut paths = Vec::new();
+        leaves("", &serde_json::to_value(example()).unwrap(), &mut paths);
+        assert!(paths.len() > 80, "{paths:?}");
+        for path in paths {
+            if path.starts_with("load.totals.") || path.starts_with("audit.server.") {
+                continue;
+            }
+            let leaf = path.rsplit('.').next().unwrap();
+            assert!(
+                doc.contains(&format!("`{leaf}`")),
+                "docs/bench.md does not describe `{leaf}` ({path})"
+            );
+        }
+    }
+
+    #[test]
+    fn a_summary_reads_back_and_refuses_unknown_fields() {
+        let json = serde_json::to_value(example()).unwrap();
+        assert_eq!(
+            serde_json::from_value::<Summary>(json.clone()).unwrap(),
+            example()
+        );
+        let mut extra = json;
+        extra["phases"][0]["surprise"] = 1.into();
+        assert!(serde_json::from_value::<Summary>(extra).is_err());
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![]), 0.0);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}
