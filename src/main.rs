@@ -357,8 +357,8 @@ fn main() -> Result<()> {
             })
         }
         Command::Load(args) => match (args.set_qps, &args.control) {
-            (Some(qps), Some(control)) => hongbao_load::coordinator::set_remote_qps(control, qps),
-            _ => hongbao_load::coordinator::run_cli(
+            (Some(qps), Some(control)) => hongbao_load::cli::set_remote_qps(control, qps),
+            _ => hongbao_load::cli::run_cli(
                 load_options(&args)?,
                 args.control.clone(),
                 args.duration,

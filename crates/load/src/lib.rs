@@ -6,10 +6,12 @@
 //!   or WebSocket; `report`: what it tells its coordinator;
 //! - `broadcast`: broadcast delivery times, from a client's receipts to the bench's summary;
 //! - `coordinator`: starts clients, merges their reports, changes QPS live;
+//! - `cli`: `hongbao load` on the command line (control endpoint, progress, totals);
 //! - `bench`: the phases, the money audit and `summary.json`.
 
 pub mod bench;
 pub mod broadcast;
+pub mod cli;
 pub mod client;
 pub mod coordinator;
 pub mod report;

@@ -18,24 +18,24 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::os::fd::AsRawFd;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
-use hongbao_proto::{ws, Frame, Message, ResultCode};
+use hongbao_proto::{ws, Frame, Message};
 use hongbao_sys::net::write_nonblocking;
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use rand::Rng;
 use serde::{Deserialize, Serialize};
-use socket2::{Domain, Socket, Type};
+
+mod connect;
+mod receive;
 
 use crate::broadcast::Receipts;
 use crate::report::{self, Counters, Report, UserTotals};
 use crate::schedule::{partition, Firing, Schedule};
-use crate::transport::{self, Inbound, Transport};
+use crate::transport::{self, Transport};
 
 const STDIN: Token = Token(usize::MAX - 1);
 const CONNECT_TIMEOUT_MS: u64 = 10_000;
@@ -207,7 +207,7 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
 }
 
 impl Client {
-    fn event_loop(&mut self) -> anyhow::Result<()> {
+    pub(super) fn event_loop(&mut self) -> anyhow::Result<()> {
         let mut events = Events::with_capacity(4096);
         let mut read_buf = vec![0u8; 64 * 1024];
         let mut firings: Vec<Firing> = Vec::new();
@@ -289,13 +289,13 @@ impl Client {
         Ok(())
     }
 
-    fn load_firings(&self, second: u64, out: &mut Vec<Firing>) {
+    pub(super) fn load_firings(&self, second: u64, out: &mut Vec<Firing>) {
         out.clear();
         let end = self.first_index + self.users.len() as u64;
         self.schedule.firings(second, self.first_index..end, out);
     }
 
-    fn user_id(&self, i: usize) -> u64 {
+    pub(super) fn user_id(&self, i: usize) -> u64 {
         self.opts.first_user + self.first_index + i as u64
     }
 
@@ -303,7 +303,7 @@ impl Client {
 
     /// Sends the shakes of `firings` (offsets from `base_us`) at `now_us`, recording how
     /// late each went out against its intended time.
-    fn fire(&mut self, firings: &[Firing], base_us: u64, now_us: u64) {
+    pub(super) fn fire(&mut self, firings: &[Firing], base_us: u64, now_us: u64) {
         for f in firings {
             let i = (f.user_index - self.first_index) as usize;
             let intended_us = base_us + f.offset_ns as u64 / 1000;
@@ -323,7 +323,14 @@ impl Client {
         }
     }
 
-    fn request(&mut self, i: usize, message: Message, kind: Kind, intended_us: u64, packet: u64) {
+    pub(super) fn request(
+        &mut self,
+        i: usize,
+        message: Message,
+        kind: Kind,
+        intended_us: u64,
+        packet: u64,
+    ) {
         let user = &mut self.users[i];
         let request_id = user.next_request;
         user.next_request = user.next_request.wrapping_add(1).max(1);
@@ -342,13 +349,13 @@ impl Client {
         );
     }
 
-    fn send(&mut self, i: usize, frame: &Frame) {
+    pub(super) fn send(&mut self, i: usize, frame: &Frame) {
         let mut bytes = Vec::with_capacity(64);
         transport::encode(self.opts.transport, frame, &mut bytes);
         self.write(i, &bytes);
     }
 
-    fn write(&mut self, i: usize, bytes: &[u8]) {
+    pub(super) fn write(&mut self, i: usize, bytes: &[u8]) {
         let user = &mut self.users[i];
         let Some(stream) = user.stream.as_mut() else {
             return;
@@ -368,7 +375,7 @@ impl Client {
         }
     }
 
-    fn on_writable(&mut self, i: usize) {
+    pub(super) fn on_writable(&mut self, i: usize) {
         let now_ms = unix_us() / 1000;
         let user = &mut self.users[i];
         if user.state == State::Connecting {
@@ -404,7 +411,7 @@ impl Client {
 
     /// The connection is ready for the protocol (TCP connected, or WebSocket upgraded):
     /// count it and log in.
-    fn established(&mut self, i: usize, now_ms: u64) {
+    pub(super) fn established(&mut self, i: usize, now_ms: u64) {
         let user = &mut self.users[i];
         user.state = State::LoggingIn;
         user.since_ms = now_ms;
@@ -430,379 +437,9 @@ impl Client {
         );
     }
 
-    // ----- receiving -------------------------------------------------------------------
-
-    fn on_readable(&mut self, i: usize, buf: &mut [u8]) {
-        if self.users[i].state == State::Connecting {
-            // An error (refused, reset) shows up as readable too.
-            let err = self.users[i]
-                .stream
-                .as_ref()
-                .and_then(|s| s.take_error().ok().flatten());
-            if let Some(e) = err {
-                self.connect_failed(i, &e);
-            }
-            return;
-        }
-        loop {
-            let Some(stream) = self.users[i].stream.as_mut() else {
-                return;
-            };
-            let n = match stream.read(buf) {
-                Ok(0) => return self.lost(i),
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => return self.lost(i),
-            };
-            let mut data = std::mem::take(&mut self.users[i].partial);
-            data.extend_from_slice(&buf[..n]);
-            let mut at = 0;
-            if self.users[i].state == State::Upgrading {
-                match self.on_upgrade_answer(i, &data) {
-                    Some(head) => at = head,
-                    None => {
-                        if self.users[i].stream.is_some() {
-                            self.users[i].partial = data; // the answer so far
-                        }
-                        continue;
-                    }
-                }
-            }
-            let t = self.opts.transport;
-            let mut fragment = self.users[i].fragment.take();
-            let decoded =
-                transport::decode(t, &mut data[at..], &mut fragment, |m| self.on_inbound(i, m));
-            match decoded {
-                Ok(used) => at += used,
-                Err(_) => {
-                    self.counters.error_replies += 1;
-                    return self.disconnect(i);
-                }
-            }
-            let user = &mut self.users[i];
-            if user.stream.is_none() {
-                return; // dropped while handling what arrived
-            }
-            user.fragment = fragment;
-            if at < data.len() {
-                data.drain(..at);
-                user.partial = data;
-            }
-        }
-    }
-
-    /// Reads the server's answer to the upgrade request: `Some(head length)` once it is a
-    /// valid 101 (the user is then logging in), `None` while incomplete or if it failed
-    /// (the user is then dropped and will retry).
-    fn on_upgrade_answer(&mut self, i: usize, answer: &[u8]) -> Option<usize> {
-        let key = self.handshakes.get(&(i as u32)).copied()?;
-        match ws::check_response(answer, &key) {
-            Ok(None) => None,
-            Ok(Some(head)) => {
-                self.handshakes.remove(&(i as u32));
-                self.established(i, unix_us() / 1000);
-                Some(head)
-            }
-            Err(_) => {
-                self.handshake_failed(i);
-                None
-            }
-        }
-    }
-
-    fn on_inbound(&mut self, i: usize, m: Inbound<'_>) {
-        if self.users[i].stream.is_none() {
-            return; // dropped by an earlier message of the same read
-        }
-        match m {
-            Inbound::Frame(frame) => self.on_frame(i, frame),
-            Inbound::BadFrame | Inbound::Text => self.counters.error_replies += 1,
-            Inbound::Ping(payload) => {
-                let mut out = Vec::with_capacity(8 + payload.len());
-                transport::pong(payload, &mut out);
-                self.write(i, &out);
-            }
-            Inbound::Close => {
-                let mut out = Vec::with_capacity(8);
-                transport::close_reply(&mut out);
-                self.write(i, &out);
-                self.disconnect(i);
-            }
-        }
-    }
-
-    fn take_inflight(&mut self, i: usize, request_id: u32) -> Option<Inflight> {
-        let inflight = &mut self.users[i].inflight;
-        let at = inflight.iter().position(|f| f.request_id == request_id)?;
-        let found = inflight.swap_remove(at);
-        if inflight.is_empty() {
-            *inflight = Vec::new();
-        }
-        Some(found)
-    }
-
-    fn on_frame(&mut self, i: usize, frame: Frame) {
-        let now = unix_us();
-        let user_id = self.user_id(i);
-        match frame.message {
-            Message::LoginReply {
-                result: ResultCode::Ok,
-                ..
-            } => {
-                let user = &mut self.users[i];
-                user.state = State::Ready;
-                user.attempt = 0;
-                self.logged_in += 1;
-                self.counters.logins += 1;
-            }
-            Message::LoginReply { .. } => self.counters.login_failures += 1,
-            Message::ShakeReply {
-                result,
-                amount_cents,
-                ..
-            } => {
-                let Some(f) = self.take_inflight(i, frame.request_id) else {
-                    return;
-                };
-                self.counters.shake_replies += 1;
-                let _ = self
-                    .shake_hist
-                    .record(now.saturating_sub(f.intended_us).max(1));
-                match result {
-                    ResultCode::Won => {
-                        self.counters.won += 1;
-                        self.counters.won_cents += amount_cents;
-                        let t = self.totals.entry(user_id).or_default();
-                        t.won += 1;
-                        t.won_cents += amount_cents;
-                    }
-                    ResultCode::Nothing => self.counters.nothing += 1,
-                    ResultCode::Overloaded => {
-                        self.counters.overloaded += 1;
-                        // ±50% jitter, so that users shed together do not all return in
-                        // the same second and overload the server again in waves.
-                        let backoff = u64::from(self.opts.overload_backoff_secs);
-                        if backoff > 0 {
-                            let ms = rand::thread_rng().gen_range(backoff * 500..=backoff * 1500);
-                            self.users[i].since_ms = now / 1000 + ms;
-                        }
-                    }
-                    _ => self.counters.error_replies += 1,
-                }
-            }
-            Message::PacketNotice { packet_id, .. } => {
-                self.counters.notices += 1;
-                if let std::collections::hash_map::Entry::Vacant(e) =
-                    self.opens.entry((user_id, packet_id))
-                {
-                    e.insert(false);
-                    self.counters.opens_sent += 1;
-                    self.request(i, Message::Open { packet_id }, Kind::Open, now, packet_id);
-                }
-            }
-            Message::OpenReply {
-                result,
-                packet_id,
-                amount_cents,
-            } => {
-                let Some(f) = self.take_inflight(i, frame.request_id) else {
-                    return;
-                };
-                let _ = self
-                    .open_hist
-                    .record(now.saturating_sub(f.intended_us).max(1));
-                match result {
-                    ResultCode::Opened | ResultCode::AlreadyOpened => {
-                        let counted = self.opens.entry((user_id, packet_id)).or_insert(false);
-                        if !*counted {
-                            *counted = true;
-                            self.counters.opened += 1;
-                            self.counters.opened_cents += amount_cents;
-                            let t = self.totals.entry(user_id).or_default();
-                            t.opened += 1;
-                            t.opened_cents += amount_cents;
-                        }
-                    }
-                    _ => self.counters.open_other += 1,
-                }
-            }
-            Message::Error { .. } => {
-                self.take_inflight(i, frame.request_id);
-                self.counters.error_replies += 1;
-            }
-            Message::Kick { .. } => self.counters.kicks += 1,
-            Message::Broadcast { server_time_us, .. } => {
-                self.counters.broadcast_delivered += 1;
-                self.receipts.record(server_time_us, now);
-            }
-            _ => {}
-        }
-    }
-
-    // ----- connections -----------------------------------------------------------------
-
-    fn start_connects(&mut self, now_ms: u64) {
-        let elapsed = now_ms.saturating_sub(self.last_refill_ms) as f64 / 1000.0;
-        self.last_refill_ms = now_ms;
-        let rate = self.opts.connect_rate.max(1) as f64;
-        self.connect_tokens = (self.connect_tokens + elapsed * rate).min(rate / 20.0 + 1.0);
-        while self.connect_tokens >= 1.0 {
-            let i = if self.next_initial < self.users.len() {
-                self.next_initial += 1;
-                self.next_initial - 1
-            } else {
-                match self.retry.peek() {
-                    Some(Reverse((due, _))) if *due <= now_ms => {
-                        self.retry.pop().unwrap().0 .1 as usize
-                    }
-                    _ => return,
-                }
-            };
-            self.connect_tokens -= 1.0;
-            self.connect(i, now_ms);
-        }
-    }
-
-    fn connect(&mut self, i: usize, now_ms: u64) {
-        self.counters.connect_attempts += 1;
-        let ip = self.opts.source_ips[self.source_cursor % self.opts.source_ips.len()];
-        self.source_cursor += 1;
-        match open_socket(ip, self.opts.server) {
-            Ok(mut stream) => {
-                let interest = Interest::READABLE | Interest::WRITABLE;
-                if let Err(e) = self
-                    .poll
-                    .registry()
-                    .register(&mut stream, Token(i), interest)
-                {
-                    return self.connect_failed_before(i, &e, now_ms);
-                }
-                let user = &mut self.users[i];
-                user.stream = Some(stream);
-                user.state = State::Connecting;
-                user.since_ms = now_ms;
-            }
-            Err(e) => self.connect_failed_before(i, &e, now_ms),
-        }
-    }
-
-    fn classify(&mut self, e: &std::io::Error) {
-        match e.raw_os_error() {
-            Some(libc::ECONNREFUSED) => self.counters.failed_refused += 1,
-            Some(libc::ETIMEDOUT) => self.counters.failed_timeout += 1,
-            Some(libc::ECONNRESET) => self.counters.failed_reset += 1,
-            Some(libc::EADDRNOTAVAIL) | Some(libc::EADDRINUSE) => {
-                self.counters.failed_out_of_ports += 1
-            }
-            Some(libc::EMFILE) | Some(libc::ENFILE) => self.counters.failed_out_of_files += 1,
-            _ => self.counters.failed_other += 1,
-        }
-    }
-
-    fn connect_failed_before(&mut self, i: usize, e: &std::io::Error, now_ms: u64) {
-        self.classify(e);
-        self.schedule_retry(i, now_ms);
-    }
-
-    fn connect_failed(&mut self, i: usize, e: &std::io::Error) {
-        self.classify(e);
-        self.drop_stream(i);
-        self.schedule_retry(i, unix_us() / 1000);
-    }
-
-    fn check_connect_timeouts(&mut self) {
-        // Cheap: only looked at while initial connects are still being made or retried.
-        if self.next_initial < self.users.len()
-            || !self.retry.is_empty()
-            || self.connected < self.users.len() as u64
-        {
-            let now_ms = unix_us() / 1000;
-            if now_ms % 1000 > 20 {
-                return; // once a second is plenty
-            }
-            for i in 0..self.users.len() {
-                let u = &self.users[i];
-                if matches!(u.state, State::Connecting | State::Upgrading)
-                    && now_ms.saturating_sub(u.since_ms) > CONNECT_TIMEOUT_MS
-                {
-                    self.counters.failed_timeout += 1;
-                    self.drop_stream(i);
-                    self.schedule_retry(i, now_ms);
-                }
-            }
-        }
-    }
-
-    /// The connection failed: before the upgrade completed that is a failed handshake,
-    /// after it a disconnect.
-    fn lost(&mut self, i: usize) {
-        if self.users[i].state == State::Upgrading {
-            self.handshake_failed(i);
-        } else {
-            self.disconnect(i);
-        }
-    }
-
-    fn handshake_failed(&mut self, i: usize) {
-        self.counters.failed_handshake += 1;
-        self.drop_stream(i);
-        self.schedule_retry(i, unix_us() / 1000);
-    }
-
-    /// A connection that was up went away: count it and come back later.
-    fn disconnect(&mut self, i: usize) {
-        if self.users[i].stream.is_none() {
-            return;
-        }
-        self.counters.disconnects += 1;
-        let user_id = self.user_id(i);
-        for f in std::mem::take(&mut self.users[i].inflight) {
-            if let Kind::Open = f.kind {
-                // Not answered: forget we asked, so the notice on re-login opens it again.
-                if self.opens.get(&(user_id, f.packet)) == Some(&false) {
-                    self.opens.remove(&(user_id, f.packet));
-                }
-            }
-        }
-        self.drop_stream(i);
-        self.schedule_retry(i, unix_us() / 1000);
-    }
-
-    fn drop_stream(&mut self, i: usize) {
-        let user = &mut self.users[i];
-        if let Some(mut stream) = user.stream.take() {
-            let _ = self.poll.registry().deregister(&mut stream);
-        }
-        match user.state {
-            State::Ready => {
-                self.logged_in -= 1;
-                self.connected -= 1;
-            }
-            State::LoggingIn => self.connected -= 1,
-            State::Upgrading => {
-                self.handshakes.remove(&(i as u32));
-            }
-            State::Idle | State::Connecting => {}
-        }
-        user.state = State::Idle;
-        user.partial = Vec::new();
-        user.out = Vec::new();
-        user.inflight = Vec::new();
-        user.fragment = None;
-    }
-
-    fn schedule_retry(&mut self, i: usize, now_ms: u64) {
-        let user = &mut self.users[i];
-        user.attempt = user.attempt.saturating_add(1);
-        let backoff = (100u64 << user.attempt.min(6)).min(MAX_BACKOFF_MS);
-        let jittered = rand::thread_rng().gen_range(backoff / 2..=backoff + backoff / 2);
-        self.retry.push(Reverse((now_ms + jittered, i as u32)));
-    }
-
     // ----- coordinator -----------------------------------------------------------------
 
-    fn read_commands(&mut self) {
+    pub(super) fn read_commands(&mut self) {
         let mut chunk = [0u8; 4096];
         loop {
             match std::io::stdin().lock().read(&mut chunk) {
@@ -829,7 +466,7 @@ impl Client {
         }
     }
 
-    fn report(&mut self, second: u64, last: bool) {
+    pub(super) fn report(&mut self, second: u64, last: bool) {
         let (rss_bytes, cpu_ms) = self_usage();
         let users = last.then(|| self.totals.iter().map(|(k, v)| (*k, v.clone())).collect());
         let report = Report {
@@ -859,31 +496,6 @@ impl Client {
     }
 }
 
-/// A non-blocking socket bound to `source` (port chosen at connect time) and connecting.
-fn open_socket(source: Ipv4Addr, server: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
-    socket.set_nonblocking(true)?;
-    let _ = socket.set_nodelay(true);
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt reads an int from a valid pointer for the given length.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            &one as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
-    socket.bind(&SocketAddr::V4(SocketAddrV4::new(source, 0)).into())?;
-    match socket.connect(&server.into()) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        Err(e) => return Err(e),
-    }
-    Ok(TcpStream::from_std(socket.into()))
-}
-
 fn set_nonblocking(fd: i32) {
     // SAFETY: fcntl on a descriptor we own (stdin) with standard flags.
     unsafe {
@@ -905,7 +517,7 @@ mod tests {
     /// use). WebSocket adds 8 bytes (`fragment`), its key lives in a side map only during
     /// the upgrade.
     #[test]
-    fn an_idle_user_is_small() {
+    pub(super) fn an_idle_user_is_small() {
         assert!(
             std::mem::size_of::<User>() <= 112,
             "{}",

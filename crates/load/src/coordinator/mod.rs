@@ -12,26 +12,21 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
-use hongbao_http::{json_object, Request, Response, Server};
-use hongbao_telemetry::sample::{self, RoleSample, Sample};
-use hongbao_telemetry::Reporter;
 use serde::Serialize;
-use serde_json::json;
+
+mod monitor;
 
 use crate::broadcast::{BroadcastStats, Deliveries};
 use crate::client::{self, ClientOptions};
 use crate::report::{self, Counters, Report, UserTotals};
 use crate::schedule::{partition, Schedule};
 use crate::transport::Transport;
-
-/// The fastest a load may be asked to fire.
-const MAX_QPS: u64 = 10_000_000;
+use monitor::LoadMonitor;
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -161,97 +156,6 @@ pub struct Load {
     schedule: Mutex<Schedule>,
     shared: Arc<Mutex<Shared>>,
     monitor: Option<LoadMonitor>,
-}
-
-/// Sends every complete second to a monitor, from a thread of its own.
-struct LoadMonitor {
-    reporter: Reporter,
-    stop: Arc<AtomicBool>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    net_interface: String,
-}
-
-impl LoadMonitor {
-    fn start(
-        addr: &str,
-        shared: Arc<Mutex<Shared>>,
-        procs: u32,
-        epoch_s: u64,
-        server: SocketAddr,
-    ) -> anyhow::Result<LoadMonitor> {
-        let reporter = Reporter::start(addr);
-        let stop = Arc::new(AtomicBool::new(false));
-        let net_interface = sample::interface_for(server.ip());
-        let (r, st, iface) = (reporter.clone(), stop.clone(), net_interface.clone());
-        let thread = std::thread::Builder::new()
-            .name("load-monitor".into())
-            .spawn(move || {
-                let mut next = 0;
-                loop {
-                    let stopping = st.load(Ordering::Relaxed);
-                    let rows: Vec<Row> = {
-                        let s = shared.lock().unwrap();
-                        s.rows
-                            .range(next..)
-                            .map(|(_, row)| row)
-                            .take_while(|row| row.reports == procs)
-                            .cloned()
-                            .collect()
-                    };
-                    for row in rows {
-                        next = row.second + 1;
-                        r.send(load_sample(&row, epoch_s + row.second, &iface));
-                    }
-                    if stopping {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            })?;
-        Ok(LoadMonitor {
-            reporter,
-            stop,
-            thread: Mutex::new(Some(thread)),
-            net_interface,
-        })
-    }
-}
-
-/// One second of the load as a monitor sample (role `load`).
-fn load_sample(row: &Row, unix_second: u64, net_interface: &str) -> Sample {
-    let c = &row.counters;
-    let counters = [
-        ("shakes", c.shakes_sent),
-        ("won", c.won),
-        ("nothing", c.nothing),
-        ("overloaded", c.overloaded),
-        ("opens", c.opens_sent),
-        ("opened", c.opened),
-        ("errors", c.errors()),
-        ("broadcasts", row.broadcasts_seen),
-        ("broadcast_delivered", c.broadcast_delivered),
-    ];
-    let levels = [
-        ("connections", row.connected),
-        ("logged_in", row.logged_in),
-        ("rss_bytes", row.rss_bytes),
-    ];
-    Sample {
-        instance: format!("load@{}:{}", sample::hostname(), std::process::id()),
-        host: sample::hostname(),
-        unix_second,
-        roles: std::iter::once(RoleSample {
-            role: "load".into(),
-            processes: row.reports,
-            cpu_ms: row.cpu_ms,
-            counters: sample::named(&counters),
-            levels: sample::named(&levels),
-            latency_us: row.shake_latency.clone(),
-        })
-        .chain(sample::host_role())
-        .collect(),
-        net: sample::read_net(net_interface),
-    }
 }
 
 fn unix_ms() -> u64 {
@@ -526,10 +430,7 @@ impl Load {
             std::thread::sleep(Duration::from_millis(10));
         }
         if let Some(m) = &self.monitor {
-            m.stop.store(true, Ordering::Relaxed);
-            if let Some(t) = m.thread.lock().unwrap().take() {
-                let _ = t.join();
-            }
+            m.stop_sending();
         }
         let shared = self.shared.lock().unwrap();
         let mut totals = Counters::default();
@@ -558,8 +459,7 @@ impl Load {
         last.cpu_ms = cpu_ms;
         last.counters = totals.clone();
         if let Some(m) = &self.monitor {
-            m.reporter
-                .send_final(&load_sample(&last, unix_ms() / 1000, &m.net_interface));
+            m.send_final(&last, unix_ms() / 1000);
         }
         Ok(Finished {
             totals,
@@ -651,119 +551,5 @@ pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
         max_ms: ms(&shake, 1.0),
         broadcasts_seen: row.broadcasts_seen,
         totals: c.clone(),
-    }
-}
-
-/// Serves `POST /qps {"qps": N}` and `GET /stats` for a running load.
-pub fn serve_control(addr: &str, load: Arc<Load>) -> anyhow::Result<Server> {
-    Server::start(addr, "load-control", 4096, move |r| control(&r, &load))
-        .map_err(|e| anyhow::anyhow!("binding control address {addr}: {e}"))
-}
-
-/// `POST /qps`.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SetQps {
-    qps: u64,
-}
-
-fn control(request: &Request, load: &Load) -> Response {
-    match (request.method.as_str(), request.path.as_str()) {
-        ("POST", "/qps") => match json_object::<SetQps>(&request.body) {
-            Ok(SetQps { qps }) if qps <= MAX_QPS => match load.set_qps(qps) {
-                Ok(from_second) => {
-                    Response::json(200, &json!({ "qps": qps, "from_second": from_second }))
-                }
-                Err(e) => Response::error(500, e.to_string()),
-            },
-            Ok(_) => Response::error(400, format!("qps must be 0..={MAX_QPS}")),
-            Err(refused) => refused,
-        },
-        ("GET", "/stats") => match load.progress() {
-            Some(p) => Response::json(200, &p),
-            None => Response::json(200, &json!({ "second": null, "totals": load.totals() })),
-        },
-        _ => Response::error(404, "endpoints: POST /qps, GET /stats"),
-    }
-}
-
-/// `hongbao load`: runs until `duration` seconds of firing have passed (or SIGINT), with
-/// one progress line a second; prints the final totals as JSON.
-pub fn run_cli(
-    opts: LoadOptions,
-    control: Option<String>,
-    duration: Option<u64>,
-    stop: &hongbao_sys::Stop,
-) -> anyhow::Result<()> {
-    let users = opts.users;
-    let load = Arc::new(Load::start(opts)?);
-    println!(
-        "hongbao load: {} users over {} client processes; firing starts at second 0 (epoch {} ms)",
-        users,
-        load.procs(),
-        load.epoch_ms()
-    );
-    let control = match control {
-        Some(addr) => {
-            let server = serve_control(&addr, load.clone())?;
-            let bound = server.addr();
-            println!(
-                "hongbao load: control on http://{bound} (POST /qps {{\"qps\": N}}, GET /stats)"
-            );
-            Some(server)
-        }
-        None => None,
-    };
-    let mut last = None;
-    loop {
-        std::thread::sleep(Duration::from_millis(100));
-        if let Some(p) = load.progress() {
-            if last != Some(p.second) {
-                last = Some(p.second);
-                println!("{}", p.line());
-            }
-        }
-        let done = duration.is_some_and(|d| unix_ms() >= load.epoch_ms() + d * 1000);
-        if done || stop.requested() {
-            break;
-        }
-    }
-    drop(control);
-    let finished = load.stop()?;
-    let broadcasts: Vec<_> = load
-        .broadcasts()
-        .iter()
-        .map(|b| {
-            let l = crate::broadcast::LatencyDistMs::of(&b.latency_us);
-            json!({
-                "server_time_us": b.server_time_us, "delivered": b.delivered,
-                "complete_ms": b.complete_ms(), "p50_ms": l.p50, "p99_ms": l.p99, "max_ms": l.max,
-            })
-        })
-        .collect();
-    let summary = json!({
-        "totals": finished.totals,
-        "broadcasts": broadcasts,
-        "users_with_money": finished.users.len(),
-        "peak_rss_bytes": finished.peak_rss_bytes,
-        "cpu_seconds": finished.cpu_ms as f64 / 1000.0,
-    });
-    println!("{}", serde_json::to_string_pretty(&summary)?);
-    Ok(())
-}
-
-/// `hongbao load --control ADDR --set-qps N`: changes the QPS of a running load.
-pub fn set_remote_qps(control: &str, qps: u64) -> anyhow::Result<()> {
-    let url = format!("http://{control}/qps");
-    match ureq::post(&url)
-        .timeout(Duration::from_secs(5))
-        .send_json(json!({ "qps": qps }))
-    {
-        Ok(r) => {
-            println!("{}", r.into_string()?);
-            Ok(())
-        }
-        Err(ureq::Error::Status(code, r)) => bail!("{url}: {code} {}", r.into_string()?),
-        Err(e) => Err(e.into()),
     }
 }

@@ -1,0 +1,164 @@
+//! `hongbao load` on the command line: the control endpoint (`POST /qps`, `GET /stats`),
+//! a progress line a second, and the final totals as JSON; `--set-qps` for a running one.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::bail;
+use hongbao_http::{json_object, Request, Response, Server};
+use hongbao_sys::Stop;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::broadcast::LatencyDistMs;
+use crate::coordinator::{Load, LoadOptions};
+use crate::report::Counters;
+
+/// The fastest a load may be asked to fire.
+const MAX_QPS: u64 = 10_000_000;
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// Serves `POST /qps {"qps": N}` and `GET /stats` for a running load.
+pub fn serve_control(addr: &str, load: Arc<Load>) -> anyhow::Result<Server> {
+    Server::start(addr, "load-control", 4096, move |r| control(&r, &load))
+        .map_err(|e| anyhow::anyhow!("binding control address {addr}: {e}"))
+}
+
+/// `POST /qps`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetQps {
+    qps: u64,
+}
+
+fn control(request: &Request, load: &Load) -> Response {
+    match (request.method.as_str(), request.path.as_str()) {
+        ("POST", "/qps") => match json_object::<SetQps>(&request.body) {
+            Ok(SetQps { qps }) if qps <= MAX_QPS => match load.set_qps(qps) {
+                Ok(from_second) => {
+                    Response::json(200, &json!({ "qps": qps, "from_second": from_second }))
+                }
+                Err(e) => Response::error(500, e.to_string()),
+            },
+            Ok(_) => Response::error(400, format!("qps must be 0..={MAX_QPS}")),
+            Err(refused) => refused,
+        },
+        ("GET", "/stats") => match load.progress() {
+            Some(p) => Response::json(200, &p),
+            None => Response::json(200, &json!({ "second": null, "totals": load.totals() })),
+        },
+        _ => Response::error(404, "endpoints: POST /qps, GET /stats"),
+    }
+}
+
+/// `hongbao load`: runs until `duration` seconds of firing have passed (or SIGINT), with
+/// one progress line a second; prints the final totals as JSON.
+pub fn run_cli(
+    opts: LoadOptions,
+    control: Option<String>,
+    duration: Option<u64>,
+    stop: &Stop,
+) -> anyhow::Result<()> {
+    let users = opts.users;
+    let load = Arc::new(Load::start(opts)?);
+    println!(
+        "hongbao load: {} users over {} client processes; firing starts at second 0 (epoch {} ms)",
+        users,
+        load.procs(),
+        load.epoch_ms()
+    );
+    let control = match control {
+        Some(addr) => {
+            let server = serve_control(&addr, load.clone())?;
+            let bound = server.addr();
+            println!(
+                "hongbao load: control on http://{bound} (POST /qps {{\"qps\": N}}, GET /stats)"
+            );
+            Some(server)
+        }
+        None => None,
+    };
+    let mut last = None;
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(p) = load.progress() {
+            if last != Some(p.second) {
+                last = Some(p.second);
+                println!("{}", p.line());
+            }
+        }
+        let done = duration.is_some_and(|d| unix_ms() >= load.epoch_ms() + d * 1000);
+        if done || stop.requested() {
+            break;
+        }
+    }
+    drop(control);
+    let finished = load.stop()?;
+    let broadcasts = load
+        .broadcasts()
+        .iter()
+        .map(|b| {
+            let l = LatencyDistMs::of(&b.latency_us);
+            BroadcastLine {
+                server_time_us: b.server_time_us,
+                delivered: b.delivered,
+                complete_ms: b.complete_ms(),
+                p50_ms: l.p50,
+                p99_ms: l.p99,
+                max_ms: l.max,
+            }
+        })
+        .collect();
+    let summary = Totals {
+        totals: finished.totals,
+        broadcasts,
+        users_with_money: finished.users.len(),
+        peak_rss_bytes: finished.peak_rss_bytes,
+        cpu_seconds: finished.cpu_ms as f64 / 1000.0,
+    };
+    println!("{}", serde_json::to_string_pretty(&summary)?);
+    Ok(())
+}
+
+/// What `hongbao load` prints when it ends (docs/bench.md).
+#[derive(Serialize)]
+struct Totals {
+    totals: Counters,
+    broadcasts: Vec<BroadcastLine>,
+    users_with_money: usize,
+    peak_rss_bytes: u64,
+    cpu_seconds: f64,
+}
+
+/// One broadcast the clients received.
+#[derive(Serialize)]
+struct BroadcastLine {
+    server_time_us: u64,
+    delivered: u64,
+    complete_ms: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+/// `hongbao load --control ADDR --set-qps N`: changes the QPS of a running load.
+pub fn set_remote_qps(control: &str, qps: u64) -> anyhow::Result<()> {
+    let url = format!("http://{control}/qps");
+    match ureq::post(&url)
+        .timeout(Duration::from_secs(5))
+        .send_json(json!({ "qps": qps }))
+    {
+        Ok(r) => {
+            println!("{}", r.into_string()?);
+            Ok(())
+        }
+        Err(ureq::Error::Status(code, r)) => bail!("{url}: {code} {}", r.into_string()?),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,198 @@
+//! A load client's connections: opened at a bounded rate from many loopback source
+//! addresses, timed out, retried with back-off, and every failure counted by its cause.
+
+use std::cmp::Reverse;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+
+use mio::net::TcpStream;
+use mio::{Interest, Token};
+use rand::Rng;
+use socket2::{Domain, Socket, Type};
+
+use super::{unix_us, Client, Kind, State, CONNECT_TIMEOUT_MS, MAX_BACKOFF_MS};
+
+impl Client {
+    pub(super) fn start_connects(&mut self, now_ms: u64) {
+        let elapsed = now_ms.saturating_sub(self.last_refill_ms) as f64 / 1000.0;
+        self.last_refill_ms = now_ms;
+        let rate = self.opts.connect_rate.max(1) as f64;
+        self.connect_tokens = (self.connect_tokens + elapsed * rate).min(rate / 20.0 + 1.0);
+        while self.connect_tokens >= 1.0 {
+            let i = if self.next_initial < self.users.len() {
+                self.next_initial += 1;
+                self.next_initial - 1
+            } else {
+                match self.retry.peek() {
+                    Some(Reverse((due, _))) if *due <= now_ms => {
+                        self.retry.pop().unwrap().0 .1 as usize
+                    }
+                    _ => return,
+                }
+            };
+            self.connect_tokens -= 1.0;
+            self.connect(i, now_ms);
+        }
+    }
+
+    pub(super) fn connect(&mut self, i: usize, now_ms: u64) {
+        self.counters.connect_attempts += 1;
+        let ip = self.opts.source_ips[self.source_cursor % self.opts.source_ips.len()];
+        self.source_cursor += 1;
+        match open_socket(ip, self.opts.server) {
+            Ok(mut stream) => {
+                let interest = Interest::READABLE | Interest::WRITABLE;
+                if let Err(e) = self
+                    .poll
+                    .registry()
+                    .register(&mut stream, Token(i), interest)
+                {
+                    return self.connect_failed_before(i, &e, now_ms);
+                }
+                let user = &mut self.users[i];
+                user.stream = Some(stream);
+                user.state = State::Connecting;
+                user.since_ms = now_ms;
+            }
+            Err(e) => self.connect_failed_before(i, &e, now_ms),
+        }
+    }
+
+    pub(super) fn classify(&mut self, e: &std::io::Error) {
+        match e.raw_os_error() {
+            Some(libc::ECONNREFUSED) => self.counters.failed_refused += 1,
+            Some(libc::ETIMEDOUT) => self.counters.failed_timeout += 1,
+            Some(libc::ECONNRESET) => self.counters.failed_reset += 1,
+            Some(libc::EADDRNOTAVAIL) | Some(libc::EADDRINUSE) => {
+                self.counters.failed_out_of_ports += 1
+            }
+            Some(libc::EMFILE) | Some(libc::ENFILE) => self.counters.failed_out_of_files += 1,
+            _ => self.counters.failed_other += 1,
+        }
+    }
+
+    pub(super) fn connect_failed_before(&mut self, i: usize, e: &std::io::Error, now_ms: u64) {
+        self.classify(e);
+        self.schedule_retry(i, now_ms);
+    }
+
+    pub(super) fn connect_failed(&mut self, i: usize, e: &std::io::Error) {
+        self.classify(e);
+        self.drop_stream(i);
+        self.schedule_retry(i, unix_us() / 1000);
+    }
+
+    pub(super) fn check_connect_timeouts(&mut self) {
+        // Cheap: only looked at while initial connects are still being made or retried.
+        if self.next_initial < self.users.len()
+            || !self.retry.is_empty()
+            || self.connected < self.users.len() as u64
+        {
+            let now_ms = unix_us() / 1000;
+            if now_ms % 1000 > 20 {
+                return; // once a second is plenty
+            }
+            for i in 0..self.users.len() {
+                let u = &self.users[i];
+                if matches!(u.state, State::Connecting | State::Upgrading)
+                    && now_ms.saturating_sub(u.since_ms) > CONNECT_TIMEOUT_MS
+                {
+                    self.counters.failed_timeout += 1;
+                    self.drop_stream(i);
+                    self.schedule_retry(i, now_ms);
+                }
+            }
+        }
+    }
+
+    /// The connection failed: before the upgrade completed that is a failed handshake,
+    /// after it a disconnect.
+    pub(super) fn lost(&mut self, i: usize) {
+        if self.users[i].state == State::Upgrading {
+            self.handshake_failed(i);
+        } else {
+            self.disconnect(i);
+        }
+    }
+
+    pub(super) fn handshake_failed(&mut self, i: usize) {
+        self.counters.failed_handshake += 1;
+        self.drop_stream(i);
+        self.schedule_retry(i, unix_us() / 1000);
+    }
+
+    /// A connection that was up went away: count it and come back later.
+    pub(super) fn disconnect(&mut self, i: usize) {
+        if self.users[i].stream.is_none() {
+            return;
+        }
+        self.counters.disconnects += 1;
+        let user_id = self.user_id(i);
+        for f in std::mem::take(&mut self.users[i].inflight) {
+            if let Kind::Open = f.kind {
+                // Not answered: forget we asked, so the notice on re-login opens it again.
+                if self.opens.get(&(user_id, f.packet)) == Some(&false) {
+                    self.opens.remove(&(user_id, f.packet));
+                }
+            }
+        }
+        self.drop_stream(i);
+        self.schedule_retry(i, unix_us() / 1000);
+    }
+
+    pub(super) fn drop_stream(&mut self, i: usize) {
+        let user = &mut self.users[i];
+        if let Some(mut stream) = user.stream.take() {
+            let _ = self.poll.registry().deregister(&mut stream);
+        }
+        match user.state {
+            State::Ready => {
+                self.logged_in -= 1;
+                self.connected -= 1;
+            }
+            State::LoggingIn => self.connected -= 1,
+            State::Upgrading => {
+                self.handshakes.remove(&(i as u32));
+            }
+            State::Idle | State::Connecting => {}
+        }
+        user.state = State::Idle;
+        user.partial = Vec::new();
+        user.out = Vec::new();
+        user.inflight = Vec::new();
+        user.fragment = None;
+    }
+
+    pub(super) fn schedule_retry(&mut self, i: usize, now_ms: u64) {
+        let user = &mut self.users[i];
+        user.attempt = user.attempt.saturating_add(1);
+        let backoff = (100u64 << user.attempt.min(6)).min(MAX_BACKOFF_MS);
+        let jittered = rand::thread_rng().gen_range(backoff / 2..=backoff + backoff / 2);
+        self.retry.push(Reverse((now_ms + jittered, i as u32)));
+    }
+}
+
+/// A non-blocking socket bound to `source` (port chosen at connect time) and connecting.
+pub(super) fn open_socket(source: Ipv4Addr, server: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
+    let _ = socket.set_nodelay(true);
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads an int from a valid pointer for the given length.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            &one as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+    socket.bind(&SocketAddr::V4(SocketAddrV4::new(source, 0)).into())?;
+    match socket.connect(&server.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(TcpStream::from_std(socket.into()))
+}

@@ -1,0 +1,221 @@
+//! A load client's receiving side: reading what the server sent, the WebSocket upgrade's
+//! answer, and what each reply means for the counts (and for the user's next move: an
+//! open after a notice, a back-off after "overloaded").
+
+use std::io::{ErrorKind, Read};
+
+use hongbao_proto::{ws, Frame, Message, ResultCode};
+use rand::Rng;
+
+use super::{unix_us, Client, Inflight, Kind, State};
+use crate::transport::{self, Inbound};
+
+impl Client {
+    pub(super) fn on_readable(&mut self, i: usize, buf: &mut [u8]) {
+        if self.users[i].state == State::Connecting {
+            // An error (refused, reset) shows up as readable too.
+            let err = self.users[i]
+                .stream
+                .as_ref()
+                .and_then(|s| s.take_error().ok().flatten());
+            if let Some(e) = err {
+                self.connect_failed(i, &e);
+            }
+            return;
+        }
+        loop {
+            let Some(stream) = self.users[i].stream.as_mut() else {
+                return;
+            };
+            let n = match stream.read(buf) {
+                Ok(0) => return self.lost(i),
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return self.lost(i),
+            };
+            let mut data = std::mem::take(&mut self.users[i].partial);
+            data.extend_from_slice(&buf[..n]);
+            let mut at = 0;
+            if self.users[i].state == State::Upgrading {
+                match self.on_upgrade_answer(i, &data) {
+                    Some(head) => at = head,
+                    None => {
+                        if self.users[i].stream.is_some() {
+                            self.users[i].partial = data; // the answer so far
+                        }
+                        continue;
+                    }
+                }
+            }
+            let t = self.opts.transport;
+            let mut fragment = self.users[i].fragment.take();
+            let decoded =
+                transport::decode(t, &mut data[at..], &mut fragment, |m| self.on_inbound(i, m));
+            match decoded {
+                Ok(used) => at += used,
+                Err(_) => {
+                    self.counters.error_replies += 1;
+                    return self.disconnect(i);
+                }
+            }
+            let user = &mut self.users[i];
+            if user.stream.is_none() {
+                return; // dropped while handling what arrived
+            }
+            user.fragment = fragment;
+            if at < data.len() {
+                data.drain(..at);
+                user.partial = data;
+            }
+        }
+    }
+
+    /// Reads the server's answer to the upgrade request: `Some(head length)` once it is a
+    /// valid 101 (the user is then logging in), `None` while incomplete or if it failed
+    /// (the user is then dropped and will retry).
+    pub(super) fn on_upgrade_answer(&mut self, i: usize, answer: &[u8]) -> Option<usize> {
+        let key = self.handshakes.get(&(i as u32)).copied()?;
+        match ws::check_response(answer, &key) {
+            Ok(None) => None,
+            Ok(Some(head)) => {
+                self.handshakes.remove(&(i as u32));
+                self.established(i, unix_us() / 1000);
+                Some(head)
+            }
+            Err(_) => {
+                self.handshake_failed(i);
+                None
+            }
+        }
+    }
+
+    pub(super) fn on_inbound(&mut self, i: usize, m: Inbound<'_>) {
+        if self.users[i].stream.is_none() {
+            return; // dropped by an earlier message of the same read
+        }
+        match m {
+            Inbound::Frame(frame) => self.on_frame(i, frame),
+            Inbound::BadFrame | Inbound::Text => self.counters.error_replies += 1,
+            Inbound::Ping(payload) => {
+                let mut out = Vec::with_capacity(8 + payload.len());
+                transport::pong(payload, &mut out);
+                self.write(i, &out);
+            }
+            Inbound::Close => {
+                let mut out = Vec::with_capacity(8);
+                transport::close_reply(&mut out);
+                self.write(i, &out);
+                self.disconnect(i);
+            }
+        }
+    }
+
+    pub(super) fn take_inflight(&mut self, i: usize, request_id: u32) -> Option<Inflight> {
+        let inflight = &mut self.users[i].inflight;
+        let at = inflight.iter().position(|f| f.request_id == request_id)?;
+        let found = inflight.swap_remove(at);
+        if inflight.is_empty() {
+            *inflight = Vec::new();
+        }
+        Some(found)
+    }
+
+    pub(super) fn on_frame(&mut self, i: usize, frame: Frame) {
+        let now = unix_us();
+        let user_id = self.user_id(i);
+        match frame.message {
+            Message::LoginReply {
+                result: ResultCode::Ok,
+                ..
+            } => {
+                let user = &mut self.users[i];
+                user.state = State::Ready;
+                user.attempt = 0;
+                self.logged_in += 1;
+                self.counters.logins += 1;
+            }
+            Message::LoginReply { .. } => self.counters.login_failures += 1,
+            Message::ShakeReply {
+                result,
+                amount_cents,
+                ..
+            } => {
+                let Some(f) = self.take_inflight(i, frame.request_id) else {
+                    return;
+                };
+                self.counters.shake_replies += 1;
+                let _ = self
+                    .shake_hist
+                    .record(now.saturating_sub(f.intended_us).max(1));
+                match result {
+                    ResultCode::Won => {
+                        self.counters.won += 1;
+                        self.counters.won_cents += amount_cents;
+                        let t = self.totals.entry(user_id).or_default();
+                        t.won += 1;
+                        t.won_cents += amount_cents;
+                    }
+                    ResultCode::Nothing => self.counters.nothing += 1,
+                    ResultCode::Overloaded => {
+                        self.counters.overloaded += 1;
+                        // ±50% jitter, so that users shed together do not all return in
+                        // the same second and overload the server again in waves.
+                        let backoff = u64::from(self.opts.overload_backoff_secs);
+                        if backoff > 0 {
+                            let ms = rand::thread_rng().gen_range(backoff * 500..=backoff * 1500);
+                            self.users[i].since_ms = now / 1000 + ms;
+                        }
+                    }
+                    _ => self.counters.error_replies += 1,
+                }
+            }
+            Message::PacketNotice { packet_id, .. } => {
+                self.counters.notices += 1;
+                if let std::collections::hash_map::Entry::Vacant(e) =
+                    self.opens.entry((user_id, packet_id))
+                {
+                    e.insert(false);
+                    self.counters.opens_sent += 1;
+                    self.request(i, Message::Open { packet_id }, Kind::Open, now, packet_id);
+                }
+            }
+            Message::OpenReply {
+                result,
+                packet_id,
+                amount_cents,
+            } => {
+                let Some(f) = self.take_inflight(i, frame.request_id) else {
+                    return;
+                };
+                let _ = self
+                    .open_hist
+                    .record(now.saturating_sub(f.intended_us).max(1));
+                match result {
+                    ResultCode::Opened | ResultCode::AlreadyOpened => {
+                        let counted = self.opens.entry((user_id, packet_id)).or_insert(false);
+                        if !*counted {
+                            *counted = true;
+                            self.counters.opened += 1;
+                            self.counters.opened_cents += amount_cents;
+                            let t = self.totals.entry(user_id).or_default();
+                            t.opened += 1;
+                            t.opened_cents += amount_cents;
+                        }
+                    }
+                    _ => self.counters.open_other += 1,
+                }
+            }
+            Message::Error { .. } => {
+                self.take_inflight(i, frame.request_id);
+                self.counters.error_replies += 1;
+            }
+            Message::Kick { .. } => self.counters.kicks += 1,
+            Message::Broadcast { server_time_us, .. } => {
+                self.counters.broadcast_delivered += 1;
+                self.receipts.record(server_time_us, now);
+            }
+            _ => {}
+        }
+    }
+}
