@@ -175,6 +175,9 @@ struct ServeArgs {
     /// WebSocket address (same protocol; JSON in text messages; the browser page at /) [default: none]
     #[arg(long)]
     ws_listen: Option<String>,
+    /// HTTP API address (docs/http-api.md; also upgrades WebSockets) [default: none]
+    #[arg(long)]
+    http_listen: Option<String>,
     /// Directory of the ledger [default: hongbao-data]
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -214,6 +217,8 @@ struct WorkerArgs {
     listen: std::net::SocketAddr,
     #[arg(long)]
     ws_listen: Option<std::net::SocketAddr>,
+    #[arg(long)]
+    http_listen: Option<std::net::SocketAddr>,
 }
 
 fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
@@ -226,6 +231,9 @@ fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
     }
     if let Some(v) = args.ws_listen {
         cfg.ws_listen = v;
+    }
+    if let Some(v) = args.http_listen {
+        cfg.http_listen = v;
     }
     if let Some(v) = args.data_dir {
         cfg.data_dir = v;
@@ -354,6 +362,7 @@ fn main() -> Result<()> {
                 link: args.link,
                 listen: args.listen,
                 ws_listen: args.ws_listen,
+                http_listen: args.http_listen,
             })
         }
         Command::Load(args) => match (args.set_qps, &args.control) {

@@ -377,6 +377,7 @@ fn login_tokens_and_frame_violations() {
             amount_cents: 1,
             shares: 1,
             recipients: vec![2],
+            idempotency_key: None,
         },
     ] {
         match alice.request(&message).unwrap().message {

@@ -770,8 +770,12 @@ fn handshakes_refusals_and_plain_http() {
     assert_eq!(keyless.header("Connection"), Some("close"));
     assert_eq!(keyless.body, "no Sec-WebSocket-Key\n");
 
-    // Plain HTTP: the browser page, the demo token, and nothing else.
-    let page = http_on_ws_port(server.ws, "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    // Plain HTTP: the browser page, the demo token, and nothing else (the WebSocket port
+    // speaks HTTP/1.1 with keep-alive: these ask it to close).
+    let page = http_on_ws_port(
+        server.ws,
+        "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
     assert_eq!(page.status, 200, "{}", page.head);
     assert!(
         page.header("Content-Type")
@@ -781,7 +785,10 @@ fn handshakes_refusals_and_plain_http() {
     );
     assert!(page.body.contains("<"), "not HTML: {}", page.body);
 
-    let token = http_on_ws_port(server.ws, "GET /token?user=7 HTTP/1.1\r\nHost: x\r\n\r\n");
+    let token = http_on_ws_port(
+        server.ws,
+        "GET /token?user=7 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
     assert_eq!(token.status, 200, "{}", token.head);
     assert_eq!(token.header("Content-Type"), Some("application/json"));
     let body: Value = serde_json::from_str(&token.body).unwrap();
@@ -791,7 +798,7 @@ fn handshakes_refusals_and_plain_http() {
     assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()), "{hex}");
     assert_eq!(hex, token::token_hex(DEV_SECRET.as_bytes(), 7));
 
-    let missing = http_on_ws_port(server.ws, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n");
+    let missing = http_on_ws_port(server.ws, "GET /nope HTTP/1.0\r\nHost: x\r\n\r\n");
     assert_eq!(missing.status, 404, "{}", missing.head);
 
     // Header tokens are case-insensitive lists.
@@ -821,9 +828,12 @@ fn handshakes_refusals_and_plain_http() {
     assert_eq!(http_on_ws_port(server.ws, &post).status, 400);
     let short_key = upgrade_request(Some("dGhlIHNhbXBsZQ=="), Some("13"));
     assert_eq!(http_on_ws_port(server.ws, &short_key).status, 400);
-    let post = http_on_ws_port(server.ws, "POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+    let post = http_on_ws_port(
+        server.ws,
+        "POST / HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
     assert_eq!(post.status, 405, "{}", post.head);
-    let nobody = http_on_ws_port(server.ws, "GET /token?user=0 HTTP/1.1\r\n\r\n");
+    let nobody = http_on_ws_port(server.ws, "GET /token?user=0 HTTP/1.0\r\n\r\n");
     assert_eq!(nobody.status, 400, "{}", nobody.head);
 
     // The upgraded connections were not disturbed by any of it.
@@ -1201,6 +1211,7 @@ fn money_crosses_between_tcp_and_websocket() {
         amount_cents: 300,
         shares: 1,
         recipients: vec![64],
+        idempotency_key: None,
     }) {
         Message::SendReply {
             result: ResultCode::Ok,

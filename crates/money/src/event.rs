@@ -83,6 +83,9 @@ pub enum Event {
         shares: u32,
         recipients: Vec<u64>,
         expires_ms: u64,
+        /// The sender's idempotency key: a retry with it gets this packet's answer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idempotency_key: Option<String>,
     },
     /// A recipient opened one share of a sent packet.
     ShareOpened {
@@ -195,6 +198,7 @@ mod tests {
             shares: 2,
             recipients: vec![4, 5],
             expires_ms: 0,
+            idempotency_key: Some("k".into()),
         };
         assert_eq!(sent.balance_deltas(), vec![(Account::User(3), -500)]);
         let minted = Event::PacketSent {
@@ -204,8 +208,15 @@ mod tests {
             shares: 2,
             recipients: vec![4, 5],
             expires_ms: 0,
+            idempotency_key: None,
         };
         assert!(minted.balance_deltas().is_empty());
+        // A ledger written before keys existed reads the same.
+        let old = r#"{"kind":"packet_sent","packet":2,"sender":{"Campaign":1},"amount_cents":500,"shares":2,"recipients":[4,5],"expires_ms":0}"#;
+        assert_eq!(serde_json::from_str::<Event>(old).unwrap(), minted);
+        assert!(!serde_json::to_string(&minted)
+            .unwrap()
+            .contains("idempotency_key"));
         for account in [Account::User(3), Account::Campaign(9)] {
             assert_eq!(Account::from_key(&account.key()), Some(account));
         }

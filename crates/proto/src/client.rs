@@ -119,10 +119,23 @@ impl Client {
         shares: u32,
         recipients: &[u64],
     ) -> io::Result<Message> {
+        self.send_idempotent(amount_cents, shares, recipients, None)
+    }
+
+    /// Send a packet under an idempotency key: a retry with the same key gets the first
+    /// answer and moves no money twice.
+    pub fn send_idempotent(
+        &mut self,
+        amount_cents: u64,
+        shares: u32,
+        recipients: &[u64],
+        idempotency_key: Option<&str>,
+    ) -> io::Result<Message> {
         let message = Message::Send {
             amount_cents,
             shares,
             recipients: recipients.to_vec(),
+            idempotency_key: idempotency_key.map(str::to_string),
         };
         Ok(self.request(&message)?.message)
     }

@@ -20,8 +20,8 @@
 //! Payload layouts are listed on [`decode_message`] and in `docs/protocol.md`.
 
 use crate::message::{
-    kind, Frame, KickReason, Message, ResultCode, HEADER_LEN, MAX_FRAME_LEN, MAX_RECIPIENTS,
-    MAX_TEXT_LEN, MAX_TOKEN_LEN, VERSION,
+    kind, valid_idempotency_key, Frame, KickReason, Message, ResultCode, HEADER_LEN, MAX_FRAME_LEN,
+    MAX_IDEMPOTENCY_KEY_LEN, MAX_RECIPIENTS, MAX_TEXT_LEN, MAX_TOKEN_LEN, VERSION,
 };
 
 /// Bytes of the length prefix.
@@ -85,6 +85,8 @@ pub enum PayloadError {
     TextTooLong { len: usize },
     #[error("token of {len} bytes over limit {MAX_TOKEN_LEN}")]
     TokenTooLong { len: usize },
+    #[error("idempotency key is not 1..={MAX_IDEMPOTENCY_KEY_LEN} bytes of printable ASCII")]
+    BadIdempotencyKey,
 }
 
 impl FrameError {
@@ -144,6 +146,7 @@ impl PayloadError {
             PayloadError::TooManyRecipients { .. } => "too-many-recipients",
             PayloadError::TextTooLong { .. } => "text-too-long",
             PayloadError::TokenTooLong { .. } => "token-too-long",
+            PayloadError::BadIdempotencyKey => "bad-idempotency-key",
         }
     }
 }
@@ -232,7 +235,7 @@ pub fn decode(frame: &[u8]) -> Result<Frame, FrameError> {
 /// |--------------|---------------------------------------------------------------------|
 /// | Login        | user_id u64, token_len u8, token (≤ [`MAX_TOKEN_LEN`])              |
 /// | Shake        | (empty)                                                             |
-/// | Send         | amount_cents u64, shares u32, count u16 (≤ [`MAX_RECIPIENTS`]), count × u64 |
+/// | Send         | amount_cents u64, shares u32, count u16 (≤ [`MAX_RECIPIENTS`]), count × u64, then optionally key_len u8 + key (an idempotency key, [`valid_idempotency_key`]) |
 /// | Open         | packet_id u64                                                       |
 /// | Chat         | to_user u64, text                                                   |
 /// | Ping         | client_time_us u64                                                  |
@@ -273,10 +276,21 @@ pub fn decode_message(kind: u8, payload: &[u8]) -> Result<Option<Message>, Paylo
                 .chunks_exact(8)
                 .map(|c| u64::from_be_bytes(c.try_into().expect("chunks of 8")))
                 .collect();
+            let idempotency_key = if r.rest.is_empty() {
+                None
+            } else {
+                let len = r.u8("key_len")? as usize;
+                let key = std::str::from_utf8(r.bytes("key", len)?)
+                    .ok()
+                    .filter(|k| valid_idempotency_key(k))
+                    .ok_or(PayloadError::BadIdempotencyKey)?;
+                Some(key.to_string())
+            };
             Message::Send {
                 amount_cents,
                 shares,
                 recipients,
+                idempotency_key,
             }
         }
         kind::OPEN => Message::Open {
@@ -465,6 +479,7 @@ fn encode_payload(message: &Message, out: &mut Vec<u8>) {
             amount_cents,
             shares,
             recipients,
+            idempotency_key,
         } => {
             out.extend_from_slice(&amount_cents.to_be_bytes());
             out.extend_from_slice(&shares.to_be_bytes());
@@ -472,6 +487,11 @@ fn encode_payload(message: &Message, out: &mut Vec<u8>) {
             out.extend_from_slice(&(recipients.len() as u16).to_be_bytes());
             for id in recipients {
                 out.extend_from_slice(&id.to_be_bytes());
+            }
+            if let Some(key) = idempotency_key {
+                let key = &key.as_bytes()[..key.len().min(u8::MAX as usize)];
+                out.push(key.len() as u8);
+                out.extend_from_slice(key);
             }
         }
         Open { packet_id } => out.extend_from_slice(&packet_id.to_be_bytes()),
@@ -585,6 +605,7 @@ pub(crate) mod tests {
                     amount_cents: 10_000,
                     shares: 3,
                     recipients: vec![7, 8, u64::MAX],
+                    idempotency_key: None,
                 },
             ),
             frame(
@@ -593,6 +614,7 @@ pub(crate) mod tests {
                     amount_cents: 1,
                     shares: 1,
                     recipients: vec![],
+                    idempotency_key: Some("order-7f3a".into()),
                 },
             ),
             frame(4, Message::Open { packet_id: 99 }),
@@ -868,8 +890,21 @@ pub(crate) mod tests {
         for f in samples() {
             let bytes = encode_to_vec(&f);
             let payload = &bytes[HEADER_LEN..];
+            // A send's idempotency key is optional: cut right before it, the send is whole.
+            let optional_tail = match &f.message {
+                Message::Send {
+                    recipients,
+                    idempotency_key: Some(_),
+                    ..
+                } => Some(14 + 8 * recipients.len()),
+                _ => None,
+            };
             for cut in 0..payload.len() {
                 let short = raw(f.message.kind(), f.request_id, &payload[..cut]);
+                if Some(cut) == optional_tail {
+                    assert!(decode(&short).is_ok(), "{f:?} without its key");
+                    continue;
+                }
                 let err = decode(&short).unwrap_err();
                 assert!(!err.is_fatal());
                 assert_eq!(err.request_id(), Some(f.request_id));
@@ -894,11 +929,15 @@ pub(crate) mod tests {
             let mut bytes = encode_to_vec(&f);
             bytes.push(0);
             let long = raw(f.message.kind(), f.request_id, &bytes[HEADER_LEN..]);
-            assert_eq!(
-                payload_error(&long),
-                PayloadError::Trailing { extra: 1 },
-                "{f:?}"
-            );
+            // After a keyless send's recipients, a byte begins a key (here an empty one).
+            let expected = match &f.message {
+                Message::Send {
+                    idempotency_key: None,
+                    ..
+                } => PayloadError::BadIdempotencyKey,
+                _ => PayloadError::Trailing { extra: 1 },
+            };
+            assert_eq!(payload_error(&long), expected, "{f:?}");
         }
     }
 
@@ -1024,6 +1063,7 @@ pub(crate) mod tests {
                 amount_cents: 1,
                 shares: 1,
                 recipients: vec![1; 70_000],
+                idempotency_key: None,
             },
         );
         let bytes = encode_to_vec(&f);

@@ -17,7 +17,8 @@ use serde_json::{Map, Value};
 
 use crate::frame::truncate_text;
 use crate::message::{
-    Frame, KickReason, Message, ResultCode, MAX_RECIPIENTS, MAX_TEXT_LEN, MAX_TOKEN_LEN,
+    valid_idempotency_key, Frame, KickReason, Message, ResultCode, MAX_RECIPIENTS, MAX_TEXT_LEN,
+    MAX_TOKEN_LEN,
 };
 
 /// Largest text message the gateway reads, in bytes. Room for the largest message the
@@ -127,6 +128,7 @@ pub fn to_json(frame: &Frame) -> String {
             amount_cents,
             shares,
             recipients,
+            idempotency_key,
         } => {
             w.num("amount_cents", *amount_cents);
             w.num("shares", (*shares).into());
@@ -139,6 +141,9 @@ pub fn to_json(frame: &Frame) -> String {
                 w.out.push_str(&id.to_string());
             }
             w.out.push(']');
+            if let Some(key) = idempotency_key {
+                w.str("idempotency_key", key);
+            }
         }
         Open { packet_id } => w.num("packet_id", *packet_id),
         Chat { to_user, text } => {
@@ -290,6 +295,7 @@ pub fn from_json(text: &str) -> Result<Frame, JsonError> {
             amount_cents: f.num("amount_cents")?,
             shares: f.u32("shares")?,
             recipients: f.recipients()?,
+            idempotency_key: f.idempotency_key()?,
         },
         "open" => Message::Open {
             packet_id: f.num("packet_id")?,
@@ -421,6 +427,17 @@ impl<'a> Fields<'a> {
         self.err(JsonErrorKind::WrongType { field, expected })
     }
 
+    /// The optional `idempotency_key` of a send.
+    fn idempotency_key(&self) -> Result<Option<String>, JsonError> {
+        let field = "idempotency_key";
+        match self.object.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(key)) if valid_idempotency_key(key) => Ok(Some(key.clone())),
+            Some(Value::String(_)) => Err(self.err(JsonErrorKind::OutOfRange { field })),
+            Some(_) => Err(self.wrong(field, "a string")),
+        }
+    }
+
     fn text(&self) -> Result<String, JsonError> {
         let text = self.str("text")?;
         if text.len() > MAX_TEXT_LEN {
@@ -504,6 +521,7 @@ mod tests {
                     amount_cents: u64::MAX,
                     shares: u32::MAX,
                     recipients: vec![u64::MAX; MAX_RECIPIENTS],
+                    idempotency_key: Some("k".repeat(crate::message::MAX_IDEMPOTENCY_KEY_LEN)),
                 },
             ),
             frame(

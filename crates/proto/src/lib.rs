@@ -7,10 +7,12 @@
 //! - `ws`: WebSocket (RFC 6455) handshakes and frames (no I/O), for the gateway's
 //!   browser-facing listener and the load client;
 //! - `json`: the JSON form of every message, carried in WebSocket text messages;
+//! - `http`: HTTP/1.1 requests for the gateway's REST API (no I/O);
 //! - `client`: a small blocking client over `std::net`, for tests and tools.
 
 pub mod client;
 pub mod frame;
+pub mod http;
 pub mod json;
 pub mod message;
 pub mod token;

@@ -23,6 +23,15 @@ pub const MAX_TEXT_LEN: usize = 4096;
 /// Longest login token, in bytes (an HMAC-SHA256 is 32).
 pub const MAX_TOKEN_LEN: usize = 64;
 
+/// Longest idempotency key of a send, in bytes (printable ASCII; a UUID is 36).
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 64;
+
+/// Whether `key` may be an idempotency key: 1..=`MAX_IDEMPOTENCY_KEY_LEN` bytes of
+/// printable ASCII (no spaces).
+pub fn valid_idempotency_key(key: &str) -> bool {
+    (1..=MAX_IDEMPOTENCY_KEY_LEN).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic())
+}
+
 /// One frame: a request id chosen by the client (echoed in the reply; 0 on server pushes)
 /// and the message it carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,11 +52,13 @@ pub enum Message {
     },
     /// Try to win a shake packet.
     Shake,
-    /// Send `amount_cents` split into `shares` shares for `recipients`.
+    /// Send `amount_cents` split into `shares` shares for `recipients`. A send retried
+    /// with the same `idempotency_key` gets the first answer and moves no money twice.
     Send {
         amount_cents: u64,
         shares: u32,
         recipients: Vec<u64>,
+        idempotency_key: Option<String>,
     },
     /// Open (拆) my share of a sent packet.
     Open {

@@ -160,12 +160,16 @@ fn message() -> impl Strategy<Value = Message> {
             prop_oneof![
                 4 => prop::collection::vec(any::<u64>(), 0..8),
                 1 => prop::collection::vec(any::<u64>(), 0..=MAX_RECIPIENTS),
-            ]
+            ],
+            prop::option::of("[!-~]{1,64}"),
         )
-            .prop_map(|(amount_cents, shares, recipients)| Message::Send {
-                amount_cents,
-                shares,
-                recipients
+            .prop_map(|(amount_cents, shares, recipients, idempotency_key)| {
+                Message::Send {
+                    amount_cents,
+                    shares,
+                    recipients,
+                    idempotency_key,
+                }
             }),
         any::<u64>().prop_map(|packet_id| Message::Open { packet_id }),
         (any::<u64>(), text()).prop_map(|(to_user, text)| Message::Chat { to_user, text }),
@@ -311,6 +315,7 @@ fn worst_case_frames_stay_within_the_allocation_bound() {
             amount_cents: 1,
             shares: 1,
             recipients: vec![u64::MAX; MAX_RECIPIENTS],
+            idempotency_key: Some("k".repeat(64)),
         },
         Message::Broadcast {
             server_time_us: 1,

@@ -125,6 +125,7 @@ fn parse_form(form: &str) -> Frame {
                 "" => vec![],
                 list => list.split(',').map(|id| id.parse().expect("id")).collect(),
             },
+            idempotency_key: f.map.remove("idempotency_key").map(str::to_string),
         },
         "open" => Message::Open {
             packet_id: f.num("packet_id"),

@@ -16,6 +16,9 @@ pub struct ServeConfig {
     pub admin: String,
     /// Where WebSocket clients connect ("" for none); `GET /` there is the browser page.
     pub ws_listen: String,
+    /// Where the HTTP API listens ("" for none); it also upgrades WebSockets and serves
+    /// the browser page, like `ws_listen`.
+    pub http_listen: String,
     /// Answer `GET /token?user=N` on the WebSocket address so the browser page can log
     /// in as anyone: a demo, on by default only with the development secret.
     pub demo_login: Option<bool>,
@@ -34,6 +37,8 @@ pub struct ServeConfig {
     pub login_timeout_secs: u32,
     /// Close a logged-in connection silent this long; 0 never.
     pub idle_timeout_secs: u32,
+    /// Close an HTTP connection idle between requests this long; 0 never.
+    pub http_keepalive_secs: u32,
     /// A client whose unread output passes this is closed.
     pub max_output_bytes: u32,
     /// Group commit: wait at most this long to fill a batch...
@@ -56,6 +61,7 @@ impl Default for ServeConfig {
             listen: "127.0.0.1:7000".into(),
             admin: "127.0.0.1:7001".into(),
             ws_listen: String::new(),
+            http_listen: String::new(),
             demo_login: None,
             data_dir: PathBuf::from("hongbao-data"),
             workers: "auto".into(),
@@ -65,6 +71,7 @@ impl Default for ServeConfig {
             packet_ttl_secs: 24 * 3600,
             login_timeout_secs: 10,
             idle_timeout_secs: 0,
+            http_keepalive_secs: 75,
             max_output_bytes: 256 * 1024,
             commit_window_ms: 2,
             commit_max_batch: 4096,

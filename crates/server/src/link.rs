@@ -91,6 +91,8 @@ pub struct WorkerConfig {
     pub login_timeout_secs: u32,
     /// 0 disables.
     pub idle_timeout_secs: u32,
+    /// An HTTP connection with no request under way is closed after this; 0 never.
+    pub http_keepalive_secs: u32,
     pub max_output_bytes: u32,
     /// Answer `GET /token?user=N` on the WebSocket address (the browser page's log-in).
     pub demo_login: bool,

@@ -49,6 +49,14 @@ impl Default for CoreConfig {
     }
 }
 
+/// A send as asked for.
+struct Send {
+    amount_cents: u64,
+    shares: u32,
+    recipients: Vec<u64>,
+    idempotency_key: Option<String>,
+}
+
 #[derive(Debug)]
 struct Packet {
     sender: Account,
@@ -96,6 +104,9 @@ pub struct Core {
     expiries: BTreeSet<(u64, u64)>,
     /// Users named in live packets they have not opened: told again at each login.
     pending_notices: HashMap<u64, Vec<u64>>,
+    /// Sends made under an idempotency key: (sender, key) → the packet and the sender's
+    /// balance right after it (the first answer, given again to a retry).
+    idempotent: HashMap<(u64, String), (u64, u64)>,
     next_campaign: u32,
     next_packet: u64,
     /// Live workers and the shake packets sitting in each one's pool.
@@ -124,6 +135,7 @@ impl Core {
             packets: HashMap::new(),
             expiries: BTreeSet::new(),
             pending_notices: HashMap::new(),
+            idempotent: HashMap::new(),
             next_campaign: 1,
             next_packet: 1,
             workers: BTreeMap::new(),
@@ -310,8 +322,16 @@ impl Core {
                 amount_cents,
                 shares,
                 recipients,
-                idempotency_key: _,
-            } => self.send(now_ms, origin, amount_cents, shares, recipients),
+                idempotency_key,
+            } => {
+                let send = Send {
+                    amount_cents,
+                    shares,
+                    recipients,
+                    idempotency_key,
+                };
+                self.send(now_ms, origin, send)
+            }
             Op::Open { packet } => self.open(now_ms, origin, packet),
             Op::Notices => {
                 let notices = self
@@ -375,23 +395,29 @@ impl Core {
         self.reply(to, reply);
     }
 
-    fn send(
-        &mut self,
-        now_ms: u64,
-        to: Origin,
-        amount_cents: u64,
-        shares: u32,
-        recipients: Vec<u64>,
-    ) {
+    fn send(&mut self, now_ms: u64, to: Origin, send: Send) {
         let user = to.user.get();
+        if let Some(key) = &send.idempotency_key {
+            if let Some(&(packet_id, balance_cents)) = self.idempotent.get(&(user, key.clone())) {
+                return self.retried_send(to, &send, packet_id, balance_cents);
+            }
+        }
+        let Send {
+            amount_cents,
+            shares,
+            recipients,
+            idempotency_key,
+        } = send;
         let result = check_send(self.balance(user), amount_cents, shares, &recipients);
         let packet_id = if result == ResultCode::Ok {
+            let sender = Account::User(user);
             self.new_packet(
                 now_ms,
-                Account::User(user),
+                sender,
                 amount_cents,
                 shares,
                 recipients,
+                idempotency_key,
             )
         } else {
             0
@@ -405,6 +431,32 @@ impl Core {
         self.reply(to, reply);
     }
 
+    /// A send whose key was used before: the first answer if it asks for the same packet,
+    /// a refusal if it asks for another one; no money moves either way.
+    fn retried_send(&mut self, to: Origin, send: &Send, packet_id: u64, balance_cents: u64) {
+        let first = &self.packets[&packet_id];
+        let same = first.amount_cents == send.amount_cents
+            && first.shares == send.shares
+            && first.recipients == send.recipients;
+        let reply = if same {
+            self.counters.replies.count(OpKind::Send, ResultCode::Ok);
+            Reply::Send {
+                result: ResultCode::Ok,
+                packet_id,
+                balance_cents,
+            }
+        } else {
+            self.counters
+                .replies
+                .count(OpKind::Send, ResultCode::BadRequest);
+            Reply::Error {
+                result: ResultCode::BadRequest,
+                text: "this idempotency key was used for a different send".into(),
+            }
+        };
+        self.reply(to, reply);
+    }
+
     fn new_packet(
         &mut self,
         now_ms: u64,
@@ -412,6 +464,7 @@ impl Core {
         amount_cents: u64,
         shares: u32,
         recipients: Vec<u64>,
+        idempotency_key: Option<String>,
     ) -> u64 {
         self.counters.send_packets += 1;
         let packet = self.next_packet;
@@ -423,6 +476,7 @@ impl Core {
             shares,
             recipients: recipients.clone(),
             expires_ms,
+            idempotency_key,
         };
         self.record(now_ms, event);
         let notice = self.notice(packet);

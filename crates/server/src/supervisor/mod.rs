@@ -70,6 +70,7 @@ struct Supervisor {
     worker_cfg: WorkerConfig,
     client_addr: SocketAddr,
     ws_addr: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
     admin_rx: Receiver<AdminCommand>,
     /// Admin answers held until the ledger has committed what they saw.
     deferred_admin: VecDeque<(u64, Sender<Response>, Response)>,
@@ -166,6 +167,14 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
         Some(p) => Some(p.local_addr()?),
         None => None,
     };
+    let http_placeholder = match cfg.http_listen.as_str() {
+        "" => None,
+        addr => Some(placeholder(addr, "HTTP")?),
+    };
+    let http_addr = match &http_placeholder {
+        Some(p) => Some(p.local_addr()?),
+        None => None,
+    };
 
     let link_name = format!("hongbao-link-{}-{}", std::process::id(), now_ms());
     let std_listener =
@@ -189,6 +198,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
         max_connections: limits::sockets_per_process(nofile) as u32,
         login_timeout_secs: cfg.login_timeout_secs,
         idle_timeout_secs: cfg.idle_timeout_secs,
+        http_keepalive_secs: cfg.http_keepalive_secs,
         max_output_bytes: cfg.max_output_bytes,
         demo_login: cfg.demo_login(),
         max_queue_ms: cfg.max_queue_ms,
@@ -208,6 +218,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
         worker_cfg,
         client_addr,
         ws_addr,
+        http_addr,
         admin_rx,
         deferred_admin: VecDeque::new(),
         tickets: HashMap::new(),
@@ -233,6 +244,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
     let flushed = sup.money.finish();
     drop(client_placeholder);
     drop(ws_placeholder);
+    drop(http_placeholder);
     result?;
     flushed.map_err(anyhow::Error::msg)?;
     eprintln!(
@@ -298,8 +310,11 @@ impl Supervisor {
             if !ready_said && self.worker_links.len() == self.workers.len() {
                 ready_said = true;
                 let ws = self.ws_addr.map_or(String::new(), |a| format!(" ws={a}"));
+                let http = self
+                    .http_addr
+                    .map_or(String::new(), |a| format!(" http={a}"));
                 println!(
-                    "hongbao serve ready: listen={} admin={}{ws} workers={} data_dir={} replayed_events={}",
+                    "hongbao serve ready: listen={} admin={}{ws}{http} workers={} data_dir={} replayed_events={}",
                     self.client_addr,
                     admin_addr,
                     self.workers.len(),

@@ -62,6 +62,11 @@ impl Supervisor {
                     .iter()
                     .flat_map(|a| ["--ws-listen".to_string(), a.to_string()]),
             )
+            .args(
+                self.http_addr
+                    .iter()
+                    .flat_map(|a| ["--http-listen".to_string(), a.to_string()]),
+            )
             .stdin(Stdio::null())
             .spawn()
             .map_err(|e| anyhow::anyhow!("starting worker {w}: {e}"))?;

@@ -20,7 +20,7 @@ use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
 use hongbao_proto::{json, Frame, FrameError, KickReason, Message, ResultCode};
 use std::ops::ControlFlow;
 
-use super::http::HttpCodec;
+use super::http::{Answered, HttpCodec};
 use crate::link::WorkerConfig;
 use crate::stats::WorkerCounters;
 
@@ -28,7 +28,9 @@ pub(super) enum Codec {
     /// Binary frames over raw TCP.
     Frames,
     WebSocket(WsCodec),
-    Http(HttpCodec),
+    /// Boxed: the request-order state is a few words that TCP and WebSocket connections
+    /// should not pay for.
+    Http(Box<HttpCodec>),
 }
 
 /// Which of a broadcast's encodings a connection reads.
@@ -52,8 +54,18 @@ pub(super) enum Auth {
     /// The connection's login.
     Connection,
     /// The request proved it by itself (an HTTP bearer token).
-    #[allow(dead_code)] // the HTTP API codec makes these
     Bearer(UserId),
+}
+
+/// What became of a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sent {
+    /// The connection cannot carry it.
+    No,
+    /// Written (or queued for its turn).
+    Yes,
+    /// Written, and it was the last: close once it is out.
+    ThenClose,
 }
 
 pub(super) enum Inbound {
@@ -103,6 +115,8 @@ pub(super) struct Cx<'a> {
     pub out: &'a mut Vec<u8>,
     pub stats: &'a mut WorkerCounters,
     pub cfg: &'a WorkerConfig,
+    /// Seconds since the worker started.
+    pub now: u32,
 }
 
 /// Which deadline applies to a quiet connection.
@@ -111,9 +125,14 @@ pub(super) enum Idle {
     /// Binary frames and WebSocket: log in within `login_timeout_secs`, then the idle
     /// timeout.
     Session,
-    /// An HTTP request head not finished within `login_timeout_secs` (a WebSocket
-    /// handshake never completed) is closed.
-    Request,
+    /// HTTP: a request begun at `request_since` (seconds since the worker started; the
+    /// connect, before the first) must be whole within the header timeout
+    /// (`login_timeout_secs`); between requests, with no answer due, the keep-alive
+    /// timeout applies.
+    Http {
+        request_since: Option<u32>,
+        answers_due: bool,
+    },
 }
 
 impl Codec {
@@ -139,17 +158,26 @@ impl Codec {
         }
     }
 
-    /// Appends the reply to request `id` as this connection reads it; false if it cannot
-    /// carry it.
-    pub(super) fn reply(&mut self, id: u32, reply: &Reply, out: &mut Vec<u8>) -> bool {
+    /// Appends the reply to request `id` as this connection reads it (HTTP: in request
+    /// order, so perhaps later, with the replies before it).
+    pub(super) fn reply(
+        &mut self,
+        id: u32,
+        reply: &Reply,
+        out: &mut Vec<u8>,
+        max_held: usize,
+    ) -> Sent {
         match self {
-            Codec::Http(http) => http.reply(id, reply, out),
+            Codec::Http(http) => match http.reply(id, reply, out, max_held) {
+                Answered::Queued => Sent::Yes,
+                Answered::ThenClose => Sent::ThenClose,
+            },
             _ => match self.form() {
                 Some(form) => {
                     encode(form, &frame(id, reply_message(reply)), out);
-                    true
+                    Sent::Yes
                 }
-                None => false,
+                None => Sent::No,
             },
         }
     }
@@ -169,13 +197,17 @@ impl Codec {
     /// The goodbye after a kick's push: a WebSocket close frame (1001 for a shutdown,
     /// 1008 otherwise, with the reason's name).
     pub(super) fn close(&mut self, reason: KickReason, out: &mut Vec<u8>) {
-        if let Codec::WebSocket(ws) = self {
-            ws.partial = None;
-            let code = match reason {
-                KickReason::Shutdown => ws::close_code::GOING_AWAY,
-                _ => ws::close_code::POLICY,
-            };
-            ws::close_frame(Role::Server, code, reason.name(), out);
+        match self {
+            Codec::WebSocket(ws) => {
+                ws.partial = None;
+                let code = match reason {
+                    KickReason::Shutdown => ws::close_code::GOING_AWAY,
+                    _ => ws::close_code::POLICY,
+                };
+                ws::close_frame(Role::Server, code, reason.name(), out);
+            }
+            Codec::Http(http) => http.close(reason, out),
+            Codec::Frames => {}
         }
     }
 
@@ -191,7 +223,10 @@ impl Codec {
     pub(super) fn idle(&self) -> Idle {
         match self {
             Codec::Frames | Codec::WebSocket(_) => Idle::Session,
-            Codec::Http(_) => Idle::Request,
+            Codec::Http(http) => Idle::Http {
+                request_since: http.request_since(),
+                answers_due: http.answers_due(),
+            },
         }
     }
 }
@@ -318,11 +353,12 @@ fn request_of(message: Message) -> Result<Request, String> {
             amount_cents,
             shares,
             recipients,
+            idempotency_key,
         } => Request::Send {
             amount_cents,
             shares,
             recipients,
-            idempotency_key: None,
+            idempotency_key,
         },
         Message::Open { packet_id } => Request::Open { packet_id },
         Message::Chat { to_user, text } => Request::Chat { to_user, text },
@@ -453,6 +489,7 @@ mod tests {
             max_connections: 10,
             login_timeout_secs: 10,
             idle_timeout_secs: 0,
+            http_keepalive_secs: 75,
             max_output_bytes: 1 << 16,
             demo_login: false,
             max_queue_ms: 0,
@@ -474,6 +511,7 @@ mod tests {
                         out: &mut out,
                         stats: &mut stats,
                         cfg: &cfg,
+                        now: 0,
                     };
                     let step = codec.decode(&mut buf, &mut cx);
                     buf.drain(..step.used);
@@ -550,6 +588,7 @@ mod tests {
             out: &mut out,
             stats: &mut stats,
             cfg: &cfg,
+            now: 0,
         };
         let step = ws.decode(&mut stream, &mut cx);
         assert!(matches!(

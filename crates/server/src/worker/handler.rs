@@ -9,7 +9,7 @@ use hongbao_money::seam::Op;
 use hongbao_money::{Reply, Request, UserId};
 use hongbao_proto::{KickReason, ResultCode};
 
-use super::codec::{Auth, Inbound};
+use super::codec::{Auth, Inbound, Sent};
 use super::conn::conn_id;
 use super::{unix_now, Worker};
 use crate::link::ToCore;
@@ -212,8 +212,13 @@ impl Worker {
             return;
         };
         let mut bytes = Vec::with_capacity(64);
-        if conn.codec.reply(id, reply, &mut bytes) && !bytes.is_empty() {
+        let max_held = self.cfg.max_output_bytes as usize;
+        let sent = conn.codec.reply(id, reply, &mut bytes, max_held);
+        if !bytes.is_empty() {
             self.write(key, &bytes);
+        }
+        if sent == Sent::ThenClose {
+            self.hang_up(key);
         }
     }
 

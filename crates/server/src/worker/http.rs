@@ -1,34 +1,153 @@
-//! HTTP on a gateway listener: a WebSocket upgrade (the codec then becomes WebSocket),
-//! or plain HTTP the worker answers itself — the browser client at `GET /` and, for the
-//! demo, its log-in at `GET /token?user=N` — and closes.
+//! HTTP on a gateway listener: the REST API (docs/http-api.md), the browser client at
+//! `GET /` and its demo log-in at `GET /token`, and WebSocket upgrades (the connection's
+//! codec then becomes WebSocket).
+//!
+//! Requests are read by `hongbao_proto::http` (httparse underneath), a whole request at a
+//! time, and become the same transport-free `Request`s the other codecs make, each acting
+//! for the user its bearer token names. Answers leave in request order, as HTTP/1.1
+//! pipelining requires: a reply that comes back from the supervisor before an earlier one
+//! waits in `held` (boxed only while there is any). A request the codec refuses itself
+//! (400, 401, 404, 405, 413, 431, 501) is answered in its turn the same way; a malformed
+//! one ends the connection after its answer, since the stream can no longer be cut into
+//! requests.
+//!
+//! Deadlines (`idle`): a request must be whole within the header timeout of its first
+//! byte (of the connect, for the first), else 408 and close — a client trickling its
+//! headers holds nothing for long; between requests the keep-alive timeout applies.
 
-use hongbao_money::Reply;
+use std::collections::BTreeMap;
+
+use hongbao_money::{Reply, Request, UserId};
+use hongbao_proto::http;
+use hongbao_proto::message::{valid_idempotency_key, MAX_RECIPIENTS, MAX_TEXT_LEN};
 use hongbao_proto::ws::{self, Handshake};
+use hongbao_proto::{KickReason, ResultCode};
+use serde::Deserialize;
+use serde_json::json;
 
-use super::codec::{Cx, Step, Then};
+use super::codec::{Auth, Cx, Inbound, Step, Then};
 
 /// The browser client, served at `GET /`.
 const PAGE: &str = include_str!("../page.html");
+/// Largest request body (a send to `MAX_RECIPIENTS` users is about 21 KB of JSON).
+pub(super) const MAX_BODY: usize = 64 * 1024;
 
-pub(super) struct HttpCodec;
+/// A connection's HTTP state: requests are numbered as they are read, answers leave in
+/// that order.
+pub(super) struct HttpCodec {
+    /// The id the next request gets, and the id whose answer is due next.
+    next_id: u32,
+    next_answer: u32,
+    /// When the request being read began (seconds since the worker started); `None`
+    /// between requests.
+    request_since: Option<u32>,
+    /// Some bytes of that request have arrived (a connection that never said anything is
+    /// closed without a word).
+    request_begun: bool,
+    /// The connection closes once this request is answered (`Connection: close`,
+    /// HTTP/1.0, or a request that could not be read).
+    close_after: Option<u32>,
+    /// Answers that came before their turn, by id. Boxed while there are any, so an
+    /// idle connection pays 8 bytes for it rather than an empty map's 24.
+    #[allow(clippy::box_collection)]
+    held: Option<Box<BTreeMap<u32, Vec<u8>>>>,
+}
+
+/// What became of an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Answered {
+    /// Written now or held for its turn; the connection goes on.
+    Queued,
+    /// The last answer before the connection closes has been written.
+    ThenClose,
+}
 
 impl HttpCodec {
-    /// Reads a request head; returns the step, and whether the connection upgraded.
+    /// A new connection at `now` (seconds since the worker started): its first request
+    /// must arrive within the header timeout.
+    pub(super) fn new(now: u32) -> HttpCodec {
+        HttpCodec {
+            next_id: 1,
+            next_answer: 1,
+            request_since: Some(now),
+            request_begun: false,
+            close_after: None,
+            held: None,
+        }
+    }
+
+    /// When the request being read began; `None` between requests.
+    pub(super) fn request_since(&self) -> Option<u32> {
+        self.request_since
+    }
+
+    /// Whether answers are still due.
+    pub(super) fn answers_due(&self) -> bool {
+        self.next_answer != self.next_id
+    }
+
+    /// Reads at most one request; returns the step and whether the connection upgraded to
+    /// WebSocket.
     pub(super) fn decode(&mut self, data: &mut [u8], cx: &mut Cx<'_>) -> (Step, bool) {
-        let hang_up = |used| Step {
+        let step = |used, inbound, then| Step {
             used,
-            inbound: None,
-            then: Then::HangUp,
+            inbound,
+            then,
         };
+        if self.close_after.is_some() {
+            // Nothing after a closing request is read.
+            return (step(data.len(), None, Then::Read), false);
+        }
+        let request = match http::parse(data, MAX_BODY) {
+            Ok(None) => {
+                self.request_since.get_or_insert(cx.now);
+                self.request_begun = true;
+                return (step(0, None, Then::Read), false);
+            }
+            Ok(Some(request)) => request,
+            Err(e) => {
+                cx.stats.http_requests += 1;
+                cx.stats.bad_requests += 1;
+                let id = self.take_id(false);
+                let then = self.refuse(id, e.status(), &e.message(MAX_BODY), cx);
+                return (step(data.len(), None, then), false);
+            }
+        };
+        self.request_since = None;
+        self.request_begun = false;
+        cx.stats.http_requests += 1;
+        if request.websocket && !self.answers_due() {
+            return self.upgrade(data, cx);
+        }
+        let used = request.len;
+        let id = self.take_id(request.keep_alive);
+        match route(&request, cx) {
+            Route::Request(inner, user) => {
+                let inbound = Inbound::Request {
+                    id,
+                    request: inner,
+                    auth: user.map_or(Auth::Connection, Auth::Bearer),
+                };
+                (step(used, Some(inbound), Then::Read), false)
+            }
+            Route::Answer(status, content_type, body) => {
+                let bytes = answer_bytes(status, content_type, &[], &body, self.closes(id));
+                let then = self.queue(id, bytes, cx);
+                (step(used, None, then), false)
+            }
+            Route::Refuse(status, result, text, extra) => {
+                cx.stats.bad_requests += 1;
+                let body = error_body(result, &text);
+                let bytes =
+                    answer_bytes(status, "application/json", &extra, &body, self.closes(id));
+                let then = self.queue(id, bytes, cx);
+                (step(used, None, then), false)
+            }
+        }
+    }
+
+    fn upgrade(&mut self, data: &mut [u8], cx: &mut Cx<'_>) -> (Step, bool) {
         match ws::accept(data) {
-            Handshake::Partial => (
-                Step {
-                    used: 0,
-                    inbound: None,
-                    then: Then::Read,
-                },
-                false,
-            ),
             Handshake::Upgrade { consumed, response } => {
                 cx.stats.ws_upgrades += 1;
                 cx.out.extend_from_slice(&response);
@@ -39,56 +158,435 @@ impl HttpCodec {
                 };
                 (step, true)
             }
-            Handshake::NotWebSocket { method, path, .. } => {
-                cx.stats.http_requests += 1;
-                cx.out.extend_from_slice(&answer(cx, &method, &path));
-                (hang_up(data.len()), false)
-            }
             Handshake::Reject { response, .. } => {
                 cx.stats.ws_rejected += 1;
                 cx.out.extend_from_slice(&response);
-                (hang_up(data.len()), false)
+                let step = Step {
+                    used: data.len(),
+                    inbound: None,
+                    then: Then::HangUp,
+                };
+                (step, false)
             }
+            // `parse` found a whole request asking for an upgrade.
+            Handshake::Partial | Handshake::NotWebSocket { .. } => unreachable!("a whole upgrade"),
         }
     }
 
-    /// Requests on this connection are answered by `decode` itself.
-    pub(super) fn reply(&mut self, _id: u32, _reply: &Reply, _out: &mut Vec<u8>) -> bool {
-        false
+    /// Numbers the next request; a request that does not keep the connection alive is the
+    /// last one read.
+    fn take_id(&mut self, keep_alive: bool) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        if !keep_alive {
+            self.close_after = Some(id);
+        }
+        id
+    }
+
+    fn closes(&self, id: u32) -> bool {
+        self.close_after == Some(id)
+    }
+
+    /// Answers request `id` with an error and closes after it: the stream cannot be read
+    /// on.
+    fn refuse(&mut self, id: u32, status: u16, message: &str, cx: &mut Cx<'_>) -> Then {
+        self.close_after = Some(id);
+        let body = error_body(ResultCode::BadRequest, message);
+        let bytes = answer_bytes(status, "application/json", &[], &body, true);
+        self.queue(id, bytes, cx)
+    }
+
+    /// Queues an answer made while decoding: what is due goes to `cx.out`.
+    fn queue(&mut self, id: u32, bytes: Vec<u8>, cx: &mut Cx<'_>) -> Then {
+        match self.answer(id, bytes, cx.out, cx.cfg.max_output_bytes as usize) {
+            Answered::Queued => Then::Read,
+            Answered::ThenClose => Then::HangUp,
+        }
+    }
+
+    /// Puts the answer to `id` in its place: appends to `out` every answer now due, in
+    /// order. More held than `max_held` bytes (a client pipelining far ahead of a slow
+    /// answer) closes the connection.
+    fn answer(&mut self, id: u32, bytes: Vec<u8>, out: &mut Vec<u8>, max_held: usize) -> Answered {
+        if id != self.next_answer {
+            let held = self.held.get_or_insert_with(Box::default);
+            held.insert(id, bytes);
+            if held.values().map(Vec::len).sum::<usize>() > max_held {
+                return Answered::ThenClose;
+            }
+            return Answered::Queued;
+        }
+        out.extend_from_slice(&bytes);
+        let mut last = id;
+        self.next_answer = self.next_answer.wrapping_add(1);
+        if let Some(held) = self.held.as_mut() {
+            while let Some(bytes) = held.remove(&self.next_answer) {
+                out.extend_from_slice(&bytes);
+                last = self.next_answer;
+                self.next_answer = self.next_answer.wrapping_add(1);
+            }
+            if held.is_empty() {
+                self.held = None;
+            }
+        }
+        match self.close_after {
+            Some(c) if c == last => Answered::ThenClose,
+            _ => Answered::Queued,
+        }
+    }
+
+    /// The reply to request `id` as an HTTP response, in its turn.
+    pub(super) fn reply(
+        &mut self,
+        id: u32,
+        reply: &Reply,
+        out: &mut Vec<u8>,
+        max_held: usize,
+    ) -> Answered {
+        let (status, body) = reply_json(reply);
+        let extra: &[(&str, &str)] = if reply.result() == ResultCode::Overloaded {
+            &[("Retry-After", "1")]
+        } else {
+            &[]
+        };
+        let bytes = answer_bytes(
+            status,
+            "application/json",
+            extra,
+            body.as_bytes(),
+            self.closes(id),
+        );
+        self.answer(id, bytes, out, max_held)
+    }
+
+    /// The goodbye of a connection closed for taking too long with a request it began:
+    /// 408, when it is its turn to speak.
+    pub(super) fn close(&mut self, reason: KickReason, out: &mut Vec<u8>) {
+        if reason == KickReason::Idle && self.request_begun && !self.answers_due() {
+            let body = error_body(
+                ResultCode::BadRequest,
+                "the request was not complete in time",
+            );
+            out.extend_from_slice(&answer_bytes(408, "application/json", &[], &body, true));
+        }
     }
 }
 
-/// Plain HTTP: the browser client and its demo log-in.
-fn answer(cx: &Cx<'_>, method: &str, path: &str) -> Vec<u8> {
-    let (route, query) = path.split_once('?').unwrap_or((path, ""));
-    match (method, route) {
-        ("GET", "/") | ("GET", "/index.html") => {
-            ws::http_response("200 OK", "text/html; charset=utf-8", PAGE.as_bytes())
+fn answer_bytes(
+    status: u16,
+    content_type: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+    close: bool,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(160 + body.len());
+    http::response(status, content_type, extra, body, close, &mut out);
+    out
+}
+
+fn error_body(result: ResultCode, text: &str) -> Vec<u8> {
+    json!({ "result": result.name(), "error": text })
+        .to_string()
+        .into_bytes()
+}
+
+/// The HTTP status of a result: success for outcomes a client asked for and got
+/// (including `nothing`, `already-opened` and `offline`), the nearest client or server
+/// error for the rest.
+pub(super) fn status_of(result: ResultCode) -> u16 {
+    use ResultCode::*;
+    match result {
+        Ok | Won | Nothing | Opened | AlreadyOpened | Delivered | Offline => 200,
+        Overloaded => 429,
+        Empty => 409,
+        NotARecipient => 403,
+        Expired => 410,
+        InsufficientFunds => 402,
+        BadRequest => 400,
+        BadToken | NotLoggedIn => 401,
+        UnknownType | NoSuchPacket => 404,
+        Unavailable => 503,
+    }
+}
+
+/// A reply's status and JSON body.
+fn reply_json(reply: &Reply) -> (u16, String) {
+    let result = reply.result();
+    let mut status = status_of(result);
+    let body = match reply {
+        Reply::Shake {
+            result,
+            packet_id,
+            amount_cents,
         }
-        ("GET", "/token") if cx.cfg.demo_login => {
-            let user = query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix("user="))
-                .and_then(|v| v.parse::<u64>().ok())
-                .filter(|&u| u > 0);
-            match user {
-                Some(user) => {
-                    let token = hongbao_proto::token::token_hex(&cx.cfg.secret, user);
-                    let body = format!("{{\"user_id\":{user},\"token\":\"{token}\"}}");
-                    ws::http_response("200 OK", "application/json", body.as_bytes())
+        | Reply::Open {
+            result,
+            packet_id,
+            amount_cents,
+        } => json!({"result": result.name(), "packet_id": packet_id, "amount_cents": amount_cents}),
+        Reply::Send {
+            result,
+            packet_id,
+            balance_cents,
+        } => {
+            if *result == ResultCode::Ok {
+                status = 201;
+            }
+            json!({"result": result.name(), "packet_id": packet_id, "balance_cents": balance_cents})
+        }
+        Reply::Chat { result } => json!({"result": result.name()}),
+        Reply::Login { result, user_id } => json!({"result": result.name(), "user_id": user_id}),
+        Reply::Pong {
+            client_time_us,
+            server_time_us,
+        } => {
+            json!({"result": "ok", "client_time_us": client_time_us, "server_time_us": server_time_us})
+        }
+        Reply::Me(view) => json!({
+            "result": "ok",
+            "user": view.user,
+            "balance_cents": view.balance_cents,
+            "recent_events": view.recent_events,
+        }),
+        Reply::Notices(notices) => json!({"result": "ok", "notices": notices}),
+        Reply::Error { result, text } => json!({"result": result.name(), "error": text}),
+    };
+    (status, body.to_string())
+}
+
+/// What a request is.
+enum Route {
+    /// For the handlers, acting for the bearer's user (`None`: needs no user).
+    Request(Request, Option<UserId>),
+    /// Answered here: status, content type, body.
+    Answer(u16, &'static str, Vec<u8>),
+    /// Refused here: status, result, why, extra headers.
+    Refuse(u16, ResultCode, String, Vec<(&'static str, &'static str)>),
+}
+
+fn refuse(status: u16, text: impl Into<String>) -> Route {
+    Route::Refuse(status, ResultCode::BadRequest, text.into(), Vec::new())
+}
+
+/// `POST /v1/packets`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendBody {
+    amount_cents: u64,
+    shares: u32,
+    recipients: Vec<u64>,
+}
+
+/// `POST /v1/chat`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChatBody {
+    to_user: u64,
+    text: String,
+}
+
+fn route(request: &http::Request<'_>, cx: &Cx<'_>) -> Route {
+    let segments: Vec<&str> = request.path.split('/').filter(|s| !s.is_empty()).collect();
+    let method = request.method;
+    // Path → the methods it takes; what is done with it.
+    let allowed: &'static str = match segments.as_slice() {
+        [] | ["index.html"] | ["token"] | ["v1", "ping"] | ["v1", "me"] | ["v1", "notices"] => {
+            "GET"
+        }
+        ["v1", "shake"] | ["v1", "packets"] | ["v1", "chat"] | ["v1", "packets", _, "open"] => {
+            "POST"
+        }
+        _ => return refuse(404, format!("no such endpoint: {}", request.path)),
+    };
+    if method != allowed {
+        return Route::Refuse(
+            405,
+            ResultCode::BadRequest,
+            format!("{method} is not allowed on {}", request.path),
+            vec![("Allow", allowed)],
+        );
+    }
+    match segments.as_slice() {
+        [] | ["index.html"] => {
+            Route::Answer(200, "text/html; charset=utf-8", PAGE.as_bytes().to_vec())
+        }
+        ["token"] => demo_token(request.query, cx),
+        ["v1", "ping"] => Route::Request(Request::Ping { client_time_us: 0 }, None),
+        _ => match bearer(request.authorization, &cx.cfg.secret) {
+            Ok(user) => match api(&segments, request) {
+                Ok(inner) => Route::Request(inner, Some(user)),
+                Err(route) => route,
+            },
+            Err(why) => Route::Refuse(
+                401,
+                ResultCode::BadToken,
+                why.into(),
+                vec![("WWW-Authenticate", "Bearer")],
+            ),
+        },
+    }
+}
+
+/// The API request a path and body make, for an authenticated user.
+fn api(segments: &[&str], request: &http::Request<'_>) -> Result<Request, Route> {
+    Ok(match segments {
+        ["v1", "shake"] => Request::Shake,
+        ["v1", "me"] => Request::Me,
+        ["v1", "notices"] => Request::Notices,
+        ["v1", "packets", id, "open"] => match id.parse() {
+            Ok(packet_id) => Request::Open { packet_id },
+            Err(_) => return Err(refuse(400, format!("packet id {id:?} is not a number"))),
+        },
+        ["v1", "packets"] => {
+            let body: SendBody = json_object(&request.body)?;
+            if body.recipients.len() > MAX_RECIPIENTS {
+                return Err(refuse(400, format!("at most {MAX_RECIPIENTS} recipients")));
+            }
+            let idempotency_key = match request.idempotency_key {
+                Some(key) if valid_idempotency_key(key) => Some(key.to_string()),
+                Some(_) => {
+                    return Err(refuse(
+                        400,
+                        "Idempotency-Key must be 1 to 64 characters of printable ASCII",
+                    ))
                 }
-                None => ws::http_response(
-                    "400 Bad Request",
-                    "text/plain",
-                    b"user must be a positive integer\n",
-                ),
+                None => None,
+            };
+            Request::Send {
+                amount_cents: body.amount_cents,
+                shares: body.shares,
+                recipients: body.recipients,
+                idempotency_key,
             }
         }
-        ("GET", _) => ws::http_response("404 Not Found", "text/plain", b"not found\n"),
-        _ => ws::http_response(
-            "405 Method Not Allowed",
-            "text/plain",
-            b"only GET, or a WebSocket upgrade\n",
-        ),
+        ["v1", "chat"] => {
+            let body: ChatBody = json_object(&request.body)?;
+            if body.text.len() > MAX_TEXT_LEN {
+                return Err(refuse(400, format!("text over {MAX_TEXT_LEN} bytes")));
+            }
+            Request::Chat {
+                to_user: body.to_user,
+                text: body.text,
+            }
+        }
+        _ => unreachable!("routed above"),
+    })
+}
+
+/// A body that must be a JSON object of `T`'s fields, and nothing else.
+fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Route> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| refuse(400, format!("bad JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(refuse(400, "bad JSON: the body must be a JSON object"));
+    }
+    serde_json::from_value(value).map_err(|e| refuse(400, format!("bad JSON: {e}")))
+}
+
+/// The user an `Authorization: Bearer <user id>.<token hex>` header proves.
+fn bearer(header: Option<&str>, secret: &[u8]) -> Result<UserId, &'static str> {
+    let header =
+        header.ok_or("no Authorization header: send `Authorization: Bearer <user>.<token>`")?;
+    let credentials = header
+        .strip_prefix("Bearer ")
+        .or_else(|| header.strip_prefix("bearer "))
+        .ok_or("the Authorization header is not a Bearer token")?;
+    let (user, token) = credentials
+        .trim()
+        .split_once('.')
+        .ok_or("a bearer token is <user>.<token hex>")?;
+    let user_id: u64 = user
+        .parse()
+        .map_err(|_| "the bearer token's user is not a number")?;
+    let user = UserId::new(user_id).ok_or("user 0 cannot log in")?;
+    if hongbao_proto::token::verify(secret, user_id, token.as_bytes()) {
+        Ok(user)
+    } else {
+        Err("the bearer token does not match its user")
+    }
+}
+
+/// `GET /token?user=N`: a demo token, when the server hands them out.
+fn demo_token(query: &str, cx: &Cx<'_>) -> Route {
+    if !cx.cfg.demo_login {
+        return refuse(404, "no such endpoint: /token (demo tokens are off)");
+    }
+    let user = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("user="))
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&u| u > 0);
+    match user {
+        Some(user) => {
+            let token = hongbao_proto::token::token_hex(&cx.cfg.secret, user);
+            let body =
+                json!({"user_id": user, "token": token, "bearer": format!("{user}.{token}")});
+            Route::Answer(200, "application/json", body.to_string().into_bytes())
+        }
+        None => refuse(400, "user must be a positive integer"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An idle keep-alive connection holds this beside its record: a few words.
+    #[test]
+    fn an_idle_http_connection_is_small() {
+        assert!(
+            std::mem::size_of::<HttpCodec>() <= 40,
+            "{}",
+            std::mem::size_of::<HttpCodec>()
+        );
+    }
+
+    /// Answers leave in request order whatever order they come in; the one that closes
+    /// says so when it leaves.
+    #[test]
+    fn answers_leave_in_request_order() {
+        let mut http = HttpCodec::new(0);
+        let ids: Vec<u32> = (0..4).map(|i| http.take_id(i != 3)).collect();
+        let mut out = Vec::new();
+        assert_eq!(
+            http.answer(ids[2], b"c".to_vec(), &mut out, 1000),
+            Answered::Queued
+        );
+        assert_eq!(
+            http.answer(ids[1], b"b".to_vec(), &mut out, 1000),
+            Answered::Queued
+        );
+        assert!(out.is_empty());
+        assert_eq!(
+            http.answer(ids[0], b"a".to_vec(), &mut out, 1000),
+            Answered::Queued
+        );
+        assert_eq!(out, b"abc");
+        assert!(http.answers_due());
+        assert_eq!(
+            http.answer(ids[3], b"d".to_vec(), &mut out, 1000),
+            Answered::ThenClose
+        );
+        assert_eq!(out, b"abcd");
+        assert!(!http.answers_due() && http.held.is_none());
+        // Too much held behind a slow answer: the connection goes.
+        let mut http = HttpCodec::new(0);
+        let (slow, next) = (http.take_id(true), http.take_id(true));
+        let _ = slow;
+        assert_eq!(
+            http.answer(next, vec![0; 2000], &mut out, 1000),
+            Answered::ThenClose
+        );
+    }
+
+    #[test]
+    fn every_result_has_a_status() {
+        for result in ResultCode::ALL {
+            let status = status_of(result);
+            assert!((200..600).contains(&status), "{result:?}");
+        }
+        assert_eq!(status_of(ResultCode::Overloaded), 429);
+        assert_eq!(status_of(ResultCode::InsufficientFunds), 402);
     }
 }

@@ -59,6 +59,7 @@ pub struct WorkerOptions {
     pub link: String,
     pub listen: SocketAddr,
     pub ws_listen: Option<SocketAddr>,
+    pub http_listen: Option<SocketAddr>,
 }
 
 /// A listening socket and what its connections speak first.
@@ -124,7 +125,9 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         http: false,
         stamp_backlog: false,
     }];
-    if let Some(addr) = opts.ws_listen {
+    // Both speak HTTP: the WebSocket address upgrades, the HTTP address serves the API,
+    // and each does what the other does too.
+    for addr in opts.ws_listen.into_iter().chain(opts.http_listen) {
         listeners.push(Listener {
             socket: TcpListener::from_std(net::reuseport_listener(addr, true)?),
             http: true,
@@ -298,8 +301,9 @@ impl Worker {
                     if listener.stamp_backlog {
                         let _ = net::enable_receive_timestamps(&stream);
                     }
+                    let now = self.started.elapsed().as_secs() as u32;
                     let codec = if listener.http {
-                        Codec::Http(HttpCodec)
+                        Codec::Http(Box::new(HttpCodec::new(now)))
                     } else {
                         Codec::Frames
                     };
@@ -315,7 +319,6 @@ impl Worker {
                     }
                     let generation = self.next_generation;
                     self.next_generation = self.next_generation.wrapping_add(1).max(1);
-                    let now = self.started.elapsed().as_secs() as u32;
                     entry.insert(Conn::new(stream, generation, now, codec));
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -391,6 +394,7 @@ impl Worker {
                 out: &mut out,
                 stats: &mut self.stats.counters,
                 cfg: &self.cfg,
+                now: self.started.elapsed().as_secs() as u32,
             };
             let step = self.conns[key].codec.decode(&mut data[at..], &mut cx);
             at += step.used;
@@ -547,30 +551,42 @@ impl Worker {
         self.tell_core(&stats);
     }
 
-    /// Closes connections that never logged in, went silent, or were kicked and linger.
+    /// Closes connections that never logged in, went silent, took too long with an HTTP
+    /// request, or were kicked and linger.
     fn sweep(&mut self) {
         let now = self.now_s();
         let login_timeout = self.cfg.login_timeout_secs;
         let idle_timeout = self.cfg.idle_timeout_secs;
+        let keepalive = self.cfg.http_keepalive_secs;
         let mut expired = Vec::new();
         for (key, c) in self.conns.iter() {
             let quiet = now.saturating_sub(c.last_seen);
-            let waiting = matches!(c.codec.idle(), Idle::Request) || c.user.is_none();
-            match c.state {
-                State::Closing if quiet >= CLOSING_GRACE_SECS => expired.push((key, None)),
-                // A login already waiting in the socket is not the client's delay but ours
-                // (a starved worker during a connect storm): it will be read next turn.
-                State::Open
-                    if waiting
-                        && quiet >= login_timeout
-                        && !net::has_input(c.stream.as_raw_fd()) =>
-                {
-                    expired.push((key, Some("no login")))
+            if c.state == State::Closing {
+                if quiet >= CLOSING_GRACE_SECS {
+                    expired.push((key, None));
                 }
-                State::Open if !waiting && idle_timeout > 0 && quiet >= idle_timeout => {
-                    expired.push((key, Some("idle")))
+                continue;
+            }
+            // A request already waiting in the socket is not the client's delay but ours
+            // (a starved worker during a connect storm): it will be read next turn.
+            let unread = || net::has_input(c.stream.as_raw_fd());
+            let why = match c.codec.idle() {
+                Idle::Session if c.user.is_none() => {
+                    (quiet >= login_timeout && !unread()).then_some("no login")
                 }
-                _ => {}
+                Idle::Session => (idle_timeout > 0 && quiet >= idle_timeout).then_some("idle"),
+                Idle::Http {
+                    request_since: Some(since),
+                    ..
+                } => (now.saturating_sub(since) >= login_timeout && !unread())
+                    .then_some("request not complete in time"),
+                Idle::Http {
+                    request_since: None,
+                    answers_due,
+                } => (!answers_due && keepalive > 0 && quiet >= keepalive).then_some("idle"),
+            };
+            if let Some(why) = why {
+                expired.push((key, Some(why)));
             }
         }
         for (key, why) in expired {

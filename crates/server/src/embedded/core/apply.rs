@@ -47,9 +47,17 @@ impl Core {
                 shares,
                 recipients,
                 expires_ms,
+                idempotency_key,
             } => {
                 match sender {
-                    Account::User(_) => self.debit(*sender, *amount_cents),
+                    Account::User(user) => {
+                        self.debit(*sender, *amount_cents);
+                        if let Some(key) = idempotency_key {
+                            let balance = self.balance(*user);
+                            self.idempotent
+                                .insert((*user, key.clone()), (*packet, balance));
+                        }
+                    }
                     Account::Campaign(id) => {
                         self.minted_cents += amount_cents;
                         self.send

@@ -365,7 +365,8 @@ impl Core {
                         recipients.push(user);
                     }
                 }
-                self.new_packet(now_ms, Account::Campaign(id), amount, k as u32, recipients);
+                let sender = Account::Campaign(id);
+                self.new_packet(now_ms, sender, amount, k as u32, recipients, None);
             }
         }
     }

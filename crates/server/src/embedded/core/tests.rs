@@ -328,17 +328,7 @@ impl Sim {
         shares: u32,
         recipients: &[u64],
     ) -> (ResultCode, u64, u64) {
-        let (mark, req) = (self.sent.len(), self.request_id());
-        let op = Op::Send {
-            amount_cents,
-            shares,
-            recipients: recipients.to_vec(),
-            idempotency_key: None,
-        };
-        self.core
-            .submit(self.now_ms, origin(0, user, req, user), op);
-        self.pump();
-        match self.reply(mark, 0, user, req) {
+        match self.send_keyed(user, amount_cents, shares, recipients, None) {
             Reply::Send {
                 result,
                 packet_id,
@@ -346,6 +336,27 @@ impl Sim {
             } => (result, packet_id, balance_cents),
             other => panic!("send answered with {other:?}"),
         }
+    }
+
+    fn send_keyed(
+        &mut self,
+        user: u64,
+        amount_cents: u64,
+        shares: u32,
+        recipients: &[u64],
+        key: Option<&str>,
+    ) -> Reply {
+        let (mark, req) = (self.sent.len(), self.request_id());
+        let op = Op::Send {
+            amount_cents,
+            shares,
+            recipients: recipients.to_vec(),
+            idempotency_key: key.map(str::to_string),
+        };
+        self.core
+            .submit(self.now_ms, origin(0, user, req, user), op);
+        self.pump();
+        self.reply(mark, 0, user, req)
     }
 
     /// Returns (result, amount).
@@ -651,6 +662,49 @@ fn send_debits_the_sender_and_notifies_online_recipients() {
         other => panic!("expected a notice, got {other:?}"),
     }
     assert_eq!(sim.core.audit().unopened_cents, 300);
+    sim.check();
+}
+
+#[test]
+fn a_retried_send_gets_the_first_answer_and_moves_no_money() {
+    let mut sim = Sim::new(21);
+    sim.fund(1, 1000);
+    let first = sim.send_keyed(1, 300, 2, &[2, 3], Some("order-1"));
+    let Reply::Send {
+        result: ResultCode::Ok,
+        packet_id,
+        balance_cents: 700,
+    } = first
+    else {
+        panic!("{first:?}")
+    };
+    // More money arrives; a retry still gets the first answer, and nothing is written.
+    sim.fund(1, 50);
+    let records = sim.ledger.len();
+    assert_eq!(sim.send_keyed(1, 300, 2, &[2, 3], Some("order-1")), first);
+    assert_eq!(sim.ledger.len(), records);
+    assert_eq!(sim.core.balance(1), 750);
+    // The same key for another packet is refused; another key is another packet; the key
+    // is the sender's own.
+    assert!(matches!(
+        sim.send_keyed(1, 301, 2, &[2, 3], Some("order-1")),
+        Reply::Error {
+            result: ResultCode::BadRequest,
+            ..
+        }
+    ));
+    assert!(matches!(
+        sim.send_keyed(1, 300, 2, &[2, 3], Some("order-2")),
+        Reply::Send { result: ResultCode::Ok, packet_id: p, .. } if p != packet_id
+    ));
+    sim.fund(9, 300);
+    assert!(matches!(
+        sim.send_keyed(9, 300, 2, &[2, 3], Some("order-1")),
+        Reply::Send { result: ResultCode::Ok, packet_id: p, .. } if p != packet_id
+    ));
+    // The key is in the ledger: after a restart the retry is still answered the same.
+    sim.restart();
+    assert_eq!(sim.send_keyed(1, 300, 2, &[2, 3], Some("order-1")), first);
     sim.check();
 }
 

@@ -1,0 +1,578 @@
+//! End-to-end tests of the HTTP API (docs/http-api.md): the real `hongbao serve` with two
+//! workers and `--http-listen`, raw sockets for what a library would smooth over
+//! (pipelining, trickled heads, HTTP/1.0, oversized input), and the admin API and the
+//! binary protocol beside it to check the money.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{field, Admin, Hongbao};
+use hongbao_proto::client::Client;
+use hongbao_proto::token;
+use hongbao_proto::{Message, ResultCode};
+use serde_json::{json, Value};
+
+const SECRET: &str = "http-test-secret";
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+struct Server {
+    _process: Hongbao,
+    listen: SocketAddr,
+    http: SocketAddr,
+    admin: Admin,
+}
+
+impl std::ops::Deref for Server {
+    type Target = Admin;
+    fn deref(&self) -> &Admin {
+        &self.admin
+    }
+}
+
+impl Server {
+    /// `hongbao serve` with two workers, the HTTP API on an ephemeral port, and `config`
+    /// as its TOML file.
+    fn start(dir: &Path, config: &str, extra: &[&str]) -> Server {
+        let config_path = dir.join("hongbao.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let data = dir.join("data");
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+        args.extend(["--http-listen", "127.0.0.1:0", "--workers", "2"]);
+        args.extend(["--secret", SECRET, "--data-dir", data.to_str().unwrap()]);
+        args.extend(["--config", config_path.to_str().unwrap()]);
+        args.extend(extra);
+        let process = Hongbao::spawn("serve", &args);
+        let ready = process.ready_line("hongbao serve ready: ");
+        Server {
+            listen: field(&ready, "listen").parse().unwrap(),
+            http: field(&ready, "http").parse().unwrap(),
+            admin: Admin::new(field(&ready, "admin").parse().unwrap()),
+            _process: process,
+        }
+    }
+
+    fn conn(&self) -> Conn {
+        Conn::open(self.http)
+    }
+
+    fn shake_campaign(&self, packets: u32) {
+        let body =
+            json!({"packets": packets, "rate_per_sec": 1000, "amount_min": 100, "amount_max": 100});
+        let (status, reply) = self.http("POST", "/v1/campaigns/shake", Some(&body.to_string()));
+        assert_eq!(status, 201, "{reply}");
+    }
+
+    /// A binary-protocol client logged in as `user`.
+    fn tcp_login(&self, user: u64) -> Client {
+        let mut client = Client::connect(self.listen).unwrap();
+        client.set_timeout(IO_TIMEOUT).unwrap();
+        assert_eq!(
+            client.login(user, SECRET.as_bytes()).unwrap(),
+            ResultCode::Ok
+        );
+        client
+    }
+}
+
+fn bearer(user: u64) -> String {
+    format!(
+        "Bearer {user}.{}",
+        token::token_hex(SECRET.as_bytes(), user)
+    )
+}
+
+/// One HTTP response as read off the wire.
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    head: String,
+    body: Value,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then_some(v.trim())
+        })
+    }
+
+    fn result(&self) -> &str {
+        self.body["result"].as_str().unwrap_or_default()
+    }
+}
+
+/// A raw HTTP/1.1 connection: requests are written as given, responses read one by one.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    fn open(addr: SocketAddr) -> Conn {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        Conn {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// A request with a JSON body (when given) and these extra header lines.
+    fn send(&mut self, method: &str, path: &str, headers: &[String], body: Option<&str>) {
+        let mut request = format!("{method} {path} HTTP/1.1\r\nHost: hongbao\r\n");
+        for h in headers {
+            request.push_str(h);
+            request.push_str("\r\n");
+        }
+        if let Some(body) = body {
+            request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        request.push_str("\r\n");
+        request.push_str(body.unwrap_or(""));
+        self.write(request.as_bytes());
+    }
+
+    fn call(
+        &mut self,
+        method: &str,
+        path: &str,
+        user: Option<u64>,
+        body: Option<&str>,
+    ) -> Response {
+        let headers: Vec<String> = user
+            .map(|u| format!("Authorization: {}", bearer(u)))
+            .into_iter()
+            .collect();
+        self.send(method, path, &headers, body);
+        self.read()
+    }
+
+    fn read(&mut self) -> Response {
+        loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8(self.buf[..end].to_vec()).unwrap();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (n, v) = l.split_once(':')?;
+                        n.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().unwrap())
+                    })
+                    .expect("a Content-Length");
+                if self.buf.len() >= end + 4 + length {
+                    let body = self.buf[end + 4..end + 4 + length].to_vec();
+                    self.buf.drain(..end + 4 + length);
+                    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+                    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    return Response { status, head, body };
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).expect("a response");
+            assert!(
+                n > 0,
+                "closed before a whole response: {:?}",
+                String::from_utf8_lossy(&self.buf)
+            );
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// True once the server has closed the connection (after what it had to say).
+    fn closed(&mut self) -> bool {
+        let mut chunk = [0u8; 256];
+        match self.stream.read(&mut chunk) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => true,
+            Err(e) => panic!("waiting for the close: {e}"),
+        }
+    }
+}
+
+/// Shakes over HTTP as `user` until one wins; returns (packet, amount). Each try is a
+/// new connection, so the kernel spreads them over the workers and their pools.
+fn shake_until_won(server: &Server, user: u64) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = server.conn().call("POST", "/v1/shake", Some(user), None);
+        assert_eq!(r.status, 200, "{r:?}");
+        if r.result() == "won" {
+            return (
+                r.body["packet_id"].as_u64().unwrap(),
+                r.body["amount_cents"].as_u64().unwrap(),
+            );
+        }
+        assert_eq!(r.result(), "nothing");
+        assert!(Instant::now() < deadline, "no win in 10 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn every_endpoint_and_every_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), "", &["--packet-ttl-secs", "2"]);
+    let mut alice = server.conn();
+
+    // Ping needs no token; shaking with nothing released is `nothing`.
+    let pong = alice.call("GET", "/v1/ping", None, None);
+    assert_eq!((pong.status, pong.result()), (200, "ok"));
+    assert!(pong.body["server_time_us"].as_u64().unwrap() > 0);
+    let r = alice.call("POST", "/v1/shake", Some(1), None);
+    assert_eq!((r.status, r.result()), (200, "nothing"));
+
+    // Win 1,000 cents in ten packets; the win is in the ledger before the answer.
+    server.shake_campaign(10);
+    let mut won = 0;
+    for _ in 0..10 {
+        let (packet, amount) = shake_until_won(&server, 1);
+        assert!(packet > 0);
+        won += amount;
+        assert_eq!(server.balance(1), won, "acknowledged means durable");
+    }
+    let me = alice.call("GET", "/v1/me", Some(1), None);
+    assert_eq!((me.status, me.result()), (200, "ok"));
+    assert_eq!(me.body["balance_cents"], 1000);
+    assert_eq!(me.body["recent_events"][0]["kind"], "shake_won");
+
+    // Sends: created (201), unaffordable (402), malformed (400).
+    let send = |conn: &mut Conn, body: Value, key: Option<&str>| {
+        let mut headers = vec![format!("Authorization: {}", bearer(1))];
+        headers.extend(key.map(|k| format!("Idempotency-Key: {k}")));
+        conn.send("POST", "/v1/packets", &headers, Some(&body.to_string()));
+        conn.read()
+    };
+    let r = send(
+        &mut alice,
+        json!({"amount_cents": 300, "shares": 2, "recipients": [2, 3]}),
+        Some("pay-1"),
+    );
+    assert_eq!((r.status, r.result()), (201, "ok"), "{r:?}");
+    let packet = r.body["packet_id"].as_u64().unwrap();
+    assert_eq!(r.body["balance_cents"], 700);
+    // The same key again: the first answer, no money moved; another body: refused.
+    let again = send(
+        &mut alice,
+        json!({"amount_cents": 300, "shares": 2, "recipients": [2, 3]}),
+        Some("pay-1"),
+    );
+    assert_eq!((again.status, &again.body), (201, &r.body));
+    assert_eq!(server.balance(1), 700);
+    let clash = send(
+        &mut alice,
+        json!({"amount_cents": 5, "shares": 1, "recipients": [2]}),
+        Some("pay-1"),
+    );
+    assert_eq!(
+        (clash.status, clash.result()),
+        (400, "bad-request"),
+        "{clash:?}"
+    );
+    assert!(clash.body["error"]
+        .as_str()
+        .unwrap()
+        .contains("idempotency"));
+    let r = send(
+        &mut alice,
+        json!({"amount_cents": 10_000, "shares": 1, "recipients": [2]}),
+        None,
+    );
+    assert_eq!((r.status, r.result()), (402, "insufficient-funds"));
+    assert_eq!(r.body["balance_cents"], 700);
+    let r = send(
+        &mut alice,
+        json!({"amount_cents": 10, "shares": 3, "recipients": [2]}),
+        None,
+    );
+    assert_eq!((r.status, r.result()), (400, "bad-request"));
+
+    // Notices and opens: opened, already opened, not a recipient, no such packet, empty.
+    let mut bob = server.conn();
+    let notices = bob.call("GET", "/v1/notices", Some(2), None);
+    assert_eq!(
+        notices.body["notices"][0]["packet_id"], packet,
+        "{notices:?}"
+    );
+    assert_eq!(notices.body["notices"][0]["from_user"], 1);
+    let open = |conn: &mut Conn, user, packet: u64| {
+        conn.call(
+            "POST",
+            &format!("/v1/packets/{packet}/open"),
+            Some(user),
+            None,
+        )
+    };
+    let r = open(&mut bob, 2, packet);
+    assert_eq!((r.status, r.result()), (200, "opened"));
+    let share = r.body["amount_cents"].as_u64().unwrap();
+    let r = open(&mut bob, 2, packet);
+    assert_eq!(
+        (r.status, r.result(), r.body["amount_cents"].as_u64()),
+        (200, "already-opened", Some(share))
+    );
+    assert_eq!(open(&mut bob, 9, packet).status, 403);
+    assert_eq!(open(&mut bob, 9, packet).result(), "not-a-recipient");
+    let r = open(&mut bob, 2, 1 << 40);
+    assert_eq!((r.status, r.result()), (404, "no-such-packet"));
+    assert!(
+        bob.call("GET", "/v1/notices", Some(2), None).body["notices"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    // One share for one recipient: the second recipient finds it empty.
+    let r = send(
+        &mut alice,
+        json!({"amount_cents": 50, "shares": 1, "recipients": [2, 3]}),
+        None,
+    );
+    let single = r.body["packet_id"].as_u64().unwrap();
+    assert_eq!(open(&mut bob, 2, single).result(), "opened");
+    let r = open(&mut bob, 3, single);
+    assert_eq!((r.status, r.result()), (409, "empty"));
+    // Expired: the packet lives 2 s.
+    let r = send(
+        &mut alice,
+        json!({"amount_cents": 20, "shares": 1, "recipients": [3]}),
+        None,
+    );
+    let late = r.body["packet_id"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(2300));
+    let r = open(&mut bob, 3, late);
+    assert_eq!((r.status, r.result()), (410, "expired"));
+
+    // Chat: to a user on the binary protocol, and to nobody.
+    let mut carol = server.tcp_login(4);
+    let r = alice.call(
+        "POST",
+        "/v1/chat",
+        Some(1),
+        Some(r#"{"to_user": 4, "text": "新年快乐"}"#),
+    );
+    assert_eq!((r.status, r.result()), (200, "delivered"));
+    match carol.recv().unwrap().message {
+        Message::ChatMessage { from_user, text } => {
+            assert_eq!((from_user, text.as_str()), (1, "新年快乐"))
+        }
+        other => panic!("{other:?}"),
+    }
+    let r = alice.call(
+        "POST",
+        "/v1/chat",
+        Some(1),
+        Some(r#"{"to_user": 5, "text": "hi"}"#),
+    );
+    assert_eq!((r.status, r.result()), (200, "offline"));
+    server.audit();
+}
+
+#[test]
+fn overloaded_shakes_are_429_with_a_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), "", &["--max-shake-qps", "2"]);
+    let mut conn = server.conn();
+    let mut overloaded = None;
+    for _ in 0..10 {
+        let r = conn.call("POST", "/v1/shake", Some(7), None);
+        if r.status == 429 {
+            overloaded = Some(r);
+            break;
+        }
+    }
+    let r = overloaded.expect("a 429 within ten shakes at 2/s");
+    assert_eq!(r.result(), "overloaded");
+    assert_eq!(r.header("Retry-After"), Some("1"));
+}
+
+/// Requests written back to back are answered in order, though a winning shake waits for
+/// the ledger and the requests after it do not.
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), "", &[]);
+    server.shake_campaign(1);
+    // Wait until the packet is in a pool: one shake on each connection until one wins.
+    shake_until_won(&server, 8);
+    server.shake_campaign(2);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut conn = server.conn();
+    let auth = format!("Authorization: {}", bearer(9));
+    let mut batch = Vec::new();
+    for (method, path) in [
+        ("POST", "/v1/shake"),
+        ("GET", "/v1/nothing-here"),
+        ("POST", "/v1/shake"),
+        ("GET", "/v1/ping"),
+        ("DELETE", "/v1/me"),
+        ("GET", "/v1/me"),
+    ] {
+        batch.extend_from_slice(
+            format!("{method} {path} HTTP/1.1\r\nHost: h\r\n{auth}\r\nContent-Length: 0\r\n\r\n")
+                .as_bytes(),
+        );
+    }
+    conn.write(&batch);
+    let statuses: Vec<(u16, String)> = (0..6)
+        .map(|_| {
+            let r = conn.read();
+            (r.status, r.result().to_string())
+        })
+        .collect();
+    assert_eq!(statuses[1], (404, "bad-request".into()));
+    assert_eq!(statuses[3], (200, "ok".into()));
+    assert_eq!(statuses[4].0, 405);
+    assert_eq!(statuses[5], (200, "ok".into()));
+    for i in [0, 2] {
+        assert_eq!(statuses[i].0, 200);
+        assert!(
+            statuses[i].1 == "won" || statuses[i].1 == "nothing",
+            "{statuses:?}"
+        );
+    }
+}
+
+/// Each bad request costs its own connection at most and says why; a well-behaved
+/// request on another connection goes on being served.
+#[test]
+fn bad_requests_are_refused_with_their_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), "login_timeout_secs = 2\n", &[]);
+    let well_behaved = |server: &Server| {
+        let mut conn = server.conn();
+        let r = conn.call("POST", "/v1/shake", Some(3), None);
+        assert_eq!(r.status, 200, "a good request after a bad one: {r:?}");
+    };
+    let refused = |raw: &[u8], status: u16| {
+        let mut conn = server.conn();
+        conn.write(raw);
+        let r = conn.read();
+        assert_eq!(
+            r.status,
+            status,
+            "{:?}: {r:?}",
+            String::from_utf8_lossy(&raw[..raw.len().min(60)])
+        );
+        r
+    };
+    // Malformed request line and header: 400, then the connection closes.
+    for raw in [
+        &b"GET /v1/me HTTP/1.1 extra\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nNo-Colon\r\n\r\n",
+    ] {
+        let mut conn = server.conn();
+        conn.write(raw);
+        assert_eq!(conn.read().status, 400);
+        assert!(conn.closed());
+        well_behaved(&server);
+    }
+    // Headers over the limit: 431.
+    let mut big = b"GET /v1/me HTTP/1.1\r\nX-Pad: ".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 10_000));
+    big.extend_from_slice(b"\r\n\r\n");
+    refused(&big, 431);
+    well_behaved(&server);
+    // A body over the limit: 413.
+    let huge = format!(
+        "POST /v1/packets HTTP/1.1\r\nAuthorization: {}\r\nContent-Length: 100000\r\n\r\n",
+        bearer(3)
+    );
+    refused(huge.as_bytes(), 413);
+    well_behaved(&server);
+    // Bad JSON and bad values: 400 with a message; the connection stays.
+    let mut conn = server.conn();
+    for body in [
+        "{",
+        "[300, 1, [2]]",
+        r#"{"amount_cents": -1, "shares": 1, "recipients": [2]}"#,
+        r#"{"amount_cents": 1}"#,
+    ] {
+        let r = conn.call("POST", "/v1/packets", Some(3), Some(body));
+        assert_eq!(
+            (r.status, r.result()),
+            (400, "bad-request"),
+            "{body}: {r:?}"
+        );
+        assert!(!r.body["error"].as_str().unwrap().is_empty());
+    }
+    let r = conn.call("POST", "/v1/packets/x/open", Some(3), None);
+    assert_eq!(r.status, 400);
+    // Missing and forged tokens: 401.
+    let r = conn.call("POST", "/v1/shake", None, None);
+    assert_eq!((r.status, r.result()), (401, "bad-token"));
+    assert_eq!(r.header("WWW-Authenticate"), Some("Bearer"));
+    let forged = format!("Authorization: Bearer 3.{}", "00".repeat(32));
+    conn.send("POST", "/v1/shake", &[forged], None);
+    assert_eq!(conn.read().status, 401);
+    let zero = format!(
+        "Authorization: Bearer 0.{}",
+        token::token_hex(SECRET.as_bytes(), 0)
+    );
+    conn.send("POST", "/v1/shake", &[zero], None);
+    assert_eq!(conn.read().status, 401);
+    // The wrong method: 405 with Allow.
+    let r = conn.call("GET", "/v1/shake", Some(3), None);
+    assert_eq!((r.status, r.header("Allow")), (405, Some("POST")));
+    well_behaved(&server);
+
+    // A client that trickles its head: 408 after the header timeout (2 s here), then the
+    // connection closes; others are served meanwhile.
+    let mut slow = server.conn();
+    let mut writer = slow.stream.try_clone().unwrap();
+    let started = Instant::now();
+    let trickle = std::thread::spawn(move || {
+        for byte in b"GET /v1/me HTTP/1.1\r\nHost: a-slow-client" {
+            if writer.write_all(&[*byte]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    });
+    well_behaved(&server);
+    let r = slow.read();
+    let waited = started.elapsed();
+    assert_eq!(r.status, 408, "{r:?}");
+    assert!(waited < Duration::from_millis(4500), "408 after {waited:?}");
+    assert!(slow.closed());
+    well_behaved(&server);
+    trickle.join().unwrap();
+}
+
+#[test]
+fn connection_close_and_http_1_0_are_honoured() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), "", &[]);
+    let mut conn = server.conn();
+    conn.send("GET", "/v1/ping", &["Connection: close".into()], None);
+    let r = conn.read();
+    assert_eq!((r.status, r.header("Connection")), (200, Some("close")));
+    assert!(conn.closed());
+    let mut old = server.conn();
+    old.write(b"GET /v1/ping HTTP/1.0\r\n\r\n");
+    assert_eq!(old.read().status, 200);
+    assert!(old.closed());
+    // HTTP/1.0 asking to stay open stays open.
+    let mut kept = server.conn();
+    for _ in 0..3 {
+        kept.write(b"GET /v1/ping HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+        assert_eq!(kept.read().status, 200);
+    }
+    // Chunked bodies are read too.
+    let body = r#"{"to_user": 5, "text": "hi"}"#;
+    let chunked = format!(
+        "POST /v1/chat HTTP/1.1\r\nAuthorization: {}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        bearer(6),
+        body.len()
+    );
+    kept.write(chunked.as_bytes());
+    assert_eq!(kept.read().result(), "offline");
+}
