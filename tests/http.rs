@@ -576,3 +576,79 @@ fn connection_close_and_http_1_0_are_honoured() {
     kept.write(chunked.as_bytes());
     assert_eq!(kept.read().result(), "offline");
 }
+
+/// Every `sh` example in docs/http-api.md, run as written with bash and curl against a
+/// real server (one worker, so the one shake packet is in its pool), must print JSON with
+/// the `result` and the top-level fields of the `json` example after it.
+#[test]
+fn the_documented_curl_examples_run_as_written() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/http-api.md")).unwrap();
+    let mut examples = Vec::new();
+    let mut blocks = doc.split("```").skip(1).step_by(2);
+    while let Some(block) = blocks.next() {
+        if let Some(script) = block.strip_prefix("sh\n") {
+            let expected = blocks
+                .next()
+                .and_then(|b| b.strip_prefix("json\n"))
+                .expect("a json block after each sh block");
+            examples.push((script.to_string(), expected.trim().to_string()));
+        }
+    }
+    assert!(examples.len() >= 9, "{} examples", examples.len());
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--secret",
+        SECRET,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    let process = Hongbao::spawn("serve", &args);
+    let ready = process.ready_line("hongbao serve ready: ");
+    let (http, admin) = (field(&ready, "http"), field(&ready, "admin"));
+    let admin_api = Admin::new(admin.parse().unwrap());
+    let body = r#"{"packets": 1, "rate_per_sec": 1000, "amount_min": 1000, "amount_max": 1000}"#;
+    assert_eq!(
+        admin_api.http("POST", "/v1/campaigns/shake", Some(body)).0,
+        201
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let bearer = bearer(42);
+    let token = bearer.strip_prefix("Bearer ").unwrap();
+    for (script, expected) in examples {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .env("HONGBAO", format!("http://{http}"))
+            .env("ADMIN", format!("http://{admin}"))
+            .env("TOKEN", token)
+            .output()
+            .expect("bash and curl");
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{script} printed no JSON ({e}): {:?}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+        let want: Value = serde_json::from_str(&expected).unwrap();
+        assert_eq!(got["result"], want["result"], "{script}: {got}");
+        let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&got), keys(&want), "{script}: {got}");
+    }
+}
