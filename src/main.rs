@@ -65,9 +65,15 @@ struct LoadArgs {
     /// The server's client address: its --listen for tcp, its --ws-listen for ws
     #[arg(long, required_unless_present = "set_qps")]
     server: Option<std::net::SocketAddr>,
-    /// tcp (binary frames) or ws (the same frames in WebSocket binary messages)
+    /// tcp (binary frames), ws (the same frames in WebSocket binary messages) or http (the REST API)
     #[arg(long, default_value = "tcp")]
     transport: hongbao_load::transport::Transport,
+    /// http: keep-alive (a connection per user) or close (a new connection per request)
+    #[arg(long, default_value = "keep-alive", value_parser = ["keep-alive", "close"])]
+    http_connection: String,
+    /// http: each user looks for packets to open every this many seconds; 0 never
+    #[arg(long, default_value_t = hongbao_load::bench::DEFAULT_NOTICE_POLL_SECS)]
+    notice_poll_secs: u32,
     /// Simulated users, one connection each
     #[arg(long, default_value_t = 20_000)]
     users: u64,
@@ -144,9 +150,12 @@ struct BenchArgs {
     /// Where the bench's monitor (live dashboard, /metrics) listens [default: 127.0.0.1, any port]
     #[arg(long)]
     monitor_listen: Option<std::net::SocketAddr>,
-    /// tcp, or ws (the server also listens for WebSocket and the clients connect there)
+    /// tcp, ws or http (the server also listens for WebSocket or HTTP and the clients connect there)
     #[arg(long, default_value = "tcp")]
     transport: hongbao_load::transport::Transport,
+    /// http: keep-alive (a connection per user) or close (a new connection per request)
+    #[arg(long, default_value = "keep-alive", value_parser = ["keep-alive", "close"])]
+    http_connection: String,
     /// Seconds between operator broadcasts in each steady phase; 0 = none
     #[arg(long, default_value_t = 0.0)]
     broadcast_every: f64,
@@ -294,6 +303,8 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         connect_at_epoch: false,
         monitor: args.monitor.clone(),
         overload_backoff_secs: args.overload_backoff_secs,
+        http_keep_alive: args.http_connection == "keep-alive",
+        notice_poll_secs: args.notice_poll_secs,
     })
 }
 
@@ -337,6 +348,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
         opts.monitor_listen = v;
     }
     opts.transport = args.transport;
+    opts.http_keep_alive = args.http_connection == "keep-alive";
     if !(args.broadcast_every >= 0.0 && args.broadcast_every.is_finite()) {
         anyhow::bail!("--broadcast-every must be 0 (off) or a number of seconds");
     }

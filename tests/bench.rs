@@ -162,6 +162,39 @@ fn small_websocket_bench_delivers_every_broadcast() {
     assert_eq!(delivered, sent * connections);
 }
 
+/// The bench over the HTTP API: keep-alive connections, then a connection per request.
+/// HTTP users get no pushes and find their packets by polling `GET /v1/notices`; the
+/// audit is the same three-way audit to the cent.
+#[test]
+fn small_http_benches_balance_every_cent() {
+    for (connection, users) in [("keep-alive", 3000), ("close", 1000)] {
+        let out = tempfile::tempdir().unwrap();
+        let summary = run_bench(
+            out.path(),
+            &format!(
+                "--transport http --http-connection {connection} --connections {users} \
+                 --workers 2 --procs 2 --phase-qps 1000 --campaign-rate 200 \
+                 --shake-packets 60 --send-packets 30"
+            ),
+        );
+        assert_eq!(
+            summary["audit"]["ok"], true,
+            "{connection}: {}",
+            summary["audit"]
+        );
+        assert_eq!(summary["options"]["http_connection"], connection);
+        let totals = &summary["load"]["totals"];
+        assert_eq!(summary["shake"]["won_clients"], 60, "{connection}");
+        assert_eq!(summary["send"]["opened_clients"], 90, "{connection}");
+        assert!(totals["notice_polls"].as_u64().unwrap() > 0);
+        if connection == "close" {
+            // A connection for every request: more connects than users, no logins.
+            assert!(totals["connects"].as_u64().unwrap() > totals["shakes_sent"].as_u64().unwrap());
+            assert_eq!(totals["disconnects"], 0);
+        }
+    }
+}
+
 /// series.csv: the documented header, one row per second per role from the role's first
 /// second to the end with no gaps, and per-second counts that add up to the summary's.
 fn check_series(dir: &std::path::Path, summary: &Value, phases: &[&str]) {

@@ -26,6 +26,10 @@ pub struct Counters {
     /// WebSocket only: the TCP connection opened but the upgrade failed (an HTTP error,
     /// a bad `Sec-WebSocket-Accept`, or the server closing during the handshake).
     pub failed_handshake: u64,
+    /// Out of ports (`EADDRNOTAVAIL`) while half a port range or more of sockets sat in
+    /// TIME_WAIT: the short-connection wall (`failed_out_of_ports` counts the others).
+    #[serde(default)]
+    pub failed_time_wait: u64,
     pub disconnects: u64,
     pub kicks: u64,
     /// Firings whose user was not connected and logged in at the time.
@@ -33,6 +37,13 @@ pub struct Counters {
     /// Firings skipped because the user was told "overloaded" and is backing off.
     #[serde(default)]
     pub backed_off: u64,
+    /// HTTP with a connection per request: firings whose user's previous request was still
+    /// under way.
+    #[serde(default)]
+    pub skipped_busy: u64,
+    /// HTTP: `GET /v1/notices` polls sent (HTTP clients get no pushes).
+    #[serde(default)]
+    pub notice_polls: u64,
     pub shakes_sent: u64,
     pub shake_replies: u64,
     pub won: u64,
@@ -66,10 +77,13 @@ impl Counters {
             failed_out_of_files,
             failed_other,
             failed_handshake,
+            failed_time_wait,
             disconnects,
             kicks,
             skipped_not_ready,
             backed_off,
+            skipped_busy,
+            notice_polls,
             shakes_sent,
             shake_replies,
             won,
@@ -94,6 +108,7 @@ impl Counters {
             + self.failed_out_of_files
             + self.failed_other
             + self.failed_handshake
+            + self.failed_time_wait
     }
 
     /// Everything that counts as an error in the progress line and the summary.
@@ -101,6 +116,7 @@ impl Counters {
         self.connect_failures()
             + self.login_failures
             + self.skipped_not_ready
+            + self.skipped_busy
             + self.error_replies
             + self.kicks
     }

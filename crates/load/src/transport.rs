@@ -1,8 +1,9 @@
-//! How a load client's bytes carry protocol frames: over raw TCP, back to back; over
-//! WebSocket, one frame per masked binary message (docs/protocol.md, "WebSocket
-//! transport"). No I/O: `client.rs` owns the sockets and buffers, this turns bytes into
-//! [`Inbound`] events and frames into bytes, the same way for both, so the client has one
-//! read path and one write path with the transport as a parameter.
+//! How a load client's bytes carry what a user asks: over raw TCP, protocol frames back to
+//! back; over WebSocket, one frame per masked binary message (docs/protocol.md,
+//! "WebSocket transport"); over HTTP, the REST API's requests and responses
+//! (docs/http-api.md). No I/O: `client/` owns the sockets and buffers, this turns bytes
+//! into [`Inbound`] events and asks into bytes, so the client has one read path and one
+//! write path with the transport as a parameter.
 //!
 //! A WebSocket connection first upgrades: [`upgrade_request`] with a fresh random key,
 //! then `ws::check_response` on what comes back (in `client.rs`, which holds the key only
@@ -25,6 +26,7 @@ pub enum Transport {
     #[default]
     Tcp,
     Ws,
+    Http,
 }
 
 impl FromStr for Transport {
@@ -33,7 +35,8 @@ impl FromStr for Transport {
         match s {
             "tcp" => Ok(Transport::Tcp),
             "ws" => Ok(Transport::Ws),
-            other => Err(format!("transport must be tcp or ws, not {other:?}")),
+            "http" => Ok(Transport::Http),
+            other => Err(format!("transport must be tcp, ws or http, not {other:?}")),
         }
     }
 }
@@ -43,9 +46,43 @@ impl fmt::Display for Transport {
         f.write_str(match self {
             Transport::Tcp => "tcp",
             Transport::Ws => "ws",
+            Transport::Http => "http",
         })
     }
 }
+
+/// What an HTTP user asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpAsk {
+    Shake,
+    Open(u64),
+    /// `GET /v1/notices`: HTTP clients get no pushes, they look.
+    Notices,
+}
+
+/// Appends the HTTP request for `ask`, authenticated by `bearer` (`<user>.<token hex>`);
+/// `Connection: close` unless `keep_alive`.
+pub fn http_request(ask: HttpAsk, bearer: &str, keep_alive: bool, out: &mut Vec<u8>) {
+    use std::io::Write;
+    let _ = match ask {
+        HttpAsk::Shake => write!(out, "POST /v1/shake HTTP/1.1\r\n"),
+        HttpAsk::Open(packet) => write!(out, "POST /v1/packets/{packet}/open HTTP/1.1\r\n"),
+        HttpAsk::Notices => write!(out, "GET /v1/notices HTTP/1.1\r\n"),
+    };
+    let _ = write!(
+        out,
+        "Host: hongbao\r\nAuthorization: Bearer {bearer}\r\nContent-Length: 0\r\n"
+    );
+    if !keep_alive {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Largest HTTP response head the load reads.
+const MAX_RESPONSE_HEAD: usize = 8192;
+/// Largest HTTP response body the load reads (a notices list).
+const MAX_RESPONSE_BODY: usize = 1 << 20;
 
 /// What arrived, in order.
 #[derive(Debug, PartialEq)]
@@ -60,6 +97,11 @@ pub enum Inbound<'a> {
     Text,
     /// WebSocket close: nothing after it is read.
     Close,
+    /// An HTTP response: its status and JSON body (answers come in request order).
+    Response {
+        status: u16,
+        body: &'a [u8],
+    },
 }
 
 /// Why the stream cannot be read any further: drop the connection.
@@ -71,6 +113,8 @@ pub enum Broken {
     Ws(Violation),
     /// A binary WebSocket message that holds less or more than one whole frame.
     NotOneFrame { len: usize },
+    /// An HTTP response that cannot be read.
+    Http(&'static str),
 }
 
 impl fmt::Display for Broken {
@@ -82,6 +126,7 @@ impl fmt::Display for Broken {
                 f,
                 "a {len}-byte binary WebSocket message from the server is not one frame"
             ),
+            Broken::Http(why) => write!(f, "while reading an HTTP response: {why}"),
         }
     }
 }
@@ -137,7 +182,51 @@ pub fn decode(
                 None => Ok(used),
             }
         }
+        Transport::Http => {
+            let mut at = 0;
+            while let Some((status, body, len)) = http_response(&data[at..])? {
+                on(Inbound::Response { status, body });
+                at += len;
+            }
+            Ok(at)
+        }
     }
+}
+
+/// One whole HTTP response from the front of `data`: status, body, bytes used; `None`
+/// while incomplete. Heads are read by httparse; bodies are `Content-Length` framed (the
+/// gateway's always are).
+fn http_response(data: &[u8]) -> Result<Option<(u16, &[u8], usize)>, Broken> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut response = httparse::Response::new(&mut headers);
+    let head = match response.parse(data) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if data.len() > MAX_RESPONSE_HEAD => {
+            return Err(Broken::Http("head too long"))
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(Broken::Http("malformed head")),
+    };
+    let length = response
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| {
+            std::str::from_utf8(h.value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
+        .ok_or(Broken::Http("no Content-Length"))?;
+    if length > MAX_RESPONSE_BODY {
+        return Err(Broken::Http("body too long"));
+    }
+    if data.len() < head + length {
+        return Ok(None);
+    }
+    let status = response.code.unwrap_or(0);
+    Ok(Some((status, &data[head..head + length], head + length)))
 }
 
 fn frame(bytes: &[u8]) -> Inbound<'static> {
@@ -147,7 +236,8 @@ fn frame(bytes: &[u8]) -> Inbound<'static> {
     }
 }
 
-/// Appends `frame` as the transport carries it.
+/// Appends `frame` as the transport carries it (binary frames or WebSocket; HTTP asks go
+/// through [`http_request`]).
 pub fn encode(transport: Transport, frame: &Frame, out: &mut Vec<u8>) {
     match transport {
         Transport::Tcp => hongbao_proto::encode(frame, out),
@@ -155,6 +245,7 @@ pub fn encode(transport: Transport, frame: &Frame, out: &mut Vec<u8>) {
             let payload = hongbao_proto::encode_to_vec(frame);
             ws::encode(Role::Client, Opcode::Binary, &payload, out);
         }
+        Transport::Http => unreachable!("HTTP carries no frames"),
     }
 }
 
@@ -346,6 +437,45 @@ mod tests {
         assert_eq!(feed(Transport::Ws, &text, 1), Ok(vec![Got::Text]));
     }
 
+    /// What the load asks over HTTP is what the gateway's parser reads, and responses split
+    /// anywhere come out whole, in order.
+    #[test]
+    fn http_requests_and_responses() {
+        let mut req = Vec::new();
+        http_request(HttpAsk::Open(9), "7.ab", false, &mut req);
+        let parsed = hongbao_proto::http::parse(&req, 1024).unwrap().unwrap();
+        assert_eq!((parsed.method, parsed.path), ("POST", "/v1/packets/9/open"));
+        assert_eq!(parsed.authorization, Some("Bearer 7.ab"));
+        assert!(!parsed.keep_alive);
+        let mut stream = Vec::new();
+        for body in [&br#"{"result":"won"}"#[..], br#"{"result":"nothing"}"#] {
+            hongbao_proto::http::response(200, "application/json", &[], body, false, &mut stream);
+        }
+        for cut in 0..=stream.len() {
+            let mut got = Vec::new();
+            let mut tail = Vec::new();
+            for piece in [&stream[..cut], &stream[cut..]] {
+                tail.extend_from_slice(piece);
+                let used = decode(Transport::Http, &mut tail, &mut None, |m| {
+                    if let Inbound::Response { status, body } = m {
+                        got.push((status, body.to_vec()));
+                    }
+                })
+                .unwrap();
+                tail.drain(..used);
+            }
+            assert_eq!(got.len(), 2, "cut {cut}");
+            assert_eq!(got[1].1, br#"{"result":"nothing"}"#);
+        }
+        assert!(decode(
+            Transport::Http,
+            &mut b"HTTP/1.1 200 OK\r\n\r\n".to_vec(),
+            &mut None,
+            |_| {}
+        )
+        .is_err());
+    }
+
     #[test]
     fn upgrade_request_is_accepted() {
         let key = [7u8; 16];
@@ -359,6 +489,7 @@ mod tests {
             Ok(Some(response.len()))
         );
         assert_eq!("ws".parse(), Ok(Transport::Ws));
+        assert_eq!("http".parse(), Ok(Transport::Http));
         assert_eq!(Transport::default().to_string(), "tcp");
         assert!("udp".parse::<Transport>().is_err());
     }

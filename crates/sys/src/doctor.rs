@@ -51,6 +51,12 @@ pub struct Limits {
     pub loopback_tracked: bool,
     pub mem_available: u64,
     pub cores: usize,
+    /// Sockets in TIME_WAIT now (`/proc/net/sockstat`).
+    pub time_wait: u64,
+    /// `net.ipv4.tcp_tw_reuse`: 0 off, 1 on, 2 on for loopback only (the default).
+    pub tw_reuse: u64,
+    /// `net.ipv4.tcp_max_tw_buckets`: TIME_WAIT sockets beyond this are destroyed at once.
+    pub max_tw_buckets: u64,
 }
 
 fn read(path: &str) -> Option<String> {
@@ -103,6 +109,16 @@ impl Limits {
             loopback_tracked: probe_loopback_tracking(),
             mem_available,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            time_wait: read("/proc/net/sockstat")
+                .and_then(|s| {
+                    let tcp = s.lines().find(|l| l.starts_with("TCP:"))?.to_string();
+                    let mut words = tcp.split_whitespace();
+                    words.find(|w| *w == "tw")?;
+                    words.next()?.parse().ok()
+                })
+                .unwrap_or(0),
+            tw_reuse: num("/proc/sys/net/ipv4/tcp_tw_reuse"),
+            max_tw_buckets: num("/proc/sys/net/ipv4/tcp_max_tw_buckets"),
         }
     }
 
@@ -266,6 +282,29 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
             }),
         },
     ];
+    // Short connections: every connection the client closes first leaves its port in
+    // TIME_WAIT for 60 s (fixed in the kernel; tcp_fin_timeout does not shorten it).
+    v.push(Check {
+        name: "net.ipv4.tcp_tw_reuse",
+        current: match l.tw_reuse {
+            0 => "0 (off)".into(),
+            1 => "1 (on)".into(),
+            n => format!("{n} (on for loopback only)"),
+        },
+        needed: "on for short connections: a new outgoing connection may take a port in TIME_WAIT".into(),
+        allows: u64::MAX,
+        fix: (l.tw_reuse == 0).then(|| "sysctl -w net.ipv4.tcp_tw_reuse=1".into()),
+    });
+    v.push(Check {
+        name: "TIME_WAIT sockets",
+        current: format!("{} now, at most {} (net.ipv4.tcp_max_tw_buckets)", l.time_wait, l.max_tw_buckets),
+        needed: format!(
+            "new connections/s × 60 s; without reuse ~{} new connections/s per source address to one server port",
+            l.port_range_size() / 60
+        ),
+        allows: u64::MAX,
+        fix: None,
+    });
     // Connection tracking only binds if it tracks our loopback connections.
     let tracking = l.loopback_tracked;
     if let Some(max) = l.conntrack_max.filter(|_| !tracking) {
@@ -316,6 +355,15 @@ pub fn report(l: &Limits, connections: u64) -> String {
             let _ = writeln!(out, "           fix: {fix}");
         }
     }
+    let _ = writeln!(
+        out,
+        "Short connections (a connection per request, as with HTTP without keep-alive): the side that \
+closes first keeps the port in TIME_WAIT for 60 s. The seed's net.ipv4.tcp_tw_recycle no longer \
+exists (removed in Linux 4.12: it broke clients behind NAT). Instead: keep connections alive (and \
+`keepalive` on nginx's upstreams), let the connecting side reuse TIME_WAIT ports \
+(net.ipv4.tcp_tw_reuse = 1, or 2 for loopback), widen net.ipv4.ip_local_port_range, and connect \
+from more source addresses (the load spreads over 127.0.x.y)."
+    );
     let binding = checks.iter().min_by_key(|c| c.allows).expect("checks");
     let capacity = binding.allows;
     if capacity >= connections {
@@ -388,6 +436,9 @@ pub fn apply(l: &Limits, connections: u64) -> Vec<String> {
         ("/proc/sys/net/core/somaxconn", "65535".into()),
         ("/proc/sys/net/ipv4/tcp_max_syn_backlog", "65535".into()),
     ];
+    if l.tw_reuse == 0 {
+        wanted.push(("/proc/sys/net/ipv4/tcp_tw_reuse", "1".into()));
+    }
     if l.file_max < sockets + 100_000 {
         wanted.push((
             "/proc/sys/fs/file-max",
@@ -503,6 +554,9 @@ mod tests {
             loopback_tracked: true,
             mem_available: 23 << 30,
             cores: 2,
+            time_wait: 3,
+            tw_reuse: 2,
+            max_tw_buckets: 262_144,
         }
     }
 
@@ -544,6 +598,22 @@ mod tests {
         // Within what the kernel takes for a new namespace, and never tiny.
         assert_eq!(ehash_buckets_wanted(100), 65_536);
         assert_eq!(ehash_buckets_wanted(100_000_000), 16 << 20);
+    }
+
+    #[test]
+    fn short_connections_are_explained() {
+        let mut l = machine();
+        let text = report(&l, 1000);
+        assert!(text.contains("tcp_tw_recycle no longer"), "{text}");
+        assert!(text.contains("TIME_WAIT sockets"), "{text}");
+        assert!(text.contains("~470 new connections/s per source address"), "{text}");
+        l.tw_reuse = 0;
+        let reuse = checks(&l, 1000)
+            .into_iter()
+            .find(|c| c.name == "net.ipv4.tcp_tw_reuse")
+            .unwrap();
+        assert_eq!(reuse.fix.as_deref(), Some("sysctl -w net.ipv4.tcp_tw_reuse=1"));
+        assert!(Limits::read().max_tw_buckets > 0);
     }
 
     #[test]

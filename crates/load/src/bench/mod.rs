@@ -53,6 +53,9 @@ pub const DEFAULT_SERVER_NICE: i32 = 5;
 /// How long a simulated user told "overloaded" stops shaking.
 pub const DEFAULT_OVERLOAD_BACKOFF_SECS: u32 = 30;
 
+/// How often an HTTP user looks for packets to open (it gets no pushes).
+pub const DEFAULT_NOTICE_POLL_SECS: u32 = 5;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preset {
     Quick,
@@ -93,6 +96,10 @@ pub struct BenchOptions {
     /// The caller moved the bench into a network namespace of its own
     /// (`doctor::enter_network_namespace`): recorded in the summary.
     pub netns: bool,
+    /// HTTP: a keep-alive connection per user, or a connection per request.
+    pub http_keep_alive: bool,
+    /// HTTP: each user looks for packets to open every this many seconds.
+    pub notice_poll_secs: u32,
 }
 
 impl BenchOptions {
@@ -115,6 +122,8 @@ impl BenchOptions {
             max_queue_ms: DEFAULT_BENCH_MAX_QUEUE_MS,
             server_nice: DEFAULT_SERVER_NICE,
             netns: false,
+            http_keep_alive: true,
+            notice_poll_secs: DEFAULT_NOTICE_POLL_SECS,
         };
         match preset {
             Preset::Quick => base,
@@ -187,6 +196,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         server: match opts.transport {
             Transport::Tcp => server.listen,
             Transport::Ws => server.ws.context("the server has no WebSocket listener")?,
+            Transport::Http => server.http.context("the server has no HTTP listener")?,
         },
         transport: opts.transport,
         users: opts.connections,
@@ -199,6 +209,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         connect_at_epoch: true,
         monitor: Some(monitor.addr().to_string()),
         overload_backoff_secs: DEFAULT_OVERLOAD_BACKOFF_SECS,
+        http_keep_alive: opts.http_keep_alive,
+        notice_poll_secs: opts.notice_poll_secs,
     })?;
     monitor.mark_at(load.epoch_ms(), "connect");
     say(&format!(
@@ -459,6 +471,12 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             max_shake_qps: opts.max_shake_qps,
             connect_rate: opts.connect_rate,
             transport: opts.transport.to_string(),
+            http_connection: if opts.http_keep_alive {
+                "keep-alive"
+            } else {
+                "close"
+            }
+            .into(),
             broadcast_every: opts.broadcast_every_secs,
             max_queue_ms: opts.max_queue_ms,
             server_nice: opts.server_nice,

@@ -25,6 +25,8 @@ pub(super) struct Server {
     pub listen: SocketAddr,
     /// The WebSocket listener, when asked for.
     pub ws: Option<SocketAddr>,
+    /// The HTTP listener, when asked for.
+    pub http: Option<SocketAddr>,
 }
 
 impl Drop for Server {
@@ -67,6 +69,7 @@ impl Server {
             .args(match opts.transport {
                 Transport::Tcp => &[][..],
                 Transport::Ws => &["--ws-listen", "127.0.0.1:0"][..],
+                Transport::Http => &["--http-listen", "127.0.0.1:0"][..],
             })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -84,6 +87,7 @@ impl Server {
             admin: "0.0.0.0:0".parse()?,
             listen: "0.0.0.0:0".parse()?,
             ws: None,
+            http: None,
         };
         let line = rx
             .recv_timeout(Duration::from_secs(60))
@@ -97,8 +101,10 @@ impl Server {
         };
         server.listen = field("listen")?;
         server.admin = field("admin")?;
-        if opts.transport == Transport::Ws {
-            server.ws = Some(field("ws")?);
+        match opts.transport {
+            Transport::Ws => server.ws = Some(field("ws")?),
+            Transport::Http => server.http = Some(field("http")?),
+            Transport::Tcp => {}
         }
         Ok(server)
     }

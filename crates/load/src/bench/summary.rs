@@ -204,6 +204,7 @@ pub struct OptionsSummary {
     pub max_shake_qps: u32,
     pub connect_rate: u64,
     pub transport: String,
+    pub http_connection: String,
     pub broadcast_every: f64,
     pub max_queue_ms: u32,
     pub server_nice: i32,

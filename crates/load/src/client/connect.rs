@@ -64,7 +64,11 @@ impl Client {
             Some(libc::ETIMEDOUT) => self.counters.failed_timeout += 1,
             Some(libc::ECONNRESET) => self.counters.failed_reset += 1,
             Some(libc::EADDRNOTAVAIL) | Some(libc::EADDRINUSE) => {
-                self.counters.failed_out_of_ports += 1
+                if self.ports_held_in_time_wait() {
+                    self.counters.failed_time_wait += 1
+                } else {
+                    self.counters.failed_out_of_ports += 1
+                }
             }
             Some(libc::EMFILE) | Some(libc::ENFILE) => self.counters.failed_out_of_files += 1,
             _ => self.counters.failed_other += 1,
@@ -127,27 +131,41 @@ impl Client {
             return;
         }
         self.counters.disconnects += 1;
+        self.drop_stream(i);
+        self.schedule_retry(i, unix_us() / 1000);
+    }
+
+    /// Whether the sockets in TIME_WAIT on this machine (`/proc/net/sockstat`, read at
+    /// most every 100 ms) hold half a source address's port range or more: then running
+    /// out of ports is the short-connection wall, not the number of connections open.
+    fn ports_held_in_time_wait(&mut self) -> bool {
+        let now_ms = unix_us() / 1000;
+        if now_ms.saturating_sub(self.time_wait.0) > 100 {
+            self.time_wait = (now_ms, sockets_in_time_wait());
+        }
+        self.time_wait.1 * 2 >= self.port_range
+    }
+
+    pub(super) fn drop_stream(&mut self, i: usize) {
         let user_id = self.user_id(i);
         for f in std::mem::take(&mut self.users[i].inflight) {
             if let Kind::Open = f.kind {
-                // Not answered: forget we asked, so the notice on re-login opens it again.
+                // Not answered: forget we asked, so the next notice opens it again.
                 if self.opens.get(&(user_id, f.packet)) == Some(&false) {
                     self.opens.remove(&(user_id, f.packet));
                 }
             }
         }
-        self.drop_stream(i);
-        self.schedule_retry(i, unix_us() / 1000);
-    }
-
-    pub(super) fn drop_stream(&mut self, i: usize) {
+        let on_demand = self.on_demand();
         let user = &mut self.users[i];
         if let Some(mut stream) = user.stream.take() {
             let _ = self.poll.registry().deregister(&mut stream);
         }
         match user.state {
             State::Ready => {
-                self.logged_in -= 1;
+                if !on_demand {
+                    self.logged_in -= 1;
+                }
                 self.connected -= 1;
             }
             State::LoggingIn => self.connected -= 1,
@@ -164,6 +182,9 @@ impl Client {
     }
 
     pub(super) fn schedule_retry(&mut self, i: usize, now_ms: u64) {
+        if self.on_demand() {
+            return; // the ask failed with its connection; the next firing connects anew
+        }
         let user = &mut self.users[i];
         user.attempt = user.attempt.saturating_add(1);
         let backoff = (100u64 << user.attempt.min(6)).min(MAX_BACKOFF_MS);
@@ -195,4 +216,18 @@ pub(super) fn open_socket(source: Ipv4Addr, server: SocketAddr) -> std::io::Resu
         Err(e) => return Err(e),
     }
     Ok(TcpStream::from_std(socket.into()))
+}
+
+/// Sockets in TIME_WAIT on this machine, from `/proc/net/sockstat` (`TCP: inuse 5 orphan
+/// 0 tw 3 …`).
+fn sockets_in_time_wait() -> u64 {
+    std::fs::read_to_string("/proc/net/sockstat")
+        .ok()
+        .and_then(|s| {
+            let tcp = s.lines().find(|l| l.starts_with("TCP:"))?;
+            let mut words = tcp.split_whitespace();
+            words.find(|w| *w == "tw")?;
+            words.next()?.parse().ok()
+        })
+        .unwrap_or(0)
 }

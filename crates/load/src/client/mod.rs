@@ -69,6 +69,17 @@ pub struct ClientOptions {
     /// app does ("too many people, try again shortly"); 0 keeps shaking.
     #[serde(default)]
     pub overload_backoff_secs: u32,
+    /// HTTP: one keep-alive connection per user (true), or a new connection for every
+    /// request, closed after its answer (false: the short-connection case).
+    #[serde(default = "keep_alive")]
+    pub http_keep_alive: bool,
+    /// HTTP: each user looks for packets to open every this many seconds; 0 never.
+    #[serde(default)]
+    pub notice_poll_secs: u32,
+}
+
+fn keep_alive() -> bool {
+    true
 }
 
 /// Commands from the coordinator, one JSON object per stdin line.
@@ -89,10 +100,12 @@ enum State {
     Ready,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Shake,
     Open,
+    /// HTTP: a `GET /v1/notices`.
+    Poll,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -146,6 +159,10 @@ struct Client {
     lag_hist: Histogram<u64>,
     connected: u64,
     logged_in: u64,
+    /// Ports of a source address, and the last reading of sockets in TIME_WAIT (when, how
+    /// many), to tell the short-connection wall from running out of ports.
+    port_range: u64,
+    time_wait: (u64, u64),
     stdin_buf: Vec<u8>,
     stop: bool,
 }
@@ -200,9 +217,16 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
         lag_hist: report::new_histogram(),
         connected: 0,
         logged_in: 0,
+        port_range: hongbao_sys::doctor::Limits::read().port_range_size(),
+        time_wait: (0, 0),
         stdin_buf: Vec::new(),
         stop: false,
     };
+    if client.on_demand() {
+        // A connection per request: nothing to open now, and every user can fire.
+        client.next_initial = client.users.len();
+        client.logged_in = client.users.len() as u64;
+    }
     client.event_loop()
 }
 
@@ -228,6 +252,7 @@ impl Client {
                         self.fire(&firings[next_firing..], epoch_us + second * 1_000_000, now);
                         self.report(second, false);
                         second += 1;
+                        self.poll_notices(second);
                         // Seconds skipped entirely (a long stall) are fired late, not dropped.
                         while second < current {
                             self.load_firings(second, &mut firings);
@@ -307,7 +332,12 @@ impl Client {
         for f in firings {
             let i = (f.user_index - self.first_index) as usize;
             let intended_us = base_us + f.offset_ns as u64 / 1000;
-            if self.users[i].state != State::Ready {
+            if self.on_demand() {
+                if self.users[i].stream.is_some() {
+                    self.counters.skipped_busy += 1;
+                    continue;
+                }
+            } else if self.users[i].state != State::Ready {
                 self.counters.skipped_not_ready += 1;
                 continue;
             }
@@ -319,18 +349,18 @@ impl Client {
             let _ = self
                 .lag_hist
                 .record(now_us.saturating_sub(intended_us).max(1));
-            self.request(i, Message::Shake, Kind::Shake, intended_us, 0);
+            self.request(i, Kind::Shake, intended_us, 0);
         }
     }
 
-    pub(super) fn request(
-        &mut self,
-        i: usize,
-        message: Message,
-        kind: Kind,
-        intended_us: u64,
-        packet: u64,
-    ) {
+    /// HTTP with a connection per request: users connect when they have something to ask.
+    pub(super) fn on_demand(&self) -> bool {
+        self.opts.transport == Transport::Http && !self.opts.http_keep_alive
+    }
+
+    /// Asks the server something for user `i`, timed from `intended_us`. Over HTTP with a
+    /// connection per request, the ask waits for the connection it opens.
+    pub(super) fn request(&mut self, i: usize, kind: Kind, intended_us: u64, packet: u64) {
         let user = &mut self.users[i];
         let request_id = user.next_request;
         user.next_request = user.next_request.wrapping_add(1).max(1);
@@ -340,13 +370,62 @@ impl Client {
             intended_us,
             packet,
         });
-        self.send(
-            i,
-            &Frame {
-                request_id,
-                message,
-            },
-        );
+        if self.opts.transport != Transport::Http {
+            let message = match kind {
+                Kind::Shake => Message::Shake,
+                Kind::Open => Message::Open { packet_id: packet },
+                Kind::Poll => unreachable!("only HTTP users look for notices"),
+            };
+            return self.send(
+                i,
+                &Frame {
+                    request_id,
+                    message,
+                },
+            );
+        }
+        // With a connection per request, a connection carries one ask; the others wait
+        // for the next connection (`done_asking`).
+        match self.users[i].state {
+            State::Ready if !self.on_demand() => self.send_http(i, kind, packet),
+            State::Idle if self.on_demand() => self.connect(i, intended_us / 1000),
+            _ => {}
+        }
+    }
+
+    /// The HTTP request for an ask, with the user's bearer token.
+    pub(super) fn send_http(&mut self, i: usize, kind: Kind, packet: u64) {
+        let user_id = self.user_id(i);
+        let token = hongbao_proto::token::token_hex(self.opts.secret.as_bytes(), user_id);
+        let ask = match kind {
+            Kind::Shake => transport::HttpAsk::Shake,
+            Kind::Open => transport::HttpAsk::Open(packet),
+            Kind::Poll => transport::HttpAsk::Notices,
+        };
+        let mut bytes = Vec::with_capacity(192);
+        let bearer = format!("{user_id}.{token}");
+        transport::http_request(ask, &bearer, self.opts.http_keep_alive, &mut bytes);
+        self.write(i, &bytes);
+    }
+
+    /// HTTP users whose turn it is this second look for packets to open.
+    pub(super) fn poll_notices(&mut self, second: u64) {
+        let every = self.opts.notice_poll_secs as u64;
+        if self.opts.transport != Transport::Http || every == 0 {
+            return;
+        }
+        let now_us = unix_us();
+        for i in 0..self.users.len() {
+            if (self.first_index + i as u64 + second) % every != 0 {
+                continue;
+            }
+            let ready = self.users[i].state == State::Ready
+                || (self.on_demand() && self.users[i].stream.is_none());
+            if ready {
+                self.counters.notice_polls += 1;
+                self.request(i, Kind::Poll, now_us, 0);
+            }
+        }
     }
 
     pub(super) fn send(&mut self, i: usize, frame: &Frame) {
@@ -382,7 +461,7 @@ impl Client {
             let stream = user.stream.as_ref().expect("connecting has a stream");
             match stream.take_error() {
                 Ok(None) if stream.peer_addr().is_ok() => match self.opts.transport {
-                    Transport::Tcp => self.established(i, now_ms),
+                    Transport::Tcp | Transport::Http => self.established(i, now_ms),
                     Transport::Ws => {
                         // `since_ms` stays: the connect timeout covers the upgrade too.
                         user.state = State::Upgrading;
@@ -410,13 +489,34 @@ impl Client {
     }
 
     /// The connection is ready for the protocol (TCP connected, or WebSocket upgraded):
-    /// count it and log in.
+    /// count it and log in. An HTTP user needs no login: each request carries its token,
+    /// and what it asked before the connection was up goes out now.
     pub(super) fn established(&mut self, i: usize, now_ms: u64) {
+        self.counters.connects += 1;
+        self.connected += 1;
+        if self.opts.transport == Transport::Http {
+            self.users[i].state = State::Ready;
+            self.users[i].since_ms = 0;
+            if !self.on_demand() {
+                self.users[i].attempt = 0;
+                self.logged_in += 1;
+                self.counters.logins += 1;
+            }
+            let take = if self.on_demand() { 1 } else { usize::MAX };
+            let waiting: Vec<(Kind, u64)> = self.users[i]
+                .inflight
+                .iter()
+                .take(take)
+                .map(|f| (f.kind, f.packet))
+                .collect();
+            for (kind, packet) in waiting {
+                self.send_http(i, kind, packet);
+            }
+            return;
+        }
         let user = &mut self.users[i];
         user.state = State::LoggingIn;
         user.since_ms = now_ms;
-        self.counters.connects += 1;
-        self.connected += 1;
         let user_id = self.user_id(i);
         let secret = self.opts.secret.as_bytes();
         let token = *self

@@ -108,13 +108,85 @@ impl Client {
                 self.write(i, &out);
                 self.disconnect(i);
             }
+            Inbound::Response { status, body } => self.on_http_response(i, status, body),
+        }
+    }
+
+    /// An HTTP answer, to the oldest ask still under way (answers come in request order):
+    /// read as the protocol reply it stands for, so one path counts both.
+    fn on_http_response(&mut self, i: usize, status: u16, body: &[u8]) {
+        let Some(&asked) = self.users[i].inflight.first() else {
+            self.counters.error_replies += 1;
+            return;
+        };
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let result = v["result"].as_str().and_then(ResultCode::from_name);
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        let message = match (asked.kind, result) {
+            (Kind::Shake, Some(result)) => Message::ShakeReply {
+                result,
+                packet_id: n("packet_id"),
+                amount_cents: n("amount_cents"),
+            },
+            (Kind::Open, Some(result)) => Message::OpenReply {
+                result,
+                packet_id: n("packet_id"),
+                amount_cents: n("amount_cents"),
+            },
+            (Kind::Poll, Some(ResultCode::Ok)) => {
+                self.take_inflight(i, asked.request_id);
+                let notices = v["notices"].as_array().cloned().unwrap_or_default();
+                for notice in notices {
+                    let packet_id = notice["packet_id"].as_u64().unwrap_or(0);
+                    let push = Message::PacketNotice {
+                        packet_id,
+                        from_user: notice["from_user"].as_u64().unwrap_or(0),
+                        amount_cents: notice["amount_cents"].as_u64().unwrap_or(0),
+                        shares: notice["shares"].as_u64().unwrap_or(0) as u32,
+                        expires_at_ms: notice["expires_at_ms"].as_u64().unwrap_or(0),
+                    };
+                    self.on_frame(
+                        i,
+                        Frame {
+                            request_id: 0,
+                            message: push,
+                        },
+                    );
+                }
+                return self.done_asking(i);
+            }
+            _ => Message::Error {
+                result: result.unwrap_or(ResultCode::BadRequest),
+                text: format!("HTTP {status}"),
+            },
+        };
+        let frame = Frame {
+            request_id: asked.request_id,
+            message,
+        };
+        self.on_frame(i, frame);
+        self.done_asking(i);
+    }
+
+    /// With a connection per request, the connection closes with its answer; asks made
+    /// meanwhile (an open after a notice) go out on a new one.
+    fn done_asking(&mut self, i: usize) {
+        if !self.on_demand() || self.users[i].stream.is_none() {
+            return;
+        }
+        let waiting = std::mem::take(&mut self.users[i].inflight);
+        self.drop_stream(i);
+        if !waiting.is_empty() {
+            self.users[i].inflight = waiting;
+            self.connect(i, unix_us() / 1000);
         }
     }
 
     pub(super) fn take_inflight(&mut self, i: usize, request_id: u32) -> Option<Inflight> {
         let inflight = &mut self.users[i].inflight;
         let at = inflight.iter().position(|f| f.request_id == request_id)?;
-        let found = inflight.swap_remove(at);
+        // In order: HTTP answers are matched to the oldest ask.
+        let found = inflight.remove(at);
         if inflight.is_empty() {
             *inflight = Vec::new();
         }
@@ -177,7 +249,7 @@ impl Client {
                 {
                     e.insert(false);
                     self.counters.opens_sent += 1;
-                    self.request(i, Message::Open { packet_id }, Kind::Open, now, packet_id);
+                    self.request(i, Kind::Open, now, packet_id);
                 }
             }
             Message::OpenReply {

@@ -51,6 +51,10 @@ pub struct LoadOptions {
     pub monitor: Option<String>,
     /// See `ClientOptions::overload_backoff_secs`.
     pub overload_backoff_secs: u32,
+    /// See `ClientOptions::http_keep_alive`.
+    pub http_keep_alive: bool,
+    /// See `ClientOptions::notice_poll_secs`.
+    pub notice_poll_secs: u32,
 }
 
 /// One second of the whole run, merged over the client processes.
@@ -237,6 +241,8 @@ impl Load {
                 connect_from_ms: if opts.connect_at_epoch { epoch_ms } else { 0 },
                 transport: opts.transport,
                 overload_backoff_secs: opts.overload_backoff_secs,
+                http_keep_alive: opts.http_keep_alive,
+                notice_poll_secs: opts.notice_poll_secs,
             };
             let mut child = Command::new(&exe)
                 .arg("load-client")
