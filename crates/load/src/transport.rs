@@ -193,10 +193,12 @@ pub fn decode(
     }
 }
 
-/// One whole HTTP response from the front of `data`: status, body, bytes used; `None`
-/// while incomplete. Heads are read by httparse; bodies are `Content-Length` framed (the
-/// gateway's always are).
-fn http_response(data: &[u8]) -> Result<Option<(u16, &[u8], usize)>, Broken> {
+/// An HTTP response read off the front of a buffer: status, body, bytes used.
+type Response<'a> = (u16, &'a [u8], usize);
+
+/// One whole HTTP response from the front of `data`; `None` while incomplete. Heads are
+/// read by httparse; bodies are `Content-Length` framed (the gateway's always are).
+fn http_response(data: &[u8]) -> Result<Option<Response<'_>>, Broken> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut response = httparse::Response::new(&mut headers);
     let head = match response.parse(data) {

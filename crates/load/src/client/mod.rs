@@ -416,7 +416,7 @@ impl Client {
         }
         let now_us = unix_us();
         for i in 0..self.users.len() {
-            if (self.first_index + i as u64 + second) % every != 0 {
+            if !(self.first_index + i as u64 + second).is_multiple_of(every) {
                 continue;
             }
             let ready = self.users[i].state == State::Ready
