@@ -312,6 +312,7 @@ mod tests {
                         ws::encode(Role::Server, Opcode::Ping, b"hi", &mut out);
                     }
                 }
+                Transport::Http => unreachable!("HTTP answers are not frames"),
             }
         }
         if transport == Transport::Ws {
@@ -344,6 +345,7 @@ mod tests {
                     Inbound::Ping(p) => Got::Ping(p.to_vec()),
                     Inbound::Text => Got::Text,
                     Inbound::Close => Got::Close,
+                    Inbound::Response { .. } => unreachable!("frames only"),
                 })
             })?;
             tail.drain(..used);
