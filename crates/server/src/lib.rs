@@ -6,13 +6,14 @@
 //! - `embedded`: the default money backend — the core (plain code) and its SQLite ledger;
 //! - `presence`: who is connected where; logins, chat, notice delivery;
 //! - `link`: worker ↔ supervisor messages; `admin`: HTTP API; `stats`: what workers count;
-//! - `config`: settings.
+//! - `config`: settings; `nginx`: `hongbao nginx-conf`, nginx in front of the gateways.
 
 pub mod admin;
 pub mod config;
 pub mod embedded;
 pub mod error;
 pub mod link;
+pub mod nginx;
 pub mod presence;
 pub mod stats;
 pub mod supervisor;

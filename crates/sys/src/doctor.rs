@@ -222,7 +222,7 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
         Check {
             name: "net.ipv4.ip_local_reserved_ports",
             current: if l.reserved_ports.is_empty() { "(none)".into() } else { l.reserved_ports.clone() },
-            needed: "the listening ports (serve 7000-7002, monitor 7200 by default)".into(),
+            needed: "the listening ports (serve 7000-7003, monitor 7200 by default)".into(),
             allows: u64::MAX,
             fix: (reserved_ports_wanted(&l.reserved_ports) != l.reserved_ports).then(|| {
                 format!(
@@ -291,7 +291,8 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
             1 => "1 (on)".into(),
             n => format!("{n} (on for loopback only)"),
         },
-        needed: "on for short connections: a new outgoing connection may take a port in TIME_WAIT".into(),
+        needed: "on for short connections: a new outgoing connection may take a port in TIME_WAIT"
+            .into(),
         allows: u64::MAX,
         fix: (l.tw_reuse == 0).then(|| "sysctl -w net.ipv4.tcp_tw_reuse=1".into()),
     });
@@ -383,7 +384,7 @@ from more source addresses (the load spreads over 127.0.x.y)."
 }
 
 /// The ports hongbao listens on by default (serve's TCP, admin and WebSocket; monitor).
-const LISTENING_PORTS: [(u16, u16); 2] = [(7000, 7002), (7200, 7200)];
+const LISTENING_PORTS: [(u16, u16); 2] = [(7000, 7003), (7200, 7200)];
 
 /// `current` (the kernel's `ip_local_reserved_ports` list, e.g. "8900,9000-9010") with
 /// our listening ports added where it does not cover them already; what others reserved
@@ -606,13 +607,19 @@ mod tests {
         let text = report(&l, 1000);
         assert!(text.contains("tcp_tw_recycle no longer"), "{text}");
         assert!(text.contains("TIME_WAIT sockets"), "{text}");
-        assert!(text.contains("~470 new connections/s per source address"), "{text}");
+        assert!(
+            text.contains("~470 new connections/s per source address"),
+            "{text}"
+        );
         l.tw_reuse = 0;
         let reuse = checks(&l, 1000)
             .into_iter()
             .find(|c| c.name == "net.ipv4.tcp_tw_reuse")
             .unwrap();
-        assert_eq!(reuse.fix.as_deref(), Some("sysctl -w net.ipv4.tcp_tw_reuse=1"));
+        assert_eq!(
+            reuse.fix.as_deref(),
+            Some("sysctl -w net.ipv4.tcp_tw_reuse=1")
+        );
         assert!(Limits::read().max_tw_buckets > 0);
     }
 
@@ -626,14 +633,19 @@ mod tests {
 
     #[test]
     fn reserved_ports_keep_what_others_reserved() {
-        assert_eq!(reserved_ports_wanted(""), "7000-7002,7200");
-        assert_eq!(reserved_ports_wanted("8900"), "8900,7000-7002,7200");
-        assert_eq!(reserved_ports_wanted("7000-7002,7200"), "7000-7002,7200");
+        assert_eq!(reserved_ports_wanted(""), "7000-7003,7200");
+        assert_eq!(reserved_ports_wanted("8900"), "8900,7000-7003,7200");
+        assert_eq!(reserved_ports_wanted("7000-7003,7200"), "7000-7003,7200");
+        // An older reservation without the HTTP port gets it added.
+        assert_eq!(
+            reserved_ports_wanted("7000-7002,7200"),
+            "7000-7002,7200,7000-7003"
+        );
         assert_eq!(
             reserved_ports_wanted("7000-7010,7200,8900"),
             "7000-7010,7200,8900"
         );
-        assert_eq!(reserved_ports_wanted("7000,7200"), "7000,7200,7000-7002");
+        assert_eq!(reserved_ports_wanted("7000,7200"), "7000,7200,7000-7003");
     }
 
     #[test]

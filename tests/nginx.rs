@@ -1,0 +1,495 @@
+//! nginx in front (docs/nginx.md): `hongbao nginx-conf` writes the configuration, the
+//! real nginx (Debian's, with its stream module) runs it, and money moves through all three
+//! of its doors — the HTTP API over upstream keep-alive, WebSocket through the upgrade,
+//! the binary protocol through the stream proxy — and adds up in the audit.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{field, wait_until, Admin, Hongbao};
+use hongbao_proto::client::Client;
+use hongbao_proto::token;
+use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
+use hongbao_proto::{Message, ResultCode};
+use serde_json::{json, Value};
+
+const SECRET: &str = "nginx-test-secret";
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A free loopback port (bound and let go: nginx binds it next).
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The nginx binary: on PATH, or where Debian puts it.
+fn nginx_binary() -> PathBuf {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let candidate = Path::new(dir).join("nginx");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    let debian = PathBuf::from("/usr/sbin/nginx");
+    assert!(
+        debian.exists(),
+        "nginx is not installed (.ci/run installs nginx and libnginx-mod-stream)"
+    );
+    debian
+}
+
+/// A running `nginx -g 'daemon off;'`: on drop, SIGQUIT-free fast shutdown (SIGTERM),
+/// then SIGKILL for the master and any worker it left behind.
+struct Nginx {
+    master: Child,
+    stderr_log: PathBuf,
+}
+
+impl Nginx {
+    fn start(prefix: &Path, conf: &Path) -> Nginx {
+        let stderr_log = prefix.join("stderr.log");
+        let master = Command::new(nginx_binary())
+            .arg("-p")
+            .arg(prefix)
+            .arg("-c")
+            .arg(conf)
+            .args(["-g", "daemon off;"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_log).unwrap())
+            .spawn()
+            .expect("starting nginx");
+        Nginx { master, stderr_log }
+    }
+
+    /// The master's children (its workers), from /proc.
+    fn workers(&self) -> Vec<u32> {
+        let master = self.master.id();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // pid (comm) state ppid ...: the comm may hold spaces, so split after ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(master) {
+                found.push(pid);
+            }
+        }
+        found
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    /// Waits until every address accepts a connection (nginx has bound them).
+    fn wait_listening(&mut self, addrs: &[SocketAddr]) {
+        for addr in addrs {
+            wait_until(
+                &format!("nginx to listen on {addr}"),
+                Duration::from_secs(15),
+                || {
+                    if let Ok(Some(status)) = self.master.try_wait() {
+                        panic!("nginx exited with {status}: {}", self.log());
+                    }
+                    TcpStream::connect(addr).ok().map(|_| ())
+                },
+            );
+        }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let workers = self.workers();
+        common::signal(self.master.id(), "-TERM");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.master.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.master.kill();
+        let _ = self.master.wait();
+        for pid in workers {
+            // Gone already, normally; a worker whose master was killed would linger.
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        if std::thread::panicking() {
+            eprintln!("----- nginx stderr -----\n{}-----", self.log());
+        }
+    }
+}
+
+fn bearer(user: u64) -> String {
+    format!(
+        "Bearer {user}.{}",
+        token::token_hex(SECRET.as_bytes(), user)
+    )
+}
+
+/// An HTTP call through nginx on `agent` (keep-alive): (status, JSON body).
+fn call(
+    agent: &ureq::Agent,
+    base: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, String)],
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = agent.request(method, &format!("http://{base}{path}"));
+    for (name, value) in headers {
+        request = request.set(name, value);
+    }
+    let result = match body {
+        Some(body) => request.send_string(&body.to_string()),
+        None => request.call(),
+    };
+    let response = match result {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path} through nginx: {e}"),
+    };
+    let status = response.status();
+    let text = response.into_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// A WebSocket through nginx: the handshake (its accept key checked), then JSON text
+/// messages one at a time.
+struct Ws {
+    stream: TcpStream,
+    inbuf: Vec<u8>,
+    partial: Option<Box<ws::Partial>>,
+    next_id: u32,
+}
+
+impl Ws {
+    fn connect(addr: SocketAddr) -> Ws {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        let key = *b"nginx-test-key16";
+        stream
+            .write_all(&ws::client_request(&addr.to_string(), "/ws", &key))
+            .unwrap();
+        let mut inbuf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match ws::check_response(&inbuf, &key) {
+                Ok(Some(n)) => {
+                    inbuf.drain(..n);
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) => panic!(
+                    "handshake through nginx: {e}: {:?}",
+                    String::from_utf8_lossy(&inbuf)
+                ),
+            }
+            let n = stream.read(&mut chunk).unwrap();
+            assert!(n > 0, "nginx closed during the handshake");
+            inbuf.extend_from_slice(&chunk[..n]);
+        }
+        Ws {
+            stream,
+            inbuf,
+            partial: None,
+            next_id: 0,
+        }
+    }
+
+    /// Sends `request` (with the next `id`) and returns the reply to it.
+    fn ask(&mut self, mut request: Value) -> Value {
+        self.next_id += 1;
+        request["id"] = json!(self.next_id);
+        let mut frame = Vec::new();
+        ws::encode(
+            Role::Client,
+            Opcode::Text,
+            request.to_string().as_bytes(),
+            &mut frame,
+        );
+        self.stream.write_all(&frame).unwrap();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let mut texts = Vec::new();
+            let used = ws::decode(
+                Role::Client,
+                &mut self.inbuf,
+                &mut self.partial,
+                Limits::HONGBAO,
+                |m| {
+                    if let Incoming::Text(t) = m {
+                        texts.push(serde_json::from_str::<Value>(t).unwrap());
+                    }
+                },
+            )
+            .unwrap();
+            self.inbuf.drain(..used);
+            if let Some(reply) = texts.into_iter().find(|t| t["id"] == self.next_id) {
+                return reply;
+            }
+            let n = self.stream.read(&mut chunk).expect("a WebSocket reply");
+            assert!(n > 0, "closed while waiting for a reply");
+            self.inbuf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// The sum of one counter over every worker, from the admin API.
+fn accepted(admin: &Admin) -> u64 {
+    admin.get("/v1/stats")["totals"]["accepted"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn money_moves_through_every_door_of_nginx_and_adds_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let serve = Hongbao::spawn(
+        "serve",
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ws-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--workers",
+            "2",
+            "--secret",
+            SECRET,
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+    );
+    let ready = serve.ready_line("hongbao serve ready: ");
+    let admin = Admin::new(field(&ready, "admin").parse().unwrap());
+    let (gw_tcp, gw_ws, gw_http) = (
+        field(&ready, "listen"),
+        field(&ready, "ws"),
+        field(&ready, "http"),
+    );
+
+    // The configuration, written by the real subcommand.
+    let prefix = dir.path().join("nginx");
+    let conf = prefix.join("nginx.conf");
+    let (http, wsock, tcp, static_200) = (free_port(), free_port(), free_port(), free_port());
+    let mut generate = Hongbao::spawn(
+        "nginx-conf",
+        &[
+            "nginx-conf",
+            "--http-listen",
+            &http.to_string(),
+            "--http-upstream",
+            &gw_http,
+            "--ws-listen",
+            &wsock.to_string(),
+            "--ws-upstream",
+            &gw_ws,
+            "--tcp-listen",
+            &tcp.to_string(),
+            "--tcp-upstream",
+            &gw_tcp,
+            "--static-listen",
+            &static_200.to_string(),
+            "--worker-processes",
+            "1",
+            "--prefix",
+            prefix.to_str().unwrap(),
+            "--out",
+            conf.to_str().unwrap(),
+        ],
+    );
+    assert!(generate.wait_exit(Duration::from_secs(10)).success());
+    let mut nginx = Nginx::start(&prefix, &conf);
+    nginx.wait_listening(&[http, wsock, tcp, static_200]);
+    let agent = ureq::AgentBuilder::new().timeout(IO_TIMEOUT).build();
+
+    // nginx's own 200, the baseline the benchmarks hold the API against.
+    let (status, body) = call(&agent, static_200, "GET", "/anything", &[], None);
+    assert_eq!((status, &body["result"]), (200, &json!("ok")));
+
+    // Statuses pass through unchanged: no token is 401, a forged one too.
+    let (status, body) = call(&agent, http, "POST", "/v1/shake", &[], None);
+    assert_eq!(
+        (status, body["result"].as_str()),
+        (401, Some("bad-token")),
+        "{body}"
+    );
+    let forged = vec![("Authorization", "Bearer 1.00".to_string())];
+    assert_eq!(
+        call(&agent, http, "POST", "/v1/shake", &forged, None).0,
+        401
+    );
+
+    // User 1 wins two 100-cent packets over HTTP, each shake its own request on one
+    // client connection; nginx keeps its upstream connections, so the gateways accept
+    // few connections for many requests.
+    let (status, reply) = admin.http(
+        "POST",
+        "/v1/campaigns/shake",
+        Some(
+            &json!({"packets": 10, "rate_per_sec": 1000, "amount_min": 100, "amount_max": 100})
+                .to_string(),
+        ),
+    );
+    assert_eq!(status, 201, "{reply}");
+    let auth1 = vec![("Authorization", bearer(1))];
+    let before = accepted(&admin);
+    let (mut won, mut shakes) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while won < 200 {
+        assert!(Instant::now() < deadline, "two wins took over 20 s");
+        let (status, body) = call(&agent, http, "POST", "/v1/shake", &auth1, None);
+        assert_eq!(status, 200, "{body}");
+        shakes += 1;
+        match body["result"].as_str() {
+            Some("won") => won += body["amount_cents"].as_u64().unwrap(),
+            Some("nothing") => std::thread::sleep(Duration::from_millis(5)),
+            other => panic!("shake through nginx: {other:?} in {body}"),
+        }
+    }
+    for _ in shakes..50 {
+        assert_eq!(call(&agent, http, "GET", "/v1/ping", &[], None).0, 200);
+    }
+    let new_upstream = accepted(&admin) - before;
+    assert!(
+        new_upstream <= 2,
+        "{new_upstream} gateway connections for {} requests: upstream keep-alive is off",
+        shakes.max(50)
+    );
+    assert_eq!(admin.balance(1), 200);
+
+    // A send through nginx with an Idempotency-Key; the retry moves nothing.
+    let mut send_headers = auth1.clone();
+    send_headers.push(("Idempotency-Key", "through-nginx-1".to_string()));
+    let send = json!({"amount_cents": 150, "shares": 3, "recipients": [2, 3, 4]});
+    let (status, first) = call(
+        &agent,
+        http,
+        "POST",
+        "/v1/packets",
+        &send_headers,
+        Some(send.clone()),
+    );
+    assert_eq!(
+        (status, first["result"].as_str()),
+        (201, Some("ok")),
+        "{first}"
+    );
+    let (status, again) = call(
+        &agent,
+        http,
+        "POST",
+        "/v1/packets",
+        &send_headers,
+        Some(send),
+    );
+    assert_eq!(status, 201);
+    assert_eq!(again, first, "a retried send gets the first answer");
+    let packet = first["packet_id"].as_u64().unwrap();
+    assert_eq!(admin.balance(1), 50);
+
+    // User 2 opens over WebSocket through nginx.
+    let mut ws_user = Ws::connect(wsock);
+    let login = ws_user.ask(
+        json!({"type": "login", "user_id": 2, "token": token::token_hex(SECRET.as_bytes(), 2)}),
+    );
+    assert_eq!(login["result"], "ok", "{login}");
+    let opened = ws_user.ask(json!({"type": "open", "packet_id": packet}));
+    assert_eq!(opened["result"], "opened", "{opened}");
+    let ws_share = opened["amount_cents"].as_u64().unwrap();
+
+    // User 3 over the binary protocol through the stream proxy.
+    let mut tcp_user = Client::connect(tcp).unwrap();
+    tcp_user.set_timeout(IO_TIMEOUT).unwrap();
+    assert_eq!(
+        tcp_user.login(3, SECRET.as_bytes()).unwrap(),
+        ResultCode::Ok
+    );
+    let tcp_share = match tcp_user.open(packet).unwrap() {
+        Message::OpenReply {
+            result: ResultCode::Opened,
+            amount_cents,
+            ..
+        } => amount_cents,
+        other => panic!("open over TCP through nginx: {other:?}"),
+    };
+
+    // User 4 over HTTP; then the packet is empty.
+    let auth4 = vec![("Authorization", bearer(4))];
+    let path = format!("/v1/packets/{packet}/open");
+    let (status, body) = call(&agent, http, "POST", &path, &auth4, None);
+    assert_eq!(
+        (status, body["result"].as_str()),
+        (200, Some("opened")),
+        "{body}"
+    );
+    let http_share = body["amount_cents"].as_u64().unwrap();
+    assert_eq!(ws_share + tcp_share + http_share, 150);
+    let auth5 = vec![("Authorization", bearer(5))];
+    let (_, body) = call(&agent, http, "POST", &path, &auth5, None);
+    assert_eq!(body["result"], "not-a-recipient");
+
+    // What each user sees is what the ledger holds, and every cent is accounted for.
+    for (user, share) in [(2, ws_share), (3, tcp_share), (4, http_share), (1, 50)] {
+        let auth = vec![("Authorization", bearer(user))];
+        let (status, me) = call(&agent, http, "GET", "/v1/me", &auth, None);
+        assert_eq!(
+            (status, me["balance_cents"].as_u64()),
+            (200, Some(share)),
+            "{me}"
+        );
+        assert_eq!(admin.balance(user), share);
+    }
+    admin.audit();
+    drop(nginx);
+    drop(serve);
+}
+
+#[test]
+fn nginx_conf_refuses_a_plan_with_nothing_in_it() {
+    for (args, complaint) in [
+        (&["--worker-processes", "2"][..], "nothing to proxy"),
+        (
+            &[
+                "--static-listen",
+                "127.0.0.1:1",
+                "--worker-processes",
+                "many",
+            ][..],
+            "--worker-processes must be a number or auto",
+        ),
+    ] {
+        let mut all = vec!["nginx-conf"];
+        all.extend(args);
+        let mut run = Hongbao::spawn("nginx-conf", &all);
+        assert!(!run.wait_exit(Duration::from_secs(10)).success());
+        wait_until(complaint, Duration::from_secs(5), || {
+            run.stderr.lock().unwrap().contains(complaint).then_some(())
+        });
+    }
+}
