@@ -236,6 +236,8 @@ impl Client {
         let mut read_buf = vec![0u8; 64 * 1024];
         let mut firings: Vec<Firing> = Vec::new();
         let mut next_firing = 0usize;
+        let mut polls: Vec<(u64, usize)> = Vec::new();
+        let mut next_poll = 0usize;
         let epoch_us = self.opts.epoch_ms * 1000;
         // The second whose firings are loaded; the report for it goes out when it ends.
         let mut second = unix_us().saturating_sub(epoch_us) / 1_000_000;
@@ -250,9 +252,11 @@ impl Client {
                     if firings_loaded {
                         // Fire what is left of the second we were in (late, and measured so).
                         self.fire(&firings[next_firing..], epoch_us + second * 1_000_000, now);
+                        for &(_, i) in &polls[next_poll..] {
+                            self.poll_notices(i, now);
+                        }
                         self.report(second, false);
                         second += 1;
-                        self.poll_notices(second);
                         // Seconds skipped entirely (a long stall) are fired late, not dropped.
                         while second < current {
                             self.load_firings(second, &mut firings);
@@ -261,9 +265,17 @@ impl Client {
                             second += 1;
                         }
                     }
+                    // Polls of seconds skipped in a stall are not made up: they only look.
+                    let first_second = !firings_loaded;
                     second = second.max(current);
                     self.load_firings(second, &mut firings);
                     next_firing = 0;
+                    if first_second {
+                        polls.clear();
+                    } else {
+                        self.load_polls(second, &mut polls);
+                    }
+                    next_poll = 0;
                     firings_loaded = true;
                 }
                 let base = epoch_us + second * 1_000_000;
@@ -273,6 +285,13 @@ impl Client {
                     .count();
                 self.fire(&firings[next_firing..next_firing + due], base, now);
                 next_firing += due;
+                while let Some(&(offset, i)) = polls.get(next_poll) {
+                    if base + offset > now {
+                        break;
+                    }
+                    self.poll_notices(i, now);
+                    next_poll += 1;
+                }
             }
             if now >= self.opts.connect_from_ms * 1000 {
                 self.start_connects(now / 1000);
@@ -283,10 +302,11 @@ impl Client {
             let now = unix_us();
             let next_at = if !firings_loaded {
                 epoch_us.min(now + 10_000)
-            } else if let Some(f) = firings.get(next_firing) {
-                epoch_us + second * 1_000_000 + f.offset_ns as u64 / 1000
             } else {
-                epoch_us + (second + 1) * 1_000_000
+                let base = epoch_us + second * 1_000_000;
+                let firing = firings.get(next_firing).map(|f| f.offset_ns as u64 / 1000);
+                let poll = polls.get(next_poll).map(|p| p.0);
+                base + firing.into_iter().chain(poll).min().unwrap_or(1_000_000)
             };
             let wait_us = next_at.saturating_sub(now).min(10_000);
             let timeout = Duration::from_micros(wait_us);
@@ -408,23 +428,22 @@ impl Client {
         self.write(i, &bytes);
     }
 
-    /// HTTP users whose turn it is this second look for packets to open.
-    pub(super) fn poll_notices(&mut self, second: u64) {
-        let every = self.opts.notice_poll_secs as u64;
-        if self.opts.transport != Transport::Http || every == 0 {
-            return;
+    /// The notice polls of `second` (see [`spread_polls`]); none but over HTTP.
+    pub(super) fn load_polls(&self, second: u64, out: &mut Vec<(u64, usize)>) {
+        out.clear();
+        if self.opts.transport == Transport::Http {
+            let every = self.opts.notice_poll_secs as u64;
+            spread_polls(self.first_index, self.users.len(), every, second, out);
         }
-        let now_us = unix_us();
-        for i in 0..self.users.len() {
-            if !(self.first_index + i as u64 + second).is_multiple_of(every) {
-                continue;
-            }
-            let ready = self.users[i].state == State::Ready
-                || (self.on_demand() && self.users[i].stream.is_none());
-            if ready {
-                self.counters.notice_polls += 1;
-                self.request(i, Kind::Poll, now_us, 0);
-            }
+    }
+
+    /// User `i` looks for packets to open, if it is free to ask.
+    pub(super) fn poll_notices(&mut self, i: usize, now_us: u64) {
+        let ready = self.users[i].state == State::Ready
+            || (self.on_demand() && self.users[i].stream.is_none());
+        if ready {
+            self.counters.notice_polls += 1;
+            self.request(i, Kind::Poll, now_us, 0);
         }
     }
 
@@ -604,6 +623,29 @@ fn set_nonblocking(fd: i32) {
     }
 }
 
+/// The notice polls of `second` for the `users` users from `first_index`, each polling
+/// every `every` seconds (0: never), as (offset µs into the second, user index), spread
+/// evenly over the second. (All at the top of the second, a few hundred requests at once
+/// queue behind each other and hold up the shakes fired with them.)
+fn spread_polls(
+    first_index: u64,
+    users: usize,
+    every: u64,
+    second: u64,
+    out: &mut Vec<(u64, usize)>,
+) {
+    out.clear();
+    if every == 0 {
+        return;
+    }
+    let due = (0..users).filter(|&i| (first_index + i as u64 + second).is_multiple_of(every));
+    out.extend(due.map(|i| (0, i)));
+    let n = out.len() as u64;
+    for (k, poll) in out.iter_mut().enumerate() {
+        poll.0 = k as u64 * 1_000_000 / n;
+    }
+}
+
 fn self_usage() -> (u64, u64) {
     hongbao_sys::usage::self_usage()
 }
@@ -616,6 +658,28 @@ mod tests {
     /// while idle must stay a small fixed record (buffers live on the heap only while in
     /// use). WebSocket adds 8 bytes (`fragment`), its key lives in a side map only during
     /// the upgrade.
+    #[test]
+    fn each_user_polls_once_per_period_spread_over_the_second() {
+        let mut polls = Vec::new();
+        let mut seen = vec![0; 1000];
+        for second in 0..5 {
+            spread_polls(7, 1000, 5, second, &mut polls);
+            assert_eq!(polls.len(), 200);
+            assert!(
+                polls.windows(2).all(|w| w[1].0 - w[0].0 == 5_000),
+                "{polls:?}"
+            );
+            assert_eq!(polls[0].0, 0);
+            polls.iter().for_each(|&(_, i)| seen[i] += 1);
+        }
+        assert!(
+            seen.iter().all(|&n| n == 1),
+            "each user once in five seconds"
+        );
+        spread_polls(7, 1000, 0, 3, &mut polls);
+        assert!(polls.is_empty());
+    }
+
     #[test]
     pub(super) fn an_idle_user_is_small() {
         assert!(
