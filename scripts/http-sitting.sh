@@ -3,11 +3,11 @@
 # endpoint held against nginx serving a static 200, directly and through nginx, with
 # Debian's wrk; hongbao load against wrk as a load generator (CPU per request); latency
 # at 50% and 80% of the measured maximum; short connections with and without doctor's
-# settings. Every measurement runs ROUNDS times, the alternatives alternated in each round.
+# settings; the memory of an idle HTTP connection. Every measurement runs ROUNDS times, the alternatives alternated in each round.
 #
 #   scripts/http-sitting.sh [OUT] [ROUNDS] [PARTS]     (root; needs wrk, nginx, curl)
 #
-# PARTS is any of "wrk cpu latency short" (default: all). Release build first:
+# PARTS is any of "wrk cpu latency short memory" (default: all). Release build first:
 # `cargo build --release`. Results: one line per measurement in OUT/results.tsv
 # (part, setting, round, figures as name=value), and a summary on standard output.
 # The sysctls it changes for the short-connection part are put back when it ends.
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-http-sitting}")
 rounds=${2:-3}
-parts=${3:-wrk cpu latency short}
+parts=${3:-wrk cpu latency short memory}
 hb=$PWD/target/release/hongbao
 secs=10
 mkdir -p "$out"
@@ -145,41 +145,60 @@ if [[ " $parts " == *" latency "* ]]; then
 fi
 
 # ----- 5: short connections, with and without doctor's settings -----------------------
-# One source address (127.0.100.1), so the port range is the wall it would be for one
-# client host; each rate runs 70 s, past TIME_WAIT's 60 s.
+# A new connection per request from one source address (127.0.100.1), so the port range
+# is the wall it would be for one client host; each rate runs 70 s, past TIME_WAIT's 60 s.
+# `close`: the server closes (Connection: close) and keeps the TIME_WAIT; `client-close`:
+# the client closes and keeps it. "without" is the kernel's defaults with reuse off
+# (tcp_tw_reuse 0, ports 32768-60999), "doctor" what `hongbao doctor --apply` sets
+# (tcp_tw_reuse 1, ports 1024-65535).
 if [[ " $parts " == *" short "* ]]; then
   for s in net.ipv4.tcp_tw_reuse net.ipv4.ip_local_port_range; do
     sysctl_restore+=("$s=$(sysctl -n $s | tr '\t' ' ')")
   done
   short_secs=70
   for r in $(seq "$rounds"); do
-    for setting in without doctor; do
-      if [ $setting = without ]; then
+    for run in client-close:without:400 client-close:without:600 client-close:doctor:600 \
+               client-close:doctor:10000 client-close:doctor:15000 close:without:10000 close:doctor:10000; do
+      IFS=: read -r mode setting rate <<< "$run"
+      if [ "$setting" = without ]; then
         sysctl -qw net.ipv4.tcp_tw_reuse=0 net.ipv4.ip_local_port_range="32768 60999"
-        rates="400 600"
+        # Let the TIME_WAIT of the runs before drain away.
+        while [ "$(awk '/^TCP:/ { print $7 }' /proc/net/sockstat)" -gt 1000 ]; do sleep 5; done
       else
         sysctl -qw net.ipv4.tcp_tw_reuse=1 net.ipv4.ip_local_port_range="1024 65535"
-        rates="${SHORT_RATES:-5000 10000 15000}"
       fi
-      for rate in $rates; do
-        # Let the TIME_WAIT of the run before drain away.
-        while [ "$(awk '/^TCP:/ { print $7 }' /proc/net/sockstat)" -gt 1000 ]; do sleep 5; done
-        "$hb" load --transport http --http-connection close --server 127.0.0.1:7003 \
-          --users 2000 --procs 1 --source-ips 127.0.100.1-127.0.100.1 --qps "$rate" \
-          --duration $short_secs > "$out/short.out" 2> "$out/short.err"
-        n=$(jfield "$out/short.out" shake_replies)
-        failed=0
-        for f in failed_refused failed_timeout failed_reset failed_out_of_ports failed_time_wait failed_other; do
-          failed=$((failed + $(jfield "$out/short.out" $f)))
-        done
-        tw=$(jfield "$out/short.out" failed_time_wait)
-        busy=$(jfield "$out/short.out" skipped_busy)
-        # The last 10 s: is the rate still held once TIME_WAIT has had its 60 s?
-        tail_rate=$(grep -E '^t=[0-9]+s ' "$out/short.out" | tail -10 |
-                    sed 's/.*replies\/s=\([0-9]*\).*/\1/' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-        record short "$setting-$rate" "$r" "replies_per_s=$((n / short_secs)) last10s_median=$tail_rate connect_failures=$failed time_wait_failures=$tw skipped_busy=$busy"
+      "$hb" load --transport http --http-connection "$mode" --server 127.0.0.1:7003 \
+        --users 2000 --procs 1 --source-ips 127.0.100.1-127.0.100.1 --qps "$rate" \
+        --duration $short_secs > "$out/short.out" 2> "$out/short.err"
+      n=$(jfield "$out/short.out" shake_replies)
+      failed=0
+      for f in failed_refused failed_timeout failed_reset failed_out_of_ports failed_time_wait failed_other; do
+        failed=$((failed + $(jfield "$out/short.out" $f)))
       done
+      tw=$(jfield "$out/short.out" failed_time_wait)
+      busy=$(jfield "$out/short.out" skipped_busy)
+      # The last 10 s: is the rate still held once TIME_WAIT has had its 60 s?
+      tail_rate=$(grep -E '^t=[0-9]+s ' "$out/short.out" | tail -10 |
+                  sed 's/.*replies\/s=\([0-9]*\).*/\1/' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+      p99=$(grep -E '^t=[0-9]+s ' "$out/short.out" | tail -10 |
+            sed 's/.*p99=\([0-9.]*\)ms.*/\1/' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+      record short "$mode-$setting-$rate" "$r" "replies_per_s=$((n / short_secs)) last10s_median=$tail_rate last10s_p99_ms=$p99 connect_failures=$failed time_wait_failures=$tw skipped_busy=$busy"
     done
   done
 fi
+
+# ----- memory: an idle keep-alive HTTP connection against a TCP one -------------------
+# hongbao bench (quick: 20,000 connections), the server's RSS per connection.
+if [[ " $parts " == *" memory "* ]]; then
+  for r in $(seq "$rounds"); do
+    for t in tcp http; do
+      "$hb" bench --transport $t --out "$out/mem-$t-$r" > "$out/mem-$t-$r.txt" 2>&1 || true
+      rss=$(jfield "$out/mem-$t-$r/summary.json" server_rss_per_connection_bytes)
+      load=$(jfield "$out/mem-$t-$r/summary.json" load_rss_per_connection_bytes)
+      audit=$(grep -c "audit ok; summary" "$out/mem-$t-$r.txt" || true)
+      record memory "$t" "$r" "server_rss_per_conn=$rss load_rss_per_conn=$load audit_ok=$audit"
+    done
+  done
+fi
+
 echo "results in $out/results.tsv"

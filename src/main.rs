@@ -71,9 +71,9 @@ struct LoadArgs {
     /// tcp (binary frames), ws (the same frames in WebSocket binary messages) or http (the REST API)
     #[arg(long, default_value = "tcp")]
     transport: hongbao_load::transport::Transport,
-    /// http: keep-alive (a connection per user) or close (a new connection per request)
-    #[arg(long, default_value = "keep-alive", value_parser = ["keep-alive", "close"])]
-    http_connection: String,
+    /// http: keep-alive (a connection per user), close (a new connection per request, closed by the server: `Connection: close`) or client-close (a new connection per request, closed by the client after the answer)
+    #[arg(long, default_value = "keep-alive")]
+    http_connection: hongbao_load::transport::HttpConnection,
     /// http: each user looks for packets to open every this many seconds; 0 never
     #[arg(long, default_value_t = hongbao_load::bench::DEFAULT_NOTICE_POLL_SECS)]
     notice_poll_secs: u32,
@@ -156,9 +156,9 @@ struct BenchArgs {
     /// tcp, ws or http (the server also listens for WebSocket or HTTP and the clients connect there)
     #[arg(long, default_value = "tcp")]
     transport: hongbao_load::transport::Transport,
-    /// http: keep-alive (a connection per user) or close (a new connection per request)
-    #[arg(long, default_value = "keep-alive", value_parser = ["keep-alive", "close"])]
-    http_connection: String,
+    /// http: keep-alive (a connection per user), close (a new connection per request, closed by the server: `Connection: close`) or client-close (a new connection per request, closed by the client after the answer)
+    #[arg(long, default_value = "keep-alive")]
+    http_connection: hongbao_load::transport::HttpConnection,
     /// Seconds between operator broadcasts in each steady phase; 0 = none
     #[arg(long, default_value_t = 0.0)]
     broadcast_every: f64,
@@ -393,7 +393,7 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         connect_at_epoch: false,
         monitor: args.monitor.clone(),
         overload_backoff_secs: args.overload_backoff_secs,
-        http_keep_alive: args.http_connection == "keep-alive",
+        http_connection: args.http_connection,
         notice_poll_secs: args.notice_poll_secs,
     })
 }
@@ -438,7 +438,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
         opts.monitor_listen = v;
     }
     opts.transport = args.transport;
-    opts.http_keep_alive = args.http_connection == "keep-alive";
+    opts.http_connection = args.http_connection;
     if !(args.broadcast_every >= 0.0 && args.broadcast_every.is_finite()) {
         anyhow::bail!("--broadcast-every must be 0 (off) or a number of seconds");
     }

@@ -51,6 +51,52 @@ impl fmt::Display for Transport {
     }
 }
 
+/// How HTTP users use connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HttpConnection {
+    /// One connection per user, kept alive.
+    #[default]
+    KeepAlive,
+    /// A new connection per request, asked with `Connection: close`: the server closes
+    /// first and keeps the TIME_WAIT.
+    Close,
+    /// A new connection per request (no `Connection: close`), closed by the client as soon
+    /// as the answer is in: the client keeps the TIME_WAIT, so its ports are the wall.
+    ClientClose,
+}
+
+impl HttpConnection {
+    /// A connection per request.
+    pub fn per_request(self) -> bool {
+        self != HttpConnection::KeepAlive
+    }
+}
+
+impl FromStr for HttpConnection {
+    type Err = String;
+    fn from_str(s: &str) -> Result<HttpConnection, String> {
+        match s {
+            "keep-alive" => Ok(HttpConnection::KeepAlive),
+            "close" => Ok(HttpConnection::Close),
+            "client-close" => Ok(HttpConnection::ClientClose),
+            other => Err(format!(
+                "the HTTP connection mode must be keep-alive, close or client-close, not {other:?}"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for HttpConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HttpConnection::KeepAlive => "keep-alive",
+            HttpConnection::Close => "close",
+            HttpConnection::ClientClose => "client-close",
+        })
+    }
+}
+
 /// What an HTTP user asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HttpAsk {
@@ -61,8 +107,8 @@ pub enum HttpAsk {
 }
 
 /// Appends the HTTP request for `ask`, authenticated by `bearer` (`<user>.<token hex>`);
-/// `Connection: close` unless `keep_alive`.
-pub fn http_request(ask: HttpAsk, bearer: &str, keep_alive: bool, out: &mut Vec<u8>) {
+/// `Connection: close` when the server is to close after its answer.
+pub fn http_request(ask: HttpAsk, bearer: &str, server_closes: bool, out: &mut Vec<u8>) {
     use std::io::Write;
     let _ = match ask {
         HttpAsk::Shake => write!(out, "POST /v1/shake HTTP/1.1\r\n"),
@@ -73,7 +119,7 @@ pub fn http_request(ask: HttpAsk, bearer: &str, keep_alive: bool, out: &mut Vec<
         out,
         "Host: hongbao\r\nAuthorization: Bearer {bearer}\r\nContent-Length: 0\r\n"
     );
-    if !keep_alive {
+    if server_closes {
         out.extend_from_slice(b"Connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
@@ -446,11 +492,27 @@ mod tests {
     #[test]
     fn http_requests_and_responses() {
         let mut req = Vec::new();
-        http_request(HttpAsk::Open(9), "7.ab", false, &mut req);
+        http_request(HttpAsk::Open(9), "7.ab", true, &mut req);
         let parsed = hongbao_proto::http::parse(&req, 1024).unwrap().unwrap();
         assert_eq!((parsed.method, parsed.path), ("POST", "/v1/packets/9/open"));
         assert_eq!(parsed.authorization, Some("Bearer 7.ab"));
         assert!(!parsed.keep_alive);
+        let mut kept = Vec::new();
+        http_request(HttpAsk::Shake, "7.ab", false, &mut kept);
+        assert!(
+            hongbao_proto::http::parse(&kept, 1024)
+                .unwrap()
+                .unwrap()
+                .keep_alive
+        );
+        for mode in [
+            HttpConnection::KeepAlive,
+            HttpConnection::Close,
+            HttpConnection::ClientClose,
+        ] {
+            assert_eq!(mode.to_string().parse(), Ok(mode));
+        }
+        assert!("short".parse::<HttpConnection>().is_err());
         let mut stream = Vec::new();
         for body in [&br#"{"result":"won"}"#[..], br#"{"result":"nothing"}"#] {
             hongbao_proto::http::response(200, "application/json", &[], body, false, &mut stream);

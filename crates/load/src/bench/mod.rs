@@ -33,7 +33,7 @@ use serde_json::Value;
 
 use crate::broadcast;
 use crate::coordinator::{Load, LoadOptions, Row};
-use crate::transport::Transport;
+use crate::transport::{HttpConnection, Transport};
 use broadcaster::{wait_deliveries, Broadcaster};
 use server::{sample, Server, ServerSample};
 pub use summary::Summary;
@@ -97,7 +97,7 @@ pub struct BenchOptions {
     /// (`doctor::enter_network_namespace`): recorded in the summary.
     pub netns: bool,
     /// HTTP: a keep-alive connection per user, or a connection per request.
-    pub http_keep_alive: bool,
+    pub http_connection: HttpConnection,
     /// HTTP: each user looks for packets to open every this many seconds.
     pub notice_poll_secs: u32,
 }
@@ -122,7 +122,7 @@ impl BenchOptions {
             max_queue_ms: DEFAULT_BENCH_MAX_QUEUE_MS,
             server_nice: DEFAULT_SERVER_NICE,
             netns: false,
-            http_keep_alive: true,
+            http_connection: HttpConnection::KeepAlive,
             notice_poll_secs: DEFAULT_NOTICE_POLL_SECS,
         };
         match preset {
@@ -209,7 +209,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         connect_at_epoch: true,
         monitor: Some(monitor.addr().to_string()),
         overload_backoff_secs: DEFAULT_OVERLOAD_BACKOFF_SECS,
-        http_keep_alive: opts.http_keep_alive,
+        http_connection: opts.http_connection,
         notice_poll_secs: opts.notice_poll_secs,
     })?;
     monitor.mark_at(load.epoch_ms(), "connect");
@@ -471,12 +471,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             max_shake_qps: opts.max_shake_qps,
             connect_rate: opts.connect_rate,
             transport: opts.transport.to_string(),
-            http_connection: if opts.http_keep_alive {
-                "keep-alive"
-            } else {
-                "close"
-            }
-            .into(),
+            http_connection: opts.http_connection.to_string(),
             broadcast_every: opts.broadcast_every_secs,
             max_queue_ms: opts.max_queue_ms,
             server_nice: opts.server_nice,

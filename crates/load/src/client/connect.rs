@@ -162,7 +162,7 @@ impl Client {
             let _ = self.poll.registry().deregister(&mut stream);
         }
         match user.state {
-            State::Ready => {
+            State::Ready | State::Draining => {
                 if !on_demand {
                     self.logged_in -= 1;
                 }

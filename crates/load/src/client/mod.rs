@@ -35,7 +35,7 @@ mod receive;
 use crate::broadcast::Receipts;
 use crate::report::{self, Counters, Report, UserTotals};
 use crate::schedule::{partition, Firing, Schedule};
-use crate::transport::{self, Transport};
+use crate::transport::{self, HttpConnection, Transport};
 
 const STDIN: Token = Token(usize::MAX - 1);
 const CONNECT_TIMEOUT_MS: u64 = 10_000;
@@ -69,17 +69,13 @@ pub struct ClientOptions {
     /// app does ("too many people, try again shortly"); 0 keeps shaking.
     #[serde(default)]
     pub overload_backoff_secs: u32,
-    /// HTTP: one keep-alive connection per user (true), or a new connection for every
-    /// request, closed after its answer (false: the short-connection case).
-    #[serde(default = "keep_alive")]
-    pub http_keep_alive: bool,
+    /// HTTP: one keep-alive connection per user, or a new connection for every request
+    /// (the short-connection cases).
+    #[serde(default)]
+    pub http_connection: HttpConnection,
     /// HTTP: each user looks for packets to open every this many seconds; 0 never.
     #[serde(default)]
     pub notice_poll_secs: u32,
-}
-
-fn keep_alive() -> bool {
-    true
 }
 
 /// Commands from the coordinator, one JSON object per stdin line.
@@ -98,6 +94,9 @@ enum State {
     Upgrading,
     LoggingIn,
     Ready,
+    /// HTTP with `Connection: close`: the answer is in; reading on to the server's close,
+    /// so that the TIME_WAIT stays on its side, as a client that honours the header does.
+    Draining,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -375,7 +374,7 @@ impl Client {
 
     /// HTTP with a connection per request: users connect when they have something to ask.
     pub(super) fn on_demand(&self) -> bool {
-        self.opts.transport == Transport::Http && !self.opts.http_keep_alive
+        self.opts.transport == Transport::Http && self.opts.http_connection.per_request()
     }
 
     /// Asks the server something for user `i`, timed from `intended_us`. Over HTTP with a
@@ -424,7 +423,8 @@ impl Client {
         };
         let mut bytes = Vec::with_capacity(192);
         let bearer = format!("{user_id}.{token}");
-        transport::http_request(ask, &bearer, self.opts.http_keep_alive, &mut bytes);
+        let server_closes = self.opts.http_connection == HttpConnection::Close;
+        transport::http_request(ask, &bearer, server_closes, &mut bytes);
         self.write(i, &bytes);
     }
 

@@ -8,7 +8,7 @@ use hongbao_proto::{ws, Frame, Message, ResultCode};
 use rand::Rng;
 
 use super::{unix_us, Client, Inflight, Kind, State};
-use crate::transport::{self, Inbound};
+use crate::transport::{self, HttpConnection, Inbound};
 
 impl Client {
     pub(super) fn on_readable(&mut self, i: usize, buf: &mut [u8]) {
@@ -28,6 +28,7 @@ impl Client {
                 return;
             };
             let n = match stream.read(buf) {
+                Ok(0) if self.users[i].state == State::Draining => return self.next_connection(i),
                 Ok(0) => return self.lost(i),
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
@@ -168,12 +169,23 @@ impl Client {
         self.done_asking(i);
     }
 
-    /// With a connection per request, the connection closes with its answer; asks made
-    /// meanwhile (an open after a notice) go out on a new one.
+    /// With a connection per request, the connection closes with its answer: the server
+    /// closes it (`close`: read on to its end) or the client does (`client-close`: at
+    /// once).
     fn done_asking(&mut self, i: usize) {
         if !self.on_demand() || self.users[i].stream.is_none() {
             return;
         }
+        if self.opts.http_connection == HttpConnection::Close {
+            self.users[i].state = State::Draining;
+            return;
+        }
+        self.next_connection(i);
+    }
+
+    /// Closes user `i`'s connection; asks made meanwhile (an open after a notice) go out
+    /// on a new one.
+    fn next_connection(&mut self, i: usize) {
         let waiting = std::mem::take(&mut self.users[i].inflight);
         self.drop_stream(i);
         if !waiting.is_empty() {

@@ -25,7 +25,7 @@ use crate::broadcast::{BroadcastStats, Deliveries};
 use crate::client::{self, ClientOptions};
 use crate::report::{self, Counters, Report, UserTotals};
 use crate::schedule::{partition, Schedule};
-use crate::transport::Transport;
+use crate::transport::{HttpConnection, Transport};
 use monitor::LoadMonitor;
 
 #[derive(Debug, Clone)]
@@ -51,8 +51,8 @@ pub struct LoadOptions {
     pub monitor: Option<String>,
     /// See `ClientOptions::overload_backoff_secs`.
     pub overload_backoff_secs: u32,
-    /// See `ClientOptions::http_keep_alive`.
-    pub http_keep_alive: bool,
+    /// See `ClientOptions::http_connection`.
+    pub http_connection: HttpConnection,
     /// See `ClientOptions::notice_poll_secs`.
     pub notice_poll_secs: u32,
 }
@@ -241,7 +241,7 @@ impl Load {
                 connect_from_ms: if opts.connect_at_epoch { epoch_ms } else { 0 },
                 transport: opts.transport,
                 overload_backoff_secs: opts.overload_backoff_secs,
-                http_keep_alive: opts.http_keep_alive,
+                http_connection: opts.http_connection,
                 notice_poll_secs: opts.notice_poll_secs,
             };
             let mut child = Command::new(&exe)
