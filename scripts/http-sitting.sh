@@ -8,7 +8,8 @@
 #   scripts/http-sitting.sh [OUT] [ROUNDS] [PARTS]     (root; needs wrk, nginx, curl)
 #
 # PARTS is any of "wrk cpu latency short memory" (default: all). Release build first:
-# `cargo build --release`. Results: one line per measurement in OUT/results.tsv
+# `cargo build --release`. FLOOR=../shared/floor/run.sh adds the bare-C floor to the
+# latency part. Results: one line per measurement in OUT/results.tsv
 # (part, setting, round, figures as name=value), and a summary on standard output.
 # The sysctls it changes for the short-connection part are put back when it ends.
 set -euo pipefail
@@ -35,6 +36,13 @@ cleanup() {
   for s in "${sysctl_restore[@]}"; do sysctl -qw "$s" || true; done
 }
 trap cleanup EXIT
+
+# Remembers a sysctl's value (the first time only), to be put back at the end.
+remember_sysctl() {
+  local s
+  for s in "${sysctl_restore[@]}"; do [[ "$s" == "$1="* ]] && return; done
+  sysctl_restore+=("$1=$(sysctl -n "$1" | tr '\t' ' ')")
+}
 
 record() { # part setting round figures...
   local line="$1	$2	$3"; shift 3
@@ -141,6 +149,17 @@ if [[ " $parts " == *" latency "* ]]; then
       figures=$(sed 's/.*server median \([0-9]*\)\/s p50 \([0-9.]*\) ms p99 \([0-9.]*\) ms.*errors \([0-9]*\) audit \([a-z]*\).*/server_qps=\1 p50_ms=\2 p99_ms=\3 errors=\4 audit=\5/' <<< "$line")
       record latency "$phase" "$r" "$figures"
     done < "$out/bench-$r.txt"
+    # The bare-C floor at the same rates and connection count, when FLOOR names its run.sh
+    # (../shared/floor/run.sh here): request/reply over TCP, latency from intended time.
+    if [ -n "${FLOOR:-}" ]; then
+      # It reserves its own port in place of ours and widens the port range: put both back.
+      remember_sysctl net.ipv4.ip_local_reserved_ports
+      remember_sysctl net.ipv4.ip_local_port_range
+      for rate in $half $most; do
+        line=$("$FLOOR" qps 100 "$rate" 20 | grep "^floor qps")
+        record latency "floor-$rate" "$r" "$(sed 's/.*replies\/s \([0-9]*\).*p50_ms \([0-9.]*\) p99_ms \([0-9.]*\).*busy \([0-9]*\)%.*/replies_per_s=\1 p50_ms=\2 p99_ms=\3 busy=\4/' <<< "$line")"
+      done
+    fi
   done
 fi
 
@@ -152,9 +171,8 @@ fi
 # (tcp_tw_reuse 0, ports 32768-60999), "doctor" what `hongbao doctor --apply` sets
 # (tcp_tw_reuse 1, ports 1024-65535).
 if [[ " $parts " == *" short "* ]]; then
-  for s in net.ipv4.tcp_tw_reuse net.ipv4.ip_local_port_range; do
-    sysctl_restore+=("$s=$(sysctl -n $s | tr '\t' ' ')")
-  done
+  remember_sysctl net.ipv4.tcp_tw_reuse
+  remember_sysctl net.ipv4.ip_local_port_range
   short_secs=70
   for r in $(seq "$rounds"); do
     for run in client-close:without:400 client-close:without:600 client-close:doctor:600 \
