@@ -159,6 +159,6 @@ mod tests {
             static_200: None,
             ..plan
         });
-        assert!(!only_http.contains("stream") && !only_http.contains("load_module"));
+        assert!(!only_http.contains("stream {") && !only_http.contains("load_module"));
     }
 }
