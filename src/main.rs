@@ -52,6 +52,10 @@ enum Command {
     /// Write an nginx configuration that puts nginx in front of gateways (HTTP with
     /// upstream keep-alive, WebSocket, the binary protocol through the stream module).
     NginxConf(NginxArgs),
+    /// The lab: test hosts in network namespaces with a Redis Cluster, PostgreSQL, gateways
+    /// in cluster mode and nginx (root; docs/scale-out.md).
+    #[command(subcommand)]
+    Lab(LabCommand),
     /// Check this machine's limits for N connections (server and load co-located).
     Doctor {
         /// Connections to plan for
@@ -214,9 +218,97 @@ struct ServeArgs {
     /// Answer "overloaded" to a shake that waited in the kernel longer than this; 0 never [default: 0]
     #[arg(long)]
     max_queue_ms: Option<u32>,
+    /// Cluster mode: Redis Cluster nodes, redis://HOST:PORT[,…] (docs/scale-out.md)
+    #[arg(long)]
+    redis: Option<String>,
+    /// Cluster mode: the PostgreSQL ledger, postgres://USER@HOST:PORT/DB
+    #[arg(long)]
+    postgres: Option<String>,
+    /// Cluster mode: this host's name, unique among the gateways
+    #[arg(long)]
+    host_name: Option<String>,
     /// TOML file giving any of the options above (and the rest: see docs/admin-api.md)
     #[arg(long)]
     config: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum LabCommand {
+    /// Bring a lab up and hold it until Ctrl-C (or SIGTERM), then take it down.
+    Up(LabUpArgs),
+    /// Take down a lab left behind (its owner was killed): the processes it recorded in
+    /// DIR/lab.json, its hosts and its bridge.
+    Down {
+        /// The lab's --dir
+        #[arg(long, default_value = "lab")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct LabUpArgs {
+    /// The lab's number n: its hosts are on 198.18.n.0/24
+    #[arg(long, default_value_t = 1)]
+    lab: u8,
+    /// Logs, data and the state file
+    #[arg(long, default_value = "lab")]
+    dir: PathBuf,
+    /// Gateway hosts (hongbao serve in cluster mode)
+    #[arg(long, default_value_t = 2)]
+    gateways: usize,
+    /// Hosts for load generators (run them with `ip netns exec hbN-loadK hongbao load …`)
+    #[arg(long, default_value_t = 1)]
+    loads: usize,
+    /// Worker processes per gateway
+    #[arg(long, default_value = "2")]
+    workers: String,
+    /// No nginx in front of the gateways
+    #[arg(long)]
+    no_nginx: bool,
+    /// The login secret of every gateway
+    #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_server::config::DEV_SECRET)]
+    secret: String,
+}
+
+fn lab_up(args: LabUpArgs) -> Result<()> {
+    let stop = Stop::on_signals()?;
+    let lab = hongbao_lab::Lab::up(hongbao_lab::LabPlan {
+        lab: args.lab,
+        dir: std::path::absolute(&args.dir)?,
+        gateways: args.gateways,
+        loads: args.loads,
+        nginx: !args.no_nginx,
+        hongbao: std::env::current_exe()?,
+        gateway_workers: args.workers,
+        secret: args.secret,
+        serve_args: Vec::new(),
+    })?;
+    println!("hongbao lab {} up: dir={}", args.lab, args.dir.display());
+    for host in lab.hosts() {
+        println!("  {:<8} {:<15} netns {}", host.name, host.addr, host.netns);
+    }
+    println!("  redis    {}", lab.redis_urls());
+    println!("  postgres {}", lab.postgres_url());
+    for gw in &lab.gateways {
+        println!(
+            "  gateway  {}: tcp {} ws {} http {} admin {}",
+            gw.host.name,
+            gw.tcp(),
+            gw.ws(),
+            gw.http(),
+            gw.admin()
+        );
+    }
+    if let Some((tcp, http, ws)) = lab.nginx_addrs() {
+        println!("  nginx    tcp {tcp} http {http} ws {ws}");
+    }
+    println!("Ctrl-C takes it down.");
+    while !stop.requested() {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    drop(lab);
+    println!("hongbao lab {} down", args.lab);
+    Ok(())
 }
 
 #[derive(Args)]
@@ -355,6 +447,15 @@ fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
     if let Some(v) = args.monitor {
         cfg.monitor = v;
     }
+    if let Some(v) = args.redis {
+        cfg.redis = v;
+    }
+    if let Some(v) = args.postgres {
+        cfg.postgres = v;
+    }
+    if let Some(v) = args.host_name {
+        cfg.host_name = v;
+    }
     if let Some(v) = args.max_queue_ms {
         cfg.max_queue_ms = v;
     }
@@ -489,6 +590,17 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::NginxConf(args) => nginx_conf(args),
+        Command::Lab(LabCommand::Up(args)) => lab_up(args),
+        Command::Lab(LabCommand::Down { dir }) => {
+            let state = hongbao_lab::down(&dir)?;
+            println!(
+                "hongbao lab {} down: {} processes, {} hosts",
+                state.lab,
+                state.procs.len(),
+                state.netns.len()
+            );
+            Ok(())
+        }
         Command::Monitor { listen, out } => {
             hongbao_monitor::run_cli(listen, &out, &Stop::on_signals()?)
         }

@@ -1,0 +1,528 @@
+//! The lab: many hosts on one machine, for the cluster mode (docs/scale-out.md). Lab `n`
+//! is a bridge with network namespaces on 198.18.n.0/24 (`netns`): six Redis hosts
+//! making a Redis Cluster of three masters and three replicas (`redis`), a PostgreSQL
+//! host (`postgres`), gateway hosts running `hongbao serve` in cluster mode, load hosts
+//! for `hongbao load`, and an nginx host in front of the gateways. Everything it starts,
+//! it stops: when the `Lab` is dropped, and, from the state file it keeps
+//! (`DIR/lab.json`), by `hongbao lab down` after its owner was killed.
+//!
+//! Addresses in lab `n`: the machine 198.18.n.1, nginx .10, Redis .11–.16, PostgreSQL
+//! .20, gateways .31 onward, load hosts .51 onward.
+
+pub mod netns;
+pub mod postgres;
+pub mod proc;
+pub mod redis;
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+pub use netns::Host;
+use proc::{Proc, ProcRecord};
+
+/// Ports on every gateway host.
+pub const GATEWAY_TCP: u16 = 7000;
+pub const GATEWAY_ADMIN: u16 = 7001;
+pub const GATEWAY_WS: u16 = 7002;
+pub const GATEWAY_HTTP: u16 = 7003;
+/// Ports on the nginx host.
+pub const NGINX_TCP: u16 = 8000;
+pub const NGINX_HTTP: u16 = 8080;
+pub const NGINX_WS: u16 = 8082;
+
+/// How long a process gets between SIGTERM and SIGKILL.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Sysctls in every gateway and load host (they are per namespace): the same as
+/// `hongbao doctor --apply` sets on the machine.
+const HOST_SYSCTLS: &[&str] = &[
+    "net.ipv4.ip_local_port_range=1024 65535",
+    "net.ipv4.ip_local_reserved_ports=7000-7003,8000-8082",
+    "net.core.somaxconn=65535",
+    "net.ipv4.tcp_max_syn_backlog=65535",
+    "net.ipv4.tcp_tw_reuse=1",
+];
+
+/// What to bring up.
+#[derive(Debug, Clone)]
+pub struct LabPlan {
+    /// The lab's number: its subnet is 198.18.n.0/24.
+    pub lab: u8,
+    /// Logs, data and the state file.
+    pub dir: PathBuf,
+    pub gateways: usize,
+    pub loads: usize,
+    /// nginx in front of the gateways.
+    pub nginx: bool,
+    /// The `hongbao` binary the gateways run.
+    pub hongbao: PathBuf,
+    /// `--workers` of each gateway.
+    pub gateway_workers: String,
+    pub secret: String,
+    /// More `hongbao serve` arguments for every gateway.
+    pub serve_args: Vec<String>,
+}
+
+/// What `DIR/lab.json` records, for `hongbao lab down`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LabState {
+    pub lab: u8,
+    pub netns: Vec<String>,
+    pub postgres_dir: Option<PathBuf>,
+    pub procs: Vec<ProcRecord>,
+}
+
+/// A gateway host: `hongbao serve` in cluster mode.
+pub struct Gateway {
+    pub host: Host,
+    pub proc: Option<Proc>,
+}
+
+impl Gateway {
+    pub fn tcp(&self) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(self.host.addr, GATEWAY_TCP))
+    }
+    pub fn admin(&self) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(self.host.addr, GATEWAY_ADMIN))
+    }
+    pub fn ws(&self) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(self.host.addr, GATEWAY_WS))
+    }
+    pub fn http(&self) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(self.host.addr, GATEWAY_HTTP))
+    }
+}
+
+pub struct Lab {
+    pub plan: LabPlan,
+    pub redis: Vec<(Host, Option<Proc>)>,
+    pub postgres: (Host, Option<Proc>),
+    pub postgres_dir: PathBuf,
+    pub gateways: Vec<Gateway>,
+    pub loads: Vec<Host>,
+    pub nginx: Option<(Host, Option<Proc>)>,
+    state: LabState,
+}
+
+impl Lab {
+    /// Brings the lab up. On any failure what was started is stopped again.
+    pub fn up(plan: LabPlan) -> anyhow::Result<Lab> {
+        if plan.lab == 0 || plan.lab == 255 {
+            bail!("the lab number must be 1 to 254 (its subnet is 198.18.n.0/24)");
+        }
+        std::fs::create_dir_all(&plan.dir)
+            .with_context(|| format!("creating {}", plan.dir.display()))?;
+        netns::create_bridge(plan.lab)?;
+        let postgres_dir = std::env::temp_dir().join(format!("hongbao-lab{}-postgres", plan.lab));
+        let mut lab = Lab {
+            state: LabState {
+                lab: plan.lab,
+                postgres_dir: Some(postgres_dir.clone()),
+                ..LabState::default()
+            },
+            redis: Vec::new(),
+            postgres: (placeholder_host(), None),
+            postgres_dir,
+            gateways: Vec::new(),
+            loads: Vec::new(),
+            nginx: None,
+            plan,
+        };
+        // From here on, dropping `lab` tears down what exists.
+        lab.save()?;
+        lab.bring_up()?;
+        Ok(lab)
+    }
+
+    fn host(&mut self, name: &str, last: u8, sysctls: &[&str]) -> anyhow::Result<Host> {
+        // Recorded first: a host half made is taken down with the rest.
+        self.state.netns.push(format!("hb{}-{name}", self.plan.lab));
+        self.save()?;
+        netns::create_host(self.plan.lab, name, last, sysctls)
+    }
+
+    fn bring_up(&mut self) -> anyhow::Result<()> {
+        let dir = self.plan.dir.clone();
+        // PostgreSQL.
+        let pg = self.host("pg", 20, &[])?;
+        let _ = std::fs::remove_dir_all(&self.postgres_dir);
+        postgres::init(&self.postgres_dir, netns::bridge_addr(self.plan.lab))?;
+        let proc = postgres::start(&pg, &self.postgres_dir)?;
+        self.postgres = (pg, Some(proc));
+        self.save()?;
+        // Redis Cluster.
+        for i in 1..=6u8 {
+            let host = self.host(&format!("redis{i}"), 10 + i, &[])?;
+            let proc = redis::start_node(&host, &dir.join(format!("redis{i}")))?;
+            self.redis.push((host, Some(proc)));
+            self.save()?;
+        }
+        let addrs: Vec<Ipv4Addr> = self.redis.iter().map(|(h, _)| h.addr).collect();
+        redis::create_cluster(&addrs)?;
+        // Gateways, each waited for.
+        for i in 1..=self.plan.gateways {
+            let host = self.host(&format!("gw{i}"), 30 + i as u8, HOST_SYSCTLS)?;
+            self.gateways.push(Gateway { host, proc: None });
+            self.start_gateway(i - 1)?;
+        }
+        for i in 1..=self.plan.loads {
+            let host = self.host(&format!("load{i}"), 50 + i as u8, HOST_SYSCTLS)?;
+            self.loads.push(host);
+        }
+        if self.plan.nginx {
+            let host = self.host("nginx", 10, HOST_SYSCTLS)?;
+            let proc = self.start_nginx(&host)?;
+            self.nginx = Some((host, Some(proc)));
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    /// The Redis Cluster's node URLs, comma-separated, for `--redis`.
+    pub fn redis_urls(&self) -> String {
+        self.redis
+            .iter()
+            .map(|(h, _)| format!("redis://{}:{}", h.addr, redis::PORT))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn postgres_url(&self) -> String {
+        postgres::url(self.postgres.0.addr)
+    }
+
+    /// (Re)starts gateway `i` (from 0) and waits for its ready line.
+    pub fn start_gateway(&mut self, i: usize) -> anyhow::Result<()> {
+        let redis_urls = self.redis_urls();
+        let postgres_url = self.postgres_url();
+        let plan = &self.plan;
+        let gw = &self.gateways[i];
+        let data = plan.dir.join(format!("{}-data", gw.host.name));
+        let mut command = gw.host.command(&plan.hongbao);
+        command
+            .arg("serve")
+            .args(["--listen", &gw.tcp().to_string()])
+            .args(["--admin", &gw.admin().to_string()])
+            .args(["--ws-listen", &gw.ws().to_string()])
+            .args(["--http-listen", &gw.http().to_string()])
+            .args(["--workers", &plan.gateway_workers])
+            .args(["--secret", &plan.secret])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--redis", &redis_urls])
+            .args(["--postgres", &postgres_url])
+            .args(["--host-name", &gw.host.name])
+            .args(&plan.serve_args);
+        let log = plan.dir.join(format!("{}.log", gw.host.name));
+        let (mut proc, stdout) =
+            Proc::spawn_piped(&format!("gateway {}", gw.host.name), command, &log)?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(first)) = lines.next() {
+                let _ = tx.send(first);
+            }
+            // Keep draining so the gateway never blocks on a full pipe.
+            for _ in lines {}
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) if line.starts_with("hongbao serve ready") => {}
+            other => {
+                proc.stop(GRACE);
+                bail!(
+                    "gateway {} did not start ({other:?}):\n{}",
+                    self.gateways[i].host.name,
+                    proc.log_tail()
+                );
+            }
+        }
+        self.gateways[i].proc = Some(proc);
+        self.save()
+    }
+
+    fn start_nginx(&self, host: &Host) -> anyhow::Result<Proc> {
+        let prefix = self.plan.dir.join("nginx");
+        let conf = prefix.join("nginx.conf");
+        let list = |f: fn(&Gateway) -> SocketAddr| {
+            self.gateways
+                .iter()
+                .map(|g| f(g).to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let at = |port: u16| SocketAddrV4::new(host.addr, port).to_string();
+        let status = Command::new(&self.plan.hongbao)
+            .arg("nginx-conf")
+            .args([
+                "--tcp-listen",
+                &at(NGINX_TCP),
+                "--tcp-upstream",
+                &list(Gateway::tcp),
+            ])
+            .args([
+                "--http-listen",
+                &at(NGINX_HTTP),
+                "--http-upstream",
+                &list(Gateway::http),
+            ])
+            .args([
+                "--ws-listen",
+                &at(NGINX_WS),
+                "--ws-upstream",
+                &list(Gateway::ws),
+            ])
+            .args(["--worker-processes", "1", "--user", "root"])
+            .arg("--prefix")
+            .arg(&prefix)
+            .arg("--out")
+            .arg(&conf)
+            .status()
+            .context("running hongbao nginx-conf")?;
+        if !status.success() {
+            bail!("hongbao nginx-conf failed");
+        }
+        let mut command = host.command(nginx_binary());
+        command
+            .arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(&conf)
+            .args(["-g", "daemon off;"]);
+        let mut proc = Proc::spawn("nginx", command, &prefix.join("stderr.log"))?;
+        let addr = SocketAddr::V4(SocketAddrV4::new(host.addr, NGINX_HTTP));
+        for _ in 0..100 {
+            if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(proc);
+            }
+            if !proc.running() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        proc.stop(GRACE);
+        bail!("nginx did not start:\n{}", proc.log_tail())
+    }
+
+    /// nginx's addresses: (binary protocol, HTTP, WebSocket).
+    pub fn nginx_addrs(&self) -> Option<(SocketAddr, SocketAddr, SocketAddr)> {
+        let (host, _) = self.nginx.as_ref()?;
+        let at = |port| SocketAddr::V4(SocketAddrV4::new(host.addr, port));
+        Some((at(NGINX_TCP), at(NGINX_HTTP), at(NGINX_WS)))
+    }
+
+    /// SIGKILLs gateway `i`'s processes: the supervisor, and its workers with it (they
+    /// are its children; a worker whose supervisor is gone exits on its own).
+    pub fn kill_gateway(&mut self, i: usize) {
+        if let Some(mut proc) = self.gateways[i].proc.take() {
+            let children = children_of(proc.pid());
+            proc.kill();
+            for pid in children {
+                // SAFETY: kill(2) on ids read a moment ago as the gateway's children.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGKILL);
+                }
+            }
+        }
+    }
+
+    /// The address of a Redis master (as the cluster sees it now).
+    pub fn redis_master(&self) -> anyhow::Result<Ipv4Addr> {
+        let (first, _) = &self.redis[0];
+        let live: Vec<Ipv4Addr> = self
+            .redis
+            .iter()
+            .filter(|(_, p)| p.is_some())
+            .map(|(h, _)| h.addr)
+            .collect();
+        let witness = live.first().copied().unwrap_or(first.addr);
+        redis::nodes(witness)?
+            .into_iter()
+            .find(|n| n.master && !n.failed && live.contains(&n.addr))
+            .map(|n| n.addr)
+            .context("no live Redis master")
+    }
+
+    /// SIGKILLs the Redis node at `addr`.
+    pub fn kill_redis(&mut self, addr: Ipv4Addr) {
+        for (host, proc) in &mut self.redis {
+            if host.addr == addr {
+                if let Some(mut p) = proc.take() {
+                    p.kill();
+                }
+            }
+        }
+    }
+
+    /// Waits until the Redis Cluster serves every slot again without the nodes killed.
+    pub fn wait_redis_whole(&self, timeout: Duration) -> anyhow::Result<()> {
+        let live: Vec<Ipv4Addr> = self
+            .redis
+            .iter()
+            .filter(|(_, p)| p.is_some())
+            .map(|(h, _)| h.addr)
+            .collect();
+        redis::wait_whole(&live, None, timeout)
+    }
+
+    /// Stops PostgreSQL (fast shutdown: SIGINT aborts open transactions, as a crash
+    /// would, but cleanly) and starts it again after `down`.
+    pub fn restart_postgres(&mut self, down: Duration) -> anyhow::Result<()> {
+        if let Some(mut proc) = self.postgres.1.take() {
+            // SAFETY: kill(2) on our running child.
+            unsafe {
+                libc::kill(proc.pid() as i32, libc::SIGINT);
+            }
+            proc.stop(GRACE);
+        }
+        std::thread::sleep(down);
+        let proc = postgres::start(&self.postgres.0, &self.postgres_dir)?;
+        self.postgres.1 = Some(proc);
+        self.save()
+    }
+
+    fn save(&mut self) -> anyhow::Result<()> {
+        let mut procs = Vec::new();
+        procs.extend(self.postgres.1.iter().map(Proc::record));
+        procs.extend(
+            self.redis
+                .iter()
+                .filter_map(|(_, p)| p.as_ref().map(Proc::record)),
+        );
+        procs.extend(
+            self.gateways
+                .iter()
+                .filter_map(|g| g.proc.as_ref().map(Proc::record)),
+        );
+        if let Some((_, Some(p))) = &self.nginx {
+            procs.push(p.record());
+        }
+        self.state.procs = procs;
+        let path = self.plan.dir.join("lab.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&self.state)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Every host, for printing.
+    pub fn hosts(&self) -> Vec<&Host> {
+        let mut all: Vec<&Host> = Vec::new();
+        all.extend(self.nginx.iter().map(|(h, _)| h));
+        all.extend(self.redis.iter().map(|(h, _)| h));
+        all.push(&self.postgres.0);
+        all.extend(self.gateways.iter().map(|g| &g.host));
+        all.extend(self.loads.iter());
+        all
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        // Front to back: nginx, the gateways, then the stores.
+        if let Some((_, p)) = &mut self.nginx {
+            drop(p.take());
+        }
+        for i in 0..self.gateways.len() {
+            if let Some(mut p) = self.gateways[i].proc.take() {
+                let children = children_of(p.pid());
+                p.stop(GRACE);
+                for pid in children {
+                    // SAFETY: the gateway's worker ids, read before it stopped.
+                    unsafe {
+                        libc::kill(pid as i32, libc::SIGKILL);
+                    }
+                }
+            }
+        }
+        for (_, p) in &mut self.redis {
+            drop(p.take());
+        }
+        drop(self.postgres.1.take());
+        netns::remove(self.plan.lab, &self.state.netns);
+        let _ = std::fs::remove_dir_all(&self.postgres_dir);
+        let _ = std::fs::remove_file(self.plan.dir.join("lab.json"));
+    }
+}
+
+/// Tears down a lab from its state file (`DIR/lab.json`): stops the processes it
+/// recorded (only those whose ids still name them), removes its hosts and bridge.
+pub fn down(dir: &Path) -> anyhow::Result<LabState> {
+    let path = dir.join("lab.json");
+    let state: LabState = serde_json::from_slice(
+        &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("reading {}", path.display()))?;
+    for record in state.procs.iter().rev() {
+        for child in children_of(record.pid) {
+            if proc::start_ticks(record.pid) == Some(record.start_ticks) {
+                // SAFETY: children of a process we recorded and which is still ours.
+                unsafe {
+                    libc::kill(child as i32, libc::SIGKILL);
+                }
+            }
+        }
+        proc::stop_recorded(record, GRACE);
+    }
+    netns::remove(state.lab, &state.netns);
+    if let Some(pg) = &state.postgres_dir {
+        let _ = std::fs::remove_dir_all(pg);
+    }
+    let _ = std::fs::remove_file(&path);
+    Ok(state)
+}
+
+/// Ids of `pid`'s children, from /proc.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+fn nginx_binary() -> PathBuf {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let candidate = Path::new(dir).join("nginx");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    PathBuf::from("/usr/sbin/nginx")
+}
+
+fn placeholder_host() -> Host {
+    Host {
+        name: String::new(),
+        netns: String::new(),
+        addr: Ipv4Addr::UNSPECIFIED,
+    }
+}
+
+/// A lab number no bridge uses yet, from `seed` (e.g. a process id), for tests that run
+/// side by side.
+pub fn free_lab_number(seed: u32) -> u8 {
+    for k in 0..254u32 {
+        let n = ((seed.wrapping_add(k)) % 200 + 20) as u8;
+        if !Path::new(&format!("/sys/class/net/{}", netns::bridge_name(n))).exists() {
+            return n;
+        }
+    }
+    20
+}

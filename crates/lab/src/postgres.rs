@@ -1,0 +1,107 @@
+//! The lab's PostgreSQL: Debian's PostgreSQL 15 binaries, a throwaway cluster made by
+//! `initdb` in the lab's directory and run as the `postgres` user (initdb refuses root),
+//! listening on its host's address with trust authentication on the lab's subnet.
+//! Durability as in production: fsync and synchronous commit on — the ledger's promise
+//! depends on them.
+
+use std::net::Ipv4Addr;
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::netns::Host;
+use crate::proc::Proc;
+
+pub const PORT: u16 = 5432;
+
+/// Where Debian keeps PostgreSQL 15's server binaries.
+pub fn bin_dir() -> anyhow::Result<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .context("PostgreSQL is not installed (/usr/lib/postgresql; apt-get install postgresql)")?
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("postgres").exists())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .context("no PostgreSQL server binaries under /usr/lib/postgresql")
+}
+
+/// The `postgres` user's (uid, gid).
+fn postgres_ids() -> anyhow::Result<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd")?;
+    passwd
+        .lines()
+        .find_map(|line| {
+            let f: Vec<&str> = line.split(':').collect();
+            (f.first() == Some(&"postgres"))
+                .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
+        })
+        .context("no postgres user (it comes with Debian's postgresql package)")
+}
+
+/// The connection URL of the lab's database.
+pub fn url(addr: Ipv4Addr) -> String {
+    format!("postgres://postgres@{addr}:{PORT}/postgres")
+}
+
+/// `initdb` in `dir/data` (owned by the postgres user), trusting the lab's subnet. The
+/// postgres user must be able to reach `dir`: the lab keeps it under the system's
+/// temporary directory rather than in a lab directory that may sit in root's home.
+pub fn init(dir: &Path, subnet: Ipv4Addr) -> anyhow::Result<()> {
+    let (uid, gid) = postgres_ids()?;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    chown(dir, Some(uid), Some(gid))?;
+    let data = dir.join("data");
+    let out = Command::new(bin_dir()?.join("initdb"))
+        .uid(uid)
+        .gid(gid)
+        .arg("-D")
+        .arg(&data)
+        .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+        .output()
+        .context("running initdb")?;
+    if !out.status.success() {
+        bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let hba = format!(
+        "local all all trust\nhost all all {subnet}/24 trust\nhost all all 127.0.0.1/32 trust\n"
+    );
+    std::fs::write(data.join("pg_hba.conf"), hba)?;
+    Ok(())
+}
+
+/// Starts the server of `dir/data` in `host` and waits until it accepts connections.
+pub fn start(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
+    let ids = postgres_ids()?;
+    let mut command = host.command_as(bin_dir()?.join("postgres"), Some(ids));
+    command
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args(["-c", &format!("listen_addresses={}", host.addr)])
+        .args(["-c", &format!("port={PORT}")])
+        .args(["-c", &format!("unix_socket_directories={}", dir.display())])
+        .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"])
+        .args(["-c", "fsync=on", "-c", "synchronous_commit=on"]);
+    let mut proc = Proc::spawn("postgres", command, &dir.join("postgres.log"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = Command::new(bin_dir()?.join("pg_isready"))
+            .args(["-h", &host.addr.to_string(), "-p", &PORT.to_string(), "-q"])
+            .status()
+            .is_ok_and(|s| s.success());
+        if ready {
+            return Ok(proc);
+        }
+        if !proc.running() || Instant::now() > deadline {
+            bail!("PostgreSQL did not start:\n{}", proc.log_tail());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

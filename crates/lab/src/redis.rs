@@ -1,0 +1,197 @@
+//! The lab's Redis Cluster: Debian's `redis-server`, one node per host, three masters and
+//! three replicas made into a cluster by `redis-cli --cluster create`, with a fresh
+//! `nodes.conf` every run. No persistence: the cluster is the hot store, the ledger is
+//! PostgreSQL (docs/scale-out.md says what a lost write can and cannot cost).
+//! `cluster-node-timeout` is two seconds so that a replica takes over a killed master
+//! within a few seconds.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::netns::Host;
+use crate::proc::Proc;
+
+pub const PORT: u16 = 6379;
+/// How long a master may be unreachable before its replica is promoted.
+pub const NODE_TIMEOUT_MS: u64 = 2000;
+
+/// `redis-server` for `host`, its files in `dir`.
+pub fn start_node(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
+    std::fs::create_dir_all(dir)?;
+    let _ = std::fs::remove_file(dir.join("nodes.conf"));
+    let mut command = host.command("redis-server");
+    command.current_dir(dir).args([
+        "--bind",
+        &host.addr.to_string(),
+        "--port",
+        &PORT.to_string(),
+        "--protected-mode",
+        "no",
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        &NODE_TIMEOUT_MS.to_string(),
+        // A replica may be promoted however long it was cut off from its master: in the
+        // lab a master is killed on purpose.
+        "--cluster-replica-validity-factor",
+        "0",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--maxclients",
+        "10000",
+    ]);
+    Proc::spawn(
+        &format!("redis {}", host.name),
+        command,
+        &dir.join("redis.log"),
+    )
+}
+
+/// `redis-cli -h ADDR -p PORT ARGS…`, from the machine's own namespace: its output.
+pub fn cli(addr: Ipv4Addr, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("redis-cli")
+        .args(["-h", &addr.to_string(), "-p", &PORT.to_string()])
+        .args(args)
+        .output()
+        .context("running redis-cli")?;
+    if !out.status.success() {
+        bail!(
+            "redis-cli {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// Makes the nodes at `addrs` (first half masters, second half their replicas) one
+/// cluster and waits until every node says it is whole.
+pub fn create_cluster(addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
+    for &addr in addrs {
+        wait_until(&format!("redis at {addr}"), Duration::from_secs(10), || {
+            cli(addr, &["PING"]).is_ok_and(|s| s.trim() == "PONG")
+        })?;
+    }
+    let nodes: Vec<String> = addrs.iter().map(|a| format!("{a}:{PORT}")).collect();
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&nodes)
+        .args(["--cluster-replicas", "1", "--cluster-yes"])
+        .output()
+        .context("running redis-cli --cluster create")?;
+    if !out.status.success() {
+        bail!(
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for &addr in addrs {
+        wait_until(
+            &format!("the cluster as {addr} sees it"),
+            Duration::from_secs(30),
+            || cli(addr, &["CLUSTER", "INFO"]).is_ok_and(|s| s.contains("cluster_state:ok")),
+        )?;
+    }
+    Ok(())
+}
+
+/// One line of `CLUSTER NODES`, as much of it as the lab needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub addr: Ipv4Addr,
+    pub master: bool,
+    /// Whether the node is failed or unreachable as the asked node sees it.
+    pub failed: bool,
+    /// Slot ranges a master serves.
+    pub slots: Vec<String>,
+}
+
+/// `CLUSTER NODES` as `addr` sees it.
+pub fn nodes(addr: Ipv4Addr) -> anyhow::Result<Vec<Node>> {
+    let text = cli(addr, &["CLUSTER", "NODES"])?;
+    Ok(parse_nodes(&text))
+}
+
+fn parse_nodes(text: &str) -> Vec<Node> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 8 {
+                return None;
+            }
+            // "198.18.3.11:6379@16379"
+            let addr = fields[1].split(':').next()?.parse().ok()?;
+            let flags = fields[2];
+            Some(Node {
+                addr,
+                master: flags.contains("master"),
+                failed: flags.contains("fail"),
+                slots: fields[8..].iter().map(|s| s.to_string()).collect(),
+            })
+        })
+        .collect()
+}
+
+/// Waits until a node other than `gone` sees every slot served by a master that is not
+/// failed (after a failover).
+pub fn wait_whole(
+    addrs: &[Ipv4Addr],
+    gone: Option<Ipv4Addr>,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let witness = addrs
+        .iter()
+        .copied()
+        .find(|a| Some(*a) != gone)
+        .expect("more than one node");
+    wait_until("the cluster to be whole again", timeout, || {
+        cli(witness, &["CLUSTER", "INFO"]).is_ok_and(|s| s.contains("cluster_state:ok"))
+            && nodes(witness).is_ok_and(|ns| {
+                ns.iter()
+                    .filter(|n| n.master && !n.failed && Some(n.addr) != gone)
+                    .count()
+                    >= 3
+            })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_nodes_lines_are_read() {
+        let text = "\
+07c37dfeb235213a872192d90877d0cd55635b91 198.18.3.11:6379@16379 myself,master - 0 1426238317239 4 connected 0-5460
+67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 198.18.3.14:6379@16379 slave 07c37dfeb235213a872192d90877d0cd55635b91 0 1426238316232 4 connected
+292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 198.18.3.12:6379@16379 master,fail - 1426238316232 1426238315228 2 connected 5461-10922
+";
+        let nodes = parse_nodes(text);
+        assert_eq!(nodes.len(), 3);
+        assert!(nodes[0].master && !nodes[0].failed);
+        assert_eq!(nodes[0].slots, ["0-5460"]);
+        assert!(!nodes[1].master && nodes[1].slots.is_empty());
+        assert!(nodes[2].failed);
+        assert_eq!(nodes[2].addr, Ipv4Addr::new(198, 18, 3, 12));
+    }
+}
