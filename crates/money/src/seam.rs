@@ -100,6 +100,16 @@ pub enum Output {
         ticket: u64,
         answer: AdminAnswer,
     },
+    /// A push for a user from another host (a chat), to its connection here if any.
+    Push {
+        user: UserId,
+        push: crate::gateway::Push,
+    },
+    /// An operator's broadcast made on another host, for every connection here.
+    Broadcast {
+        server_time_us: u64,
+        text: String,
+    },
 }
 
 /// Replies by operation and result, as fields rather than names.
@@ -188,6 +198,22 @@ pub trait Money: Send {
     fn failure(&self) -> Option<String>;
     /// Commits everything submitted, then stops.
     fn finish(&mut self) -> Result<(), String>;
+
+    // Presence across hosts. One host (the embedded backend) has nothing to do here: its
+    // presence knows every connection. The cluster backend keeps user → host routes and
+    // carries chat, notices and broadcasts to other hosts.
+
+    /// `user` is now connected to this host.
+    fn online(&mut self, _user: UserId) {}
+    /// `user` left this host.
+    fn offline(&mut self, _user: UserId) {}
+    /// A chat to a user not connected here: `true` if this backend takes it (and answers
+    /// with `Reply::Chat` through `drain`), `false` if the user is simply offline.
+    fn chat_elsewhere(&mut self, _origin: Origin, _to_user: u64, _text: String) -> bool {
+        false
+    }
+    /// An operator's broadcast, already delivered here, for the other hosts.
+    fn broadcast_elsewhere(&mut self, _server_time_us: u64, _text: String) {}
 }
 
 /// Every balance the ledger holds, for the bench's user-by-user audit.

@@ -51,6 +51,14 @@ pub struct ServeConfig {
     /// "overloaded": the machine is behind, and well-behaved clients back off. 0 never
     /// (the default; `hongbao bench` sets it).
     pub max_queue_ms: u32,
+    /// Cluster mode (docs/scale-out.md): Redis Cluster seed nodes, comma-separated
+    /// `redis://HOST:PORT`. With `postgres`, the ledger is PostgreSQL, not `data_dir`.
+    pub redis: String,
+    /// Cluster mode: the PostgreSQL ledger, `postgres://USER@HOST:PORT/DB`.
+    pub postgres: String,
+    /// Cluster mode: this host's name, unique among the gateways [default: the hostname
+    /// and the client port].
+    pub host_name: String,
 }
 
 pub use hongbao_proto::token::DEV_SECRET;
@@ -77,6 +85,9 @@ impl Default for ServeConfig {
             commit_max_batch: 4096,
             monitor: String::new(),
             max_queue_ms: 0,
+            redis: String::new(),
+            postgres: String::new(),
+            host_name: String::new(),
         }
     }
 }
@@ -90,6 +101,17 @@ impl ServeConfig {
         let text = std::fs::read_to_string(file)
             .map_err(|e| Error::config(format!("reading {}: {e}", file.display())))?;
         toml::from_str(&text).map_err(|e| Error::config(format!("{}: {e}", file.display())))
+    }
+
+    /// Cluster mode is on when both engines are named; one alone is a mistake.
+    pub fn cluster(&self) -> Result<bool> {
+        match (self.redis.is_empty(), self.postgres.is_empty()) {
+            (true, true) => Ok(false),
+            (false, false) => Ok(true),
+            _ => Err(Error::config(
+                "cluster mode needs both --redis and --postgres".to_string(),
+            )),
+        }
     }
 
     pub fn demo_login(&self) -> bool {

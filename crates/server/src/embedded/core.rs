@@ -600,7 +600,10 @@ impl Core {
         self.outbox.retain(|(_, out)| match out {
             Output::Reply { to, .. } => to.worker != worker,
             Output::Deal { worker: w, .. } => *w != worker,
-            Output::Notice { .. } | Output::Admin { .. } => true,
+            Output::Notice { .. }
+            | Output::Admin { .. }
+            | Output::Push { .. }
+            | Output::Broadcast { .. } => true,
         });
     }
 

@@ -137,25 +137,53 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
     let poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
     let wake = waker.clone();
-    let (money, replayed) = Embedded::open(
-        EmbeddedConfig {
-            data_dir: cfg.data_dir.clone(),
-            core: CoreConfig {
-                packet_ttl_ms: cfg.packet_ttl_secs * 1000,
-                rng_seed: None,
-            },
-            group: GroupCommit {
-                commit_window: Duration::from_millis(cfg.commit_window_ms),
-                max_batch: cfg.commit_max_batch.max(1),
-            },
-        },
-        now_ms(),
-        Arc::new(move || {
-            let _ = wake.wake();
-        }),
-    )?;
-    let ledger_path = money.ledger_path().to_path_buf();
-    let tick_interval = Duration::from_millis(money.tick_interval_ms());
+    let wake_money: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        let _ = wake.wake();
+    });
+    let (money, reader, replayed, tick_interval): (Box<dyn Money>, _, u64, Duration) =
+        if cfg.cluster()? {
+            let host = if cfg.host_name.is_empty() {
+                format!("{}:{}", hostname(), cfg.listen)
+            } else {
+                cfg.host_name.clone()
+            };
+            let cluster = hongbao_cluster::Cluster::open(
+                hongbao_cluster::ClusterConfig {
+                    redis: cfg.redis.split(',').map(|s| s.trim().to_string()).collect(),
+                    postgres: cfg.postgres.clone(),
+                    host,
+                    packet_ttl_ms: cfg.packet_ttl_secs * 1000,
+                    commit_window: Duration::from_millis(cfg.commit_window_ms),
+                    max_batch: cfg.commit_max_batch.max(1),
+                },
+                wake_money,
+            )
+            .map_err(|e| anyhow::anyhow!("cluster mode: {e}"))?;
+            let reader = Some(cluster.reader());
+            (Box::new(cluster), reader, 0, Duration::from_millis(10))
+        } else {
+            let (money, replayed) = Embedded::open(
+                EmbeddedConfig {
+                    data_dir: cfg.data_dir.clone(),
+                    core: CoreConfig {
+                        packet_ttl_ms: cfg.packet_ttl_secs * 1000,
+                        rng_seed: None,
+                    },
+                    group: GroupCommit {
+                        commit_window: Duration::from_millis(cfg.commit_window_ms),
+                        max_batch: cfg.commit_max_batch.max(1),
+                    },
+                },
+                now_ms(),
+                wake_money,
+            )?;
+            let reader = Reader::open(money.ledger_path())
+                .map(|r| Box::new(r) as Box<dyn LedgerRead>)
+                .map_err(|e| eprintln!("hongbao serve: no ledger reader for the admin API: {e}"))
+                .ok();
+            let tick = Duration::from_millis(money.tick_interval_ms());
+            (Box::new(money), reader, replayed, tick)
+        };
 
     let client_placeholder = placeholder(&cfg.listen, "client")?;
     let client_addr = client_placeholder.local_addr()?;
@@ -185,10 +213,6 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
         .register(&mut link_listener, LINK_LISTENER, Interest::READABLE)?;
 
     let (admin_tx, admin_rx) = sync_channel(256);
-    let reader = Reader::open(&ledger_path)
-        .map(|r| Box::new(r) as Box<dyn LedgerRead>)
-        .map_err(|e| eprintln!("hongbao serve: no ledger reader for the admin API: {e}"))
-        .ok();
     let admin = admin::start(&cfg.admin, reader, admin_tx, waker.clone())?;
     let admin_addr = admin.addr();
 
@@ -206,7 +230,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
     let monitor = (!cfg.monitor.is_empty()).then(|| Reporter::start(&cfg.monitor));
     let mut sup = Supervisor {
         cfg,
-        money: Box::new(money),
+        money,
         tick_interval,
         presence: Presence::default(),
         poll,
@@ -252,6 +276,12 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
         sup.money.snapshot().ledger_seq
     );
     Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into())
 }
 
 fn origin(worker: WorkerId, conn: ConnId, request: u32, user: UserId) -> Origin {
@@ -361,6 +391,29 @@ impl Supervisor {
                         let _ = reply.send(admin_answer(answer, creates));
                     }
                 }
+                Output::Push { user, push } => {
+                    if let Some(to) = self.presence.route(user) {
+                        self.deliver(Delivery::Push {
+                            to,
+                            push,
+                            close: false,
+                        });
+                    }
+                }
+                Output::Broadcast {
+                    server_time_us,
+                    text,
+                } => {
+                    // From another host: every worker here sends it; nobody waits for a count.
+                    let msg = ToWorker::Broadcast {
+                        id: 0,
+                        server_time_us,
+                        text,
+                    };
+                    for &key in self.worker_links.values() {
+                        link::encode(&msg, &mut self.links[key].outbuf);
+                    }
+                }
             }
         }
         let committed = self.money.snapshot().committed_seq;
@@ -413,9 +466,15 @@ impl Supervisor {
                 for delivery in self.presence.login(origin) {
                     self.deliver(delivery);
                 }
+                self.money.online(user);
                 self.money.submit(now, origin, Op::LoggedIn);
             }
-            ToCore::Offline { conn, user } => self.presence.offline(w, conn, user),
+            ToCore::Offline { conn, user } => {
+                self.presence.offline(w, conn, user);
+                if self.presence.route(user).is_none() {
+                    self.money.offline(user);
+                }
+            }
             ToCore::Op {
                 conn,
                 req,
@@ -431,10 +490,12 @@ impl Supervisor {
                 to_user,
                 text,
             } => {
-                for delivery in self
-                    .presence
-                    .chat(origin(w, conn, req, user), to_user, text)
-                {
+                let from = origin(w, conn, req, user);
+                let here = UserId::new(to_user).and_then(|u| self.presence.route(u));
+                if here.is_none() && self.money.chat_elsewhere(from, to_user, text.clone()) {
+                    return; // answered through the money side's outputs
+                }
+                for delivery in self.presence.chat(from, to_user, text) {
                     self.deliver(delivery);
                 }
             }
@@ -485,6 +546,7 @@ impl Supervisor {
         let id = self.next_broadcast;
         self.next_broadcast += 1;
         let server_time_us = now_us();
+        self.money.broadcast_elsewhere(server_time_us, text.clone());
         let msg = ToWorker::Broadcast {
             id,
             server_time_us,

@@ -214,6 +214,9 @@ impl Sim {
                 }
             }
             Output::Admin { .. } => unreachable!("taken by pump"),
+            Output::Push { .. } | Output::Broadcast { .. } => {
+                unreachable!("only the cluster backend has other hosts")
+            }
         }
     }
 

@@ -1,0 +1,64 @@
+-- Releases the packets of every running campaign at its exact rate, across all hosts.
+-- KEYS[1] = '{rel}:hosts' (every key used is under the {rel} hash tag, one slot).
+-- ARGV: this host's name, how long a silent host counts as alive (ms).
+-- Returns {now_ms, 'campaign:index', ...}: the packets now this host's to give.
+--
+-- The clock is Redis's own (TIME), so hosts' clocks do not matter. A host takes at most
+-- its fair part of all that has come due (÷ hosts alive, rounded up) less what it took
+-- before, so the packets alternate between hosts however their calls interleave; when a
+-- host dies the others' parts grow and they catch up. A host silent for longer than
+-- ARGV[2] is dead: the packets it held and had not given go back, first in line.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local host = ARGV[1]
+local hosts = KEYS[1]
+redis.call('ZADD', hosts, now, host)
+local dead = redis.call('ZRANGEBYSCORE', hosts, '-inf', '(' .. (now - tonumber(ARGV[2])))
+for _, h in ipairs(dead) do
+  local held = '{rel}:held:' .. h
+  for _, p in ipairs(redis.call('SMEMBERS', held)) do
+    local c, i = string.match(p, '^(%d+):(%d+)$')
+    redis.call('RPUSH', '{rel}:back:' .. c, i)
+    redis.call('SADD', '{rel}:running', c)
+    redis.call('HINCRBY', '{rel}:c:' .. c, 'returned', 1)
+  end
+  redis.call('DEL', held)
+  redis.call('ZREM', hosts, h)
+end
+local alive = math.max(1, redis.call('ZCARD', hosts))
+local mine = '{rel}:held:' .. host
+local out = {now}
+for _, c in ipairs(redis.call('SMEMBERS', '{rel}:running')) do
+  local k = '{rel}:c:' .. c
+  local v = redis.call('HMGET', k, 'packets', 'rate', 'start', 'next', 'returned', 't:' .. host)
+  local packets, rate, start, nxt = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+  local returned, taken = tonumber(v[5] or '0'), tonumber(v[6] or '0')
+  if packets == nil then
+    redis.call('SREM', '{rel}:running', c)
+  else
+    local due = math.min(packets, math.max(0, math.floor((now - start) * rate / 1000)))
+    local back = '{rel}:back:' .. c
+    -- This host's fair part of everything due so far, less what it already took.
+    local take = math.min(math.ceil((due + returned) / alive) - taken,
+                          (due - nxt) + redis.call('LLEN', back))
+    if take > 0 then redis.call('HINCRBY', k, 't:' .. host, take) end
+    while take > 0 do
+      local i = redis.call('LPOP', back)
+      if not i then break end
+      table.insert(out, c .. ':' .. i)
+      redis.call('SADD', mine, c .. ':' .. i)
+      take = take - 1
+    end
+    while take > 0 and nxt < due do
+      table.insert(out, c .. ':' .. nxt)
+      redis.call('SADD', mine, c .. ':' .. nxt)
+      nxt = nxt + 1
+      take = take - 1
+    end
+    redis.call('HSET', k, 'next', nxt)
+    if nxt >= packets and redis.call('LLEN', back) == 0 then
+      redis.call('SREM', '{rel}:running', c)
+    end
+  end
+end
+return out

@@ -1,0 +1,199 @@
+-- hongbao's cluster ledger. Every statement is idempotent: each gateway runs this file at
+-- start (under an advisory lock), so the first host creates the schema and the others
+-- find it. docs/scale-out.md describes the layout.
+CREATE TABLE IF NOT EXISTS hb_campaigns (
+    id integer PRIMARY KEY,
+    kind text NOT NULL,
+    packets integer NOT NULL,
+    rate integer NOT NULL,
+    amount_min bigint NOT NULL,
+    amount_max bigint NOT NULL,
+    recipients integer NOT NULL,
+    user_min bigint NOT NULL,
+    user_max bigint NOT NULL,
+    seed bigint NOT NULL,
+    minted bigint NOT NULL,
+    started_ms bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS hb_balances (
+    user_id bigint PRIMARY KEY,
+    cents bigint NOT NULL CHECK (cents >= 0)
+);
+CREATE TABLE IF NOT EXISTS hb_events (
+    seq bigserial PRIMARY KEY,
+    at_ms bigint NOT NULL,
+    host text NOT NULL,
+    user_id bigint,
+    body jsonb NOT NULL
+);
+CREATE INDEX IF NOT EXISTS hb_events_user ON hb_events (user_id, seq);
+CREATE TABLE IF NOT EXISTS hb_wins (
+    packet bigint PRIMARY KEY,
+    campaign integer NOT NULL,
+    user_id bigint NOT NULL,
+    cents bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS hb_packets (
+    id bigint PRIMARY KEY,
+    sender bigint NOT NULL,
+    campaign integer,
+    cents bigint NOT NULL,
+    shares integer NOT NULL,
+    opened integer NOT NULL DEFAULT 0,
+    opened_cents bigint NOT NULL DEFAULT 0,
+    expires_ms bigint NOT NULL,
+    refunded bigint
+);
+CREATE INDEX IF NOT EXISTS hb_packets_live ON hb_packets (expires_ms) WHERE refunded IS NULL;
+CREATE INDEX IF NOT EXISTS hb_packets_campaign ON hb_packets (campaign) WHERE campaign IS NOT NULL;
+CREATE TABLE IF NOT EXISTS hb_shares (
+    packet bigint NOT NULL,
+    idx integer NOT NULL,
+    cents bigint NOT NULL,
+    PRIMARY KEY (packet, idx)
+);
+CREATE TABLE IF NOT EXISTS hb_recipients (
+    packet bigint NOT NULL,
+    user_id bigint NOT NULL,
+    opened_cents bigint,
+    PRIMARY KEY (packet, user_id)
+);
+CREATE INDEX IF NOT EXISTS hb_waiting ON hb_recipients (user_id) WHERE opened_cents IS NULL;
+CREATE TABLE IF NOT EXISTS hb_idempotency (
+    sender bigint NOT NULL,
+    key text NOT NULL,
+    packet bigint NOT NULL,
+    cents bigint NOT NULL,
+    shares integer NOT NULL,
+    recipients bigint[] NOT NULL,
+    balance bigint NOT NULL,
+    PRIMARY KEY (sender, key)
+);
+CREATE SEQUENCE IF NOT EXISTS hb_campaign_ids;
+-- Blocks of 4096 packet ids, one block per call: a host numbers its sends without a round
+-- trip each. Ids stay below 2^32 for a long while; campaign packets are campaign << 32 | i.
+CREATE SEQUENCE IF NOT EXISTS hb_packet_blocks;
+
+CREATE OR REPLACE FUNCTION hb_credit(p_user bigint, p_cents bigint) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO hb_balances (user_id, cents) VALUES (p_user, p_cents)
+    ON CONFLICT (user_id) DO UPDATE SET cents = hb_balances.cents + EXCLUDED.cents
+$$;
+
+-- A shake packet won: once per packet, whoever asks again gets false.
+CREATE OR REPLACE FUNCTION hb_win(p_packet bigint, p_campaign integer, p_user bigint,
+    p_cents bigint, p_at bigint, p_host text, p_body jsonb) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO hb_wins VALUES (p_packet, p_campaign, p_user, p_cents) ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN RETURN false; END IF;
+    PERFORM hb_credit(p_user, p_cents);
+    INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_at, p_host, p_user, p_body);
+    RETURN true;
+END $$;
+
+-- A user's send: 'ok' | 'insufficient-funds' | 'key-reused', the packet and the balance.
+CREATE OR REPLACE FUNCTION hb_send(p_sender bigint, p_packet bigint, p_cents bigint,
+    p_recipients bigint[], p_shares bigint[], p_expires bigint, p_key text, p_at bigint,
+    p_host text, p_body jsonb, OUT result text, OUT packet bigint, OUT balance bigint)
+LANGUAGE plpgsql AS $$
+DECLARE first hb_idempotency;
+BEGIN
+    IF p_key IS NOT NULL THEN
+        SELECT * INTO first FROM hb_idempotency WHERE sender = p_sender AND key = p_key;
+        IF FOUND THEN
+            packet := first.packet; balance := first.balance;
+            IF first.cents = p_cents AND first.shares = cardinality(p_shares)
+               AND first.recipients = p_recipients THEN
+                result := 'ok';
+            ELSE
+                result := 'key-reused';
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+    UPDATE hb_balances SET cents = cents - p_cents
+        WHERE user_id = p_sender AND cents >= p_cents RETURNING cents INTO balance;
+    IF NOT FOUND THEN
+        result := 'insufficient-funds'; packet := 0;
+        SELECT coalesce(max(cents), 0) INTO balance FROM hb_balances WHERE user_id = p_sender;
+        RETURN;
+    END IF;
+    PERFORM hb_new_packet(p_packet, p_sender, NULL, p_cents, p_recipients, p_shares, p_expires);
+    IF p_key IS NOT NULL THEN
+        INSERT INTO hb_idempotency VALUES (p_sender, p_key, p_packet, p_cents,
+            cardinality(p_shares), p_recipients, balance);
+    END IF;
+    INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_at, p_host, p_sender, p_body);
+    result := 'ok'; packet := p_packet;
+END $$;
+
+CREATE OR REPLACE FUNCTION hb_new_packet(p_packet bigint, p_sender bigint, p_campaign integer,
+    p_cents bigint, p_recipients bigint[], p_shares bigint[], p_expires bigint) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO hb_packets (id, sender, campaign, cents, shares, expires_ms)
+        VALUES (p_packet, p_sender, p_campaign, p_cents, cardinality(p_shares), p_expires);
+    INSERT INTO hb_shares SELECT p_packet, i - 1, p_shares[i] FROM generate_subscripts(p_shares, 1) i;
+    INSERT INTO hb_recipients SELECT p_packet, u, NULL FROM unnest(p_recipients) u;
+$$;
+
+-- A send campaign's packet `p_packet`: created once, however often it is released.
+CREATE OR REPLACE FUNCTION hb_campaign_packet(p_packet bigint, p_campaign integer,
+    p_cents bigint, p_recipients bigint[], p_shares bigint[], p_expires bigint, p_at bigint,
+    p_host text, p_body jsonb) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM hb_packets WHERE id = p_packet) THEN RETURN false; END IF;
+    PERFORM hb_new_packet(p_packet, 0, p_campaign, p_cents, p_recipients, p_shares, p_expires);
+    INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_at, p_host, NULL, p_body);
+    RETURN true;
+END $$;
+
+-- One share of a sent packet for a recipient: the result name and the cents.
+CREATE OR REPLACE FUNCTION hb_open(p_packet bigint, p_user bigint, p_at bigint, p_host text,
+    OUT result text, OUT got bigint)
+LANGUAGE plpgsql AS $$
+DECLARE p hb_packets; mine bigint; found_me boolean;
+BEGIN
+    got := 0;
+    SELECT * INTO p FROM hb_packets WHERE id = p_packet FOR UPDATE;
+    IF NOT FOUND THEN result := 'no-such-packet'; RETURN; END IF;
+    SELECT true, opened_cents INTO found_me, mine FROM hb_recipients
+        WHERE packet = p_packet AND user_id = p_user;
+    IF found_me IS NULL THEN result := 'not-a-recipient'; RETURN; END IF;
+    IF mine IS NOT NULL THEN result := 'already-opened'; got := mine; RETURN; END IF;
+    IF p.refunded IS NOT NULL OR p_at >= p.expires_ms THEN result := 'expired'; RETURN; END IF;
+    IF p.opened >= p.shares THEN result := 'empty'; RETURN; END IF;
+    SELECT s.cents INTO got FROM hb_shares s WHERE s.packet = p_packet AND s.idx = p.opened;
+    UPDATE hb_packets SET opened = opened + 1, opened_cents = opened_cents + got
+        WHERE id = p_packet;
+    UPDATE hb_recipients SET opened_cents = got WHERE packet = p_packet AND user_id = p_user;
+    PERFORM hb_credit(p_user, got);
+    INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_at, p_host, p_user,
+        jsonb_build_object('kind', 'share_opened', 'packet', p_packet, 'user', p_user,
+            'amount_cents', got));
+    result := 'opened';
+END $$;
+
+-- Packets whose time ran out give what is unopened back to their sender (a user's
+-- balance; a campaign keeps its own). Any host may run it: SKIP LOCKED shares the work.
+CREATE OR REPLACE FUNCTION hb_expire(p_now bigint, p_host text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE p record; n integer := 0; back bigint;
+BEGIN
+    FOR p IN SELECT id, sender, campaign, cents, opened_cents FROM hb_packets
+             WHERE refunded IS NULL AND expires_ms <= p_now
+             ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED LOOP
+        back := p.cents - p.opened_cents;
+        UPDATE hb_packets SET refunded = back WHERE id = p.id;
+        IF p.campaign IS NULL AND back > 0 THEN PERFORM hb_credit(p.sender, back); END IF;
+        INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_now, p_host,
+            CASE WHEN p.campaign IS NULL THEN p.sender END,
+            jsonb_build_object('kind', 'packet_expired', 'packet', p.id,
+                'sender', CASE WHEN p.campaign IS NULL THEN jsonb_build_object('User', p.sender)
+                               ELSE jsonb_build_object('Campaign', p.campaign) END,
+                'refund_cents', back));
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END $$;

@@ -1,0 +1,390 @@
+//! Cluster mode for real (docs/scale-out.md): a lab of hosts in network namespaces — a
+//! Redis Cluster of 3 masters and 3 replicas, PostgreSQL, two gateways in cluster mode and
+//! nginx in front — brought up by `hongbao_lab` as `hongbao lab up` does (root, Debian's
+//! redis-server and PostgreSQL). Clients on different gateways play against each other;
+//! then a gateway, a Redis master and PostgreSQL fail in turn, and the audit still
+//! balances to the cent on every host.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::wait_until;
+use hongbao_lab::{Lab, LabPlan};
+use hongbao_proto::client::Client;
+use hongbao_proto::{Message, ResultCode};
+use serde_json::Value;
+
+const SECRET: &str = "cluster-test-secret";
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn lab(dir: &std::path::Path, gateways: usize) -> Lab {
+    let seed = std::process::id();
+    Lab::up(LabPlan {
+        lab: hongbao_lab::free_lab_number(seed),
+        dir: dir.to_path_buf(),
+        gateways,
+        loads: 0,
+        nginx: true,
+        hongbao: env!("CARGO_BIN_EXE_hongbao").into(),
+        gateway_workers: "2".into(),
+        secret: SECRET.into(),
+        serve_args: vec!["--packet-ttl-secs".into(), "600".into()],
+    })
+    .expect("the lab comes up")
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new().timeout(IO_TIMEOUT).build()
+}
+
+/// (status, body) of an HTTP request.
+fn http(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str>) -> (u16, Value) {
+    let mut request = agent().request(method, url);
+    for (k, v) in headers {
+        request = request.set(k, v);
+    }
+    let result = match body {
+        Some(b) => request
+            .set("Content-Type", "application/json")
+            .send_string(b),
+        None => request.call(),
+    };
+    match result {
+        Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+        Err(ureq::Error::Status(s, r)) => (s, r.into_json().unwrap_or(Value::Null)),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+fn admin(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Value {
+    let (status, v) = http(method, &format!("http://{addr}{path}"), &[], body);
+    assert!(
+        (200..300).contains(&status),
+        "{method} {path}: {status} {v}"
+    );
+    v
+}
+
+fn bearer(user: u64) -> String {
+    format!(
+        "{user}.{}",
+        hongbao_proto::token::token_hex(SECRET.as_bytes(), user)
+    )
+}
+
+/// An HTTP request as `user`.
+fn as_user(user: u64, method: &str, url: &str, body: Option<&str>) -> Value {
+    let auth = format!("Bearer {}", bearer(user));
+    http(method, url, &[("Authorization", &auth)], body).1
+}
+
+fn login(addr: SocketAddr, user: u64) -> Client {
+    let mut c = Client::connect(addr).expect("connecting to a gateway");
+    c.set_timeout(IO_TIMEOUT).unwrap();
+    assert_eq!(c.login(user, SECRET.as_bytes()).unwrap(), ResultCode::Ok);
+    c
+}
+
+/// The audit as every gateway sees it: the same, and balanced.
+fn audit_everywhere(lab: &Lab, live: &[usize]) -> Value {
+    let audits: Vec<Value> = live
+        .iter()
+        .map(|&i| admin(lab.gateways[i].admin(), "GET", "/v1/audit", None))
+        .collect();
+    for a in &audits {
+        assert_eq!(a["ok"], true, "audit: {a}");
+        assert_eq!(a["minted_cents"], audits[0]["minted_cents"]);
+        assert_eq!(a["user_balances_cents"], audits[0]["user_balances_cents"]);
+    }
+    audits[0].clone()
+}
+
+/// Every user's balance by the ledger equals what its clients were told.
+fn balances_match(lab: &Lab, told: &BTreeMap<u64, u64>) {
+    let b = admin(lab.gateways[0].admin(), "GET", "/v1/balances", None);
+    for (user, cents) in told {
+        assert_eq!(
+            b["users"][user.to_string()].as_u64().unwrap_or(0),
+            *cents,
+            "user {user}"
+        );
+    }
+}
+
+fn shake_campaign(addr: SocketAddr, packets: u32, rate: u32) -> u64 {
+    let body = format!(
+        r#"{{"packets":{packets},"rate_per_sec":{rate},"amount_min":100,"amount_max":900}}"#
+    );
+    admin(addr, "POST", "/v1/campaigns/shake", Some(&body))["id"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Shakes with every client in turn until the campaign is won out; returns wins by user.
+fn shake_out(
+    clients: &mut [(u64, Client)],
+    status: SocketAddr,
+    campaign: u64,
+    told: &mut BTreeMap<u64, u64>,
+    timeout: Duration,
+) -> BTreeMap<u64, u64> {
+    let mut wins = BTreeMap::new();
+    let deadline = Instant::now() + timeout;
+    loop {
+        for (user, c) in clients.iter_mut() {
+            match c.shake().expect("a shake reply") {
+                Message::ShakeReply {
+                    result: ResultCode::Won,
+                    amount_cents,
+                    ..
+                } => {
+                    *wins.entry(*user).or_insert(0) += 1;
+                    *told.entry(*user).or_insert(0) += amount_cents;
+                }
+                Message::ShakeReply { .. } => {}
+                // The ledger was down: nothing happened, and the reply says so.
+                Message::Error {
+                    result: ResultCode::Unavailable,
+                    ..
+                } => {}
+                other => panic!("shake: {other:?}"),
+            }
+        }
+        let c = admin(status, "GET", &format!("/v1/campaigns/{campaign}"), None);
+        if c["state"] == "done" {
+            return wins;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "campaign {campaign} not won out: {c}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn cluster_mode_moves_money_across_hosts_and_survives_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lab = lab(dir.path(), 2);
+    let (gw1, gw2) = (lab.gateways[0].tcp(), lab.gateways[1].tcp());
+    let (admin1, admin2) = (lab.gateways[0].admin(), lab.gateways[1].admin());
+    let (nginx_tcp, nginx_http, _) = lab.nginx_addrs().expect("nginx");
+    let http2 = format!("http://{}", lab.gateways[1].http());
+    let mut told: BTreeMap<u64, u64> = BTreeMap::new();
+
+    // Shakes on both hosts (and through nginx) share one campaign's packets, fairly.
+    let mut clients: Vec<(u64, Client)> = (1..=6)
+        .map(|u| (u, login(if u % 2 == 1 { gw1 } else { gw2 }, u)))
+        .collect();
+    clients.push((7, login(nginx_tcp, 7)));
+    let campaign = shake_campaign(admin1, 60, 100);
+    let wins = shake_out(
+        &mut clients,
+        admin2,
+        campaign,
+        &mut told,
+        Duration::from_secs(60),
+    );
+    let on = |odd: bool| {
+        wins.iter()
+            .filter(|(u, _)| (**u % 2 == 1) == odd && **u != 7)
+            .map(|(_, n)| n)
+            .sum::<u64>()
+    };
+    assert!(
+        on(true) >= 10 && on(false) >= 10,
+        "both hosts' users win: {wins:?}"
+    );
+    assert_eq!(wins.values().sum::<u64>(), 60);
+    balances_match(&lab, &told);
+
+    // A send from a user on gw2 to users on gw1 (online: a notice crosses hosts) and to
+    // user 9 (offline: the notice waits for its login), with an idempotency key.
+    let (_, sender) = clients.iter_mut().find(|(u, _)| *u == 2).unwrap();
+    let first = match sender
+        .send_idempotent(300, 3, &[1, 3, 9], Some("k-1"))
+        .unwrap()
+    {
+        Message::SendReply {
+            result: ResultCode::Ok,
+            packet_id,
+            ..
+        } => packet_id,
+        other => panic!("send: {other:?}"),
+    };
+    match sender
+        .send_idempotent(300, 3, &[1, 3, 9], Some("k-1"))
+        .unwrap()
+    {
+        Message::SendReply {
+            result, packet_id, ..
+        } => assert_eq!((result, packet_id), (ResultCode::Ok, first)),
+        other => panic!("retried send: {other:?}"),
+    }
+    match sender
+        .send_idempotent(301, 3, &[1, 3, 9], Some("k-1"))
+        .unwrap()
+    {
+        Message::Error { result, .. } | Message::SendReply { result, .. } => {
+            assert_eq!(result, ResultCode::BadRequest)
+        }
+        other => panic!("send reusing a key: {other:?}"),
+    }
+    *told.get_mut(&2).unwrap() -= 300;
+    for user in [1, 3] {
+        let (_, c) = clients.iter_mut().find(|(u, _)| *u == user).unwrap();
+        match c.next_push().expect("a notice from the other host").message {
+            Message::PacketNotice {
+                packet_id,
+                from_user,
+                ..
+            } => assert_eq!((packet_id, from_user), (first, 2)),
+            other => panic!("expected a notice, got {other:?}"),
+        }
+    }
+    let mut late = login(gw2, 9);
+    match late
+        .next_push()
+        .expect("the waiting notice at login")
+        .message
+    {
+        Message::PacketNotice { packet_id, .. } => assert_eq!(packet_id, first),
+        other => panic!("expected a notice, got {other:?}"),
+    }
+    // Opens on either host, over TCP and HTTP; every result.
+    let open_url = format!("{http2}/v1/packets/{first}/open");
+    let opened = as_user(1, "POST", &open_url, None);
+    assert_eq!(opened["result"], "opened", "{opened}");
+    let cents = opened["amount_cents"].as_u64().unwrap();
+    *told.entry(1).or_insert(0) += cents;
+    let again = as_user(1, "POST", &open_url, None);
+    assert_eq!(
+        (again["result"].as_str(), again["amount_cents"].as_u64()),
+        (Some("already-opened"), Some(cents))
+    );
+    assert_eq!(
+        as_user(4, "POST", &open_url, None)["result"],
+        "not-a-recipient"
+    );
+    assert_eq!(
+        as_user(4, "POST", &format!("{http2}/v1/packets/77777/open"), None)["result"],
+        "no-such-packet"
+    );
+    for user in [3, 9] {
+        let c = if user == 9 {
+            &mut late
+        } else {
+            &mut clients.iter_mut().find(|(u, _)| *u == 3).unwrap().1
+        };
+        match c.open(first).unwrap() {
+            Message::OpenReply {
+                result: ResultCode::Opened,
+                amount_cents,
+                ..
+            } => *told.entry(user).or_insert(0) += amount_cents,
+            other => panic!("open: {other:?}"),
+        }
+    }
+    assert_eq!(
+        as_user(4, "GET", &format!("http://{nginx_http}/v1/notices"), None)["notices"],
+        Value::Array(vec![])
+    );
+    balances_match(&lab, &told);
+
+    // Chat and broadcasts cross hosts.
+    {
+        let (_, c4) = clients.iter_mut().find(|(u, _)| *u == 4).unwrap();
+        assert!(matches!(
+            c4.chat(5, "from gw2").unwrap(),
+            Message::ChatReply {
+                result: ResultCode::Delivered
+            }
+        ));
+        assert!(matches!(
+            c4.chat(99, "nobody").unwrap(),
+            Message::ChatReply {
+                result: ResultCode::Offline
+            }
+        ));
+    }
+    {
+        let (_, c5) = clients.iter_mut().find(|(u, _)| *u == 5).unwrap();
+        match c5.next_push().expect("a chat from the other host").message {
+            Message::ChatMessage { from_user, text } => {
+                assert_eq!((from_user, text.as_str()), (4, "from gw2"))
+            }
+            other => panic!("expected a chat, got {other:?}"),
+        }
+    }
+    admin(
+        admin1,
+        "POST",
+        "/v1/broadcast",
+        Some(r#"{"text":"hello hosts"}"#),
+    );
+    for (user, c) in clients.iter_mut().filter(|(u, _)| *u == 2 || *u == 1) {
+        match c.next_push().expect("the broadcast").message {
+            Message::Broadcast { text, .. } => assert_eq!(text, "hello hosts", "user {user}"),
+            other => panic!("expected a broadcast, got {other:?}"),
+        }
+    }
+    audit_everywhere(&lab, &[0, 1]);
+
+    // A gateway host dies mid-campaign: the packets it held go back, the other host's
+    // users win them all, and nothing is lost.
+    let campaign = shake_campaign(admin1, 40, 40);
+    std::thread::sleep(Duration::from_millis(500));
+    lab.kill_gateway(1);
+    clients.retain(|(u, _)| *u % 2 == 1 && *u != 7);
+    shake_out(
+        &mut clients,
+        admin1,
+        campaign,
+        &mut told,
+        Duration::from_secs(60),
+    );
+    audit_everywhere(&lab, &[0]);
+    balances_match(&lab, &told);
+
+    // A Redis master dies: its replica takes over; release and gates carry on.
+    let master = lab.redis_master().unwrap();
+    lab.kill_redis(master);
+    lab.wait_redis_whole(Duration::from_secs(30))
+        .expect("the Redis Cluster fails over");
+    let campaign = shake_campaign(admin1, 20, 100);
+    shake_out(
+        &mut clients,
+        admin1,
+        campaign,
+        &mut told,
+        Duration::from_secs(60),
+    );
+    audit_everywhere(&lab, &[0]);
+    balances_match(&lab, &told);
+
+    // PostgreSQL restarts: while it is down nothing is acknowledged; after, all works.
+    lab.restart_postgres(Duration::from_secs(1))
+        .expect("PostgreSQL restarts");
+    let campaign = wait_until("the ledger back", Duration::from_secs(30), || {
+        let body = r#"{"packets":10,"rate_per_sec":100,"amount_min":100,"amount_max":900}"#;
+        let (status, v) = http(
+            "POST",
+            &format!("http://{admin1}/v1/campaigns/shake"),
+            &[],
+            Some(body),
+        );
+        (status == 201).then(|| v["id"].as_u64().unwrap())
+    });
+    shake_out(
+        &mut clients,
+        admin1,
+        campaign,
+        &mut told,
+        Duration::from_secs(60),
+    );
+    audit_everywhere(&lab, &[0]);
+    balances_match(&lab, &told);
+}
