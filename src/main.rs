@@ -177,6 +177,10 @@ struct BenchArgs {
     /// reachable only from inside it)
     #[arg(long)]
     netns: bool,
+    /// Run across N gateway hosts in cluster mode on a lab (network namespaces, a Redis
+    /// Cluster, PostgreSQL, nginx in front; root; docs/scale-out.md); 0: one local server
+    #[arg(long, default_value_t = 0)]
+    hosts: usize,
 }
 
 /// Flags win over the config file, which wins over the defaults.
@@ -551,6 +555,10 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
         opts.server_nice = v;
     }
     opts.netns = args.netns;
+    opts.hosts = args.hosts;
+    if opts.hosts > 0 && opts.netns {
+        anyhow::bail!("--hosts runs on lab hosts of their own; it does not take --netns");
+    }
     Ok(opts)
 }
 

@@ -326,3 +326,22 @@ fn docs_describe_every_series_column() {
         );
     }
 }
+
+/// The bench across two gateway hosts of a lab in cluster mode (Redis Cluster,
+/// PostgreSQL, nginx in front; root): the same campaigns and the same three-way audit to
+/// the cent, over the binary protocol through nginx.
+#[test]
+fn a_bench_across_lab_hosts_balances_every_cent() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = run_bench(
+        out.path(),
+        "--hosts 2 --connections 2000 --workers 1 --procs 2 --phase-qps 500 \
+         --campaign-rate 200 --shake-packets 60 --send-packets 30",
+    );
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    assert_eq!(summary["options"]["hosts"], 2);
+    assert_eq!(summary["shake"]["won_clients"], 60);
+    assert_eq!(summary["send"]["opened_clients"], 90);
+    // The lab is gone with the bench.
+    assert!(!out.path().join("lab/lab.json").exists());
+}

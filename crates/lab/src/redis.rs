@@ -21,8 +21,10 @@ pub const NODE_TIMEOUT_MS: u64 = 2000;
 
 /// `redis-server` for `host`, its files in `dir`.
 pub fn start_node(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
+    // A fresh node: no nodes.conf of an earlier cluster, no dump.rdb (a replica writes
+    // the RDB it syncs from, and would load its keys at the next start).
+    let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
-    let _ = std::fs::remove_file(dir.join("nodes.conf"));
     let mut command = host.command("redis-server");
     command.current_dir(dir).args([
         "--bind",

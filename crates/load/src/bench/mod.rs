@@ -29,13 +29,12 @@ use hongbao_money::rules::{SendCampaignRequest, ShakeCampaignRequest};
 use hongbao_money::seam::Balances;
 use hongbao_money::{Audit, CampaignStatus};
 use hongbao_monitor::Monitor;
-use serde_json::Value;
 
 use crate::broadcast;
 use crate::coordinator::{Load, LoadOptions, Row};
 use crate::transport::{HttpConnection, Transport};
 use broadcaster::{wait_deliveries, Broadcaster};
-use server::{sample, Server, ServerSample};
+use server::{Server, ServerSample};
 pub use summary::Summary;
 use summary::{
     AuditSummary, ConnectionsSummary, Discrepancy, LoadSummary, NetworkSummary, OptionsSummary,
@@ -96,6 +95,9 @@ pub struct BenchOptions {
     /// The caller moved the bench into a network namespace of its own
     /// (`doctor::enter_network_namespace`): recorded in the summary.
     pub netns: bool,
+    /// With N > 0, N gateway hosts in cluster mode on a lab (Redis Cluster, PostgreSQL,
+    /// nginx in front) instead of one local server (docs/scale-out.md).
+    pub hosts: usize,
     /// HTTP: a keep-alive connection per user, or a connection per request.
     pub http_connection: HttpConnection,
     /// HTTP: each user looks for packets to open every this many seconds.
@@ -122,6 +124,7 @@ impl BenchOptions {
             max_queue_ms: DEFAULT_BENCH_MAX_QUEUE_MS,
             server_nice: DEFAULT_SERVER_NICE,
             netns: false,
+            hosts: 0,
             http_connection: HttpConnection::KeepAlive,
             notice_poll_secs: DEFAULT_NOTICE_POLL_SECS,
         };
@@ -161,29 +164,34 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         opts.out.join("series.csv").display()
     ));
     monitor.mark("start");
-    say(&format!(
-        "bench: starting hongbao serve (workers {}), ledger in {}",
-        opts.workers,
-        data_dir.display()
-    ));
+    say(&if opts.hosts > 0 {
+        format!(
+            "bench: bringing up a lab of {} gateway hosts (workers {}) in cluster mode, nginx in front; its files in {}",
+            opts.hosts,
+            opts.workers,
+            opts.out.join("lab").display()
+        )
+    } else {
+        format!(
+            "bench: starting hongbao serve (workers {}), ledger in {}",
+            opts.workers,
+            data_dir.display()
+        )
+    });
     let server = Server::start(&opts, &data_dir, monitor.addr())?;
     std::thread::sleep(Duration::from_millis(1500));
-    let server_baseline = sample(&server.get("/v1/stats")?);
+    let server_baseline = server.sample()?;
 
     // Once-a-second server samples, for the series and the server-side QPS.
     let samples: Arc<Mutex<Vec<ServerSample>>> = Arc::default();
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
-        let (samples, sampling, admin) = (samples.clone(), sampling.clone(), server.admin);
+        let (samples, sampling, admins) =
+            (samples.clone(), sampling.clone(), server.admins.clone());
         std::thread::spawn(move || {
             while sampling.load(Ordering::Relaxed) {
-                let url = format!("http://{admin}/v1/stats");
-                if let Ok(Ok(v)) = ureq::get(&url)
-                    .timeout(Duration::from_secs(5))
-                    .call()
-                    .map(|r| r.into_json::<Value>())
-                {
-                    samples.lock().unwrap().push(sample(&v));
+                if let Some(s) = server::sample_all(&admins) {
+                    samples.lock().unwrap().push(s);
                 }
                 let ms = unix_ms() % 1000;
                 // Sample in the middle of each second, away from the workers' report instants.
@@ -475,6 +483,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             broadcast_every: opts.broadcast_every_secs,
             max_queue_ms: opts.max_queue_ms,
             server_nice: opts.server_nice,
+            hosts: opts.hosts,
         },
         network: NetworkSummary {
             own_namespace: opts.netns,

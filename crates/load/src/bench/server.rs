@@ -18,10 +18,15 @@ use serde_json::Value;
 use super::{BenchOptions, SECRET};
 use crate::transport::Transport;
 
-/// A `hongbao serve` child: killed if still running when dropped.
+/// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
+/// lab of N gateways in cluster mode behind nginx (taken down when dropped).
 pub(super) struct Server {
-    child: Child,
+    child: Option<Child>,
+    lab: Option<hongbao_lab::Lab>,
+    /// Where operators' requests go (the first gateway of a lab).
     pub admin: SocketAddr,
+    /// Every gateway's admin address, for the server side of the series.
+    pub admins: Vec<SocketAddr>,
     pub listen: SocketAddr,
     /// The WebSocket listener, when asked for.
     pub ws: Option<SocketAddr>,
@@ -31,9 +36,11 @@ pub(super) struct Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 }
@@ -44,6 +51,9 @@ impl Server {
         data_dir: &Path,
         monitor: SocketAddr,
     ) -> anyhow::Result<Server> {
+        if opts.hosts > 0 {
+            return Server::start_lab(opts);
+        }
         let mut command = Command::new(std::env::current_exe()?);
         let server_nice = opts.server_nice;
         // SAFETY: the closure runs in the forked child before exec and only calls
@@ -83,7 +93,9 @@ impl Server {
             }
         });
         let mut server = Server {
-            child,
+            child: Some(child),
+            lab: None,
+            admins: Vec::new(),
             admin: "0.0.0.0:0".parse()?,
             listen: "0.0.0.0:0".parse()?,
             ws: None,
@@ -101,12 +113,52 @@ impl Server {
         };
         server.listen = field("listen")?;
         server.admin = field("admin")?;
+        server.admins = vec![server.admin];
         match opts.transport {
             Transport::Ws => server.ws = Some(field("ws")?),
             Transport::Http => server.http = Some(field("http")?),
             Transport::Tcp => {}
         }
         Ok(server)
+    }
+
+    /// `opts.hosts` gateways in cluster mode on a lab's hosts, nginx in front: the load
+    /// goes to nginx; the audit and campaigns to the first gateway.
+    fn start_lab(opts: &BenchOptions) -> anyhow::Result<Server> {
+        let serve_args = vec![
+            "--max-shake-qps".to_string(),
+            opts.max_shake_qps.to_string(),
+            "--max-queue-ms".to_string(),
+            opts.max_queue_ms.to_string(),
+        ];
+        let lab = hongbao_lab::Lab::up(hongbao_lab::LabPlan {
+            lab: hongbao_lab::free_lab_number(std::process::id()),
+            dir: std::path::absolute(opts.out.join("lab"))?,
+            gateways: opts.hosts,
+            loads: 0,
+            nginx: true,
+            hongbao: std::env::current_exe()?,
+            gateway_workers: opts.workers.clone(),
+            secret: SECRET.into(),
+            serve_args,
+        })
+        .context("bringing the lab up")?;
+        let (tcp, http, ws) = lab.nginx_addrs().context("the lab has no nginx")?;
+        let admins: Vec<SocketAddr> = lab.gateways.iter().map(|g| g.admin()).collect();
+        Ok(Server {
+            child: None,
+            admin: admins[0],
+            admins,
+            listen: tcp,
+            ws: Some(ws),
+            http: Some(http),
+            lab: Some(lab),
+        })
+    }
+
+    /// One sample over every gateway: rates, memory and CPU summed.
+    pub fn sample(&self) -> anyhow::Result<ServerSample> {
+        sample_all(&self.admins).context("no /v1/stats from the gateways")
     }
 
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
@@ -133,21 +185,51 @@ impl Server {
         }
     }
 
-    /// Asks the server to stop (SIGINT) and waits for it.
+    /// Asks the server to stop (SIGINT) and waits for it; a lab is taken down.
     pub fn stop(mut self) -> anyhow::Result<()> {
+        drop(self.lab.take());
+        let Some(child) = &mut self.child else {
+            return Ok(());
+        };
         // SAFETY: kill(2) on our own child's pid.
         unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGINT);
+            libc::kill(child.id() as i32, libc::SIGINT);
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if self.child.try_wait()?.is_some() {
+            if child.try_wait()?.is_some() {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         bail!("hongbao serve did not stop within 30 s")
     }
+}
+
+/// `/v1/stats` of every gateway in `admins`, summed into one sample; `None` if any is
+/// missing.
+pub(super) fn sample_all(admins: &[SocketAddr]) -> Option<ServerSample> {
+    let mut total: Option<ServerSample> = None;
+    for admin in admins {
+        let url = format!("http://{admin}/v1/stats");
+        let v: Value = ureq::get(&url)
+            .timeout(Duration::from_secs(5))
+            .call()
+            .ok()?
+            .into_json()
+            .ok()?;
+        let s = sample(&v);
+        total = Some(match total {
+            None => s,
+            Some(t) => ServerSample {
+                unix_ms: t.unix_ms,
+                shakes_per_sec: t.shakes_per_sec + s.shakes_per_sec,
+                rss_bytes: t.rss_bytes + s.rss_bytes,
+                cpu_ms: t.cpu_ms + s.cpu_ms,
+            },
+        });
+    }
+    total
 }
 
 /// One sample of the server's `/v1/stats`, taken once a second.

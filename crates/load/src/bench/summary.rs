@@ -208,6 +208,9 @@ pub struct OptionsSummary {
     pub broadcast_every: f64,
     pub max_queue_ms: u32,
     pub server_nice: i32,
+    /// Gateway hosts of a lab in cluster mode; 0 for one local server.
+    #[serde(default)]
+    pub hosts: usize,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -214,6 +214,8 @@ impl Load {
         }
         let source_ips = match opts.source_ips {
             Some((a, b)) => ip_range(a, b)?,
+            // Loopback sources reach only loopback: elsewhere (a lab host) the kernel picks.
+            None if !opts.server.ip().is_loopback() => vec![Ipv4Addr::UNSPECIFIED],
             None => default_source_ips(opts.users),
         };
         let epoch_ms = (unix_ms() / 1000 + 2) * 1000;
