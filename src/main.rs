@@ -181,6 +181,13 @@ struct BenchArgs {
     /// Cluster, PostgreSQL, nginx in front; root; docs/scale-out.md); 0: one local server
     #[arg(long, default_value_t = 0)]
     hosts: usize,
+    /// With --hosts: inject a failure into the first phase: gateway, redis-master or
+    /// postgres (docs/bench.md)
+    #[arg(long)]
+    fault: Option<String>,
+    /// Seconds into the first phase for --fault
+    #[arg(long, default_value_t = 5.0)]
+    fault_at: f64,
 }
 
 /// Flags win over the config file, which wins over the defaults.
@@ -556,6 +563,18 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
     }
     opts.netns = args.netns;
     opts.hosts = args.hosts;
+    opts.fault = args
+        .fault
+        .as_deref()
+        .map(hongbao_load::bench::Fault::parse)
+        .transpose()?;
+    opts.fault_at_secs = args.fault_at;
+    if opts.fault.is_some() && opts.hosts == 0 {
+        anyhow::bail!("--fault needs --hosts: the failures are injected into a lab");
+    }
+    if opts.fault == Some(hongbao_load::bench::Fault::Gateway) && opts.hosts < 2 {
+        anyhow::bail!("--fault gateway needs --hosts 2 or more: one host must carry on");
+    }
     if opts.hosts > 0 && opts.netns {
         anyhow::bail!("--hosts runs on lab hosts of their own; it does not take --netns");
     }

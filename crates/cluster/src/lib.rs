@@ -342,13 +342,16 @@ pub enum Commit {
 }
 
 impl Commit {
-    /// The user whose balance row the op locks first: batches lock in this order.
-    fn lock_order(&self) -> u64 {
+    /// The order a batch runs its ops in. Only packet rows are locked by two hosts at
+    /// once (opens of one packet by users on different hosts; a user's balance row is
+    /// touched by its own host only, and by expiry), so every batch locks packets first,
+    /// in id order: two hosts' batches then cannot wait on each other in a cycle (which
+    /// PostgreSQL would break only after `deadlock_timeout`, a second).
+    fn lock_order(&self) -> (u8, u64) {
         match self {
-            Commit::Win { to, .. } | Commit::Send { to, .. } | Commit::Open { to, .. } => {
-                to.user.get()
-            }
-            Commit::CampaignPacket { .. } => 0,
+            Commit::Open { packet, .. } => (0, *packet),
+            Commit::Win { to, .. } | Commit::Send { to, .. } => (1, to.user.get()),
+            Commit::CampaignPacket { packet, .. } => (2, *packet),
         }
     }
 }

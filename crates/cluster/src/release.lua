@@ -56,6 +56,7 @@ for _, c in ipairs(redis.call('SMEMBERS', '{rel}:running')) do
       take = take - 1
     end
     redis.call('HSET', k, 'next', nxt)
+    if nxt >= packets then redis.call('HSETNX', k, 'all', now) end
     if nxt >= packets and redis.call('LLEN', back) == 0 then
       redis.call('SREM', '{rel}:running', c)
     end

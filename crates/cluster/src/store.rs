@@ -403,6 +403,15 @@ impl Store {
         Ok(rows.iter().map(campaign_from).collect())
     }
 
+    /// A field of a campaign's release hash (`next`, `all`), if Redis has it.
+    async fn release_field<T: redis::FromRedisValue>(&self, id: u32, field: &str) -> Option<T> {
+        let mut redis = self.redis();
+        redis
+            .hget(format!("{{rel}}:c:{id}"), field)
+            .await
+            .unwrap_or(None)
+    }
+
     async fn status(&self, c: &CampaignRow) -> Result<CampaignStatus, String> {
         let pg = self.pg().await?;
         let mut status = CampaignStatus {
@@ -456,16 +465,14 @@ impl Store {
                 .map_err(|e| pg_error("reading a campaign", e))?;
             status.won = r.get::<_, i64>(0) as u32;
             status.won_cents = r.get::<_, i64>(1) as u64;
-            let mut redis = self.redis();
-            let next: Option<u32> = redis
-                .hget(format!("{{rel}}:c:{}", c.id), "next")
-                .await
-                .unwrap_or(None);
+            let next: Option<u32> = self.release_field(c.id, "next").await;
             status.released = next.unwrap_or(c.packets).min(c.packets);
             if status.won == c.packets {
                 status.state = CampaignState::Done;
             }
         }
+        // When the release reached the campaign's last packet (Redis's clock).
+        status.released_all_ms = self.release_field(c.id, "all").await;
         Ok(status)
     }
 
@@ -612,7 +619,7 @@ pub async fn admin(store: &Store, _host: &str, request: AdminRequest) -> AdminAn
         },
         AdminRequest::Audit => store.audit().await.map(AdminAnswer::Audit),
     };
-    answer.unwrap_or_else(|e| AdminAnswer::Refused(format!("the ledger is unavailable: {e}")))
+    answer.unwrap_or_else(|e| AdminAnswer::Unavailable(format!("the ledger is unavailable: {e}")))
 }
 
 /// A campaign: in the ledger first (with what it mints), then in Redis for release.

@@ -278,7 +278,7 @@ impl Lab {
                 "--ws-upstream",
                 &list(Gateway::ws),
             ])
-            .args(["--worker-processes", "1", "--user", "root"])
+            .args(["--worker-processes", "2", "--user", "root"])
             .arg("--prefix")
             .arg(&prefix)
             .arg("--out")
@@ -360,15 +360,20 @@ impl Lab {
         }
     }
 
-    /// Waits until the Redis Cluster serves every slot again without the nodes killed.
-    pub fn wait_redis_whole(&self, timeout: Duration) -> anyhow::Result<()> {
+    /// Waits until the Redis Cluster serves every slot again with three masters none of
+    /// which is `gone` (a master killed: its replica has taken over).
+    pub fn wait_redis_whole(
+        &self,
+        gone: Option<Ipv4Addr>,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
         let live: Vec<Ipv4Addr> = self
             .redis
             .iter()
             .filter(|(_, p)| p.is_some())
             .map(|(h, _)| h.addr)
             .collect();
-        redis::wait_whole(&live, None, timeout)
+        redis::wait_whole(&live, gone, timeout)
     }
 
     /// Stops PostgreSQL (fast shutdown: SIGINT aborts open transactions, as a crash
@@ -525,4 +530,116 @@ pub fn free_lab_number(seed: u32) -> u8 {
         }
     }
     20
+}
+
+/// What the engines have done so far, summed over the lab: Redis commands by name (over
+/// every live node, scripts' inner commands included, as `INFO commandstats` counts
+/// them) and PostgreSQL's transactions and rows (`pg_stat_database`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineCounters {
+    pub redis_calls: std::collections::BTreeMap<String, u64>,
+    pub pg_commits: u64,
+    pub pg_rows_inserted: u64,
+    pub pg_rows_updated: u64,
+}
+
+impl EngineCounters {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &EngineCounters) -> EngineCounters {
+        EngineCounters {
+            redis_calls: self
+                .redis_calls
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.saturating_sub(*earlier.redis_calls.get(k).unwrap_or(&0)),
+                    )
+                })
+                .filter(|(_, v)| *v > 0)
+                .collect(),
+            pg_commits: self.pg_commits.saturating_sub(earlier.pg_commits),
+            pg_rows_inserted: self
+                .pg_rows_inserted
+                .saturating_sub(earlier.pg_rows_inserted),
+            pg_rows_updated: self.pg_rows_updated.saturating_sub(earlier.pg_rows_updated),
+        }
+    }
+}
+
+/// `cmdstat_get:calls=5,usec=…` lines of `INFO commandstats`: (command, calls).
+pub fn parse_commandstats(info: &str) -> Vec<(String, u64)> {
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_string(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+impl Lab {
+    /// The engines' counters now (see [`EngineCounters`]).
+    pub fn engine_counters(&self) -> anyhow::Result<EngineCounters> {
+        let mut counters = EngineCounters::default();
+        for (host, proc) in &self.redis {
+            if proc.is_none() {
+                continue;
+            }
+            for (name, calls) in
+                parse_commandstats(&redis::cli(host.addr, &["INFO", "commandstats"])?)
+            {
+                *counters.redis_calls.entry(name).or_insert(0) += calls;
+            }
+        }
+        let psql = postgres::bin_dir()?.join("psql");
+        let out = Command::new(psql)
+            .args(["-X", "-At", "-d", &self.postgres_url()])
+            .args(["-c", "SELECT xact_commit, tup_inserted, tup_updated FROM pg_stat_database WHERE datname = current_database()"])
+            .output()
+            .context("running psql")?;
+        if !out.status.success() {
+            bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let fields: Vec<u64> = text
+            .trim()
+            .split('|')
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        if fields.len() != 3 {
+            bail!("psql: unexpected pg_stat_database row {text:?}");
+        }
+        counters.pg_commits = fields[0];
+        counters.pg_rows_inserted = fields[1];
+        counters.pg_rows_updated = fields[2];
+        Ok(counters)
+    }
+}
+
+#[cfg(test)]
+mod engine_tests {
+    use super::*;
+
+    #[test]
+    fn commandstats_lines_give_calls_by_command() {
+        let info = "# Commandstats\r\ncmdstat_evalsha:calls=120,usec=900,usec_per_call=7.50,rejected_calls=0,failed_calls=0\r\ncmdstat_get:calls=3,usec=2\r\nnoise\r\n";
+        assert_eq!(
+            parse_commandstats(info),
+            vec![("evalsha".to_string(), 120), ("get".to_string(), 3)]
+        );
+        let a = EngineCounters {
+            redis_calls: [("get".to_string(), 3)].into(),
+            pg_commits: 10,
+            ..Default::default()
+        };
+        let b = EngineCounters {
+            redis_calls: [("get".to_string(), 5), ("set".to_string(), 1)].into(),
+            pg_commits: 15,
+            ..Default::default()
+        };
+        let d = b.since(&a);
+        assert_eq!(d.redis_calls.get("get"), Some(&2));
+        assert_eq!(d.pg_commits, 5);
+    }
 }

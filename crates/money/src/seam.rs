@@ -76,6 +76,8 @@ pub enum AdminAnswer {
     Audit(Audit),
     /// The request broke a rule: nothing was started or written.
     Refused(String),
+    /// The ledger could not be reached: nothing was started or written; try again.
+    Unavailable(String),
 }
 
 /// What comes out of the money side, in order, once durable.

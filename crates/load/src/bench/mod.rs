@@ -37,8 +37,8 @@ use broadcaster::{wait_deliveries, Broadcaster};
 use server::{Server, ServerSample};
 pub use summary::Summary;
 use summary::{
-    AuditSummary, ConnectionsSummary, Discrepancy, LoadSummary, NetworkSummary, OptionsSummary,
-    Phase, Resources, SendAudit, ShakeAudit,
+    AuditSummary, ConnectionsSummary, Discrepancy, EngineSummary, LoadSummary, NetworkSummary,
+    OptionsSummary, Phase, Resources, SendAudit, ShakeAudit,
 };
 
 pub const SECRET: &str = "hongbao-bench-secret";
@@ -98,10 +98,45 @@ pub struct BenchOptions {
     /// With N > 0, N gateway hosts in cluster mode on a lab (Redis Cluster, PostgreSQL,
     /// nginx in front) instead of one local server (docs/scale-out.md).
     pub hosts: usize,
+    /// With `--hosts`: a failure injected `fault_at_secs` into the first phase.
+    pub fault: Option<Fault>,
+    pub fault_at_secs: f64,
     /// HTTP: a keep-alive connection per user, or a connection per request.
     pub http_connection: HttpConnection,
     /// HTTP: each user looks for packets to open every this many seconds.
     pub notice_poll_secs: u32,
+}
+
+/// A failure the bench injects into a lab mid-run (docs/scale-out.md, "Failures").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL every process of the last gateway host.
+    Gateway,
+    /// SIGKILL a Redis master; its replica takes over.
+    RedisMaster,
+    /// Stop PostgreSQL, and start it again two seconds later.
+    Postgres,
+}
+
+impl Fault {
+    pub fn parse(name: &str) -> anyhow::Result<Fault> {
+        match name {
+            "gateway" => Ok(Fault::Gateway),
+            "redis-master" => Ok(Fault::RedisMaster),
+            "postgres" => Ok(Fault::Postgres),
+            other => {
+                anyhow::bail!("--fault must be gateway, redis-master or postgres, not {other:?}")
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Gateway => "gateway",
+            Fault::RedisMaster => "redis-master",
+            Fault::Postgres => "postgres",
+        }
+    }
 }
 
 impl BenchOptions {
@@ -125,6 +160,8 @@ impl BenchOptions {
             server_nice: DEFAULT_SERVER_NICE,
             netns: false,
             hosts: 0,
+            fault: None,
+            fault_at_secs: 5.0,
             http_connection: HttpConnection::KeepAlive,
             notice_poll_secs: DEFAULT_NOTICE_POLL_SECS,
         };
@@ -255,10 +292,14 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     }
     let mut summaries = Vec::new();
     let mut discrepancies: Vec<Discrepancy> = Vec::new();
+    // With --hosts: the engines' counters from here (the phases) to the end.
+    let engines_before = server.engine_counters();
+    let totals_before = load.totals();
     let mut shake_total = ShakeAudit::default();
     let mut send_total = SendAudit::default();
     let mut broadcaster = Broadcaster::new(opts.broadcast_every_secs);
 
+    let mut fault_thread = None;
     for (n, &qps) in opts.phase_qps.iter().enumerate() {
         let name = format!("qps-{qps}");
         let from = load.set_qps(qps)?;
@@ -269,6 +310,14 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         ));
         wait_until_second(&load, from + 1);
         broadcaster.start_phase(&name);
+        if let (0, Some(fault)) = (n, opts.fault) {
+            let after = Duration::from_secs_f64(opts.fault_at_secs.max(0.0));
+            fault_thread = server.inject_later(fault, after);
+            monitor.mark_at(
+                load.epoch_ms() + (from + 1) * 1000 + after.as_millis() as u64,
+                fault.name(),
+            );
+        }
         let before = load.totals();
         let shake = ShakeCampaignRequest {
             packets: opts.shake_packets,
@@ -332,6 +381,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             before: &before,
             after: &after,
             campaign_rate: opts.campaign_rate,
+            fault: opts.fault.is_some(),
         };
         let summary = phase.summary(&mut discrepancies);
         let audit: Audit = server.get("/v1/audit")?;
@@ -358,6 +408,12 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         t.disconnects + t.connect_failures()
     };
 
+    if let Some(handle) = fault_thread.take() {
+        let what = handle
+            .join()
+            .unwrap_or_else(|_| "the fault thread panicked".to_string());
+        say(&format!("bench: fault: {what}"));
+    }
     let rows = load.rows();
     let peak_connections = rows.iter().map(|r| r.logged_in).max().unwrap_or(0);
     let load_pids = load.pids();
@@ -397,17 +453,38 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     // Witness three: every balance the ledger holds, read through the server.
     let balances: Balances = server.get("/v1/balances")?;
     let samples = samples.lock().unwrap().clone();
+    let engines = match (&engines_before, server.engine_counters()) {
+        (Some(before), Some(after)) => {
+            let d = after.since(before);
+            Some(EngineSummary {
+                redis_calls: d.redis_calls,
+                pg_commits: d.pg_commits,
+                pg_rows_inserted: d.pg_rows_inserted,
+                pg_rows_updated: d.pg_rows_updated,
+                shake_replies: finished.totals.shake_replies - totals_before.shake_replies,
+                wins: finished.totals.won - totals_before.won,
+                opens: finished.totals.opens_sent - totals_before.opens_sent,
+                packets_sent: send_total.packets,
+            })
+        }
+        _ => None,
+    };
     server.stop()?;
     // Both sent their last second on the way out: the series is complete.
     monitor.finish()?;
 
     // The ledger, user by user, against what each user's client was told.
     let mut users_checked = 0u64;
+    let mut unacknowledged_cents = 0u64;
     for (user, seen) in &finished.users {
         users_checked += 1;
         let server_cents = balances.users.get(user).copied().unwrap_or(0);
         let client_cents = seen.won_cents + seen.opened_cents;
-        if server_cents != client_cents {
+        // After a fault a reply may be lost after its commit: the ledger holds money the
+        // client was not told of; what a client was told must all be there.
+        if opts.fault.is_some() && server_cents > client_cents {
+            unacknowledged_cents += server_cents - client_cents;
+        } else if server_cents != client_cents {
             discrepancies.push(Discrepancy {
                 user: Some(*user),
                 ..Discrepancy::new("user_balance", None, server_cents, client_cents)
@@ -415,7 +492,9 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         }
     }
     for (user, cents) in &balances.users {
-        if !finished.users.contains_key(user) {
+        if opts.fault.is_some() && !finished.users.contains_key(user) {
+            unacknowledged_cents += cents;
+        } else if !finished.users.contains_key(user) {
             discrepancies.push(Discrepancy {
                 user: Some(*user),
                 ..Discrepancy::new("user_balance", None, *cents, 0)
@@ -453,6 +532,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             ok: audit_ok,
             discrepancies,
             users_checked,
+            unacknowledged_cents,
             server: final_audit,
         },
         resources: Resources {
@@ -484,11 +564,13 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             max_queue_ms: opts.max_queue_ms,
             server_nice: opts.server_nice,
             hosts: opts.hosts,
+            fault: opts.fault.map_or(String::new(), |f| f.name().to_string()),
         },
         network: NetworkSummary {
             own_namespace: opts.netns,
             ehash_buckets: hongbao_sys::doctor::ehash_buckets(),
         },
+        engines,
     };
     std::fs::write(
         opts.out.join("summary.json"),

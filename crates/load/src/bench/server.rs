@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -15,14 +15,14 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{BenchOptions, SECRET};
+use super::{BenchOptions, Fault, SECRET};
 use crate::transport::Transport;
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
 /// lab of N gateways in cluster mode behind nginx (taken down when dropped).
 pub(super) struct Server {
     child: Option<Child>,
-    lab: Option<hongbao_lab::Lab>,
+    lab: Option<Arc<Mutex<hongbao_lab::Lab>>>,
     /// Where operators' requests go (the first gateway of a lab).
     pub admin: SocketAddr,
     /// Every gateway's admin address, for the server side of the series.
@@ -143,6 +143,19 @@ impl Server {
             serve_args,
         })
         .context("bringing the lab up")?;
+        // Interrupted (Ctrl-C, SIGTERM), the bench takes the lab down before it goes.
+        let stop = hongbao_sys::Stop::on_signals()?;
+        let lab_dir = lab.plan.dir.clone();
+        std::thread::spawn(move || loop {
+            if stop.requested() {
+                match hongbao_lab::down(&lab_dir) {
+                    Ok(state) => eprintln!("bench: interrupted; lab {} taken down", state.lab),
+                    Err(e) => eprintln!("bench: interrupted; taking the lab down: {e:#}"),
+                }
+                std::process::exit(130);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        });
         let (tcp, http, ws) = lab.nginx_addrs().context("the lab has no nginx")?;
         let admins: Vec<SocketAddr> = lab.gateways.iter().map(|g| g.admin()).collect();
         Ok(Server {
@@ -152,8 +165,59 @@ impl Server {
             listen: tcp,
             ws: Some(ws),
             http: Some(http),
-            lab: Some(lab),
+            lab: Some(Arc::new(Mutex::new(lab))),
         })
+    }
+
+    /// Injects `fault` into the lab `after` from now, on a thread of its own; what it did
+    /// comes back on the handle.
+    pub fn inject_later(
+        &self,
+        fault: Fault,
+        after: Duration,
+    ) -> Option<std::thread::JoinHandle<String>> {
+        let lab = self.lab.clone()?;
+        Some(std::thread::spawn(move || {
+            std::thread::sleep(after);
+            let mut lab = lab.lock().unwrap();
+            match fault {
+                Fault::Gateway => {
+                    let last = lab.gateways.len() - 1;
+                    lab.kill_gateway(last);
+                    format!(
+                        "killed every process of gateway host {}",
+                        lab.gateways[last].host.name
+                    )
+                }
+                Fault::RedisMaster => match lab.redis_master() {
+                    Ok(addr) => {
+                        let t = Instant::now();
+                        lab.kill_redis(addr);
+                        match lab.wait_redis_whole(Some(addr), Duration::from_secs(60)) {
+                            Ok(()) => format!(
+                                "killed the Redis master {addr}; the cluster was whole again after {:.1} s",
+                                t.elapsed().as_secs_f64()
+                            ),
+                            Err(e) => format!("killed the Redis master {addr}; {e:#}"),
+                        }
+                    }
+                    Err(e) => format!("no Redis master to kill: {e:#}"),
+                },
+                Fault::Postgres => match lab.restart_postgres(Duration::from_secs(2)) {
+                    Ok(()) => "stopped PostgreSQL and started it again 2 s later".to_string(),
+                    Err(e) => format!("restarting PostgreSQL: {e:#}"),
+                },
+            }
+        }))
+    }
+
+    /// The lab's engine counters (with `--hosts`), `None` without a lab or if they cannot
+    /// be read.
+    pub fn engine_counters(&self) -> Option<hongbao_lab::EngineCounters> {
+        let lab = self.lab.as_ref()?.lock().unwrap();
+        lab.engine_counters()
+            .map_err(|e| eprintln!("bench: the engines' counters: {e:#}"))
+            .ok()
     }
 
     /// One sample over every gateway: rates, memory and CPU summed.
@@ -161,12 +225,16 @@ impl Server {
         sample_all(&self.admins).context("no /v1/stats from the gateways")
     }
 
+    /// `GET path` of the admin API. Asked again for up to 30 s while the answer is 503
+    /// or no answer (a lab's ledger restarting).
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         let url = format!("http://{}{path}", self.admin);
-        Ok(ureq::get(&url)
-            .timeout(Duration::from_secs(15))
-            .call()?
-            .into_json()?)
+        self.retrying(path, || {
+            ureq::get(&url)
+                .timeout(Duration::from_secs(15))
+                .call()
+                .map_err(Box::new)
+        })
     }
 
     pub fn post<T: DeserializeOwned>(
@@ -175,19 +243,46 @@ impl Server {
         body: &impl Serialize,
     ) -> anyhow::Result<T> {
         let url = format!("http://{}{path}", self.admin);
-        match ureq::post(&url)
-            .timeout(Duration::from_secs(15))
-            .send_json(serde_json::to_value(body)?)
-        {
-            Ok(r) => Ok(r.into_json()?),
-            Err(ureq::Error::Status(code, r)) => bail!("POST {path}: {code} {}", r.into_string()?),
-            Err(e) => Err(e.into()),
+        let body = serde_json::to_value(body)?;
+        self.retrying(path, || {
+            ureq::post(&url)
+                .timeout(Duration::from_secs(15))
+                .send_json(body.clone())
+                .map_err(Box::new)
+        })
+    }
+
+    fn retrying<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        mut ask: impl FnMut() -> Result<ureq::Response, Box<ureq::Error>>,
+    ) -> anyhow::Result<T> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let error = match ask() {
+                Ok(r) => return Ok(r.into_json()?),
+                Err(e) => *e,
+            };
+            match error {
+                ureq::Error::Status(503, _) | ureq::Error::Transport(_)
+                    if Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                ureq::Error::Status(code, r) => {
+                    bail!("{path}: {code} {}", r.into_string()?)
+                }
+                e => return Err(e.into()),
+            }
         }
     }
 
     /// Asks the server to stop (SIGINT) and waits for it; a lab is taken down.
     pub fn stop(mut self) -> anyhow::Result<()> {
-        drop(self.lab.take());
+        if let Some(lab) = self.lab.take() {
+            // The fault thread has finished with it (the bench joined it).
+            drop(lab);
+        }
         let Some(child) = &mut self.child else {
             return Ok(());
         };
@@ -206,18 +301,20 @@ impl Server {
     }
 }
 
-/// `/v1/stats` of every gateway in `admins`, summed into one sample; `None` if any is
-/// missing.
+/// `/v1/stats` of every gateway in `admins` that answers, summed into one sample.
 pub(super) fn sample_all(admins: &[SocketAddr]) -> Option<ServerSample> {
     let mut total: Option<ServerSample> = None;
     for admin in admins {
         let url = format!("http://{admin}/v1/stats");
-        let v: Value = ureq::get(&url)
+        // A gateway that does not answer (killed on purpose) is left out.
+        let Some(v) = ureq::get(&url)
             .timeout(Duration::from_secs(5))
             .call()
-            .ok()?
-            .into_json()
-            .ok()?;
+            .ok()
+            .and_then(|r| r.into_json::<Value>().ok())
+        else {
+            continue;
+        };
         let s = sample(&v);
         total = Some(match total {
             None => s,

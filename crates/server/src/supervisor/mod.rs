@@ -602,5 +602,6 @@ fn admin_answer(answer: AdminAnswer, creates: bool) -> Response {
         AdminAnswer::Campaigns(all) => Response::json(200, &all),
         AdminAnswer::Audit(audit) => Response::json(200, &audit),
         AdminAnswer::Refused(why) => Response::error(400, why),
+        AdminAnswer::Unavailable(why) => Response::error(503, why),
     }
 }
