@@ -533,8 +533,7 @@ pub fn free_lab_number(seed: u32) -> u8 {
 }
 
 /// What the engines have done so far, summed over the lab: Redis commands by name (over
-/// every live node, scripts' inner commands included, as `INFO commandstats` counts
-/// them) and PostgreSQL's transactions and rows (`pg_stat_database`).
+/// the masters, scripts' inner commands included, as `INFO commandstats` counts them) and PostgreSQL's transactions and rows (`pg_stat_database`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EngineCounters {
     pub redis_calls: std::collections::BTreeMap<String, u64>,
@@ -582,8 +581,21 @@ impl Lab {
     /// The engines' counters now (see [`EngineCounters`]).
     pub fn engine_counters(&self) -> anyhow::Result<EngineCounters> {
         let mut counters = EngineCounters::default();
-        for (host, proc) in &self.redis {
-            if proc.is_none() {
+        // Masters only: a replica counts again every write it is sent.
+        let live: Vec<Ipv4Addr> = self
+            .redis
+            .iter()
+            .filter(|(_, p)| p.is_some())
+            .map(|(h, _)| h.addr)
+            .collect();
+        let witness = *live.first().context("no live Redis node")?;
+        let masters: Vec<Ipv4Addr> = redis::nodes(witness)?
+            .into_iter()
+            .filter(|n| n.master && !n.failed && live.contains(&n.addr))
+            .map(|n| n.addr)
+            .collect();
+        for (host, _) in &self.redis {
+            if !masters.contains(&host.addr) {
                 continue;
             }
             for (name, calls) in
