@@ -30,7 +30,9 @@ fn lab(dir: &std::path::Path, gateways: usize) -> Lab {
         loads: 0,
         nginx: true,
         hongbao: env!("CARGO_BIN_EXE_hongbao").into(),
-        gateway_workers: "2".into(),
+        // One worker per gateway: a handful of test clients then reach every pool (with
+        // two, a worker the kernel gave no client would hold its packets forever).
+        gateway_workers: "1".into(),
         secret: SECRET.into(),
         serve_args: vec!["--packet-ttl-secs".into(), "600".into()],
     })

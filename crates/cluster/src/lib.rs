@@ -477,8 +477,15 @@ impl Host {
                     self.deal(back);
                 }
             }
-            Cmd::Online(user) => self.store.set_route(user.get(), &self.cfg.host).await,
-            Cmd::Offline(user) => self.store.clear_route(user.get(), &self.cfg.host).await,
+            // Off the loop: a login costs this host no round trip of its own.
+            Cmd::Online(user) => {
+                let (store, host) = (self.store.clone(), self.cfg.host.clone());
+                tokio::spawn(async move { store.set_route(user.get(), &host).await });
+            }
+            Cmd::Offline(user) => {
+                let (store, host) = (self.store.clone(), self.cfg.host.clone());
+                tokio::spawn(async move { store.clear_route(user.get(), &host).await });
+            }
             Cmd::Chat(origin, to_user, text) => {
                 let (store, shared, host) = (
                     self.store.clone(),

@@ -20,6 +20,8 @@ const RELEASE: &str = include_str!("release.lua");
 const GATE: &str = include_str!("gate.lua");
 /// Ids per block of `hb_packet_blocks`.
 const PACKET_BLOCK: u64 = 4096;
+/// How long a route or a notice waits for Redis to answer again (a failover).
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(15);
 /// The advisory lock under which a host creates the schema.
 const SCHEMA_LOCK: i64 = 0x6862_5f73_6368;
 
@@ -189,8 +191,12 @@ impl Store {
     }
 
     pub async fn set_route(&self, user: u64, host: &str) {
-        let mut redis = self.redis();
-        let _: Result<(), _> = redis.set(format!("route:{{{user}}}"), host).await;
+        let key = format!("route:{{{user}}}");
+        self.patiently(|mut redis| {
+            let (key, host) = (key.clone(), host.to_string());
+            async move { redis.set::<_, _, ()>(key, host).await }
+        })
+        .await;
     }
 
     pub async fn clear_route(&self, user: u64, host: &str) {
@@ -200,19 +206,63 @@ impl Store {
         }
     }
 
+    /// The host `user` is connected to, if any (asked again through a failover).
     pub async fn route(&self, user: u64) -> Option<String> {
-        let mut redis = self.redis();
-        redis.get(format!("route:{{{user}}}")).await.ok().flatten()
+        let key = format!("route:{{{user}}}");
+        self.patiently(|mut redis| {
+            let key = key.clone();
+            async move { redis.get::<_, Option<String>>(key).await }
+        })
+        .await
+        .flatten()
     }
 
+    /// `msg` on `host`'s channel. Sent again while nobody received it (SPUBLISH counts
+    /// the receivers): after a failover the host's subscription moves to the new master
+    /// a moment after publishers can reach it, and pub/sub keeps nothing for later.
     pub(crate) async fn publish(&self, host: &str, msg: &Mesh) {
-        let mut redis = self.redis();
         let text = serde_json::to_string(msg).expect("serializable");
-        let _: Result<(), _> = redis::cmd("SPUBLISH")
-            .arg(crate::channel(host))
-            .arg(text)
-            .query_async(&mut redis)
-            .await;
+        let channel = crate::channel(host);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let received = self
+                .patiently(|mut redis| {
+                    let (channel, text) = (channel.clone(), text.clone());
+                    async move {
+                        redis::cmd("SPUBLISH")
+                            .arg(channel)
+                            .arg(text)
+                            .query_async::<i64>(&mut redis)
+                            .await
+                    }
+                })
+                .await;
+            if received != Some(0) || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `ask` until Redis answers, for up to `PATIENCE` (a master failing over takes the
+    /// node timeout and an election, a few seconds): a route or a notice is not dropped
+    /// for a failover. `None` if Redis never answered.
+    async fn patiently<T, F, Fut>(&self, mut ask: F) -> Option<T>
+    where
+        F: FnMut(ClusterConnection) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            match ask(self.redis()).await {
+                Ok(v) => return Some(v),
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    eprintln!("hongbao cluster: Redis: {e}");
+                    return None;
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+            }
+        }
     }
 
     /// The packet's gate: `Some(refusal)` when Redis can refuse the open by itself.
@@ -1004,7 +1054,7 @@ fn reply(to: Origin, reply: Reply) -> Output {
 async fn after_commit(
     store: &Store,
     cfg: &ClusterConfig,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     batch: Vec<Commit>,
     done: Vec<Done>,
 ) {
@@ -1131,22 +1181,37 @@ async fn after_commit(
         }
     }
     shared.emit_all(out);
+    if later.is_empty() {
+        return;
+    }
+    // Off the committer's path: the next batch does not wait for these round trips.
+    let (store, host, ttl_ms, shared) = (
+        store.clone(),
+        cfg.host.clone(),
+        cfg.packet_ttl_ms,
+        shared.clone(),
+    );
+    tokio::spawn(async move {
+        tell_redis(&store, &host, ttl_ms, &shared, later).await;
+    });
+}
+
+type Later = Vec<(u64, Option<(Notice, Vec<u64>, bool)>)>;
+
+/// What Redis learns after a commit: packets given, gates for new packets, and the new
+/// packets' notices (here, or on their recipients' hosts).
+async fn tell_redis(store: &Store, host: &str, ttl_ms: u64, shared: &Shared, later: Later) {
     for (packet, new) in later {
         match new {
-            None => store.given(&cfg.host, packet).await,
+            None => store.given(host, packet).await,
             Some((notice, recipients, by_user)) => {
                 store
-                    .open_gate(
-                        packet,
-                        notice.shares as usize,
-                        &recipients,
-                        cfg.packet_ttl_ms,
-                    )
+                    .open_gate(packet, notice.shares as usize, &recipients, ttl_ms)
                     .await;
                 if !by_user {
-                    store.given(&cfg.host, packet).await;
+                    store.given(host, packet).await;
                 }
-                let here = store.notify(&cfg.host, &recipients, notice).await;
+                let here = store.notify(host, &recipients, notice).await;
                 shared.emit_all(here);
             }
         }
