@@ -96,14 +96,34 @@ impl Client {
             if now_ms % 1000 > 20 {
                 return; // once a second is plenty
             }
+            let on_demand = self.on_demand();
             for i in 0..self.users.len() {
                 let u = &self.users[i];
+                let age_ms = now_ms.saturating_sub(u.since_ms);
                 if matches!(u.state, State::Connecting | State::Upgrading)
-                    && now_ms.saturating_sub(u.since_ms) > CONNECT_TIMEOUT_MS
+                    && age_ms > CONNECT_TIMEOUT_MS
                 {
                     self.counters.failed_timeout += 1;
                     self.drop_stream(i);
                     self.schedule_retry(i, now_ms);
+                } else if on_demand
+                    && matches!(u.state, State::Ready | State::Draining)
+                    && age_ms > CONNECT_TIMEOUT_MS
+                {
+                    // A connection per request that has neither its answer nor (with
+                    // `close`) the server's close after 10 s: given up, as an HTTP
+                    // client's timeout would; an open it carried is asked again at the
+                    // next notice.
+                    if self.counters.failed_timeout < 5 {
+                        eprintln!(
+                            "load: user {}: no answer or close in {age_ms} ms ({:?}, {} asks waiting); dropped",
+                            self.user_id(i),
+                            u.state,
+                            u.inflight.len()
+                        );
+                    }
+                    self.counters.failed_timeout += 1;
+                    self.drop_stream(i);
                 }
             }
         }

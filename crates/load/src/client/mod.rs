@@ -515,7 +515,8 @@ impl Client {
         self.connected += 1;
         if self.opts.transport == Transport::Http {
             self.users[i].state = State::Ready;
-            self.users[i].since_ms = 0;
+            // With a connection per request: when it opened, for the answer's timeout.
+            self.users[i].since_ms = if self.on_demand() { now_ms } else { 0 };
             if !self.on_demand() {
                 self.users[i].attempt = 0;
                 self.logged_in += 1;
