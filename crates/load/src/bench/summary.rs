@@ -368,10 +368,16 @@ impl Phase<'_> {
             "send_shares_opened",
             "send_amount_opened",
         ];
+        // And a packet's notice may be lost with its host or in a Redis failover (it waits
+        // in the ledger for the recipient's next login or poll): fewer shares opened.
+        let notices = [
+            "send_shares_created_vs_opened",
+            "send_amount_sent_vs_opened",
+        ];
         let mut ok = true;
         for (kind, server, clients) in checks {
-            let fine =
-                server == clients || (self.fault && told.contains(&kind) && server > clients);
+            let relaxed = told.contains(&kind) || notices.contains(&kind);
+            let fine = server == clients || (self.fault && relaxed && server > clients);
             if !fine {
                 ok = false;
                 discrepancies.push(Discrepancy::new(kind, Some(self.name), server, clients));
