@@ -168,6 +168,20 @@ fn shake_out(
     }
 }
 
+/// After a failure (gateway 2 gone): the campaign is won out through gateway 1, whose
+/// audit balances and whose ledger holds what every client was told.
+fn won_out_and_balanced(
+    lab: &Lab,
+    clients: &mut [(u64, Client)],
+    campaign: u64,
+    told: &mut BTreeMap<u64, u64>,
+) {
+    let admin1 = lab.gateways[0].admin();
+    shake_out(clients, admin1, campaign, told, Duration::from_secs(60));
+    audit_everywhere(lab, &[0]);
+    balances_match(lab, told);
+}
+
 #[test]
 fn cluster_mode_moves_money_across_hosts_and_survives_failures() {
     let dir = tempfile::tempdir().unwrap();
@@ -342,15 +356,7 @@ fn cluster_mode_moves_money_across_hosts_and_survives_failures() {
     std::thread::sleep(Duration::from_millis(500));
     lab.kill_gateway(1);
     clients.retain(|(u, _)| *u % 2 == 1 && *u != 7);
-    shake_out(
-        &mut clients,
-        admin1,
-        campaign,
-        &mut told,
-        Duration::from_secs(60),
-    );
-    audit_everywhere(&lab, &[0]);
-    balances_match(&lab, &told);
+    won_out_and_balanced(&lab, &mut clients, campaign, &mut told);
 
     // A Redis master dies: its replica takes over; release and gates carry on.
     let master = lab.redis_master().unwrap();
@@ -358,15 +364,7 @@ fn cluster_mode_moves_money_across_hosts_and_survives_failures() {
     lab.wait_redis_whole(Some(master), Duration::from_secs(30))
         .expect("the Redis Cluster fails over");
     let campaign = shake_campaign(admin1, 20, 100);
-    shake_out(
-        &mut clients,
-        admin1,
-        campaign,
-        &mut told,
-        Duration::from_secs(60),
-    );
-    audit_everywhere(&lab, &[0]);
-    balances_match(&lab, &told);
+    won_out_and_balanced(&lab, &mut clients, campaign, &mut told);
 
     // PostgreSQL restarts: while it is down nothing is acknowledged; after, all works.
     lab.restart_postgres(Duration::from_secs(1))
@@ -381,15 +379,7 @@ fn cluster_mode_moves_money_across_hosts_and_survives_failures() {
         );
         (status == 201).then(|| v["id"].as_u64().unwrap())
     });
-    shake_out(
-        &mut clients,
-        admin1,
-        campaign,
-        &mut told,
-        Duration::from_secs(60),
-    );
-    audit_everywhere(&lab, &[0]);
-    balances_match(&lab, &told);
+    won_out_and_balanced(&lab, &mut clients, campaign, &mut told);
 }
 
 /// `hongbao bench --hosts 2` with each failure injected mid-run, the load running: the

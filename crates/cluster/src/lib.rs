@@ -800,13 +800,7 @@ pub fn campaign_packet(c: &CampaignRow, index: u32, expires_ms: u64) -> Commit {
         rand::rngs::SmallRng::seed_from_u64(c.seed ^ ((index as u64) << 20) ^ index as u64);
     let cents = rng.gen_range(c.amount_min..=c.amount_max);
     let k = c.recipients as usize;
-    let mut recipients = Vec::with_capacity(k);
-    while recipients.len() < k {
-        let user = rng.gen_range(c.user_min..=c.user_max);
-        if !recipients.contains(&user) {
-            recipients.push(user);
-        }
-    }
+    let recipients = hongbao_money::rules::draw_recipients(&mut rng, k, c.user_min, c.user_max);
     let shares = hongbao_money::split::split_all(&mut rng, cents, k as u32);
     Commit::CampaignPacket {
         campaign: c.id,

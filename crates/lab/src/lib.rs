@@ -143,7 +143,9 @@ impl Lab {
 
     fn host(&mut self, name: &str, last: u8, sysctls: &[&str]) -> anyhow::Result<Host> {
         // Recorded first: a host half made is taken down with the rest.
-        self.state.netns.push(format!("hb{}-{name}", self.plan.lab));
+        self.state
+            .netns
+            .push(netns::netns_name(self.plan.lab, name));
         self.save()?;
         netns::create_host(self.plan.lab, name, last, sysctls)
     }
@@ -332,15 +334,19 @@ impl Lab {
         }
     }
 
-    /// The address of a Redis master (as the cluster sees it now).
-    pub fn redis_master(&self) -> anyhow::Result<Ipv4Addr> {
-        let (first, _) = &self.redis[0];
-        let live: Vec<Ipv4Addr> = self
-            .redis
+    /// The Redis nodes not killed.
+    fn live_redis(&self) -> Vec<Ipv4Addr> {
+        self.redis
             .iter()
             .filter(|(_, p)| p.is_some())
             .map(|(h, _)| h.addr)
-            .collect();
+            .collect()
+    }
+
+    /// The address of a Redis master (as the cluster sees it now).
+    pub fn redis_master(&self) -> anyhow::Result<Ipv4Addr> {
+        let (first, _) = &self.redis[0];
+        let live = self.live_redis();
         let witness = live.first().copied().unwrap_or(first.addr);
         redis::nodes(witness)?
             .into_iter()
@@ -367,12 +373,7 @@ impl Lab {
         gone: Option<Ipv4Addr>,
         timeout: Duration,
     ) -> anyhow::Result<()> {
-        let live: Vec<Ipv4Addr> = self
-            .redis
-            .iter()
-            .filter(|(_, p)| p.is_some())
-            .map(|(h, _)| h.addr)
-            .collect();
+        let live = self.live_redis();
         redis::wait_whole(&live, gone, timeout)
     }
 
@@ -582,12 +583,7 @@ impl Lab {
     pub fn engine_counters(&self) -> anyhow::Result<EngineCounters> {
         let mut counters = EngineCounters::default();
         // Masters only: a replica counts again every write it is sent.
-        let live: Vec<Ipv4Addr> = self
-            .redis
-            .iter()
-            .filter(|(_, p)| p.is_some())
-            .map(|(h, _)| h.addr)
-            .collect();
+        let live = self.live_redis();
         let witness = *live.first().context("no live Redis node")?;
         let masters: Vec<Ipv4Addr> = redis::nodes(witness)?
             .into_iter()

@@ -29,6 +29,11 @@ pub struct Host {
 }
 
 /// The bridge of lab `n`.
+/// Host `name`'s network namespace in lab `n`.
+pub fn netns_name(lab: u8, name: &str) -> String {
+    format!("hb{lab}-{name}")
+}
+
 pub fn bridge_name(lab: u8) -> String {
     format!("hb{lab}")
 }
@@ -89,7 +94,7 @@ pub fn create_bridge(lab: u8) -> anyhow::Result<()> {
 pub fn create_host(lab: u8, name: &str, last: u8, sysctls: &[&str]) -> anyhow::Result<Host> {
     let host = Host {
         name: name.to_string(),
-        netns: format!("hb{lab}-{name}"),
+        netns: netns_name(lab, name),
         addr: Ipv4Addr::new(198, 18, lab, last),
     };
     let (ns, outer, inner) = (

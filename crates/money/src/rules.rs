@@ -6,6 +6,7 @@ use std::collections::HashSet;
 
 use hongbao_proto::message::MAX_RECIPIENTS;
 use hongbao_proto::ResultCode;
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 /// Largest amount of a single packet or campaign packet, in cents (10 million yuan).
@@ -143,6 +144,19 @@ fn check_campaign_shape(
         ));
     }
     Ok(())
+}
+
+/// `k` distinct recipients drawn from `lo..=hi` (a send campaign's packet); the range
+/// must hold at least `k` users (`SendCampaignRequest::check`).
+pub fn draw_recipients<R: Rng + ?Sized>(rng: &mut R, k: usize, lo: u64, hi: u64) -> Vec<u64> {
+    let mut recipients = Vec::with_capacity(k);
+    while recipients.len() < k {
+        let user = rng.gen_range(lo..=hi);
+        if !recipients.contains(&user) {
+            recipients.push(user);
+        }
+    }
+    recipients
 }
 
 #[cfg(test)]

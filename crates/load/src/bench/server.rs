@@ -279,10 +279,8 @@ impl Server {
 
     /// Asks the server to stop (SIGINT) and waits for it; a lab is taken down.
     pub fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(lab) = self.lab.take() {
-            // The fault thread has finished with it (the bench joined it).
-            drop(lab);
-        }
+        // The last holder: the fault thread, if any, was joined.
+        drop(self.lab.take());
         let Some(child) = &mut self.child else {
             return Ok(());
         };

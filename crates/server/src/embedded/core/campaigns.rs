@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 
 use hongbao_money::api::{CampaignKind, CampaignState, CampaignStatus};
 use hongbao_money::event::{shake_amount, Account, Event};
-use hongbao_money::rules::{shake_packet_id, SendCampaignRequest, ShakeCampaignRequest};
+use hongbao_money::rules::{
+    draw_recipients, shake_packet_id, SendCampaignRequest, ShakeCampaignRequest,
+};
 use hongbao_money::seam::AdminAnswer;
 use hongbao_money::WorkerId;
 use rand::Rng;
@@ -358,13 +360,7 @@ impl Core {
                 let c = &self.send[&id];
                 let (k, lo, hi) = (c.recipients as usize, c.user_min, c.user_max);
                 let amount = self.rng.gen_range(c.amount_min..=c.amount_max);
-                let mut recipients = Vec::with_capacity(k);
-                while recipients.len() < k {
-                    let user = self.rng.gen_range(lo..=hi);
-                    if !recipients.contains(&user) {
-                        recipients.push(user);
-                    }
-                }
+                let recipients = draw_recipients(&mut self.rng, k, lo, hi);
                 let sender = Account::Campaign(id);
                 self.new_packet(now_ms, sender, amount, k as u32, recipients, None);
             }
