@@ -571,6 +571,13 @@ fn a_second_login_replaces_the_first() {
         std::thread::sleep(Duration::from_millis(300));
     }
     ping(&mut second, 3).unwrap();
+    // A connection is one user's: logging in on it as another is refused, and it stays
+    // the first user's.
+    assert_eq!(
+        second.login(12, SECRET.as_bytes()).unwrap(),
+        ResultCode::BadRequest
+    );
+    assert_eq!(chat_result(&mut friend, 12, "?"), ResultCode::Offline);
     // Logging in again on the same connection is not a replacement.
     assert_eq!(second.login(10, SECRET.as_bytes()).unwrap(), ResultCode::Ok);
     ping(&mut second, 4).unwrap();
@@ -1388,5 +1395,169 @@ fn misbehaving_clients_do_not_hurt_the_worker() {
     wait_until("user 2 to be offline", secs(5), || {
         (chat_result(&mut watcher, 2, "?") == ResultCode::Offline).then_some(())
     });
+    server.audit();
+}
+
+// ----- clients that do not play by the rules: no login, too many, half-close -----------
+
+/// A `serve.toml` in `dir` with `lines`; the arguments that load it.
+fn config_args(dir: &Path, lines: &str) -> [String; 2] {
+    let path = dir.join("serve.toml");
+    std::fs::write(&path, lines).unwrap();
+    ["--config".into(), path.to_str().unwrap().into()]
+}
+
+/// Whether the server has sent something (or closed) on `stream`, without waiting.
+fn has_input(stream: &std::net::TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let ready = !matches!(stream.peek(&mut [0u8; 1]), Err(e) if e.kind() == ErrorKind::WouldBlock);
+    stream.set_nonblocking(false).unwrap();
+    ready
+}
+
+/// A connection from loopback address `source`, not logged in.
+fn connect_from(server: &Server, source: [u8; 4]) -> std::net::TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    let from = SocketAddr::from((source, 0));
+    socket.bind(&from.into()).unwrap();
+    socket.connect(&server.listen.into()).unwrap();
+    let stream: std::net::TcpStream = socket.into();
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    stream
+}
+
+/// The login deadline counts from the connect: pinging, or trickling an unfinished frame
+/// a byte at a time, does not buy a connection that never logs in more time.
+#[test]
+fn a_client_that_never_logs_in_is_kicked_whatever_it_sends() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = config_args(dir.path(), "login_timeout_secs = 2\n");
+    let server = Server::start(&dir.path().join("data"), &[&args[0], &args[1]]);
+    let mut pinger = server.connect();
+    let mut trickler = server.connect();
+    let mut user = server.login(5);
+    let frame = encode_to_vec(&Frame {
+        request_id: 9,
+        message: Message::Ping { client_time_us: 1 },
+    });
+    // 2 s to log in, the sweep once a second: kicked by about 3 s; 20 × 300 ms is 6 s.
+    let (mut pongs, mut trickled, mut trickler_kicked) = (0, 0, false);
+    for _ in 0..20 {
+        if pinger
+            .request(&Message::Ping { client_time_us: 2 })
+            .is_err()
+        {
+            break; // kicked: the kick is queued, then the stream ended
+        }
+        pongs += 1;
+        if !trickler_kicked {
+            trickler_kicked = has_input(trickler.stream());
+            if !trickler_kicked && trickled + 1 < frame.len() {
+                trickler.send_raw(&frame[trickled..trickled + 1]).unwrap();
+                trickled += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        pongs < 20,
+        "a pinging client was never kicked ({pongs} pongs)"
+    );
+    expect_kick(&mut pinger, KickReason::Idle);
+    trickler_kicked = trickler_kicked || has_input(trickler.stream());
+    assert!(trickler_kicked, "a trickling client was not kicked in time");
+    expect_kick(&mut trickler, KickReason::Idle);
+    // The logged-in user, silent all along, stays.
+    ping(&mut user, 3).unwrap();
+    let totals = server.get("/v1/stats")["totals"].clone();
+    assert!(totals["kicks_idle"].as_u64().unwrap() >= 2, "{totals}");
+}
+
+/// Connections not yet logged in are capped per worker and per source address; those
+/// over the cap are closed at once and counted; logged-in connections are not limited.
+#[test]
+fn connections_not_logged_in_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "max_unauthenticated = 3\nmax_unauthenticated_per_source = 2\n";
+    let args = config_args(dir.path(), config);
+    let server = Server::start(&dir.path().join("data"), &[&args[0], &args[1]]);
+    let settle = || std::thread::sleep(Duration::from_millis(500));
+    let held = |streams: &[std::net::TcpStream]| streams.iter().filter(|s| !has_input(s)).count();
+
+    // Eight from one address over two workers: two per worker at most, so four or fewer.
+    let same: Vec<_> = (0..8)
+        .map(|_| connect_from(&server, [127, 0, 0, 1]))
+        .collect();
+    settle();
+    let held_same = held(&same);
+    assert!(
+        (2..=4).contains(&held_same),
+        "{held_same} held from one address"
+    );
+    // Eight more from eight addresses: three per worker in all, so six or fewer.
+    let spread: Vec<_> = (0..8)
+        .map(|i| connect_from(&server, [127, 0, 0, 10 + i]))
+        .collect();
+    settle();
+    let held_all = held_same + held(&spread);
+    assert!(held_all <= 6, "{held_all} held in all");
+    let rejected = 16 - held_all as u64;
+    wait_until("the rejections to be counted", secs(5), || {
+        let totals = server.get("/v1/stats")["totals"].clone();
+        (totals["rejected_unauthenticated"].as_u64() == Some(rejected)).then_some(())
+    });
+
+    // A held connection that logs in frees its place; logged-in ones do not count.
+    drop(same);
+    drop(spread);
+    settle();
+    let users: Vec<Client> = (1..=10).map(|u| server.login(u)).collect();
+    for mut user in users {
+        assert_eq!(shake_result(&mut user).0, ResultCode::Nothing);
+    }
+}
+
+/// A client that sends requests and shuts down its write side gets a reply to every one
+/// (those the core answers too), then the server closes.
+#[test]
+fn a_half_closed_client_gets_every_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    for user in 1..=5 {
+        let mut client = server.login(user);
+        let mut sent = BTreeSet::new();
+        for message in [
+            Message::Ping { client_time_us: 1 },
+            Message::Open { packet_id: 999 },
+            Message::Open { packet_id: 998 },
+            Message::Send {
+                amount_cents: 100,
+                shares: 1,
+                recipients: vec![100 + user],
+                idempotency_key: None,
+            },
+            Message::Chat {
+                to_user: 77,
+                text: "anyone?".into(),
+            },
+            Message::Shake,
+            Message::Ping { client_time_us: 2 },
+        ] {
+            sent.insert(client.send(&message).unwrap());
+        }
+        client.stream().shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answered = BTreeSet::new();
+        loop {
+            match client.recv() {
+                Ok(frame) => {
+                    answered.insert(frame.request_id);
+                }
+                Err(e) if is_closed(&e) => break,
+                Err(e) => panic!("user {user}: waiting for replies: {e}"),
+            }
+        }
+        assert_eq!(answered, sent, "user {user}: replies before the close");
+    }
     server.audit();
 }

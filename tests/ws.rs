@@ -423,6 +423,19 @@ impl WsClient {
         serde_json::from_str(&text).expect("parsed before")
     }
 
+    /// The JSON reply to request `id`, or a push if one comes first.
+    fn request_or_push_json(&mut self, id: u32) -> Value {
+        let event = self.wait_for("a JSON reply or push", |e| match e {
+            WsEvent::Text(t) => serde_json::from_str::<Value>(t)
+                .is_ok_and(|v| v["id"] == id || v["id"] == 0 || v.get("id").is_none()),
+            _ => false,
+        });
+        let WsEvent::Text(text) = event else {
+            unreachable!("wait_for returned what it was asked for")
+        };
+        serde_json::from_str(&text).expect("parsed before")
+    }
+
     fn next_push_json(&mut self) -> Value {
         self.wait_json("a JSON push", 0)
     }
@@ -1587,4 +1600,95 @@ fn shutdown_says_going_away() {
         server.process.child.try_wait().unwrap()
     });
     assert!(exit.success(), "hongbao serve exited with {exit}");
+}
+
+/// The login deadline counts from the upgrade: a WebSocket that keeps pinging but never
+/// logs in is kicked all the same.
+#[test]
+fn a_websocket_that_pings_but_never_logs_in_is_kicked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, "login_timeout_secs = 1\n").unwrap();
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    );
+    let mut pinger = server.ws_connect();
+    // 1 s to log in, the sweep once a second: kicked by about 2 s; 20 × 250 ms is 5 s.
+    let mut kick = None;
+    for i in 0..20 {
+        pinger.send_text(&json!({"type": "ping", "id": i + 1, "client_time_us": 1}).to_string());
+        let reply = pinger.request_or_push_json(i + 1);
+        if reply["type"] == "kick" {
+            kick = Some(reply);
+            break;
+        }
+        assert_eq!(reply["type"], "pong", "{reply}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let kick = kick.expect("a pinging WebSocket was never kicked");
+    assert_eq!(kick["reason"], "idle", "{kick}");
+    assert_eq!(pinger.expect_close(1008), "idle");
+}
+
+/// Over the cap on connections not yet logged in, a WebSocket upgrade is answered 503
+/// with `Retry-After`, and counted.
+#[test]
+fn websocket_upgrades_over_the_unauthenticated_cap_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, "max_unauthenticated_per_source = 1\n").unwrap();
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    );
+    // Two workers, one each from this address: of three upgrades at least one is refused.
+    let mut answers = Vec::new();
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(server.ws).unwrap();
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        let key = "dGhlIHNhbXBsZSBub25jZQ==";
+        stream
+            .write_all(upgrade_request(Some(key), Some("13")).as_bytes())
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            stream
+                .read_exact(&mut byte)
+                .expect("reading the answer's head");
+            head.push(byte[0]);
+        }
+        answers.push(String::from_utf8(head).unwrap());
+        streams.push(stream);
+    }
+    let refused: Vec<&String> = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 503"))
+        .collect();
+    let upgraded = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 101"))
+        .count();
+    assert!(!refused.is_empty() && upgraded >= 1, "{answers:?}");
+    assert_eq!(refused.len() + upgraded, 3, "{answers:?}");
+    assert!(refused[0].contains("Retry-After: 1"), "{}", refused[0]);
+    wait_until("the refusals to be counted", secs(5), || {
+        let totals = server.get("/v1/stats")["totals"].clone();
+        (totals["rejected_unauthenticated"].as_u64() == Some(refused.len() as u64)).then_some(())
+    });
+    // A logged-in WebSocket does not count: the same address may log in more.
+    drop(streams);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut users = Vec::new();
+    for user in 60..63 {
+        let mut client = server.ws_connect();
+        client.login_json(user);
+        users.push(client);
+    }
+    for mut client in users {
+        let shake = client.request_json(json!({"type": "shake"}));
+        assert_eq!(shake["result"], "nothing", "{shake}");
+    }
 }

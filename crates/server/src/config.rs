@@ -34,7 +34,14 @@ pub struct ServeConfig {
     pub max_shake_qps: u32,
     /// How long a sent packet stays openable.
     pub packet_ttl_secs: u64,
+    /// A connection must log in this long after it connected (after its WebSocket
+    /// upgrade), whatever it sends before; else `kick{idle}`.
     pub login_timeout_secs: u32,
+    /// Connections not yet logged in that one worker holds at most; more are closed at
+    /// once (a WebSocket upgrade is answered 503).
+    pub max_unauthenticated: u32,
+    /// The same, from one source address (per worker).
+    pub max_unauthenticated_per_source: u32,
     /// Close a logged-in connection silent this long; 0 never.
     pub idle_timeout_secs: u32,
     /// Close an HTTP connection idle between requests this long; 0 never.
@@ -78,6 +85,8 @@ impl Default for ServeConfig {
             max_shake_qps: 100_000,
             packet_ttl_secs: 24 * 3600,
             login_timeout_secs: 10,
+            max_unauthenticated: 16_384,
+            max_unauthenticated_per_source: 4_096,
             idle_timeout_secs: 0,
             http_keepalive_secs: 75,
             max_output_bytes: 256 * 1024,

@@ -88,6 +88,11 @@ pub struct WorkerConfig {
     /// This worker's share of the server's `max_shake_qps`.
     pub max_shakes_per_sec: u32,
     pub max_connections: u32,
+    /// Connections not yet logged in (binary frames, upgraded WebSockets) this worker
+    /// holds at most...
+    pub max_unauthenticated: u32,
+    /// ...and at most this many from one source address.
+    pub max_unauthenticated_per_source: u32,
     pub login_timeout_secs: u32,
     /// 0 disables.
     pub idle_timeout_secs: u32,

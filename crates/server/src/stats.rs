@@ -47,6 +47,9 @@ counters!(
     accepted,
     /// Turned away over the connection limit.
     rejected,
+    /// Turned away over a limit on connections not yet logged in (per worker, per source
+    /// address): closed at once, or a WebSocket upgrade answered 503.
+    rejected_unauthenticated,
     closed,
     logins,
     login_failures,

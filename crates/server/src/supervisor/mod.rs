@@ -220,6 +220,8 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
         secret: cfg.secret.as_bytes().to_vec(),
         max_shakes_per_sec: cfg.max_shake_qps.div_ceil(worker_count as u32),
         max_connections: limits::sockets_per_process(nofile) as u32,
+        max_unauthenticated: cfg.max_unauthenticated,
+        max_unauthenticated_per_source: cfg.max_unauthenticated_per_source,
         login_timeout_secs: cfg.login_timeout_secs,
         idle_timeout_secs: cfg.idle_timeout_secs,
         http_keepalive_secs: cfg.http_keepalive_secs,

@@ -117,6 +117,9 @@ pub(super) struct Cx<'a> {
     pub cfg: &'a WorkerConfig,
     /// Seconds since the worker started.
     pub now: u32,
+    /// Whether a WebSocket upgrade may be accepted now: not when the worker already
+    /// holds as many connections not yet logged in as it may (from this source).
+    pub may_upgrade: bool,
 }
 
 /// Which deadline applies to a quiet connection.
@@ -487,6 +490,8 @@ mod tests {
             secret: b"s".to_vec(),
             max_shakes_per_sec: 10,
             max_connections: 10,
+            max_unauthenticated: 10,
+            max_unauthenticated_per_source: 10,
             login_timeout_secs: 10,
             idle_timeout_secs: 0,
             http_keepalive_secs: 75,
@@ -512,6 +517,7 @@ mod tests {
                         stats: &mut stats,
                         cfg: &cfg,
                         now: 0,
+                        may_upgrade: true,
                     };
                     let step = codec.decode(&mut buf, &mut cx);
                     buf.drain(..step.used);
@@ -589,6 +595,7 @@ mod tests {
             stats: &mut stats,
             cfg: &cfg,
             now: 0,
+            may_upgrade: true,
         };
         let step = ws.decode(&mut stream, &mut cx);
         assert!(matches!(

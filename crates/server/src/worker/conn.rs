@@ -23,6 +23,10 @@ pub(super) const CLOSING_GRACE_SECS: u32 = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum State {
     Open,
+    /// The peer shut its write side (`shutdown(SHUT_WR)`): nothing more is read, but the
+    /// answers to what it sent are still written; closed once none is awaited and all
+    /// are written (or after `CLAIM_FORGET_SECS`).
+    Draining,
     /// Goodbye sent and write side shut: waiting for the peer to close, then we close.
     Closing,
 }
@@ -40,7 +44,10 @@ pub(super) struct Conn {
     pub stream: TcpStream,
     pub generation: u32,
     pub state: State,
-    /// Seconds since worker start of the last bytes read (or of the connect).
+    /// Requests handed to the core and not yet answered.
+    pub awaiting: u16,
+    /// Seconds since worker start of the last bytes read (or of the connect); before a
+    /// session's login, of the connect (or the WebSocket upgrade) only.
     pub last_seen: u32,
     pub user: Option<UserId>,
     pub codec: Codec,
@@ -53,6 +60,7 @@ impl Conn {
             stream,
             generation,
             state: State::Open,
+            awaiting: 0,
             last_seen: now,
             user: None,
             codec,
@@ -103,13 +111,42 @@ impl Worker {
         self.conns.get(key).is_some_and(|c| c.state == State::Open)
     }
 
-    /// The open connection `id` names, if it is still the one it named.
+    /// The connection `id` names, if it is still the one it named and still takes
+    /// answers (open, or draining after the peer's half-close).
     pub(super) fn key_of(&self, id: ConnId) -> Option<usize> {
         let key = id.key as usize;
         self.conns
             .get(key)
-            .is_some_and(|c| c.generation == id.generation && c.state == State::Open)
+            .is_some_and(|c| c.generation == id.generation && c.state != State::Closing)
             .then_some(key)
+    }
+
+    /// The peer will send no more (a read returned 0). A connection still owed answers,
+    /// or with output queued, drains first: a client that half-closes gets a reply to
+    /// everything it sent, then the server closes.
+    pub(super) fn peer_done(&mut self, key: usize) {
+        let now = self.now_s();
+        match self.conns.get_mut(key) {
+            Some(c) if c.state == State::Open && (c.awaiting > 0 || c.has_output()) => {
+                c.state = State::Draining;
+                c.last_seen = now;
+                if let Some(b) = c.buffers.as_mut() {
+                    b.partial = Vec::new();
+                }
+            }
+            _ => self.close(key),
+        }
+    }
+
+    /// Closes a draining connection once nothing more is owed to it.
+    pub(super) fn finish_draining(&mut self, key: usize) {
+        if self
+            .conns
+            .get(key)
+            .is_some_and(|c| c.state == State::Draining && c.awaiting == 0 && !c.has_output())
+        {
+            self.close(key);
+        }
     }
 
     /// Writes at once when nothing is queued; queues what the kernel will not take;
@@ -151,8 +188,12 @@ impl Worker {
         if buffers.out.is_empty() {
             buffers.out = Vec::new();
             conn.drop_empty_buffers();
-            if conn.state == State::Closing {
-                let _ = conn.stream.shutdown(Shutdown::Write);
+            match conn.state {
+                State::Closing => {
+                    let _ = conn.stream.shutdown(Shutdown::Write);
+                }
+                State::Draining => self.finish_draining(key),
+                State::Open => {}
             }
         }
     }
@@ -220,6 +261,7 @@ impl Worker {
             return;
         }
         self.leave(key);
+        self.authenticated(key);
         let mut conn = self.conns.remove(key);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.stats.counters.closed += 1;

@@ -85,7 +85,7 @@ impl Worker {
                     to_user,
                     text,
                 };
-                return self.tell_core(&chat);
+                return self.ask_core(key, &chat);
             }
             Request::Send {
                 amount_cents,
@@ -109,12 +109,23 @@ impl Worker {
             Request::Notices => Op::Notices,
             Request::Ping { .. } | Request::Login { .. } => unreachable!("answered above"),
         };
-        self.tell_core(&ToCore::Op {
-            conn,
-            req: id,
-            user,
-            op,
-        });
+        self.ask_core(
+            key,
+            &ToCore::Op {
+                conn,
+                req: id,
+                user,
+                op,
+            },
+        );
+    }
+
+    /// Hands request-bearing `msg` of connection `key` to the core, which answers it
+    /// (`ToWorker::Reply`); a connection half-closed by its peer stays until it has.
+    fn ask_core(&mut self, key: usize, msg: &ToCore) {
+        let conn = &mut self.conns[key];
+        conn.awaiting = conn.awaiting.saturating_add(1);
+        self.tell_core(msg);
     }
 
     fn login(&mut self, key: usize, id: u32, user_id: u64, token: &[u8]) {
@@ -129,27 +140,38 @@ impl Worker {
             self.reply(key, id, &reply);
             return self.kick(key, KickReason::BadToken, "bad token");
         };
-        self.stats.counters.logins += 1;
         let conn = &mut self.conns[key];
-        let previous = conn.user.replace(user);
-        let conn = conn_id(key, conn.generation);
-        match previous {
-            Some(previous) if previous != user => {
-                self.tell_core(&ToCore::Offline {
-                    conn,
-                    user: previous,
-                });
+        match conn.user {
+            // One user per connection: logging in as another is refused, and the
+            // connection stays its first user's.
+            Some(other) if other != user => {
+                self.stats.counters.bad_requests += 1;
+                let refused = Reply::Login {
+                    result: ResultCode::BadRequest,
+                    user_id,
+                };
+                return self.reply(key, id, &refused);
             }
             Some(_) => {}
-            None => self.stats.levels.logged_in += 1,
+            None => {
+                conn.user = Some(user);
+                conn.last_seen = self.started.elapsed().as_secs() as u32;
+                self.stats.levels.logged_in += 1;
+                self.authenticated(key);
+            }
         }
+        self.stats.counters.logins += 1;
+        let conn = conn_id(key, self.conns[key].generation);
         // Presence answers: it must own the route before the client hears "ok", or a
         // second login elsewhere could reach it first and be the one replaced.
-        self.tell_core(&ToCore::Online {
-            conn,
-            req: id,
-            user,
-        });
+        self.ask_core(
+            key,
+            &ToCore::Online {
+                conn,
+                req: id,
+                user,
+            },
+        );
     }
 
     fn shake(&mut self, key: usize, id: u32, user: UserId) {
@@ -177,12 +199,13 @@ impl Worker {
                 self.stats.counters.shakes_won_claimed += 1;
                 let conn = conn_id(key, self.conns[key].generation);
                 self.claims.insert((conn, id), read_at);
-                self.tell_core(&ToCore::Op {
+                let claim = ToCore::Op {
                     conn,
                     req: id,
                     user,
                     op: Op::Claim { packet },
-                });
+                };
+                self.ask_core(key, &claim);
             }
             None => {
                 self.stats.counters.shakes_nothing += 1;

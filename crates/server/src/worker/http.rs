@@ -147,6 +147,29 @@ impl HttpCodec {
     }
 
     fn upgrade(&mut self, data: &mut [u8], cx: &mut Cx<'_>) -> (Step, bool) {
+        if !cx.may_upgrade {
+            // As many connections not yet logged in as this worker may hold (from this
+            // source): a WebSocket would be one more.
+            cx.stats.rejected_unauthenticated += 1;
+            let body = error_body(
+                ResultCode::Unavailable,
+                "too many connections not yet logged in; try again later",
+            );
+            let bytes = answer_bytes(
+                503,
+                "application/json",
+                &[("Retry-After", "1")],
+                &body,
+                true,
+            );
+            cx.out.extend_from_slice(&bytes);
+            let step = Step {
+                used: data.len(),
+                inbound: None,
+                then: Then::HangUp,
+            };
+            return (step, false);
+        }
         match ws::accept(data) {
             Handshake::Upgrade { consumed, response } => {
                 cx.stats.ws_upgrades += 1;

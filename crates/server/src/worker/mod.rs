@@ -24,7 +24,7 @@ mod http;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -100,6 +100,10 @@ struct Worker {
     received: Option<Duration>,
     /// Transport answers of the current decode step (reused).
     scratch: Vec<u8>,
+    /// Connections not yet logged in (binary frames, upgraded WebSockets), by slab key,
+    /// with their source address; and how many each source has.
+    unauthenticated: HashMap<usize, IpAddr>,
+    per_source: HashMap<IpAddr, u32>,
     shutdown: bool,
 }
 
@@ -188,6 +192,8 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         claims: HashMap::new(),
         received: None,
         scratch: Vec::new(),
+        unauthenticated: HashMap::new(),
+        per_source: HashMap::new(),
         shutdown: false,
     };
     for msg in early {
@@ -291,12 +297,18 @@ impl Worker {
         loop {
             let listener = &mut self.listeners[i];
             match listener.socket.accept() {
-                Ok((mut stream, _)) => {
+                Ok((mut stream, peer)) => {
                     self.stats.counters.accepted += 1;
                     if self.conns.len() >= self.cfg.max_connections as usize {
                         self.stats.counters.rejected += 1;
                         continue; // dropped: closes at once
                     }
+                    let http = self.listeners[i].http;
+                    if !http && !self.may_hold_unauthenticated(peer.ip()) {
+                        self.stats.counters.rejected_unauthenticated += 1;
+                        continue; // dropped: closes at once
+                    }
+                    let listener = &mut self.listeners[i];
                     let _ = stream.set_nodelay(true);
                     if listener.stamp_backlog {
                         let _ = net::enable_receive_timestamps(&stream);
@@ -319,7 +331,11 @@ impl Worker {
                     }
                     let generation = self.next_generation;
                     self.next_generation = self.next_generation.wrapping_add(1).max(1);
+                    let key = entry.key();
                     entry.insert(Conn::new(stream, generation, now, codec));
+                    if !http {
+                        self.hold_unauthenticated(key, peer.ip());
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     // Everything accepted from now on was born with the listener's option.
@@ -343,8 +359,12 @@ impl Worker {
 
     fn on_readable(&mut self, key: usize, buf: &mut [u8]) {
         for _ in 0..READS_PER_TURN {
-            let Some(conn) = self.conns.get_mut(key) else {
-                return;
+            let Some(conn) = self
+                .conns
+                .get_mut(key)
+                .filter(|c| c.state != State::Draining)
+            else {
+                return; // the peer sent all it will; only answers go out
             };
             let read = if self.cfg.max_queue_ms > 0 {
                 net::read_stamped(conn.stream.as_raw_fd(), buf)
@@ -352,7 +372,7 @@ impl Worker {
                 conn.stream.read(buf).map(|n| (n, None))
             };
             let n = match read {
-                Ok((0, _)) => return self.close(key),
+                Ok((0, _)) => return self.peer_done(key),
                 Ok((n, received)) => {
                     self.received = received;
                     n
@@ -365,7 +385,11 @@ impl Worker {
             if conn.state == State::Closing {
                 continue; // discard until the peer closes
             }
-            conn.last_seen = self.started.elapsed().as_secs() as u32;
+            // Before a session's login the clock runs from the connect (or the WebSocket
+            // upgrade): what the client sends meanwhile does not buy it time.
+            if conn.user.is_some() || matches!(conn.codec, Codec::Http(_)) {
+                conn.last_seen = self.started.elapsed().as_secs() as u32;
+            }
             let mut partial = conn.take_partial();
             let rest = if partial.is_empty() {
                 let used = self.input(key, &mut buf[..n]);
@@ -389,15 +413,24 @@ impl Worker {
     fn input(&mut self, key: usize, data: &mut [u8]) -> usize {
         let mut at = 0;
         while at < data.len() && self.is_open(key) {
+            let http = matches!(self.conns[key].codec, Codec::Http(_));
+            let may_upgrade = http && self.may_upgrade(key);
             let mut out = std::mem::take(&mut self.scratch);
             let mut cx = Cx {
                 out: &mut out,
                 stats: &mut self.stats.counters,
                 cfg: &self.cfg,
                 now: self.started.elapsed().as_secs() as u32,
+                may_upgrade,
             };
             let step = self.conns[key].codec.decode(&mut data[at..], &mut cx);
             at += step.used;
+            if http && matches!(self.conns[key].codec, Codec::WebSocket(_)) {
+                // Upgraded: a session, to log in from now.
+                if let Ok(peer) = self.conns[key].stream.peer_addr() {
+                    self.hold_unauthenticated(key, peer.ip());
+                }
+            }
             if !out.is_empty() {
                 self.write(key, &out);
                 out.clear();
@@ -471,6 +504,10 @@ impl Worker {
                 }
                 if let Some(key) = self.key_of(conn) {
                     self.reply(key, req, &reply);
+                    if let Some(c) = self.conns.get_mut(key) {
+                        c.awaiting = c.awaiting.saturating_sub(1);
+                    }
+                    self.finish_draining(key);
                 }
             }
             ToWorker::Push { conn, push, close } => {
@@ -551,6 +588,45 @@ impl Worker {
         self.tell_core(&stats);
     }
 
+    // ----- connections not yet logged in -------------------------------------------------
+
+    /// Whether one more connection not yet logged in, from `source`, is within limits.
+    fn may_hold_unauthenticated(&self, source: IpAddr) -> bool {
+        self.unauthenticated.len() < self.cfg.max_unauthenticated as usize
+            && self.per_source.get(&source).copied().unwrap_or(0)
+                < self.cfg.max_unauthenticated_per_source
+    }
+
+    /// Whether HTTP connection `key` may upgrade to a WebSocket not yet logged in (its
+    /// source address is looked up only when some source holds any).
+    fn may_upgrade(&self, key: usize) -> bool {
+        if self.unauthenticated.len() >= self.cfg.max_unauthenticated as usize {
+            return false;
+        }
+        self.per_source.is_empty()
+            || (self.conns[key].stream.peer_addr())
+                .is_ok_and(|peer| self.may_hold_unauthenticated(peer.ip()))
+    }
+
+    fn hold_unauthenticated(&mut self, key: usize, source: IpAddr) {
+        if self.unauthenticated.insert(key, source).is_none() {
+            *self.per_source.entry(source).or_default() += 1;
+        }
+    }
+
+    /// `key` logged in or closed: no longer counted as not logged in.
+    pub(super) fn authenticated(&mut self, key: usize) {
+        let Some(source) = self.unauthenticated.remove(&key) else {
+            return;
+        };
+        if let Some(n) = self.per_source.get_mut(&source) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_source.remove(&source);
+            }
+        }
+    }
+
     /// Closes connections that never logged in, went silent, took too long with an HTTP
     /// request, or were kicked and linger.
     fn sweep(&mut self) {
@@ -567,13 +643,22 @@ impl Worker {
                 }
                 continue;
             }
+            if c.state == State::Draining {
+                // Answers owed to a half-closed client that never came.
+                if quiet as u64 >= CLAIM_FORGET_SECS {
+                    expired.push((key, None));
+                }
+                continue;
+            }
             // A request already waiting in the socket is not the client's delay but ours
             // (a starved worker during a connect storm): it will be read next turn.
             let unread = || net::has_input(c.stream.as_raw_fd());
             let why = match c.codec.idle() {
-                Idle::Session if c.user.is_none() => {
-                    (quiet >= login_timeout && !unread()).then_some("no login")
-                }
+                // Counted from the connect: a request waiting unread may be ours to read,
+                // but not for long.
+                Idle::Session if c.user.is_none() => (quiet >= login_timeout
+                    && (quiet >= 2 * login_timeout || !unread()))
+                .then_some("no login"),
                 Idle::Session => (idle_timeout > 0 && quiet >= idle_timeout).then_some("idle"),
                 Idle::Http {
                     request_since: Some(since),
