@@ -370,6 +370,8 @@ struct Host {
     commits: Option<UnboundedSender<Commit>>,
     committer: Option<tokio::task::JoinHandle<()>>,
     rng: rand::rngs::SmallRng,
+    /// The number of the last batch of released packets received (release.lua).
+    release_batch: u64,
 }
 
 impl Host {
@@ -386,6 +388,7 @@ impl Host {
             commits: None,
             committer: None,
             rng: rand::rngs::SmallRng::from_entropy(),
+            release_batch: 0,
         }
     }
 
@@ -403,6 +406,7 @@ impl Host {
         release.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut expire = tokio::time::interval(Duration::from_secs(1));
         expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::spawn(self.store.clone().keep_subscribed(self.cfg.host.clone()));
         loop {
             tokio::select! {
                 cmd = rx.recv() => match cmd {
@@ -710,8 +714,11 @@ impl Host {
     /// Asks Redis for the packets now due to this host: shake packets go to the workers'
     /// pools, send-campaign packets are created.
     async fn release(&mut self) {
-        let due = match self.store.release(&self.cfg.host).await {
-            Ok(due) => due,
+        let due = match self.store.release(&self.cfg.host, self.release_batch).await {
+            Ok((batch, due)) => {
+                self.release_batch = batch;
+                due
+            }
             Err(e) => {
                 eprintln!("hongbao cluster: release: {e}");
                 return;

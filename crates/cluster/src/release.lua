@@ -1,7 +1,14 @@
 -- Releases the packets of every running campaign at its exact rate, across all hosts.
 -- KEYS[1] = '{rel}:hosts' (every key used is under the {rel} hash tag, one slot).
--- ARGV: this host's name, how long a silent host counts as alive (ms).
--- Returns {now_ms, 'campaign:index', ...}: the packets now this host's to give.
+-- ARGV: this host's name, how long a silent host counts as alive (ms), the number of the
+-- last batch this host received (0 at first).
+-- Returns {now_ms, batch, 'campaign:index', ...}: the packets now this host's to give.
+--
+-- A batch is given until the host says it has it: a reply lost on the way (a client
+-- timeout while the cluster fails over, after the script ran) would otherwise leave its
+-- packets held by a live host that never heard of them, never won and never returned.
+-- So a host that has not received the last batch gets its packets again (those it
+-- still holds), with whatever is new, under the next number.
 --
 -- The clock is Redis's own (TIME), so hosts' clocks do not matter. A host takes at most
 -- its fair part of all that has come due (÷ hosts alive, rounded up) less what it took
@@ -27,7 +34,16 @@ for _, h in ipairs(dead) do
 end
 local alive = math.max(1, redis.call('ZCARD', hosts))
 local mine = '{rel}:held:' .. host
-local out = {now}
+local seqkey = '{rel}:batch:' .. host
+local lastkey = '{rel}:last:' .. host
+local batch = tonumber(redis.call('GET', seqkey) or '0')
+local received = tonumber(ARGV[3])
+local out = {now, 0}
+if received < batch then
+  for _, p in ipairs(redis.call('LRANGE', lastkey, 0, -1)) do
+    if redis.call('SISMEMBER', mine, p) == 1 then table.insert(out, p) end
+  end
+end
 for _, c in ipairs(redis.call('SMEMBERS', '{rel}:running')) do
   local k = '{rel}:c:' .. c
   local v = redis.call('HMGET', k, 'packets', 'rate', 'start', 'next', 'returned', 't:' .. host)
@@ -62,4 +78,15 @@ for _, c in ipairs(redis.call('SMEMBERS', '{rel}:running')) do
     end
   end
 end
+if #out > 2 then
+  batch = math.max(batch, received) + 1
+  redis.call('DEL', lastkey)
+  for n = 3, #out do redis.call('RPUSH', lastkey, out[n]) end
+  redis.call('SET', seqkey, batch)
+elseif received ~= batch then
+  -- Nothing to give again (or this host is ahead: Redis lost writes in a failover).
+  batch = received
+  redis.call('SET', seqkey, batch)
+end
+out[2] = batch
 return out

@@ -138,8 +138,14 @@ impl Store {
 
     // ----- Redis ---------------------------------------------------------------------
 
-    /// The packets due to this host now, as (campaign, index).
-    pub async fn release(&self, host: &str) -> Result<Vec<(u32, u32)>, String> {
+    /// The packets due to this host now, as (campaign, index), in a batch numbered after
+    /// `received`, the last batch this host received (release.lua gives a batch again
+    /// until it is received). Returns the batch's number and its packets.
+    pub async fn release(
+        &self,
+        host: &str,
+        received: u64,
+    ) -> Result<(u64, Vec<(u32, u32)>), String> {
         let mut redis = self.redis();
         let out: Vec<redis::Value> = self
             .0
@@ -147,11 +153,16 @@ impl Store {
             .key("{rel}:hosts")
             .arg(host)
             .arg(HOST_DEAD_AFTER_MS)
+            .arg(received)
             .invoke_async(&mut redis)
             .await
             .map_err(|e| e.to_string())?;
+        let batch = match out.get(1) {
+            Some(redis::Value::Int(n)) => *n as u64,
+            _ => received,
+        };
         let mut due = Vec::new();
-        for v in out.iter().skip(1) {
+        for v in out.iter().skip(2) {
             let text = match v {
                 redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
                 redis::Value::SimpleString(s) => s.clone(),
@@ -163,7 +174,7 @@ impl Store {
                 }
             }
         }
-        Ok(due)
+        Ok((batch, due))
     }
 
     /// The packet is won (or created): no longer this host's to hand out.
@@ -237,10 +248,45 @@ impl Store {
                     }
                 })
                 .await;
-            if received != Some(0) || tokio::time::Instant::now() >= deadline {
+            if received != Some(0) {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                eprintln!(
+                    "hongbao cluster: nobody on {channel} received a message for {} s; dropped",
+                    PATIENCE.as_secs()
+                );
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Keeps this host subscribed to its channel, for as long as the runtime runs. A
+    /// Redis master failing over takes its subscribers' subscriptions with it, and the
+    /// client does not always subscribe again on the new master (seen here: every notice
+    /// published to a host for 15 s after a failover reached nobody). So once a second
+    /// the host publishes an empty message on its own channel (not JSON: `on_push`
+    /// ignores it) and, when nobody received it, subscribes again — on whichever node
+    /// owns the channel's slot now.
+    pub async fn keep_subscribed(self, host: String) {
+        let channel = crate::channel(&host);
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let mut redis = self.redis();
+            let received = redis::cmd("SPUBLISH")
+                .arg(&channel)
+                .arg("")
+                .query_async::<i64>(&mut redis)
+                .await;
+            if received == Ok(0) {
+                match redis.ssubscribe(&channel).await {
+                    Ok(()) => eprintln!("hongbao cluster: subscribed to {channel} again"),
+                    Err(e) => eprintln!("hongbao cluster: subscribing to {channel} again: {e}"),
+                }
+            }
         }
     }
 
@@ -1215,5 +1261,126 @@ async fn tell_redis(store: &Store, host: &str, ttl_ms: u64, shared: &Shared, lat
                 shared.emit_all(here);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A standalone `redis-server` on a free loopback port, killed when dropped.
+    struct TestRedis {
+        child: std::process::Child,
+        url: String,
+    }
+
+    impl TestRedis {
+        fn start() -> TestRedis {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server (Debian's redis-server package) is needed");
+            // Killed when dropped, also if it never answers.
+            let redis = TestRedis {
+                child,
+                url: format!("redis://127.0.0.1:{port}"),
+            };
+            let client = redis::Client::open(redis.url.as_str()).unwrap();
+            for _ in 0..100 {
+                if let Ok(mut con) = client.get_connection() {
+                    if redis::cmd("PING").query::<String>(&mut con).is_ok() {
+                        return redis;
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            panic!("redis-server did not answer on port {port}");
+        }
+    }
+
+    impl Drop for TestRedis {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// One call of release.lua by host `h1` that says it received batch `received`:
+    /// the batch's number and its packets.
+    fn release(con: &mut redis::Connection, received: u64) -> (u64, Vec<String>) {
+        let out: Vec<redis::Value> = Script::new(RELEASE)
+            .key("{rel}:hosts")
+            .arg("h1")
+            .arg(HOST_DEAD_AFTER_MS)
+            .arg(received)
+            .invoke(con)
+            .unwrap();
+        let batch = match out[1] {
+            redis::Value::Int(n) => n as u64,
+            ref other => panic!("batch number {other:?}"),
+        };
+        let packets = out[2..]
+            .iter()
+            .map(|v| match v {
+                redis::Value::BulkString(b) => String::from_utf8(b.clone()).unwrap(),
+                other => panic!("packet {other:?}"),
+            })
+            .collect();
+        (batch, packets)
+    }
+
+    /// A reply of release.lua lost on the way (the script ran, the client timed out in a
+    /// failover) does not lose its packets: the host gets them again, those it still
+    /// holds, until it says it received them — and never twice once it has.
+    #[test]
+    fn a_released_batch_whose_reply_was_lost_is_given_again() {
+        let redis = TestRedis::start();
+        let mut con = redis::Client::open(redis.url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        // Ten packets at 1,000/s, started a second ago: all due at once.
+        let start = crate::now_ms() - 1000;
+        redis::pipe()
+            .hset_multiple(
+                "{rel}:c:1",
+                &[
+                    ("packets", 10),
+                    ("rate", 1000),
+                    ("start", start),
+                    ("next", 0),
+                ],
+            )
+            .sadd("{rel}:running", 1)
+            .query::<()>(&mut con)
+            .unwrap();
+
+        let (batch, first) = release(&mut con, 0);
+        assert_eq!(batch, 1);
+        assert_eq!(first.len(), 10, "{first:?}");
+        // The reply never came: asked again having received nothing, the same packets.
+        let (batch, again) = release(&mut con, 0);
+        assert_eq!((batch, &again), (2, &first));
+        // Received: nothing more is due, and nothing comes twice.
+        let (batch, none) = release(&mut con, 2);
+        assert_eq!((batch, none.len()), (2, 0));
+        // One packet won meanwhile (no longer held): a lost reply gives back only the rest.
+        redis::cmd("SREM")
+            .arg("{rel}:held:h1")
+            .arg(&first[0])
+            .query::<()>(&mut con)
+            .unwrap();
+        let (batch, rest) = release(&mut con, 1);
+        assert_eq!((batch, &rest[..]), (3, &first[1..]));
+        // A host ahead of Redis (writes lost in a failover) is believed, nothing resent.
+        let (batch, none) = release(&mut con, 7);
+        assert_eq!((batch, none.len()), (7, 0));
     }
 }
