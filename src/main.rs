@@ -507,6 +507,7 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         overload_backoff_secs: args.overload_backoff_secs,
         http_connection: args.http_connection,
         notice_poll_secs: args.notice_poll_secs,
+        hosts: Vec::new(),
     })
 }
 

@@ -342,6 +342,24 @@ fn a_bench_across_lab_hosts_balances_every_cent() {
     assert_eq!(summary["options"]["hosts"], 2);
     assert_eq!(summary["shake"]["won_clients"], 60);
     assert_eq!(summary["send"]["opened_clients"], 90);
+    // The gateways reported through the lab's relay: server rows summed over both, and
+    // each host's own, whose shakes add up to the sum and whose interface carried them.
+    let series = std::fs::read_to_string(out.path().join("series.csv")).unwrap();
+    let header: Vec<&str> = series.lines().next().unwrap().split(',').collect();
+    let at = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let total = |role: &str, column: &str| -> u64 {
+        series
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .filter(|cells| cells[at("role")] == role)
+            .map(|cells| cells[at(column)].parse::<u64>().unwrap_or(0))
+            .sum()
+    };
+    let (gw1, gw2) = (total("server@gw1", "shakes"), total("server@gw2", "shakes"));
+    assert!(gw1 > 0 && gw2 > 0, "shakes per host: {gw1}, {gw2}");
+    assert_eq!(gw1 + gw2, total("server", "shakes"));
+    assert!(total("server@gw1", "net_rx_packets") > 0);
     // The lab is gone with the bench.
     assert!(!out.path().join("lab/lab.json").exists());
 }

@@ -13,6 +13,7 @@ pub mod netns;
 pub mod postgres;
 pub mod proc;
 pub mod redis;
+pub mod relay;
 
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -26,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 pub use netns::Host;
 use proc::{Proc, ProcRecord};
+pub use relay::Relay;
 
 /// Ports on every gateway host.
 pub const GATEWAY_TCP: u16 = 7000;

@@ -22,6 +22,9 @@ use hongbao_telemetry::sample::{
 pub const GRACE_SECS: u64 = 3;
 /// An instance silent this long no longer counts towards levels.
 const GONE_SECS: u64 = 5;
+/// Roles that also get a row per instance when several instances report them (a lab's
+/// gateway hosts): `server@NAME`, `core@NAME`.
+const PER_INSTANCE: &[&str] = &["server", "core"];
 
 /// The columns of series.csv, in order (the report crate reads the same list).
 pub use hongbao_report::COLUMNS;
@@ -116,43 +119,11 @@ impl Collector {
             } else {
                 &sample.instance
             };
-            let key = (source_name.clone(), rs.role.clone());
-            let first = !self.sources.contains_key(&key);
-            let source = self.sources.entry(key).or_default();
-            if first && rs.role == "host" {
-                // The machine's busy time counts from boot: its first report is the baseline.
-                source.cpu_ms = rs.cpu_ms;
-            }
-            let (totals, cell) = slot(&mut self.roles, &mut self.open, second, &rs.role);
-            for (name, &value) in &rs.counters {
-                let before = source.counters.get(name).copied().unwrap_or(0);
-                let delta = value.saturating_sub(before);
-                *cell.counts.entry(name.clone()).or_default() += delta;
-                *totals.counts.entry(name.clone()).or_default() += delta;
-                totals.keys.insert(name.clone());
-                source.counters.insert(name.clone(), value.max(before));
-            }
-            let cpu = rs.cpu_ms.saturating_sub(source.cpu_ms);
-            cell.cpu_ms += cpu;
-            totals.cpu_ms += cpu;
-            source.cpu_ms = source.cpu_ms.max(rs.cpu_ms);
-            totals.keys.extend(rs.levels.keys().cloned());
-            if sample.unix_second >= source.last_second {
-                source.last_second = sample.unix_second;
-                source.levels = (rs.processes, rs.levels.clone());
-                cell.levels
-                    .insert(source_name.clone(), source.levels.clone());
-            }
-            if !rs.latency_us.is_empty() {
-                totals.keys.insert("latency".into());
-                merge_sparse(
-                    cell.latency.get_or_insert_with(new_histogram),
-                    &rs.latency_us,
-                );
-                merge_sparse(
-                    totals.latency.get_or_insert_with(new_histogram),
-                    &rs.latency_us,
-                );
+            self.add_role(sample.unix_second, second, source_name, &rs.role, rs);
+            if PER_INSTANCE.contains(&rs.role.as_str()) {
+                // Also a row of its own, written once the role has several instances.
+                let own = format!("{}@{}", rs.role, sample.instance);
+                self.add_role(sample.unix_second, second, source_name, &own, rs);
             }
         }
         if let Some(net) = &sample.net {
@@ -161,13 +132,25 @@ impl Collector {
             cell.levels.insert(key.0.clone(), (0, BTreeMap::new()));
             let now = net.values();
             let before = self.net.get(&key).copied();
+            // The first report of an interface sets the baseline: its counters hold
+            // everything since boot.
+            let deltas: [u64; 4] =
+                std::array::from_fn(|i| before.map_or(0, |b| now[i].saturating_sub(b[i])));
             for (i, name) in NET_COLUMNS.into_iter().enumerate() {
                 totals.keys.insert(name.into());
-                // The first report of an interface sets the baseline: its counters hold
-                // everything since boot.
-                let delta = before.map_or(0, |b| now[i].saturating_sub(b[i]));
-                *cell.counts.entry(name.into()).or_default() += delta;
-                *totals.counts.entry(name.into()).or_default() += delta;
+                *cell.counts.entry(name.into()).or_default() += deltas[i];
+                *totals.counts.entry(name.into()).or_default() += deltas[i];
+            }
+            // A gateway host of a lab has an interface of its own: its traffic goes in
+            // its own rows too.
+            if sample.roles.iter().any(|r| r.role == "server") {
+                let own = format!("server@{}", sample.instance);
+                let (totals, cell) = slot(&mut self.roles, &mut self.open, second, &own);
+                for (i, name) in NET_COLUMNS.into_iter().enumerate() {
+                    totals.keys.insert(name.into());
+                    *cell.counts.entry(name.into()).or_default() += deltas[i];
+                    *totals.counts.entry(name.into()).or_default() += deltas[i];
+                }
             }
             // Several instances on one host report the same counters: keep the newest.
             let newest = match before {
@@ -175,6 +158,68 @@ impl Collector {
                 None => now,
             };
             self.net.insert(key, newest);
+        }
+    }
+
+    /// Adds what one role of one instance reported to the row of `key` (the role, or
+    /// the role of that instance alone) for `second` (`reported`: the second it describes).
+    fn add_role(
+        &mut self,
+        reported: u64,
+        second: u64,
+        source_name: &str,
+        key: &str,
+        rs: &hongbao_telemetry::sample::RoleSample,
+    ) {
+        let source_key = (source_name.to_string(), key.to_string());
+        let first = !self.sources.contains_key(&source_key);
+        let source = self.sources.entry(source_key).or_default();
+        if first && rs.role == "host" {
+            // The machine's busy time counts from boot: its first report is the baseline.
+            source.cpu_ms = rs.cpu_ms;
+        }
+        let (totals, cell) = slot(&mut self.roles, &mut self.open, second, key);
+        for (name, &value) in &rs.counters {
+            let before = source.counters.get(name).copied().unwrap_or(0);
+            let delta = value.saturating_sub(before);
+            *cell.counts.entry(name.clone()).or_default() += delta;
+            *totals.counts.entry(name.clone()).or_default() += delta;
+            totals.keys.insert(name.clone());
+            source.counters.insert(name.clone(), value.max(before));
+        }
+        let cpu = rs.cpu_ms.saturating_sub(source.cpu_ms);
+        cell.cpu_ms += cpu;
+        totals.cpu_ms += cpu;
+        source.cpu_ms = source.cpu_ms.max(rs.cpu_ms);
+        totals.keys.extend(rs.levels.keys().cloned());
+        if reported >= source.last_second {
+            source.last_second = reported;
+            source.levels = (rs.processes, rs.levels.clone());
+            cell.levels
+                .insert(source_name.to_string(), source.levels.clone());
+        }
+        if !rs.latency_us.is_empty() {
+            totals.keys.insert("latency".into());
+            merge_sparse(
+                cell.latency.get_or_insert_with(new_histogram),
+                &rs.latency_us,
+            );
+            merge_sparse(
+                totals.latency.get_or_insert_with(new_histogram),
+                &rs.latency_us,
+            );
+        }
+    }
+
+    /// Whether `role` is a row to write: every role, and an instance's own rows
+    /// (`server@gw1`) once its role has had several instances.
+    fn written(&self, role: &str) -> bool {
+        match role.split_once('@') {
+            None => true,
+            Some((base, _)) => {
+                let mut instances = self.sources.keys().filter(|(_, r)| r == base);
+                instances.next().is_some() && instances.next().is_some()
+            }
         }
     }
 
@@ -225,7 +270,7 @@ impl Collector {
         let roles: Vec<String> = self
             .roles
             .iter()
-            .filter(|(_, t)| t.first_second <= second)
+            .filter(|(r, t)| t.first_second <= second && self.written(r))
             .map(|(r, _)| r.clone())
             .collect();
         for role in roles {
@@ -263,7 +308,9 @@ impl Collector {
                     totals.levels.insert(k.clone(), v.as_u64().unwrap_or(0));
                 }
             }
-            self.latest_rows.insert(role, row);
+            if !role.contains('@') {
+                self.latest_rows.insert(role, row);
+            }
         }
         Ok(())
     }
@@ -327,7 +374,8 @@ impl Collector {
     /// row, CPU, and the latency histogram of each role that reports one.
     pub fn metrics(&self) -> String {
         let mut m = Page::default();
-        for (role, t) in &self.roles {
+        // An instance's own rows stay in series.csv: the page has one series per role.
+        for (role, t) in self.roles.iter().filter(|(r, _)| !r.contains('@')) {
             let labels = [("role", role.clone())];
             for (k, v) in &t.counts {
                 let (name, help) = match k.strip_prefix("net_") {

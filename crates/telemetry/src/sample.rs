@@ -126,21 +126,37 @@ pub fn hostname() -> String {
 }
 
 /// The interface that carries traffic to `peer`: `lo` for loopback, else the interface
-/// of the default route.
+/// of the most specific route that covers it (a lab host's own network, the default
+/// route), from this network namespace's /proc/net/route.
 pub fn interface_for(peer: IpAddr) -> String {
     if peer.is_loopback() {
         return "lo".to_string();
     }
     std::fs::read_to_string("/proc/net/route")
         .ok()
-        .and_then(|table| {
-            table.lines().skip(1).find_map(|line| {
-                let mut fields = line.split_whitespace();
-                let interface = fields.next()?;
-                (fields.next()? == "00000000").then(|| interface.to_string())
-            })
-        })
+        .and_then(|table| route_for(&table, peer))
         .unwrap_or_else(|| "lo".to_string())
+}
+
+/// The interface of the longest route in `table` (/proc/net/route) covering `peer`.
+fn route_for(table: &str, peer: IpAddr) -> Option<String> {
+    let IpAddr::V4(peer) = peer else {
+        return None;
+    };
+    let peer = u32::from(peer);
+    // Destination and mask are printed as the in-memory (network-order) word read on
+    // this little-endian machine.
+    let address = |hex: &str| u32::from_str_radix(hex, 16).ok().map(u32::swap_bytes);
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (dest, mask) = (address(f.get(1)?)?, address(f.get(7)?)?);
+            (peer & mask == dest).then(|| (mask.count_ones(), f[0].to_string()))
+        })
+        .max_by_key(|(bits, _)| *bits)
+        .map(|(_, interface)| interface)
 }
 
 /// The machine as a role: `cpu_ms` is the CPU time all cores spent busy since boot
@@ -198,6 +214,26 @@ fn parse_net_dev(table: &str, interface: &str) -> Option<NetCounters> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lab host (its /24 and no default route) and a machine with a default route.
+    #[test]
+    fn the_interface_is_the_longest_route_to_the_peer() {
+        let table =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+            eth0\t00000000\t0100A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+            e5-gw1\t000512C6\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
+        let at = |ip: &str| route_for(table, ip.parse().unwrap());
+        assert_eq!(at("198.18.5.1").as_deref(), Some("e5-gw1"));
+        assert_eq!(at("10.1.2.3").as_deref(), Some("eth0"));
+        let lab_only = table
+            .lines()
+            .filter(|l| !l.starts_with("eth0"))
+            .collect::<Vec<_>>();
+        assert_eq!(
+            route_for(&lab_only.join("\n"), "10.1.2.3".parse().unwrap()),
+            None
+        );
+    }
 
     #[test]
     fn net_dev_lines_are_read_by_interface() {

@@ -256,6 +256,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         overload_backoff_secs: DEFAULT_OVERLOAD_BACKOFF_SECS,
         http_connection: opts.http_connection,
         notice_poll_secs: opts.notice_poll_secs,
+        hosts: server.load_hosts.clone(),
     })?;
     monitor.mark_at(load.epoch_ms(), "connect");
     say(&format!(

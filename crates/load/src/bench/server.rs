@@ -32,7 +32,15 @@ pub(super) struct Server {
     pub ws: Option<SocketAddr>,
     /// The HTTP listener, when asked for.
     pub http: Option<SocketAddr>,
+    /// With a lab: the hosts the load client processes run on.
+    pub load_hosts: Vec<hongbao_lab::Host>,
+    /// With a lab: the monitor, reachable from its hosts at the bridge's address.
+    _monitor_relay: Option<hongbao_lab::Relay>,
 }
+
+/// A lab's load hosts: as many as client processes, up to two — the load, like the
+/// gateways, reaches nginx over the lab's network from hosts of its own.
+const LOAD_HOSTS: usize = 2;
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -52,7 +60,7 @@ impl Server {
         monitor: SocketAddr,
     ) -> anyhow::Result<Server> {
         if opts.hosts > 0 {
-            return Server::start_lab(opts);
+            return Server::start_lab(opts, monitor);
         }
         let mut command = Command::new(std::env::current_exe()?);
         let server_nice = opts.server_nice;
@@ -95,6 +103,8 @@ impl Server {
         let mut server = Server {
             child: Some(child),
             lab: None,
+            load_hosts: Vec::new(),
+            _monitor_relay: None,
             admins: Vec::new(),
             admin: "0.0.0.0:0".parse()?,
             listen: "0.0.0.0:0".parse()?,
@@ -123,19 +133,28 @@ impl Server {
     }
 
     /// `opts.hosts` gateways in cluster mode on a lab's hosts, nginx in front: the load
-    /// goes to nginx; the audit and campaigns to the first gateway.
-    fn start_lab(opts: &BenchOptions) -> anyhow::Result<Server> {
+    /// goes to nginx; the audit and campaigns to the first gateway. The gateways report
+    /// to the bench's `monitor` through a relay on the lab's bridge.
+    fn start_lab(opts: &BenchOptions, monitor: SocketAddr) -> anyhow::Result<Server> {
+        let number = hongbao_lab::free_lab_number(std::process::id());
+        let monitor_there =
+            SocketAddr::from((hongbao_lab::netns::bridge_addr(number), monitor.port()));
         let serve_args = vec![
             "--max-shake-qps".to_string(),
             opts.max_shake_qps.to_string(),
             "--max-queue-ms".to_string(),
             opts.max_queue_ms.to_string(),
+            "--monitor".to_string(),
+            monitor_there.to_string(),
         ];
         let lab = hongbao_lab::Lab::up(hongbao_lab::LabPlan {
-            lab: hongbao_lab::free_lab_number(std::process::id()),
+            lab: number,
             dir: std::path::absolute(opts.out.join("lab"))?,
             gateways: opts.hosts,
-            loads: 0,
+            loads: match opts.procs {
+                0 => LOAD_HOSTS,
+                procs => LOAD_HOSTS.min(procs as usize),
+            },
             nginx: true,
             hongbao: std::env::current_exe()?,
             gateway_workers: opts.workers.clone(),
@@ -158,7 +177,11 @@ impl Server {
         });
         let (tcp, http, ws) = lab.nginx_addrs().context("the lab has no nginx")?;
         let admins: Vec<SocketAddr> = lab.gateways.iter().map(|g| g.admin()).collect();
+        let load_hosts = lab.loads.clone();
+        let relay = hongbao_lab::Relay::start(monitor_there, monitor)?;
         Ok(Server {
+            load_hosts,
+            _monitor_relay: Some(relay),
             child: None,
             admin: admins[0],
             admins,

@@ -55,6 +55,9 @@ pub struct LoadOptions {
     pub http_connection: HttpConnection,
     /// See `ClientOptions::notice_poll_secs`.
     pub notice_poll_secs: u32,
+    /// Lab hosts to run the client processes on (process `p` on host `p mod n`, entered
+    /// between fork and exec); none: this machine's own namespace.
+    pub hosts: Vec<hongbao_lab::Host>,
 }
 
 /// One second of the whole run, merged over the client processes.
@@ -246,7 +249,11 @@ impl Load {
                 http_connection: opts.http_connection,
                 notice_poll_secs: opts.notice_poll_secs,
             };
-            let mut child = Command::new(&exe)
+            let mut command = match opts.hosts.get(p as usize % opts.hosts.len().max(1)) {
+                Some(host) => host.command(&exe),
+                None => Command::new(&exe),
+            };
+            let mut child = command
                 .arg("load-client")
                 .arg(serde_json::to_string(&client_opts)?)
                 .stdin(Stdio::piped())

@@ -153,4 +153,67 @@ fn roles_start_at_their_first_report_and_net_counts_from_a_baseline() {
         .all(|r| r["role"] != "host" || r["instances"] == "1"));
     let metrics = c.metrics();
     assert!(metrics.contains("hongbao_network_rx_packets_total{role=\"host\"} 20"));
+    // One server instance: no rows of its own.
+    assert!(rows.iter().all(|r| !r["role"].contains('@')));
+}
+
+/// Several gateway hosts (a lab): the server and core rows sum them, and each also gets
+/// rows of its own, with its own interface's traffic; /metrics stays per role.
+#[test]
+fn several_gateways_get_rows_of_their_own() {
+    let mut c = Collector::new(None).unwrap();
+    for s in 20..24u64 {
+        for (name, per_sec) in [("gw1", 10), ("gw2", 30)] {
+            let mut one = sample(
+                name,
+                s,
+                vec![
+                    role("server", s * per_sec, s * 100, per_sec),
+                    role("core", 0, s, 0),
+                ],
+            );
+            one.net = Some(NetCounters {
+                interface: format!("e1-{name}"),
+                rx_packets: s * per_sec,
+                tx_packets: s * per_sec,
+                rx_bytes: 0,
+                tx_bytes: 0,
+            });
+            c.add(&one);
+        }
+    }
+    c.finish().unwrap();
+    let rows = rows(c.csv());
+    for role in [
+        "server",
+        "core",
+        "server@gw1",
+        "server@gw2",
+        "core@gw1",
+        "core@gw2",
+    ] {
+        assert_eq!(
+            rows.iter().filter(|r| r["role"] == role).count(),
+            4,
+            "{role}"
+        );
+    }
+    // Counters count from the instance's start; interface counters from a baseline.
+    assert_eq!(sum(&rows, "server@gw1", "shakes"), 230);
+    assert_eq!(sum(&rows, "server@gw2", "shakes"), 690);
+    assert_eq!(sum(&rows, "server", "shakes"), 920);
+    assert_eq!(
+        sum(&rows, "server@gw2", "net_rx_packets"),
+        90,
+        "3 seconds × 30"
+    );
+    assert_eq!(sum(&rows, "host", "net_rx_packets"), 120);
+    let last_gw1 = rows.iter().rfind(|r| r["role"] == "server@gw1").unwrap();
+    assert_eq!(
+        (&*last_gw1["instances"], &*last_gw1["connections"]),
+        ("1", "10")
+    );
+    let last = rows.iter().rfind(|r| r["role"] == "server").unwrap();
+    assert_eq!((&*last["instances"], &*last["connections"]), ("2", "40"));
+    assert!(!c.metrics().contains('@'));
 }

@@ -146,8 +146,13 @@ impl Supervisor {
         let (rss, cpu) = usage::self_usage();
         let latency = sample::sparse(&self.report.latency_pending);
         self.report.latency_pending.reset();
+        // A gateway host of a cluster goes by its host name (the series' `server@gw1`).
+        let instance = match self.cfg.host_name.as_str() {
+            "" => format!("serve@{}:{}", sample::hostname(), std::process::id()),
+            name => name.to_string(),
+        };
         Sample {
-            instance: format!("serve@{}:{}", sample::hostname(), std::process::id()),
+            instance,
             host: sample::hostname(),
             unix_second: second,
             roles: vec![
