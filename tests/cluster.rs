@@ -435,6 +435,13 @@ fn benches_survive_a_gateway_a_redis_master_and_postgres_failing_mid_run() {
             summary["audit"]
         );
         assert_eq!(summary["audit"]["server"]["ok"], true);
+        // Every client is logged in again by the end (the killed gateway's through
+        // nginx to the other).
+        assert!(
+            summary["fault"]["reconnected_secs"].as_u64().is_some(),
+            "{fault}: {}",
+            summary["fault"]
+        );
         if fault == "redis-master" {
             // A failover loses no notice: each host subscribes again to its channel,
             // and a released batch whose reply was lost is given again.

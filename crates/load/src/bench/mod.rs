@@ -37,8 +37,8 @@ use broadcaster::{wait_deliveries, Broadcaster};
 use server::{Server, ServerSample};
 pub use summary::Summary;
 use summary::{
-    AuditSummary, ConnectionsSummary, Discrepancy, EngineSummary, LoadSummary, NetworkSummary,
-    OptionsSummary, Phase, Resources, SendAudit, ShakeAudit,
+    AuditSummary, ConnectionsSummary, Discrepancy, EngineSummary, FaultSummary, LoadSummary,
+    LoginsAt, NetworkSummary, OptionsSummary, Phase, Resources, SendAudit, ShakeAudit,
 };
 
 pub const SECRET: &str = "hongbao-bench-secret";
@@ -301,6 +301,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     let mut broadcaster = Broadcaster::new(opts.broadcast_every_secs);
 
     let mut fault_thread = None;
+    let mut fault_second = 0;
     for (n, &qps) in opts.phase_qps.iter().enumerate() {
         let name = format!("qps-{qps}");
         let from = load.set_qps(qps)?;
@@ -314,6 +315,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         if let (0, Some(fault)) = (n, opts.fault) {
             let after = Duration::from_secs_f64(opts.fault_at_secs.max(0.0));
             fault_thread = server.inject_later(fault, after);
+            fault_second = from + 1 + after.as_secs();
             monitor.mark_at(
                 load.epoch_ms() + (from + 1) * 1000 + after.as_millis() as u64,
                 fault.name(),
@@ -409,13 +411,32 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         t.disconnects + t.connect_failures()
     };
 
-    if let Some(handle) = fault_thread.take() {
+    let rows = load.rows();
+    let fault = fault_thread.take().map(|handle| {
         let what = handle
             .join()
             .unwrap_or_else(|_| "the fault thread panicked".to_string());
-        say(&format!("bench: fault: {what}"));
-    }
-    let rows = load.rows();
+        let seconds: Vec<LoginsAt> = rows
+            .iter()
+            .map(|r| LoginsAt {
+                second: r.second,
+                logged_in: r.logged_in,
+                disconnects: r.counters.disconnects,
+                logins: r.counters.logins,
+            })
+            .collect();
+        let f = FaultSummary::from_rows(what, fault_second, opts.connections, &seconds);
+        let back = match f.reconnected_secs {
+            Some(0) => "no client was dropped".to_string(),
+            Some(s) => format!(
+                "{} connections dropped, every user logged in again within {s} s (as few as {} of {} at a second's end)",
+                f.dropped, f.logged_in_min, opts.connections
+            ),
+            None => format!("{} connections dropped; some users never logged in again", f.dropped),
+        };
+        say(&format!("bench: fault: {} (second {}); {back}", f.what, f.at_second));
+        f
+    });
     let peak_connections = rows.iter().map(|r| r.logged_in).max().unwrap_or(0);
     let load_pids = load.pids();
     let load_peak_rss = load_peak_rss(&rows, &load_pids);
@@ -572,6 +593,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             ehash_buckets: hongbao_sys::doctor::ehash_buckets(),
         },
         engines,
+        fault,
     };
     std::fs::write(
         opts.out.join("summary.json"),

@@ -31,6 +31,62 @@ pub struct Summary {
     /// With `--hosts`: what Redis and PostgreSQL did over the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engines: Option<EngineSummary>,
+    /// With `--fault`: what was done and what the clients saw of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<FaultSummary>,
+}
+
+/// A fault injected mid-run, and the clients' connections around it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSummary {
+    /// What the bench did (the line it printed).
+    pub what: String,
+    /// The second of the run (from the load's epoch) it was done in.
+    pub at_second: u64,
+    /// Connections the clients lost from that second on.
+    pub dropped: u64,
+    /// The fewest users logged in at the end of a second from then on.
+    pub logged_in_min: u64,
+    /// Within how many seconds of the fault every dropped user had logged in again and
+    /// all were logged in (counted in whole seconds from the start of the fault's
+    /// second: 1 = within that second; 0 = nobody was dropped); none if some never were.
+    pub reconnected_secs: Option<u64>,
+}
+
+/// One second of the load, as a fault is judged: the second, users logged in at its end,
+/// and the clients' cumulative disconnects and logins.
+#[derive(Debug, Clone, Copy)]
+pub struct LoginsAt {
+    pub second: u64,
+    pub logged_in: u64,
+    pub disconnects: u64,
+    pub logins: u64,
+}
+
+impl FaultSummary {
+    /// From the load's seconds around a fault done in `at_second` to `users` users.
+    pub fn from_rows(what: String, at_second: u64, users: u64, rows: &[LoginsAt]) -> Self {
+        let before = rows.iter().rev().find(|r| r.second < at_second);
+        let (d0, l0) = before.map_or((0, 0), |r| (r.disconnects, r.logins));
+        let after: Vec<&LoginsAt> = rows.iter().filter(|r| r.second >= at_second).collect();
+        let dropped = after.last().map_or(0, |r| r.disconnects - d0);
+        let reconnected_secs = if dropped == 0 {
+            Some(0)
+        } else {
+            after
+                .iter()
+                .find(|r| r.logins - l0 >= dropped && r.logged_in >= users)
+                .map(|r| r.second - at_second + 1)
+        };
+        FaultSummary {
+            what,
+            at_second,
+            dropped,
+            logged_in_min: after.iter().map(|r| r.logged_in).min().unwrap_or(users),
+            reconnected_secs,
+        }
+    }
 }
 
 /// The engines' work over a `--hosts` run (from the lab's first phase to its end), and
@@ -449,8 +505,48 @@ mod tests {
                 ..Default::default()
             },
             engines: Some(EngineSummary::default()),
+            fault: Some(FaultSummary {
+                reconnected_secs: Some(3),
+                ..Default::default()
+            }),
             ..Default::default()
         }
+    }
+
+    /// The clients' view of a fault: who was dropped, and when all were back.
+    #[test]
+    fn a_fault_is_timed_from_the_clients_logins() {
+        let at = |second, logged_in, disconnects, logins| LoginsAt {
+            second,
+            logged_in,
+            disconnects,
+            logins,
+        };
+        // 48 dropped in second 6, back by the end of second 8.
+        let rows = [
+            at(4, 100, 0, 100),
+            at(5, 100, 0, 100),
+            at(6, 52, 48, 100),
+            at(7, 80, 48, 128),
+            at(8, 100, 48, 148),
+            at(9, 100, 48, 148),
+        ];
+        let f = FaultSummary::from_rows("killed".into(), 5, 100, &rows);
+        assert_eq!(
+            (f.dropped, f.logged_in_min, f.reconnected_secs),
+            (48, 52, Some(4))
+        );
+        // Dropped and back within the fault's own second: the rows never dip.
+        let quick = [at(4, 100, 0, 100), at(5, 100, 30, 130), at(6, 100, 30, 130)];
+        let f = FaultSummary::from_rows("killed".into(), 5, 100, &quick);
+        assert_eq!(
+            (f.dropped, f.logged_in_min, f.reconnected_secs),
+            (30, 100, Some(1))
+        );
+        let calm = FaultSummary::from_rows("killed".into(), 5, 100, &rows[..2]);
+        assert_eq!((calm.dropped, calm.reconnected_secs), (0, Some(0)));
+        let lost = FaultSummary::from_rows("killed".into(), 5, 100, &rows[..4]);
+        assert_eq!((lost.dropped, lost.reconnected_secs), (48, None));
     }
 
     /// Every leaf of `value` as a dotted path (array elements as `[]`).
