@@ -62,14 +62,15 @@ pub fn render(plan: &Plan) -> String {
         let _ = writeln!(out, "user {user};");
     }
     let _ = writeln!(out, "worker_processes {};", plan.worker_processes);
-    // Each worker holds a client and an upstream socket per connection; the hard limit on
-    // these machines is 20,000.
+    // Each worker holds a client and an upstream socket per connection, and
+    // `worker_connections` counts both: 19,000 of the 20,000 files a process may have on
+    // these machines (the rest for listeners and logs) carry 9,500 clients per worker.
     let _ = writeln!(out, "worker_rlimit_nofile 20000;");
     let _ = writeln!(out, "pid {prefix}/nginx.pid;");
     let _ = writeln!(out, "error_log {prefix}/error.log warn;");
     let _ = writeln!(
         out,
-        "events {{\n    worker_connections 9000;\n    multi_accept on;\n}}"
+        "events {{\n    worker_connections 19000;\n    multi_accept on;\n}}"
     );
     if plan.http.is_some() || plan.ws.is_some() || plan.static_200.is_some() {
         out.push_str("http {\n    access_log off;\n");
