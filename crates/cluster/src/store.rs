@@ -22,6 +22,8 @@ const GATE: &str = include_str!("gate.lua");
 const PACKET_BLOCK: u64 = 4096;
 /// How long a route or a notice waits for Redis to answer again (a failover).
 const PATIENCE: std::time::Duration = std::time::Duration::from_secs(15);
+/// Seconds without an answer from Redis after which the cluster connection is replaced.
+const STUCK_AFTER: u32 = 5;
 /// The advisory lock under which a host creates the schema.
 const SCHEMA_LOCK: i64 = 0x6862_5f73_6368;
 
@@ -31,7 +33,10 @@ pub struct Store(Arc<Inner>);
 struct Inner {
     postgres: String,
     read: Mutex<Arc<Client>>,
-    redis: ClusterConnection,
+    /// The cluster connection in use (replaced when it stops answering), and the client
+    /// that makes new ones (pushes of every connection go to the same sender).
+    redis: Mutex<ClusterConnection>,
+    redis_client: ClusterClient,
     pushes: Mutex<Option<UnboundedReceiver<String>>>,
     /// The next packet id and the end of this host's block.
     ids: tokio::sync::Mutex<(u64, u64)>,
@@ -104,7 +109,8 @@ impl Store {
         Ok(Store(Arc::new(Inner {
             postgres: cfg.postgres.clone(),
             read: Mutex::new(Arc::new(pg)),
-            redis,
+            redis: Mutex::new(redis),
+            redis_client: client,
             pushes: Mutex::new(Some(rx)),
             ids: tokio::sync::Mutex::new((0, 0)),
             release: Script::new(RELEASE),
@@ -122,7 +128,7 @@ impl Store {
     }
 
     fn redis(&self) -> ClusterConnection {
-        self.0.redis.clone()
+        self.0.redis.lock().unwrap().clone()
     }
 
     /// The reading connection, opened again if it was lost (PostgreSQL restarted).
@@ -269,10 +275,17 @@ impl Store {
     /// the host publishes an empty message on its own channel (not JSON: `on_push`
     /// ignores it) and, when nobody received it, subscribes again — on whichever node
     /// owns the channel's slot now.
+    ///
+    /// The same message checks the connection: a cluster connection can stay stuck after
+    /// a master's failover, every command timing out while other hosts' connections
+    /// recovered (seen in the lab: two of three hosts, until the end of the run). After
+    /// `STUCK_AFTER` seconds without an answer, a new connection is made (it learns the
+    /// cluster's slots afresh) and replaces it.
     pub async fn keep_subscribed(self, host: String) {
         let channel = crate::channel(&host);
         let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut unanswered = 0;
         loop {
             every.tick().await;
             let mut redis = self.redis();
@@ -281,13 +294,44 @@ impl Store {
                 .arg("")
                 .query_async::<i64>(&mut redis)
                 .await;
-            if received == Ok(0) {
-                match redis.ssubscribe(&channel).await {
-                    Ok(()) => eprintln!("hongbao cluster: subscribed to {channel} again"),
-                    Err(e) => eprintln!("hongbao cluster: subscribing to {channel} again: {e}"),
+            match received {
+                Ok(n) => {
+                    unanswered = 0;
+                    if n == 0 {
+                        match redis.ssubscribe(&channel).await {
+                            Ok(()) => eprintln!("hongbao cluster: subscribed to {channel} again"),
+                            Err(e) => {
+                                eprintln!("hongbao cluster: subscribing to {channel} again: {e}")
+                            }
+                        }
+                    }
+                }
+                Err(_) => {
+                    unanswered += 1;
+                    if unanswered >= STUCK_AFTER {
+                        unanswered = 0;
+                        self.reconnect_redis(&channel).await;
+                    }
                 }
             }
         }
+    }
+
+    /// A new cluster connection, subscribed to `channel`, in place of the current one.
+    async fn reconnect_redis(&self, channel: &str) {
+        let connect = self.0.redis_client.get_async_connection();
+        let mut fresh = match tokio::time::timeout(PATIENCE, connect).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return eprintln!("hongbao cluster: Redis: connecting again: {e}"),
+            Err(_) => return eprintln!("hongbao cluster: Redis: connecting again: timed out"),
+        };
+        if let Err(e) = fresh.ssubscribe(channel).await {
+            return eprintln!("hongbao cluster: Redis: subscribing on the new connection: {e}");
+        }
+        *self.0.redis.lock().unwrap() = fresh;
+        eprintln!(
+            "hongbao cluster: Redis: no answer for {STUCK_AFTER} s; connected to the cluster again"
+        );
     }
 
     /// `ask` until Redis answers, for up to `PATIENCE` (a master failing over takes the

@@ -411,11 +411,18 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         t.disconnects + t.connect_failures()
     };
 
-    let rows = load.rows();
-    let fault = fault_thread.take().map(|handle| {
+    let fault_done = fault_thread.take().map(|handle| {
         let what = handle
             .join()
             .unwrap_or_else(|_| "the fault thread panicked".to_string());
+        // Users dropped near a phase's end come back after it: wait for them (a while),
+        // then a second more, so the rows show when they did.
+        load.wait_logged_in(Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(2100));
+        what
+    });
+    let rows = load.rows();
+    let fault = fault_done.map(|what| {
         let seconds: Vec<LoginsAt> = rows
             .iter()
             .map(|r| LoginsAt {
