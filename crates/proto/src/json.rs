@@ -263,10 +263,66 @@ impl Writer {
     }
 }
 
+/// The most elements of one JSON array: more than `MAX_RECIPIENTS`, and as a `Value` at
+/// most `MAX_JSON_LEN` bytes (32 bytes an element, the vector doubling as it grows).
+pub const MAX_JSON_ARRAY: usize = 1024;
+
+/// Where an array of more than `MAX_JSON_ARRAY` elements ends in `text`, found by a
+/// scan that allocates nothing (strings skipped, nesting tracked to serde_json's own
+/// depth limit, past which it refuses the text itself).
+fn long_array_at(text: &str) -> Option<usize> {
+    const DEPTH: usize = 130;
+    // Per open bracket: commas so far at that level, or `None` for an object.
+    let mut levels = [None::<usize>; DEPTH];
+    let mut depth = 0;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (at, b) in text.bytes().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' if depth < DEPTH => {
+                levels[depth] = (b == b'[').then_some(0);
+                depth += 1;
+            }
+            b'[' | b'{' => return None,
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' if depth > 0 => {
+                if let Some(commas) = levels[depth - 1].as_mut() {
+                    *commas += 1;
+                    if *commas >= MAX_JSON_ARRAY {
+                        return Some(at);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Reads one JSON message. Checks what the binary decoder checks; keys it does not know
 /// are ignored. `text` should be at most [`MAX_JSON_LEN`] bytes (the WebSocket layer
 /// refuses longer messages before they get here).
 pub fn from_json(text: &str) -> Result<Frame, JsonError> {
+    if let Some(at) = long_array_at(text) {
+        // Read into a `Value`, an array of n elements takes one allocation of up to 64n
+        // bytes: refused before that, so no message costs more than `MAX_JSON_LEN` at once.
+        return Err(JsonError {
+            request_id: None,
+            kind: JsonErrorKind::Syntax(format!(
+                "an array of more than {MAX_JSON_ARRAY} elements at byte {at}"
+            )),
+        });
+    }
     let value: Value = serde_json::from_str(text).map_err(|e| JsonError {
         request_id: None,
         kind: JsonErrorKind::Syntax(e.to_string()),
@@ -825,6 +881,50 @@ mod tests {
                 let _ = from_json(&json);
             }
         }
+    }
+
+    /// Long arrays are refused before they are read into memory (the fuzzer found a
+    /// 2 KB message of 1,025 zeros taking a 64 KB allocation); commas inside strings and
+    /// in objects do not count, and recipients over the limit are still named as such.
+    #[test]
+    fn arrays_over_the_limit_are_refused_before_reading() {
+        let zeros = |n: usize| vec!["0"; n].join(",");
+        let long = format!(
+            r#"{{"type":"shake","id":1,"x":[{}]}}"#,
+            zeros(MAX_JSON_ARRAY + 1)
+        );
+        let e = from_json(&long).unwrap_err();
+        assert!(
+            matches!(&e.kind, JsonErrorKind::Syntax(t) if t.contains("more than 1024")),
+            "{e:?}"
+        );
+        let nested = format!(
+            r#"{{"type":"shake","id":1,"x":[[{}]]}}"#,
+            zeros(MAX_JSON_ARRAY + 1)
+        );
+        assert!(from_json(&nested).is_err());
+        let fine = format!(
+            r#"{{"type":"shake","id":1,"x":[{}],"t":"{}","o":{{{}}}}}"#,
+            zeros(MAX_JSON_ARRAY),
+            ",".repeat(3000),
+            (0..1500)
+                .map(|i| format!(r#""k{i}":0"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(from_json(&fine).unwrap().message, Message::Shake);
+        let ids: Vec<String> = (1..=MAX_RECIPIENTS as u64 + 1)
+            .map(|u| u.to_string())
+            .collect();
+        let send = format!(
+            r#"{{"type":"send","id":2,"amount_cents":5000,"shares":1,"recipients":[{}]}}"#,
+            ids.join(",")
+        );
+        let e = from_json(&send).unwrap_err();
+        assert!(
+            matches!(e.kind, JsonErrorKind::TooManyRecipients { .. }),
+            "{e:?}"
+        );
     }
 
     /// The JSON examples in the WebSocket section of `docs/protocol.md` are what this
