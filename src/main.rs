@@ -181,8 +181,8 @@ struct BenchArgs {
     /// Cluster, PostgreSQL, nginx in front; root; docs/scale-out.md); 0: one local server
     #[arg(long, default_value_t = 0)]
     hosts: usize,
-    /// With --hosts: inject a failure into the first phase: gateway, redis-master or
-    /// postgres (docs/bench.md)
+    /// With --hosts: inject a failure into the first phase: gateway, redis-master,
+    /// redis-freeze or postgres (docs/bench.md)
     #[arg(long)]
     fault: Option<String>,
     /// Seconds into the first phase for --fault

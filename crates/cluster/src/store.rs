@@ -22,8 +22,13 @@ const GATE: &str = include_str!("gate.lua");
 const PACKET_BLOCK: u64 = 4096;
 /// How long a route or a notice waits for Redis to answer again (a failover).
 const PATIENCE: std::time::Duration = std::time::Duration::from_secs(15);
-/// Seconds without an answer from Redis after which the cluster connection is replaced.
-const STUCK_AFTER: u32 = 5;
+/// How long a message is published again while nobody receives it: a hung master keeps
+/// its slots for the node timeout, and the client may route to it until it wakes (seen:
+/// notices dropped after 15 s with a master frozen for 8 s).
+const PUBLISH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+/// Checks in a row (a second apart, or a timeout) with a Redis master not answering,
+/// after which the cluster connection is replaced.
+const STUCK_AFTER: u32 = 3;
 /// The advisory lock under which a host creates the schema.
 const SCHEMA_LOCK: i64 = 0x6862_5f73_6368;
 
@@ -240,7 +245,7 @@ impl Store {
     pub(crate) async fn publish(&self, host: &str, msg: &Mesh) {
         let text = serde_json::to_string(msg).expect("serializable");
         let channel = crate::channel(host);
-        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let deadline = tokio::time::Instant::now() + PUBLISH_PATIENCE;
         loop {
             let received = self
                 .patiently(|mut redis| {
@@ -260,7 +265,7 @@ impl Store {
             if tokio::time::Instant::now() >= deadline {
                 eprintln!(
                     "hongbao cluster: nobody on {channel} received a message for {} s; dropped",
-                    PATIENCE.as_secs()
+                    PUBLISH_PATIENCE.as_secs()
                 );
                 return;
             }
@@ -276,13 +281,18 @@ impl Store {
     /// ignores it) and, when nobody received it, subscribes again — on whichever node
     /// owns the channel's slot now.
     ///
-    /// The same message checks the connection: a cluster connection can stay stuck after
-    /// a master's failover, every command timing out while other hosts' connections
-    /// recovered (seen in the lab: two of three hosts, until the end of the run). After
-    /// `STUCK_AFTER` seconds without an answer, a new connection is made (it learns the
-    /// cluster's slots afresh) and replaces it.
+    /// The connection is checked too, with the message and a probe of every master: a
+    /// cluster connection can stay stuck after a master's failover, every command timing
+    /// out while other hosts' connections recovered (seen in the lab: two of three hosts,
+    /// until the end of the run), and a master that hangs (SIGSTOP: its connections open
+    /// and silent) keeps the client sending its slots there even after its replica took
+    /// over. After `STUCK_AFTER` checks in a row with a master not answering, a new
+    /// connection is made (it learns the cluster's slots afresh) and replaces it.
     pub async fn keep_subscribed(self, host: String) {
         let channel = crate::channel(&host);
+        // Keys whose slots fall on every master (32 hash tags: the chance that one of
+        // three masters owns none of them is below one in 100,000).
+        let probes: Vec<String> = (0..32).map(|i| format!("{{hb-probe-{i}}}")).collect();
         let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut unanswered = 0;
@@ -294,25 +304,33 @@ impl Store {
                 .arg("")
                 .query_async::<i64>(&mut redis)
                 .await;
-            match received {
-                Ok(n) => {
-                    unanswered = 0;
-                    if n == 0 {
-                        match redis.ssubscribe(&channel).await {
-                            Ok(()) => eprintln!("hongbao cluster: subscribed to {channel} again"),
-                            Err(e) => {
-                                eprintln!("hongbao cluster: subscribing to {channel} again: {e}")
-                            }
-                        }
-                    }
+            // A master that hangs (its connection open and silent) keeps the client
+            // sending its slots there: every probe must answer.
+            let probed = futures_util::future::join_all(probes.iter().map(|key| {
+                let mut redis = redis.clone();
+                async move {
+                    redis::cmd("EXISTS")
+                        .arg(key)
+                        .query_async::<i64>(&mut redis)
+                        .await
                 }
-                Err(_) => {
-                    unanswered += 1;
-                    if unanswered >= STUCK_AFTER {
-                        unanswered = 0;
-                        self.reconnect_redis(&channel).await;
-                    }
+            }))
+            .await;
+            let all_answered = probed.iter().all(|r| r.is_ok());
+            if let Ok(0) = received {
+                match redis.ssubscribe(&channel).await {
+                    Ok(()) => eprintln!("hongbao cluster: subscribed to {channel} again"),
+                    Err(e) => eprintln!("hongbao cluster: subscribing to {channel} again: {e}"),
                 }
+            }
+            if received.is_ok() && all_answered {
+                unanswered = 0;
+                continue;
+            }
+            unanswered += 1;
+            if unanswered >= STUCK_AFTER {
+                unanswered = 0;
+                self.reconnect_redis(&channel).await;
             }
         }
     }
@@ -330,7 +348,7 @@ impl Store {
         }
         *self.0.redis.lock().unwrap() = fresh;
         eprintln!(
-            "hongbao cluster: Redis: no answer for {STUCK_AFTER} s; connected to the cluster again"
+            "hongbao cluster: Redis: a master did not answer {STUCK_AFTER} checks in a row; connected to the cluster again"
         );
     }
 

@@ -368,6 +368,23 @@ impl Lab {
         }
     }
 
+    /// Freezes the Redis node at `addr` (SIGSTOP) for `frozen`, then lets it go on
+    /// (SIGCONT): its connections stay open and silent, as a hung machine's would. Longer
+    /// than the node timeout, its replica takes over and it comes back as a replica.
+    pub fn freeze_redis(&mut self, addr: Ipv4Addr, frozen: Duration) {
+        let pid = self
+            .redis
+            .iter()
+            .find(|(h, p)| h.addr == addr && p.is_some())
+            .and_then(|(_, p)| p.as_ref().map(|p| p.pid() as i32));
+        let Some(pid) = pid else { return };
+        // SAFETY: kill(2) on our running child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        std::thread::sleep(frozen);
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+
     /// Waits until the Redis Cluster serves every slot again with three masters none of
     /// which is `gone` (a master killed: its replica has taken over).
     pub fn wait_redis_whole(

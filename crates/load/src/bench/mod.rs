@@ -114,6 +114,8 @@ pub enum Fault {
     Gateway,
     /// SIGKILL a Redis master; its replica takes over.
     RedisMaster,
+    /// SIGSTOP a Redis master for 8 s (its replica takes over meanwhile), then SIGCONT.
+    RedisFreeze,
     /// Stop PostgreSQL, and start it again two seconds later.
     Postgres,
 }
@@ -123,9 +125,12 @@ impl Fault {
         match name {
             "gateway" => Ok(Fault::Gateway),
             "redis-master" => Ok(Fault::RedisMaster),
+            "redis-freeze" => Ok(Fault::RedisFreeze),
             "postgres" => Ok(Fault::Postgres),
             other => {
-                anyhow::bail!("--fault must be gateway, redis-master or postgres, not {other:?}")
+                anyhow::bail!(
+                    "--fault must be gateway, redis-master, redis-freeze or postgres, not {other:?}"
+                )
             }
         }
     }
@@ -134,6 +139,7 @@ impl Fault {
         match self {
             Fault::Gateway => "gateway",
             Fault::RedisMaster => "redis-master",
+            Fault::RedisFreeze => "redis-freeze",
             Fault::Postgres => "postgres",
         }
     }

@@ -226,6 +226,20 @@ impl Server {
                     }
                     Err(e) => format!("no Redis master to kill: {e:#}"),
                 },
+                Fault::RedisFreeze => match lab.redis_master() {
+                    Ok(addr) => {
+                        lab.freeze_redis(addr, Duration::from_secs(8));
+                        let t = Instant::now();
+                        match lab.wait_redis_whole(Some(addr), Duration::from_secs(60)) {
+                            Ok(()) => format!(
+                                "froze the Redis master {addr} for 8 s (SIGSTOP, then SIGCONT); the cluster was whole without it as master {:.1} s after",
+                                t.elapsed().as_secs_f64()
+                            ),
+                            Err(e) => format!("froze the Redis master {addr} for 8 s; {e:#}"),
+                        }
+                    }
+                    Err(e) => format!("no Redis master to freeze: {e:#}"),
+                },
                 Fault::Postgres => match lab.restart_postgres(Duration::from_secs(2)) {
                     Ok(()) => "stopped PostgreSQL and started it again 2 s later".to_string(),
                     Err(e) => format!("restarting PostgreSQL: {e:#}"),
