@@ -35,6 +35,18 @@ enum Command {
     },
     /// Start a server and a load, run the seed experiment's phases, audit every cent.
     Bench(BenchArgs),
+    /// The layered capacity test: each stage of PLAN.toml loaded in rising steps up to its
+    /// knee; summary.json, report.html and charts (docs/capacity.md).
+    Capacity {
+        /// The plan (TOML): SLO, load, stages, target
+        plan: PathBuf,
+        /// Where summary.json, report.html, the charts and each stage's files go
+        #[arg(long, default_value = "capacity-out")]
+        out: PathBuf,
+        /// The monitor's address (live dashboard)
+        #[arg(long, default_value = "127.0.0.1:0")]
+        monitor: std::net::SocketAddr,
+    },
     /// Collect per-second reports from serve and load instances; dashboard, series, /metrics.
     Monitor {
         /// Address for reports, the dashboard (/) and /metrics
@@ -508,6 +520,7 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         http_connection: args.http_connection,
         notice_poll_secs: args.notice_poll_secs,
         hosts: Vec::new(),
+        request: None,
     })
 }
 
@@ -644,6 +657,18 @@ fn main() -> Result<()> {
         }
         Command::LoadClient { options } => {
             hongbao_load::client::run(serde_json::from_str(&options)?)
+        }
+        Command::Capacity { plan, out, monitor } => {
+            let text = std::fs::read_to_string(&plan)
+                .with_context(|| format!("reading {}", plan.display()))?;
+            let plan = hongbao_load::capacity::plan::Plan::from_toml(&text)
+                .with_context(|| format!("{}", plan.display()))?;
+            hongbao_load::capacity::run(hongbao_load::capacity::CapacityOptions {
+                plan,
+                out,
+                monitor_listen: monitor,
+            })?;
+            Ok(())
         }
         Command::Bench(args) => {
             let opts = bench_options(args)?;

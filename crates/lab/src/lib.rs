@@ -522,7 +522,8 @@ pub fn children_of(pid: u32) -> Vec<u32> {
     found
 }
 
-fn nginx_binary() -> PathBuf {
+/// nginx on the PATH, or Debian's.
+pub fn nginx_binary() -> PathBuf {
     for dir in std::env::var("PATH").unwrap_or_default().split(':') {
         let candidate = Path::new(dir).join("nginx");
         if candidate.exists() {

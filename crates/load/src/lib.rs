@@ -7,10 +7,12 @@
 //! - `broadcast`: broadcast delivery times, from a client's receipts to the bench's summary;
 //! - `coordinator`: starts clients, merges their reports, changes QPS live;
 //! - `cli`: `hongbao load` on the command line (control endpoint, progress, totals);
-//! - `bench`: the phases, the money audit and `summary.json`.
+//! - `bench`: the phases, the money audit and `summary.json`;
+//! - `capacity`: `hongbao capacity`, stages of layers loaded in steps up to their knee.
 
 pub mod bench;
 pub mod broadcast;
+pub mod capacity;
 pub mod cli;
 pub mod client;
 pub mod coordinator;

@@ -125,6 +125,91 @@ pub fn http_request(ask: HttpAsk, bearer: &str, server_closes: bool, out: &mut V
     out.extend_from_slice(b"\r\n");
 }
 
+/// A request of the user's own, sent for each firing instead of `POST /v1/shake`: how
+/// `hongbao capacity` loads nginx's static answer or an external HTTP target with the
+/// load's schedule and intended-time latency. `{user}` (the user id) and `{bearer}`
+/// (`<user>.<token hex>`) are replaced in the path, the header values and the body. An
+/// answer 2xx or 3xx counts as a reply (`nothing`), 429 or 503 as `overloaded`, any other
+/// status as an error reply. Answers must be `Content-Length` framed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestTemplate {
+    pub method: String,
+    /// Path and query, from `/`.
+    pub path: String,
+    /// The `Host` header.
+    pub host: String,
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+    #[serde(default)]
+    pub body: String,
+}
+
+impl RequestTemplate {
+    /// Why the template cannot make a valid request, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        let token = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        };
+        if !token(&self.method) {
+            return Err(format!("method {:?} is not an HTTP method", self.method));
+        }
+        if !self.path.starts_with('/') || self.path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            return Err(format!(
+                "path {:?} must start with / and hold no spaces or control characters",
+                self.path
+            ));
+        }
+        for (name, value) in &self.headers {
+            if !token(name) {
+                return Err(format!("header name {name:?} is not a token"));
+            }
+            if ["content-length", "host", "connection", "transfer-encoding"]
+                .contains(&name.to_ascii_lowercase().as_str())
+            {
+                return Err(format!("header {name} is set by the load itself"));
+            }
+            if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+                return Err(format!("header {name}'s value holds a line break"));
+            }
+        }
+        if self.host.bytes().any(|b| b <= b' ') {
+            return Err(format!(
+                "host {:?} holds spaces or control characters",
+                self.host
+            ));
+        }
+        Ok(())
+    }
+
+    /// Appends the request for `user`.
+    pub fn write(&self, user: u64, bearer: &str, server_closes: bool, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let fill = |s: &str| {
+            s.replace("{user}", &user.to_string())
+                .replace("{bearer}", bearer)
+        };
+        let body = fill(&self.body);
+        let _ = write!(
+            out,
+            "{} {} HTTP/1.1\r\nHost: {}\r\n",
+            self.method,
+            fill(&self.path),
+            self.host
+        );
+        for (name, value) in &self.headers {
+            let _ = write!(out, "{name}: {}\r\n", fill(value));
+        }
+        let _ = write!(out, "Content-Length: {}\r\n", body.len());
+        if server_closes {
+            out.extend_from_slice(b"Connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(body.as_bytes());
+    }
+}
+
 /// Largest HTTP response head the load reads.
 const MAX_RESPONSE_HEAD: usize = 8192;
 /// Largest HTTP response body the load reads (a notices list).
@@ -485,6 +570,57 @@ mod tests {
         let mut text = Vec::new();
         ws::encode(Role::Server, Opcode::Text, b"{}", &mut text);
         assert_eq!(feed(Transport::Ws, &text, 1), Ok(vec![Got::Text]));
+    }
+
+    /// A template's request is what an HTTP parser reads, placeholders filled; a template
+    /// that could not make one is refused.
+    #[test]
+    fn request_templates_fill_and_check() {
+        let t = RequestTemplate {
+            method: "POST".into(),
+            path: "/api/{user}?x=1".into(),
+            host: "example.test:8080".into(),
+            headers: vec![
+                ("Authorization".into(), "Bearer {bearer}".into()),
+                ("Content-Type".into(), "application/json".into()),
+            ],
+            body: r#"{"user":{user}}"#.into(),
+        };
+        assert_eq!(t.check(), Ok(()));
+        let mut out = Vec::new();
+        t.write(42, "42.ff", false, &mut out);
+        let parsed = hongbao_proto::http::parse(&out, 1024).unwrap().unwrap();
+        assert_eq!((parsed.method, parsed.path), ("POST", "/api/42"));
+        assert_eq!(parsed.authorization, Some("Bearer 42.ff"));
+        assert_eq!(&*parsed.body, br#"{"user":42}"#);
+        for bad in [
+            RequestTemplate {
+                method: "GE T".into(),
+                ..t.clone()
+            },
+            RequestTemplate {
+                path: "api".into(),
+                ..t.clone()
+            },
+            RequestTemplate {
+                path: "/a b".into(),
+                ..t.clone()
+            },
+            RequestTemplate {
+                headers: vec![("X".into(), "a\r\nb".into())],
+                ..t.clone()
+            },
+            RequestTemplate {
+                headers: vec![("Content-Length".into(), "3".into())],
+                ..t.clone()
+            },
+            RequestTemplate {
+                headers: vec![("a b".into(), "1".into())],
+                ..t.clone()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
     }
 
     /// What the load asks over HTTP is what the gateway's parser reads, and responses split

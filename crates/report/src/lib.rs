@@ -16,12 +16,14 @@ mod draw;
 mod html;
 mod report;
 mod series;
+mod xy;
 
 use std::path::Path;
 
 pub use broadcast::Broadcast;
 pub use chart::{chart_list, ChartEntry, ChartInfo, CHARTS};
 pub use series::{PhaseStart, Role, Series, COLUMNS};
+pub use xy::XyChart;
 
 /// Width and height of every chart, SVG and PNG alike.
 pub const CHART_SIZE: (u32, u32) = (draw::WIDTH, draw::HEIGHT);

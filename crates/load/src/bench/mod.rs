@@ -14,7 +14,7 @@
 //! - `summary`: `summary.json` as typed structs, and each phase's audit.
 
 mod broadcaster;
-mod server;
+pub(crate) mod server;
 pub mod summary;
 
 use std::io::Write;
@@ -263,6 +263,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         http_connection: opts.http_connection,
         notice_poll_secs: opts.notice_poll_secs,
         hosts: server.load_hosts.clone(),
+        request: None,
     })?;
     monitor.mark_at(load.epoch_ms(), "connect");
     say(&format!(

@@ -20,7 +20,7 @@ use crate::transport::Transport;
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
 /// lab of N gateways in cluster mode behind nginx (taken down when dropped).
-pub(super) struct Server {
+pub(crate) struct Server {
     child: Option<Child>,
     lab: Option<Arc<Mutex<hongbao_lab::Lab>>>,
     /// Where operators' requests go (the first gateway of a lab).
@@ -248,6 +248,16 @@ impl Server {
         }))
     }
 
+    /// The `hongbao serve` child's id (without a lab).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// The lab (with `--hosts`).
+    pub fn lab(&self) -> Option<Arc<Mutex<hongbao_lab::Lab>>> {
+        self.lab.clone()
+    }
+
     /// The lab's engine counters (with `--hosts`), `None` without a lab or if they cannot
     /// be read.
     pub fn engine_counters(&self) -> Option<hongbao_lab::EngineCounters> {
@@ -366,7 +376,7 @@ pub(super) fn sample_all(admins: &[SocketAddr]) -> Option<ServerSample> {
 
 /// One sample of the server's `/v1/stats`, taken once a second.
 #[derive(Debug, Clone)]
-pub(super) struct ServerSample {
+pub(crate) struct ServerSample {
     pub unix_ms: u64,
     pub shakes_per_sec: u64,
     pub rss_bytes: u64,

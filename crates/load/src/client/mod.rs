@@ -76,6 +76,10 @@ pub struct ClientOptions {
     /// HTTP: each user looks for packets to open every this many seconds; 0 never.
     #[serde(default)]
     pub notice_poll_secs: u32,
+    /// HTTP: a request of the user's own sent for each firing instead of a shake
+    /// (`hongbao capacity` against nginx's static answer or an external target).
+    #[serde(default)]
+    pub request: Option<transport::RequestTemplate>,
 }
 
 /// Commands from the coordinator, one JSON object per stdin line.
@@ -451,14 +455,20 @@ impl Client {
         let mut bytes = Vec::with_capacity(192);
         let bearer = format!("{user_id}.{token}");
         let server_closes = self.opts.http_connection == HttpConnection::Close;
-        transport::http_request(ask, &bearer, server_closes, &mut bytes);
+        match (&self.opts.request, ask) {
+            (Some(template), transport::HttpAsk::Shake) => {
+                template.write(user_id, &bearer, server_closes, &mut bytes)
+            }
+            _ => transport::http_request(ask, &bearer, server_closes, &mut bytes),
+        }
         self.write(i, &bytes);
     }
 
     /// The notice polls of `second` (see [`spread_polls`]); none but over HTTP.
     pub(super) fn load_polls(&self, second: u64, out: &mut Vec<(u64, usize)>) {
         out.clear();
-        if self.opts.transport == Transport::Http {
+        // A user's own requests have no notices to look for.
+        if self.opts.transport == Transport::Http && self.opts.request.is_none() {
             let every = self.opts.notice_poll_secs as u64;
             spread_polls(self.first_index, self.users.len(), every, second, out);
         }

@@ -120,6 +120,34 @@ impl Client {
             self.counters.error_replies += 1;
             return;
         };
+        if self.opts.request.is_some() && asked.kind == Kind::Shake {
+            // A request of the user's own: only the status says how it went.
+            let result = match status {
+                200..=399 => Some(ResultCode::Nothing),
+                429 | 503 => Some(ResultCode::Overloaded),
+                _ => None,
+            };
+            let message = match result {
+                Some(result) => Message::ShakeReply {
+                    result,
+                    packet_id: 0,
+                    amount_cents: 0,
+                },
+                None => Message::Error {
+                    result: ResultCode::BadRequest,
+                    text: format!("HTTP {status}"),
+                },
+            };
+            let request_id = asked.request_id;
+            self.on_frame(
+                i,
+                Frame {
+                    request_id,
+                    message,
+                },
+            );
+            return self.done_asking(i);
+        }
         let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
         let result = v["result"].as_str().and_then(ResultCode::from_name);
         let n = |k: &str| v[k].as_u64().unwrap_or(0);

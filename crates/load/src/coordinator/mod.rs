@@ -58,6 +58,8 @@ pub struct LoadOptions {
     /// Lab hosts to run the client processes on (process `p` on host `p mod n`, entered
     /// between fork and exec); none: this machine's own namespace.
     pub hosts: Vec<hongbao_lab::Host>,
+    /// See `ClientOptions::request`.
+    pub request: Option<crate::transport::RequestTemplate>,
 }
 
 /// One second of the whole run, merged over the client processes.
@@ -248,6 +250,7 @@ impl Load {
                 overload_backoff_secs: opts.overload_backoff_secs,
                 http_connection: opts.http_connection,
                 notice_poll_secs: opts.notice_poll_secs,
+                request: opts.request.clone(),
             };
             let mut command = match opts.hosts.get(p as usize % opts.hosts.len().max(1)) {
                 Some(host) => host.command(&exe),

@@ -1,0 +1,425 @@
+//! `hongbao capacity PLAN.toml`: the layered capacity test of the seed (`002_*`), run by
+//! the tool (docs/capacity.md). For each stage of the plan (which layers are up, how many
+//! instances of the one it scales) it brings the layers up, connects the load, raises the
+//! offered QPS step by step, holds each step, and records what the clients saw
+//! (intended-time latency, errors by cause) and what each layer and instance spent (CPU,
+//! network, Redis and PostgreSQL). The knee is the highest step that met the SLO; the
+//! first that did not says what broke. Scaling stages give linearity, and a target gives
+//! instances per layer.
+//!
+//! - `plan`: the TOML plan; `stack`: bringing a stage's layers up;
+//! - `probe`: CPU and network per instance from /proc; `judge`: steps, knees, plans;
+//! - `page`: summary.json's companions, report.html and the charts.
+
+pub mod judge;
+mod page;
+pub mod plan;
+pub mod probe;
+mod stack;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use hongbao_monitor::Monitor;
+use serde::{Deserialize, Serialize};
+
+use crate::bench::SECRET;
+use crate::coordinator::{Load, LoadOptions, Row};
+use crate::transport::Transport;
+use judge::{CapacityPlan, Linearity, RunRecord, StepRecord, Window};
+use plan::{LoadPlan, Plan, Slo, Stage};
+use probe::{Probe, Watched};
+use stack::Stack;
+
+/// `summary.json`'s layout version.
+pub const SCHEMA: u32 = 1;
+
+pub struct CapacityOptions {
+    pub plan: Plan,
+    pub out: PathBuf,
+    /// The monitor (live dashboard, `series/series.csv`).
+    pub monitor_listen: SocketAddr,
+}
+
+/// What `hongbao capacity` found; `DIR/summary.json` (docs/capacity.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    pub schema: u32,
+    pub plan_name: String,
+    pub started_unix_ms: u64,
+    pub finished_unix_ms: u64,
+    pub machine: Machine,
+    pub slo: Slo,
+    pub load: LoadPlan,
+    /// One per stage and instance count, in run order.
+    pub runs: Vec<RunRecord>,
+    /// Stages run at more than one instance count.
+    pub linearity: Vec<Linearity>,
+    /// With a `[target]` in the plan.
+    pub capacity_plan: Option<CapacityPlan>,
+    /// Chart files written next to it (`NAME.svg` and `NAME.png`).
+    pub charts: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Machine {
+    pub cores: u32,
+    pub memory_bytes: u64,
+    pub kernel: String,
+}
+
+impl Machine {
+    fn read() -> Machine {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory_kib: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            memory_bytes: memory_kib * 1024,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+        }
+    }
+}
+
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn slug(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .split('-')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// Runs the plan; writes DIR/summary.json, DIR/report.html and the charts.
+pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
+    let out = &opts.out;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    std::fs::write(
+        out.join("plan.json"),
+        serde_json::to_vec_pretty(&opts.plan)?,
+    )?;
+    let series_dir = out.join("series");
+    std::fs::create_dir_all(&series_dir)?;
+    let monitor = Monitor::start(opts.monitor_listen, Some(&series_dir), "hongbao capacity")?;
+    say(&format!(
+        "capacity: plan {:?}, {} runs; dashboard at http://{}/",
+        opts.plan.name,
+        opts.plan.runs().len(),
+        monitor.addr()
+    ));
+    let mut summary = Summary {
+        schema: SCHEMA,
+        plan_name: opts.plan.name.clone(),
+        started_unix_ms: unix_ms(),
+        finished_unix_ms: 0,
+        machine: Machine::read(),
+        slo: opts.plan.slo.clone(),
+        load: opts.plan.load.clone(),
+        runs: Vec::new(),
+        linearity: Vec::new(),
+        capacity_plan: None,
+        charts: Vec::new(),
+    };
+    for (s, instances) in opts.plan.runs() {
+        let stage = &opts.plan.stages[s];
+        let dir = out.join(format!("{}-x{instances}", slug(&stage.name)));
+        say(&format!(
+            "capacity: stage {:?} ({}), {} ×{instances}",
+            stage.name,
+            stage.layers.name(),
+            stage.scaled_layer()
+        ));
+        let mut run = RunRecord {
+            stage: stage.name.clone(),
+            layers: stage.layers.name().to_string(),
+            scaled_layer: stage.scaled_layer().to_string(),
+            instances,
+            ..Default::default()
+        };
+        if let Err(e) = run_stage(&opts.plan, stage, instances, &dir, &monitor, &mut run) {
+            eprintln!("capacity: stage {:?} ×{instances}: {e:#}", stage.name);
+            run.failed = Some(format!("{e:#}"));
+        }
+        run.conclude();
+        if let Some(why) = &run.failed {
+            run.note = format!("failed: {why}; {}", run.note);
+        }
+        say(&format!(
+            "capacity: {} ×{instances}: {}",
+            stage.name, run.note
+        ));
+        summary.runs.push(run);
+        // Written as it goes: an interrupted plan leaves what it measured.
+        write_summary(out, &summary)?;
+    }
+    summary.linearity = judge::linearity(&summary.runs);
+    summary.capacity_plan = opts
+        .plan
+        .target
+        .as_ref()
+        .map(|t| judge::capacity_plan(&summary.runs, &opts.plan.slo, t));
+    summary.finished_unix_ms = unix_ms();
+    monitor.finish()?;
+    if let Err(e) = hongbao_report::write_report(&series_dir) {
+        eprintln!("capacity: the per-second report: {e:#}");
+    }
+    summary.charts = page::charts(out, &summary)?;
+    write_summary(out, &summary)?;
+    std::fs::write(out.join("report.html"), page::html(&summary))?;
+    for line in page::table(&summary).lines() {
+        say(&format!("capacity: {line}"));
+    }
+    say(&format!(
+        "capacity: summary in {}, report in {}",
+        out.join("summary.json").display(),
+        out.join("report.html").display()
+    ));
+    Ok(summary)
+}
+
+fn write_summary(out: &Path, summary: &Summary) -> anyhow::Result<()> {
+    std::fs::write(
+        out.join("summary.json"),
+        serde_json::to_vec_pretty(summary)?,
+    )
+    .with_context(|| format!("writing {}", out.join("summary.json").display()))
+}
+
+/// The load's complete row for `second` (every client process reported), waiting up to
+/// `deadline` for it.
+fn row_at(load: &Load, second: u64, deadline: Instant) -> Option<Row> {
+    loop {
+        let procs = load.procs();
+        if let Some(row) = load
+            .rows()
+            .into_iter()
+            .find(|r| r.second == second && r.reports >= procs)
+        {
+            return Some(row);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn sleep_until_ms(at: u64) {
+    let now = unix_ms();
+    if at > now {
+        std::thread::sleep(Duration::from_millis(at - now));
+    }
+}
+
+/// One stage at one instance count: up, connected, the steps until one misses the SLO,
+/// down.
+fn run_stage(
+    plan: &Plan,
+    stage: &Stage,
+    instances: u32,
+    dir: &Path,
+    monitor: &Monitor,
+    run: &mut RunRecord,
+) -> anyhow::Result<()> {
+    let users = plan.load.users;
+    let stack = Stack::up(
+        stage,
+        instances,
+        users,
+        plan.load.procs,
+        dir,
+        monitor.addr(),
+    )?;
+    let result = drive(plan, stage, instances, &stack, monitor, run);
+    let down = stack.down();
+    result?;
+    down
+}
+
+fn drive(
+    plan: &Plan,
+    stage: &Stage,
+    instances: u32,
+    stack: &Stack,
+    monitor: &Monitor,
+    run: &mut RunRecord,
+) -> anyhow::Result<()> {
+    let users = plan.load.users;
+    let load = Load::start(LoadOptions {
+        server: stack.target,
+        transport: Transport::Http,
+        users,
+        first_user: 1,
+        qps: 0,
+        procs: plan.load.procs,
+        source_ips: None,
+        connect_rate: 20_000,
+        secret: SECRET.into(),
+        connect_at_epoch: false,
+        monitor: Some(monitor.addr().to_string()),
+        // Capacity is measured with every request offered: nobody backs off.
+        overload_backoff_secs: 0,
+        http_connection: plan.load.http_connection,
+        notice_poll_secs: 0,
+        hosts: stack.load_hosts.clone(),
+        request: stage.template()?,
+    })?;
+    let result = steps(plan, stage, instances, stack, monitor, &load, run);
+    let stopped = load.stop();
+    result?;
+    stopped.map(|_| ())
+}
+
+fn steps(
+    plan: &Plan,
+    stage: &Stage,
+    instances: u32,
+    stack: &Stack,
+    monitor: &Monitor,
+    load: &Load,
+    run: &mut RunRecord,
+) -> anyhow::Result<()> {
+    let users = plan.load.users;
+    let per_request = plan.load.http_connection.per_request();
+    if !per_request && !load.wait_logged_in(Duration::from_secs(120)) {
+        bail!(
+            "only {} of {users} users connected within 120 s",
+            load.logged_in()
+        );
+    }
+    let mut watched = stack.watched.clone();
+    for (k, pid) in load.pids().into_iter().enumerate() {
+        watched.push(Watched::new(
+            "load",
+            format!("process {k}"),
+            vec![pid],
+            false,
+        ));
+    }
+    let probe = Probe::start(watched.clone())?;
+    let epoch = load.epoch_ms();
+    let settle = plan.load.settle_secs;
+    let hold = plan.load.step_secs;
+    for &qps in &stage.steps {
+        let from = load.set_qps(qps)?;
+        monitor.mark_at(
+            epoch + from * 1000,
+            &format!("{} ×{instances} {qps}/s", stage.name),
+        );
+        let start = from + settle;
+        sleep_until_ms(epoch + start * 1000);
+        let engines_start = stack.engine_counters().map(|e| (unix_ms(), e));
+        let before_second = start.checked_sub(1);
+        let before = before_second
+            .and_then(|s| row_at(load, s, Instant::now() + Duration::from_secs(5)))
+            .unwrap_or_default();
+        let mut rows: Vec<Row> = Vec::new();
+        let mut step = StepRecord::default();
+        for k in 0..hold {
+            let second = start + k;
+            let deadline = Instant::now()
+                + Duration::from_millis(
+                    (epoch + (second + 1) * 1000 + 5000).saturating_sub(unix_ms()),
+                );
+            let Some(row) = row_at(load, second, deadline) else {
+                step.ended_early = Some(format!("no report from the load for second {second}"));
+                break;
+            };
+            rows.push(row);
+            let samples = probe.between(epoch + start * 1000, epoch + (second + 1) * 1000);
+            step = Window {
+                offered_qps: qps,
+                rows: &rows,
+                before: &before,
+                watched: &watched,
+                samples: &samples,
+                engines: None,
+                slo: &plan.slo,
+                refusing_layer: stage.layers.refusing_layer(),
+            }
+            .record();
+            if k + 1 < hold {
+                if let Some(why) = judge::clearly_broken(&step, &plan.slo) {
+                    step.ended_early = Some(why);
+                    break;
+                }
+            }
+        }
+        let ended_early = step.ended_early.take();
+        let engines_end = stack.engine_counters().map(|e| (unix_ms(), e));
+        let last_second = start + rows.len() as u64;
+        let samples = probe.between(epoch + start * 1000, epoch + last_second * 1000);
+        let engines = match (&engines_start, &engines_end) {
+            (Some(a), Some(b)) => Some((a, b)),
+            _ => None,
+        };
+        step = Window {
+            offered_qps: qps,
+            rows: &rows,
+            before: &before,
+            watched: &watched,
+            samples: &samples,
+            engines,
+            slo: &plan.slo,
+            refusing_layer: stage.layers.refusing_layer(),
+        }
+        .record();
+        if let Some(why) = ended_early {
+            step.broken.push(format!("ended early: {why}"));
+            step.meets_slo = false;
+            step.ended_early = Some(why);
+        }
+        say(&format!(
+            "capacity:   {qps}/s offered: achieved {:.0}/s p50 {:.2} ms p99 {:.2} ms errors {:.2}%{}{}",
+            step.achieved_qps,
+            step.latency.p50_ms,
+            step.latency.p99_ms,
+            step.error_rate * 100.0,
+            step.bottleneck
+                .as_ref()
+                .map(|b| format!(" {} {} {} {:.2} cores", b.cause, b.layer, b.instance, b.cpu_cores))
+                .unwrap_or_default(),
+            if step.meets_slo {
+                " — meets the SLO".to_string()
+            } else {
+                format!(" — misses: {}", step.broken.join("; "))
+            }
+        ));
+        let meets = step.meets_slo;
+        run.steps.push(step);
+        if !meets {
+            break;
+        }
+    }
+    let _ = load.set_qps(0);
+    Ok(())
+}
