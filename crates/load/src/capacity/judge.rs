@@ -497,6 +497,8 @@ pub struct Knee {
     pub offered_qps: u64,
     pub achieved_qps: f64,
     pub p99_ms: f64,
+    /// Every step met the SLO: the real knee is higher than the plan's steps reached.
+    pub lower_bound: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -517,6 +519,7 @@ impl RunRecord {
                 offered_qps: s.offered_qps,
                 achieved_qps: s.achieved_qps,
                 p99_ms: s.latency.p99_ms,
+                lower_bound: first_bad.is_none(),
             }
         });
         self.broke_at = first_bad.map(|b| {
@@ -582,6 +585,9 @@ pub struct LinearityRow {
     pub linear_qps: f64,
     /// knee ÷ linear.
     pub ratio: f64,
+    /// This knee, or the smallest count's, is a lower bound (every step met the SLO):
+    /// the ratio says little.
+    pub lower_bound: bool,
 }
 
 /// Linearity of each stage run at more than one instance count.
@@ -589,10 +595,12 @@ pub fn linearity(runs: &[RunRecord]) -> Vec<Linearity> {
     let mut out: Vec<Linearity> = Vec::new();
     for run in runs {
         let knee = run.knee.as_ref().map_or(0.0, |k| k.achieved_qps);
+        let lower_bound = run.knee.as_ref().is_some_and(|k| k.lower_bound);
         match out.iter_mut().find(|l| l.stage == run.stage) {
             Some(l) => l.rows.push(LinearityRow {
                 instances: run.instances,
                 knee_qps: knee,
+                lower_bound,
                 ..Default::default()
             }),
             None => out.push(Linearity {
@@ -601,6 +609,7 @@ pub fn linearity(runs: &[RunRecord]) -> Vec<Linearity> {
                 rows: vec![LinearityRow {
                     instances: run.instances,
                     knee_qps: knee,
+                    lower_bound,
                     ..Default::default()
                 }],
             }),
@@ -610,8 +619,10 @@ pub fn linearity(runs: &[RunRecord]) -> Vec<Linearity> {
     for l in &mut out {
         let base = &l.rows[0];
         let per_instance = base.knee_qps / base.instances as f64;
+        let base_bound = base.lower_bound;
         for row in &mut l.rows {
             row.linear_qps = per_instance * row.instances as f64;
+            row.lower_bound |= base_bound;
             row.ratio = if row.linear_qps > 0.0 {
                 row.knee_qps / row.linear_qps
             } else {

@@ -101,12 +101,17 @@ pub fn table(summary: &Summary) -> String {
         for r in &l.rows {
             let _ = writeln!(
                 out,
-                "linearity {} ×{}: {} /s against {} /s linear ({:.2})",
+                "linearity {} ×{}: {} /s against {} /s linear ({:.2}){}",
                 l.stage,
                 r.instances,
                 group(r.knee_qps),
                 group(r.linear_qps),
-                r.ratio
+                r.ratio,
+                if r.lower_bound {
+                    " — a lower bound: every step met the SLO"
+                } else {
+                    ""
+                }
             );
         }
     }
@@ -200,7 +205,15 @@ pub fn html(summary: &Summary) -> String {
                     format!("{} {}", r.instances, l.scaled_layer),
                     group(r.knee_qps),
                     group(r.linear_qps),
-                    format!("{:.2}", r.ratio),
+                    format!(
+                        "{:.2}{}",
+                        r.ratio,
+                        if r.lower_bound {
+                            " (a knee above the last step: raise the steps)"
+                        } else {
+                            ""
+                        }
+                    ),
                 ]);
             }
         }
