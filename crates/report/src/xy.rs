@@ -15,7 +15,7 @@ pub struct XyChart {
     pub y_label: &'static str,
     /// Latency-like values: a log axis.
     pub log_y: bool,
-    /// One line per entry: its label and points (drawn in x order).
+    /// One line per entry: its label and points (joined in the order given).
     pub lines: Vec<(String, Vec<(f64, f64)>)>,
     /// Reference lines (an "offered = achieved" diagonal, an SLO level), drawn dashed.
     pub references: Vec<(String, Vec<(f64, f64)>)>,
@@ -26,8 +26,9 @@ pub struct XyChart {
 impl XyChart {
     fn plot(&self) -> Plot {
         let line = |(label, points): &(String, Vec<(f64, f64)>), stroke| {
+            // In the order given: a step past the knee may achieve less than the one
+            // before it, and the line goes back, as the run did.
             let mut points = points.clone();
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
             if self.log_y {
                 points.retain(|p| p.1 > 0.0);
             }
@@ -107,7 +108,7 @@ mod tests {
             ..Default::default()
         };
         let plot = chart.plot();
-        assert_eq!(plot.lines[0].segments[0][0], (1000.0, 1000.0));
+        assert_eq!(plot.lines[0].segments[0][0], (2000.0, 1990.0));
         assert!(matches!(plot.lines[1].stroke, Stroke::Dashed));
         assert!((plot.x_max - 2400.0).abs() < 1e-6);
         let dir = tempfile::tempdir().unwrap();
