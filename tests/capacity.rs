@@ -192,6 +192,7 @@ name = "gateway"
 layers = "gateway"
 steps = [400, 800, 1600]
 max_shake_qps = 1000
+campaign_rate = 50
 [[stage]]
 name = "nginx + gateway"
 layers = "nginx+gateway"

@@ -136,6 +136,9 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
         opts.plan.runs().len(),
         monitor.addr()
     ));
+    // Ctrl-C or SIGTERM: the step under way ends, its layers go down, what was measured
+    // is written.
+    let stop = hongbao_sys::Stop::on_signals()?;
     let mut summary = Summary {
         schema: SCHEMA,
         plan_name: opts.plan.name.clone(),
@@ -150,6 +153,10 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
         charts: Vec::new(),
     };
     for (s, instances) in opts.plan.runs() {
+        if stop.requested() {
+            say("capacity: interrupted; the runs left are not run");
+            break;
+        }
         let stage = &opts.plan.stages[s];
         let dir = out.join(format!("{}-x{instances}", slug(&stage.name)));
         say(&format!(
@@ -165,7 +172,14 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
             instances,
             ..Default::default()
         };
-        if let Err(e) = run_stage(&opts.plan, stage, instances, &dir, &monitor, &mut run) {
+        let cx = Run {
+            plan: &opts.plan,
+            stage,
+            instances,
+            monitor: &monitor,
+            stop: &stop,
+        };
+        if let Err(e) = run_stage(&cx, &dir, &mut run) {
             eprintln!("capacity: stage {:?} ×{instances}: {e:#}", stage.name);
             run.failed = Some(format!("{e:#}"));
         }
@@ -242,37 +256,49 @@ fn sleep_until_ms(at: u64) {
 
 /// One stage at one instance count: up, connected, the steps until one misses the SLO,
 /// down.
-fn run_stage(
-    plan: &Plan,
-    stage: &Stage,
+/// What every part of one run shares.
+struct Run<'a> {
+    plan: &'a Plan,
+    stage: &'a Stage,
     instances: u32,
-    dir: &Path,
-    monitor: &Monitor,
-    run: &mut RunRecord,
-) -> anyhow::Result<()> {
+    monitor: &'a Monitor,
+    stop: &'a hongbao_sys::Stop,
+}
+
+fn run_stage(cx: &Run, dir: &Path, run: &mut RunRecord) -> anyhow::Result<()> {
+    let Run {
+        plan,
+        stage,
+        instances,
+        monitor,
+        ..
+    } = *cx;
     let users = plan.load.users;
+    // Long enough for every step and the connecting before them.
+    let campaign_secs =
+        60 + stage.steps.len() as u64 * (plan.load.step_secs + plan.load.settle_secs + 2);
     let stack = Stack::up(
         stage,
         instances,
         users,
         plan.load.procs,
+        campaign_secs,
         dir,
         monitor.addr(),
     )?;
-    let result = drive(plan, stage, instances, &stack, monitor, run);
+    let result = drive(cx, &stack, run);
     let down = stack.down();
     result?;
     down
 }
 
-fn drive(
-    plan: &Plan,
-    stage: &Stage,
-    instances: u32,
-    stack: &Stack,
-    monitor: &Monitor,
-    run: &mut RunRecord,
-) -> anyhow::Result<()> {
+fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> anyhow::Result<()> {
+    let Run {
+        plan,
+        stage,
+        monitor,
+        ..
+    } = *cx;
     let users = plan.load.users;
     let load = Load::start(LoadOptions {
         server: stack.target,
@@ -293,21 +319,20 @@ fn drive(
         hosts: stack.load_hosts.clone(),
         request: stage.template()?,
     })?;
-    let result = steps(plan, stage, instances, stack, monitor, &load, run);
+    let result = steps(cx, stack, &load, run);
     let stopped = load.stop();
     result?;
     stopped.map(|_| ())
 }
 
-fn steps(
-    plan: &Plan,
-    stage: &Stage,
-    instances: u32,
-    stack: &Stack,
-    monitor: &Monitor,
-    load: &Load,
-    run: &mut RunRecord,
-) -> anyhow::Result<()> {
+fn steps(cx: &Run, stack: &Stack, load: &Load, run: &mut RunRecord) -> anyhow::Result<()> {
+    let Run {
+        plan,
+        stage,
+        instances,
+        monitor,
+        stop,
+    } = *cx;
     let users = plan.load.users;
     let per_request = plan.load.http_connection.per_request();
     if !per_request && !load.wait_logged_in(Duration::from_secs(120)) {
@@ -355,6 +380,10 @@ fn steps(
                 break;
             };
             rows.push(row);
+            if stop.requested() {
+                step.ended_early = Some("interrupted".into());
+                break;
+            }
             let samples = probe.between(epoch + start * 1000, epoch + (second + 1) * 1000);
             step = Window {
                 offered_qps: qps,
@@ -414,6 +443,11 @@ fn steps(
                 format!(" — misses: {}", step.broken.join("; "))
             }
         ));
+        if stop.requested() {
+            // A step cut short by the operator says nothing about the SLO: left out.
+            let _ = load.set_qps(0);
+            bail!("interrupted at {qps}/s");
+        }
         let meets = step.meets_slo;
         run.steps.push(step);
         if !meets {

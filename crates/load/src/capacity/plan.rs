@@ -170,6 +170,11 @@ pub struct Stage {
     pub gateway_workers: u32,
     /// The gateway's `--max-shake-qps` (per gateway): an injected limit.
     pub max_shake_qps: Option<u32>,
+    /// Stages with a gateway: a shake campaign releasing this many packets a second for
+    /// the whole run, so that wins are committed (the ledger, and in a cluster Redis and
+    /// PostgreSQL, at work); 0: none.
+    #[serde(default)]
+    pub campaign_rate: u32,
     /// The request each firing sends; default: `POST /v1/shake` with the user's bearer
     /// token for stages with a gateway, `GET /` for nginx-static.
     pub request: Option<RequestPlan>,
@@ -364,9 +369,6 @@ impl Plan {
                     if stage.instances != [1] {
                         bail!("{at}: an external stage has one instance (its own)");
                     }
-                    if stage.max_shake_qps.is_some() {
-                        bail!("{at}: max_shake_qps is a gateway's; an external stage has none");
-                    }
                 }
                 _ => {
                     if stage.url.is_some() || !stage.watch.is_empty() {
@@ -374,8 +376,10 @@ impl Plan {
                     }
                 }
             }
-            if stage.layers == Layers::NginxStatic && stage.max_shake_qps.is_some() {
-                bail!("{at}: max_shake_qps is a gateway's; nginx-static has none");
+            if matches!(stage.layers, Layers::NginxStatic | Layers::External)
+                && (stage.max_shake_qps.is_some() || stage.campaign_rate > 0)
+            {
+                bail!("{at}: max_shake_qps and campaign_rate are a gateway's; this stage has none");
             }
             // SAFETY: geteuid(2) has no preconditions.
             if stage.layers == Layers::Cluster && unsafe { libc::geteuid() } != 0 {
@@ -469,6 +473,11 @@ qps = 30000
                 "layers = \"nginx-static\"",
                 "layers = \"nginx-static\"\nmax_shake_qps = 3",
                 "max_shake_qps",
+            ),
+            (
+                "layers = \"nginx-static\"",
+                "layers = \"nginx-static\"\ncampaign_rate = 3",
+                "campaign_rate",
             ),
             ("users = 200", "users = 200\nbogus = 1", "bogus"),
             (

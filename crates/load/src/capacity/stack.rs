@@ -41,6 +41,7 @@ impl Stack {
         instances: u32,
         users: u64,
         load_procs: u32,
+        campaign_secs: u64,
         dir: &Path,
         monitor: SocketAddr,
     ) -> anyhow::Result<Stack> {
@@ -127,6 +128,23 @@ impl Stack {
                     }
                 }
             }
+        }
+        if stage.campaign_rate > 0 {
+            let server = stack
+                .server
+                .as_ref()
+                .context("campaign_rate needs a gateway")?;
+            let request = hongbao_money::rules::ShakeCampaignRequest {
+                packets: stage
+                    .campaign_rate
+                    .saturating_mul(campaign_secs.max(1) as u32),
+                rate_per_sec: stage.campaign_rate,
+                amount_min: 100,
+                amount_max: 10_000,
+            };
+            let _: serde_json::Value = server
+                .post("/v1/campaigns/shake", &request)
+                .context("starting the stage's shake campaign")?;
         }
         if !stack.watched.iter().any(|w| w.layer == "machine") {
             stack.watched.push(Watched::machine());
