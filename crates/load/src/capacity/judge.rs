@@ -75,12 +75,20 @@ pub struct Bottleneck {
     pub share_of_limit: f64,
     /// `overloaded`: the layer refused requests (an admission limit); `cpu`: the instance
     /// is at 85% of its CPU limit or more; `busiest`: the busiest instance, short of its
-    /// limit (the bound is elsewhere: a lock, the network, the load, another process).
+    /// limit (the bound is elsewhere: a lock, the network, the load, another process);
+    /// `machine`: no layer at its limit but the machine's cores 90% busy or more (layer
+    /// `machine`).
     pub cause: String,
 }
 
 /// CPU at this share of its limit counts as saturated.
 const SATURATED: f64 = 0.85;
+/// The machine's busy CPU at this share of its cores counts as saturated.
+const MACHINE_SATURATED: f64 = 0.9;
+
+fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
@@ -433,6 +441,14 @@ pub fn judge(step: &mut StepRecord, slo: &Slo, refusing_layer: &str) {
     };
     let offered = (step.offered_qps * step.seconds).max(1) as f64;
     let refused = *step.errors.get("overloaded").unwrap_or(&0) as f64 / offered;
+    // No layer at its limit, yet the machine's cores nearly all busy: on one machine
+    // the layers and the load share them, and that is the bound.
+    let machine = step
+        .layers
+        .iter()
+        .find(|l| l.layer == "machine")
+        .map_or(0.0, |l| l.cpu_cores);
+    let cores = cores();
     step.bottleneck = if refused > slo.error_rate / 2.0 {
         let mut b = busiest(Some(refusing_layer)).unwrap_or(Bottleneck {
             layer: refusing_layer.to_string(),
@@ -442,7 +458,18 @@ pub fn judge(step: &mut StepRecord, slo: &Slo, refusing_layer: &str) {
         b.cause = "overloaded".into();
         Some(b)
     } else {
-        busiest(None)
+        match busiest(None) {
+            Some(b) if b.cause == "busiest" && machine >= MACHINE_SATURATED * cores => {
+                Some(Bottleneck {
+                    layer: "machine".into(),
+                    instance: "all".into(),
+                    cpu_cores: machine,
+                    share_of_limit: machine / cores,
+                    cause: "machine".into(),
+                })
+            }
+            other => other,
+        }
     };
     step.meets_slo = broken.is_empty();
     step.broken = broken;
@@ -549,6 +576,11 @@ impl RunRecord {
                         "cpu" => format!(
                             "; bound by {} {} at {:.2} cores",
                             n.layer, n.instance, n.cpu_cores
+                        ),
+                        "machine" => format!(
+                            "; no layer at its CPU limit, the machine is: {:.2} of {} cores busy",
+                            n.cpu_cores,
+                            cores()
                         ),
                         _ => format!(
                             "; no layer at its CPU limit (busiest {} {} at {:.2} cores)",
@@ -878,6 +910,38 @@ mod tests {
         assert_eq!(lin.len(), 1);
         assert_eq!(lin[0].rows[1].linear_qps, 2000.0);
         assert!((lin[0].rows[1].ratio - 0.9).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_busy_machine_is_the_bound_when_no_layer_is() {
+        let layer = |name: &str, cpu: f64| LayerLoad {
+            layer: name.into(),
+            instances: 1,
+            cpu_cores: cpu,
+            cpu_max_instance_cores: cpu,
+            ..Default::default()
+        };
+        let instance = |name: &str, cpu: f64| InstanceLoad {
+            layer: name.into(),
+            instance: "a".into(),
+            cpu_cores: cpu,
+            ..Default::default()
+        };
+        let mut step = StepRecord {
+            offered_qps: 100,
+            seconds: 2,
+            achieved_qps: 80.0,
+            layers: vec![layer("nginx", 0.4), layer("machine", 0.99 * cores())],
+            instances: vec![instance("nginx", 0.4), instance("machine", 0.99 * cores())],
+            ..Default::default()
+        };
+        judge(&mut step, &slo(), "gateway");
+        let b = step.bottleneck.clone().unwrap();
+        assert_eq!((b.layer.as_str(), b.cause.as_str()), ("machine", "machine"));
+        step.layers[1].cpu_cores = 0.5 * cores();
+        judge(&mut step, &slo(), "gateway");
+        let b = step.bottleneck.unwrap();
+        assert_eq!((b.layer.as_str(), b.cause.as_str()), ("nginx", "busiest"));
     }
 
     #[test]
