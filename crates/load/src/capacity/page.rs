@@ -329,9 +329,22 @@ pub fn charts(dir: &Path, summary: &Summary) -> anyhow::Result<Vec<String>> {
         .iter()
         .filter(|r| !r.steps.is_empty())
         .collect();
+    // Runs whose knees fall on the same x share one mark, so labels do not overprint.
     let knee_marks = |x: &dyn Fn(&RunRecord) -> Option<f64>| {
-        runs.iter()
-            .filter_map(|r| Some((x(r)?, format!("knee {}", run_label(r)))))
+        let mut marks: Vec<(f64, Vec<String>)> = Vec::new();
+        for r in &runs {
+            let Some(at) = x(r) else { continue };
+            match marks.iter_mut().find(|(m, _)| (*m - at).abs() < 1e-9) {
+                Some((_, labels)) => labels.push(run_label(r)),
+                None => marks.push((at, vec![run_label(r)])),
+            }
+        }
+        marks
+            .into_iter()
+            .map(|(at, labels)| match labels.len() {
+                1 => (at, format!("knee {}", labels[0])),
+                n => (at, format!("knee of {n} runs")),
+            })
             .collect::<Vec<_>>()
     };
     let mut names = Vec::new();
