@@ -56,9 +56,10 @@ enum Command {
         #[arg(long, default_value = "monitor-out")]
         out: PathBuf,
     },
-    /// Write DIR/report.html and a PNG of every chart from DIR/series.csv (and summary.json).
+    /// Write DIR/report.html and a PNG of every chart from DIR/series.csv (and summary.json),
+    /// or, for a capacity run's directory, its report and charts from its summary.json.
     Report {
-        /// A bench's --out or a monitor's --out
+        /// A bench's, monitor's or capacity run's --out
         dir: PathBuf,
     },
     /// Write an nginx configuration that puts nginx in front of gateways (HTTP with
@@ -644,6 +645,16 @@ fn main() -> Result<()> {
         }
         Command::Monitor { listen, out } => {
             hongbao_monitor::run_cli(listen, &out, &Stop::on_signals()?)
+        }
+        Command::Report { dir } if hongbao_load::capacity::is_capacity_dir(&dir) => {
+            let summary = hongbao_load::capacity::redraw(&dir)?;
+            println!(
+                "{} ({} charts: {})",
+                dir.join("report.html").display(),
+                summary.charts.len(),
+                summary.charts.join(", ")
+            );
+            Ok(())
         }
         Command::Report { dir } => {
             let charts = hongbao_report::write_report(&dir)?;

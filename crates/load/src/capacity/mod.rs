@@ -220,6 +220,28 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
     Ok(summary)
 }
 
+/// Redraws DIR/report.html and the charts from DIR/summary.json (`hongbao report DIR`
+/// on a capacity run's directory).
+pub fn redraw(dir: &Path) -> anyhow::Result<Summary> {
+    let path = dir.join("summary.json");
+    let mut summary: Summary = serde_json::from_slice(
+        &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("reading {}", path.display()))?;
+    summary.charts = page::charts(dir, &summary)?;
+    write_summary(dir, &summary)?;
+    std::fs::write(dir.join("report.html"), page::html(&summary))?;
+    Ok(summary)
+}
+
+/// Whether DIR holds a capacity run (its summary.json is one).
+pub fn is_capacity_dir(dir: &Path) -> bool {
+    std::fs::read(dir.join("summary.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|v| v["schema"].is_number() && v["runs"].is_array() && v["slo"].is_object())
+}
+
 fn write_summary(out: &Path, summary: &Summary) -> anyhow::Result<()> {
     std::fs::write(
         out.join("summary.json"),
