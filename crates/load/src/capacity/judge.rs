@@ -70,6 +70,8 @@ pub struct EngineLoad {
 pub struct Bottleneck {
     pub layer: String,
     pub instance: String,
+    /// The instance's processes (none for the machine).
+    pub pids: Vec<u32>,
     pub cpu_cores: f64,
     /// CPU ÷ the layer's limit (the SLO's, or one core).
     pub share_of_limit: f64,
@@ -432,6 +434,7 @@ pub fn judge(step: &mut StepRecord, slo: &Slo, refusing_layer: &str) {
                 Bottleneck {
                     layer: i.layer.clone(),
                     instance: i.instance.clone(),
+                    pids: i.pids.clone(),
                     cpu_cores: i.cpu_cores,
                     share_of_limit: share,
                     cause: if share >= SATURATED { "cpu" } else { "busiest" }.to_string(),
@@ -463,6 +466,7 @@ pub fn judge(step: &mut StepRecord, slo: &Slo, refusing_layer: &str) {
                 Some(Bottleneck {
                     layer: "machine".into(),
                     instance: "all".into(),
+                    pids: Vec::new(),
                     cpu_cores: machine,
                     share_of_limit: machine / cores,
                     cause: "machine".into(),
@@ -499,6 +503,16 @@ pub fn clearly_broken(step: &StepRecord, slo: &Slo) -> Option<String> {
         ));
     }
     None
+}
+
+/// " (pid 12)", " (pids 12, 13)", or nothing.
+fn pids(pids: &[u32]) -> String {
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    match list.len() {
+        0 => String::new(),
+        1 => format!(" (pid {})", list[0]),
+        _ => format!(" (pids {})", list.join(", ")),
+    }
 }
 
 /// One stage at one instance count.
@@ -574,8 +588,11 @@ impl RunRecord {
                     .map(|n| match n.cause.as_str() {
                         "overloaded" => format!("; {} refused (overloaded)", n.layer),
                         "cpu" => format!(
-                            "; bound by {} {} at {:.2} cores",
-                            n.layer, n.instance, n.cpu_cores
+                            "; bound by {} {}{} at {:.2} cores",
+                            n.layer,
+                            n.instance,
+                            pids(&n.pids),
+                            n.cpu_cores
                         ),
                         "machine" => format!(
                             "; no layer at its CPU limit, the machine is: {:.2} of {} cores busy",
@@ -583,8 +600,11 @@ impl RunRecord {
                             cores()
                         ),
                         _ => format!(
-                            "; no layer at its CPU limit (busiest {} {} at {:.2} cores)",
-                            n.layer, n.instance, n.cpu_cores
+                            "; no layer at its CPU limit (busiest {} {}{} at {:.2} cores)",
+                            n.layer,
+                            n.instance,
+                            pids(&n.pids),
+                            n.cpu_cores
                         ),
                     })
                     .unwrap_or_default();
