@@ -404,3 +404,62 @@ fn a_bad_plan_starts_nothing() {
         assert!(!dir.path().join("out").exists(), "{plan} started something");
     }
 }
+
+/// A cluster stage: the lab's hosts, each its own instance with its own network, and the
+/// stores' load from their own counters (root: the lab is network namespaces).
+#[test]
+fn a_cluster_stage_measures_each_host_and_the_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = r#"
+name = "cluster test"
+[slo]
+p99_ms = 500
+[load]
+users = 100
+procs = 1
+step_secs = 3
+settle_secs = 1
+[[stage]]
+name = "cluster"
+layers = "cluster"
+instances = [2]
+steps = [200, 400]
+campaign_rate = 50
+"#;
+    let (ok, output) = hongbao_capacity(plan, dir.path());
+    assert!(ok, "{output}");
+    let s = summary(dir.path());
+    check_schema(&s);
+    let run = &s["runs"][0];
+    assert!(run["failed"].is_null(), "{}", run["failed"]);
+    let steps = run["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2, "{output}");
+    let step = &steps[1];
+    assert!(step["meets_slo"] == true, "{}", step["broken"]);
+    let instances = step["instances"].as_array().unwrap();
+    let of =
+        |layer: &str| -> Vec<&Value> { instances.iter().filter(|i| i["layer"] == layer).collect() };
+    assert_eq!(of("gateway-host").len(), 2);
+    assert_eq!(of("redis").len(), 6);
+    assert_eq!(of("nginx").len(), 1);
+    assert_eq!(of("postgres").len(), 1);
+    // Every gateway host and nginx carried traffic on their own interfaces.
+    for i in of("gateway-host").into_iter().chain(of("nginx")) {
+        let net = i["net_in_bytes_per_sec"].as_f64().unwrap();
+        assert!(net > 1000.0, "{i}");
+        assert!(i["cpu_cores"].as_f64().unwrap() > 0.0, "{i}");
+    }
+    // The engines: Redis commands and PostgreSQL commits (the campaign's wins) per second.
+    let engines = &step["engines"];
+    assert!(
+        engines["redis_calls_per_sec_total"].as_f64().unwrap() > 0.0,
+        "{engines}"
+    );
+    assert!(
+        engines["pg_commits_per_sec"].as_f64().unwrap() > 0.0,
+        "{engines}"
+    );
+    // The lab is gone.
+    let lab = dir.path().join("out/cluster-x2/lab/lab.json");
+    assert!(!lab.exists(), "the lab was left up");
+}
