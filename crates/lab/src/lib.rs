@@ -262,7 +262,8 @@ impl Lab {
                 .join(",")
         };
         let at = |port: u16| SocketAddrV4::new(host.addr, port).to_string();
-        let status = Command::new(&self.plan.hongbao)
+        let mut command = Command::new(&self.plan.hongbao);
+        command
             .arg("nginx-conf")
             .args([
                 "--tcp-listen",
@@ -282,36 +283,10 @@ impl Lab {
                 "--ws-upstream",
                 &list(Gateway::ws),
             ])
-            .args(["--worker-processes", "2", "--user", "root"])
-            .arg("--prefix")
-            .arg(&prefix)
-            .arg("--out")
-            .arg(&conf)
-            .status()
-            .context("running hongbao nginx-conf")?;
-        if !status.success() {
-            bail!("hongbao nginx-conf failed");
-        }
-        let mut command = host.command(nginx_binary());
-        command
-            .arg("-p")
-            .arg(&prefix)
-            .arg("-c")
-            .arg(&conf)
-            .args(["-g", "daemon off;"]);
-        let mut proc = Proc::spawn("nginx", command, &prefix.join("stderr.log"))?;
+            .args(["--user", "root"]);
+        write_nginx_conf(command, 2, &prefix, &conf)?;
         let addr = SocketAddr::V4(SocketAddrV4::new(host.addr, NGINX_HTTP));
-        for _ in 0..100 {
-            if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return Ok(proc);
-            }
-            if !proc.running() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        proc.stop(GRACE);
-        bail!("nginx did not start:\n{}", proc.log_tail())
+        run_nginx(host.command(nginx_binary()), &prefix, &conf, addr, 0)
     }
 
     /// nginx's addresses: (binary protocol, HTTP, WebSocket).
@@ -520,6 +495,61 @@ pub fn children_of(pid: u32) -> Vec<u32> {
         }
     }
     found
+}
+
+/// Finishes `command` (`hongbao nginx-conf` with what to proxy) with the worker count,
+/// `prefix` and `--out conf`, and runs it.
+pub fn write_nginx_conf(
+    mut command: Command,
+    workers: u32,
+    prefix: &Path,
+    conf: &Path,
+) -> anyhow::Result<()> {
+    let status = command
+        .args(["--worker-processes", &workers.to_string()])
+        .arg("--prefix")
+        .arg(prefix)
+        .arg("--out")
+        .arg(conf)
+        .status()
+        .context("running hongbao nginx-conf")?;
+    if !status.success() {
+        bail!("hongbao nginx-conf failed");
+    }
+    Ok(())
+}
+
+/// Runs nginx (`command` is [`nginx_binary`], in a host or not) in the foreground on
+/// `conf` with its files under `prefix`, and waits until it accepts at `addr` with at
+/// least `workers` worker processes up. Stopped again if it does not.
+pub fn run_nginx(
+    mut command: Command,
+    prefix: &Path,
+    conf: &Path,
+    addr: SocketAddr,
+    workers: usize,
+) -> anyhow::Result<Proc> {
+    command
+        .arg("-p")
+        .arg(prefix)
+        .arg("-c")
+        .arg(conf)
+        .args(["-g", "daemon off;"]);
+    let mut proc = Proc::spawn("nginx", command, &prefix.join("stderr.log"))
+        .context("starting nginx (apt-get install nginx)")?;
+    for _ in 0..100 {
+        let up = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
+        if up && children_of(proc.pid()).len() >= workers {
+            return Ok(proc);
+        }
+        if !proc.running() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let tail = proc.log_tail();
+    proc.stop(GRACE);
+    bail!("nginx did not start:\n{tail}")
 }
 
 /// nginx on the PATH, or Debian's.

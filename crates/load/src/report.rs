@@ -60,12 +60,10 @@ pub struct Counters {
     pub broadcast_delivered: u64,
 }
 
-impl Counters {
-    pub fn add(&mut self, o: &Counters) {
-        macro_rules! sum {
-            ($($f:ident),*) => { $( self.$f += o.$f; )* };
-        }
-        sum!(
+/// Calls `$m!` with every counter field: the one list `add` and `since` go over.
+macro_rules! counter_fields {
+    ($m:ident) => {
+        $m!(
             connect_attempts,
             connects,
             logins,
@@ -97,7 +95,26 @@ impl Counters {
             open_other,
             error_replies,
             broadcast_delivered
-        );
+        )
+    };
+}
+
+impl Counters {
+    pub fn add(&mut self, o: &Counters) {
+        macro_rules! sum {
+            ($($f:ident),*) => { $( self.$f += o.$f; )* };
+        }
+        counter_fields!(sum);
+    }
+
+    /// What was counted between `earlier` and `self` (zero where a counter went back).
+    pub fn since(&self, earlier: &Counters) -> Counters {
+        let mut d = Counters::default();
+        macro_rules! sub {
+            ($($f:ident),*) => { $( d.$f = self.$f.saturating_sub(earlier.$f); )* };
+        }
+        counter_fields!(sub);
+        d
     }
 
     pub fn connect_failures(&self) -> u64 {

@@ -151,6 +151,27 @@ pub mod kind {
     pub const CHAT_MESSAGE: u8 = 0x91;
     pub const BROADCAST: u8 = 0x92;
     pub const KICK: u8 = 0x93;
+
+    /// Every type code, in the order above.
+    pub const ALL: [u8; 17] = [
+        LOGIN,
+        SHAKE,
+        SEND,
+        OPEN,
+        CHAT,
+        PING,
+        LOGIN_REPLY,
+        SHAKE_REPLY,
+        SEND_REPLY,
+        OPEN_REPLY,
+        CHAT_REPLY,
+        PONG,
+        ERROR,
+        PACKET_NOTICE,
+        CHAT_MESSAGE,
+        BROADCAST,
+        KICK,
+    ];
 }
 
 impl Message {

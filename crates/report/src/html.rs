@@ -3,7 +3,7 @@
 //! from a file or a bare HTTP server with no network.
 
 /// Escapes text for HTML element content and double-quoted attribute values.
-pub(crate) fn escape(text: &str) -> String {
+pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

@@ -22,6 +22,7 @@ use std::path::Path;
 
 pub use broadcast::Broadcast;
 pub use chart::{chart_list, ChartEntry, ChartInfo, CHARTS};
+pub use html::escape;
 pub use series::{PhaseStart, Role, Series, COLUMNS};
 pub use xy::XyChart;
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::plan::{Slo, Target};
 use super::probe::{Sample, Watched};
 use crate::coordinator::Row;
-use crate::report::{self, Counters};
+use crate::report;
 use hongbao_lab::EngineCounters;
 
 /// Latency from each request's intended send time, ms.
@@ -170,7 +170,7 @@ impl Window<'_> {
             .rows
             .last()
             .map_or(&self.before.counters, |r| &r.counters);
-        let d = delta(last, &self.before.counters);
+        let d = last.since(&self.before.counters);
         let offered = self.offered_qps * seconds;
         let ok = d.won + d.nothing;
         let answered = d.shake_replies + d.error_replies;
@@ -219,47 +219,6 @@ impl Window<'_> {
         judge(&mut step, self.slo, self.refusing_layer);
         step
     }
-}
-
-fn delta(a: &Counters, b: &Counters) -> Counters {
-    let mut d = a.clone();
-    macro_rules! sub {
-        ($($f:ident),*) => { $( d.$f = a.$f.saturating_sub(b.$f); )* };
-    }
-    sub!(
-        connect_attempts,
-        connects,
-        logins,
-        login_failures,
-        failed_refused,
-        failed_timeout,
-        failed_reset,
-        failed_out_of_ports,
-        failed_out_of_files,
-        failed_other,
-        failed_handshake,
-        failed_time_wait,
-        disconnects,
-        kicks,
-        skipped_not_ready,
-        backed_off,
-        skipped_busy,
-        notice_polls,
-        shakes_sent,
-        shake_replies,
-        won,
-        won_cents,
-        nothing,
-        overloaded,
-        notices,
-        opens_sent,
-        opened,
-        opened_cents,
-        open_other,
-        error_replies,
-        broadcast_delivered
-    );
-    d
 }
 
 /// Per instance and per layer, from the probe's samples (the first is the baseline).
@@ -773,6 +732,7 @@ pub fn capacity_plan(runs: &[RunRecord], slo: &Slo, target: &Target) -> Capacity
 mod tests {
     use super::super::probe::{InstanceSample, Watched};
     use super::*;
+    use crate::report::Counters;
 
     fn slo() -> Slo {
         Slo {

@@ -20,10 +20,10 @@ mod stack;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use hongbao_monitor::Monitor;
+use hongbao_monitor::{unix_ms, Monitor};
 use serde::{Deserialize, Serialize};
 
 use crate::bench::SECRET;
@@ -88,13 +88,6 @@ impl Machine {
                 .to_string(),
         }
     }
-}
-
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
 }
 
 fn say(line: &str) {
@@ -389,6 +382,20 @@ fn steps(cx: &Run, stack: &Stack, load: &Load, run: &mut RunRecord) -> anyhow::R
         let before = before_second
             .and_then(|s| row_at(load, s, Instant::now() + Duration::from_secs(5)))
             .unwrap_or_default();
+        // The step so far (each second, without the engines) and whole (with them).
+        let record = |rows: &[Row], samples: &[probe::Sample], engines| {
+            Window {
+                offered_qps: qps,
+                rows,
+                before: &before,
+                watched: &watched,
+                samples,
+                engines,
+                slo: &plan.slo,
+                refusing_layer: stage.layers.refusing_layer(),
+            }
+            .record()
+        };
         let mut rows: Vec<Row> = Vec::new();
         let mut step = StepRecord::default();
         for k in 0..hold {
@@ -407,17 +414,7 @@ fn steps(cx: &Run, stack: &Stack, load: &Load, run: &mut RunRecord) -> anyhow::R
                 break;
             }
             let samples = probe.between(epoch + start * 1000, epoch + (second + 1) * 1000);
-            step = Window {
-                offered_qps: qps,
-                rows: &rows,
-                before: &before,
-                watched: &watched,
-                samples: &samples,
-                engines: None,
-                slo: &plan.slo,
-                refusing_layer: stage.layers.refusing_layer(),
-            }
-            .record();
+            step = record(&rows, &samples, None);
             if k + 1 < hold {
                 if let Some(why) = judge::clearly_broken(&step, &plan.slo) {
                     step.ended_early = Some(why);
@@ -433,17 +430,7 @@ fn steps(cx: &Run, stack: &Stack, load: &Load, run: &mut RunRecord) -> anyhow::R
             (Some(a), Some(b)) => Some((a, b)),
             _ => None,
         };
-        step = Window {
-            offered_qps: qps,
-            rows: &rows,
-            before: &before,
-            watched: &watched,
-            samples: &samples,
-            engines,
-            slo: &plan.slo,
-            refusing_layer: stage.layers.refusing_layer(),
-        }
-        .record();
+        step = record(&rows, &samples, engines);
         if let Some(why) = ended_early {
             step.broken.push(format!("ended early: {why}"));
             step.meets_slo = false;

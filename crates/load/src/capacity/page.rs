@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use hongbao_report::XyChart;
+use hongbao_report::{escape, XyChart};
 
 use super::judge::{group, RunRecord, StepRecord, OBSERVERS};
 use super::Summary;
@@ -131,13 +131,6 @@ pub fn table(summary: &Summary) -> String {
         }
     }
     out
-}
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 fn html_table(page: &mut String, heads: &[&str], rows: &[Vec<String>]) {
@@ -322,6 +315,16 @@ pub fn html(summary: &Summary) -> String {
     page
 }
 
+/// A line per run: a point per step.
+fn per_run(
+    runs: &[&RunRecord],
+    point: impl Fn(&StepRecord) -> (f64, f64),
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    runs.iter()
+        .map(|r| (run_label(r), r.steps.iter().map(&point).collect()))
+        .collect()
+}
+
 /// Writes the charts; returns their names.
 pub fn charts(dir: &Path, summary: &Summary) -> anyhow::Result<Vec<String>> {
     let runs: Vec<&RunRecord> = summary
@@ -356,17 +359,7 @@ pub fn charts(dir: &Path, summary: &Summary) -> anyhow::Result<Vec<String>> {
         title: "Achieved vs offered QPS".into(),
         x_label: "offered QPS",
         y_label: "achieved QPS",
-        lines: runs
-            .iter()
-            .map(|r| {
-                let points = r
-                    .steps
-                    .iter()
-                    .map(|s| (s.offered_qps as f64, s.achieved_qps))
-                    .collect();
-                (run_label(r), points)
-            })
-            .collect(),
+        lines: per_run(&runs, |s| (s.offered_qps as f64, s.achieved_qps)),
         references: vec![("offered".into(), vec![(0.0, 0.0), (top, top)])],
         marks: knee_marks(&|r| r.knee.as_ref().map(|k| k.offered_qps as f64)),
         ..Default::default()
@@ -382,17 +375,7 @@ pub fn charts(dir: &Path, summary: &Summary) -> anyhow::Result<Vec<String>> {
         x_label: "achieved QPS",
         y_label: "p99 ms (from intended send time)",
         log_y: true,
-        lines: runs
-            .iter()
-            .map(|r| {
-                let points = r
-                    .steps
-                    .iter()
-                    .map(|s| (s.achieved_qps, s.latency.p99_ms))
-                    .collect();
-                (run_label(r), points)
-            })
-            .collect(),
+        lines: per_run(&runs, |s| (s.achieved_qps, s.latency.p99_ms)),
         references: vec![(
             "SLO p99".into(),
             vec![

@@ -3,12 +3,12 @@
 //! bench's lab), or nothing (an external target). Says where the load goes and which
 //! processes are which instance of which layer. Everything it starts stops when dropped.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use hongbao_lab::proc::Proc;
 
 use super::plan::{parse_url, Layers, Stage};
@@ -32,7 +32,6 @@ pub struct Stack {
 impl Stack {
     /// The lab, for the engines' counters (cluster stages).
     pub fn engine_counters(&self) -> Option<hongbao_lab::EngineCounters> {
-        self.server.as_ref()?.lab()?;
         self.server.as_ref()?.engine_counters()
     }
 
@@ -279,39 +278,10 @@ impl Nginx {
         if unsafe { libc::geteuid() } == 0 {
             command.args(["--user", "root"]);
         }
-        let status = command
-            .args(["--worker-processes", &workers.to_string()])
-            .arg("--prefix")
-            .arg(&prefix)
-            .arg("--out")
-            .arg(&conf)
-            .status()
-            .context("running hongbao nginx-conf")?;
-        if !status.success() {
-            bail!("hongbao nginx-conf failed");
-        }
-        let mut command = Command::new(hongbao_lab::nginx_binary());
-        command
-            .arg("-p")
-            .arg(&prefix)
-            .arg("-c")
-            .arg(&conf)
-            .args(["-g", "daemon off;"]);
-        let mut proc = Proc::spawn("nginx", command, &prefix.join("stderr.log"))
-            .context("starting nginx (apt-get install nginx)")?;
-        for _ in 0..100 {
-            let up = TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_ok();
-            if up && hongbao_lab::children_of(proc.pid()).len() >= workers as usize {
-                return Ok(Nginx { proc, listen });
-            }
-            if !proc.running() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let tail = proc.log_tail();
-        proc.stop(Duration::from_secs(5));
-        bail!("nginx did not start:\n{tail}")
+        hongbao_lab::write_nginx_conf(command, workers, &prefix, &conf)?;
+        let command = Command::new(hongbao_lab::nginx_binary());
+        let proc = hongbao_lab::run_nginx(command, &prefix, &conf, listen, workers as usize)?;
+        Ok(Nginx { proc, listen })
     }
 
     /// Its workers, one instance each (the master only starts them).
