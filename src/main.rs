@@ -127,7 +127,8 @@ struct LoadArgs {
     /// Report per-second counters to the hongbao monitor at this address
     #[arg(long)]
     monitor: Option<String>,
-    /// A user answered "overloaded" skips its shakes for this many seconds; 0 keeps shaking
+    /// A user answered "overloaded" skips its shakes for the wait the answer names, or for
+    /// this many seconds when it names none (±50%); 0 keeps shaking
     #[arg(long, default_value_t = hongbao_load::bench::DEFAULT_OVERLOAD_BACKOFF_SECS)]
     overload_backoff_secs: u32,
 }
@@ -194,8 +195,8 @@ struct BenchArgs {
     /// Cluster, PostgreSQL, nginx in front; root; docs/scale-out.md); 0: one local server
     #[arg(long, default_value_t = 0)]
     hosts: usize,
-    /// With --hosts: inject a failure into the first phase: gateway, redis-master,
-    /// redis-freeze or postgres (docs/bench.md)
+    /// Inject a failure into the first phase: worker-stall (one local server), or with
+    /// --hosts gateway, redis-master, redis-freeze or postgres (docs/bench.md)
     #[arg(long)]
     fault: Option<String>,
     /// Seconds into the first phase for --fault
@@ -584,8 +585,15 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
         .map(hongbao_load::bench::Fault::parse)
         .transpose()?;
     opts.fault_at_secs = args.fault_at;
-    if opts.fault.is_some() && opts.hosts == 0 {
-        anyhow::bail!("--fault needs --hosts: the failures are injected into a lab");
+    match opts.fault {
+        Some(hongbao_load::bench::Fault::WorkerStall) if opts.hosts > 0 => {
+            anyhow::bail!("--fault worker-stall stops a worker of one local server: no --hosts")
+        }
+        Some(hongbao_load::bench::Fault::WorkerStall) | None => {}
+        Some(_) if opts.hosts == 0 => {
+            anyhow::bail!("--fault needs --hosts: the failures are injected into a lab")
+        }
+        Some(_) => {}
     }
     if opts.fault == Some(hongbao_load::bench::Fault::Gateway) && opts.hosts < 2 {
         anyhow::bail!("--fault gateway needs --hosts 2 or more: one host must carry on");

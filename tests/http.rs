@@ -391,7 +391,9 @@ fn overloaded_shakes_are_429_with_a_retry_after() {
     }
     let r = overloaded.expect("a 429 within ten shakes at 2/s");
     assert_eq!(r.result(), "overloaded");
+    // The first shed of a calm worker asks for the base wait, 1 s.
     assert_eq!(r.header("Retry-After"), Some("1"));
+    assert_eq!(r.body["retry_after_ms"], 1000, "{:?}", r.body);
 }
 
 /// Requests written back to back are answered in order, though a winning shake waits for

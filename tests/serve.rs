@@ -221,6 +221,7 @@ fn shake_result(client: &mut Client) -> (ResultCode, u64, u64) {
             result,
             packet_id,
             amount_cents,
+            ..
         } => (result, packet_id, amount_cents),
         other => panic!("expected a shake reply, got {other:?}"),
     }
@@ -640,9 +641,22 @@ fn shakes_over_the_rate_limit_are_overloaded() {
     for id in ids {
         let frame = client.recv().unwrap();
         assert_eq!(frame.request_id, id);
-        let Message::ShakeReply { result, .. } = frame.message else {
+        let Message::ShakeReply {
+            result,
+            retry_after_ms,
+            ..
+        } = frame.message
+        else {
             panic!("expected a shake reply, got {frame:?}");
         };
+        // Every shed shake names a wait (1 s, or 2 s should the burst straddle a second
+        // boundary after a second of shedding); no other answer does.
+        match result {
+            ResultCode::Overloaded => {
+                assert!([1000, 2000].contains(&retry_after_ms), "{retry_after_ms}")
+            }
+            _ => assert_eq!(retry_after_ms, 0),
+        }
         *counts.entry(result.name()).or_insert(0) += 1;
     }
     let overloaded = counts.get("overloaded").copied().unwrap_or(0);
@@ -685,6 +699,7 @@ fn shakes_that_waited_too_long_are_overloaded() {
             frame.message,
             Message::ShakeReply {
                 result: ResultCode::Overloaded,
+                retry_after_ms: 1000,
                 ..
             }
         ),
@@ -725,8 +740,8 @@ fn load_users_told_overloaded_back_off() {
     assert_eq!(n(&steady, "backed_off"), 0);
     assert!(n(&steady, "overloaded") > 1000, "{steady}");
 
-    // 5 firings per user per second, and the first "overloaded" sends each user away for
-    // 30–90 s: after that, every firing in the run is skipped.
+    // 5 firings per user per second; the server, shedding all along, asks for waits of
+    // 1 s, then 2, 4, 8 s...: users skip several firings for every one they send.
     let backing = run("60");
     let (sent, skipped) = (n(&backing, "shakes_sent"), n(&backing, "backed_off"));
     assert!(n(&backing, "overloaded") >= 1, "{backing}");
@@ -736,6 +751,59 @@ fn load_users_told_overloaded_back_off() {
     );
     assert!(sent < n(&steady, "shakes_sent") / 2, "{backing}");
     assert_eq!(n(&backing, "error_replies"), 0);
+}
+
+/// A gateway worker stopped for 300 ms (SIGSTOP, SIGCONT): it sheds the shakes that
+/// waited past `max_queue_ms`, asking for the base wait of about a second, and the load's
+/// users follow it — each skips about a second of its firings, not the 30 s they wait
+/// when the server names no wait — so the stall costs about a second of shaking.
+#[test]
+fn a_stalled_worker_costs_its_users_about_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--max-queue-ms", "100"]);
+    let pid = wait_until("both workers to report", secs(10), || {
+        let workers = server.stats_workers();
+        (workers.len() == 2).then_some(workers)
+    })[0]["pid"]
+        .as_u64()
+        .unwrap() as u32;
+    // 1,000 users at 2,000 a second: each fires twice a second.
+    let (users, qps, duration) = (1000u64, 2000u64, 12u64);
+    let load = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        .args(["load", "--server", &server.listen.to_string()])
+        .args(["--users", &users.to_string(), "--qps", &qps.to_string()])
+        .args(["--procs", "1", "--duration", &duration.to_string()])
+        .args(["--secret", SECRET, "--overload-backoff-secs", "30"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("running hongbao load");
+    // Past the connecting, with most of the run still to come after the stall.
+    std::thread::sleep(secs(3));
+    signal(pid, "-STOP");
+    std::thread::sleep(Duration::from_millis(300));
+    signal(pid, "-CONT");
+    let out = load.wait_with_output().expect("the load's output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "load failed: {stdout}");
+    let start = stdout.rfind("\n{").expect("a summary") + 1;
+    let summary: Value = serde_json::from_str(&stdout[start..]).expect("the summary parses");
+    let n = |k: &str| summary["totals"][k].as_u64().unwrap();
+    let (overloaded, backed_off) = (n("overloaded"), n("backed_off"));
+    assert!(overloaded > 0, "nothing was shed: {summary}");
+    let shed_late = server.get("/v1/stats")["totals"]["shakes_shed_late"]
+        .as_u64()
+        .unwrap();
+    assert!(shed_late > 0, "no shake shed as late");
+    // Each shed user waited 0.5–1.5 s (or twice that should the shedding straddle a
+    // second boundary): at 2 firings a second, at most ~6 skipped each. Waiting 15–45 s
+    // it would have skipped every firing to the run's end, 18 or more.
+    let per_user = qps / users;
+    eprintln!("stall: {overloaded} shed, {backed_off} firings backed off");
+    assert!(
+        backed_off <= overloaded * per_user * 3,
+        "{overloaded} shed, {backed_off} firings backed off: {summary}"
+    );
+    assert_eq!(n("error_replies"), 0, "{summary}");
 }
 
 #[test]

@@ -651,6 +651,7 @@ fn ws_binary_shake_until_won(client: &mut WsClient) -> (u64, u64) {
                 result: ResultCode::Won,
                 packet_id,
                 amount_cents,
+                ..
             } => return (packet_id, amount_cents),
             Message::ShakeReply {
                 result: ResultCode::Nothing,
@@ -671,6 +672,7 @@ fn tcp_shake_until_won(client: &mut Client) -> (u64, u64) {
                 result: ResultCode::Won,
                 packet_id,
                 amount_cents,
+                ..
             } => return (packet_id, amount_cents),
             Message::ShakeReply {
                 result: ResultCode::Nothing,
@@ -686,6 +688,7 @@ fn nothing() -> Message {
         result: ResultCode::Nothing,
         packet_id: 0,
         amount_cents: 0,
+        retry_after_ms: 0,
     }
 }
 

@@ -571,6 +571,7 @@ impl Host {
                                 result: ResultCode::Nothing,
                                 packet_id: 0,
                                 amount_cents: 0,
+                                retry_after_ms: 0,
                             },
                         });
                     }

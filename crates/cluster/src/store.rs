@@ -1193,6 +1193,7 @@ async fn after_commit(
                         result,
                         packet_id: if won { packet } else { 0 },
                         amount_cents: if won { cents } else { 0 },
+                        retry_after_ms: 0,
                     },
                 ));
                 later.push((packet, None));

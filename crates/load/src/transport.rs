@@ -424,6 +424,7 @@ mod tests {
                     result: hongbao_proto::ResultCode::Nothing,
                     packet_id: 0,
                     amount_cents: 0,
+                    retry_after_ms: 0,
                 },
             },
         ]

@@ -58,6 +58,9 @@ pub enum Reply {
         result: ResultCode,
         packet_id: u64,
         amount_cents: u64,
+        /// With `overloaded`: how long the client is asked not to shake (ms), 0 for none.
+        #[serde(default)]
+        retry_after_ms: u32,
     },
     Send {
         result: ResultCode,

@@ -273,6 +273,7 @@ mod tests {
                 result: ResultCode::Nothing,
                 packet_id: 0,
                 amount_cents: 0,
+                retry_after_ms: 0,
             },
         };
         let mut bytes = encode_to_vec(&notice);

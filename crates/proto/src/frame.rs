@@ -87,6 +87,8 @@ pub enum PayloadError {
     TokenTooLong { len: usize },
     #[error("idempotency key is not 1..={MAX_IDEMPOTENCY_KEY_LEN} bytes of printable ASCII")]
     BadIdempotencyKey,
+    #[error("retry_after_ms 0 is sent by leaving it out")]
+    ZeroRetryAfter,
 }
 
 impl FrameError {
@@ -147,6 +149,7 @@ impl PayloadError {
             PayloadError::TextTooLong { .. } => "text-too-long",
             PayloadError::TokenTooLong { .. } => "token-too-long",
             PayloadError::BadIdempotencyKey => "bad-idempotency-key",
+            PayloadError::ZeroRetryAfter => "zero-retry-after",
         }
     }
 }
@@ -240,7 +243,7 @@ pub fn decode(frame: &[u8]) -> Result<Frame, FrameError> {
 /// | Chat         | to_user u64, text                                                   |
 /// | Ping         | client_time_us u64                                                  |
 /// | LoginReply   | result u8, user_id u64                                              |
-/// | ShakeReply   | result u8, packet_id u64, amount_cents u64                          |
+/// | ShakeReply   | result u8, packet_id u64, amount_cents u64, then retry_after_ms u32 when it is not 0 |
 /// | SendReply    | result u8, packet_id u64, balance_cents u64                         |
 /// | OpenReply    | result u8, packet_id u64, amount_cents u64                          |
 /// | ChatReply    | result u8                                                           |
@@ -307,11 +310,26 @@ pub fn decode_message(kind: u8, payload: &[u8]) -> Result<Option<Message>, Paylo
             result: r.result()?,
             user_id: r.u64("user_id")?,
         },
-        kind::SHAKE_REPLY => Message::ShakeReply {
-            result: r.result()?,
-            packet_id: r.u64("packet_id")?,
-            amount_cents: r.u64("amount_cents")?,
-        },
+        kind::SHAKE_REPLY => {
+            let result = r.result()?;
+            let packet_id = r.u64("packet_id")?;
+            let amount_cents = r.u64("amount_cents")?;
+            // Present only when not 0, so every message has one encoding.
+            let retry_after_ms = if r.rest.is_empty() {
+                0
+            } else {
+                match r.u32("retry_after_ms")? {
+                    0 => return Err(PayloadError::ZeroRetryAfter),
+                    ms => ms,
+                }
+            };
+            Message::ShakeReply {
+                result,
+                packet_id,
+                amount_cents,
+                retry_after_ms,
+            }
+        }
         kind::SEND_REPLY => Message::SendReply {
             result: r.result()?,
             packet_id: r.u64("packet_id")?,
@@ -508,8 +526,16 @@ fn encode_payload(message: &Message, out: &mut Vec<u8>) {
             result,
             packet_id,
             amount_cents,
+            retry_after_ms,
+        } => {
+            out.push(*result as u8);
+            out.extend_from_slice(&packet_id.to_be_bytes());
+            out.extend_from_slice(&amount_cents.to_be_bytes());
+            if *retry_after_ms != 0 {
+                out.extend_from_slice(&retry_after_ms.to_be_bytes());
+            }
         }
-        | OpenReply {
+        OpenReply {
             result,
             packet_id,
             amount_cents,
@@ -644,6 +670,16 @@ pub(crate) mod tests {
                     result: ResultCode::Won,
                     packet_id: 5,
                     amount_cents: 88,
+                    retry_after_ms: 0,
+                },
+            ),
+            frame(
+                2,
+                Message::ShakeReply {
+                    result: ResultCode::Overloaded,
+                    packet_id: 0,
+                    amount_cents: 0,
+                    retry_after_ms: 4000,
                 },
             ),
             frame(
@@ -897,6 +933,11 @@ pub(crate) mod tests {
                     idempotency_key: Some(_),
                     ..
                 } => Some(14 + 8 * recipients.len()),
+                // So is a shake reply's wait.
+                Message::ShakeReply {
+                    retry_after_ms: 1..,
+                    ..
+                } => Some(17),
                 _ => None,
             };
             for cut in 0..payload.len() {
@@ -935,6 +976,14 @@ pub(crate) mod tests {
                     idempotency_key: None,
                     ..
                 } => PayloadError::BadIdempotencyKey,
+                // After a shake reply without a wait, a byte begins one (cut short).
+                Message::ShakeReply {
+                    retry_after_ms: 0, ..
+                } => PayloadError::Short {
+                    field: "retry_after_ms",
+                    need: 4,
+                    have: 1,
+                },
                 _ => PayloadError::Trailing { extra: 1 },
             };
             assert_eq!(payload_error(&long), expected, "{f:?}");

@@ -159,8 +159,16 @@ pub fn to_json(frame: &Frame) -> String {
             result,
             packet_id,
             amount_cents,
+            retry_after_ms,
+        } => {
+            w.result(*result);
+            w.num("packet_id", *packet_id);
+            w.num("amount_cents", *amount_cents);
+            if *retry_after_ms != 0 {
+                w.num("retry_after_ms", u64::from(*retry_after_ms));
+            }
         }
-        | OpenReply {
+        OpenReply {
             result,
             packet_id,
             amount_cents,
@@ -371,6 +379,7 @@ pub fn from_json(text: &str) -> Result<Frame, JsonError> {
             result: f.result()?,
             packet_id: f.num("packet_id")?,
             amount_cents: f.num("amount_cents")?,
+            retry_after_ms: f.retry_after_ms()?,
         },
         "send_reply" => Message::SendReply {
             result: f.result()?,
@@ -481,6 +490,14 @@ impl<'a> Fields<'a> {
 
     fn wrong(&self, field: &'static str, expected: &'static str) -> JsonError {
         self.err(JsonErrorKind::WrongType { field, expected })
+    }
+
+    /// The optional `retry_after_ms` of a shake reply (absent means 0).
+    fn retry_after_ms(&self) -> Result<u32, JsonError> {
+        match self.object.get("retry_after_ms") {
+            None | Some(Value::Null) => Ok(0),
+            Some(_) => self.u32("retry_after_ms"),
+        }
     }
 
     /// The optional `idempotency_key` of a send.
@@ -645,6 +662,7 @@ mod tests {
                         result: ResultCode::Won,
                         packet_id: 7,
                         amount_cents: 512,
+                        retry_after_ms: 0,
                     },
                 ),
             ),

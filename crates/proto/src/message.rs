@@ -83,6 +83,9 @@ pub enum Message {
         result: ResultCode,
         packet_id: u64,
         amount_cents: u64,
+        /// With `overloaded`: how long the server asks the client not to shake (ms);
+        /// 0 when it names no time (and with every other result).
+        retry_after_ms: u32,
     },
     SendReply {
         result: ResultCode,

@@ -156,13 +156,14 @@ fn message() -> impl Strategy<Value = Message> {
         any::<u64>().prop_map(|client_time_us| Message::Ping { client_time_us }),
         (result(), any::<u64>())
             .prop_map(|(result, user_id)| Message::LoginReply { result, user_id }),
-        (result(), any::<u64>(), any::<u64>()).prop_map(|(result, packet_id, amount_cents)| {
-            Message::ShakeReply {
+        (result(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
+            |(result, packet_id, amount_cents, retry_after_ms)| Message::ShakeReply {
                 result,
                 packet_id,
                 amount_cents,
+                retry_after_ms,
             }
-        }),
+        ),
         (result(), any::<u64>(), any::<u64>()).prop_map(|(result, packet_id, balance_cents)| {
             Message::SendReply {
                 result,

@@ -145,6 +145,10 @@ fn parse_form(form: &str) -> Frame {
             result: f.result(),
             packet_id: f.num("packet_id"),
             amount_cents: f.num("amount_cents"),
+            retry_after_ms: f
+                .map
+                .remove("retry_after_ms")
+                .map_or(0, |v| v.parse().expect("retry_after_ms")),
         },
         "send-reply" => Message::SendReply {
             result: f.result(),

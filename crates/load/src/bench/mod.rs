@@ -37,8 +37,8 @@ use broadcaster::{wait_deliveries, Broadcaster};
 use server::{Server, ServerSample};
 pub use summary::Summary;
 use summary::{
-    AuditSummary, ConnectionsSummary, Discrepancy, EngineSummary, FaultSummary, LoadSummary,
-    LoginsAt, NetworkSummary, OptionsSummary, Phase, Resources, SendAudit, ShakeAudit,
+    AuditSummary, ConnectionsSummary, Discrepancy, EngineSummary, FaultSecond, FaultSummary,
+    LoadSummary, NetworkSummary, OptionsSummary, Phase, Resources, SendAudit, ShakeAudit,
 };
 
 pub const SECRET: &str = "hongbao-bench-secret";
@@ -49,7 +49,7 @@ pub const DEFAULT_BENCH_MAX_QUEUE_MS: u32 = 200;
 /// The bench's server runs this much nicer than the load (see `server_nice`).
 pub const DEFAULT_SERVER_NICE: i32 = 5;
 
-/// How long a simulated user told "overloaded" stops shaking.
+/// How long a simulated user told "overloaded" stops shaking when the answer does not say.
 pub const DEFAULT_OVERLOAD_BACKOFF_SECS: u32 = 30;
 
 /// How often an HTTP user looks for packets to open (it gets no pushes).
@@ -118,7 +118,12 @@ pub enum Fault {
     RedisFreeze,
     /// Stop PostgreSQL, and start it again two seconds later.
     Postgres,
+    /// One local server: SIGSTOP a gateway worker for [`WORKER_STALL`], then SIGCONT.
+    WorkerStall,
 }
+
+/// How long `--fault worker-stall` stops the worker.
+pub const WORKER_STALL: Duration = Duration::from_millis(300);
 
 impl Fault {
     pub fn parse(name: &str) -> anyhow::Result<Fault> {
@@ -127,9 +132,10 @@ impl Fault {
             "redis-master" => Ok(Fault::RedisMaster),
             "redis-freeze" => Ok(Fault::RedisFreeze),
             "postgres" => Ok(Fault::Postgres),
+            "worker-stall" => Ok(Fault::WorkerStall),
             other => {
                 anyhow::bail!(
-                    "--fault must be gateway, redis-master, redis-freeze or postgres, not {other:?}"
+                    "--fault must be worker-stall, gateway, redis-master, redis-freeze or postgres, not {other:?}"
                 )
             }
         }
@@ -141,6 +147,7 @@ impl Fault {
             Fault::RedisMaster => "redis-master",
             Fault::RedisFreeze => "redis-freeze",
             Fault::Postgres => "postgres",
+            Fault::WorkerStall => "worker-stall",
         }
     }
 }
@@ -309,6 +316,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
 
     let mut fault_thread = None;
     let mut fault_second = 0;
+    // The fault's phase: its rate and its last second.
+    let mut fault_phase = (0, 0);
     for (n, &qps) in opts.phase_qps.iter().enumerate() {
         let name = format!("qps-{qps}");
         let from = load.set_qps(qps)?;
@@ -393,6 +402,9 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             campaign_rate: opts.campaign_rate,
             fault: opts.fault.is_some(),
         };
+        if n == 0 {
+            fault_phase = (qps, end_second);
+        }
         let summary = phase.summary(&mut discrepancies);
         let audit: Audit = server.get("/v1/audit")?;
         if !audit.ok {
@@ -430,16 +442,20 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     });
     let rows = load.rows();
     let fault = fault_done.map(|what| {
-        let seconds: Vec<LoginsAt> = rows
+        let seconds: Vec<FaultSecond> = rows
             .iter()
-            .map(|r| LoginsAt {
+            .map(|r| FaultSecond {
                 second: r.second,
                 logged_in: r.logged_in,
                 disconnects: r.counters.disconnects,
                 logins: r.counters.logins,
+                served: r.counters.won + r.counters.nothing,
+                overloaded: r.counters.overloaded,
+                backed_off: r.counters.backed_off,
             })
             .collect();
-        let f = FaultSummary::from_rows(what, fault_second, opts.connections, &seconds);
+        let f = FaultSummary::from_rows(what, fault_second, opts.connections, &seconds)
+            .with_served(fault_phase, &seconds);
         let back = match f.reconnected_secs {
             Some(0) => "no client was dropped".to_string(),
             Some(s) => format!(
@@ -448,7 +464,10 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             ),
             None => format!("{} connections dropped; some users never logged in again", f.dropped),
         };
-        say(&format!("bench: fault: {} (second {}); {back}", f.what, f.at_second));
+        say(&format!(
+            "bench: fault: {} (second {}); {back}; served under 90% of the rate in {} s ({} shakes short), {} overloaded, {} firings backed off",
+            f.what, f.at_second, f.reduced_secs, f.shakes_short, f.overloaded, f.backed_off
+        ));
         f
     });
     let peak_connections = rows.iter().map(|r| r.logged_in).max().unwrap_or(0);

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{BenchOptions, Fault, SECRET};
+use super::{BenchOptions, Fault, SECRET, WORKER_STALL};
 use crate::transport::Transport;
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
@@ -199,6 +199,9 @@ impl Server {
         fault: Fault,
         after: Duration,
     ) -> Option<std::thread::JoinHandle<String>> {
+        if fault == Fault::WorkerStall {
+            return Some(self.stall_worker_later(after));
+        }
         let lab = self.lab.clone()?;
         Some(std::thread::spawn(move || {
             std::thread::sleep(after);
@@ -244,8 +247,32 @@ impl Server {
                     Ok(()) => "stopped PostgreSQL and started it again 2 s later".to_string(),
                     Err(e) => format!("restarting PostgreSQL: {e:#}"),
                 },
+                Fault::WorkerStall => unreachable!("a worker stall is injected without a lab"),
             }
         }))
+    }
+
+    /// `--fault worker-stall`: the first gateway worker stopped after `after`, for
+    /// [`WORKER_STALL`].
+    fn stall_worker_later(&self, after: Duration) -> std::thread::JoinHandle<String> {
+        let pid = self
+            .get::<Value>("/v1/stats")
+            .ok()
+            .and_then(|s| s["workers"][0]["pid"].as_u64());
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            let Some(pid) = pid else {
+                return "no worker to stop: /v1/stats named none".to_string();
+            };
+            // SAFETY: signals to a process of our own server, by its id.
+            unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+            std::thread::sleep(WORKER_STALL);
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+            format!(
+                "stopped gateway worker {pid} for {} ms (SIGSTOP, then SIGCONT)",
+                WORKER_STALL.as_millis()
+            )
+        })
     }
 
     /// The `hongbao serve` child's id (without a lab).

@@ -52,24 +52,43 @@ pub struct FaultSummary {
     /// all were logged in (counted in whole seconds from the start of the fault's
     /// second: 1 = within that second; 0 = nobody was dropped); none if some never were.
     pub reconnected_secs: Option<u64>,
+    /// Over the fault's second and the `FAULT_WINDOW_SECS - 1` after it, within its
+    /// phase: seconds in which the shakes served (answered
+    /// `won` or `nothing`, as the clients saw them) fell below 90% of the rate asked...
+    #[serde(default)]
+    pub reduced_secs: u64,
+    /// ...the shakes served short of the rate asked over those seconds, in all...
+    #[serde(default)]
+    pub shakes_short: u64,
+    /// ...and the shakes answered `overloaded` and firings skipped backing off.
+    #[serde(default)]
+    pub overloaded: u64,
+    #[serde(default)]
+    pub backed_off: u64,
 }
 
-/// One second of the load, as a fault is judged: the second, users logged in at its end,
-/// and the clients' cumulative disconnects and logins.
-#[derive(Debug, Clone, Copy)]
-pub struct LoginsAt {
+/// How many seconds from a fault's on its served rate is judged.
+pub const FAULT_WINDOW_SECS: u64 = 30;
+
+/// One second of the load, as a fault is judged: the second, users logged in at its end, and the clients' cumulative disconnects, logins, shakes served
+/// (`won` + `nothing`), `overloaded` answers and firings backed off.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FaultSecond {
     pub second: u64,
     pub logged_in: u64,
     pub disconnects: u64,
     pub logins: u64,
+    pub served: u64,
+    pub overloaded: u64,
+    pub backed_off: u64,
 }
 
 impl FaultSummary {
     /// From the load's seconds around a fault done in `at_second` to `users` users.
-    pub fn from_rows(what: String, at_second: u64, users: u64, rows: &[LoginsAt]) -> Self {
+    pub fn from_rows(what: String, at_second: u64, users: u64, rows: &[FaultSecond]) -> Self {
         let before = rows.iter().rev().find(|r| r.second < at_second);
         let (d0, l0) = before.map_or((0, 0), |r| (r.disconnects, r.logins));
-        let after: Vec<&LoginsAt> = rows.iter().filter(|r| r.second >= at_second).collect();
+        let after: Vec<&FaultSecond> = rows.iter().filter(|r| r.second >= at_second).collect();
         let dropped = after.last().map_or(0, |r| r.disconnects - d0);
         let reconnected_secs = if dropped == 0 {
             Some(0)
@@ -85,7 +104,35 @@ impl FaultSummary {
             dropped,
             logged_in_min: after.iter().map(|r| r.logged_in).min().unwrap_or(users),
             reconnected_secs,
+            ..FaultSummary::default()
         }
+    }
+
+    /// The served rate around the fault, second by second, in its phase: `asked` shakes
+    /// a second, to its last second `until`.
+    pub fn with_served(mut self, (asked, until): (u64, u64), rows: &[FaultSecond]) -> Self {
+        let at = self.at_second;
+        let from = rows
+            .iter()
+            .rev()
+            .find(|r| r.second < at)
+            .copied()
+            .unwrap_or_default();
+        let mut prev = from;
+        for r in rows
+            .iter()
+            .filter(|r| r.second >= at && r.second < at + FAULT_WINDOW_SECS && r.second <= until)
+        {
+            let served = r.served - prev.served;
+            if served * 10 < asked * 9 {
+                self.reduced_secs += 1;
+            }
+            self.shakes_short += asked.saturating_sub(served);
+            prev = *r;
+        }
+        self.overloaded = prev.overloaded - from.overloaded;
+        self.backed_off = prev.backed_off - from.backed_off;
+        self
     }
 }
 
@@ -516,11 +563,12 @@ mod tests {
     /// The clients' view of a fault: who was dropped, and when all were back.
     #[test]
     fn a_fault_is_timed_from_the_clients_logins() {
-        let at = |second, logged_in, disconnects, logins| LoginsAt {
+        let at = |second, logged_in, disconnects, logins| FaultSecond {
             second,
             logged_in,
             disconnects,
             logins,
+            ..Default::default()
         };
         // 48 dropped in second 6, back by the end of second 8.
         let rows = [
@@ -547,6 +595,40 @@ mod tests {
         assert_eq!((calm.dropped, calm.reconnected_secs), (0, Some(0)));
         let lost = FaultSummary::from_rows("killed".into(), 5, 100, &rows[..4]);
         assert_eq!((lost.dropped, lost.reconnected_secs), (48, None));
+    }
+
+    /// The served rate around a fault: the seconds short of 90% of the rate asked, and
+    /// the shakes short, over the window while the rate stays the fault's.
+    #[test]
+    fn a_fault_costs_the_seconds_the_served_rate_dips() {
+        let mut served = 0;
+        let mut at = |second: u64, this_second: u64| {
+            served += this_second;
+            FaultSecond {
+                second,
+                logged_in: 10,
+                served,
+                overloaded: second * 7,
+                backed_off: second * 5,
+                ..Default::default()
+            }
+        };
+        let rows = [
+            at(3, 1000),
+            at(4, 1000),
+            at(5, 620),
+            at(6, 880),
+            at(7, 950),
+            at(8, 1040),
+            at(9, 500),
+        ];
+        // The phase: 1,000 a second to second 8.
+        let f =
+            FaultSummary::from_rows("stalled".into(), 5, 10, &rows).with_served((1000, 8), &rows);
+        assert_eq!((f.reduced_secs, f.shakes_short), (2, 380 + 120 + 50));
+        // From second 4's end to second 8's (the next phase is not judged).
+        assert_eq!((f.overloaded, f.backed_off), (28, 20));
+        assert_eq!(f.reconnected_secs, Some(0));
     }
 
     /// Every leaf of `value` as a dotted path (array elements as `[]`).

@@ -65,8 +65,9 @@ pub struct ClientOptions {
     /// Raw TCP, or WebSocket to the server's `--ws-listen` address.
     #[serde(default)]
     pub transport: Transport,
-    /// A user answered "overloaded" skips its shakes for this many seconds (±50%), as the
-    /// app does ("too many people, try again shortly"); 0 keeps shaking.
+    /// A user answered "overloaded" skips its shakes for the wait the answer names
+    /// (`retry_after_ms`), or for this many seconds when it names none, ±50% either way,
+    /// as the app does ("too many people, try again shortly"); 0 keeps shaking.
     #[serde(default)]
     pub overload_backoff_secs: u32,
     /// HTTP: one keep-alive connection per user, or a new connection for every request

@@ -132,6 +132,7 @@ impl Client {
                     result,
                     packet_id: 0,
                     amount_cents: 0,
+                    retry_after_ms: 0,
                 },
                 None => Message::Error {
                     result: ResultCode::BadRequest,
@@ -156,6 +157,7 @@ impl Client {
                 result,
                 packet_id: n("packet_id"),
                 amount_cents: n("amount_cents"),
+                retry_after_ms: u32::try_from(n("retry_after_ms")).unwrap_or(u32::MAX),
             },
             (Kind::Open, Some(result)) => Message::OpenReply {
                 result,
@@ -251,6 +253,7 @@ impl Client {
             Message::ShakeReply {
                 result,
                 amount_cents,
+                retry_after_ms,
                 ..
             } => {
                 let Some(f) = self.take_inflight(i, frame.request_id) else {
@@ -271,11 +274,15 @@ impl Client {
                     ResultCode::Nothing => self.counters.nothing += 1,
                     ResultCode::Overloaded => {
                         self.counters.overloaded += 1;
+                        // The wait the server asked for, or ours when it named none;
                         // ±50% jitter, so that users shed together do not all return in
                         // the same second and overload the server again in waves.
-                        let backoff = u64::from(self.opts.overload_backoff_secs);
-                        if backoff > 0 {
-                            let ms = rand::thread_rng().gen_range(backoff * 500..=backoff * 1500);
+                        let wait_ms = match retry_after_ms {
+                            0 => u64::from(self.opts.overload_backoff_secs) * 1000,
+                            ms => u64::from(ms),
+                        };
+                        if wait_ms > 0 && self.opts.overload_backoff_secs > 0 {
+                            let ms = rand::thread_rng().gen_range(wait_ms / 2..=wait_ms * 3 / 2);
                             self.users[i].since_ms = now / 1000 + ms;
                         }
                     }

@@ -391,6 +391,7 @@ impl Core {
             result,
             packet_id,
             amount_cents,
+            retry_after_ms: 0,
         };
         self.reply(to, reply);
     }

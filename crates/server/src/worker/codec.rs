@@ -396,10 +396,12 @@ pub(super) fn reply_message(reply: &Reply) -> Message {
             result,
             packet_id,
             amount_cents,
+            retry_after_ms,
         } => Message::ShakeReply {
             result,
             packet_id,
             amount_cents,
+            retry_after_ms,
         },
         Reply::Send {
             result,
@@ -557,6 +559,7 @@ mod tests {
                     result: ResultCode::Won,
                     packet_id: 1,
                     amount_cents: 1,
+                    retry_after_ms: 0,
                 },
             ),
         ] {

@@ -36,6 +36,75 @@ impl Admission {
     }
 }
 
+/// The wait an `overloaded` answer asks for, in this worker's trouble: `BACKOFF_BASE_MS`
+/// while shedding has lasted one second, doubled for every further second in a row
+/// with shedding (up to `BACKOFF_MAX_MS`), and back down one step for every
+/// `BACKOFF_CALM_SECS` seconds without. A moment's stall costs the clients it sheds about
+/// a second; a lasting overload sends them away long enough that what they offer comes
+/// down to what the worker serves, and the slow way down keeps the wait long while the
+/// users it sent away come back, so the overload does not restart in waves.
+#[derive(Default)]
+pub(super) struct Backoff {
+    second: u64,
+    shakes: u32,
+    shed: u32,
+    level: u32,
+    calm_secs: u32,
+}
+
+pub(super) const BACKOFF_BASE_MS: u32 = 1000;
+pub(super) const BACKOFF_MAX_MS: u32 = 64_000;
+pub(super) const BACKOFF_CALM_SECS: u32 = 5;
+
+/// A second counts as shedding when at least 1 in this many of its shakes was shed.
+const SHEDDING_ONE_IN: u32 = 100;
+
+impl Backoff {
+    /// Counts a shake arriving at `now`, closing the seconds that have ended.
+    fn shake(&mut self, now: Duration) {
+        let second = now.as_secs();
+        if second != self.second {
+            let shedding =
+                self.shed > 0 && self.shed.saturating_mul(SHEDDING_ONE_IN) >= self.shakes;
+            // Seconds with no shakes at all were calm.
+            let idle = second.saturating_sub(self.second).saturating_sub(1);
+            let idle = u32::try_from(idle).unwrap_or(u32::MAX);
+            if shedding {
+                self.level += 1;
+                self.calm_secs = 0;
+            } else {
+                self.calm_secs = self.calm_secs.saturating_add(1);
+            }
+            self.calm_secs = self.calm_secs.saturating_add(idle);
+            if self.calm_secs >= BACKOFF_CALM_SECS {
+                self.level = self
+                    .level
+                    .saturating_sub(self.calm_secs / BACKOFF_CALM_SECS);
+                self.calm_secs %= BACKOFF_CALM_SECS;
+            }
+            self.level = self.level.min(Self::max_level());
+            self.second = second;
+            self.shakes = 0;
+            self.shed = 0;
+        }
+        self.shakes += 1;
+    }
+
+    /// Counts the shake just counted as shed; the wait to ask of its client (ms).
+    fn shed(&mut self) -> u32 {
+        self.shed += 1;
+        self.wait_ms()
+    }
+
+    fn wait_ms(&self) -> u32 {
+        (BACKOFF_BASE_MS << self.level).min(BACKOFF_MAX_MS)
+    }
+
+    fn max_level() -> u32 {
+        (BACKOFF_MAX_MS / BACKOFF_BASE_MS).ilog2()
+    }
+}
+
 impl Worker {
     pub(super) fn dispatch(&mut self, key: usize, inbound: Inbound) {
         match inbound {
@@ -189,9 +258,11 @@ impl Worker {
         if late {
             self.stats.counters.shakes_shed_late += 1;
         }
+        self.backoff.shake(now);
         if late || !self.admission.admit(now, self.cfg.max_shakes_per_sec) {
             self.stats.counters.shakes_overloaded += 1;
-            return self.answer_shake(key, id, ResultCode::Overloaded, read_at);
+            let wait = self.backoff.shed();
+            return self.answer_shake(key, id, ResultCode::Overloaded, wait, read_at);
         }
         match self.pool.pop_front() {
             Some((packet, _amount)) => {
@@ -209,16 +280,24 @@ impl Worker {
             }
             None => {
                 self.stats.counters.shakes_nothing += 1;
-                self.answer_shake(key, id, ResultCode::Nothing, read_at);
+                self.answer_shake(key, id, ResultCode::Nothing, 0, read_at);
             }
         }
     }
 
-    fn answer_shake(&mut self, key: usize, id: u32, result: ResultCode, read_at: Instant) {
+    fn answer_shake(
+        &mut self,
+        key: usize,
+        id: u32,
+        result: ResultCode,
+        retry_after_ms: u32,
+        read_at: Instant,
+    ) {
         let reply = Reply::Shake {
             result,
             packet_id: 0,
             amount_cents: 0,
+            retry_after_ms,
         };
         self.reply(key, id, &reply);
         self.record_latency(read_at);
@@ -254,5 +333,79 @@ impl Worker {
         if conn.codec.push(push, &mut bytes) {
             self.write(key, &bytes);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64, ms: u64) -> Duration {
+        Duration::from_millis(secs * 1000 + ms)
+    }
+
+    /// `n` shakes in second `s`, `shed` of them shed; the waits asked.
+    fn second(b: &mut Backoff, s: u64, n: u32, shed: u32) -> Vec<u32> {
+        let mut waits = Vec::new();
+        for i in 0..n {
+            b.shake(at(s, u64::from(i) * 999 / u64::from(n)));
+            if i < shed {
+                waits.push(b.shed());
+            }
+        }
+        waits
+    }
+
+    #[test]
+    fn a_moments_shedding_asks_for_the_base_wait() {
+        let mut b = Backoff::default();
+        second(&mut b, 100, 1000, 0);
+        let waits = second(&mut b, 101, 1000, 300);
+        assert!(waits.iter().all(|&w| w == BACKOFF_BASE_MS), "{waits:?}");
+        // Calm again: a later moment's shedding still asks for about a second.
+        for s in 102..102 + u64::from(BACKOFF_CALM_SECS) {
+            second(&mut b, s, 1000, 0);
+        }
+        let waits = second(&mut b, 110, 1000, 10);
+        assert!(waits.iter().all(|&w| w == BACKOFF_BASE_MS), "{waits:?}");
+    }
+
+    #[test]
+    fn lasting_shedding_doubles_the_wait_up_to_the_limit() {
+        let mut b = Backoff::default();
+        let mut asked = Vec::new();
+        for s in 0..10 {
+            asked.push(second(&mut b, 1000 + s, 1000, 500)[0]);
+        }
+        assert_eq!(
+            asked,
+            [1000, 2000, 4000, 8000, 16000, 32000, 64000, 64000, 64000, 64000]
+        );
+    }
+
+    #[test]
+    fn the_wait_comes_down_one_step_per_calm_spell() {
+        let mut b = Backoff::default();
+        for s in 0..4 {
+            second(&mut b, 1000 + s, 1000, 500);
+        }
+        assert_eq!(b.wait_ms(), 8000);
+        // The fourth second in a row with shedding is over; a few shed shakes (under 1
+        // in 100) do not make a shedding second.
+        second(&mut b, 1004, 1000, 5);
+        assert_eq!(b.wait_ms(), 16000);
+        for s in 5..9 {
+            second(&mut b, 1000 + s, 1000, 5);
+        }
+        assert_eq!(b.wait_ms(), 16000, "four calm seconds are not a spell");
+        second(&mut b, 1009, 1000, 0);
+        assert_eq!(b.wait_ms(), 8000);
+        // Seconds with no shakes at all are calm too: 1009 and 1010..=1019.
+        second(&mut b, 1020, 1000, 0);
+        assert_eq!(b.wait_ms(), 2000);
+        for s in 21..25 {
+            second(&mut b, 1000 + s, 1000, 0);
+        }
+        assert_eq!(b.wait_ms(), BACKOFF_BASE_MS);
     }
 }

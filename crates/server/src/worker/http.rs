@@ -268,10 +268,10 @@ impl HttpCodec {
         max_held: usize,
     ) -> Answered {
         let (status, body) = reply_json(reply);
-        let extra: &[(&str, &str)] = if reply.result() == ResultCode::Overloaded {
-            &[("Retry-After", "1")]
-        } else {
-            &[]
+        let retry_after = retry_after_secs(reply);
+        let extra: &[(&str, &str)] = match &retry_after {
+            Some(secs) => &[("Retry-After", secs)],
+            None => &[],
         };
         let bytes = answer_bytes(
             status,
@@ -333,6 +333,19 @@ pub(super) fn status_of(result: ResultCode) -> u16 {
     }
 }
 
+/// An `overloaded` answer's `Retry-After`: whole seconds (HTTP has no finer unit),
+/// rounded up from the reply's `retry_after_ms`, at least 1.
+fn retry_after_secs(reply: &Reply) -> Option<String> {
+    if reply.result() != ResultCode::Overloaded {
+        return None;
+    }
+    let ms = match reply {
+        Reply::Shake { retry_after_ms, .. } => *retry_after_ms,
+        _ => 0,
+    };
+    Some(ms.div_ceil(1000).max(1).to_string())
+}
+
 /// A reply's status and JSON body.
 fn reply_json(reply: &Reply) -> (u16, String) {
     let result = reply.result();
@@ -342,6 +355,18 @@ fn reply_json(reply: &Reply) -> (u16, String) {
             result,
             packet_id,
             amount_cents,
+            retry_after_ms,
+        } if *retry_after_ms != 0 => json!({
+            "result": result.name(),
+            "packet_id": packet_id,
+            "amount_cents": amount_cents,
+            "retry_after_ms": retry_after_ms,
+        }),
+        Reply::Shake {
+            result,
+            packet_id,
+            amount_cents,
+            ..
         }
         | Reply::Open {
             result,

@@ -41,7 +41,7 @@ use crate::stats::WorkerStats;
 use broadcast::BroadcastJob;
 use codec::{Codec, Cx, Idle, Then};
 use conn::{Conn, State, CLOSING_GRACE_SECS};
-use handler::Admission;
+use handler::{Admission, Backoff};
 use http::HttpCodec;
 
 const LINK: Token = Token(usize::MAX - 1);
@@ -90,6 +90,7 @@ struct Worker {
     started: Instant,
     next_generation: u32,
     admission: Admission,
+    backoff: Backoff,
     accept_paused: bool,
     stats: WorkerStats,
     /// Shake latency of the current second (µs).
@@ -182,6 +183,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         started: Instant::now(),
         next_generation: 1,
         admission: Admission::default(),
+        backoff: Backoff::default(),
         accept_paused: false,
         stats: WorkerStats {
             worker: opts.index,

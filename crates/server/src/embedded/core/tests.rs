@@ -541,6 +541,7 @@ fn result_of_shake(reply: &Reply) -> (ResultCode, u64, u64) {
             result,
             packet_id,
             amount_cents,
+            ..
         } => (*result, *packet_id, *amount_cents),
         other => panic!("shake answered with {other:?}"),
     }
@@ -1175,7 +1176,8 @@ fn outputs_wait_until_the_ledger_has_committed_them() {
             reply: Reply::Shake {
                 result: ResultCode::Won,
                 packet_id: packet,
-                amount_cents: 50
+                amount_cents: 50,
+                retry_after_ms: 0,
             }
         }
     );
