@@ -36,13 +36,17 @@ impl Admission {
     }
 }
 
-/// The wait an `overloaded` answer asks for, in this worker's trouble: `BACKOFF_BASE_MS`
-/// while shedding has lasted one second, doubled for every further second in a row
-/// with shedding (up to `BACKOFF_MAX_MS`), and back down one step for every
-/// `BACKOFF_CALM_SECS` seconds without. A moment's stall costs the clients it sheds about
-/// a second; a lasting overload sends them away long enough that what they offer comes
-/// down to what the worker serves, and the slow way down keeps the wait long while the
-/// users it sent away come back, so the overload does not restart in waves.
+/// The wait an `overloaded` answer asks for, in this worker's trouble. The base is one
+/// of a user's shake intervals (the worker's logged-in users over its shakes in the last
+/// second), at least `BACKOFF_BASE_MS`: a shed user skips about one shake. It doubles for
+/// every further second in a row with shedding in which the queue did not shorten (the
+/// longest wait of a shake read is not below the second before's: what arrives is still
+/// more than the worker serves), up to `BACKOFF_MAX_MS`; it holds while the queue
+/// drains, and comes back down one step for every `BACKOFF_CALM_SECS` seconds without
+/// shedding. A moment's stall costs the clients it sheds about a second; a lasting
+/// overload sends them away long enough that what they offer comes down to what the
+/// worker serves; and the slow way down keeps the wait long while the users it sent
+/// away come back, so the overload does not restart in waves.
 #[derive(Default)]
 pub(super) struct Backoff {
     second: u64,
@@ -50,6 +54,11 @@ pub(super) struct Backoff {
     shed: u32,
     level: u32,
     calm_secs: u32,
+    /// The longest a shake of this second and of the one before waited (µs).
+    queued_us: u64,
+    queued_before_us: u64,
+    /// A user's shake interval as the last whole second saw it (ms).
+    interval_ms: u32,
 }
 
 pub(super) const BACKOFF_BASE_MS: u32 = 1000;
@@ -60,17 +69,30 @@ pub(super) const BACKOFF_CALM_SECS: u32 = 5;
 const SHEDDING_ONE_IN: u32 = 100;
 
 impl Backoff {
-    /// Counts a shake arriving at `now`, closing the seconds that have ended.
-    fn shake(&mut self, now: Duration) {
+    /// Counts a shake read at `now` after waiting `queued` in the kernel, among `users`
+    /// logged-in users, closing the seconds that have ended.
+    fn shake(&mut self, now: Duration, queued: Duration, users: u64) {
         let second = now.as_secs();
         if second != self.second {
             let shedding =
                 self.shed > 0 && self.shed.saturating_mul(SHEDDING_ONE_IN) >= self.shakes;
+            let draining = self.queued_us < self.queued_before_us;
+            let whole = second == self.second + 1;
+            self.interval_ms = if whole && self.shakes > 0 {
+                u32::try_from(users.saturating_mul(1000) / u64::from(self.shakes))
+                    .unwrap_or(u32::MAX)
+            } else {
+                0
+            };
+            self.queued_before_us = if whole { self.queued_us } else { 0 };
+            self.queued_us = 0;
             // Seconds with no shakes at all were calm.
             let idle = second.saturating_sub(self.second).saturating_sub(1);
             let idle = u32::try_from(idle).unwrap_or(u32::MAX);
             if shedding {
-                self.level += 1;
+                if !draining {
+                    self.level += 1;
+                }
                 self.calm_secs = 0;
             } else {
                 self.calm_secs = self.calm_secs.saturating_add(1);
@@ -88,6 +110,7 @@ impl Backoff {
             self.shed = 0;
         }
         self.shakes += 1;
+        self.queued_us = self.queued_us.max(queued.as_micros() as u64);
     }
 
     /// Counts the shake just counted as shed; the wait to ask of its client (ms).
@@ -97,7 +120,8 @@ impl Backoff {
     }
 
     fn wait_ms(&self) -> u32 {
-        (BACKOFF_BASE_MS << self.level).min(BACKOFF_MAX_MS)
+        let base = self.interval_ms.clamp(BACKOFF_BASE_MS, BACKOFF_MAX_MS);
+        base.saturating_mul(1 << self.level).min(BACKOFF_MAX_MS)
     }
 
     fn max_level() -> u32 {
@@ -258,7 +282,8 @@ impl Worker {
         if late {
             self.stats.counters.shakes_shed_late += 1;
         }
-        self.backoff.shake(now);
+        let users = self.stats.levels.logged_in;
+        self.backoff.shake(now, waited, users);
         if late || !self.admission.admit(now, self.cfg.max_shakes_per_sec) {
             self.stats.counters.shakes_overloaded += 1;
             let wait = self.backoff.shed();
@@ -344,11 +369,14 @@ mod tests {
         Duration::from_millis(secs * 1000 + ms)
     }
 
-    /// `n` shakes in second `s`, `shed` of them shed; the waits asked.
+    /// `n` shakes in second `s` from 100 users (an interval under the base wait), `shed`
+    /// of them shed, each having waited `queued_ms` longer than the second before's;
+    /// the waits asked.
     fn second(b: &mut Backoff, s: u64, n: u32, shed: u32) -> Vec<u32> {
+        let queued = Duration::from_millis(s);
         let mut waits = Vec::new();
         for i in 0..n {
-            b.shake(at(s, u64::from(i) * 999 / u64::from(n)));
+            b.shake(at(s, u64::from(i) * 999 / u64::from(n)), queued, 100);
             if i < shed {
                 waits.push(b.shed());
             }
@@ -407,5 +435,49 @@ mod tests {
             second(&mut b, 1000 + s, 1000, 0);
         }
         assert_eq!(b.wait_ms(), BACKOFF_BASE_MS);
+    }
+
+    #[test]
+    fn the_wait_holds_while_the_queue_drains() {
+        let mut b = Backoff::default();
+        let at_queue = |b: &mut Backoff, s: u64, queued_ms: u64| {
+            for i in 0..100 {
+                b.shake(at(s, i * 9), Duration::from_millis(queued_ms), 100);
+                if i < 50 {
+                    b.shed();
+                }
+            }
+        };
+        at_queue(&mut b, 10, 300);
+        at_queue(&mut b, 11, 600);
+        at_queue(&mut b, 12, 900);
+        assert_eq!(b.wait_ms(), 4000, "the queue grew: doubled twice");
+        at_queue(&mut b, 13, 500);
+        at_queue(&mut b, 14, 250);
+        assert_eq!(b.wait_ms(), 8000, "one more for second 12; then it drains");
+        at_queue(&mut b, 15, 300);
+        assert_eq!(b.wait_ms(), 8000, "second 14 drained too");
+        at_queue(&mut b, 16, 0);
+        assert_eq!(b.wait_ms(), 16000, "second 15 grew again");
+    }
+
+    #[test]
+    fn the_base_wait_is_a_users_shake_interval() {
+        let mut b = Backoff::default();
+        // 10,000 users, 2,000 shakes a second: each shakes every 5 s.
+        for s in 0..2 {
+            for i in 0..2000 {
+                b.shake(at(s, i / 2), Duration::ZERO, 10_000);
+            }
+        }
+        assert_eq!(b.shed(), 5000);
+        // 100 users shaking 2,000 times a second: the base is the floor, 1 s.
+        let mut b = Backoff::default();
+        for s in 0..2 {
+            for i in 0..2000 {
+                b.shake(at(s, i / 2), Duration::ZERO, 100);
+            }
+        }
+        assert_eq!(b.shed(), BACKOFF_BASE_MS);
     }
 }
