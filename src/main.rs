@@ -183,6 +183,9 @@ struct BenchArgs {
     /// The server answers "overloaded" to shakes that waited in its kernel queue longer than this; 0 never [default: 200]
     #[arg(long)]
     max_queue_ms: Option<u32>,
+    /// The server paces broadcasts while shakes wait in its kernel queue longer than this; 0 never [default: 5]
+    #[arg(long)]
+    broadcast_yield_ms: Option<u32>,
     /// The server's nice value, so the co-located load keeps its schedule [default: 5]
     #[arg(long, allow_negative_numbers = true)]
     server_nice: Option<i32>,
@@ -243,6 +246,9 @@ struct ServeArgs {
     /// Answer "overloaded" to a shake that waited in the kernel longer than this; 0 never [default: 0]
     #[arg(long)]
     max_queue_ms: Option<u32>,
+    /// Pace a broadcast while shakes wait in the kernel longer than this; 0 never [default: 0]
+    #[arg(long)]
+    broadcast_yield_ms: Option<u32>,
     /// Cluster mode: Redis Cluster nodes, redis://HOST:PORT[,…] (docs/scale-out.md)
     #[arg(long)]
     redis: Option<String>,
@@ -484,6 +490,9 @@ fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
     if let Some(v) = args.max_queue_ms {
         cfg.max_queue_ms = v;
     }
+    if let Some(v) = args.broadcast_yield_ms {
+        cfg.broadcast_yield_ms = v;
+    }
     Ok(cfg)
 }
 
@@ -545,6 +554,10 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
         opts.procs = procs(&v)?;
     }
     if let Some(v) = args.phase_qps {
+        if v.is_empty() || v.contains(&0) {
+            // A phase's shake campaign is won by its shakes: at 0 it would never finish.
+            anyhow::bail!("--phase-qps must be one or more rates above 0, like 30000,60000");
+        }
         opts.phase_qps = v;
     }
     if let Some(v) = args.shake_packets {
@@ -573,6 +586,9 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
     opts.broadcast_every_secs = args.broadcast_every;
     if let Some(v) = args.max_queue_ms {
         opts.max_queue_ms = v;
+    }
+    if let Some(v) = args.broadcast_yield_ms {
+        opts.broadcast_yield_ms = v;
     }
     if let Some(v) = args.server_nice {
         opts.server_nice = v;

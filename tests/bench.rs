@@ -223,6 +223,30 @@ fn small_http_benches_balance_every_cent() {
     }
 }
 
+/// Options a bench could not finish with are refused before anything starts.
+#[test]
+fn a_bench_that_could_not_finish_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, why) in [
+        ("--phase-qps 0", "--phase-qps must be"),
+        ("--phase-qps 3000,0", "--phase-qps must be"),
+        ("--broadcast-every nan", "--broadcast-every must be"),
+    ] {
+        let out = dir.path().join("out");
+        let output = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+            .arg("bench")
+            .args(args.split_whitespace())
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .expect("running hongbao bench");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args}");
+        assert!(stderr.contains(why), "{args}: {stderr}");
+        assert!(!out.exists(), "{args} started something");
+    }
+}
+
 /// series.csv: the documented header, one row per second per role from the role's first
 /// second to the end with no gaps, and per-second counts that add up to the summary's.
 fn check_series(dir: &std::path::Path, summary: &Value, phases: &[&str]) {

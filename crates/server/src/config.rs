@@ -58,6 +58,12 @@ pub struct ServeConfig {
     /// "overloaded": the machine is behind, and well-behaved clients back off. 0 never
     /// (the default; `hongbao bench` sets it).
     pub max_queue_ms: u32,
+    /// While a broadcast is being written, a worker whose shakes waited in the kernel
+    /// longer than this halves the rate it writes the broadcast at (per 10 ms; it grows
+    /// back while they do not), so a broadcast does not take the shakes' CPU. 0 never:
+    /// broadcasts go out as fast as the machine allows (the default; `hongbao bench`
+    /// sets it).
+    pub broadcast_yield_ms: u32,
     /// Cluster mode (docs/scale-out.md): Redis Cluster seed nodes, comma-separated
     /// `redis://HOST:PORT`. With `postgres`, the ledger is PostgreSQL, not `data_dir`.
     pub redis: String,
@@ -94,6 +100,7 @@ impl Default for ServeConfig {
             commit_max_batch: 4096,
             monitor: String::new(),
             max_queue_ms: 0,
+            broadcast_yield_ms: 0,
             redis: String::new(),
             postgres: String::new(),
             host_name: String::new(),

@@ -103,6 +103,16 @@ pub struct WorkerConfig {
     pub demo_login: bool,
     /// See `ServeConfig::max_queue_ms`.
     pub max_queue_ms: u32,
+    /// See `ServeConfig::broadcast_yield_ms`.
+    pub broadcast_yield_ms: u32,
+}
+
+impl WorkerConfig {
+    /// Whether reads carry the kernel's receive time: shedding and broadcast pacing both
+    /// judge by how long a shake waited.
+    pub fn stamps(&self) -> bool {
+        self.max_queue_ms > 0 || self.broadcast_yield_ms > 0
+    }
 }
 
 pub fn encode<T: Serialize>(msg: &T, out: &mut Vec<u8>) {

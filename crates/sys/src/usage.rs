@@ -32,6 +32,31 @@ pub fn usage_of(pid: &str) -> (u64, u64) {
     (rss, cpu)
 }
 
+/// How long this thread has waited, runnable, for a CPU since it started
+/// (`/proc/thread-self/schedstat`, its second field); kept open so each reading is one
+/// `pread`.
+pub struct CpuWait {
+    file: Option<std::fs::File>,
+}
+
+impl CpuWait {
+    pub fn open() -> CpuWait {
+        CpuWait {
+            file: std::fs::File::open("/proc/thread-self/schedstat").ok(),
+        }
+    }
+
+    /// The wait so far; `None` when the kernel does not keep it.
+    pub fn read(&self) -> Option<std::time::Duration> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 96];
+        let n = self.file.as_ref()?.read_at(&mut buf, 0).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        let ns: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+        Some(std::time::Duration::from_nanos(ns))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -39,5 +64,23 @@ mod tests {
         let (rss, _cpu) = super::self_usage();
         assert!(rss > 0);
         assert_eq!(super::usage_of("0"), (0, 0));
+    }
+
+    #[test]
+    fn reads_our_wait_for_a_cpu() {
+        let wait = super::CpuWait::open();
+        let first = wait.read().expect("schedstat");
+        // More threads spinning than there are cores: this one waits for a CPU too.
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let spin = || {
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(200);
+            while std::time::Instant::now() < until {}
+        };
+        let spinners: Vec<_> = (0..cores * 2).map(|_| std::thread::spawn(spin)).collect();
+        spin();
+        for s in spinners {
+            s.join().unwrap();
+        }
+        assert!(wait.read().unwrap() > first);
     }
 }

@@ -46,6 +46,10 @@ pub const SECRET: &str = "hongbao-bench-secret";
 /// The bench's server sheds shakes that waited longer than this (`max_queue_ms`).
 pub const DEFAULT_BENCH_MAX_QUEUE_MS: u32 = 200;
 
+/// The bench's server paces a broadcast while shakes wait longer than this
+/// (`broadcast_yield_ms`).
+pub const DEFAULT_BENCH_BROADCAST_YIELD_MS: u32 = 5;
+
 /// The bench's server runs this much nicer than the load (see `server_nice`).
 pub const DEFAULT_SERVER_NICE: i32 = 5;
 
@@ -85,6 +89,8 @@ pub struct BenchOptions {
     pub broadcast_every_secs: f64,
     /// The server's `max_queue_ms`.
     pub max_queue_ms: u32,
+    /// The server's `broadcast_yield_ms`.
+    pub broadcast_yield_ms: u32,
     /// The server runs at this nice value (its workers inherit it). The load stands in
     /// for a million phones that bring their own CPUs: sharing two cores with the server
     /// at equal priority it fell behind its own schedule when the machine was saturated
@@ -170,6 +176,7 @@ impl BenchOptions {
             transport: Transport::Tcp,
             broadcast_every_secs: 0.0,
             max_queue_ms: DEFAULT_BENCH_MAX_QUEUE_MS,
+            broadcast_yield_ms: DEFAULT_BENCH_BROADCAST_YIELD_MS,
             server_nice: DEFAULT_SERVER_NICE,
             netns: false,
             hosts: 0,
@@ -617,6 +624,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             http_connection: opts.http_connection.to_string(),
             broadcast_every: opts.broadcast_every_secs,
             max_queue_ms: opts.max_queue_ms,
+            broadcast_yield_ms: opts.broadcast_yield_ms,
             server_nice: opts.server_nice,
             hosts: opts.hosts,
             fault: opts.fault.map_or(String::new(), |f| f.name().to_string()),

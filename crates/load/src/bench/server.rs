@@ -83,6 +83,7 @@ impl Server {
             .args(["--connections", &opts.connections.to_string()])
             .args(["--max-shake-qps", &opts.max_shake_qps.to_string()])
             .args(["--max-queue-ms", &opts.max_queue_ms.to_string()])
+            .args(["--broadcast-yield-ms", &opts.broadcast_yield_ms.to_string()])
             .args(["--secret", SECRET])
             .args(match opts.transport {
                 Transport::Tcp => &[][..],
@@ -144,6 +145,8 @@ impl Server {
             opts.max_shake_qps.to_string(),
             "--max-queue-ms".to_string(),
             opts.max_queue_ms.to_string(),
+            "--broadcast-yield-ms".to_string(),
+            opts.broadcast_yield_ms.to_string(),
             "--monitor".to_string(),
             monitor_there.to_string(),
         ];

@@ -335,6 +335,9 @@ pub struct OptionsSummary {
     pub http_connection: String,
     pub broadcast_every: f64,
     pub max_queue_ms: u32,
+    /// Absent from summaries written before pacing.
+    #[serde(default)]
+    pub broadcast_yield_ms: u32,
     pub server_nice: i32,
     /// Gateway hosts of a lab in cluster mode; 0 for one local server.
     #[serde(default)]

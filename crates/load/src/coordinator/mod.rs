@@ -162,7 +162,8 @@ pub struct Load {
     epoch_ms: u64,
     children: Mutex<Vec<Child>>,
     stdins: Mutex<Vec<ChildStdin>>,
-    schedule: Mutex<Schedule>,
+    /// Shared with the report readers, so each row's target follows `set_qps`.
+    schedule: Arc<Mutex<Schedule>>,
     shared: Arc<Mutex<Shared>>,
     monitor: Option<LoadMonitor>,
 }
@@ -232,7 +233,7 @@ impl Load {
             finals: vec![None; procs as usize],
             ..Default::default()
         }));
-        let schedule = Schedule::new(opts.users, opts.qps);
+        let schedule = Arc::new(Mutex::new(Schedule::new(opts.users, opts.qps)));
         for p in 0..procs {
             let client_opts = ClientOptions {
                 proc_index: p,
@@ -266,7 +267,7 @@ impl Load {
             stdins.push(child.stdin.take().expect("piped"));
             let stdout = child.stdout.take().expect("piped");
             let shared = shared.clone();
-            let plan = schedule.clone();
+            let plan = Arc::clone(&schedule);
             std::thread::Builder::new()
                 .name(format!("load-client-{p}"))
                 .spawn(move || {
@@ -296,7 +297,7 @@ impl Load {
             epoch_ms,
             children: Mutex::new(children),
             stdins: Mutex::new(stdins),
-            schedule: Mutex::new(schedule),
+            schedule,
             shared,
             monitor,
         })
@@ -505,7 +506,9 @@ fn rotate(ips: &[Ipv4Addr], by: usize) -> Vec<Ipv4Addr> {
     v
 }
 
-fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
+fn merge(shared: &Mutex<Shared>, report: Report, plan: &Mutex<Schedule>) {
+    // The schedule's lock is never held while taking the shared one, nor the other way.
+    let target_qps = plan.lock().unwrap().qps_at(report.second);
     let mut s = shared.lock().unwrap();
     let p = report.proc_index as usize;
     s.deliveries.merge(&report.broadcasts);
@@ -517,7 +520,7 @@ fn merge(shared: &Mutex<Shared>, report: Report, plan: &Schedule) {
     let row = s.rows.entry(report.second).or_insert_with(|| Row {
         second: report.second,
         unix_ms: report.unix_ms,
-        target_qps: plan.qps_at(report.second),
+        target_qps,
         ..Row::default()
     });
     row.reports += 1;

@@ -1,6 +1,10 @@
 //! An operator broadcast in a worker: encoded once per form a connection may read, then
 //! written out a slice of connections per turn of the loop, so shakes wait at most a
-//! slice's worth of writes.
+//! slice's worth of writes — and paced (`Pacer`) while shakes are being served and they,
+//! or the worker itself, wait longer than `broadcast_yield_ms`, so the shakes keep the CPU
+//! they need, here and in every other process on the machine.
+
+use std::time::{Duration, Instant};
 
 use hongbao_money::Push;
 use hongbao_proto::Frame;
@@ -12,6 +16,122 @@ use crate::link::ToCore;
 
 /// Connections a broadcast is written to per turn of the loop.
 const BROADCAST_SLICE: usize = 256;
+/// The pace is judged over windows this long.
+const PACE_WINDOW: Duration = Duration::from_millis(10);
+/// Broadcast writes per second a worker allows itself: at most (in effect unpaced)...
+const PACE_MAX: f64 = 4_000_000.0;
+/// ...and at least, however long shakes wait.
+const PACE_MIN: f64 = 1_000.0;
+/// After a window in which a shake waited too long the pace halves; after one in which
+/// none did it grows by a tenth (doubling in about 70 ms).
+const PACE_DOWN: f64 = 0.5;
+const PACE_UP: f64 = 1.1;
+
+/// How fast a worker writes broadcasts out: a token bucket whose rate halves after every
+/// window in which a shake waited in the kernel longer than the yield, or in which shakes
+/// were read and the worker waited for a CPU longer than the yield (the machine is
+/// saturated: the shakes wait somewhere, perhaps in their clients), and grows after every
+/// other window. With no shakes a broadcast goes as fast as the machine allows. Judged
+/// only while a broadcast is being written, so the next broadcast starts at the pace the
+/// last one ended at.
+pub(super) struct Pacer {
+    /// Writes per second allowed now.
+    rate: f64,
+    tokens: f64,
+    refilled: Instant,
+    window_start: Instant,
+    /// The longest a shake read in this window waited in the kernel.
+    window_worst: Duration,
+    /// Shakes read in this window.
+    window_shakes: u32,
+    /// The worker's wait for a CPU so far, when the window started.
+    cpu_wait_at_start: Option<Duration>,
+}
+
+impl Pacer {
+    pub(super) fn new(now: Instant) -> Pacer {
+        Pacer {
+            rate: PACE_MAX,
+            tokens: BROADCAST_SLICE as f64,
+            refilled: now,
+            window_start: now,
+            window_worst: Duration::ZERO,
+            window_shakes: 0,
+            cpu_wait_at_start: None,
+        }
+    }
+
+    /// A shake was read after waiting `waited` in the kernel.
+    pub(super) fn shake_waited(&mut self, waited: Duration) {
+        self.window_worst = self.window_worst.max(waited);
+        self.window_shakes += 1;
+    }
+
+    /// A broadcast starts with none under way: judge from now on; `cpu_wait` is the
+    /// worker's wait for a CPU so far.
+    pub(super) fn start(&mut self, now: Instant, cpu_wait: Option<Duration>) {
+        self.window_start = now;
+        self.window_worst = Duration::ZERO;
+        self.window_shakes = 0;
+        self.cpu_wait_at_start = cpu_wait;
+        self.refilled = now;
+        self.tokens = self.tokens.max(1.0);
+    }
+
+    /// Connections that may be written to now (at most a slice); `yield_after` zero
+    /// means never pace. `cpu_wait` reads the worker's wait for a CPU so far (once per
+    /// window).
+    pub(super) fn allowance(
+        &mut self,
+        now: Instant,
+        yield_after: Duration,
+        cpu_wait: impl FnOnce() -> Option<Duration>,
+    ) -> usize {
+        if yield_after.is_zero() {
+            return BROADCAST_SLICE;
+        }
+        if now.duration_since(self.window_start) >= PACE_WINDOW {
+            let cpu_wait = cpu_wait();
+            let starved = match (self.cpu_wait_at_start, cpu_wait) {
+                (Some(then), Some(now)) => now.saturating_sub(then) > yield_after,
+                _ => false,
+            };
+            let slow = self.window_worst > yield_after || (self.window_shakes > 0 && starved);
+            self.rate = if slow {
+                (self.rate * PACE_DOWN).max(PACE_MIN)
+            } else {
+                (self.rate * PACE_UP).min(PACE_MAX)
+            };
+            self.window_start = now;
+            self.window_worst = Duration::ZERO;
+            self.window_shakes = 0;
+            self.cpu_wait_at_start = cpu_wait;
+        }
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        self.tokens = (self.tokens + elapsed * self.rate).min(BROADCAST_SLICE as f64);
+        self.tokens as usize
+    }
+
+    /// `n` connections were written to.
+    pub(super) fn spent(&mut self, n: usize) {
+        self.tokens = (self.tokens - n as f64).max(0.0);
+    }
+
+    /// How long until the next write is allowed (zero: now).
+    pub(super) fn next_in(&self, yield_after: Duration) -> Duration {
+        if yield_after.is_zero() || self.tokens >= 1.0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64((1.0 - self.tokens) / self.rate)
+    }
+
+    /// Writes per second allowed now.
+    #[cfg(test)]
+    fn rate(&self) -> f64 {
+        self.rate
+    }
+}
 
 pub(super) struct BroadcastJob {
     /// The broadcast in each form, indexed by `Form as usize`.
@@ -41,6 +161,9 @@ impl Worker {
             .filter(|(_, c)| c.state == State::Open && c.codec.form().is_some())
             .count() as u64;
         self.tell_core(&ToCore::BroadcastTaken { id, connections });
+        if self.broadcasts.is_empty() {
+            self.pacer.start(Instant::now(), self.cpu_wait.read());
+        }
         self.broadcasts.push_back(BroadcastJob {
             bytes,
             next_key: 0,
@@ -48,13 +171,24 @@ impl Worker {
         });
     }
 
-    /// Writes the oldest broadcast to the next slice of connections.
+    /// Writes the oldest broadcast to the next slice of connections, as many as the pace
+    /// allows.
     pub(super) fn broadcast_slice(&mut self) {
+        if self.broadcasts.is_empty() {
+            return;
+        }
+        let cpu_wait = &self.cpu_wait;
+        let allowed = self
+            .pacer
+            .allowance(Instant::now(), self.yield_after(), || cpu_wait.read());
+        if allowed == 0 {
+            return;
+        }
         let Some(mut job) = self.broadcasts.pop_front() else {
             return;
         };
         let mut visited = 0;
-        while job.next_key < job.end_key && visited < BROADCAST_SLICE {
+        while job.next_key < job.end_key && visited < allowed {
             let key = job.next_key;
             job.next_key += 1;
             let Some(conn) = self.conns.get(key) else {
@@ -70,8 +204,117 @@ impl Worker {
             self.stats.counters.broadcast_delivered += 1;
             self.write(key, &job.bytes[form as usize]);
         }
+        self.pacer.spent(visited);
         if job.next_key < job.end_key {
             self.broadcasts.push_front(job);
         }
+    }
+
+    /// How long the loop may sleep before the broadcast under way may write again.
+    pub(super) fn broadcast_wait(&self) -> Option<Duration> {
+        (!self.broadcasts.is_empty()).then(|| self.pacer.next_in(self.yield_after()))
+    }
+
+    fn yield_after(&self) -> Duration {
+        Duration::from_millis(self.cfg.broadcast_yield_ms.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const YIELD: Duration = Duration::from_millis(5);
+
+    /// Runs `windows` windows of 10 ms in which shakes waited `waited` (and the worker
+    /// never waited for a CPU); returns the rate after them.
+    fn windows(pacer: &mut Pacer, at: &mut Instant, windows: u32, waited: Duration) -> f64 {
+        for _ in 0..windows {
+            pacer.shake_waited(waited);
+            *at += PACE_WINDOW;
+            let allowed = pacer.allowance(*at, YIELD, || Some(Duration::ZERO));
+            pacer.spent(allowed);
+        }
+        pacer.rate()
+    }
+
+    #[test]
+    fn unpaced_when_shakes_do_not_wait_or_the_yield_is_off() {
+        let mut at = Instant::now();
+        let mut pacer = Pacer::new(at);
+        assert_eq!(windows(&mut pacer, &mut at, 20, YIELD), PACE_MAX);
+        at += PACE_WINDOW;
+        assert_eq!(pacer.allowance(at, YIELD, || None), BROADCAST_SLICE);
+        pacer.shake_waited(Duration::from_secs(1));
+        at += PACE_WINDOW;
+        assert_eq!(
+            pacer.allowance(at, Duration::ZERO, || None),
+            BROADCAST_SLICE
+        );
+        assert_eq!(pacer.next_in(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn halves_per_window_of_long_waits_down_to_the_least_then_recovers() {
+        let mut at = Instant::now();
+        let mut pacer = Pacer::new(at);
+        let long = YIELD + Duration::from_millis(1);
+        assert_eq!(windows(&mut pacer, &mut at, 1, long), PACE_MAX / 2.0);
+        assert_eq!(windows(&mut pacer, &mut at, 2, long), PACE_MAX / 8.0);
+        assert_eq!(windows(&mut pacer, &mut at, 40, long), PACE_MIN);
+        // At the least pace a 10 ms window allows 10 writes, and the next is at most
+        // 1 ms away (less the fraction of a write left over).
+        at += PACE_WINDOW;
+        pacer.shake_waited(long);
+        assert_eq!(pacer.allowance(at, YIELD, || None), 10);
+        pacer.spent(10);
+        let next = pacer.next_in(YIELD);
+        assert!(
+            next > Duration::ZERO && next <= Duration::from_millis(1),
+            "{next:?}"
+        );
+        // Calm windows: a tenth more each.
+        let after = windows(&mut pacer, &mut at, 1, Duration::ZERO);
+        assert!((after - PACE_MIN * PACE_UP).abs() < 1e-6, "{after}");
+        assert_eq!(windows(&mut pacer, &mut at, 200, Duration::ZERO), PACE_MAX);
+    }
+
+    #[test]
+    fn the_bucket_holds_at_most_a_slice() {
+        let mut at = Instant::now();
+        let mut pacer = Pacer::new(at);
+        windows(&mut pacer, &mut at, 12, Duration::from_secs(1));
+        at += Duration::from_secs(60);
+        pacer.start(at, None);
+        assert!(pacer.allowance(at, YIELD, || None) <= BROADCAST_SLICE);
+    }
+
+    #[test]
+    fn waiting_for_a_cpu_slows_it_only_while_shakes_are_served() {
+        let mut at = Instant::now();
+        let mut pacer = Pacer::new(at);
+        let mut cpu_wait = Duration::ZERO;
+        pacer.start(at, Some(cpu_wait));
+        // The machine saturated by the broadcast alone: no shakes, full speed.
+        for _ in 0..5 {
+            cpu_wait += YIELD * 2;
+            at += PACE_WINDOW;
+            pacer.allowance(at, YIELD, || Some(cpu_wait));
+        }
+        assert_eq!(pacer.rate(), PACE_MAX);
+        // Shakes read promptly, but the worker waited for a CPU longer than the yield.
+        for _ in 0..3 {
+            pacer.shake_waited(Duration::ZERO);
+            cpu_wait += YIELD * 2;
+            at += PACE_WINDOW;
+            pacer.allowance(at, YIELD, || Some(cpu_wait));
+        }
+        assert_eq!(pacer.rate(), PACE_MAX / 8.0);
+        // A wait no longer than the yield is not starving.
+        pacer.shake_waited(Duration::ZERO);
+        cpu_wait += YIELD;
+        at += PACE_WINDOW;
+        pacer.allowance(at, YIELD, || Some(cpu_wait));
+        assert!((pacer.rate() - PACE_MAX / 8.0 * PACE_UP).abs() < 1e-6);
     }
 }

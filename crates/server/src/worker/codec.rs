@@ -500,6 +500,7 @@ mod tests {
             max_output_bytes: 1 << 16,
             demo_login: false,
             max_queue_ms: 0,
+            broadcast_yield_ms: 0,
         }
     }
 

@@ -284,6 +284,7 @@ impl Worker {
         }
         let users = self.stats.levels.logged_in;
         self.backoff.shake(now, waited, users);
+        self.pacer.shake_waited(waited);
         if late || !self.admission.admit(now, self.cfg.max_shakes_per_sec) {
             self.stats.counters.shakes_overloaded += 1;
             let wait = self.backoff.shed();

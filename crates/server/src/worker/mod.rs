@@ -38,7 +38,7 @@ use slab::Slab;
 
 use crate::link::{self, ToCore, ToWorker, WorkerConfig};
 use crate::stats::WorkerStats;
-use broadcast::BroadcastJob;
+use broadcast::{BroadcastJob, Pacer};
 use codec::{Codec, Cx, Idle, Then};
 use conn::{Conn, State, CLOSING_GRACE_SECS};
 use handler::{Admission, Backoff};
@@ -80,6 +80,9 @@ struct Worker {
     listeners: Vec<Listener>,
     conns: Slab<Conn>,
     broadcasts: VecDeque<BroadcastJob>,
+    pacer: Pacer,
+    /// This worker's wait for a CPU, which paces broadcasts while shakes are served.
+    cpu_wait: hongbao_sys::usage::CpuWait,
     /// Connections that hit `READS_PER_TURN` and still have input waiting.
     again: Vec<usize>,
     link: UnixStream,
@@ -152,7 +155,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     );
     (&std_link).write_all(&hello)?;
     let (cfg, early, link_in) = read_welcome(&std_link)?;
-    if cfg.max_queue_ms > 0 {
+    if cfg.stamps() {
         for l in &mut listeners {
             net::enable_receive_timestamps(&l.socket)?;
             l.stamp_backlog = true;
@@ -174,6 +177,8 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         listeners,
         conns: Slab::new(),
         broadcasts: VecDeque::new(),
+        pacer: Pacer::new(Instant::now()),
+        cpu_wait: hongbao_sys::usage::CpuWait::open(),
         again: Vec::new(),
         link,
         link_in,
@@ -243,8 +248,10 @@ impl Worker {
         // per-second counters of all workers describe the same second.
         let mut next_tick = Instant::now() + until_next_second();
         while !self.shutdown {
-            let timeout = if self.again.is_empty() && self.broadcasts.is_empty() {
-                next_tick.saturating_duration_since(Instant::now())
+            let until_tick = next_tick.saturating_duration_since(Instant::now());
+            let timeout = if self.again.is_empty() {
+                self.broadcast_wait()
+                    .map_or(until_tick, |w| w.min(until_tick))
             } else {
                 Duration::ZERO
             };
@@ -368,7 +375,7 @@ impl Worker {
             else {
                 return; // the peer sent all it will; only answers go out
             };
-            let read = if self.cfg.max_queue_ms > 0 {
+            let read = if self.cfg.stamps() {
                 net::read_stamped(conn.stream.as_raw_fd(), buf)
             } else {
                 conn.stream.read(buf).map(|n| (n, None))
