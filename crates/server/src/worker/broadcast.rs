@@ -22,6 +22,9 @@ const PACE_WINDOW: Duration = Duration::from_millis(10);
 const PACE_MAX: f64 = 4_000_000.0;
 /// ...and at least, however long shakes wait.
 const PACE_MIN: f64 = 1_000.0;
+/// A broadcast starts at most this fast and speeds up window by window, so its first
+/// writes are no burst the shakes' signals would come too late to stop.
+const PACE_START: f64 = 2_000.0;
 /// After a window in which a shake waited too long the pace halves; after one in which
 /// none did it grows by a tenth (doubling in about 70 ms).
 const PACE_DOWN: f64 = 0.5;
@@ -29,11 +32,11 @@ const PACE_UP: f64 = 1.1;
 
 /// How fast a worker writes broadcasts out: a token bucket whose rate halves after every
 /// window in which a shake waited in the kernel longer than the yield, or in which shakes
-/// were read and the worker waited for a CPU longer than the yield (the machine is
-/// saturated: the shakes wait somewhere, perhaps in their clients), and grows after every
-/// other window. With no shakes a broadcast goes as fast as the machine allows. Judged
-/// only while a broadcast is being written, so the next broadcast starts at the pace the
-/// last one ended at.
+/// were read and the worker waited for a CPU more than the yield's share of the window
+/// (the machine is saturated: the shakes wait somewhere, perhaps in their clients), and
+/// grows after every other window. Judged all the time, not only while a broadcast is
+/// being written, so a broadcast starts at the pace the shakes of the moment allow rather
+/// than with a burst. With no shakes a broadcast goes as fast as the machine allows.
 pub(super) struct Pacer {
     /// Writes per second allowed now.
     rate: f64,
@@ -67,45 +70,53 @@ impl Pacer {
         self.window_shakes += 1;
     }
 
-    /// A broadcast starts with none under way: judge from now on; `cpu_wait` is the
-    /// worker's wait for a CPU so far.
-    pub(super) fn start(&mut self, now: Instant, cpu_wait: Option<Duration>) {
-        self.window_start = now;
-        self.window_worst = Duration::ZERO;
-        self.window_shakes = 0;
-        self.cpu_wait_at_start = cpu_wait;
-        self.refilled = now;
-        self.tokens = self.tokens.max(1.0);
-    }
-
-    /// Connections that may be written to now (at most a slice); `yield_after` zero
-    /// means never pace. `cpu_wait` reads the worker's wait for a CPU so far (once per
-    /// window).
-    pub(super) fn allowance(
+    /// Judges the window when it is over (call every turn of the loop): `cpu_wait` reads
+    /// the worker's wait for a CPU so far, once per window.
+    pub(super) fn judge(
         &mut self,
         now: Instant,
         yield_after: Duration,
         cpu_wait: impl FnOnce() -> Option<Duration>,
-    ) -> usize {
+    ) {
+        let window = now.duration_since(self.window_start);
+        if window < PACE_WINDOW {
+            return;
+        }
+        let cpu_wait = cpu_wait();
+        // Waiting for a CPU more than yield_after per PACE_WINDOW of the window.
+        let starved = match (self.cpu_wait_at_start, cpu_wait) {
+            (Some(then), Some(now)) => {
+                now.saturating_sub(then).as_secs_f64() * PACE_WINDOW.as_secs_f64()
+                    > yield_after.as_secs_f64() * window.as_secs_f64()
+            }
+            _ => false,
+        };
+        let slow = self.window_worst > yield_after || (self.window_shakes > 0 && starved);
+        self.rate = if slow {
+            (self.rate * PACE_DOWN).max(PACE_MIN)
+        } else {
+            // A loop that slept through several windows found nothing wrong in any.
+            let windows = (window.as_secs_f64() / PACE_WINDOW.as_secs_f64()).min(100.0);
+            (self.rate * PACE_UP.powf(windows.floor())).min(PACE_MAX)
+        };
+        self.window_start = now;
+        self.window_worst = Duration::ZERO;
+        self.window_shakes = 0;
+        self.cpu_wait_at_start = cpu_wait;
+    }
+
+    /// A broadcast starts with none under way.
+    pub(super) fn start(&mut self, now: Instant) {
+        self.rate = self.rate.min(PACE_START);
+        self.refilled = now;
+        self.tokens = 1.0;
+    }
+
+    /// Connections that may be written to now (at most a slice); `yield_after` zero
+    /// means never pace.
+    pub(super) fn allowance(&mut self, now: Instant, yield_after: Duration) -> usize {
         if yield_after.is_zero() {
             return BROADCAST_SLICE;
-        }
-        if now.duration_since(self.window_start) >= PACE_WINDOW {
-            let cpu_wait = cpu_wait();
-            let starved = match (self.cpu_wait_at_start, cpu_wait) {
-                (Some(then), Some(now)) => now.saturating_sub(then) > yield_after,
-                _ => false,
-            };
-            let slow = self.window_worst > yield_after || (self.window_shakes > 0 && starved);
-            self.rate = if slow {
-                (self.rate * PACE_DOWN).max(PACE_MIN)
-            } else {
-                (self.rate * PACE_UP).min(PACE_MAX)
-            };
-            self.window_start = now;
-            self.window_worst = Duration::ZERO;
-            self.window_shakes = 0;
-            self.cpu_wait_at_start = cpu_wait;
         }
         let elapsed = now.duration_since(self.refilled).as_secs_f64();
         self.refilled = now;
@@ -162,7 +173,7 @@ impl Worker {
             .count() as u64;
         self.tell_core(&ToCore::BroadcastTaken { id, connections });
         if self.broadcasts.is_empty() {
-            self.pacer.start(Instant::now(), self.cpu_wait.read());
+            self.pacer.start(Instant::now());
         }
         self.broadcasts.push_back(BroadcastJob {
             bytes,
@@ -174,13 +185,17 @@ impl Worker {
     /// Writes the oldest broadcast to the next slice of connections, as many as the pace
     /// allows.
     pub(super) fn broadcast_slice(&mut self) {
+        let yield_after = self.yield_after();
+        if yield_after.is_zero() && self.broadcasts.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let cpu_wait = &self.cpu_wait;
+        self.pacer.judge(now, yield_after, || cpu_wait.read());
         if self.broadcasts.is_empty() {
             return;
         }
-        let cpu_wait = &self.cpu_wait;
-        let allowed = self
-            .pacer
-            .allowance(Instant::now(), self.yield_after(), || cpu_wait.read());
+        let allowed = self.pacer.allowance(now, yield_after);
         if allowed == 0 {
             return;
         }
@@ -227,12 +242,13 @@ mod tests {
     const YIELD: Duration = Duration::from_millis(5);
 
     /// Runs `windows` windows of 10 ms in which shakes waited `waited` (and the worker
-    /// never waited for a CPU); returns the rate after them.
+    /// never waited for a CPU), writing what the pace allows; returns the rate after them.
     fn windows(pacer: &mut Pacer, at: &mut Instant, windows: u32, waited: Duration) -> f64 {
         for _ in 0..windows {
             pacer.shake_waited(waited);
             *at += PACE_WINDOW;
-            let allowed = pacer.allowance(*at, YIELD, || Some(Duration::ZERO));
+            pacer.judge(*at, YIELD, || Some(Duration::ZERO));
+            let allowed = pacer.allowance(*at, YIELD);
             pacer.spent(allowed);
         }
         pacer.rate()
@@ -244,13 +260,11 @@ mod tests {
         let mut pacer = Pacer::new(at);
         assert_eq!(windows(&mut pacer, &mut at, 20, YIELD), PACE_MAX);
         at += PACE_WINDOW;
-        assert_eq!(pacer.allowance(at, YIELD, || None), BROADCAST_SLICE);
+        assert_eq!(pacer.allowance(at, YIELD), BROADCAST_SLICE);
         pacer.shake_waited(Duration::from_secs(1));
         at += PACE_WINDOW;
-        assert_eq!(
-            pacer.allowance(at, Duration::ZERO, || None),
-            BROADCAST_SLICE
-        );
+        pacer.judge(at, Duration::ZERO, || None);
+        assert_eq!(pacer.allowance(at, Duration::ZERO), BROADCAST_SLICE);
         assert_eq!(pacer.next_in(Duration::ZERO), Duration::ZERO);
     }
 
@@ -265,18 +279,33 @@ mod tests {
         // At the least pace a 10 ms window allows 10 writes, and the next is at most
         // 1 ms away (less the fraction of a write left over).
         at += PACE_WINDOW;
-        pacer.shake_waited(long);
-        assert_eq!(pacer.allowance(at, YIELD, || None), 10);
+        assert_eq!(pacer.allowance(at, YIELD), 10);
         pacer.spent(10);
         let next = pacer.next_in(YIELD);
         assert!(
             next > Duration::ZERO && next <= Duration::from_millis(1),
             "{next:?}"
         );
-        // Calm windows: a tenth more each.
+        // Calm windows: a tenth more each (the 20 ms since the last judgement are two).
         let after = windows(&mut pacer, &mut at, 1, Duration::ZERO);
-        assert!((after - PACE_MIN * PACE_UP).abs() < 1e-6, "{after}");
+        assert!(
+            (after - PACE_MIN * PACE_UP * PACE_UP).abs() < 1e-6,
+            "{after}"
+        );
         assert_eq!(windows(&mut pacer, &mut at, 200, Duration::ZERO), PACE_MAX);
+    }
+
+    #[test]
+    fn a_quiet_stretch_between_turns_counts_as_that_many_calm_windows() {
+        let mut at = Instant::now();
+        let mut pacer = Pacer::new(at);
+        windows(&mut pacer, &mut at, 40, Duration::from_secs(1));
+        assert_eq!(pacer.rate(), PACE_MIN);
+        // The loop slept 50 ms: five calm windows at once.
+        at += PACE_WINDOW * 5;
+        pacer.judge(at, YIELD, || Some(Duration::ZERO));
+        let expected = PACE_MIN * PACE_UP.powi(5);
+        assert!((pacer.rate() - expected).abs() < 1e-6, "{}", pacer.rate());
     }
 
     #[test]
@@ -285,8 +314,27 @@ mod tests {
         let mut pacer = Pacer::new(at);
         windows(&mut pacer, &mut at, 12, Duration::from_secs(1));
         at += Duration::from_secs(60);
-        pacer.start(at, None);
-        assert!(pacer.allowance(at, YIELD, || None) <= BROADCAST_SLICE);
+        pacer.start(at);
+        assert!(pacer.allowance(at, YIELD) <= BROADCAST_SLICE);
+    }
+
+    #[test]
+    fn a_broadcast_starts_slow_and_speeds_up_while_calm() {
+        let mut at = Instant::now();
+        let mut pacer = Pacer::new(at);
+        assert_eq!(pacer.rate(), PACE_MAX);
+        pacer.start(at);
+        assert_eq!(pacer.rate(), PACE_START);
+        assert_eq!(pacer.allowance(at, YIELD), 1);
+        let after = windows(&mut pacer, &mut at, 10, Duration::ZERO);
+        assert!(
+            (after - PACE_START * PACE_UP.powi(10)).abs() < 1e-6,
+            "{after}"
+        );
+        // Slower than the start stays slower.
+        windows(&mut pacer, &mut at, 40, Duration::from_secs(1));
+        pacer.start(at);
+        assert_eq!(pacer.rate(), PACE_MIN);
     }
 
     #[test]
@@ -294,12 +342,13 @@ mod tests {
         let mut at = Instant::now();
         let mut pacer = Pacer::new(at);
         let mut cpu_wait = Duration::ZERO;
-        pacer.start(at, Some(cpu_wait));
+        pacer.judge(at + PACE_WINDOW, YIELD, || Some(cpu_wait));
+        at += PACE_WINDOW;
         // The machine saturated by the broadcast alone: no shakes, full speed.
         for _ in 0..5 {
             cpu_wait += YIELD * 2;
             at += PACE_WINDOW;
-            pacer.allowance(at, YIELD, || Some(cpu_wait));
+            pacer.judge(at, YIELD, || Some(cpu_wait));
         }
         assert_eq!(pacer.rate(), PACE_MAX);
         // Shakes read promptly, but the worker waited for a CPU longer than the yield.
@@ -307,14 +356,20 @@ mod tests {
             pacer.shake_waited(Duration::ZERO);
             cpu_wait += YIELD * 2;
             at += PACE_WINDOW;
-            pacer.allowance(at, YIELD, || Some(cpu_wait));
+            pacer.judge(at, YIELD, || Some(cpu_wait));
         }
         assert_eq!(pacer.rate(), PACE_MAX / 8.0);
         // A wait no longer than the yield is not starving.
         pacer.shake_waited(Duration::ZERO);
         cpu_wait += YIELD;
         at += PACE_WINDOW;
-        pacer.allowance(at, YIELD, || Some(cpu_wait));
+        pacer.judge(at, YIELD, || Some(cpu_wait));
         assert!((pacer.rate() - PACE_MAX / 8.0 * PACE_UP).abs() < 1e-6);
+        // Over a window twice as long, the same wait is half the share.
+        pacer.shake_waited(Duration::ZERO);
+        cpu_wait += YIELD * 2;
+        at += PACE_WINDOW * 2;
+        pacer.judge(at, YIELD, || Some(cpu_wait));
+        assert!(pacer.rate() > PACE_MAX / 8.0 * PACE_UP);
     }
 }
