@@ -326,8 +326,9 @@ impl Client {
                         if event.is_writable() {
                             self.on_writable(i);
                         }
-                        if event.is_readable() || event.is_read_closed() || event.is_error() {
-                            self.on_readable(i, &mut read_buf);
+                        let closing = event.is_read_closed() || event.is_error();
+                        if event.is_readable() || closing {
+                            self.on_readable(i, &mut read_buf, closing);
                         }
                     }
                 }

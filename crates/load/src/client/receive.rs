@@ -11,7 +11,9 @@ use super::{unix_us, Client, Inflight, Kind, State};
 use crate::transport::{self, HttpConnection, Inbound};
 
 impl Client {
-    pub(super) fn on_readable(&mut self, i: usize, buf: &mut [u8]) {
+    /// Reads what arrived for user `i`. `closing`: the event said the server closed (or
+    /// the socket failed), so read on to the end however short a read was.
+    pub(super) fn on_readable(&mut self, i: usize, buf: &mut [u8], closing: bool) {
         if self.users[i].state == State::Connecting {
             // An error (refused, reset) shows up as readable too.
             let err = self.users[i]
@@ -68,6 +70,12 @@ impl Client {
             if at < data.len() {
                 data.drain(..at);
                 user.partial = data;
+            }
+            if n < buf.len() && !closing {
+                // A short read emptied the socket; epoll (edge-triggered) says when more
+                // arrives. Reading again only to hear "would block" costs a system call
+                // per answer.
+                return;
             }
         }
     }

@@ -271,14 +271,15 @@ impl Worker {
                         if event.is_writable() {
                             self.flush_conn(key);
                         }
-                        if event.is_readable() || event.is_read_closed() || event.is_error() {
-                            self.on_readable(key, &mut read_buf);
+                        let closing = event.is_read_closed() || event.is_error();
+                        if event.is_readable() || closing {
+                            self.on_readable(key, &mut read_buf, closing);
                         }
                     }
                 }
             }
             for key in std::mem::take(&mut self.again) {
-                self.on_readable(key, &mut read_buf);
+                self.on_readable(key, &mut read_buf, true);
             }
             self.broadcast_slice();
             if Instant::now() >= next_tick {
@@ -366,7 +367,12 @@ impl Worker {
         }
     }
 
-    fn on_readable(&mut self, key: usize, buf: &mut [u8]) {
+    /// Reads what a connection sent, at most `READS_PER_TURN` buffers a turn. A short
+    /// read emptied the socket and ends it (epoll, edge-triggered, says when more
+    /// arrives: reading on only to hear "would block" would cost a system call per
+    /// request) — unless `drain`: the event said the peer closed or the socket failed, or
+    /// the connection is back from `again`; then it reads on to "would block".
+    fn on_readable(&mut self, key: usize, buf: &mut [u8], drain: bool) {
         for _ in 0..READS_PER_TURN {
             let Some(conn) = self
                 .conns
@@ -411,6 +417,9 @@ impl Worker {
             };
             if let Some(conn) = self.conns.get_mut(key).filter(|c| c.state == State::Open) {
                 conn.keep_partial(rest);
+            }
+            if n < buf.len() && !drain {
+                return;
             }
         }
         self.again.push(key);
