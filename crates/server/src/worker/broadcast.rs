@@ -67,7 +67,8 @@ impl Pacer {
     /// A shake was read after waiting `waited` in the kernel.
     pub(super) fn shake_waited(&mut self, waited: Duration) {
         self.window_worst = self.window_worst.max(waited);
-        self.window_shakes += 1;
+        // Never reset while pacing is off: it must not overflow.
+        self.window_shakes = self.window_shakes.saturating_add(1);
     }
 
     /// Judges the window when it is over (call every turn of the loop): `cpu_wait` reads
@@ -186,16 +187,15 @@ impl Worker {
     /// allows.
     pub(super) fn broadcast_slice(&mut self) {
         let yield_after = self.yield_after();
-        if yield_after.is_zero() && self.broadcasts.is_empty() {
-            return;
+        if !yield_after.is_zero() {
+            let cpu_wait = &self.cpu_wait;
+            self.pacer
+                .judge(Instant::now(), yield_after, || cpu_wait.read());
         }
-        let now = Instant::now();
-        let cpu_wait = &self.cpu_wait;
-        self.pacer.judge(now, yield_after, || cpu_wait.read());
         if self.broadcasts.is_empty() {
             return;
         }
-        let allowed = self.pacer.allowance(now, yield_after);
+        let allowed = self.pacer.allowance(Instant::now(), yield_after);
         if allowed == 0 {
             return;
         }
