@@ -48,7 +48,7 @@ pub const DEFAULT_BENCH_MAX_QUEUE_MS: u32 = 200;
 
 /// The bench's server paces a broadcast while shakes wait longer than this
 /// (`broadcast_yield_ms`).
-pub const DEFAULT_BENCH_BROADCAST_YIELD_MS: u32 = 5;
+pub const DEFAULT_BENCH_BROADCAST_YIELD_MS: u32 = 3;
 
 /// The bench's server runs this much nicer than the load (see `server_nice`).
 pub const DEFAULT_SERVER_NICE: i32 = 5;
