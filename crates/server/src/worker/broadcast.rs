@@ -187,15 +187,19 @@ impl Worker {
     /// allows.
     pub(super) fn broadcast_slice(&mut self) {
         let yield_after = self.yield_after();
+        if yield_after.is_zero() && self.broadcasts.is_empty() {
+            return;
+        }
+        // One clock read a turn serves the judgement and the allowance.
+        let now = Instant::now();
         if !yield_after.is_zero() {
             let cpu_wait = &self.cpu_wait;
-            self.pacer
-                .judge(Instant::now(), yield_after, || cpu_wait.read());
+            self.pacer.judge(now, yield_after, || cpu_wait.read());
         }
         if self.broadcasts.is_empty() {
             return;
         }
-        let allowed = self.pacer.allowance(Instant::now(), yield_after);
+        let allowed = self.pacer.allowance(now, yield_after);
         if allowed == 0 {
             return;
         }
