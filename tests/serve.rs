@@ -649,11 +649,11 @@ fn shakes_over_the_rate_limit_are_overloaded() {
         else {
             panic!("expected a shake reply, got {frame:?}");
         };
-        // Every shed shake names a wait (1 s, or 2 s should the burst straddle a second
-        // boundary after a second of shedding); no other answer does.
+        // Every shed shake names a wait (drawn around 1 s, at most 64 s); no other answer
+        // does.
         match result {
             ResultCode::Overloaded => {
-                assert!([1000, 2000].contains(&retry_after_ms), "{retry_after_ms}")
+                assert!((1..=64_000).contains(&retry_after_ms), "{retry_after_ms}")
             }
             _ => assert_eq!(retry_after_ms, 0),
         }
@@ -699,7 +699,7 @@ fn shakes_that_waited_too_long_are_overloaded() {
             frame.message,
             Message::ShakeReply {
                 result: ResultCode::Overloaded,
-                retry_after_ms: 1000,
+                retry_after_ms: 1..=64_000,
                 ..
             }
         ),

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use hongbao_money::seam::Op;
 use hongbao_money::{Reply, Request, UserId};
 use hongbao_proto::{KickReason, ResultCode};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 use super::codec::{Auth, Inbound, Sent};
 use super::conn::conn_id;
@@ -41,13 +43,20 @@ impl Admission {
 /// second), at least `BACKOFF_BASE_MS`: a shed user skips about one shake. It doubles for
 /// every further second in a row with shedding in which the queue did not shorten (the
 /// longest wait of a shake read is not below the second before's: what arrives is still
-/// more than the worker serves), up to `BACKOFF_MAX_MS`; it holds while the queue
-/// drains, and comes back down one step for every `BACKOFF_CALM_SECS` seconds without
+/// more than the worker serves), up to `BACKOFF_MAX_MS`, but not again before the users
+/// told the last wait can have heard it: for as many whole seconds as that longest wait
+/// (a queue of seconds delays the answers that make clients back off by as much, and
+/// raising the wait every second meanwhile sent users away for far longer than the
+/// overload needed). It holds while the queue drains, and comes back down one step for every `BACKOFF_CALM_SECS` seconds without
 /// shedding. A moment's stall costs the clients it sheds about a second; a lasting
 /// overload sends them away long enough that what they offer comes down to what the
 /// worker serves; and the slow way down keeps the wait long while the users it sent
 /// away come back, so the overload does not restart in waves.
-#[derive(Default)]
+///
+/// That wait is the mean: each shed shake is asked for a wait drawn from an exponential
+/// distribution around it (at most `BACKOFF_MAX_MS`). Users shed in the same second then
+/// come back spread over many of their intervals rather than within a few seconds of
+/// each other, which is what made a lasting overload come in waves.
 pub(super) struct Backoff {
     second: u64,
     shakes: u32,
@@ -59,6 +68,26 @@ pub(super) struct Backoff {
     queued_before_us: u64,
     /// A user's shake interval as the last whole second saw it (ms).
     interval_ms: u32,
+    /// The wait is not raised again before this second.
+    raised_until: u64,
+    rng: SmallRng,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            second: 0,
+            shakes: 0,
+            shed: 0,
+            level: 0,
+            calm_secs: 0,
+            queued_us: 0,
+            queued_before_us: 0,
+            interval_ms: 0,
+            raised_until: 0,
+            rng: SmallRng::from_entropy(),
+        }
+    }
 }
 
 pub(super) const BACKOFF_BASE_MS: u32 = 1000;
@@ -77,6 +106,7 @@ impl Backoff {
             let shedding =
                 self.shed > 0 && self.shed.saturating_mul(SHEDDING_ONE_IN) >= self.shakes;
             let draining = self.queued_us < self.queued_before_us;
+            let queued_us = self.queued_us;
             let whole = second == self.second + 1;
             self.interval_ms = if whole && self.shakes > 0 {
                 u32::try_from(users.saturating_mul(1000) / u64::from(self.shakes))
@@ -90,8 +120,9 @@ impl Backoff {
             let idle = second.saturating_sub(self.second).saturating_sub(1);
             let idle = u32::try_from(idle).unwrap_or(u32::MAX);
             if shedding {
-                if !draining {
+                if !draining && second >= self.raised_until {
                     self.level += 1;
+                    self.raised_until = second + queued_us.div_ceil(1_000_000);
                 }
                 self.calm_secs = 0;
             } else {
@@ -113,12 +144,18 @@ impl Backoff {
         self.queued_us = self.queued_us.max(queued.as_micros() as u64);
     }
 
-    /// Counts the shake just counted as shed; the wait to ask of its client (ms).
+    /// Counts the shake just counted as shed; the wait to ask of its client (ms), drawn
+    /// around `wait_ms`.
     fn shed(&mut self) -> u32 {
         self.shed += 1;
-        self.wait_ms()
+        let mean = f64::from(self.wait_ms());
+        // 1 - u is in (0, 1]: the logarithm is finite.
+        let u: f64 = self.rng.gen();
+        let drawn = -mean * (1.0 - u).ln();
+        (drawn as u32).clamp(1, BACKOFF_MAX_MS)
     }
 
+    /// The mean wait to ask of a shed client (ms).
     fn wait_ms(&self) -> u32 {
         let base = self.interval_ms.clamp(BACKOFF_BASE_MS, BACKOFF_MAX_MS);
         base.saturating_mul(1 << self.level).min(BACKOFF_MAX_MS)
@@ -372,14 +409,15 @@ mod tests {
 
     /// `n` shakes in second `s` from 100 users (an interval under the base wait), `shed`
     /// of them shed, each having waited `queued_ms` longer than the second before's;
-    /// the waits asked.
+    /// the mean waits asked.
     fn second(b: &mut Backoff, s: u64, n: u32, shed: u32) -> Vec<u32> {
-        let queued = Duration::from_millis(s);
+        let queued = Duration::from_millis(s % 1000);
         let mut waits = Vec::new();
         for i in 0..n {
             b.shake(at(s, u64::from(i) * 999 / u64::from(n)), queued, 100);
             if i < shed {
-                waits.push(b.shed());
+                b.shed();
+                waits.push(b.wait_ms());
             }
         }
         waits
@@ -410,6 +448,29 @@ mod tests {
             asked,
             [1000, 2000, 4000, 8000, 16000, 32000, 64000, 64000, 64000, 64000]
         );
+    }
+
+    #[test]
+    fn the_wait_is_raised_again_only_once_the_last_could_be_heard() {
+        let mut b = Backoff::default();
+        let at_queue = |b: &mut Backoff, s: u64, queued_ms: u64| {
+            for i in 0..100 {
+                b.shake(at(s, i * 9), Duration::from_millis(queued_ms), 100);
+                if i < 50 {
+                    b.shed();
+                }
+            }
+        };
+        // Second 10 closes with a queue of 2.5 s: raised once, then held through 11 and
+        // 12 though the queue still grows; 13 closes past the hold and raises again.
+        at_queue(&mut b, 10, 2500);
+        at_queue(&mut b, 11, 2600);
+        assert_eq!(b.wait_ms(), 2000);
+        at_queue(&mut b, 12, 2700);
+        at_queue(&mut b, 13, 2800);
+        assert_eq!(b.wait_ms(), 2000, "held for 3 s after second 10");
+        at_queue(&mut b, 14, 2900);
+        assert_eq!(b.wait_ms(), 4000);
     }
 
     #[test]
@@ -471,7 +532,7 @@ mod tests {
                 b.shake(at(s, i / 2), Duration::ZERO, 10_000);
             }
         }
-        assert_eq!(b.shed(), 5000);
+        assert_eq!(b.wait_ms(), 5000);
         // 100 users shaking 2,000 times a second: the base is the floor, 1 s.
         let mut b = Backoff::default();
         for s in 0..2 {
@@ -479,6 +540,28 @@ mod tests {
                 b.shake(at(s, i / 2), Duration::ZERO, 100);
             }
         }
-        assert_eq!(b.shed(), BACKOFF_BASE_MS);
+        assert_eq!(b.wait_ms(), BACKOFF_BASE_MS);
+    }
+
+    #[test]
+    fn shed_clients_are_asked_for_waits_spread_around_the_mean() {
+        let mut b = Backoff::default();
+        for s in 0..3 {
+            second(&mut b, 1000 + s, 1000, 500);
+        }
+        let mean = b.wait_ms();
+        assert_eq!(mean, 4000);
+        let waits: Vec<u32> = (0..20_000).map(|_| b.shed()).collect();
+        assert!(waits.iter().all(|&w| (1..=BACKOFF_MAX_MS).contains(&w)));
+        let average = waits.iter().map(|&w| f64::from(w)).sum::<f64>() / waits.len() as f64;
+        assert!((average / f64::from(mean) - 1.0).abs() < 0.05, "{average}");
+        // Exponential: about 39% under half the mean, 14% over twice it.
+        let share = |f: &dyn Fn(u32) -> bool| {
+            waits.iter().filter(|&&w| f(w)).count() as f64 / waits.len() as f64
+        };
+        let under_half = share(&|w| w < mean / 2);
+        let over_twice = share(&|w| w > mean * 2);
+        assert!((0.35..0.43).contains(&under_half), "{under_half}");
+        assert!((0.11..0.17).contains(&over_twice), "{over_twice}");
     }
 }
