@@ -47,11 +47,12 @@ impl Admission {
 /// told the last wait can have heard it: for as many whole seconds as that longest wait
 /// (a queue of seconds delays the answers that make clients back off by as much, and
 /// raising the wait every second meanwhile sent users away for far longer than the
-/// overload needed). It holds while the queue drains, and comes back down one step for every `BACKOFF_CALM_SECS` seconds without
-/// shedding. A moment's stall costs the clients it sheds about a second; a lasting
-/// overload sends them away long enough that what they offer comes down to what the
-/// worker serves; and the slow way down keeps the wait long while the users it sent
-/// away come back, so the overload does not restart in waves.
+/// overload needed). It holds while the queue drains, and comes back down one step for
+/// every `BACKOFF_CALM_SECS` seconds without shedding. A moment's stall costs the
+/// clients it sheds about a second; a lasting overload sends them away long enough that
+/// what they offer comes down to what the worker serves; and the slow way down keeps the
+/// wait long while the users it sent away come back, so the overload does not restart
+/// in waves.
 ///
 /// That wait is the mean: each shed shake is asked for a wait drawn from an exponential
 /// distribution around it (at most `BACKOFF_MAX_MS`). Users shed in the same second then
@@ -450,17 +451,19 @@ mod tests {
         );
     }
 
+    /// 100 shakes in second `s`, each having waited `queued_ms`, half of them shed.
+    fn at_queue(b: &mut Backoff, s: u64, queued_ms: u64) {
+        for i in 0..100 {
+            b.shake(at(s, i * 9), Duration::from_millis(queued_ms), 100);
+            if i < 50 {
+                b.shed();
+            }
+        }
+    }
+
     #[test]
     fn the_wait_is_raised_again_only_once_the_last_could_be_heard() {
         let mut b = Backoff::default();
-        let at_queue = |b: &mut Backoff, s: u64, queued_ms: u64| {
-            for i in 0..100 {
-                b.shake(at(s, i * 9), Duration::from_millis(queued_ms), 100);
-                if i < 50 {
-                    b.shed();
-                }
-            }
-        };
         // Second 10 closes with a queue of 2.5 s: raised once, then held through 11 and
         // 12 though the queue still grows; 13 closes past the hold and raises again.
         at_queue(&mut b, 10, 2500);
@@ -502,14 +505,6 @@ mod tests {
     #[test]
     fn the_wait_holds_while_the_queue_drains() {
         let mut b = Backoff::default();
-        let at_queue = |b: &mut Backoff, s: u64, queued_ms: u64| {
-            for i in 0..100 {
-                b.shake(at(s, i * 9), Duration::from_millis(queued_ms), 100);
-                if i < 50 {
-                    b.shed();
-                }
-            }
-        };
         at_queue(&mut b, 10, 300);
         at_queue(&mut b, 11, 600);
         at_queue(&mut b, 12, 900);
