@@ -180,10 +180,10 @@ struct BenchArgs {
     /// Seconds between operator broadcasts in each steady phase; 0 = none
     #[arg(long, default_value_t = 0.0)]
     broadcast_every: f64,
-    /// The server answers "overloaded" to shakes that waited in its kernel queue longer than this; 0 never [default: 200]
+    /// The server answers "overloaded" to shakes that waited in its kernel queue longer than this (a share, all past twice it); 0 never [default: 200]
     #[arg(long)]
     max_queue_ms: Option<u32>,
-    /// The server paces broadcasts while shakes wait in its kernel queue longer than this; 0 never [default: 5]
+    /// The server paces broadcasts while shakes wait in its kernel queue longer than this; 0 never [default: 3]
     #[arg(long)]
     broadcast_yield_ms: Option<u32>,
     /// The server's nice value, so the co-located load keeps its schedule [default: 5]
@@ -243,7 +243,7 @@ struct ServeArgs {
     /// Report per-second counters to the hongbao monitor at this address
     #[arg(long)]
     monitor: Option<String>,
-    /// Answer "overloaded" to a shake that waited in the kernel longer than this; 0 never [default: 0]
+    /// Answer "overloaded" to a shake that waited in the kernel longer than this (a share, all past twice it); 0 never [default: 0]
     #[arg(long)]
     max_queue_ms: Option<u32>,
     /// Pace a broadcast while shakes wait in the kernel longer than this; 0 never [default: 0]

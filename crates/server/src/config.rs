@@ -54,9 +54,10 @@ pub struct ServeConfig {
     pub commit_max_batch: usize,
     /// Report per-second counters to the `hongbao monitor` at this address ("" for none).
     pub monitor: String,
-    /// A shake that waited in the kernel (arrival to read) longer than this is answered
-    /// "overloaded": the machine is behind, and well-behaved clients back off. 0 never
-    /// (the default; `hongbao bench` sets it).
+    /// A shake that waited in the kernel (arrival to read) longer than this may be
+    /// answered "overloaded" — a share rising from none at this wait to all at twice it:
+    /// the machine is behind, and well-behaved clients back off. 0 never (the default;
+    /// `hongbao bench` sets it).
     pub max_queue_ms: u32,
     /// While a broadcast is being written, a worker whose shakes waited in the kernel
     /// longer than this halves the rate it writes the broadcast at (per 10 ms; it grows

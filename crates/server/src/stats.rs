@@ -57,7 +57,8 @@ counters!(
     shakes_won_claimed,
     shakes_nothing,
     shakes_overloaded,
-    /// Of `shakes_overloaded`: shed because they waited longer than `max_queue_ms`.
+    /// Of `shakes_overloaded`: shed because they waited longer than `max_queue_ms` (a
+    /// share of those up to twice it, all beyond).
     shakes_shed_late,
     sends,
     opens,

@@ -43,7 +43,8 @@ use summary::{
 
 pub const SECRET: &str = "hongbao-bench-secret";
 
-/// The bench's server sheds shakes that waited longer than this (`max_queue_ms`).
+/// The bench's server sheds shakes that waited longer than this (`max_queue_ms`: a share
+/// rising to all at twice it).
 pub const DEFAULT_BENCH_MAX_QUEUE_MS: u32 = 200;
 
 /// The bench's server paces a broadcast while shakes wait longer than this

@@ -156,6 +156,16 @@ impl Backoff {
         (drawn as u32).clamp(1, BACKOFF_MAX_MS)
     }
 
+    /// Whether a shake that waited `waited` is shed: none under `max`, all over twice
+    /// it, and in between a share rising with the excess.
+    fn late(&mut self, waited: Duration, max: Duration) -> bool {
+        if waited <= max {
+            return false;
+        }
+        let excess = (waited - max).as_secs_f64() / max.as_secs_f64();
+        excess >= 1.0 || self.rng.gen::<f64>() < excess
+    }
+
     /// The mean wait to ask of a shed client (ms).
     fn wait_ms(&self) -> u32 {
         let base = self.interval_ms.clamp(BACKOFF_BASE_MS, BACKOFF_MAX_MS);
@@ -311,12 +321,15 @@ impl Worker {
         let now = unix_now();
         // A shake that waited in the kernel longer than `max_queue_ms` means the machine
         // is not keeping up: shed it (and the clients back off) rather than let every
-        // queue behind it grow.
+        // queue behind it grow — a share of those just past the limit, all past twice it,
+        // so that a queue just over it sheds what it must and not everything behind it.
         let waited = self
             .received
             .map_or(Duration::ZERO, |r| now.saturating_sub(r));
         let late = self.cfg.max_queue_ms > 0
-            && waited > Duration::from_millis(self.cfg.max_queue_ms.into());
+            && self
+                .backoff
+                .late(waited, Duration::from_millis(self.cfg.max_queue_ms.into()));
         if late {
             self.stats.counters.shakes_shed_late += 1;
         }
@@ -474,6 +487,24 @@ mod tests {
         assert_eq!(b.wait_ms(), 2000, "held for 3 s after second 10");
         at_queue(&mut b, 14, 2900);
         assert_eq!(b.wait_ms(), 4000);
+    }
+
+    #[test]
+    fn late_shakes_are_shed_by_a_share_rising_to_all_at_twice_the_limit() {
+        let mut b = Backoff::default();
+        let max = Duration::from_millis(200);
+        let shed = |b: &mut Backoff, ms: u64| {
+            (0..10_000)
+                .filter(|_| b.late(Duration::from_millis(ms), max))
+                .count()
+        };
+        assert_eq!(shed(&mut b, 0), 0);
+        assert_eq!(shed(&mut b, 200), 0);
+        assert_eq!(shed(&mut b, 400), 10_000);
+        assert_eq!(shed(&mut b, 5000), 10_000);
+        // A quarter of the limit over it: about a quarter shed.
+        let quarter = shed(&mut b, 250);
+        assert!((2_200..2_800).contains(&quarter), "{quarter}");
     }
 
     #[test]
