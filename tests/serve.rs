@@ -756,7 +756,8 @@ fn load_users_told_overloaded_back_off() {
 /// A gateway worker stopped for 300 ms (SIGSTOP, SIGCONT): it sheds the shakes that
 /// waited past `max_queue_ms`, asking for the base wait of about a second, and the load's
 /// users follow it — each skips about a second of its firings, not the 30 s they wait
-/// when the server names no wait — so the stall costs about a second of shaking.
+/// when the server names no wait — so the stall costs about a second of shaking. Its
+/// queue drained, the worker sets a shake cap (worker/cap.rs).
 #[test]
 fn a_stalled_worker_costs_its_users_about_a_second() {
     let dir = tempfile::tempdir().unwrap();
@@ -782,6 +783,15 @@ fn a_stalled_worker_costs_its_users_about_a_second() {
     signal(pid, "-STOP");
     std::thread::sleep(Duration::from_millis(300));
     signal(pid, "-CONT");
+    // Once its queue has drained, the worker caps its shakes at what it served (a level
+    // in its stats, reported once a second, dropped after 5 s refusing nothing).
+    let capped = (0..40).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        let stats = server.get("/v1/stats");
+        stats["workers"]
+            .as_array()
+            .is_some_and(|ws| ws.iter().any(|w| w["shake_cap"].as_u64() > Some(0)))
+    });
     let out = load.wait_with_output().expect("the load's output");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "load failed: {stdout}");
@@ -804,6 +814,7 @@ fn a_stalled_worker_costs_its_users_about_a_second() {
         "{overloaded} shed, {backed_off} firings backed off: {summary}"
     );
     assert_eq!(n("error_replies"), 0, "{summary}");
+    assert!(capped, "no worker set a shake cap after its queue drained");
 }
 
 #[test]

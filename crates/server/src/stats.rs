@@ -60,6 +60,9 @@ counters!(
     /// Of `shakes_overloaded`: shed because they waited longer than `max_queue_ms` (a
     /// share of those up to twice it, all beyond).
     shakes_shed_late,
+    /// Of `shakes_overloaded`: refused by the shake cap a worker sets once shakes wait past
+    /// `max_queue_ms` (the most it was just seen to serve a second).
+    shakes_shed_capped,
     sends,
     opens,
     chats,
@@ -85,6 +88,9 @@ pub struct WorkerLevels {
     pub logged_in: u64,
     pub pool_packets: u64,
     pub rss_bytes: u64,
+    /// Shakes a second the worker's shake cap admits now; 0: no cap (worker/cap.rs).
+    #[serde(default)]
+    pub shake_cap: u64,
 }
 
 impl WorkerLevels {
@@ -93,6 +99,7 @@ impl WorkerLevels {
         self.logged_in += other.logged_in;
         self.pool_packets += other.pool_packets;
         self.rss_bytes += other.rss_bytes;
+        self.shake_cap += other.shake_cap;
     }
 }
 

@@ -273,6 +273,11 @@ impl Supervisor {
                     latest.levels.pool_packets,
                 ),
                 (
+                    "hongbao_worker_shake_cap",
+                    "Shakes a second each worker's shake cap admits; 0 when uncapped",
+                    latest.levels.shake_cap,
+                ),
+                (
                     "hongbao_worker_resident_memory_bytes",
                     "Resident memory per worker",
                     latest.levels.rss_bytes,

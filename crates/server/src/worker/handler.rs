@@ -336,7 +336,13 @@ impl Worker {
         let users = self.stats.levels.logged_in;
         self.backoff.shake(now, waited, users);
         self.pacer.shake_waited(waited);
-        if late || !self.admission.admit(now, self.cfg.max_shakes_per_sec) {
+        let max = Duration::from_millis(self.cfg.max_queue_ms.into());
+        self.cap.shake(now, waited, max);
+        let capped = !late && !self.cap.admit(now.as_micros() as u64);
+        if capped {
+            self.stats.counters.shakes_shed_capped += 1;
+        }
+        if late || capped || !self.admission.admit(now, self.cfg.max_shakes_per_sec) {
             self.stats.counters.shakes_overloaded += 1;
             let wait = self.backoff.shed();
             return self.answer_shake(key, id, ResultCode::Overloaded, wait, read_at);

@@ -13,10 +13,12 @@
 //!
 //! - `conn`: the connection record and writing, kicking, closing;
 //! - `codec`: the wire seam — binary frames, WebSocket; `http`: HTTP on the listener;
-//! - `handler`: requests → logins, admission, the shake pool, the link;
+//! - `handler`: requests → logins, admission, the shake pool, the link; `cap`: the
+//!   shake cap under overload;
 //! - `broadcast`: operator broadcasts, a slice of connections per turn.
 
 mod broadcast;
+mod cap;
 mod codec;
 mod conn;
 mod handler;
@@ -94,6 +96,7 @@ struct Worker {
     next_generation: u32,
     admission: Admission,
     backoff: Backoff,
+    cap: cap::Cap,
     accept_paused: bool,
     stats: WorkerStats,
     /// Shake latency of the current second (µs).
@@ -189,6 +192,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         next_generation: 1,
         admission: Admission::default(),
         backoff: Backoff::default(),
+        cap: cap::Cap::default(),
         accept_paused: false,
         stats: WorkerStats {
             worker: opts.index,
@@ -594,6 +598,7 @@ impl Worker {
         self.stats.unix_second = unix_now().as_secs();
         self.stats.levels.connections = self.conns.len() as u64;
         self.stats.levels.pool_packets = self.pool.len() as u64;
+        self.stats.levels.shake_cap = self.cap.per_sec().into();
         let (rss, cpu) = usage::self_usage();
         self.stats.levels.rss_bytes = rss;
         self.stats.cpu_ms = cpu;
