@@ -60,8 +60,8 @@ counters!(
     /// Of `shakes_overloaded`: shed because they waited longer than `max_queue_ms` (a
     /// share of those up to twice it, all beyond).
     shakes_shed_late,
-    /// Of `shakes_overloaded`: refused by the shake cap a worker sets once shakes wait past
-    /// `max_queue_ms` (the most it was just seen to serve a second).
+    /// Of `shakes_overloaded`: refused by the shake cap a worker sets once a queue past
+    /// `max_queue_ms` has drained (at what it was just seen to serve a second).
     shakes_shed_capped,
     sends,
     opens,

@@ -1,5 +1,5 @@
-//! The shake cap: once shakes wait in the kernel past `max_queue_ms`, a worker admits no
-//! more shakes a second than it was just seen to serve, and answers the rest
+//! The shake cap: once a queue of shakes past `max_queue_ms` has drained, a worker admits
+//! no more shakes a second than it was just seen to serve, and answers the rest
 //! `overloaded` at once, as they are read.
 //!
 //! Shedding only what has waited too long acts on the queue's length, and the users it

@@ -326,17 +326,16 @@ impl Worker {
         let waited = self
             .received
             .map_or(Duration::ZERO, |r| now.saturating_sub(r));
-        let late = self.cfg.max_queue_ms > 0
-            && self
-                .backoff
-                .late(waited, Duration::from_millis(self.cfg.max_queue_ms.into()));
+        let max = Duration::from_millis(self.cfg.max_queue_ms.into());
+        let late = self.cfg.max_queue_ms > 0 && self.backoff.late(waited, max);
         if late {
             self.stats.counters.shakes_shed_late += 1;
         }
         let users = self.stats.levels.logged_in;
         self.backoff.shake(now, waited, users);
         self.pacer.shake_waited(waited);
-        let max = Duration::from_millis(self.cfg.max_queue_ms.into());
+        // Once such a queue has drained, what arrives above what the worker was seen to
+        // serve is shed as it is read (cap.rs).
         self.cap.shake(now, waited, max);
         let capped = !late && !self.cap.admit(now.as_micros() as u64);
         if capped {
