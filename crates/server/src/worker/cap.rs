@@ -47,6 +47,8 @@ pub(super) struct Cap {
     /// that was last topped up (µs since the Unix epoch).
     tokens: f64,
     topped_us: u64,
+    /// When the shake last counted was read (µs since the Unix epoch).
+    now_us: u64,
     /// The tenth of a second being counted (since the Unix epoch), and in it: shakes
     /// admitted, the longest wait in the kernel (µs), whether the cap refused one.
     tenth: u64,
@@ -67,7 +69,8 @@ impl Cap {
     /// Counts a shake read at `now` after waiting `waited` in the kernel, with shakes
     /// waiting past `max` meaning overload, closing the tenths that have ended.
     pub(super) fn shake(&mut self, now: Duration, waited: Duration, max: Duration) {
-        let tenth = now.as_micros() as u64 / TENTH_US;
+        self.now_us = now.as_micros() as u64;
+        let tenth = self.now_us / TENTH_US;
         if tenth != self.tenth {
             self.close_tenth(tenth, max);
             self.tenth = tenth;
@@ -130,11 +133,11 @@ impl Cap {
         (self.per_sec / 100.0).max(1.0)
     }
 
-    /// Whether the shake just counted is admitted at `now_us` (µs since the Unix epoch).
-    pub(super) fn admit(&mut self, now_us: u64) -> bool {
+    /// Whether the shake just counted is admitted.
+    pub(super) fn admit(&mut self) -> bool {
         if self.per_sec > 0.0 {
-            let elapsed = now_us.saturating_sub(self.topped_us) as f64 / 1e6;
-            self.topped_us = now_us;
+            let elapsed = self.now_us.saturating_sub(self.topped_us) as f64 / 1e6;
+            self.topped_us = self.now_us;
             self.tokens = (self.tokens + elapsed * self.per_sec).min(self.burst());
             if self.tokens < 1.0 {
                 self.refused = true;
@@ -169,7 +172,7 @@ mod tests {
                     Duration::from_millis(waited_ms),
                     MAX,
                 );
-                c.admit(us)
+                c.admit()
             })
             .count() as u64
     }

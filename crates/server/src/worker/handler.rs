@@ -337,7 +337,7 @@ impl Worker {
         // Once such a queue has drained, what arrives above what the worker was seen to
         // serve is shed as it is read (cap.rs).
         self.cap.shake(now, waited, max);
-        let capped = !late && !self.cap.admit(now.as_micros() as u64);
+        let capped = !late && !self.cap.admit();
         if capped {
             self.stats.counters.shakes_shed_capped += 1;
         }
