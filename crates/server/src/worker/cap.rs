@@ -16,7 +16,10 @@
 //! most it admitted in a tenth of a second over the last second (a rate it did serve, at
 //! a moment it was behind). Then, each tenth of a second:
 //! - the cap refused a shake and none waited past half the limit: it grows by a
-//!   hundredth (about a tenth a second);
+//!   hundredth (about a tenth a second) — or by a tenth, when none waited past a
+//!   twentieth of the limit: the worker reads as fast as shakes come, so the cap, not
+//!   the machine, is what holds it back (a cap cut while the machine was starved climbs
+//!   back in seconds, not minutes);
 //! - a shake waited past half the limit after a tenth without such waits (a queue formed
 //!   under the cap): it is cut to nine tenths of the most admitted in a tenth since the
 //!   last cut. A queue that does not drain is the reading falling behind (the worker
@@ -28,8 +31,11 @@ use std::time::Duration;
 
 /// A cap is cut to this share of the rate it was just seen to serve...
 const CUT: f64 = 0.9;
-/// ...and grows by this share per tenth of a second while it refuses shakes.
+/// ...and grows by this share per tenth of a second while it refuses shakes...
 const GROWTH: f64 = 0.01;
+/// ...or by this share, when no shake waited past `1 / IDLE_WAIT` of the limit.
+const FAST_GROWTH: f64 = 0.1;
+const IDLE_WAIT: u64 = 20;
 /// A cap that refused nothing for this many tenths of a second in a row is dropped.
 const IDLE_TENTHS: u32 = 50;
 /// The least a cap admits a second: a worker never sheds everything.
@@ -108,7 +114,8 @@ impl Cap {
         }
         self.drained = true;
         if self.refused {
-            self.per_sec *= 1.0 + GROWTH;
+            let fast = self.longest_us <= max_us / IDLE_WAIT;
+            self.per_sec *= 1.0 + if fast { FAST_GROWTH } else { GROWTH };
             self.idle_tenths = 0;
         } else {
             let idle = u32::try_from(gap).unwrap_or(u32::MAX);
@@ -207,7 +214,7 @@ mod tests {
         let mut c = Cap::default();
         behind_then_drained(&mut c, 500);
         assert_eq!(c.per_sec(), 4500);
-        let a1 = tenth(&mut c, 1003, 1000, 10);
+        let a1 = tenth(&mut c, 1003, 1000, 20);
         let a2 = tenth(&mut c, 1004, 1000, 150);
         let grown = f64::from(c.per_sec());
         assert!((grown - 4545.0).abs() <= 1.0, "{grown}: +1% for refusing");
@@ -232,9 +239,10 @@ mod tests {
         let mut c = Cap::default();
         behind_then_drained(&mut c, 100);
         assert_eq!(c.per_sec(), 900);
-        // Refusing, with short waits: +1% a tenth (the tenth with one shake refused none).
+        // Refusing, with waits under half the limit: +1% a tenth (the tenth with one
+        // shake refused none).
         for t in 1003..1013 {
-            tenth(&mut c, t, 1000, 5);
+            tenth(&mut c, t, 1000, 20);
         }
         let grown = c.per_sec();
         assert!((980..=990).contains(&grown), "{grown}");
@@ -248,6 +256,26 @@ mod tests {
         tenth(&mut c, 1100, 1, 5);
         assert_eq!(c.per_sec(), 0);
         assert_eq!(tenth(&mut c, 1101, 5000, 5), 5000);
+    }
+
+    #[test]
+    fn a_cap_that_refuses_while_shakes_wait_nothing_grows_by_a_tenth_a_tenth() {
+        let mut c = Cap::default();
+        behind_then_drained(&mut c, 100);
+        assert_eq!(c.per_sec(), 900);
+        // Refusing, and no shake waited past a twentieth of the limit (10 ms): +10% a
+        // tenth, 2.36x in nine tenths (the first tenth after the cap refused none).
+        for t in 1003..1013 {
+            tenth(&mut c, t, 5000, 10);
+        }
+        let grown = f64::from(c.per_sec());
+        assert!((grown - 900.0 * 1.1f64.powi(9)).abs() <= 2.0, "{grown}");
+        // A wait of 11 ms (in 1013, closed as 1014 begins): back to +1%.
+        tenth(&mut c, 1013, 5000, 11);
+        tenth(&mut c, 1014, 1, 11);
+        let slow = f64::from(c.per_sec());
+        let expected = grown * 1.1 * 1.01;
+        assert!((slow - expected).abs() <= 2.0, "{slow}, not {expected}");
     }
 
     #[test]
