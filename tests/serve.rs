@@ -784,7 +784,7 @@ fn a_stalled_worker_costs_its_users_about_a_second() {
     std::thread::sleep(Duration::from_millis(300));
     signal(pid, "-CONT");
     // Once its queue has drained, the worker caps its shakes at what it served (a level
-    // in its stats, reported once a second, dropped after 5 s refusing nothing).
+    // in its stats, reported once a second, dropped after 30 s refusing nothing).
     let capped = (0..40).any(|_| {
         std::thread::sleep(Duration::from_millis(100));
         let stats = server.get("/v1/stats");
