@@ -372,6 +372,9 @@ struct Host {
     rng: rand::rngs::SmallRng,
     /// The number of the last batch of released packets received (release.lua).
     release_batch: u64,
+    /// The users logged in on this host (the supervisor says `offline` once a user has
+    /// no connection left here).
+    online: HashSet<u64>,
 }
 
 impl Host {
@@ -389,6 +392,7 @@ impl Host {
             committer: None,
             rng: rand::rngs::SmallRng::from_entropy(),
             release_batch: 0,
+            online: HashSet::new(),
         }
     }
 
@@ -406,7 +410,12 @@ impl Host {
         release.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut expire = tokio::time::interval(Duration::from_secs(1));
         expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tokio::spawn(self.store.clone().keep_subscribed(self.cfg.host.clone()));
+        let renewed = Arc::new(tokio::sync::Notify::new());
+        tokio::spawn(
+            self.store
+                .clone()
+                .keep_subscribed(self.cfg.host.clone(), renewed.clone()),
+        );
         loop {
             tokio::select! {
                 cmd = rx.recv() => match cmd {
@@ -431,6 +440,7 @@ impl Host {
                     });
                 }
                 Some(push) = pushes.recv() => self.on_push(push),
+                _ = renewed.notified() => self.renew_notices(),
             }
         }
     }
@@ -483,10 +493,12 @@ impl Host {
             }
             // Off the loop: a login costs this host no round trip of its own.
             Cmd::Online(user) => {
+                self.online.insert(user.get());
                 let (store, host) = (self.store.clone(), self.cfg.host.clone());
                 tokio::spawn(async move { store.set_route(user.get(), &host).await });
             }
             Cmd::Offline(user) => {
+                self.online.remove(&user.get());
                 let (store, host) = (self.store.clone(), self.cfg.host.clone());
                 tokio::spawn(async move { store.clear_route(user.get(), &host).await });
             }
@@ -769,6 +781,38 @@ impl Host {
                 .map(|(worker, packets)| Output::Deal { worker, packets })
                 .collect(),
         );
+    }
+
+    /// This host's channel was lost for a while (a master failed over or hung): a
+    /// notice published to it meanwhile may be gone, so every user logged in here is
+    /// told its waiting notices again, from the ledger. A client drops a notice of a
+    /// packet it already knows (docs/protocol.md).
+    fn renew_notices(&self) {
+        if self.online.is_empty() {
+            return;
+        }
+        let users: Vec<u64> = self.online.iter().copied().collect();
+        let (store, shared) = (self.store.clone(), self.shared.clone());
+        tokio::spawn(async move {
+            match store.waiting_notices_of(&users, now_ms()).await {
+                Ok(waiting) => {
+                    eprintln!(
+                        "hongbao cluster: this host's channel was renewed; {} waiting notices told again to {} users",
+                        waiting.len(),
+                        users.len()
+                    );
+                    shared.emit_all(
+                        waiting
+                            .into_iter()
+                            .filter_map(|(user, notice)| {
+                                UserId::new(user).map(|user| Output::Notice { user, notice })
+                            })
+                            .collect(),
+                    );
+                }
+                Err(e) => eprintln!("hongbao cluster: telling waiting notices again: {e}"),
+            }
+        });
     }
 
     fn on_push(&mut self, payload: String) {

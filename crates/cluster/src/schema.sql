@@ -137,14 +137,21 @@ LANGUAGE sql AS $$
     INSERT INTO hb_recipients SELECT p_packet, u, NULL FROM unnest(p_recipients) u;
 $$;
 
--- A send campaign's packet `p_packet`: created once, however often it is released.
+-- A send campaign's packet `p_packet`: created once, however often it is released. Two
+-- hosts may create it at once (a host thought dead whose packets were released again):
+-- the insert that comes second waits for the first to commit and then inserts nothing,
+-- so it returns false instead of failing its whole batch on the primary key.
 CREATE OR REPLACE FUNCTION hb_campaign_packet(p_packet bigint, p_campaign integer,
     p_cents bigint, p_recipients bigint[], p_shares bigint[], p_expires bigint, p_at bigint,
     p_host text, p_body jsonb) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM hb_packets WHERE id = p_packet) THEN RETURN false; END IF;
-    PERFORM hb_new_packet(p_packet, 0, p_campaign, p_cents, p_recipients, p_shares, p_expires);
+    INSERT INTO hb_packets (id, sender, campaign, cents, shares, expires_ms)
+        VALUES (p_packet, 0, p_campaign, p_cents, cardinality(p_shares), p_expires)
+        ON CONFLICT (id) DO NOTHING;
+    IF NOT FOUND THEN RETURN false; END IF;
+    INSERT INTO hb_shares SELECT p_packet, i - 1, p_shares[i] FROM generate_subscripts(p_shares, 1) i;
+    INSERT INTO hb_recipients SELECT p_packet, u, NULL FROM unnest(p_recipients) u;
     INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_at, p_host, NULL, p_body);
     RETURN true;
 END $$;

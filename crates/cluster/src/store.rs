@@ -49,7 +49,8 @@ struct Inner {
     gate: Script,
 }
 
-fn pg_error(what: &str, e: tokio_postgres::Error) -> String {
+fn pg_error(what: &str, e: impl std::borrow::Borrow<tokio_postgres::Error>) -> String {
+    let e = e.borrow();
     match e.as_db_error() {
         Some(db) => format!(
             "PostgreSQL, {what}: {} ({})",
@@ -230,18 +231,23 @@ impl Store {
 
     /// The host `user` is connected to, if any (asked again through a failover).
     pub async fn route(&self, user: u64) -> Option<String> {
+        self.route_known(user).await.flatten()
+    }
+
+    /// `Some(route)` as Redis knows it, `None` when Redis did not answer for `PATIENCE`.
+    async fn route_known(&self, user: u64) -> Option<Option<String>> {
         let key = format!("route:{{{user}}}");
         self.patiently(|mut redis| {
             let key = key.clone();
             async move { redis.get::<_, Option<String>>(key).await }
         })
         .await
-        .flatten()
     }
 
     /// `msg` on `host`'s channel. Sent again while nobody received it (SPUBLISH counts
-    /// the receivers): after a failover the host's subscription moves to the new master
-    /// a moment after publishers can reach it, and pub/sub keeps nothing for later.
+    /// the receivers) or Redis did not answer: after a failover the host's subscription
+    /// moves to the new master a moment after publishers can reach it, and pub/sub keeps
+    /// nothing for later.
     pub(crate) async fn publish(&self, host: &str, msg: &Mesh) {
         let text = serde_json::to_string(msg).expect("serializable");
         let channel = crate::channel(host);
@@ -259,7 +265,9 @@ impl Store {
                     }
                 })
                 .await;
-            if received != Some(0) {
+            // Received by someone: done. Nobody (0), or no answer from Redis at all
+            // (`None`, a failover longer than `PATIENCE`): not delivered, so again.
+            if received.is_some_and(|n| n > 0) {
                 return;
             }
             if tokio::time::Instant::now() >= deadline {
@@ -288,7 +296,12 @@ impl Store {
     /// and silent) keeps the client sending its slots there even after its replica took
     /// over. After `STUCK_AFTER` checks in a row with a master not answering, a new
     /// connection is made (it learns the cluster's slots afresh) and replaces it.
-    pub async fn keep_subscribed(self, host: String) {
+    ///
+    /// Each time the channel was subscribed again or the connection replaced, `renewed`
+    /// is told: a message published while the subscription was gone may have been
+    /// counted as received by a master that died before passing it on, so the host
+    /// tells its users their waiting notices again (`Host::renew_notices`).
+    pub async fn keep_subscribed(self, host: String, renewed: Arc<tokio::sync::Notify>) {
         let channel = crate::channel(&host);
         // Keys whose slots fall on every master (32 hash tags: the chance that one of
         // three masters owns none of them is below one in 100,000).
@@ -319,7 +332,10 @@ impl Store {
             let all_answered = probed.iter().all(|r| r.is_ok());
             if let Ok(0) = received {
                 match redis.ssubscribe(&channel).await {
-                    Ok(()) => eprintln!("hongbao cluster: subscribed to {channel} again"),
+                    Ok(()) => {
+                        eprintln!("hongbao cluster: subscribed to {channel} again");
+                        renewed.notify_one();
+                    }
                     Err(e) => eprintln!("hongbao cluster: subscribing to {channel} again: {e}"),
                 }
             }
@@ -330,26 +346,37 @@ impl Store {
             unanswered += 1;
             if unanswered >= STUCK_AFTER {
                 unanswered = 0;
-                self.reconnect_redis(&channel).await;
+                if self.reconnect_redis(&channel).await {
+                    renewed.notify_one();
+                }
             }
         }
     }
 
-    /// A new cluster connection, subscribed to `channel`, in place of the current one.
-    async fn reconnect_redis(&self, channel: &str) {
+    /// A new cluster connection, subscribed to `channel`, in place of the current one;
+    /// whether it was replaced.
+    async fn reconnect_redis(&self, channel: &str) -> bool {
         let connect = self.0.redis_client.get_async_connection();
         let mut fresh = match tokio::time::timeout(PATIENCE, connect).await {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return eprintln!("hongbao cluster: Redis: connecting again: {e}"),
-            Err(_) => return eprintln!("hongbao cluster: Redis: connecting again: timed out"),
+            Ok(Err(e)) => {
+                eprintln!("hongbao cluster: Redis: connecting again: {e}");
+                return false;
+            }
+            Err(_) => {
+                eprintln!("hongbao cluster: Redis: connecting again: timed out");
+                return false;
+            }
         };
         if let Err(e) = fresh.ssubscribe(channel).await {
-            return eprintln!("hongbao cluster: Redis: subscribing on the new connection: {e}");
+            eprintln!("hongbao cluster: Redis: subscribing on the new connection: {e}");
+            return false;
         }
         *self.0.redis.lock().unwrap() = fresh;
         eprintln!(
             "hongbao cluster: Redis: a master did not answer {STUCK_AFTER} checks in a row; connected to the cluster again"
         );
+        true
     }
 
     /// `ask` until Redis answers, for up to `PATIENCE` (a master failing over takes the
@@ -393,8 +420,11 @@ impl Store {
     async fn open_gate(&self, packet: u64, shares: usize, recipients: &[u64], ttl_ms: u64) {
         let key = format!("{{pk:{packet}}}");
         let secs = (ttl_ms / 1000 + 60) as i64;
+        // MULTI/EXEC: a replica taking over has all of the gate or none of it (a gate
+        // with `left` but no recipients would refuse every recipient).
         let mut pipe = redis::pipe();
-        pipe.hset(&key, "left", shares)
+        pipe.atomic()
+            .hset(&key, "left", shares)
             .ignore()
             .sadd(format!("{key}:r"), recipients)
             .ignore()
@@ -409,18 +439,29 @@ impl Store {
     }
 
     /// Notices for a new packet's recipients: here, on their host's channel, or waiting
-    /// in the ledger for their next login.
+    /// in the ledger for their next login. A recipient whose route Redis could not tell
+    /// (its master failing over) is told on every live host: a host where the user is
+    /// not connected drops the notice, and a client drops a notice it already had.
     async fn notify(&self, host: &str, recipients: &[u64], notice: Notice) -> Vec<Output> {
         let mut here = Vec::new();
         for &user in recipients {
-            match self.route(user).await {
-                Some(there) if there == host => {
-                    if let Some(user) = UserId::new(user) {
-                        here.push(Output::Notice { user, notice });
+            let Some(id) = UserId::new(user) else {
+                continue;
+            };
+            match self.route_known(user).await {
+                Some(Some(there)) if there == host => {
+                    here.push(Output::Notice { user: id, notice })
+                }
+                Some(Some(there)) => self.publish(&there, &Mesh::Notice { user, notice }).await,
+                Some(None) => {}
+                None => {
+                    here.push(Output::Notice { user: id, notice });
+                    for there in self.live_hosts().await {
+                        if there != host {
+                            self.publish(&there, &Mesh::Notice { user, notice }).await;
+                        }
                     }
                 }
-                Some(there) => self.publish(&there, &Mesh::Notice { user, notice }).await,
-                None => {}
             }
         }
         here
@@ -502,6 +543,39 @@ impl Store {
                 amount_cents: r.get::<_, i64>(2) as u64,
                 shares: r.get::<_, i32>(3) as u32,
                 expires_at_ms: r.get::<_, i64>(4) as u64,
+            })
+            .collect())
+    }
+
+    /// The waiting notices of all of `users` (this host's users, after its channel was
+    /// lost for a while), as (user, notice), in one query.
+    pub async fn waiting_notices_of(
+        &self,
+        users: &[u64],
+        now: u64,
+    ) -> Result<Vec<(u64, Notice)>, String> {
+        let pg = self.pg().await?;
+        let rows = pg
+            .query(
+                "SELECT r.user_id, p.id, p.sender, p.cents, p.shares, p.expires_ms \
+                 FROM hb_recipients r JOIN hb_packets p ON p.id = r.packet \
+                 WHERE r.user_id = ANY($1) AND r.opened_cents IS NULL \
+                   AND p.refunded IS NULL AND p.expires_ms > $2 ORDER BY p.id",
+                &[&i64s(users), &(now as i64)],
+            )
+            .await
+            .map_err(|e| pg_error("reading waiting packets", e))?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let notice = Notice {
+                    packet_id: r.get::<_, i64>(1) as u64,
+                    from_user: UserId::new(r.get::<_, i64>(2) as u64),
+                    amount_cents: r.get::<_, i64>(3) as u64,
+                    shares: r.get::<_, i32>(4) as u32,
+                    expires_at_ms: r.get::<_, i64>(5) as u64,
+                };
+                (r.get::<_, i64>(0) as u64, notice)
             })
             .collect())
     }
@@ -995,48 +1069,82 @@ async fn run_op(
 }
 
 /// One transaction for the whole batch, its ops pipelined; retried whole on a deadlock
-/// or a serialization failure (another host's batch locked the same rows).
+/// or a serialization failure (another host's batch locked the same rows). An op that
+/// fails on its own (a unique key another host's batch took first, a check) costs only
+/// itself: its batch-mates are committed again without it, and it comes back as
+/// `Err(why)` in its place, to be answered alone. A failure without a database error
+/// (the connection lost) fails the whole batch.
 async fn commit_batch(
     client: &Client,
     st: &Statements,
     host: &str,
     ops: &[Commit],
-) -> Result<Vec<Done>, tokio_postgres::Error> {
+) -> Result<Vec<Result<Done, String>>, tokio_postgres::Error> {
     let at = crate::now_ms() as i64;
+    let mut left_out: Vec<Option<String>> = vec![None; ops.len()];
     let mut attempt = 0;
     loop {
         attempt += 1;
+        let running: Vec<usize> = (0..ops.len()).filter(|&i| left_out[i].is_none()).collect();
         client.batch_execute("BEGIN").await?;
-        let results =
-            futures_util::future::join_all(ops.iter().map(|op| run_op(client, st, host, at, op)))
-                .await;
-        let mut done = Vec::with_capacity(ops.len());
-        let mut failed = None;
-        for r in results {
-            match r {
-                Ok(d) => done.push(d),
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
-            }
+        let results = futures_util::future::join_all(
+            running
+                .iter()
+                .map(|&i| run_op(client, st, host, at, &ops[i])),
+        )
+        .await;
+        if results.iter().all(Result::is_ok) {
+            client.batch_execute("COMMIT").await?;
+            let mut done = results.into_iter().map(|r| r.expect("all ok"));
+            return Ok(left_out
+                .into_iter()
+                .map(|why| match why {
+                    Some(why) => Err(why),
+                    None => Ok(done.next().expect("one result an op that ran")),
+                })
+                .collect());
         }
-        match failed {
-            None => {
-                client.batch_execute("COMMIT").await?;
-                return Ok(done);
-            }
-            Some(e) => {
-                let _ = client.batch_execute("ROLLBACK").await;
-                let retry = e.code().is_some_and(|c| {
-                    *c == tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED
-                        || *c == tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
-                });
-                if !retry || attempt >= 10 {
-                    return Err(e);
-                }
-            }
+        let _ = client.batch_execute("ROLLBACK").await;
+        let culprits = culprits(&results);
+        let first = results
+            .into_iter()
+            .find_map(Result::err)
+            .expect("one op failed");
+        let retry = first.code().is_some_and(|c| {
+            *c == tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+                || *c == tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+        });
+        if attempt >= 10 {
+            return Err(first);
+        }
+        if retry {
+            continue;
+        }
+        // Ops that failed by themselves are left out; the rest failed only because the
+        // transaction was already aborted. None to blame, or all: the batch fails.
+        if culprits.is_empty() || culprits.len() == running.len() {
+            return Err(first);
+        }
+        for (k, why) in culprits {
+            eprintln!("hongbao cluster: an op was left out of its batch: {why}");
+            left_out[running[k]] = Some(why);
         }
     }
+}
+
+/// The positions of the ops whose own statement failed (not those refused because the
+/// transaction had already failed), with why.
+fn culprits(results: &[Result<Done, tokio_postgres::Error>]) -> Vec<(usize, String)> {
+    results
+        .iter()
+        .enumerate()
+        .filter_map(|(k, r)| {
+            let e = r.as_ref().err()?;
+            let code = e.code()?;
+            (*code != tokio_postgres::error::SqlState::IN_FAILED_SQL_TRANSACTION)
+                .then(|| (k, pg_error("committing", e)))
+        })
+        .collect()
 }
 
 /// Takes ops as they come, commits them in batches (one transaction each), and only then
@@ -1101,7 +1209,29 @@ pub async fn committer(
             None => Err("no connection to PostgreSQL".to_string()),
         };
         match result {
-            Ok(done) => after_commit(&store, &cfg, &shared, batch, done).await,
+            Ok(done) => {
+                let (mut committed, mut results, mut left_out) =
+                    (Vec::new(), Vec::new(), Vec::new());
+                for (op, d) in batch.into_iter().zip(done) {
+                    match d {
+                        Ok(d) => {
+                            committed.push(op);
+                            results.push(d);
+                        }
+                        Err(_) => left_out.push(op),
+                    }
+                }
+                if !left_out.is_empty() {
+                    let (campaign, rest) = left_out
+                        .into_iter()
+                        .partition(|op| matches!(op, Commit::CampaignPacket { .. }));
+                    if !rx.is_closed() {
+                        again = campaign;
+                    }
+                    refuse(&shared, rest, LEFT_OUT).await;
+                }
+                after_commit(&store, &cfg, &shared, committed, results).await;
+            }
             Err(why) => {
                 eprintln!(
                     "hongbao cluster: a batch of {} was not committed: {why}",
@@ -1113,16 +1243,21 @@ pub async fn committer(
                 if !rx.is_closed() {
                     again = campaign;
                 }
-                refuse(&shared, rest).await;
+                refuse(&shared, rest, UNAVAILABLE).await;
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         }
     }
 }
 
-/// Nothing of the batch happened: each op is answered `unavailable`, and the shake
-/// packets it would have given stay this host's to give.
-async fn refuse(shared: &Shared, batch: Vec<Commit>) {
+/// What an op of a batch that was not committed is told.
+const UNAVAILABLE: &str = "the ledger is unavailable; nothing was done";
+/// What an op left out of its batch is told (its batch-mates were committed).
+const LEFT_OUT: &str = "the ledger refused this operation (a conflict); nothing was done";
+
+/// Nothing of these ops happened: each is answered `unavailable` with `text`, and the
+/// shake packets they would have given stay this host's to give.
+async fn refuse(shared: &Shared, batch: Vec<Commit>, text: &str) {
     let mut out = Vec::new();
     for op in batch {
         let (to, kind) = match op {
@@ -1146,7 +1281,7 @@ async fn refuse(shared: &Shared, batch: Vec<Commit>) {
             to,
             Reply::Error {
                 result: ResultCode::Unavailable,
-                text: "the ledger is unavailable; nothing was done".into(),
+                text: text.into(),
             },
         ));
     }

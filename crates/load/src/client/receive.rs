@@ -334,7 +334,15 @@ impl Client {
                 }
             }
             Message::Error { .. } => {
-                self.take_inflight(i, frame.request_id);
+                // An open that failed (the ledger unavailable: nothing was done) is made
+                // again when the packet's notice comes again (after a failover the
+                // server tells waiting notices again; docs/protocol.md).
+                if let Some(f) = self.take_inflight(i, frame.request_id) {
+                    if f.kind == Kind::Open && self.opens.get(&(user_id, f.packet)) == Some(&false)
+                    {
+                        self.opens.remove(&(user_id, f.packet));
+                    }
+                }
                 self.counters.error_replies += 1;
             }
             Message::Kick { .. } => self.counters.kicks += 1,
