@@ -5,8 +5,12 @@
 //! - `worker`: one gateway worker process (mio event loop, slab of connections);
 //! - `embedded`: the default money backend — the core (plain code) and its SQLite ledger;
 //! - `presence`: who is connected where; logins, chat, notice delivery;
-//! - `link`: worker ↔ supervisor messages; `admin`: HTTP API; `stats`: what workers count;
-//! - `config`: settings; `nginx`: `hongbao nginx-conf`, nginx in front of the gateways.
+//! - `link`: worker ↔ supervisor messages, length-prefixed on one Unix stream each;
+//! - `admin`: the admin HTTP API (JSON), answered from the supervisor's loop;
+//! - `stats`: what workers count, as fields, and the report each sends once a second;
+//! - `config`: `hongbao serve` settings — defaults, then the TOML file, then flags;
+//! - `nginx`: `hongbao nginx-conf`, nginx in front of the gateways;
+//! - `error`: the crate's error — what kind of failure, and what we were doing.
 
 pub mod admin;
 pub mod config;

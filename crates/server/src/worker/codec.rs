@@ -14,6 +14,9 @@
 //! An enum, not a boxed trait: a million connections each hold one, so it stays a few
 //! bytes, and what a codec needs beyond that (a fragmented message) is boxed only while
 //! it exists.
+//!
+//! What a decode step is made of (`Step`, `Inbound`, `Auth`, `Then`, `Cx`) lives in
+//! `wire.rs`, which both codec files use: this file imports `http.rs`, never the reverse.
 
 use hongbao_money::{Push, Reply, Request, UserId};
 use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
@@ -21,8 +24,7 @@ use hongbao_proto::{json, Frame, FrameError, KickReason, Message, ResultCode};
 use std::ops::ControlFlow;
 
 use super::http::{Answered, HttpCodec};
-use crate::link::WorkerConfig;
-use crate::stats::WorkerCounters;
+use super::wire::{Auth, Cx, Inbound, Step, Then};
 
 pub(super) enum Codec {
     /// Binary frames over raw TCP.
@@ -48,15 +50,6 @@ pub(super) struct WsCodec {
     partial: Option<Box<ws::Partial>>,
 }
 
-/// Who a request acts for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Auth {
-    /// The connection's login.
-    Connection,
-    /// The request proved it by itself (an HTTP bearer token).
-    Bearer(UserId),
-}
-
 /// What became of a reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Sent {
@@ -66,60 +59,6 @@ pub(super) enum Sent {
     Yes,
     /// Written, and it was the last: close once it is out.
     ThenClose,
-}
-
-pub(super) enum Inbound {
-    /// A request to handle; its reply must carry `id`.
-    Request {
-        id: u32,
-        request: Request,
-        auth: Auth,
-    },
-    /// A request that could not be read: answer it with this error and read on.
-    Refused {
-        id: u32,
-        result: ResultCode,
-        text: String,
-    },
-}
-
-/// Whether the connection goes on after a step.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Then {
-    Read,
-    /// The byte stream cannot be read any more: tell the client why, then close.
-    Kick(KickReason, String),
-    /// Close once what is queued is written (the codec wrote its goodbye).
-    HangUp,
-}
-
-pub(super) struct Step {
-    pub used: usize,
-    pub inbound: Option<Inbound>,
-    pub then: Then,
-}
-
-impl Step {
-    fn read(used: usize, inbound: Option<Inbound>) -> Step {
-        Step {
-            used,
-            inbound,
-            then: Then::Read,
-        }
-    }
-}
-
-/// What a codec may touch while decoding.
-pub(super) struct Cx<'a> {
-    /// Bytes the transport answers by itself, written before the step's request is handled.
-    pub out: &'a mut Vec<u8>,
-    pub stats: &'a mut WorkerCounters,
-    pub cfg: &'a WorkerConfig,
-    /// Seconds since the worker started.
-    pub now: u32,
-    /// Whether a WebSocket upgrade may be accepted now: not when the worker already
-    /// holds as many connections not yet logged in as it may (from this source).
-    pub may_upgrade: bool,
 }
 
 /// Which deadline applies to a quiet connection.
@@ -476,6 +415,8 @@ pub(super) fn encode(form: Form, frame: &Frame, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link::WorkerConfig;
+    use crate::stats::WorkerCounters;
 
     /// A million connections each hold one: it must stay a few words.
     #[test]

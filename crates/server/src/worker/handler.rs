@@ -11,8 +11,9 @@ use hongbao_proto::{KickReason, ResultCode};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::codec::{Auth, Inbound, Sent};
+use super::codec::Sent;
 use super::conn::conn_id;
+use super::wire::{Auth, Inbound};
 use super::{unix_now, Worker};
 use crate::link::ToCore;
 

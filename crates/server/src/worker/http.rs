@@ -25,7 +25,7 @@ use hongbao_proto::{KickReason, ResultCode};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::codec::{Auth, Cx, Inbound, Step, Then};
+use super::wire::{Auth, Cx, Inbound, Step, Then};
 
 /// The browser client, served at `GET /`.
 const PAGE: &str = include_str!("../page.html");

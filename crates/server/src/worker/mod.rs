@@ -11,18 +11,28 @@
 //! generation, so an answer for a closed connection can never reach the next owner of its
 //! slot).
 //!
-//! - `conn`: the connection record and writing, kicking, closing;
-//! - `codec`: the wire seam — binary frames, WebSocket; `http`: HTTP on the listener;
-//! - `handler`: requests → logins, admission, the shake pool, the link; `cap`: the
-//!   shake cap under overload;
-//! - `broadcast`: operator broadcasts, a slice of connections per turn.
+//! This file: the worker's record, its start, the event loop and the read path. The rest:
+//! - `accept`: taking connections in, and the limits on those not yet logged in;
+//! - `conn`: the connection record, and writing, kicking, closing;
+//! - `codec`: the wire seam — binary frames, WebSocket;
+//! - `http`: HTTP on the listener — the API, the browser page, WebSocket upgrades;
+//! - `wire`: what a decode step is made of, shared by `codec` and `http`;
+//! - `handler`: requests → logins, admission, the shake pool, the link;
+//! - `cap`: the shake cap under overload;
+//! - `broadcast`: operator broadcasts, a slice of connections per turn, paced;
+//! - `core_link`: this worker's end of the link — the welcome, the core's messages, ours;
+//! - `tick`: once a second — the report, and the sweep of connections past their deadline.
 
+mod accept;
 mod broadcast;
 mod cap;
 mod codec;
 mod conn;
+mod core_link;
 mod handler;
 mod http;
+mod tick;
+mod wire;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
@@ -31,20 +41,21 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
-use hongbao_money::{ConnId, Reply, WorkerId};
-use hongbao_proto::KickReason;
-use hongbao_sys::{limits, net, usage};
+use hongbao_money::{ConnId, WorkerId};
+use hongbao_sys::{limits, net};
 use mio::net::{TcpListener, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use crate::link::{self, ToCore, ToWorker, WorkerConfig};
+use crate::link::{self, ToCore, WorkerConfig};
 use crate::stats::WorkerStats;
 use broadcast::{BroadcastJob, Pacer};
-use codec::{Codec, Cx, Idle, Then};
-use conn::{Conn, State, CLOSING_GRACE_SECS};
+use codec::Codec;
+use conn::{Conn, State};
+use core_link::read_welcome;
 use handler::{Admission, Backoff};
-use http::HttpCodec;
+use tick::until_next_second;
+use wire::{Cx, Then};
 
 const LINK: Token = Token(usize::MAX - 1);
 /// Listener `i` has token `LISTENERS - i`.
@@ -53,8 +64,6 @@ const LISTENERS: usize = usize::MAX - 2;
 const READ_BUF: usize = 64 * 1024;
 /// Reads one connection may do per readiness event before others get a turn.
 const READS_PER_TURN: usize = 4;
-/// A claim unanswered this long is forgotten (its connection closed).
-const CLAIM_FORGET_SECS: u64 = 30;
 
 pub struct WorkerOptions {
     pub index: WorkerId,
@@ -118,12 +127,6 @@ fn unix_now() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
-}
-
-/// Time until 20 ms past the next whole Unix second.
-fn until_next_second() -> Duration {
-    let into = unix_now().subsec_millis() as u64;
-    Duration::from_millis((1000 - into) + 20)
 }
 
 /// Runs a worker until the supervisor tells it to stop or the link closes.
@@ -213,33 +216,6 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     worker.event_loop()
 }
 
-/// Waits for the supervisor's welcome. Returns it with whatever came right behind it in
-/// the same reads (packets may already be dealt to us): the messages, and the bytes of
-/// one not yet whole.
-fn read_welcome(
-    mut stream: &std::os::unix::net::UnixStream,
-) -> anyhow::Result<(WorkerConfig, Vec<ToWorker>, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let mut welcome = None;
-    let mut early = Vec::new();
-    loop {
-        let n = stream.read(&mut chunk)?;
-        if n == 0 {
-            anyhow::bail!("the core closed the link before welcoming this worker");
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        link::decode_all::<ToWorker>(&mut buf, |m| match m {
-            ToWorker::Welcome(cfg) if welcome.is_none() => welcome = Some(cfg),
-            other => early.push(other),
-        })
-        .map_err(anyhow::Error::msg)?;
-        if let Some(cfg) = welcome {
-            return Ok((cfg, early, buf));
-        }
-    }
-}
-
 impl Worker {
     fn now_s(&self) -> u32 {
         self.started.elapsed().as_secs() as u32
@@ -302,74 +278,7 @@ impl Worker {
         Ok(())
     }
 
-    // ----- connections ----------------------------------------------------------------
-
-    fn accept(&mut self, i: usize) {
-        if self.accept_paused {
-            return;
-        }
-        loop {
-            let listener = &mut self.listeners[i];
-            match listener.socket.accept() {
-                Ok((mut stream, peer)) => {
-                    self.stats.counters.accepted += 1;
-                    if self.conns.len() >= self.cfg.max_connections as usize {
-                        self.stats.counters.rejected += 1;
-                        continue; // dropped: closes at once
-                    }
-                    let http = self.listeners[i].http;
-                    if !http && !self.may_hold_unauthenticated(peer.ip()) {
-                        self.stats.counters.rejected_unauthenticated += 1;
-                        continue; // dropped: closes at once
-                    }
-                    let listener = &mut self.listeners[i];
-                    let _ = stream.set_nodelay(true);
-                    if listener.stamp_backlog {
-                        let _ = net::enable_receive_timestamps(&stream);
-                    }
-                    let now = self.started.elapsed().as_secs() as u32;
-                    let codec = if listener.http {
-                        Codec::Http(Box::new(HttpCodec::new(now)))
-                    } else {
-                        Codec::Frames
-                    };
-                    let entry = self.conns.vacant_entry();
-                    let interest = Interest::READABLE | Interest::WRITABLE;
-                    if self
-                        .poll
-                        .registry()
-                        .register(&mut stream, Token(entry.key()), interest)
-                        .is_err()
-                    {
-                        continue;
-                    }
-                    let generation = self.next_generation;
-                    self.next_generation = self.next_generation.wrapping_add(1).max(1);
-                    let key = entry.key();
-                    entry.insert(Conn::new(stream, generation, now, codec));
-                    if !http {
-                        self.hold_unauthenticated(key, peer.ip());
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    // Everything accepted from now on was born with the listener's option.
-                    listener.stamp_backlog = false;
-                    return;
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // Out of files (or similar): stop accepting until the next tick rather
-                    // than spin; the backlog waits in the kernel.
-                    eprintln!(
-                        "worker {}: accept: {e}; pausing accepts for a second",
-                        self.index
-                    );
-                    self.accept_paused = true;
-                    return;
-                }
-            }
-        }
-    }
+    // ----- the read path --------------------------------------------------------------
 
     /// Reads what a connection sent, at most `READS_PER_TURN` buffers a turn. A short
     /// read emptied the socket and ends it (epoll, edge-triggered, says when more
@@ -479,232 +388,6 @@ impl Worker {
             at
         } else {
             data.len()
-        }
-    }
-
-    // ----- the link to the supervisor ---------------------------------------------------
-
-    fn tell_core(&mut self, msg: &ToCore) {
-        link::encode(msg, &mut self.link_out);
-    }
-
-    fn on_link(&mut self, readable: bool) -> anyhow::Result<()> {
-        if !readable {
-            return Ok(());
-        }
-        let mut chunk = [0u8; 64 * 1024];
-        loop {
-            match self.link.read(&mut chunk) {
-                Ok(0) => {
-                    // The core is gone: nothing we could acknowledge any more.
-                    self.shutdown = true;
-                    return Ok(());
-                }
-                Ok(n) => self.link_in.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let mut inbox = Vec::new();
-        link::decode_all::<ToWorker>(&mut self.link_in, |m| inbox.push(m))
-            .map_err(anyhow::Error::msg)?;
-        for msg in inbox {
-            self.on_core_message(msg);
-        }
-        Ok(())
-    }
-
-    fn on_core_message(&mut self, msg: ToWorker) {
-        match msg {
-            ToWorker::Deal { packets } => self.pool.extend(packets),
-            ToWorker::Reply { conn, req, reply } => {
-                if matches!(reply, Reply::Shake { .. }) {
-                    if let Some(read_at) = self.claims.remove(&(conn, req)) {
-                        self.record_latency(read_at);
-                    }
-                }
-                if let Some(key) = self.key_of(conn) {
-                    self.reply(key, req, &reply);
-                    if let Some(c) = self.conns.get_mut(key) {
-                        c.awaiting = c.awaiting.saturating_sub(1);
-                    }
-                    self.finish_draining(key);
-                }
-            }
-            ToWorker::Push { conn, push, close } => {
-                let Some(key) = self.key_of(conn) else {
-                    return;
-                };
-                self.push(key, &push);
-                if close {
-                    // Presence already routed the user elsewhere: just close.
-                    if self.conns[key].user.take().is_some() {
-                        self.stats.levels.logged_in -= 1;
-                    }
-                    let reason = match push {
-                        hongbao_money::Push::Kick { reason, .. } => reason,
-                        _ => KickReason::Replaced,
-                    };
-                    self.goodbye(key, reason);
-                }
-            }
-            ToWorker::Welcome(cfg) => self.cfg = cfg,
-            ToWorker::Broadcast {
-                id,
-                server_time_us,
-                text,
-            } => self.start_broadcast(id, server_time_us, text),
-            ToWorker::Shutdown => {
-                // Tell every client why its connection is about to close.
-                let open: Vec<usize> = self
-                    .conns
-                    .iter()
-                    .filter(|(_, c)| c.state == State::Open)
-                    .map(|(key, _)| key)
-                    .collect();
-                for key in open {
-                    self.kick(key, KickReason::Shutdown, "server shutting down");
-                }
-                self.shutdown = true;
-            }
-        }
-    }
-
-    fn flush_link(&mut self) -> anyhow::Result<()> {
-        match net::write_nonblocking(&mut self.link, &self.link_out) {
-            Ok(n) => {
-                self.link_out.drain(..n);
-                Ok(())
-            }
-            Err(e) if e.kind() == ErrorKind::BrokenPipe => {
-                self.shutdown = true;
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    // ----- once a second --------------------------------------------------------------
-
-    fn tick(&mut self) {
-        if self.accept_paused {
-            self.accept_paused = false;
-            for i in 0..self.listeners.len() {
-                self.accept(i);
-            }
-        }
-        self.sweep();
-        self.stats.unix_second = unix_now().as_secs();
-        self.stats.levels.connections = self.conns.len() as u64;
-        self.stats.levels.pool_packets = self.pool.len() as u64;
-        self.stats.levels.shake_cap = self.cap.per_sec().into();
-        let (rss, cpu) = usage::self_usage();
-        self.stats.levels.rss_bytes = rss;
-        self.stats.cpu_ms = cpu;
-        self.stats.shake_latency_us = hongbao_telemetry::sample::sparse(&self.latency);
-        self.latency.reset();
-        // A claim whose connection went away is never answered.
-        self.claims
-            .retain(|_, read_at| read_at.elapsed() < Duration::from_secs(CLAIM_FORGET_SECS));
-        let stats = ToCore::Stats(Box::new(self.stats.clone()));
-        self.tell_core(&stats);
-    }
-
-    // ----- connections not yet logged in -------------------------------------------------
-
-    /// Whether one more connection not yet logged in, from `source`, is within limits.
-    fn may_hold_unauthenticated(&self, source: IpAddr) -> bool {
-        self.unauthenticated.len() < self.cfg.max_unauthenticated as usize
-            && self.per_source.get(&source).copied().unwrap_or(0)
-                < self.cfg.max_unauthenticated_per_source
-    }
-
-    /// Whether HTTP connection `key` may upgrade to a WebSocket not yet logged in (its
-    /// source address is looked up only when some source holds any).
-    fn may_upgrade(&self, key: usize) -> bool {
-        if self.unauthenticated.len() >= self.cfg.max_unauthenticated as usize {
-            return false;
-        }
-        self.per_source.is_empty()
-            || (self.conns[key].stream.peer_addr())
-                .is_ok_and(|peer| self.may_hold_unauthenticated(peer.ip()))
-    }
-
-    fn hold_unauthenticated(&mut self, key: usize, source: IpAddr) {
-        if self.unauthenticated.insert(key, source).is_none() {
-            *self.per_source.entry(source).or_default() += 1;
-        }
-    }
-
-    /// `key` logged in or closed: no longer counted as not logged in.
-    pub(super) fn authenticated(&mut self, key: usize) {
-        let Some(source) = self.unauthenticated.remove(&key) else {
-            return;
-        };
-        if let Some(n) = self.per_source.get_mut(&source) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_source.remove(&source);
-            }
-        }
-    }
-
-    /// Closes connections that never logged in, went silent, took too long with an HTTP
-    /// request, or were kicked and linger.
-    fn sweep(&mut self) {
-        let now = self.now_s();
-        let login_timeout = self.cfg.login_timeout_secs;
-        let idle_timeout = self.cfg.idle_timeout_secs;
-        let keepalive = self.cfg.http_keepalive_secs;
-        let mut expired = Vec::new();
-        for (key, c) in self.conns.iter() {
-            let quiet = now.saturating_sub(c.last_seen);
-            if c.state == State::Closing {
-                if quiet >= CLOSING_GRACE_SECS {
-                    expired.push((key, None));
-                }
-                continue;
-            }
-            if c.state == State::Draining {
-                // Answers owed to a half-closed client that never came.
-                if quiet as u64 >= CLAIM_FORGET_SECS {
-                    expired.push((key, None));
-                }
-                continue;
-            }
-            // A request already waiting in the socket is not the client's delay but ours
-            // (a starved worker during a connect storm): it will be read next turn.
-            let unread = || net::has_input(c.stream.as_raw_fd());
-            let why = match c.codec.idle() {
-                // Counted from the connect: a request waiting unread may be ours to read,
-                // but not for long.
-                Idle::Session if c.user.is_none() => (quiet >= login_timeout
-                    && (quiet >= 2 * login_timeout || !unread()))
-                .then_some("no login"),
-                Idle::Session => (idle_timeout > 0 && quiet >= idle_timeout).then_some("idle"),
-                Idle::Http {
-                    request_since: Some(since),
-                    ..
-                } => (now.saturating_sub(since) >= login_timeout && !unread())
-                    .then_some("request not complete in time"),
-                Idle::Http {
-                    request_since: None,
-                    answers_due,
-                } => (!answers_due && keepalive > 0 && quiet >= keepalive).then_some("idle"),
-            };
-            if let Some(why) = why {
-                expired.push((key, Some(why)));
-            }
-        }
-        for (key, why) in expired {
-            match why {
-                Some(text) => {
-                    self.stats.counters.kicks_idle += 1;
-                    self.kick(key, KickReason::Idle, text);
-                }
-                None => self.close(key),
-            }
         }
     }
 }

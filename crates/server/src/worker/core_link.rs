@@ -1,0 +1,143 @@
+//! This worker's end of the link to the core (in the supervisor): the welcome that
+//! starts it, the messages that come down it (packets dealt, replies, pushes, broadcasts,
+//! shutdown) and what each does here, and the queue of messages going up.
+
+use std::io::{ErrorKind, Read};
+
+use hongbao_money::Reply;
+use hongbao_proto::KickReason;
+use hongbao_sys::net;
+
+use super::conn::State;
+use super::Worker;
+use crate::link::{self, ToCore, ToWorker, WorkerConfig};
+
+/// Waits for the supervisor's welcome. Returns it with whatever came right behind it in
+/// the same reads (packets may already be dealt to us): the messages, and the bytes of
+/// one not yet whole.
+pub(super) fn read_welcome(
+    mut stream: &std::os::unix::net::UnixStream,
+) -> anyhow::Result<(WorkerConfig, Vec<ToWorker>, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let mut welcome = None;
+    let mut early = Vec::new();
+    loop {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            anyhow::bail!("the core closed the link before welcoming this worker");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        link::decode_all::<ToWorker>(&mut buf, |m| match m {
+            ToWorker::Welcome(cfg) if welcome.is_none() => welcome = Some(cfg),
+            other => early.push(other),
+        })
+        .map_err(anyhow::Error::msg)?;
+        if let Some(cfg) = welcome {
+            return Ok((cfg, early, buf));
+        }
+    }
+}
+
+impl Worker {
+    pub(super) fn tell_core(&mut self, msg: &ToCore) {
+        link::encode(msg, &mut self.link_out);
+    }
+
+    pub(super) fn on_link(&mut self, readable: bool) -> anyhow::Result<()> {
+        if !readable {
+            return Ok(());
+        }
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            match self.link.read(&mut chunk) {
+                Ok(0) => {
+                    // The core is gone: nothing we could acknowledge any more.
+                    self.shutdown = true;
+                    return Ok(());
+                }
+                Ok(n) => self.link_in.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut inbox = Vec::new();
+        link::decode_all::<ToWorker>(&mut self.link_in, |m| inbox.push(m))
+            .map_err(anyhow::Error::msg)?;
+        for msg in inbox {
+            self.on_core_message(msg);
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_core_message(&mut self, msg: ToWorker) {
+        match msg {
+            ToWorker::Deal { packets } => self.pool.extend(packets),
+            ToWorker::Reply { conn, req, reply } => {
+                if matches!(reply, Reply::Shake { .. }) {
+                    if let Some(read_at) = self.claims.remove(&(conn, req)) {
+                        self.record_latency(read_at);
+                    }
+                }
+                if let Some(key) = self.key_of(conn) {
+                    self.reply(key, req, &reply);
+                    if let Some(c) = self.conns.get_mut(key) {
+                        c.awaiting = c.awaiting.saturating_sub(1);
+                    }
+                    self.finish_draining(key);
+                }
+            }
+            ToWorker::Push { conn, push, close } => {
+                let Some(key) = self.key_of(conn) else {
+                    return;
+                };
+                self.push(key, &push);
+                if close {
+                    // Presence already routed the user elsewhere: just close.
+                    if self.conns[key].user.take().is_some() {
+                        self.stats.levels.logged_in -= 1;
+                    }
+                    let reason = match push {
+                        hongbao_money::Push::Kick { reason, .. } => reason,
+                        _ => KickReason::Replaced,
+                    };
+                    self.goodbye(key, reason);
+                }
+            }
+            ToWorker::Welcome(cfg) => self.cfg = cfg,
+            ToWorker::Broadcast {
+                id,
+                server_time_us,
+                text,
+            } => self.start_broadcast(id, server_time_us, text),
+            ToWorker::Shutdown => {
+                // Tell every client why its connection is about to close.
+                let open: Vec<usize> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| c.state == State::Open)
+                    .map(|(key, _)| key)
+                    .collect();
+                for key in open {
+                    self.kick(key, KickReason::Shutdown, "server shutting down");
+                }
+                self.shutdown = true;
+            }
+        }
+    }
+
+    pub(super) fn flush_link(&mut self) -> anyhow::Result<()> {
+        match net::write_nonblocking(&mut self.link, &self.link_out) {
+            Ok(n) => {
+                self.link_out.drain(..n);
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+                self.shutdown = true;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}

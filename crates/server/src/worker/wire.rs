@@ -1,0 +1,74 @@
+//! The words every transport shares: what one decode step yields (`Step`: a request or a
+//! refusal, `Inbound`, acting for `Auth`; and whether the connection goes on, `Then`) and
+//! what a codec may touch meanwhile (`Cx`). Both codec files use them — `codec.rs`
+//! (binary frames, WebSocket) and `http.rs` — and this file imports from neither, so the
+//! imports run one way: codec → http → wire.
+
+use hongbao_money::{Request, UserId};
+use hongbao_proto::{KickReason, ResultCode};
+
+use crate::link::WorkerConfig;
+use crate::stats::WorkerCounters;
+
+/// Who a request acts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Auth {
+    /// The connection's login.
+    Connection,
+    /// The request proved it by itself (an HTTP bearer token).
+    Bearer(UserId),
+}
+
+pub(super) enum Inbound {
+    /// A request to handle; its reply must carry `id`.
+    Request {
+        id: u32,
+        request: Request,
+        auth: Auth,
+    },
+    /// A request that could not be read: answer it with this error and read on.
+    Refused {
+        id: u32,
+        result: ResultCode,
+        text: String,
+    },
+}
+
+/// Whether the connection goes on after a step.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Then {
+    Read,
+    /// The byte stream cannot be read any more: tell the client why, then close.
+    Kick(KickReason, String),
+    /// Close once what is queued is written (the codec wrote its goodbye).
+    HangUp,
+}
+
+pub(super) struct Step {
+    pub used: usize,
+    pub inbound: Option<Inbound>,
+    pub then: Then,
+}
+
+impl Step {
+    pub(super) fn read(used: usize, inbound: Option<Inbound>) -> Step {
+        Step {
+            used,
+            inbound,
+            then: Then::Read,
+        }
+    }
+}
+
+/// What a codec may touch while decoding.
+pub(super) struct Cx<'a> {
+    /// Bytes the transport answers by itself, written before the step's request is handled.
+    pub out: &'a mut Vec<u8>,
+    pub stats: &'a mut WorkerCounters,
+    pub cfg: &'a WorkerConfig,
+    /// Seconds since the worker started.
+    pub now: u32,
+    /// Whether a WebSocket upgrade may be accepted now: not when the worker already
+    /// holds as many connections not yet logged in as it may (from this source).
+    pub may_upgrade: bool,
+}
