@@ -18,9 +18,10 @@ use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
 use hongbao_report::Broadcast;
+// From their home rather than through `report`, which carries this file's
+// `BroadcastReport`: the two files do not lean on each other.
+use hongbao_telemetry::sample::{merge_sparse, new_histogram, sparse};
 use serde::{Deserialize, Serialize};
-
-use crate::report::{merge_sparse, new_histogram, sparse};
 
 /// Points at most in a `broadcasts.json` delivery curve (plus the last delivery).
 pub const CDF_POINTS: usize = 150;

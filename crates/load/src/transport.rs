@@ -6,8 +6,8 @@
 //! write path with the transport as a parameter.
 //!
 //! A WebSocket connection first upgrades: [`upgrade_request`] with a fresh random key,
-//! then `ws::check_response` on what comes back (in `client.rs`, which holds the key only
-//! until the answer is in).
+//! then `ws::check_response` on what comes back (in `client/receive.rs`; the client holds
+//! the key only until the answer is in).
 
 use std::fmt;
 use std::net::SocketAddr;

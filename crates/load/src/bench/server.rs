@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{BenchOptions, Fault, SECRET, WORKER_STALL};
+use super::options::{BenchOptions, Fault, SECRET, WORKER_STALL};
 use crate::transport::Transport;
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a

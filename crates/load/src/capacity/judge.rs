@@ -1,12 +1,13 @@
-//! What a step measured and whether it met the SLO; the knee of a run, the linearity of a
-//! scaling stage and the instances per layer for a target. No I/O: the load's rows and
-//! the probe's samples in, the records of `summary.json` out (docs/capacity.md).
+//! What one step measured and whether it met the SLO: the load's rows and the probe's
+//! samples of a step's counted seconds in, its record of `summary.json` out, with what
+//! broke and where the bottleneck lies (docs/capacity.md). No I/O. `knee` reads a run's
+//! steps; `sizing` reads the runs together.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::plan::{Slo, Target};
+use super::plan::Slo;
 use super::probe::{Sample, Watched};
 use crate::coordinator::Row;
 use crate::report;
@@ -88,7 +89,7 @@ const SATURATED: f64 = 0.85;
 /// The machine's busy CPU at this share of its cores counts as saturated.
 const MACHINE_SATURATED: f64 = 0.9;
 
-fn cores() -> f64 {
+pub(super) fn cores() -> f64 {
     std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
@@ -312,7 +313,7 @@ fn engines(first: &Stamped, last: &Stamped) -> Option<EngineLoad> {
 }
 
 /// A layer's CPU limit per instance, cores: the SLO's, or one core.
-fn cpu_limit(slo: &Slo, layer: &str) -> (f64, bool) {
+pub(super) fn cpu_limit(slo: &Slo, layer: &str) -> (f64, bool) {
     match slo.cpu.get(layer) {
         Some(l) => (*l, true),
         None => (1.0, false),
@@ -464,275 +465,9 @@ pub fn clearly_broken(step: &StepRecord, slo: &Slo) -> Option<String> {
     None
 }
 
-/// " (pid 12)", " (pids 12, 13)", or nothing.
-fn pids(pids: &[u32]) -> String {
-    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-    match list.len() {
-        0 => String::new(),
-        1 => format!(" (pid {})", list[0]),
-        _ => format!(" (pids {})", list.join(", ")),
-    }
-}
-
-/// One stage at one instance count.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RunRecord {
-    pub stage: String,
-    pub layers: String,
-    pub scaled_layer: String,
-    pub instances: u32,
-    pub steps: Vec<StepRecord>,
-    /// The highest step that met the SLO (every step below it met it too).
-    pub knee: Option<Knee>,
-    /// The first step that did not (the run's last step).
-    pub broke_at: Option<Broke>,
-    /// One line: the knee and what broke.
-    pub note: String,
-    /// Set when the stage could not run (its layers did not come up).
-    pub failed: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Knee {
-    pub offered_qps: u64,
-    pub achieved_qps: f64,
-    pub p99_ms: f64,
-    /// Every step met the SLO: the real knee is higher than the plan's steps reached.
-    pub lower_bound: bool,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Broke {
-    pub offered_qps: u64,
-    pub reasons: Vec<String>,
-    pub bottleneck: Option<Bottleneck>,
-}
-
-impl RunRecord {
-    /// The knee, what broke and the note, from the steps.
-    pub fn conclude(&mut self) {
-        let first_bad = self.steps.iter().position(|s| !s.meets_slo);
-        let good = first_bad.unwrap_or(self.steps.len());
-        self.knee = good.checked_sub(1).map(|k| {
-            let s = &self.steps[k];
-            Knee {
-                offered_qps: s.offered_qps,
-                achieved_qps: s.achieved_qps,
-                p99_ms: s.latency.p99_ms,
-                lower_bound: first_bad.is_none(),
-            }
-        });
-        self.broke_at = first_bad.map(|b| {
-            let s = &self.steps[b];
-            Broke {
-                offered_qps: s.offered_qps,
-                reasons: s.broken.clone(),
-                bottleneck: s.bottleneck.clone(),
-            }
-        });
-        let knee = match &self.knee {
-            Some(k) => format!(
-                "knee {}/s (achieved {}/s, p99 {:.1} ms)",
-                group(k.offered_qps as f64),
-                group(k.achieved_qps),
-                k.p99_ms
-            ),
-            None => "no step met the SLO".to_string(),
-        };
-        let broke = match &self.broke_at {
-            Some(b) => {
-                let by = b
-                    .bottleneck
-                    .as_ref()
-                    .map(|n| match n.cause.as_str() {
-                        "overloaded" => format!("; {} refused (overloaded)", n.layer),
-                        "cpu" => format!(
-                            "; bound by {} {}{} at {:.2} cores",
-                            n.layer,
-                            n.instance,
-                            pids(&n.pids),
-                            n.cpu_cores
-                        ),
-                        "machine" => format!(
-                            "; no layer at its CPU limit, the machine is: {:.2} of {} cores busy",
-                            n.cpu_cores,
-                            cores()
-                        ),
-                        _ => format!(
-                            "; no layer at its CPU limit (busiest {} {}{} at {:.2} cores)",
-                            n.layer,
-                            n.instance,
-                            pids(&n.pids),
-                            n.cpu_cores
-                        ),
-                    })
-                    .unwrap_or_default();
-                format!(
-                    "; at {}/s: {}{by}",
-                    group(b.offered_qps as f64),
-                    b.reasons.join("; ")
-                )
-            }
-            None => "; every step met the SLO (the knee is above the last step)".to_string(),
-        };
-        self.note = format!("{knee}{broke}");
-    }
-}
-
-/// Measured QPS at the knee against N × the single instance's, per instance count of a
-/// scaling stage.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Linearity {
-    pub stage: String,
-    pub scaled_layer: String,
-    pub rows: Vec<LinearityRow>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LinearityRow {
-    pub instances: u32,
-    pub knee_qps: f64,
-    /// instances × the smallest count's knee per instance.
-    pub linear_qps: f64,
-    /// knee ÷ linear.
-    pub ratio: f64,
-    /// This knee, or the smallest count's, is a lower bound (every step met the SLO):
-    /// the ratio says little.
-    pub lower_bound: bool,
-}
-
-/// Linearity of each stage run at more than one instance count.
-pub fn linearity(runs: &[RunRecord]) -> Vec<Linearity> {
-    let mut out: Vec<Linearity> = Vec::new();
-    for run in runs {
-        let knee = run.knee.as_ref().map_or(0.0, |k| k.achieved_qps);
-        let lower_bound = run.knee.as_ref().is_some_and(|k| k.lower_bound);
-        match out.iter_mut().find(|l| l.stage == run.stage) {
-            Some(l) => l.rows.push(LinearityRow {
-                instances: run.instances,
-                knee_qps: knee,
-                lower_bound,
-                ..Default::default()
-            }),
-            None => out.push(Linearity {
-                stage: run.stage.clone(),
-                scaled_layer: run.scaled_layer.clone(),
-                rows: vec![LinearityRow {
-                    instances: run.instances,
-                    knee_qps: knee,
-                    lower_bound,
-                    ..Default::default()
-                }],
-            }),
-        }
-    }
-    out.retain(|l| l.rows.len() > 1);
-    for l in &mut out {
-        let base = &l.rows[0];
-        let per_instance = base.knee_qps / base.instances as f64;
-        let base_bound = base.lower_bound;
-        for row in &mut l.rows {
-            row.linear_qps = per_instance * row.instances as f64;
-            row.lower_bound |= base_bound;
-            row.ratio = if row.linear_qps > 0.0 {
-                row.knee_qps / row.linear_qps
-            } else {
-                0.0
-            };
-        }
-    }
-    out
-}
-
-/// Instances of each layer for the target.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CapacityPlan {
-    pub target_qps: u64,
-    pub headroom: f64,
-    pub layers: Vec<LayerPlan>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LayerPlan {
-    pub layer: String,
-    /// QPS one instance carries within the SLO (the lowest estimate over the runs).
-    pub per_instance_qps: f64,
-    /// `measured`: the run's knee, bounded by this layer; `projected`: the knee's QPS
-    /// per instance scaled by the layer's CPU limit ÷ its busiest instance's CPU there.
-    pub basis: String,
-    /// The run the estimate comes from ("stage ×N").
-    pub from_run: String,
-    /// ceil(target × (1 + headroom) ÷ per_instance_qps).
-    pub instances: u64,
-}
-
-/// Per layer: the lowest per-instance capacity any run with a knee shows.
-pub fn capacity_plan(runs: &[RunRecord], slo: &Slo, target: &Target) -> CapacityPlan {
-    let mut best: BTreeMap<String, LayerPlan> = BTreeMap::new();
-    for run in runs {
-        let Some(knee) = &run.knee else { continue };
-        let Some(step) = run.steps.iter().find(|s| s.offered_qps == knee.offered_qps) else {
-            continue;
-        };
-        let bound = run
-            .broke_at
-            .as_ref()
-            .and_then(|b| b.bottleneck.as_ref())
-            .filter(|b| b.cause != "busiest")
-            .map(|b| b.layer.clone());
-        for layer in &step.layers {
-            if OBSERVERS.contains(&layer.layer.as_str()) || layer.instances == 0 {
-                continue;
-            }
-            let per_instance_at_knee = knee.achieved_qps / layer.instances as f64;
-            let (estimate, basis) = if bound.as_deref() == Some(layer.layer.as_str()) {
-                (per_instance_at_knee, "measured")
-            } else if layer.cpu_max_instance_cores > 0.02 {
-                let (limit, _) = cpu_limit(slo, &layer.layer);
-                (
-                    per_instance_at_knee * limit / layer.cpu_max_instance_cores,
-                    "projected",
-                )
-            } else {
-                continue;
-            };
-            if estimate <= 0.0 {
-                continue;
-            }
-            let entry = LayerPlan {
-                layer: layer.layer.clone(),
-                per_instance_qps: estimate,
-                basis: basis.to_string(),
-                from_run: format!("{} ×{}", run.stage, run.instances),
-                instances: 0,
-            };
-            match best.get(&layer.layer) {
-                Some(b) if b.per_instance_qps <= estimate => {}
-                _ => {
-                    best.insert(layer.layer.clone(), entry);
-                }
-            }
-        }
-    }
-    let need = target.qps as f64 * (1.0 + target.headroom);
-    CapacityPlan {
-        target_qps: target.qps,
-        headroom: target.headroom,
-        layers: best
-            .into_values()
-            .map(|mut l| {
-                l.instances = (need / l.per_instance_qps).ceil().max(1.0) as u64;
-                l
-            })
-            .collect(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::probe::{InstanceSample, Watched};
     use super::*;
-    use crate::report::Counters;
 
     fn slo() -> Slo {
         Slo {
@@ -742,154 +477,6 @@ mod tests {
             min_achieved: 0.95,
             cpu: [("gateway".to_string(), 0.5)].into(),
         }
-    }
-
-    fn row(second: u64, qps: u64, sent: u64, nothing: u64, overloaded: u64, lat_us: u64) -> Row {
-        Row {
-            second,
-            target_qps: qps,
-            counters: Counters {
-                shakes_sent: sent,
-                shake_replies: nothing + overloaded,
-                nothing,
-                overloaded,
-                ..Default::default()
-            },
-            shake_latency: vec![(lat_us, qps)],
-            ..Default::default()
-        }
-    }
-
-    fn watched() -> Vec<Watched> {
-        vec![
-            Watched {
-                layer: "gateway".into(),
-                instance: "w0".into(),
-                pids: vec![7],
-                has_net: true,
-            },
-            Watched {
-                layer: "load".into(),
-                instance: "p0".into(),
-                pids: vec![9],
-                has_net: false,
-            },
-        ]
-    }
-
-    fn samples(cpu_ms_per_sec: u64, secs: u64) -> Vec<Sample> {
-        (0..=secs)
-            .map(|s| Sample {
-                unix_ms: 1_000_000 + s * 1000,
-                instances: vec![
-                    InstanceSample {
-                        cpu_ms: s * cpu_ms_per_sec,
-                        net_in_bytes: s * 1000,
-                        net_out_bytes: s * 3000,
-                    },
-                    InstanceSample {
-                        cpu_ms: s * 900,
-                        ..Default::default()
-                    },
-                ],
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_step_within_the_slo_and_one_past_it() {
-        let slo = slo();
-        let before = row(0, 1000, 0, 0, 0, 1000);
-        let rows = [
-            row(1, 1000, 1000, 1000, 0, 2000),
-            row(2, 1000, 2000, 2000, 0, 3000),
-        ];
-        let s = samples(300, 2);
-        let watched = watched();
-        let w = Window {
-            offered_qps: 1000,
-            rows: &rows,
-            before: &before,
-            watched: &watched,
-            samples: &s,
-            engines: None,
-            slo: &slo,
-            refusing_layer: "gateway",
-        };
-        let good = w.record();
-        assert!(good.meets_slo, "{:?}", good.broken);
-        assert_eq!(good.achieved_qps, 1000.0);
-        assert!((good.latency.p99_ms - 3.0).abs() < 0.01);
-        assert!((good.instances[0].cpu_cores - 0.3).abs() < 1e-9);
-        assert_eq!(good.instances[0].net_in_bytes_per_sec, Some(1000.0));
-        assert_eq!(good.instances[0].net_peak_bytes_per_sec, Some(4000.0));
-        assert_eq!(good.instances[1].net_in_bytes_per_sec, None);
-        let b = good.bottleneck.as_ref().unwrap();
-        assert_eq!((b.layer.as_str(), b.share_of_limit), ("gateway", 0.6));
-        assert_eq!(b.cause, "busiest");
-
-        // 2,000 offered, 1,200 answered, 800 overloaded, a slow p99, a hot gateway.
-        let rows = [
-            row(1, 2000, 2000, 600, 400, 80_000),
-            row(2, 2000, 4000, 1200, 800, 80_000),
-        ];
-        let s = samples(700, 2);
-        let bad = Window {
-            offered_qps: 2000,
-            rows: &rows,
-            samples: &s,
-            ..w
-        }
-        .record();
-        assert!(!bad.meets_slo);
-        let text = bad.broken.join(" | ");
-        for needle in [
-            "p99 80.",
-            "errors 70.0% > 5.0% (overloaded 800, unanswered 2,000)",
-            "achieved 600/s < 95% of 2,000/s",
-            "gateway w0 at 0.70 cores > 0.5",
-        ] {
-            assert!(text.contains(needle), "{needle} in {text}");
-        }
-        assert!(clearly_broken(&bad, &slo).is_some());
-        assert!(clearly_broken(&good, &slo).is_none());
-
-        let mut run = RunRecord {
-            stage: "app".into(),
-            instances: 1,
-            steps: vec![good.clone(), bad.clone()],
-            ..Default::default()
-        };
-        run.conclude();
-        assert_eq!(run.knee.as_ref().unwrap().offered_qps, 1000);
-        assert_eq!(run.broke_at.as_ref().unwrap().offered_qps, 2000);
-        assert!(run.note.starts_with("knee 1,000/s"), "{}", run.note);
-        assert!(
-            run.note.contains("gateway refused (overloaded)"),
-            "{}",
-            run.note
-        );
-
-        let plan = capacity_plan(
-            &[run.clone()],
-            &slo,
-            &Target {
-                qps: 10_000,
-                headroom: 0.3,
-            },
-        );
-        // Bounded by the gateway: measured 1,000/s per instance → 13 for 13,000.
-        assert_eq!(plan.layers.len(), 1);
-        assert_eq!(plan.layers[0].basis, "measured");
-        assert_eq!(plan.layers[0].instances, 13);
-
-        let mut run2 = run.clone();
-        run2.instances = 2;
-        run2.knee.as_mut().unwrap().achieved_qps = 1800.0;
-        let lin = linearity(&[run, run2]);
-        assert_eq!(lin.len(), 1);
-        assert_eq!(lin[0].rows[1].linear_qps, 2000.0);
-        assert!((lin[0].rows[1].ratio - 0.9).abs() < 1e-9);
     }
 
     #[test]
@@ -922,21 +509,5 @@ mod tests {
         judge(&mut step, &slo(), "gateway");
         let b = step.bottleneck.unwrap();
         assert_eq!((b.layer.as_str(), b.cause.as_str()), ("nginx", "busiest"));
-    }
-
-    #[test]
-    fn a_run_whose_first_step_fails_has_no_knee() {
-        let mut run = RunRecord {
-            steps: vec![StepRecord {
-                offered_qps: 10,
-                meets_slo: false,
-                broken: vec!["x".into()],
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        run.conclude();
-        assert!(run.knee.is_none());
-        assert!(run.note.starts_with("no step met the SLO"));
     }
 }

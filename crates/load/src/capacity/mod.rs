@@ -8,14 +8,20 @@
 //! instances per layer.
 //!
 //! - `plan`: the TOML plan; `stack`: bringing a stage's layers up;
-//! - `probe`: CPU and network per instance from /proc; `judge`: steps, knees, plans;
-//! - `page`: summary.json's companions, report.html and the charts.
+//! - `probe`: CPU and network per instance from /proc;
+//! - `judge`: what a step measured and whether it met the SLO; `knee`: a run's knee and
+//!   what broke; `sizing`: linearity across instance counts, instances per layer;
+//! - `summary`: `summary.json` as typed structs; `page`: its companions, report.html and
+//!   the charts.
 
 pub mod judge;
+pub mod knee;
 mod page;
 pub mod plan;
 pub mod probe;
+pub mod sizing;
 mod stack;
+mod summary;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -24,70 +30,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hongbao_monitor::{unix_ms, Monitor};
-use serde::{Deserialize, Serialize};
 
 use crate::bench::SECRET;
 use crate::coordinator::{Load, LoadOptions, Row};
 use crate::transport::Transport;
-use judge::{CapacityPlan, Linearity, RunRecord, StepRecord, Window};
-use plan::{LoadPlan, Plan, Slo, Stage};
+use judge::{StepRecord, Window};
+use knee::RunRecord;
+use plan::{Plan, Stage};
 use probe::{Probe, Watched};
 use stack::Stack;
-
-/// `summary.json`'s layout version.
-pub const SCHEMA: u32 = 1;
+pub use summary::{Machine, Summary, SCHEMA};
 
 pub struct CapacityOptions {
     pub plan: Plan,
     pub out: PathBuf,
     /// The monitor (live dashboard, `series/series.csv`).
     pub monitor_listen: SocketAddr,
-}
-
-/// What `hongbao capacity` found; `DIR/summary.json` (docs/capacity.md).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Summary {
-    pub schema: u32,
-    pub plan_name: String,
-    pub started_unix_ms: u64,
-    pub finished_unix_ms: u64,
-    pub machine: Machine,
-    pub slo: Slo,
-    pub load: LoadPlan,
-    /// One per stage and instance count, in run order.
-    pub runs: Vec<RunRecord>,
-    /// Stages run at more than one instance count.
-    pub linearity: Vec<Linearity>,
-    /// With a `[target]` in the plan.
-    pub capacity_plan: Option<CapacityPlan>,
-    /// Chart files written next to it (`NAME.svg` and `NAME.png`).
-    pub charts: Vec<String>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Machine {
-    pub cores: u32,
-    pub memory_bytes: u64,
-    pub kernel: String,
-}
-
-impl Machine {
-    fn read() -> Machine {
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let memory_kib: u64 = meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix("MemTotal:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0);
-        Machine {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-            memory_bytes: memory_kib * 1024,
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .unwrap_or_default()
-                .trim()
-                .to_string(),
-        }
-    }
 }
 
 fn say(line: &str) {
@@ -188,12 +146,12 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
         // Written as it goes: an interrupted plan leaves what it measured.
         write_summary(out, &summary)?;
     }
-    summary.linearity = judge::linearity(&summary.runs);
+    summary.linearity = sizing::linearity(&summary.runs);
     summary.capacity_plan = opts
         .plan
         .target
         .as_ref()
-        .map(|t| judge::capacity_plan(&summary.runs, &opts.plan.slo, t));
+        .map(|t| sizing::capacity_plan(&summary.runs, &opts.plan.slo, t));
     summary.finished_unix_ms = unix_ms();
     monitor.finish()?;
     if let Err(e) = hongbao_report::write_report(&series_dir) {

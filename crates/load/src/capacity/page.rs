@@ -7,8 +7,9 @@ use std::path::Path;
 
 use hongbao_report::{escape, XyChart};
 
-use super::judge::{group, RunRecord, StepRecord, OBSERVERS};
-use super::Summary;
+use super::judge::{group, StepRecord, OBSERVERS};
+use super::knee::RunRecord;
+use super::summary::Summary;
 
 fn run_label(run: &RunRecord) -> String {
     format!("{} ×{}", run.stage, run.instances)

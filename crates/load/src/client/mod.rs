@@ -14,11 +14,15 @@
 //! everything after the upgrade (login, shakes, opens, counters) is the same code.
 //! Broadcasts are timed against the server's stamp and reported per broadcast
 //! (`broadcast.rs`).
+//!
+//! - `options`: what the coordinator tells a client process (options, commands);
+//! - this file: the per-user record and the one loop, firing and reporting;
+//! - `connect`: opening connections at a bounded rate, timeouts, retries and back-off;
+//! - `receive`: reading what the server sent and what each reply means for the counts.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
@@ -27,10 +31,12 @@ use hongbao_sys::net::write_nonblocking;
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use serde::{Deserialize, Serialize};
 
 mod connect;
+mod options;
 mod receive;
+
+pub use options::{ClientOptions, Command};
 
 use crate::broadcast::Receipts;
 use crate::report::{self, Counters, Report, UserTotals};
@@ -42,54 +48,6 @@ const CONNECT_TIMEOUT_MS: u64 = 10_000;
 const MAX_BACKOFF_MS: u64 = 5_000;
 /// A user's unsent output past this means the server is not reading: drop and reconnect.
 const MAX_OUTPUT: usize = 64 * 1024;
-
-/// Everything a client process needs, passed by the coordinator on its command line as JSON.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ClientOptions {
-    pub proc_index: u32,
-    pub procs: u32,
-    pub server: SocketAddr,
-    /// All users of the run (U) and the id of user index 0.
-    pub users: u64,
-    pub first_user: u64,
-    pub qps: u64,
-    /// Unix time (ms) of schedule second 0, shared by all processes.
-    pub epoch_ms: u64,
-    /// Source addresses this process binds its connections to, round-robin.
-    pub source_ips: Vec<Ipv4Addr>,
-    /// New connections per second for this process.
-    pub connect_rate: u64,
-    pub secret: String,
-    /// Unix ms from which to start connecting (0: at once).
-    pub connect_from_ms: u64,
-    /// Raw TCP, or WebSocket to the server's `--ws-listen` address.
-    #[serde(default)]
-    pub transport: Transport,
-    /// A user answered "overloaded" skips its shakes for the wait the answer names
-    /// (`retry_after_ms`), or for this many seconds when it names none, ±50% either way,
-    /// as the app does ("too many people, try again shortly"); 0 keeps shaking.
-    #[serde(default)]
-    pub overload_backoff_secs: u32,
-    /// HTTP: one keep-alive connection per user, or a new connection for every request
-    /// (the short-connection cases).
-    #[serde(default)]
-    pub http_connection: HttpConnection,
-    /// HTTP: each user looks for packets to open every this many seconds; 0 never.
-    #[serde(default)]
-    pub notice_poll_secs: u32,
-    /// HTTP: a request of the user's own sent for each firing instead of a shake
-    /// (`hongbao capacity` against nginx's static answer or an external target).
-    #[serde(default)]
-    pub request: Option<transport::RequestTemplate>,
-}
-
-/// Commands from the coordinator, one JSON object per stdin line.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Command {
-    SetQps { from_second: u64, qps: u64 },
-    Stop,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {

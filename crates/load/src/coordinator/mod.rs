@@ -7,6 +7,9 @@
 //!
 //! Broadcast receipts arrive in the same reports and are merged per broadcast, across
 //! processes and seconds (`broadcast.rs`): [`Load::broadcasts`].
+//!
+//! - this file: starting the clients, merging their reports, changing the QPS;
+//! - `monitor`: the running load's once-a-second feed to the hongbao monitor.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

@@ -1,0 +1,166 @@
+//! What `hongbao bench` is asked to do: its options and presets, the faults it can inject
+//! into a lab, and the defaults it hands the server and the load it starts.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::transport::{HttpConnection, Transport};
+
+pub const SECRET: &str = "hongbao-bench-secret";
+
+/// The bench's server sheds shakes that waited longer than this (`max_queue_ms`: a share
+/// rising to all at twice it).
+pub const DEFAULT_BENCH_MAX_QUEUE_MS: u32 = 200;
+
+/// The bench's server paces a broadcast while shakes wait longer than this
+/// (`broadcast_yield_ms`).
+pub const DEFAULT_BENCH_BROADCAST_YIELD_MS: u32 = 3;
+
+/// The bench's server runs this much nicer than the load (see `server_nice`).
+pub const DEFAULT_SERVER_NICE: i32 = 5;
+
+/// How long a simulated user told "overloaded" stops shaking when the answer does not say.
+pub const DEFAULT_OVERLOAD_BACKOFF_SECS: u32 = 30;
+
+/// How often an HTTP user looks for packets to open (it gets no pushes).
+pub const DEFAULT_NOTICE_POLL_SECS: u32 = 5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    Quick,
+    Seed,
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub connections: u64,
+    pub out: PathBuf,
+    /// Server worker processes ("auto" or a number).
+    pub workers: String,
+    /// Load client processes; 0 = auto.
+    pub procs: u32,
+    /// One steady phase per entry, in order.
+    pub phase_qps: Vec<u64>,
+    pub shake_packets: u32,
+    pub send_packets: u32,
+    pub campaign_rate: u32,
+    pub recipients: u32,
+    pub max_shake_qps: u32,
+    pub connect_rate: u64,
+    /// Where the bench's own monitor (dashboard, /metrics) listens.
+    pub monitor_listen: SocketAddr,
+    /// How the clients connect: raw TCP, or WebSocket to the server's `--ws-listen`.
+    pub transport: Transport,
+    /// Seconds between operator broadcasts during each steady phase; 0 = none.
+    pub broadcast_every_secs: f64,
+    /// The server's `max_queue_ms`.
+    pub max_queue_ms: u32,
+    /// The server's `broadcast_yield_ms`.
+    pub broadcast_yield_ms: u32,
+    /// The server runs at this nice value (its workers inherit it). The load stands in
+    /// for a million phones that bring their own CPUs: sharing two cores with the server
+    /// at equal priority it fell behind its own schedule when the machine was saturated
+    /// (at 1M/60K, by 70 s), and the backlog built up in the clients, out of the server's
+    /// sight. Ahead of the server, it sends on time, and overload shows where it would in
+    /// the field: as requests waiting at the server, which `max_queue_ms` sheds.
+    pub server_nice: i32,
+    /// The caller moved the bench into a network namespace of its own
+    /// (`doctor::enter_network_namespace`): recorded in the summary.
+    pub netns: bool,
+    /// With N > 0, N gateway hosts in cluster mode on a lab (Redis Cluster, PostgreSQL,
+    /// nginx in front) instead of one local server (docs/scale-out.md).
+    pub hosts: usize,
+    /// With `--hosts`: a failure injected `fault_at_secs` into the first phase.
+    pub fault: Option<Fault>,
+    pub fault_at_secs: f64,
+    /// HTTP: a keep-alive connection per user, or a connection per request.
+    pub http_connection: HttpConnection,
+    /// HTTP: each user looks for packets to open every this many seconds.
+    pub notice_poll_secs: u32,
+}
+
+/// A failure the bench injects into a lab mid-run (docs/scale-out.md, "Failures").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL every process of the last gateway host.
+    Gateway,
+    /// SIGKILL a Redis master; its replica takes over.
+    RedisMaster,
+    /// SIGSTOP a Redis master for 8 s (its replica takes over meanwhile), then SIGCONT.
+    RedisFreeze,
+    /// Stop PostgreSQL, and start it again two seconds later.
+    Postgres,
+    /// One local server: SIGSTOP a gateway worker for [`WORKER_STALL`], then SIGCONT.
+    WorkerStall,
+}
+
+/// How long `--fault worker-stall` stops the worker.
+pub const WORKER_STALL: Duration = Duration::from_millis(300);
+
+impl Fault {
+    pub fn parse(name: &str) -> anyhow::Result<Fault> {
+        match name {
+            "gateway" => Ok(Fault::Gateway),
+            "redis-master" => Ok(Fault::RedisMaster),
+            "redis-freeze" => Ok(Fault::RedisFreeze),
+            "postgres" => Ok(Fault::Postgres),
+            "worker-stall" => Ok(Fault::WorkerStall),
+            other => {
+                anyhow::bail!(
+                    "--fault must be worker-stall, gateway, redis-master, redis-freeze or postgres, not {other:?}"
+                )
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Gateway => "gateway",
+            Fault::RedisMaster => "redis-master",
+            Fault::RedisFreeze => "redis-freeze",
+            Fault::Postgres => "postgres",
+            Fault::WorkerStall => "worker-stall",
+        }
+    }
+}
+
+impl BenchOptions {
+    pub fn preset(preset: Preset) -> BenchOptions {
+        let base = BenchOptions {
+            connections: 20_000,
+            out: PathBuf::from("bench-out"),
+            workers: "auto".into(),
+            procs: 0,
+            phase_qps: vec![30_000, 60_000],
+            shake_packets: 2_000,
+            send_packets: 1_000,
+            campaign_rate: 200,
+            recipients: 3,
+            max_shake_qps: 100_000,
+            connect_rate: 20_000,
+            monitor_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            transport: Transport::Tcp,
+            broadcast_every_secs: 0.0,
+            max_queue_ms: DEFAULT_BENCH_MAX_QUEUE_MS,
+            broadcast_yield_ms: DEFAULT_BENCH_BROADCAST_YIELD_MS,
+            server_nice: DEFAULT_SERVER_NICE,
+            netns: false,
+            hosts: 0,
+            fault: None,
+            fault_at_secs: 5.0,
+            http_connection: HttpConnection::KeepAlive,
+            notice_poll_secs: DEFAULT_NOTICE_POLL_SECS,
+        };
+        match preset {
+            Preset::Quick => base,
+            Preset::Seed => BenchOptions {
+                connections: 1_000_000,
+                shake_packets: 40_000,
+                send_packets: 20_000,
+                connect_rate: 50_000,
+                ..base
+            },
+        }
+    }
+}
