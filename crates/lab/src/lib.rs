@@ -8,6 +8,14 @@
 //!
 //! Addresses in lab `n`: the machine 198.18.n.1, nginx .10, Redis .11–.16, PostgreSQL
 //! .20, gateways .31 onward, load hosts .51 onward.
+//!
+//! Modules (the `Lab` itself, its plan and state file, are here in lib.rs):
+//! - `netns`: test hosts as network namespaces on one bridge, and starting programs in them;
+//! - `redis`: the lab's Redis Cluster, three masters and three replicas, no persistence;
+//! - `postgres`: the lab's PostgreSQL, a throwaway cluster with fsync and synchronous commit;
+//! - `proc`: a process the lab started: stopped with SIGTERM then SIGKILL, or killed as a
+//!   fault, and recorded in the state file;
+//! - `relay`: a TCP relay that lets the hosts reach a service on this machine's loopback.
 
 pub mod netns;
 pub mod postgres;

@@ -2,6 +2,10 @@
 //! (here or on other hosts), merges them by wall-clock second into `series.csv`, serves a
 //! live dashboard and `/metrics`. `hongbao monitor` runs it alone; `bench` runs it in its
 //! own process. See docs/monitoring.md.
+//!
+//! Modules (the HTTP side, dashboard and `/metrics`, is here in lib.rs):
+//! - `collector`: merges samples by wall-clock second into one row per second per role, and
+//!   writes each row once its second is closed.
 
 pub mod collector;
 

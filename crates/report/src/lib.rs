@@ -5,9 +5,15 @@
 //! second), PNG copies for the report directory — and into `report.html`, which puts the
 //! bench's `summary.json` (audit first) above the charts.
 //!
-//! - `series.rs` parses the CSV; `broadcast.rs` the per-broadcast delivery curves;
-//! - `chart.rs` says which lines go on which chart; `draw.rs` draws them;
-//! - `report.rs` writes the report directory; `dashboard.rs` is the live page.
+//! Modules:
+//! - `series`: parses `series.csv` into one row per (role, second);
+//! - `broadcast`: parses `broadcasts.json`, each broadcast's delivery curve;
+//! - `chart`: which charts exist and which lines go on each, as a backend-free plot;
+//! - `xy`: charts of one quantity against another (capacity's QPS, latency and CPU);
+//! - `draw`: draws a plot with plotters: SVG for pages, PNG for the report directory;
+//! - `html`: escaping and the stylesheet that report.html and the dashboard share;
+//! - `report`: writes the report directory (report.html and a PNG of every chart);
+//! - `dashboard`: the live page, which polls the monitor and swaps each chart's SVG in.
 
 mod broadcast;
 mod chart;

@@ -9,7 +9,8 @@
 //! processes and seconds (`broadcast.rs`): [`Load::broadcasts`].
 //!
 //! - this file: starting the clients, merging their reports, changing the QPS;
-//! - `monitor`: the running load's once-a-second feed to the hongbao monitor.
+//! - `monitor`: the running load's once-a-second feed to the hongbao monitor;
+//! - `rows`: the merged row of each second, and what the report readers share.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -23,13 +24,16 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 mod monitor;
+mod rows;
 
-use crate::broadcast::{BroadcastStats, Deliveries};
+use crate::broadcast::BroadcastStats;
 use crate::client::{self, ClientOptions};
 use crate::report::{self, Counters, Report, UserTotals};
 use crate::schedule::{partition, Schedule};
 use crate::transport::{HttpConnection, Transport};
 use monitor::LoadMonitor;
+pub use rows::Row;
+use rows::Shared;
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -63,28 +67,6 @@ pub struct LoadOptions {
     pub hosts: Vec<hongbao_lab::Host>,
     /// See `ClientOptions::request`.
     pub request: Option<crate::transport::RequestTemplate>,
-}
-
-/// One second of the whole run, merged over the client processes.
-#[derive(Debug, Clone, Default)]
-pub struct Row {
-    pub second: u64,
-    pub unix_ms: u64,
-    pub reports: u32,
-    pub target_qps: u64,
-    pub connected: u64,
-    pub logged_in: u64,
-    pub rss_bytes: u64,
-    pub cpu_ms: u64,
-    /// Cumulative at the end of this second.
-    pub counters: Counters,
-    /// That second's latency, as sparse HDR buckets (µs, count) from every process; a
-    /// full histogram is ~140 KB, too much to keep for every second of a long run.
-    pub shake_latency: Vec<(u64, u64)>,
-    pub open_latency: Vec<(u64, u64)>,
-    pub send_lag: Vec<(u64, u64)>,
-    /// Distinct broadcasts received so far (by any client), cumulative like `counters`.
-    pub broadcasts_seen: u64,
 }
 
 /// The progress line and `GET /stats`: one second's rates and the totals so far.
@@ -146,16 +128,6 @@ pub struct Finished {
     pub users: BTreeMap<u64, UserTotals>,
     pub peak_rss_bytes: u64,
     pub cpu_ms: u64,
-}
-
-#[derive(Default)]
-struct Shared {
-    rows: BTreeMap<u64, Row>,
-    /// Newest cumulative report per process.
-    latest: Vec<Option<Report>>,
-    finals: Vec<Option<Report>>,
-    peak_rss_bytes: u64,
-    deliveries: Deliveries,
 }
 
 /// A running load: client processes plus the threads that read their reports.

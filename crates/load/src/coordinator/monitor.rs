@@ -9,7 +9,7 @@ use std::time::Duration;
 use hongbao_telemetry::sample::{self, RoleSample, Sample};
 use hongbao_telemetry::Reporter;
 
-use super::{Row, Shared};
+use super::rows::{Row, Shared};
 
 /// Sends every complete second to a monitor, from a thread of its own.
 pub(super) struct LoadMonitor {

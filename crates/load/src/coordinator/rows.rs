@@ -1,0 +1,40 @@
+//! The merged row of each second of a load run, and the state the coordinator's report
+//! readers share with the run and its monitor feed (apart, so that the feed depends on
+//! these and not on the coordinator that starts it).
+
+use std::collections::BTreeMap;
+
+use crate::broadcast::Deliveries;
+use crate::report::{Counters, Report};
+
+/// One second of the whole run, merged over the client processes.
+#[derive(Debug, Clone, Default)]
+pub struct Row {
+    pub second: u64,
+    pub unix_ms: u64,
+    pub reports: u32,
+    pub target_qps: u64,
+    pub connected: u64,
+    pub logged_in: u64,
+    pub rss_bytes: u64,
+    pub cpu_ms: u64,
+    /// Cumulative at the end of this second.
+    pub counters: Counters,
+    /// That second's latency, as sparse HDR buckets (µs, count) from every process; a
+    /// full histogram is ~140 KB, too much to keep for every second of a long run.
+    pub shake_latency: Vec<(u64, u64)>,
+    pub open_latency: Vec<(u64, u64)>,
+    pub send_lag: Vec<(u64, u64)>,
+    /// Distinct broadcasts received so far (by any client), cumulative like `counters`.
+    pub broadcasts_seen: u64,
+}
+
+#[derive(Default)]
+pub(super) struct Shared {
+    pub(super) rows: BTreeMap<u64, Row>,
+    /// Newest cumulative report per process.
+    pub(super) latest: Vec<Option<Report>>,
+    pub(super) finals: Vec<Option<Report>>,
+    pub(super) peak_rss_bytes: u64,
+    pub(super) deliveries: Deliveries,
+}

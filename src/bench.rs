@@ -1,0 +1,181 @@
+//! `hongbao bench`: the flags laid over a preset into `BenchOptions`, checked for
+//! combinations that cannot run, then the bench itself and its audit verdict.
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::load::procs;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// quick (20,000 connections, ~1 minute) or seed (1,000,000 connections, the original's scale)
+    #[arg(long, default_value = "quick")]
+    preset: String,
+    /// Connections (overrides the preset)
+    #[arg(long)]
+    connections: Option<u64>,
+    /// Where summary.json, series.csv and the ledger go
+    #[arg(long, default_value = "bench-out")]
+    out: std::path::PathBuf,
+    /// Server worker processes: N or auto
+    #[arg(long)]
+    workers: Option<String>,
+    /// Load client processes: N or auto
+    #[arg(long)]
+    procs: Option<String>,
+    /// QPS of each steady phase, comma-separated [preset: 30000,60000]
+    #[arg(long, value_delimiter = ',')]
+    phase_qps: Option<Vec<u64>>,
+    /// Shake packets per phase [quick: 2000, seed: 40000]
+    #[arg(long)]
+    shake_packets: Option<u32>,
+    /// Send packets per phase [quick: 1000, seed: 20000]
+    #[arg(long)]
+    send_packets: Option<u32>,
+    /// Packets per second of both campaigns
+    #[arg(long)]
+    campaign_rate: Option<u32>,
+    /// The server's max_shake_qps [default: 100000]
+    #[arg(long)]
+    max_shake_qps: Option<u32>,
+    /// New connections per second
+    #[arg(long)]
+    connect_rate: Option<u64>,
+    /// Where the bench's monitor (live dashboard, /metrics) listens [default: 127.0.0.1, any port]
+    #[arg(long)]
+    monitor_listen: Option<std::net::SocketAddr>,
+    /// tcp, ws or http (the server also listens for WebSocket or HTTP and the clients connect there)
+    #[arg(long, default_value = "tcp")]
+    transport: hongbao_load::transport::Transport,
+    /// http: keep-alive (a connection per user), close (a new connection per request, closed by the server: `Connection: close`) or client-close (a new connection per request, closed by the client after the answer)
+    #[arg(long, default_value = "keep-alive")]
+    http_connection: hongbao_load::transport::HttpConnection,
+    /// Seconds between operator broadcasts in each steady phase; 0 = none
+    #[arg(long, default_value_t = 0.0)]
+    broadcast_every: f64,
+    /// The server answers "overloaded" to shakes that waited in its kernel queue longer than this (a share, all past twice it); 0 never [default: 200]
+    #[arg(long)]
+    max_queue_ms: Option<u32>,
+    /// The server paces broadcasts while shakes wait in its kernel queue longer than this; 0 never [default: 3]
+    #[arg(long)]
+    broadcast_yield_ms: Option<u32>,
+    /// The server's nice value, so the co-located load keeps its schedule [default: 5]
+    #[arg(long, allow_negative_numbers = true)]
+    server_nice: Option<i32>,
+    /// Run in a network namespace of its own, with an established-socket hash sized for
+    /// the connections and doctor's sysctls applied there (root; the dashboard is then
+    /// reachable only from inside it)
+    #[arg(long)]
+    netns: bool,
+    /// Run across N gateway hosts in cluster mode on a lab (network namespaces, a Redis
+    /// Cluster, PostgreSQL, nginx in front; root; docs/scale-out.md); 0: one local server
+    #[arg(long, default_value_t = 0)]
+    hosts: usize,
+    /// Inject a failure into the first phase: worker-stall (one local server), or with
+    /// --hosts gateway, redis-master, redis-freeze or postgres (docs/bench.md)
+    #[arg(long)]
+    fault: Option<String>,
+    /// Seconds into the first phase for --fault
+    #[arg(long, default_value_t = 5.0)]
+    fault_at: f64,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let opts = bench_options(args)?;
+    if opts.netns {
+        // Before the bench starts any thread: only the calling thread moves.
+        for line in hongbao_sys::doctor::enter_network_namespace(opts.connections)? {
+            println!("bench: {line}");
+        }
+    }
+    let summary = hongbao_load::bench::run(opts)?;
+    if !summary.audit.ok {
+        anyhow::bail!("the money audit failed: see summary.json");
+    }
+    Ok(())
+}
+
+fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
+    use hongbao_load::bench::{BenchOptions, Preset};
+    let preset = match args.preset.as_str() {
+        "quick" => Preset::Quick,
+        "seed" => Preset::Seed,
+        other => anyhow::bail!("--preset must be quick or seed, not {other:?}"),
+    };
+    let mut opts = BenchOptions::preset(preset);
+    opts.out = args.out;
+    if let Some(v) = args.connections {
+        opts.connections = v;
+    }
+    if let Some(v) = args.workers {
+        opts.workers = v;
+    }
+    if let Some(v) = args.procs {
+        opts.procs = procs(&v)?;
+    }
+    if let Some(v) = args.phase_qps {
+        if v.is_empty() || v.contains(&0) {
+            // A phase's shake campaign is won by its shakes: at 0 it would never finish.
+            anyhow::bail!("--phase-qps must be one or more rates above 0, like 30000,60000");
+        }
+        opts.phase_qps = v;
+    }
+    if let Some(v) = args.shake_packets {
+        opts.shake_packets = v;
+    }
+    if let Some(v) = args.send_packets {
+        opts.send_packets = v;
+    }
+    if let Some(v) = args.campaign_rate {
+        opts.campaign_rate = v;
+    }
+    if let Some(v) = args.max_shake_qps {
+        opts.max_shake_qps = v;
+    }
+    if let Some(v) = args.connect_rate {
+        opts.connect_rate = v;
+    }
+    if let Some(v) = args.monitor_listen {
+        opts.monitor_listen = v;
+    }
+    opts.transport = args.transport;
+    opts.http_connection = args.http_connection;
+    if !(args.broadcast_every >= 0.0 && args.broadcast_every.is_finite()) {
+        anyhow::bail!("--broadcast-every must be 0 (off) or a number of seconds");
+    }
+    opts.broadcast_every_secs = args.broadcast_every;
+    if let Some(v) = args.max_queue_ms {
+        opts.max_queue_ms = v;
+    }
+    if let Some(v) = args.broadcast_yield_ms {
+        opts.broadcast_yield_ms = v;
+    }
+    if let Some(v) = args.server_nice {
+        opts.server_nice = v;
+    }
+    opts.netns = args.netns;
+    opts.hosts = args.hosts;
+    opts.fault = args
+        .fault
+        .as_deref()
+        .map(hongbao_load::bench::Fault::parse)
+        .transpose()?;
+    opts.fault_at_secs = args.fault_at;
+    match opts.fault {
+        Some(hongbao_load::bench::Fault::WorkerStall) if opts.hosts > 0 => {
+            anyhow::bail!("--fault worker-stall stops a worker of one local server: no --hosts")
+        }
+        Some(hongbao_load::bench::Fault::WorkerStall) | None => {}
+        Some(_) if opts.hosts == 0 => {
+            anyhow::bail!("--fault needs --hosts: the failures are injected into a lab")
+        }
+        Some(_) => {}
+    }
+    if opts.fault == Some(hongbao_load::bench::Fault::Gateway) && opts.hosts < 2 {
+        anyhow::bail!("--fault gateway needs --hosts 2 or more: one host must carry on");
+    }
+    if opts.hosts > 0 && opts.netns {
+        anyhow::bail!("--hosts runs on lab hosts of their own; it does not take --netns");
+    }
+    Ok(opts)
+}

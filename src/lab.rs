@@ -1,0 +1,105 @@
+//! `hongbao lab up` and `lab down`: bring a lab of network-namespace hosts up, print where
+//! everything is and hold it until a signal; or clear away one left behind.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use hongbao_sys::Stop;
+
+#[derive(Subcommand)]
+pub enum LabCommand {
+    /// Bring a lab up and hold it until Ctrl-C (or SIGTERM), then take it down.
+    Up(LabUpArgs),
+    /// Take down a lab left behind (its owner was killed): the processes it recorded in
+    /// DIR/lab.json, its hosts and its bridge.
+    Down {
+        /// The lab's --dir
+        #[arg(long, default_value = "lab")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Args)]
+pub struct LabUpArgs {
+    /// The lab's number n: its hosts are on 198.18.n.0/24
+    #[arg(long, default_value_t = 1)]
+    lab: u8,
+    /// Logs, data and the state file
+    #[arg(long, default_value = "lab")]
+    dir: PathBuf,
+    /// Gateway hosts (hongbao serve in cluster mode)
+    #[arg(long, default_value_t = 2)]
+    gateways: usize,
+    /// Hosts for load generators (run them with `ip netns exec hbN-loadK hongbao load …`)
+    #[arg(long, default_value_t = 1)]
+    loads: usize,
+    /// Worker processes per gateway
+    #[arg(long, default_value = "2")]
+    workers: String,
+    /// No nginx in front of the gateways
+    #[arg(long)]
+    no_nginx: bool,
+    /// The login secret of every gateway
+    #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_server::config::DEV_SECRET)]
+    secret: String,
+}
+
+pub fn run(command: LabCommand) -> Result<()> {
+    match command {
+        LabCommand::Up(args) => up(args),
+        LabCommand::Down { dir } => down(&dir),
+    }
+}
+
+fn up(args: LabUpArgs) -> Result<()> {
+    let stop = Stop::on_signals()?;
+    let lab = hongbao_lab::Lab::up(hongbao_lab::LabPlan {
+        lab: args.lab,
+        dir: std::path::absolute(&args.dir)?,
+        gateways: args.gateways,
+        loads: args.loads,
+        nginx: !args.no_nginx,
+        hongbao: std::env::current_exe()?,
+        gateway_workers: args.workers,
+        secret: args.secret,
+        serve_args: Vec::new(),
+    })?;
+    println!("hongbao lab {} up: dir={}", args.lab, args.dir.display());
+    for host in lab.hosts() {
+        println!("  {:<8} {:<15} netns {}", host.name, host.addr, host.netns);
+    }
+    println!("  redis    {}", lab.redis_urls());
+    println!("  postgres {}", lab.postgres_url());
+    for gw in &lab.gateways {
+        println!(
+            "  gateway  {}: tcp {} ws {} http {} admin {}",
+            gw.host.name,
+            gw.tcp(),
+            gw.ws(),
+            gw.http(),
+            gw.admin()
+        );
+    }
+    if let Some((tcp, http, ws)) = lab.nginx_addrs() {
+        println!("  nginx    tcp {tcp} http {http} ws {ws}");
+    }
+    println!("Ctrl-C takes it down.");
+    while !stop.requested() {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    drop(lab);
+    println!("hongbao lab {} down", args.lab);
+    Ok(())
+}
+
+fn down(dir: &Path) -> Result<()> {
+    let state = hongbao_lab::down(dir)?;
+    println!(
+        "hongbao lab {} down: {} processes, {} hosts",
+        state.lab,
+        state.procs.len(),
+        state.netns.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! `hongbao load`: the flags, turned into the coordinator's `LoadOptions`, or a QPS change
+//! sent to a load already running.
+
+use anyhow::Result;
+use clap::Args;
+use hongbao_sys::Stop;
+
+#[derive(Args)]
+pub struct LoadArgs {
+    /// The server's client address: its --listen for tcp, its --ws-listen for ws
+    #[arg(long, required_unless_present = "set_qps")]
+    server: Option<std::net::SocketAddr>,
+    /// tcp (binary frames), ws (the same frames in WebSocket binary messages) or http (the REST API)
+    #[arg(long, default_value = "tcp")]
+    transport: hongbao_load::transport::Transport,
+    /// http: keep-alive (a connection per user), close (a new connection per request, closed by the server: `Connection: close`) or client-close (a new connection per request, closed by the client after the answer)
+    #[arg(long, default_value = "keep-alive")]
+    http_connection: hongbao_load::transport::HttpConnection,
+    /// http: each user looks for packets to open every this many seconds; 0 never
+    #[arg(long, default_value_t = hongbao_load::bench::DEFAULT_NOTICE_POLL_SECS)]
+    notice_poll_secs: u32,
+    /// Simulated users, one connection each
+    #[arg(long, default_value_t = 20_000)]
+    users: u64,
+    /// User id of the first simulated user
+    #[arg(long, default_value_t = 1)]
+    first_user: u64,
+    /// Shakes per second, all users together
+    #[arg(long, default_value_t = 1000)]
+    qps: u64,
+    /// Serve POST /qps and GET /stats here; with --set-qps, the running load to change
+    #[arg(long)]
+    control: Option<String>,
+    /// Change the QPS of the load running at --control, and exit
+    #[arg(long, requires = "control")]
+    set_qps: Option<u64>,
+    /// Client processes: N or auto
+    #[arg(long, default_value = "auto")]
+    procs: String,
+    /// Source addresses FIRST-LAST, e.g. 127.0.100.1-127.0.100.40 [default: enough from 127.0.100.1 for the port range]
+    #[arg(long)]
+    source_ips: Option<String>,
+    /// Seconds of firing before stopping [default: until interrupted]
+    #[arg(long)]
+    duration: Option<u64>,
+    /// New connections per second, all processes together
+    #[arg(long, default_value_t = 20_000)]
+    connect_rate: u64,
+    /// Secret for login tokens (must match the server's)
+    #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_proto::token::DEV_SECRET)]
+    secret: String,
+    /// Report per-second counters to the hongbao monitor at this address
+    #[arg(long)]
+    monitor: Option<String>,
+    /// A user answered "overloaded" skips its shakes for the wait the answer names, or for
+    /// this many seconds when it names none (±50%); 0 keeps shaking
+    #[arg(long, default_value_t = hongbao_load::bench::DEFAULT_OVERLOAD_BACKOFF_SECS)]
+    overload_backoff_secs: u32,
+}
+
+pub fn run(args: LoadArgs) -> Result<()> {
+    match (args.set_qps, &args.control) {
+        (Some(qps), Some(control)) => hongbao_load::cli::set_remote_qps(control, qps),
+        _ => hongbao_load::cli::run_cli(
+            load_options(&args)?,
+            args.control.clone(),
+            args.duration,
+            &Stop::on_signals()?,
+        ),
+    }
+}
+
+/// `--procs` of `load` and `bench`: a count, or 0 for auto.
+pub fn procs(value: &str) -> Result<u32> {
+    match value {
+        "auto" => Ok(0),
+        n => n
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--procs must be a number or auto, not {n:?}")),
+    }
+}
+
+fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOptions> {
+    let source_ips = match &args.source_ips {
+        None => None,
+        Some(range) => {
+            let (a, b) = range
+                .split_once('-')
+                .ok_or_else(|| anyhow::anyhow!("--source-ips wants FIRST-LAST"))?;
+            Some((a.parse()?, b.parse()?))
+        }
+    };
+    Ok(hongbao_load::coordinator::LoadOptions {
+        server: args.server.expect("clap requires --server"),
+        transport: args.transport,
+        users: args.users,
+        first_user: args.first_user,
+        qps: args.qps,
+        procs: procs(&args.procs)?,
+        source_ips,
+        connect_rate: args.connect_rate,
+        secret: args.secret.clone(),
+        connect_at_epoch: false,
+        monitor: args.monitor.clone(),
+        overload_backoff_secs: args.overload_backoff_secs,
+        http_connection: args.http_connection,
+        notice_poll_secs: args.notice_poll_secs,
+        hosts: Vec::new(),
+        request: None,
+    })
+}

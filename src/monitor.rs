@@ -1,0 +1,22 @@
+//! `hongbao monitor`: collect the per-second reports of serve and load instances until a
+//! signal.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use hongbao_sys::Stop;
+
+#[derive(Args)]
+pub struct MonitorArgs {
+    /// Address for reports, the dashboard (/) and /metrics
+    #[arg(long, default_value = "127.0.0.1:7200")]
+    listen: std::net::SocketAddr,
+    /// Where series.csv (and, at the end, report.html and the charts) go
+    #[arg(long, default_value = "monitor-out")]
+    out: PathBuf,
+}
+
+pub fn run(args: MonitorArgs) -> Result<()> {
+    hongbao_monitor::run_cli(args.listen, &args.out, &Stop::on_signals()?)
+}
