@@ -12,6 +12,7 @@
 //! - `xy`: charts of one quantity against another (capacity's QPS, latency and CPU);
 //! - `draw`: draws a plot with plotters: SVG for pages, PNG for the report directory;
 //! - `html`: escaping and the stylesheet that report.html and the dashboard share;
+//! - `render`: the named chart drawn: an SVG document, or a PNG file;
 //! - `report`: writes the report directory (report.html and a PNG of every chart);
 //! - `dashboard`: the live page, which polls the monitor and swaps each chart's SVG in.
 
@@ -20,6 +21,7 @@ mod chart;
 mod dashboard;
 mod draw;
 mod html;
+mod render;
 mod report;
 mod series;
 mod xy;
@@ -29,35 +31,9 @@ use std::path::Path;
 pub use broadcast::Broadcast;
 pub use chart::{chart_list, ChartEntry, ChartInfo, CHARTS};
 pub use html::escape;
+pub use render::{render_png, render_svg, CHART_SIZE};
 pub use series::{PhaseStart, Role, Series, COLUMNS};
 pub use xy::XyChart;
-
-/// Width and height of every chart, SVG and PNG alike.
-pub const CHART_SIZE: (u32, u32) = (draw::WIDTH, draw::HEIGHT);
-
-/// The named chart as an SVG document (fixed charts by name; "broadcast_<id>" from
-/// `broadcasts`). None for an unknown name.
-///
-/// A drawing failure (none is expected: the font is built in) still yields an SVG, one
-/// that says what went wrong, so a dashboard shows the error where the chart would be.
-pub fn render_svg(series: &Series, broadcasts: &[Broadcast], name: &str) -> Option<String> {
-    let plot = chart::plot(series, broadcasts, name)?;
-    Some(draw::svg(&plot).unwrap_or_else(|e| error_svg(&format!("{e:#}"))))
-}
-
-/// Writes the named chart as a PNG file. `Ok(false)` for an unknown name.
-pub fn render_png(
-    series: &Series,
-    broadcasts: &[Broadcast],
-    name: &str,
-    path: &Path,
-) -> anyhow::Result<bool> {
-    let Some(plot) = chart::plot(series, broadcasts, name) else {
-        return Ok(false);
-    };
-    draw::png(&plot, path)?;
-    Ok(true)
-}
 
 /// Reads DIR/series.csv (required), DIR/summary.json and DIR/broadcasts.json (optional);
 /// writes DIR/report.html and DIR/<chart>.png for every chart (+ one per broadcast).
@@ -76,14 +52,4 @@ pub fn write_report(dir: &Path) -> anyhow::Result<Vec<String>> {
 /// (e.g. [`Series::latest`]) as a headline.
 pub fn dashboard_html(title: &str) -> String {
     dashboard::dashboard_html(title)
-}
-
-fn error_svg(message: &str) -> String {
-    let (width, height) = CHART_SIZE;
-    format!(
-        "<svg width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" \
-         xmlns=\"http://www.w3.org/2000/svg\"><rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\
-         <text x=\"20\" y=\"40\" font-family=\"sans-serif\" font-size=\"16\" fill=\"#c62828\">{}</text></svg>\n",
-        html::escape(message)
-    )
 }

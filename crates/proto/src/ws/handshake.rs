@@ -5,7 +5,13 @@
 use data_encoding::BASE64;
 use tungstenite::handshake::derive_accept_key;
 
-use super::{MAX_HANDSHAKE_LEN, MAX_HEADERS};
+/// Longest HTTP request or response head we read during a handshake. Browsers send well
+/// under 2 KiB; a peer still not done after this many bytes is refused.
+pub const MAX_HANDSHAKE_LEN: usize = 8192;
+
+/// Headers we make room for when parsing a handshake (on the stack). More is refused.
+pub(super) const MAX_HEADERS: usize = 64;
+
 
 // ---------------------------------------------------------------------------------------
 // Server handshake

@@ -35,18 +35,11 @@ use tungstenite::protocol::frame::FrameHeader;
 use crate::json::MAX_JSON_LEN;
 use crate::message::MAX_FRAME_LEN;
 
-/// Longest HTTP request or response head we read during a handshake. Browsers send well
-/// under 2 KiB; a peer still not done after this many bytes is refused.
-pub const MAX_HANDSHAKE_LEN: usize = 8192;
-
 /// Longest payload of a ping, pong or close frame (RFC 6455 §5.5).
 pub const MAX_CONTROL_PAYLOAD: usize = 125;
 
 /// Longest frame header: 2 bytes, an 8-byte length, a 4-byte mask.
 pub const MAX_HEADER_LEN: usize = 14;
-
-/// Headers we make room for when parsing a handshake (on the stack). More is refused.
-const MAX_HEADERS: usize = 64;
 
 /// Close codes the gateway sends (RFC 6455 §7.4.1).
 pub mod close_code {

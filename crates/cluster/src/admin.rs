@@ -1,0 +1,133 @@
+//! Operators' requests: creating a campaign (in the ledger first, then in Redis for its
+//! release), a campaign's status or all of them, and the audit. Each is answered off the
+//! host's loop, from the ledger and Redis.
+
+use hongbao_money::seam::{AdminAnswer, AdminRequest};
+
+use crate::campaign::CampaignRow;
+use crate::store::{pg_error, Store};
+
+/// An operator's request, answered from the ledger (and Redis for what is released).
+pub async fn admin(store: &Store, _host: &str, request: AdminRequest) -> AdminAnswer {
+    let answer = match request {
+        AdminRequest::CreateShake(req) => match req.check() {
+            Err(why) => return AdminAnswer::Refused(why),
+            Ok(()) => {
+                let seed: u64 = rand::random();
+                let minted = (0..req.packets)
+                    .map(|i| {
+                        hongbao_money::event::shake_amount(seed, i, req.amount_min, req.amount_max)
+                    })
+                    .sum();
+                create(
+                    store,
+                    CampaignRow {
+                        id: 0,
+                        send: false,
+                        packets: req.packets,
+                        rate: req.rate_per_sec,
+                        amount_min: req.amount_min,
+                        amount_max: req.amount_max,
+                        recipients: 0,
+                        user_min: 0,
+                        user_max: 0,
+                        seed,
+                        minted,
+                        started_ms: 0,
+                    },
+                )
+                .await
+            }
+        },
+        AdminRequest::CreateSend(req) => match req.check() {
+            Err(why) => return AdminAnswer::Refused(why),
+            Ok(()) => {
+                create(
+                    store,
+                    CampaignRow {
+                        id: 0,
+                        send: true,
+                        packets: req.packets,
+                        rate: req.rate_per_sec,
+                        amount_min: req.amount_min,
+                        amount_max: req.amount_max,
+                        recipients: req.recipients,
+                        user_min: req.user_min,
+                        user_max: req.user_max,
+                        seed: rand::random(),
+                        minted: 0,
+                        started_ms: 0,
+                    },
+                )
+                .await
+            }
+        },
+        AdminRequest::Campaign(id) => match store.campaign_row(id).await {
+            Ok(Some(row)) => store.status(&row).await.map(AdminAnswer::Campaign),
+            Ok(None) => Ok(AdminAnswer::NoCampaign(id)),
+            Err(e) => Err(e),
+        },
+        AdminRequest::Campaigns => match store.campaign_rows().await {
+            Ok(rows) => {
+                let mut all = Vec::new();
+                let mut failed = None;
+                for row in &rows {
+                    match store.status(row).await {
+                        Ok(s) => all.push(s),
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                failed.map_or(Ok(AdminAnswer::Campaigns(all)), Err)
+            }
+            Err(e) => Err(e),
+        },
+        AdminRequest::Audit => store.audit().await.map(AdminAnswer::Audit),
+    };
+    answer.unwrap_or_else(|e| AdminAnswer::Unavailable(format!("the ledger is unavailable: {e}")))
+}
+
+/// A campaign: in the ledger first (with what it mints), then in Redis for release.
+async fn create(store: &Store, mut c: CampaignRow) -> Result<AdminAnswer, String> {
+    let pg = store.pg().await?;
+    c.started_ms = crate::now_ms();
+    let row = pg
+        .query_one(
+            "INSERT INTO hb_campaigns VALUES (nextval('hb_campaign_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+            &[
+                &if c.send { "send" } else { "shake" },
+                &(c.packets as i32),
+                &(c.rate as i32),
+                &(c.amount_min as i64),
+                &(c.amount_max as i64),
+                &(c.recipients as i32),
+                &(c.user_min as i64),
+                &(c.user_max as i64),
+                &(c.seed as i64),
+                &(c.minted as i64),
+                &(c.started_ms as i64),
+            ],
+        )
+        .await
+        .map_err(|e| pg_error("creating a campaign", e))?;
+    c.id = row.get::<_, i32>(0) as u32;
+    let mut redis = store.redis();
+    let key = format!("{{rel}}:c:{}", c.id);
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .hset_multiple(
+            &key,
+            &[
+                ("packets", c.packets as u64),
+                ("rate", c.rate as u64),
+                ("start", c.started_ms),
+                ("next", 0),
+            ],
+        )
+        .ignore()
+        .sadd("{rel}:running", c.id)
+        .ignore();
+    pipe.query_async::<()>(&mut redis)
+        .await
+        .map_err(|e| format!("Redis: starting the campaign's release: {e}"))?;
+    store.status(&c).await.map(AdminAnswer::Campaign)
+}

@@ -1,0 +1,352 @@
+//! Group commit: the host's ops are taken in batches (up to `max_batch`, waiting up to
+//! `commit_window` for more), each batch one PostgreSQL transaction of pipelined calls to
+//! the ledger's functions (`schema.sql`). Nothing an op tells goes out before its batch
+//! has committed: that is `outcome`'s job, called from here.
+
+use std::sync::Arc;
+
+use hongbao_money::{Account, Event};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_postgres::Client;
+
+use crate::commit::{Commit, Done};
+use crate::outcome::{after_commit, refuse, LEFT_OUT, UNAVAILABLE};
+use crate::shared::Shared;
+use crate::store::{i64s, pg_connect, pg_error, Store};
+use crate::ClusterConfig;
+
+struct Statements {
+    win: tokio_postgres::Statement,
+    send: tokio_postgres::Statement,
+    open: tokio_postgres::Statement,
+    campaign_packet: tokio_postgres::Statement,
+}
+
+async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
+    Ok(Statements {
+        win: client
+            .prepare("SELECT hb_win($1, $2, $3, $4, $5, $6, $7)")
+            .await?,
+        send: client
+            .prepare("SELECT * FROM hb_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+            .await?,
+        open: client
+            .prepare("SELECT * FROM hb_open($1, $2, $3, $4)")
+            .await?,
+        campaign_packet: client
+            .prepare("SELECT hb_campaign_packet($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+            .await?,
+    })
+}
+
+/// One op inside the batch's transaction.
+async fn run_op(
+    client: &Client,
+    st: &Statements,
+    host: &str,
+    at: i64,
+    op: &Commit,
+) -> Result<Done, tokio_postgres::Error> {
+    match op {
+        Commit::Win {
+            to,
+            campaign,
+            packet,
+            cents,
+        } => {
+            let user = to.user.get();
+            let body = serde_json::to_value(Event::ShakeWon {
+                campaign: *campaign,
+                index: *packet as u32,
+                user,
+                amount_cents: *cents,
+            })
+            .expect("serializable");
+            let row = client
+                .query_one(
+                    &st.win,
+                    &[
+                        &(*packet as i64),
+                        &(*campaign as i32),
+                        &(user as i64),
+                        &(*cents as i64),
+                        &at,
+                        &host,
+                        &body,
+                    ],
+                )
+                .await?;
+            Ok(Done::Won(row.get(0)))
+        }
+        Commit::Send {
+            to,
+            packet,
+            cents,
+            recipients,
+            shares,
+            expires_ms,
+            key,
+        } => {
+            let user = to.user.get();
+            let body = serde_json::to_value(Event::PacketSent {
+                packet: *packet,
+                sender: Account::User(user),
+                amount_cents: *cents,
+                shares: shares.len() as u32,
+                recipients: recipients.clone(),
+                expires_ms: *expires_ms,
+                idempotency_key: key.clone(),
+            })
+            .expect("serializable");
+            let row = client
+                .query_one(
+                    &st.send,
+                    &[
+                        &(user as i64),
+                        &(*packet as i64),
+                        &(*cents as i64),
+                        &i64s(recipients),
+                        &i64s(shares),
+                        &(*expires_ms as i64),
+                        &key.as_deref(),
+                        &at,
+                        &host,
+                        &body,
+                    ],
+                )
+                .await?;
+            Ok(Done::Sent(
+                row.get(0),
+                row.get::<_, i64>(1) as u64,
+                row.get::<_, i64>(2) as u64,
+            ))
+        }
+        Commit::Open { to, packet } => {
+            let row = client
+                .query_one(
+                    &st.open,
+                    &[&(*packet as i64), &(to.user.get() as i64), &at, &host],
+                )
+                .await?;
+            Ok(Done::Opened(row.get(0), row.get::<_, i64>(1) as u64))
+        }
+        Commit::CampaignPacket {
+            campaign,
+            packet,
+            cents,
+            recipients,
+            shares,
+            expires_ms,
+        } => {
+            let body = serde_json::to_value(Event::PacketSent {
+                packet: *packet,
+                sender: Account::Campaign(*campaign),
+                amount_cents: *cents,
+                shares: shares.len() as u32,
+                recipients: recipients.clone(),
+                expires_ms: *expires_ms,
+                idempotency_key: None,
+            })
+            .expect("serializable");
+            let row = client
+                .query_one(
+                    &st.campaign_packet,
+                    &[
+                        &(*packet as i64),
+                        &(*campaign as i32),
+                        &(*cents as i64),
+                        &i64s(recipients),
+                        &i64s(shares),
+                        &(*expires_ms as i64),
+                        &at,
+                        &host,
+                        &body,
+                    ],
+                )
+                .await?;
+            Ok(Done::Created(row.get(0)))
+        }
+    }
+}
+
+/// One transaction for the whole batch, its ops pipelined; retried whole on a deadlock
+/// or a serialization failure (another host's batch locked the same rows). An op that
+/// fails on its own (a unique key another host's batch took first, a check) costs only
+/// itself: its batch-mates are committed again without it, and it comes back as
+/// `Err(why)` in its place, to be answered alone. A failure without a database error
+/// (the connection lost) fails the whole batch.
+async fn commit_batch(
+    client: &Client,
+    st: &Statements,
+    host: &str,
+    ops: &[Commit],
+) -> Result<Vec<Result<Done, String>>, tokio_postgres::Error> {
+    let at = crate::now_ms() as i64;
+    let mut left_out: Vec<Option<String>> = vec![None; ops.len()];
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let running: Vec<usize> = (0..ops.len()).filter(|&i| left_out[i].is_none()).collect();
+        client.batch_execute("BEGIN").await?;
+        let results = futures_util::future::join_all(
+            running
+                .iter()
+                .map(|&i| run_op(client, st, host, at, &ops[i])),
+        )
+        .await;
+        if results.iter().all(Result::is_ok) {
+            client.batch_execute("COMMIT").await?;
+            let mut done = results.into_iter().map(|r| r.expect("all ok"));
+            return Ok(left_out
+                .into_iter()
+                .map(|why| match why {
+                    Some(why) => Err(why),
+                    None => Ok(done.next().expect("one result an op that ran")),
+                })
+                .collect());
+        }
+        let _ = client.batch_execute("ROLLBACK").await;
+        let culprits = culprits(&results);
+        let first = results
+            .into_iter()
+            .find_map(Result::err)
+            .expect("one op failed");
+        let retry = first.code().is_some_and(|c| {
+            *c == tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+                || *c == tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+        });
+        if attempt >= 10 {
+            return Err(first);
+        }
+        if retry {
+            continue;
+        }
+        // Ops that failed by themselves are left out; the rest failed only because the
+        // transaction was already aborted. None to blame, or all: the batch fails.
+        if culprits.is_empty() || culprits.len() == running.len() {
+            return Err(first);
+        }
+        for (k, why) in culprits {
+            eprintln!("hongbao cluster: an op was left out of its batch: {why}");
+            left_out[running[k]] = Some(why);
+        }
+    }
+}
+
+/// The positions of the ops whose own statement failed (not those refused because the
+/// transaction had already failed), with why.
+fn culprits(results: &[Result<Done, tokio_postgres::Error>]) -> Vec<(usize, String)> {
+    results
+        .iter()
+        .enumerate()
+        .filter_map(|(k, r)| {
+            let e = r.as_ref().err()?;
+            let code = e.code()?;
+            (*code != tokio_postgres::error::SqlState::IN_FAILED_SQL_TRANSACTION)
+                .then(|| (k, pg_error("committing", e)))
+        })
+        .collect()
+}
+
+/// Takes ops as they come, commits them in batches (one transaction each), and only then
+/// lets out what they tell.
+pub async fn committer(
+    store: Store,
+    cfg: ClusterConfig,
+    shared: Arc<Shared>,
+    mut rx: UnboundedReceiver<Commit>,
+) {
+    let mut conn: Option<(Client, Statements)> = None;
+    let max = cfg.max_batch.max(1);
+    // Send-campaign packets whose batch failed: tried again with the next batch, or
+    // alone after half a second.
+    let mut again: Vec<Commit> = Vec::new();
+    loop {
+        let first = if again.is_empty() {
+            match rx.recv().await {
+                Some(op) => Some(op),
+                None => break,
+            }
+        } else {
+            // Closed or quiet: `again` goes alone.
+            tokio::time::timeout(std::time::Duration::from_millis(500), rx.recv())
+                .await
+                .ok()
+                .flatten()
+        };
+        let mut batch = std::mem::take(&mut again);
+        batch.extend(first);
+        let deadline = tokio::time::Instant::now() + cfg.commit_window;
+        while batch.len() < max {
+            match rx.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) if cfg.commit_window.is_zero() => break,
+                Err(_) => match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(op)) => batch.push(op),
+                    _ => break,
+                },
+            }
+        }
+        batch.sort_by_key(Commit::lock_order);
+        if conn.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+            conn = match pg_connect(&cfg.postgres).await {
+                Ok(c) => match prepare(&c).await {
+                    Ok(st) => Some((c, st)),
+                    Err(e) => {
+                        eprintln!("hongbao cluster: {}", pg_error("preparing", e));
+                        None
+                    }
+                },
+                Err(e) => {
+                    eprintln!("hongbao cluster: {e}");
+                    None
+                }
+            };
+        }
+        let result = match &conn {
+            Some((client, st)) => commit_batch(client, st, &cfg.host, &batch)
+                .await
+                .map_err(|e| pg_error("committing", e)),
+            None => Err("no connection to PostgreSQL".to_string()),
+        };
+        match result {
+            Ok(done) => {
+                let (mut committed, mut results, mut left_out) =
+                    (Vec::new(), Vec::new(), Vec::new());
+                for (op, d) in batch.into_iter().zip(done) {
+                    match d {
+                        Ok(d) => {
+                            committed.push(op);
+                            results.push(d);
+                        }
+                        Err(_) => left_out.push(op),
+                    }
+                }
+                if !left_out.is_empty() {
+                    let (campaign, rest) = left_out
+                        .into_iter()
+                        .partition(|op| matches!(op, Commit::CampaignPacket { .. }));
+                    if !rx.is_closed() {
+                        again = campaign;
+                    }
+                    refuse(&shared, rest, LEFT_OUT).await;
+                }
+                after_commit(&store, &cfg, &shared, committed, results).await;
+            }
+            Err(why) => {
+                eprintln!(
+                    "hongbao cluster: a batch of {} was not committed: {why}",
+                    batch.len()
+                );
+                let (campaign, rest): (Vec<Commit>, Vec<Commit>) = batch
+                    .into_iter()
+                    .partition(|op| matches!(op, Commit::CampaignPacket { .. }));
+                if !rx.is_closed() {
+                    again = campaign;
+                }
+                refuse(&shared, rest, UNAVAILABLE).await;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,532 @@
+//! This host's loop, on the runtime thread: it takes the gateway's commands, deals the
+//! shake packets Redis releases to this host among the workers, hands ops to the
+//! committer, and turns messages from other hosts into pushes. Reads, routes and
+//! deliveries are spawned off the loop.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hongbao_money::seam::{AdminRequest, Balances, Op, OpKind, Origin, Output};
+use hongbao_money::{Push, Reply, UserId, UserView, WorkerId};
+use hongbao_proto::ResultCode;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::campaign::{campaign_packet, CampaignRow};
+use crate::commit::Commit;
+use crate::mesh::Mesh;
+use crate::shared::Shared;
+use crate::store::Store;
+use crate::{admin, committer, now_ms, ClusterConfig, RELEASE_EVERY};
+
+/// What the gateway's calls become, for this host's loop.
+pub(crate) enum Cmd {
+    Submit(u64, Origin, Op),
+    Admin(u64, AdminRequest),
+    WorkerUp(WorkerId),
+    WorkerDown(WorkerId),
+    Online(UserId),
+    Offline(UserId),
+    Chat(Origin, u64, String),
+    Broadcast(u64, String),
+    Read(Read),
+    Finish(std::sync::mpsc::Sender<Result<(), String>>),
+}
+
+/// A read for the admin API's threads, answered on the std channel it carries.
+pub(crate) enum Read {
+    User(
+        u64,
+        usize,
+        std::sync::mpsc::Sender<Result<UserView, String>>,
+    ),
+    Balances(std::sync::mpsc::Sender<Result<Balances, String>>),
+}
+
+/// This host's side of the cluster, on the runtime thread.
+pub(crate) struct Host {
+    cfg: ClusterConfig,
+    store: Store,
+    shared: Arc<Shared>,
+    /// Dealt shake packets by worker: a worker's claim takes one out; a worker gone puts
+    /// its packets back in `undealt`.
+    workers: BTreeMap<WorkerId, HashSet<u64>>,
+    undealt: Vec<(u64, u64)>,
+    deal_cursor: usize,
+    campaigns: HashMap<u32, CampaignRow>,
+    commits: Option<UnboundedSender<Commit>>,
+    committer: Option<tokio::task::JoinHandle<()>>,
+    rng: rand::rngs::SmallRng,
+    /// The number of the last batch of released packets received (release.lua).
+    release_batch: u64,
+    /// The users logged in on this host (the supervisor says `offline` once a user has
+    /// no connection left here).
+    online: HashSet<u64>,
+}
+
+impl Host {
+    pub(crate) fn new(cfg: ClusterConfig, store: Store, shared: Arc<Shared>) -> Host {
+        use rand::SeedableRng;
+        Host {
+            cfg,
+            store,
+            shared,
+            workers: BTreeMap::new(),
+            undealt: Vec::new(),
+            deal_cursor: 0,
+            campaigns: HashMap::new(),
+            commits: None,
+            committer: None,
+            rng: rand::rngs::SmallRng::from_entropy(),
+            release_batch: 0,
+            online: HashSet::new(),
+        }
+    }
+
+    pub(crate) async fn run(mut self, mut rx: UnboundedReceiver<Cmd>) {
+        let (commit_tx, commit_rx) = unbounded_channel();
+        self.commits = Some(commit_tx);
+        self.committer = Some(tokio::spawn(committer::committer(
+            self.store.clone(),
+            self.cfg.clone(),
+            self.shared.clone(),
+            commit_rx,
+        )));
+        let mut pushes = self.store.take_pushes();
+        let mut release = tokio::time::interval(RELEASE_EVERY);
+        release.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut expire = tokio::time::interval(Duration::from_secs(1));
+        expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let renewed = Arc::new(tokio::sync::Notify::new());
+        tokio::spawn(
+            self.store
+                .clone()
+                .keep_subscribed(self.cfg.host.clone(), renewed.clone()),
+        );
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(Cmd::Finish(done)) => {
+                        let _ = done.send(self.finish().await);
+                        return;
+                    }
+                    Some(cmd) => self.command(cmd).await,
+                    None => {
+                        let _ = self.finish().await;
+                        return;
+                    }
+                },
+                _ = release.tick() => self.release().await,
+                _ = expire.tick() => {
+                    let store = self.store.clone();
+                    let host = self.cfg.host.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = store.expire(now_ms(), &host).await {
+                            eprintln!("hongbao cluster: expiring packets: {e}");
+                        }
+                    });
+                }
+                Some(push) = pushes.recv() => self.on_push(push),
+                _ = renewed.notified() => self.renew_notices(),
+            }
+        }
+    }
+
+    async fn finish(&mut self) -> Result<(), String> {
+        self.commits = None; // the committer commits what it has, then ends
+        if let Some(task) = self.committer.take() {
+            let _ = task.await;
+        }
+        self.store.forget_host(&self.cfg.host).await;
+        match self.shared.failure.lock().unwrap().clone() {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+
+    fn commit(&self, op: Commit) {
+        if let Some(tx) = &self.commits {
+            let _ = tx.send(op);
+        }
+    }
+
+    async fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Submit(now, origin, op) => self.submit(now, origin, op).await,
+            Cmd::Admin(ticket, request) => {
+                let (store, shared, host) = (
+                    self.store.clone(),
+                    self.shared.clone(),
+                    self.cfg.host.clone(),
+                );
+                tokio::spawn(async move {
+                    let answer = admin::admin(&store, &host, request).await;
+                    shared.emit(Output::Admin { ticket, answer });
+                });
+            }
+            Cmd::WorkerUp(w) => {
+                self.workers.entry(w).or_default();
+                let undealt = std::mem::take(&mut self.undealt);
+                self.deal(undealt);
+            }
+            Cmd::WorkerDown(w) => {
+                if let Some(pool) = self.workers.remove(&w) {
+                    let back: Vec<(u64, u64)> = pool
+                        .into_iter()
+                        .filter_map(|p| self.shake_amount(p).map(|a| (p, a)))
+                        .collect();
+                    self.deal(back);
+                }
+            }
+            // Off the loop: a login costs this host no round trip of its own.
+            Cmd::Online(user) => {
+                self.online.insert(user.get());
+                let (store, host) = (self.store.clone(), self.cfg.host.clone());
+                tokio::spawn(async move { store.set_route(user.get(), &host).await });
+            }
+            Cmd::Offline(user) => {
+                self.online.remove(&user.get());
+                let (store, host) = (self.store.clone(), self.cfg.host.clone());
+                tokio::spawn(async move { store.clear_route(user.get(), &host).await });
+            }
+            Cmd::Chat(origin, to_user, text) => {
+                let (store, shared, host) = (
+                    self.store.clone(),
+                    self.shared.clone(),
+                    self.cfg.host.clone(),
+                );
+                tokio::spawn(async move {
+                    let route = store.route(to_user).await;
+                    let result = match route {
+                        Some(there) if there != host => {
+                            let msg = Mesh::Chat {
+                                from: origin.user.get(),
+                                to: to_user,
+                                text,
+                            };
+                            store.publish(&there, &msg).await;
+                            ResultCode::Delivered
+                        }
+                        _ => ResultCode::Offline,
+                    };
+                    shared.count(OpKind::Chat, result);
+                    shared.emit(Output::Reply {
+                        to: origin,
+                        reply: Reply::Chat { result },
+                    });
+                });
+            }
+            Cmd::Broadcast(server_time_us, text) => {
+                let (store, host) = (self.store.clone(), self.cfg.host.clone());
+                tokio::spawn(async move {
+                    let msg = Mesh::Broadcast {
+                        server_time_us,
+                        text,
+                    };
+                    for other in store.live_hosts().await {
+                        if other != host {
+                            store.publish(&other, &msg).await;
+                        }
+                    }
+                });
+            }
+            Cmd::Read(read) => {
+                let store = self.store.clone();
+                tokio::spawn(async move {
+                    match read {
+                        Read::User(user, limit, tx) => {
+                            let _ = tx.send(store.user_view(user, limit).await);
+                        }
+                        Read::Balances(tx) => {
+                            let _ = tx.send(store.balances().await);
+                        }
+                    }
+                });
+            }
+            Cmd::Finish(_) => unreachable!("handled by the loop"),
+        }
+    }
+
+    async fn submit(&mut self, now: u64, to: Origin, op: Op) {
+        match op {
+            Op::Claim { packet } => {
+                // Dealt here (or dealt back after a batch failed): the ledger's one win per
+                // packet is what keeps a packet from paying twice.
+                if let Some(pool) = self.workers.get_mut(&to.worker) {
+                    pool.remove(&packet);
+                }
+                match self.shake_amount(packet) {
+                    Some(cents) => self.commit(Commit::Win {
+                        to,
+                        campaign: (packet >> 32) as u32,
+                        packet,
+                        cents,
+                    }),
+                    None => {
+                        self.shared.count(OpKind::Shake, ResultCode::Nothing);
+                        self.shared.emit(Output::Reply {
+                            to,
+                            reply: Reply::Shake {
+                                result: ResultCode::Nothing,
+                                packet_id: 0,
+                                amount_cents: 0,
+                                retry_after_ms: 0,
+                            },
+                        });
+                    }
+                }
+            }
+            Op::Send {
+                amount_cents,
+                shares,
+                recipients,
+                idempotency_key,
+            } => {
+                if !hongbao_money::rules::send_is_well_formed(amount_cents, shares, &recipients) {
+                    self.shared.count(OpKind::Send, ResultCode::BadRequest);
+                    let balance_cents = self.store.balance(to.user.get()).await.unwrap_or(0);
+                    self.shared.emit(Output::Reply {
+                        to,
+                        reply: Reply::Send {
+                            result: ResultCode::BadRequest,
+                            packet_id: 0,
+                            balance_cents,
+                        },
+                    });
+                    return;
+                }
+                let packet = match self.store.next_packet_id().await {
+                    Ok(id) => id,
+                    Err(e) => return self.unavailable(to, OpKind::Send, e),
+                };
+                let split = hongbao_money::split::split_all(&mut self.rng, amount_cents, shares);
+                self.commit(Commit::Send {
+                    to,
+                    packet,
+                    cents: amount_cents,
+                    recipients,
+                    shares: split,
+                    expires_ms: now + self.cfg.packet_ttl_ms,
+                    key: idempotency_key,
+                });
+            }
+            Op::Open { packet } => {
+                let (store, shared, commits) = (
+                    self.store.clone(),
+                    self.shared.clone(),
+                    self.commits.clone(),
+                );
+                tokio::spawn(async move {
+                    match store.gate(packet, to.user.get()).await {
+                        Some(result) => {
+                            shared.count(OpKind::Open, result);
+                            shared.emit(Output::Reply {
+                                to,
+                                reply: Reply::Open {
+                                    result,
+                                    packet_id: packet,
+                                    amount_cents: 0,
+                                },
+                            });
+                        }
+                        None => {
+                            if let Some(tx) = commits {
+                                let _ = tx.send(Commit::Open { to, packet });
+                            }
+                        }
+                    }
+                });
+            }
+            Op::Me => {
+                let (store, shared) = (self.store.clone(), self.shared.clone());
+                tokio::spawn(async move {
+                    let reply = match store.user_view(to.user.get(), 20).await {
+                        Ok(view) => Reply::Me(view),
+                        Err(text) => Reply::Error {
+                            result: ResultCode::Unavailable,
+                            text,
+                        },
+                    };
+                    shared.emit(Output::Reply { to, reply });
+                });
+            }
+            Op::Notices | Op::LoggedIn => {
+                let (store, shared) = (self.store.clone(), self.shared.clone());
+                let logged_in = matches!(op, Op::LoggedIn);
+                tokio::spawn(async move {
+                    let waiting = store.waiting_notices(to.user.get(), now).await;
+                    let out = match (waiting, logged_in) {
+                        (Ok(notices), true) => notices
+                            .into_iter()
+                            .map(|notice| Output::Notice {
+                                user: to.user,
+                                notice,
+                            })
+                            .collect(),
+                        (Ok(notices), false) => vec![Output::Reply {
+                            to,
+                            reply: Reply::Notices(notices),
+                        }],
+                        (Err(_), true) => Vec::new(),
+                        (Err(text), false) => vec![Output::Reply {
+                            to,
+                            reply: Reply::Error {
+                                result: ResultCode::Unavailable,
+                                text,
+                            },
+                        }],
+                    };
+                    shared.emit_all(out);
+                });
+            }
+        }
+    }
+
+    fn unavailable(&self, to: Origin, op: OpKind, why: String) {
+        eprintln!("hongbao cluster: {why}");
+        self.shared.count(op, ResultCode::Unavailable);
+        self.shared.emit(Output::Reply {
+            to,
+            reply: Reply::Error {
+                result: ResultCode::Unavailable,
+                text: "the ledger is unavailable; nothing was done".into(),
+            },
+        });
+    }
+
+    /// The amount of shake packet `packet`, if its campaign is known here.
+    fn shake_amount(&self, packet: u64) -> Option<u64> {
+        let (campaign, index) = hongbao_money::rules::shake_packet_parts(packet);
+        let c = self.campaigns.get(&campaign)?;
+        (!c.send)
+            .then(|| hongbao_money::event::shake_amount(c.seed, index, c.amount_min, c.amount_max))
+    }
+
+    async fn campaign(&mut self, id: u32) -> Option<CampaignRow> {
+        if let Some(c) = self.campaigns.get(&id) {
+            return Some(c.clone());
+        }
+        let row = self.store.campaign_row(id).await.ok()??;
+        self.campaigns.insert(id, row.clone());
+        Some(row)
+    }
+
+    /// Asks Redis for the packets now due to this host: shake packets go to the workers'
+    /// pools, send-campaign packets are created.
+    async fn release(&mut self) {
+        let due = match self.store.release(&self.cfg.host, self.release_batch).await {
+            Ok((batch, due)) => {
+                self.release_batch = batch;
+                due
+            }
+            Err(e) => {
+                eprintln!("hongbao cluster: release: {e}");
+                return;
+            }
+        };
+        if due.is_empty() {
+            return;
+        }
+        let mut deal = Vec::new();
+        let now = now_ms();
+        for (campaign, index) in due {
+            let Some(c) = self.campaign(campaign).await else {
+                continue;
+            };
+            let packet = hongbao_money::rules::shake_packet_id(campaign, index);
+            self.shared.snapshot.lock().unwrap().packets_released += 1;
+            if c.send {
+                self.commit(campaign_packet(&c, index, now + self.cfg.packet_ttl_ms));
+            } else {
+                let cents =
+                    hongbao_money::event::shake_amount(c.seed, index, c.amount_min, c.amount_max);
+                deal.push((packet, cents));
+            }
+        }
+        self.deal(deal);
+    }
+
+    fn deal(&mut self, packets: Vec<(u64, u64)>) {
+        if packets.is_empty() {
+            return;
+        }
+        if self.workers.is_empty() {
+            self.undealt.extend(packets);
+            return;
+        }
+        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+        let mut deals: BTreeMap<WorkerId, Vec<(u64, u64)>> = BTreeMap::new();
+        for (packet, cents) in packets {
+            let w = ids[self.deal_cursor % ids.len()];
+            self.deal_cursor = self.deal_cursor.wrapping_add(1);
+            self.workers.get_mut(&w).expect("listed").insert(packet);
+            deals.entry(w).or_default().push((packet, cents));
+        }
+        self.shared.emit_all(
+            deals
+                .into_iter()
+                .map(|(worker, packets)| Output::Deal { worker, packets })
+                .collect(),
+        );
+    }
+
+    /// This host's channel was lost for a while (a master failed over or hung): a
+    /// notice published to it meanwhile may be gone, so every user logged in here is
+    /// told its waiting notices again, from the ledger. A client drops a notice of a
+    /// packet it already knows (docs/protocol.md).
+    fn renew_notices(&self) {
+        if self.online.is_empty() {
+            return;
+        }
+        let users: Vec<u64> = self.online.iter().copied().collect();
+        let (store, shared) = (self.store.clone(), self.shared.clone());
+        tokio::spawn(async move {
+            match store.waiting_notices_of(&users, now_ms()).await {
+                Ok(waiting) => {
+                    eprintln!(
+                        "hongbao cluster: this host's channel was renewed; {} waiting notices told again to {} users",
+                        waiting.len(),
+                        users.len()
+                    );
+                    shared.emit_all(
+                        waiting
+                            .into_iter()
+                            .filter_map(|(user, notice)| {
+                                UserId::new(user).map(|user| Output::Notice { user, notice })
+                            })
+                            .collect(),
+                    );
+                }
+                Err(e) => eprintln!("hongbao cluster: telling waiting notices again: {e}"),
+            }
+        });
+    }
+
+    fn on_push(&mut self, payload: String) {
+        let Ok(msg) = serde_json::from_str::<Mesh>(&payload) else {
+            return;
+        };
+        let out = match msg {
+            Mesh::Notice { user, notice } => {
+                UserId::new(user).map(|user| Output::Notice { user, notice })
+            }
+            Mesh::Chat { from, to, text } => match (UserId::new(from), UserId::new(to)) {
+                (Some(from_user), Some(user)) => Some(Output::Push {
+                    user,
+                    push: Push::Chat { from_user, text },
+                }),
+                _ => None,
+            },
+            Mesh::Broadcast {
+                server_time_us,
+                text,
+            } => Some(Output::Broadcast {
+                server_time_us,
+                text,
+            }),
+        };
+        if let Some(out) = out {
+            self.shared.emit(out);
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Reads of the PostgreSQL ledger (balances, a user's view, the notices waiting for a
+//! user, the audit), and the two writes that need no batch: numbering packets, a block of
+//! ids at a time, and expiring them.
+
+use hongbao_money::seam::Balances;
+use hongbao_money::{Audit, Notice, UserId, UserView};
+
+use crate::store::{i64s, pg_error, Store};
+
+/// Ids per block of `hb_packet_blocks`.
+const PACKET_BLOCK: u64 = 4096;
+
+impl Store {
+    pub async fn next_packet_id(&self) -> Result<u64, String> {
+        let mut ids = self.0.ids.lock().await;
+        if ids.0 >= ids.1 {
+            let pg = self.pg().await?;
+            let row = pg
+                .query_one("SELECT nextval('hb_packet_blocks')", &[])
+                .await
+                .map_err(|e| pg_error("numbering packets", e))?;
+            let block = row.get::<_, i64>(0) as u64;
+            *ids = (block * PACKET_BLOCK, (block + 1) * PACKET_BLOCK);
+        }
+        let id = ids.0;
+        ids.0 += 1;
+        Ok(id)
+    }
+
+    pub async fn balance(&self, user: u64) -> Result<u64, String> {
+        let pg = self.pg().await?;
+        let row = pg
+            .query_opt(
+                "SELECT cents FROM hb_balances WHERE user_id = $1",
+                &[&(user as i64)],
+            )
+            .await
+            .map_err(|e| pg_error("reading a balance", e))?;
+        Ok(row.map_or(0, |r| r.get::<_, i64>(0) as u64))
+    }
+
+    pub async fn user_view(&self, user: u64, limit: usize) -> Result<UserView, String> {
+        let balance_cents = self.balance(user).await?;
+        let pg = self.pg().await?;
+        let rows = pg
+            .query(
+                "SELECT seq, at_ms, body FROM hb_events WHERE user_id = $1 ORDER BY seq DESC LIMIT $2",
+                &[&(user as i64), &(limit as i64)],
+            )
+            .await
+            .map_err(|e| pg_error("reading events", e))?;
+        let recent_events = rows
+            .iter()
+            .map(|r| {
+                let mut event: serde_json::Value = r.get(2);
+                event["seq"] = r.get::<_, i64>(0).into();
+                event["ts_ms"] = r.get::<_, i64>(1).into();
+                event
+            })
+            .collect();
+        Ok(UserView {
+            user,
+            balance_cents,
+            recent_events,
+        })
+    }
+
+    pub async fn waiting_notices(&self, user: u64, now: u64) -> Result<Vec<Notice>, String> {
+        let pg = self.pg().await?;
+        let rows = pg
+            .query(
+                "SELECT p.id, p.sender, p.cents, p.shares, p.expires_ms FROM hb_recipients r \
+                 JOIN hb_packets p ON p.id = r.packet \
+                 WHERE r.user_id = $1 AND r.opened_cents IS NULL AND p.refunded IS NULL \
+                   AND p.expires_ms > $2 ORDER BY p.id",
+                &[&(user as i64), &(now as i64)],
+            )
+            .await
+            .map_err(|e| pg_error("reading waiting packets", e))?;
+        Ok(rows
+            .iter()
+            .map(|r| Notice {
+                packet_id: r.get::<_, i64>(0) as u64,
+                from_user: UserId::new(r.get::<_, i64>(1) as u64),
+                amount_cents: r.get::<_, i64>(2) as u64,
+                shares: r.get::<_, i32>(3) as u32,
+                expires_at_ms: r.get::<_, i64>(4) as u64,
+            })
+            .collect())
+    }
+
+    /// The waiting notices of all of `users` (this host's users, after its channel was
+    /// lost for a while), as (user, notice), in one query.
+    pub async fn waiting_notices_of(
+        &self,
+        users: &[u64],
+        now: u64,
+    ) -> Result<Vec<(u64, Notice)>, String> {
+        let pg = self.pg().await?;
+        let rows = pg
+            .query(
+                "SELECT r.user_id, p.id, p.sender, p.cents, p.shares, p.expires_ms \
+                 FROM hb_recipients r JOIN hb_packets p ON p.id = r.packet \
+                 WHERE r.user_id = ANY($1) AND r.opened_cents IS NULL \
+                   AND p.refunded IS NULL AND p.expires_ms > $2 ORDER BY p.id",
+                &[&i64s(users), &(now as i64)],
+            )
+            .await
+            .map_err(|e| pg_error("reading waiting packets", e))?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let notice = Notice {
+                    packet_id: r.get::<_, i64>(1) as u64,
+                    from_user: UserId::new(r.get::<_, i64>(2) as u64),
+                    amount_cents: r.get::<_, i64>(3) as u64,
+                    shares: r.get::<_, i32>(4) as u32,
+                    expires_at_ms: r.get::<_, i64>(5) as u64,
+                };
+                (r.get::<_, i64>(0) as u64, notice)
+            })
+            .collect())
+    }
+
+    pub async fn balances(&self) -> Result<Balances, String> {
+        let pg = self.pg().await?;
+        let users = pg
+            .query(
+                "SELECT user_id, cents FROM hb_balances WHERE cents != 0",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_error("reading balances", e))?;
+        let campaigns = pg
+            .query(
+                "SELECT campaign, sum(refunded)::bigint FROM hb_packets \
+                 WHERE campaign IS NOT NULL AND refunded > 0 GROUP BY campaign",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_error("reading balances", e))?;
+        Ok(Balances {
+            users: users
+                .iter()
+                .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
+                .collect(),
+            campaigns: campaigns
+                .iter()
+                .map(|r| (r.get::<_, i32>(0) as u32, r.get::<_, i64>(1) as u64))
+                .collect(),
+        })
+    }
+
+    /// The audit, from one snapshot of the ledger: every cent minted is in a balance, a
+    /// live packet, or a shake packet not yet won.
+    pub async fn audit(&self) -> Result<Audit, String> {
+        let pg = self.pg().await?;
+        let r = pg
+            .query_one(
+                "SELECT \
+                 (SELECT coalesce(sum(minted),0) FROM hb_campaigns WHERE kind = 'shake')::bigint, \
+                 (SELECT coalesce(sum(cents),0) FROM hb_packets WHERE campaign IS NOT NULL)::bigint, \
+                 (SELECT coalesce(sum(cents),0) FROM hb_balances)::bigint, \
+                 (SELECT count(*) FROM hb_balances WHERE cents > 0), \
+                 (SELECT coalesce(sum(refunded),0) FROM hb_packets WHERE campaign IS NOT NULL)::bigint, \
+                 (SELECT coalesce(sum(cents - opened_cents),0) FROM hb_packets WHERE refunded IS NULL)::bigint, \
+                 (SELECT count(*) FROM hb_packets WHERE refunded IS NULL), \
+                 (SELECT coalesce(sum(shares - opened),0) FROM hb_packets WHERE refunded IS NULL)::bigint, \
+                 (SELECT coalesce(sum(cents),0) FROM hb_wins)::bigint, \
+                 (SELECT count(*) FROM hb_wins), \
+                 (SELECT coalesce(sum(packets),0) FROM hb_campaigns WHERE kind = 'shake')::bigint, \
+                 (SELECT coalesce(max(seq),0) FROM hb_events)",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_error("auditing", e))?;
+        let n = |i: usize| r.get::<_, i64>(i) as u64;
+        let shake_minted = n(0);
+        Ok(Audit {
+            ok: false,
+            minted_cents: shake_minted + n(1),
+            user_balances_cents: n(2),
+            users_with_balance: n(3),
+            campaign_balances_cents: n(4),
+            unopened_cents: n(5),
+            live_packets: n(6),
+            unopened_shares: n(7),
+            unclaimed_cents: shake_minted.saturating_sub(n(8)),
+            unclaimed_packets: n(10).saturating_sub(n(9)),
+            ledger_seq: n(11),
+        }
+        .checked())
+    }
+
+    pub async fn expire(&self, now: u64, host: &str) -> Result<(), String> {
+        let pg = self.pg().await?;
+        pg.query_one("SELECT hb_expire($1, $2)", &[&(now as i64), &host])
+            .await
+            .map_err(|e| pg_error("expiring packets", e))?;
+        Ok(())
+    }
+}
