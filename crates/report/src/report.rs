@@ -110,7 +110,8 @@ pub(crate) fn write_report(dir: &Path) -> anyhow::Result<Vec<String>> {
     for entry in charts {
         let file = format!("{}.png", entry.name);
         crate::render::render_png(&series, broadcast_list, &entry.name, &dir.join(&file))?;
-        let svg = crate::render::render_svg(&series, broadcast_list, &entry.name).unwrap_or_default();
+        let svg =
+            crate::render::render_svg(&series, broadcast_list, &entry.name).unwrap_or_default();
         let _ = writeln!(
             page,
             "<section class=\"chart\" id=\"{name}\">\n{svg}<a href=\"{file}\">{file}</a></section>",

@@ -12,7 +12,6 @@ pub const MAX_HANDSHAKE_LEN: usize = 8192;
 /// Headers we make room for when parsing a handshake (on the stack). More is refused.
 pub(super) const MAX_HEADERS: usize = 64;
 
-
 // ---------------------------------------------------------------------------------------
 // Server handshake
 // ---------------------------------------------------------------------------------------
