@@ -72,7 +72,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     hosts: usize,
     /// Inject a failure into the first phase: worker-stall (one local server), or with
-    /// --hosts gateway, redis-master, redis-freeze or postgres (docs/bench.md)
+    /// --hosts gateway, redis-master, redis-freeze (":rel": the master holding the release of campaign packets) or postgres (docs/bench.md)
     #[arg(long)]
     fault: Option<String>,
     /// Seconds into the first phase for --fault

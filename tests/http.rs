@@ -187,6 +187,22 @@ impl Conn {
         }
     }
 
+    /// The head of an answer to a HEAD request (no body follows it, whatever its
+    /// `Content-Length` says): the status line and headers.
+    fn read_head(&mut self) -> String {
+        loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8(self.buf[..end].to_vec()).unwrap();
+                self.buf.drain(..end + 4);
+                return head;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).expect("a response");
+            assert!(n > 0, "closed before a whole head");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
     /// True once the server has closed the connection (after what it had to say).
     fn closed(&mut self) -> bool {
         let mut chunk = [0u8; 256];
@@ -528,6 +544,73 @@ fn bad_requests_are_refused_with_their_status() {
     let r = conn.call("GET", "/v1/shake", Some(3), None);
     assert_eq!((r.status, r.header("Allow")), (405, Some("POST")));
     well_behaved(&server);
+    // A malformed send says which rule it broke.
+    for (body, why) in [
+        (
+            json!({"amount_cents": 0, "shares": 1, "recipients": [2]}),
+            "at least 1",
+        ),
+        (
+            json!({"amount_cents": 5, "shares": 0, "recipients": [2]}),
+            "shares",
+        ),
+        (
+            json!({"amount_cents": 1, "shares": 2, "recipients": [2, 4]}),
+            "cent",
+        ),
+        (
+            json!({"amount_cents": 5, "shares": 2, "recipients": [2]}),
+            "recipients",
+        ),
+        (
+            json!({"amount_cents": 5, "shares": 1, "recipients": []}),
+            "no recipients",
+        ),
+        (
+            json!({"amount_cents": 5, "shares": 1, "recipients": [2, 2]}),
+            "twice",
+        ),
+        (
+            json!({"amount_cents": 5, "shares": 1, "recipients": [0]}),
+            "user 0",
+        ),
+        (
+            json!({"amount_cents": 1_000_000_001u64, "shares": 1, "recipients": [2]}),
+            "over",
+        ),
+    ] {
+        let r = conn.call("POST", "/v1/packets", Some(3), Some(&body.to_string()));
+        assert_eq!(
+            (r.status, r.result()),
+            (400, "bad-request"),
+            "{body}: {r:?}"
+        );
+        let said = r.body["error"].as_str().unwrap_or_default();
+        assert!(said.contains(why), "{body}: {said:?}");
+    }
+    // HEAD: the head of the GET's answer and no body, so the next answer on the
+    // connection reads whole; on a path HEAD is not for, a 405 without a body.
+    for path in ["/v1/ping", "/", "/v1/shake", "/v1/me"] {
+        conn.send(
+            "HEAD",
+            path,
+            &[format!("Authorization: {}", bearer(3))],
+            None,
+        );
+        let head = conn.read_head();
+        let status = if path == "/v1/ping" || path == "/" {
+            "200"
+        } else {
+            "405"
+        };
+        assert_eq!(
+            head.split_whitespace().nth(1),
+            Some(status),
+            "HEAD {path}: {head}"
+        );
+        let r = conn.call("GET", "/v1/ping", None, None);
+        assert_eq!((r.status, r.result()), (200, "ok"), "after HEAD {path}");
+    }
 
     // A client that trickles its head: 408 after the header timeout (2 s here), then the
     // connection closes; others are served meanwhile.

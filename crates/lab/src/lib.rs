@@ -340,6 +340,25 @@ impl Lab {
             .context("no live Redis master")
     }
 
+    /// The address of the live Redis master that serves `key`'s slot now (for faults
+    /// aimed at what a key holds: `{rel}`, the release of campaign packets).
+    pub fn redis_master_of(&self, key: &str) -> anyhow::Result<Ipv4Addr> {
+        let (first, _) = &self.redis[0];
+        let live = self.live_redis();
+        let witness = live.first().copied().unwrap_or(first.addr);
+        let slot: u16 = redis::cli(witness, &["CLUSTER", "KEYSLOT", key])?
+            .trim()
+            .parse()
+            .with_context(|| format!("the slot of {key:?}"))?;
+        redis::nodes(witness)?
+            .into_iter()
+            .find(|n| {
+                n.master && !n.failed && live.contains(&n.addr) && redis::serves(&n.slots, slot)
+            })
+            .map(|n| n.addr)
+            .with_context(|| format!("no live Redis master serves {key:?} (slot {slot})"))
+    }
+
     /// SIGKILLs the Redis node at `addr`.
     pub fn kill_redis(&mut self, addr: Ipv4Addr) {
         for (host, proc) in &mut self.redis {

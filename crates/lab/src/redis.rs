@@ -128,6 +128,17 @@ pub struct Node {
     pub slots: Vec<String>,
 }
 
+/// Whether a master's slot ranges (`CLUSTER NODES`' "0-5460", "12189", or
+/// "[5461->-…]" for a slot being moved, which it does not serve yet) hold `slot`.
+pub fn serves(ranges: &[String], slot: u16) -> bool {
+    ranges.iter().any(|r| {
+        let mut ends = r.splitn(2, '-');
+        let first = ends.next().and_then(|a| a.parse::<u16>().ok());
+        let last = ends.next().map_or(first, |b| b.parse::<u16>().ok());
+        matches!((first, last), (Some(a), Some(b)) if a <= slot && slot <= b)
+    })
+}
+
 /// `CLUSTER NODES` as `addr` sees it.
 pub fn nodes(addr: Ipv4Addr) -> anyhow::Result<Vec<Node>> {
     let text = cli(addr, &["CLUSTER", "NODES"])?;
@@ -180,6 +191,16 @@ pub fn wait_whole(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_ranges_are_read() {
+        let ranges: Vec<String> = ["0-5460", "7000", "[5461->-abc]"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert!(serves(&ranges, 0) && serves(&ranges, 5460) && serves(&ranges, 7000));
+        assert!(!serves(&ranges, 5461) && !serves(&ranges, 6999) && !serves(&ranges, 7001));
+    }
 
     #[test]
     fn cluster_nodes_lines_are_read() {

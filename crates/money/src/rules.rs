@@ -30,14 +30,34 @@ pub fn shake_packet_parts(packet: u64) -> (u32, u32) {
 /// 1..=`MAX_PACKET_CENTS`, at least one share and at least a cent per share, no more
 /// shares than recipients, at most `MAX_RECIPIENTS` distinct recipients, none of them 0.
 pub fn send_is_well_formed(amount_cents: u64, shares: u32, recipients: &[u64]) -> bool {
+    send_refusal(amount_cents, shares, recipients).is_none()
+}
+
+/// Why a send is not well formed ([`send_is_well_formed`]), in words for the sender;
+/// `None` when it is. The first rule broken is named.
+pub fn send_refusal(amount_cents: u64, shares: u32, recipients: &[u64]) -> Option<String> {
     let distinct: HashSet<&u64> = recipients.iter().collect();
-    (1..=MAX_PACKET_CENTS).contains(&amount_cents)
-        && shares >= 1
-        && shares as u64 <= amount_cents
-        && shares as usize <= recipients.len()
-        && recipients.len() <= MAX_RECIPIENTS
-        && distinct.len() == recipients.len()
-        && !recipients.contains(&0)
+    if amount_cents == 0 {
+        Some("amount_cents must be at least 1".into())
+    } else if amount_cents > MAX_PACKET_CENTS {
+        Some(format!("amount_cents over {MAX_PACKET_CENTS}"))
+    } else if shares == 0 {
+        Some("shares must be at least 1".into())
+    } else if shares as u64 > amount_cents {
+        Some("more shares than cents: every share is at least one cent".into())
+    } else if recipients.is_empty() {
+        Some("no recipients".into())
+    } else if recipients.len() > MAX_RECIPIENTS {
+        Some(format!("more than {MAX_RECIPIENTS} recipients"))
+    } else if shares as usize > recipients.len() {
+        Some("more shares than recipients".into())
+    } else if distinct.len() != recipients.len() {
+        Some("a recipient is named twice".into())
+    } else if recipients.contains(&0) {
+        Some("user 0 cannot be a recipient".into())
+    } else {
+        None
+    }
 }
 
 /// The result of a send by a sender holding `balance_cents`: `bad-request` when it is
@@ -174,6 +194,21 @@ mod tests {
         // Absurd amounts are malformed, not unaffordable.
         assert_eq!(check_send(0, 1 << 63, 1, &[1]), ResultCode::BadRequest);
         assert_eq!(check_send(0, 0, 1, &[1]), ResultCode::BadRequest);
+        // Each refusal names the rule it broke.
+        for (amount, shares, to, why) in [
+            (0, 1, &[1][..], "at least 1"),
+            (1 << 63, 1, &[1], "over"),
+            (5, 0, &[1], "shares must be"),
+            (1, 2, &[1, 2], "every share is at least one cent"),
+            (5, 1, &[], "no recipients"),
+            (5, 2, &[1], "more shares than recipients"),
+            (5, 1, &[1, 1], "named twice"),
+            (5, 1, &[0], "user 0"),
+        ] {
+            let said = send_refusal(amount, shares, to).expect("refused");
+            assert!(said.contains(why), "{said:?} for {amount} {shares} {to:?}");
+        }
+        assert_eq!(send_refusal(5, 2, &[1, 2]), None);
         // More shares than recipients or than cents; duplicates; user 0; none.
         assert_eq!(check_send(1_000, 500, 3, &[1, 2]), ResultCode::BadRequest);
         assert_eq!(check_send(1_000, 2, 3, &[1, 2, 3]), ResultCode::BadRequest);

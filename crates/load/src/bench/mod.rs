@@ -37,9 +37,9 @@ use crate::coordinator::{Load, LoadOptions, Row};
 use crate::transport::Transport;
 use broadcaster::{wait_deliveries, Broadcaster};
 pub use options::{
-    BenchOptions, Fault, Preset, DEFAULT_BENCH_BROADCAST_YIELD_MS, DEFAULT_BENCH_MAX_QUEUE_MS,
-    DEFAULT_NOTICE_POLL_SECS, DEFAULT_OVERLOAD_BACKOFF_SECS, DEFAULT_SERVER_NICE, SECRET,
-    WORKER_STALL,
+    BenchOptions, Fault, Preset, RedisAim, DEFAULT_BENCH_BROADCAST_YIELD_MS,
+    DEFAULT_BENCH_MAX_QUEUE_MS, DEFAULT_NOTICE_POLL_SECS, DEFAULT_OVERLOAD_BACKOFF_SECS,
+    DEFAULT_SERVER_NICE, SECRET, WORKER_STALL,
 };
 use server::{Server, ServerSample};
 pub use summary::Summary;

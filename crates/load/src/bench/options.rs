@@ -86,13 +86,33 @@ pub enum Fault {
     /// SIGKILL every process of the last gateway host.
     Gateway,
     /// SIGKILL a Redis master; its replica takes over.
-    RedisMaster,
+    RedisMaster(RedisAim),
     /// SIGSTOP a Redis master for 8 s (its replica takes over meanwhile), then SIGCONT.
-    RedisFreeze,
+    RedisFreeze(RedisAim),
     /// Stop PostgreSQL, and start it again two seconds later.
     Postgres,
     /// One local server: SIGSTOP a gateway worker for [`WORKER_STALL`], then SIGCONT.
     WorkerStall,
+}
+
+/// Which Redis master a Redis fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisAim {
+    /// The first live master `CLUSTER NODES` lists (`redis-master`, `redis-freeze`).
+    First,
+    /// The master that holds the release of campaign packets, `{rel}` (`…:rel`): the
+    /// hosts' liveness and the packets each holds go through a failover with it.
+    Release,
+}
+
+impl RedisAim {
+    /// The key whose slot picks the master, if the aim is a key's.
+    pub fn key(self) -> Option<&'static str> {
+        match self {
+            RedisAim::First => None,
+            RedisAim::Release => Some("{rel}"),
+        }
+    }
 }
 
 /// How long `--fault worker-stall` stops the worker.
@@ -102,13 +122,15 @@ impl Fault {
     pub fn parse(name: &str) -> anyhow::Result<Fault> {
         match name {
             "gateway" => Ok(Fault::Gateway),
-            "redis-master" => Ok(Fault::RedisMaster),
-            "redis-freeze" => Ok(Fault::RedisFreeze),
+            "redis-master" => Ok(Fault::RedisMaster(RedisAim::First)),
+            "redis-master:rel" => Ok(Fault::RedisMaster(RedisAim::Release)),
+            "redis-freeze" => Ok(Fault::RedisFreeze(RedisAim::First)),
+            "redis-freeze:rel" => Ok(Fault::RedisFreeze(RedisAim::Release)),
             "postgres" => Ok(Fault::Postgres),
             "worker-stall" => Ok(Fault::WorkerStall),
             other => {
                 anyhow::bail!(
-                    "--fault must be worker-stall, gateway, redis-master, redis-freeze or postgres, not {other:?}"
+                    "--fault must be worker-stall, gateway, redis-master[:rel], redis-freeze[:rel] or postgres, not {other:?}"
                 )
             }
         }
@@ -117,8 +139,10 @@ impl Fault {
     pub fn name(self) -> &'static str {
         match self {
             Fault::Gateway => "gateway",
-            Fault::RedisMaster => "redis-master",
-            Fault::RedisFreeze => "redis-freeze",
+            Fault::RedisMaster(RedisAim::First) => "redis-master",
+            Fault::RedisMaster(RedisAim::Release) => "redis-master:rel",
+            Fault::RedisFreeze(RedisAim::First) => "redis-freeze",
+            Fault::RedisFreeze(RedisAim::Release) => "redis-freeze:rel",
             Fault::Postgres => "postgres",
             Fault::WorkerStall => "worker-stall",
         }

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::options::{BenchOptions, Fault, SECRET, WORKER_STALL};
+use super::options::{BenchOptions, Fault, RedisAim, SECRET, WORKER_STALL};
 use crate::transport::Transport;
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
@@ -218,7 +218,7 @@ impl Server {
                         lab.gateways[last].host.name
                     )
                 }
-                Fault::RedisMaster => match lab.redis_master() {
+                Fault::RedisMaster(aim) => match aimed_master(&lab, aim) {
                     Ok(addr) => {
                         let t = Instant::now();
                         lab.kill_redis(addr);
@@ -232,7 +232,7 @@ impl Server {
                     }
                     Err(e) => format!("no Redis master to kill: {e:#}"),
                 },
-                Fault::RedisFreeze => match lab.redis_master() {
+                Fault::RedisFreeze(aim) => match aimed_master(&lab, aim) {
                     Ok(addr) => {
                         lab.freeze_redis(addr, Duration::from_secs(8));
                         let t = Instant::now();
@@ -424,5 +424,13 @@ pub(super) fn sample(stats: &Value) -> ServerSample {
         shakes_per_sec: n(&stats["per_sec"]["shakes"]),
         rss_bytes: rss,
         cpu_ms: cpu,
+    }
+}
+
+/// The Redis master a fault aims at, as the cluster sees it now.
+fn aimed_master(lab: &hongbao_lab::Lab, aim: RedisAim) -> anyhow::Result<std::net::Ipv4Addr> {
+    match aim.key() {
+        Some(key) => lab.redis_master_of(key),
+        None => lab.redis_master(),
     }
 }

@@ -121,7 +121,54 @@ impl HttpCodec {
         }
         let used = request.len;
         let id = self.take_id(request.keep_alive);
+        // A HEAD is answered as its GET would be, less the body (RFC 9110 §9.3.2): its
+        // client reads no body, so one sent would be read as the next answer.
+        let head = request.method == "HEAD";
         match route(&request, cx) {
+            Route::Request(Request::Ping { .. }, None) if head => {
+                let body = json!({"result": "ok", "client_time_us": 0,
+                    "server_time_us": std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_micros() as u64});
+                let bytes = head_bytes(
+                    200,
+                    "application/json",
+                    &[],
+                    &body.to_string().into_bytes(),
+                    self.closes(id),
+                );
+                let then = self.queue(id, bytes, cx);
+                (step(used, None, then), false)
+            }
+            Route::Request(..) if head => {
+                // The API's reads go through the core and answer later; HEAD is not
+                // worth a second path there.
+                cx.stats.bad_requests += 1;
+                let text = format!("HEAD is not allowed on {}", request.path);
+                let body = error_body(ResultCode::BadRequest, &text);
+                let bytes = head_bytes(
+                    405,
+                    "application/json",
+                    &[("Allow", "GET")],
+                    &body,
+                    self.closes(id),
+                );
+                let then = self.queue(id, bytes, cx);
+                (step(used, None, then), false)
+            }
+            Route::Answer(status, content_type, body) if head => {
+                let bytes = head_bytes(status, content_type, &[], &body, self.closes(id));
+                let then = self.queue(id, bytes, cx);
+                (step(used, None, then), false)
+            }
+            Route::Refuse(status, result, text, extra) if head => {
+                cx.stats.bad_requests += 1;
+                let body = error_body(result, &text);
+                let bytes = head_bytes(status, "application/json", &extra, &body, self.closes(id));
+                let then = self.queue(id, bytes, cx);
+                (step(used, None, then), false)
+            }
             Route::Request(inner, user) => {
                 let inbound = Inbound::Request {
                     id,
@@ -308,6 +355,20 @@ fn answer_bytes(
     out
 }
 
+/// The answer to a HEAD: the head of what its GET would get (its `Content-Length`
+/// included), no body.
+fn head_bytes(
+    status: u16,
+    content_type: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+    close: bool,
+) -> Vec<u8> {
+    let mut out = answer_bytes(status, content_type, extra, body, close);
+    out.truncate(out.len() - body.len());
+    out
+}
+
 fn error_body(result: ResultCode, text: &str) -> Vec<u8> {
     json!({ "result": result.name(), "error": text })
         .to_string()
@@ -436,7 +497,11 @@ struct ChatBody {
 
 fn route(request: &http::Request<'_>, cx: &Cx<'_>) -> Route {
     let segments: Vec<&str> = request.path.split('/').filter(|s| !s.is_empty()).collect();
-    let method = request.method;
+    // HEAD goes where GET goes; `decode` drops the body of its answer.
+    let method = match request.method {
+        "HEAD" => "GET",
+        other => other,
+    };
     // Path → the methods it takes; what is done with it.
     let allowed: &'static str = match segments.as_slice() {
         [] | ["index.html"] | ["token"] | ["v1", "ping"] | ["v1", "me"] | ["v1", "notices"] => {
@@ -451,7 +516,7 @@ fn route(request: &http::Request<'_>, cx: &Cx<'_>) -> Route {
         return Route::Refuse(
             405,
             ResultCode::BadRequest,
-            format!("{method} is not allowed on {}", request.path),
+            format!("{} is not allowed on {}", request.method, request.path),
             vec![("Allow", allowed)],
         );
     }
@@ -501,6 +566,13 @@ fn api(segments: &[&str], request: &http::Request<'_>) -> Result<Request, Route>
                 }
                 None => None,
             };
+            // Refused here with its reason: the send-reply a malformed send gets from
+            // the core has no words for the `error` field.
+            if let Some(why) =
+                hongbao_money::rules::send_refusal(body.amount_cents, body.shares, &body.recipients)
+            {
+                return Err(refuse(400, why));
+            }
             Request::Send {
                 amount_cents: body.amount_cents,
                 shares: body.shares,
