@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::server::conn::http1;
@@ -28,6 +28,12 @@ use tokio::sync::oneshot;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long `stop` lets requests under way finish.
 const STOP_GRACE: Duration = Duration::from_secs(2);
+/// A body over the limit is still read (and dropped) up to this many bytes, for up to
+/// `DRAIN_TIME`, before the 413 and the close: a client that sends its whole body before
+/// reading (no `Expect: 100-continue`) then reads the 413 instead of a reset, as nginx's
+/// lingering close allows. Past either bound the connection is closed as it is.
+const DRAIN_MAX: usize = 16 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(5);
 
 /// One request, its body read whole (up to the server's limit).
 #[derive(Debug, Clone)]
@@ -214,11 +220,13 @@ async fn respond(
     max_body: usize,
 ) -> hyper::Response<Full<Bytes>> {
     let (parts, body) = request.into_parts();
-    let response = match Limited::new(body, max_body).collect().await {
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Response::error(413, format!("body over {max_body} bytes"))
+    let response = match read_body(body, max_body).await {
+        Err(BodyError::TooLong) => {
+            let mut r = Response::error(413, format!("body over {max_body} bytes"));
+            r.headers.push(("connection".into(), "close".into()));
+            r
         }
-        Err(e) => Response::error(400, format!("reading the body: {e}")),
+        Err(BodyError::Read(e)) => Response::error(400, format!("reading the body: {e}")),
         Ok(body) => {
             let request = Request {
                 method: parts.method.as_str().to_string(),
@@ -229,7 +237,7 @@ async fn respond(
                     .iter()
                     .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
                     .collect(),
-                body: body.to_bytes(),
+                body,
             };
             let handler = handler.clone();
             tokio::task::spawn_blocking(move || handler(request))
@@ -250,6 +258,40 @@ async fn respond(
         }
     }
     out
+}
+
+enum BodyError {
+    TooLong,
+    Read(hyper::Error),
+}
+
+/// The whole body, if it is at most `max_body` bytes. A longer one is read on and
+/// dropped (`DRAIN_MAX`, `DRAIN_TIME`) so that its 413 is read by its client.
+async fn read_body(mut body: Incoming, max_body: usize) -> Result<Bytes, BodyError> {
+    let mut kept = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(BodyError::Read)?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        if kept.len() + data.len() > max_body {
+            let mut drained = kept.len() + data.len();
+            let _ = tokio::time::timeout(DRAIN_TIME, async {
+                while drained <= DRAIN_MAX {
+                    match body.frame().await {
+                        Some(Ok(frame)) => {
+                            drained += frame.data_ref().map_or(0, |d| d.len());
+                        }
+                        _ => break,
+                    }
+                }
+            })
+            .await;
+            return Err(BodyError::TooLong);
+        }
+        kept.extend_from_slice(&data);
+    }
+    Ok(Bytes::from(kept))
 }
 
 #[cfg(test)]
@@ -294,6 +336,27 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A client that writes a body far over the limit before it reads anything (no
+    /// `Expect: 100-continue`, as Python's urllib) reads the 413, not a reset.
+    #[test]
+    fn a_whole_body_over_the_limit_is_read_before_its_413() {
+        let server = echo_server();
+        let mut s = std::net::TcpStream::connect(server.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let body = vec![b'x'; 5 << 20];
+        let head = format!(
+            "POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(&body).unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(answer.contains("body over 64 bytes"), "{answer}");
     }
 
     /// Thirty keep-alive connections asking at once are all answered, though each
