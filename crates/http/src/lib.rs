@@ -223,7 +223,7 @@ async fn respond(
     let response = match read_body(body, max_body).await {
         Err(BodyError::TooLong) => {
             let mut r = Response::error(413, format!("body over {max_body} bytes"));
-            r.headers.push(("connection".into(), "close".into()));
+            r.headers.push(("connection", "close".into()));
             r
         }
         Err(BodyError::Read(e)) => Response::error(400, format!("reading the body: {e}")),
