@@ -466,10 +466,11 @@ pub fn clearly_broken(step: &StepRecord, slo: &Slo) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn slo() -> Slo {
+    /// The SLO the capacity tests judge by (also `sizing`'s).
+    pub(in super::super) fn slo() -> Slo {
         Slo {
             p99_ms: 50.0,
             mean_ms: None,

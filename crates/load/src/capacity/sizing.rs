@@ -160,21 +160,12 @@ pub fn capacity_plan(runs: &[RunRecord], slo: &Slo, target: &Target) -> Capacity
 
 #[cfg(test)]
 mod tests {
+    use super::super::judge::tests::slo;
     use super::super::judge::{clearly_broken, Window};
     use super::super::probe::{InstanceSample, Sample, Watched};
     use super::*;
     use crate::coordinator::Row;
     use crate::report::Counters;
-
-    fn slo() -> Slo {
-        Slo {
-            p99_ms: 50.0,
-            mean_ms: None,
-            error_rate: 0.05,
-            min_achieved: 0.95,
-            cpu: [("gateway".to_string(), 0.5)].into(),
-        }
-    }
 
     fn row(second: u64, qps: u64, sent: u64, nothing: u64, overloaded: u64, lat_us: u64) -> Row {
         Row {

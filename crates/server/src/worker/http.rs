@@ -130,14 +130,11 @@ impl HttpCodec {
                     "server_time_us": std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .unwrap_or_default()
-                        .as_micros() as u64});
-                let bytes = head_bytes(
-                    200,
-                    "application/json",
-                    &[],
-                    &body.to_string().into_bytes(),
-                    self.closes(id),
-                );
+                        .as_micros() as u64})
+                .to_string()
+                .into_bytes();
+                let answer = answer_bytes(200, "application/json", &[], &body, self.closes(id));
+                let bytes = head_only(answer, &body);
                 let then = self.queue(id, bytes, cx);
                 (step(used, None, then), false)
             }
@@ -147,25 +144,24 @@ impl HttpCodec {
                 cx.stats.bad_requests += 1;
                 let text = format!("HEAD is not allowed on {}", request.path);
                 let body = error_body(ResultCode::BadRequest, &text);
-                let bytes = head_bytes(
-                    405,
-                    "application/json",
-                    &[("Allow", "GET")],
-                    &body,
-                    self.closes(id),
-                );
+                let allow = [("Allow", "GET")];
+                let answer = answer_bytes(405, "application/json", &allow, &body, self.closes(id));
+                let bytes = head_only(answer, &body);
                 let then = self.queue(id, bytes, cx);
                 (step(used, None, then), false)
             }
             Route::Answer(status, content_type, body) if head => {
-                let bytes = head_bytes(status, content_type, &[], &body, self.closes(id));
+                let answer = answer_bytes(status, content_type, &[], &body, self.closes(id));
+                let bytes = head_only(answer, &body);
                 let then = self.queue(id, bytes, cx);
                 (step(used, None, then), false)
             }
             Route::Refuse(status, result, text, extra) if head => {
                 cx.stats.bad_requests += 1;
                 let body = error_body(result, &text);
-                let bytes = head_bytes(status, "application/json", &extra, &body, self.closes(id));
+                let answer =
+                    answer_bytes(status, "application/json", &extra, &body, self.closes(id));
+                let bytes = head_only(answer, &body);
                 let then = self.queue(id, bytes, cx);
                 (step(used, None, then), false)
             }
@@ -355,18 +351,11 @@ fn answer_bytes(
     out
 }
 
-/// The answer to a HEAD: the head of what its GET would get (its `Content-Length`
-/// included), no body.
-fn head_bytes(
-    status: u16,
-    content_type: &str,
-    extra: &[(&str, &str)],
-    body: &[u8],
-    close: bool,
-) -> Vec<u8> {
-    let mut out = answer_bytes(status, content_type, extra, body, close);
-    out.truncate(out.len() - body.len());
-    out
+/// The answer to a HEAD: the head of `answer` (its `Content-Length` included), less
+/// its `body`.
+fn head_only(mut answer: Vec<u8>, body: &[u8]) -> Vec<u8> {
+    answer.truncate(answer.len() - body.len());
+    answer
 }
 
 fn error_body(result: ResultCode, text: &str) -> Vec<u8> {
