@@ -2,7 +2,8 @@
 //! written out a slice of connections per turn of the loop, so shakes wait at most a
 //! slice's worth of writes — and paced (`Pacer`) while shakes are being served and they,
 //! or the worker itself, wait longer than `broadcast_yield_ms`, so the shakes keep the CPU
-//! they need, here and in every other process on the machine.
+//! they need, here and in every other process on the machine; but never so slowly that a
+//! broadcast is not written out within `BROADCAST_DEADLINE` of reaching the worker.
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,10 @@ const PACE_START: f64 = 2_000.0;
 /// none did it grows by a tenth (doubling in about 70 ms).
 const PACE_DOWN: f64 = 0.5;
 const PACE_UP: f64 = 1.1;
+/// However long shakes wait, a broadcast is written to every connection of this worker
+/// within this long of reaching it: a person waits about a second for a message, and
+/// broadcasts sent every few seconds must not queue behind one another.
+const BROADCAST_DEADLINE: Duration = Duration::from_millis(800);
 
 /// How fast a worker writes broadcasts out: a token bucket whose rate halves after every
 /// window in which a shake waited in the kernel longer than the yield, or in which shakes
@@ -37,9 +42,15 @@ const PACE_UP: f64 = 1.1;
 /// grows after every other window. Judged all the time, not only while a broadcast is
 /// being written, so a broadcast starts at the pace the shakes of the moment allow rather
 /// than with a burst. With no shakes a broadcast goes as fast as the machine allows.
+///
+/// The pace never drops below `floor`: the rate that writes every queued broadcast by
+/// its deadline (`BROADCAST_DEADLINE` after it reached the worker), set each turn by
+/// [`deadline_floor`]. The shakes decide how fast; the deadline, how slow.
 pub(super) struct Pacer {
     /// Writes per second allowed now.
     rate: f64,
+    /// Writes per second the queued broadcasts' deadlines need now.
+    floor: f64,
     tokens: f64,
     refilled: Instant,
     window_start: Instant,
@@ -55,6 +66,7 @@ impl Pacer {
     pub(super) fn new(now: Instant) -> Pacer {
         Pacer {
             rate: PACE_MAX,
+            floor: 0.0,
             tokens: BROADCAST_SLICE as f64,
             refilled: now,
             window_start: now,
@@ -113,15 +125,26 @@ impl Pacer {
         self.tokens = 1.0;
     }
 
+    /// The least pace the queued broadcasts' deadlines need (`f64::INFINITY`: one is
+    /// late, so no pace at all).
+    pub(super) fn set_floor(&mut self, floor: f64) {
+        self.floor = floor;
+    }
+
+    /// Writes per second allowed now: the shakes' pace, or the deadlines' if faster.
+    fn pace(&self) -> f64 {
+        self.rate.max(self.floor)
+    }
+
     /// Connections that may be written to now (at most a slice); `yield_after` zero
     /// means never pace.
     pub(super) fn allowance(&mut self, now: Instant, yield_after: Duration) -> usize {
-        if yield_after.is_zero() {
+        if yield_after.is_zero() || self.floor.is_infinite() {
             return BROADCAST_SLICE;
         }
         let elapsed = now.duration_since(self.refilled).as_secs_f64();
         self.refilled = now;
-        self.tokens = (self.tokens + elapsed * self.rate).min(BROADCAST_SLICE as f64);
+        self.tokens = (self.tokens + elapsed * self.pace()).min(BROADCAST_SLICE as f64);
         self.tokens as usize
     }
 
@@ -132,10 +155,10 @@ impl Pacer {
 
     /// How long until the next write is allowed (zero: now).
     pub(super) fn next_in(&self, yield_after: Duration) -> Duration {
-        if yield_after.is_zero() || self.tokens >= 1.0 {
+        if yield_after.is_zero() || self.tokens >= 1.0 || self.floor.is_infinite() {
             return Duration::ZERO;
         }
-        Duration::from_secs_f64((1.0 - self.tokens) / self.rate)
+        Duration::from_secs_f64((1.0 - self.tokens) / self.pace())
     }
 
     /// Writes per second allowed now.
@@ -150,6 +173,26 @@ pub(super) struct BroadcastJob {
     bytes: [Vec<u8>; 3],
     next_key: usize,
     end_key: usize,
+    /// When it must be written out by (`BROADCAST_DEADLINE` after it came).
+    deadline: Instant,
+}
+
+/// The least writes per second that write every queued broadcast (oldest first, as
+/// they are written; `(slots left, deadline)`) by its deadline: for each, all it and
+/// those before it have left over the time to its deadline. `f64::INFINITY` when one
+/// is already late.
+pub(super) fn deadline_floor(now: Instant, queued: impl Iterator<Item = (usize, Instant)>) -> f64 {
+    let mut left = 0usize;
+    let mut floor = 0.0f64;
+    for (slots, deadline) in queued {
+        left += slots;
+        let time = deadline.saturating_duration_since(now).as_secs_f64();
+        if time <= 0.0 {
+            return f64::INFINITY;
+        }
+        floor = floor.max(left as f64 / time);
+    }
+    floor
 }
 
 impl Worker {
@@ -173,13 +216,15 @@ impl Worker {
             .filter(|(_, c)| c.state == State::Open && c.codec.form().is_some())
             .count() as u64;
         self.tell_core(&ToCore::BroadcastTaken { id, connections });
+        let now = Instant::now();
         if self.broadcasts.is_empty() {
-            self.pacer.start(Instant::now());
+            self.pacer.start(now);
         }
         self.broadcasts.push_back(BroadcastJob {
             bytes,
             next_key: 0,
             end_key: self.conns.capacity(),
+            deadline: now + BROADCAST_DEADLINE,
         });
     }
 
@@ -199,6 +244,11 @@ impl Worker {
         if self.broadcasts.is_empty() {
             return;
         }
+        let queued = self
+            .broadcasts
+            .iter()
+            .map(|j| (j.end_key - j.next_key, j.deadline));
+        self.pacer.set_floor(deadline_floor(now, queued));
         let allowed = self.pacer.allowance(now, yield_after);
         if allowed == 0 {
             return;
@@ -339,6 +389,59 @@ mod tests {
         windows(&mut pacer, &mut at, 40, Duration::from_secs(1));
         pacer.start(at);
         assert_eq!(pacer.rate(), PACE_MIN);
+    }
+
+    #[test]
+    fn the_deadline_floor_covers_every_queued_broadcast() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(deadline_floor(now, std::iter::empty()), 0.0);
+        // 8,000 left with 800 ms to go: 10,000 a second.
+        assert_eq!(
+            deadline_floor(now, [(8_000, now + ms(800))].into_iter()),
+            10_000.0
+        );
+        // A second broadcast behind it with 1,600 ms: both 16,000 by then, also 10,000/s;
+        // with only 1,000 ms it is the one that needs more.
+        let two = |second| {
+            deadline_floor(
+                now,
+                [(8_000, now + ms(800)), (8_000, now + second)].into_iter(),
+            )
+        };
+        assert_eq!(two(ms(1_600)), 10_000.0);
+        assert_eq!(two(ms(1_000)), 16_000.0);
+        // One already late: no pace.
+        assert!(deadline_floor(now, [(1, now)].into_iter()).is_infinite());
+    }
+
+    /// Shakes waiting long all the time hold the shakes' pace at its least, yet a
+    /// broadcast to 10,000 connections is written out by its deadline, turn by turn.
+    #[test]
+    fn a_broadcast_meets_its_deadline_however_long_shakes_wait() {
+        let mut at = Instant::now();
+        let mut pacer = Pacer::new(at);
+        windows(&mut pacer, &mut at, 40, Duration::from_secs(1));
+        assert_eq!(pacer.rate(), PACE_MIN);
+        pacer.start(at);
+        let deadline = at + BROADCAST_DEADLINE;
+        let mut left = 10_000usize;
+        while left > 0 {
+            at += Duration::from_millis(1);
+            assert!(at <= deadline + PACE_WINDOW, "{left} left at the deadline");
+            pacer.shake_waited(Duration::from_secs(1));
+            pacer.judge(at, YIELD, || Some(Duration::ZERO));
+            pacer.set_floor(deadline_floor(at, [(left, deadline)].into_iter()));
+            let n = pacer.allowance(at, YIELD).min(left);
+            pacer.spent(n);
+            left -= n;
+        }
+        // Done before the deadline, and not much before it: the shakes kept the rest.
+        assert!(
+            at + Duration::from_millis(100) >= deadline,
+            "done {:?} early",
+            deadline - at
+        );
     }
 
     #[test]
