@@ -1,0 +1,32 @@
+/**
+ * Everything both entries export besides `connect`: the client's types, the codecs,
+ * tokens. `index.ts` (browsers) and `node.ts` (Node) add a `connect` bound to their
+ * WebSocket.
+ */
+
+export { Client, type ConnectOptions, type SendRequest } from "./client.js";
+export type { Connect } from "./connect.js";
+export { HongbaoError, type HongbaoErrorKind, type ErrorSource } from "./errors.js";
+export type { ClientEvents, ClientState, Listener } from "./events.js";
+export { Backoff, ShakeGate, jittered, DEFAULT_OVERLOADED_WAIT_MS } from "./backoff.js";
+export { FrameError, check, decode, encode, type FrameErrorKind } from "./frame.js";
+export { JsonFormError, fromJson, toJson, parseJson, stringifyJson, hex, unhex, type JsonValue } from "./json.js";
+export type { U64Input } from "./numbers.js";
+export * as protocol from "./protocol.js";
+export type { Frame, Message, ResultName, KickReason } from "./protocol.js";
+export type {
+  ShakeResult,
+  SendResult,
+  OpenResult,
+  ChatResult,
+  PingResult,
+  MeResult,
+  PacketNotice,
+  LedgerEvent,
+  Refused,
+  Unavailable,
+  BadRequest,
+} from "./results.js";
+export type { SocketFactory, WireSocket, SocketEvents, CloseInfo } from "./socket.js";
+export { DEV_SECRET, devToken, tokenBytes } from "./token.js";
+export { newIdempotencyKey } from "./platform.js";

@@ -1,0 +1,333 @@
+/**
+ * The client: one API over both transports. `connect()` reads the URL — `ws://` or
+ * `wss://` gives a {@link WsClient} (binary frames, or the JSON form), `http://` or
+ * `https://` an {@link HttpClient} (the HTTP API) — and resolves once the user is logged
+ * in (over HTTP: once the token has been accepted).
+ *
+ * What both share lives here: argument checks, idempotency keys, the shake gate, the
+ * memory of announced packets, events, and HTTP calls (a WebSocket client reads `me()`
+ * and `notices()` over HTTP from the same gateway: the protocol has no request for them).
+ *
+ * The rules, whichever transport:
+ * - Every `send` carries an idempotency key (made here unless given), and a send whose
+ *   answer was lost is sent again with the same key — after a reconnect, or over HTTP
+ *   after a failed connection — so the money moves once. Opens are retried as they are
+ *   (opening is idempotent). Shakes and chats are not retried: a lost one rejects with
+ *   `connection-lost`.
+ * - After an `overloaded` shake the client sends no shake until the server's
+ *   `retry_after_ms` (or HTTP `Retry-After`), drawn from ½× to 1½×, has passed; a shake
+ *   meanwhile is answered by the client itself (`heldBack: true`).
+ * - A packet's notice is delivered once, however often the server repeats it.
+ */
+
+import { Backoff, ShakeGate, type Random } from "./backoff.js";
+import { HongbaoError } from "./errors.js";
+import { Emitter, SeenPackets, type ClientEvents, type ClientState, type Listener } from "./events.js";
+import { Fields, JsonFormError, hex, parseJson, stringifyJson, unhex, type JsonValue } from "./json.js";
+import { toU32, toU64, type U64Input } from "./numbers.js";
+import { newIdempotencyKey } from "./platform.js";
+import { MAX_RECIPIENTS, validIdempotencyKey } from "./protocol.js";
+import {
+  meFromHttp,
+  noticesFromHttp,
+  type ChatResult,
+  type HttpAnswer,
+  type MeResult,
+  type OpenResult,
+  type PacketNotice,
+  type PingResult,
+  type SendResult,
+  type ShakeResult,
+} from "./results.js";
+
+export interface ConnectOptions {
+  /** `ws://host:port` (the path defaults to `/ws`), `wss://…`, `http://host:port` or `https://…`. */
+  url: string;
+  userId: U64Input;
+  /** The login token: 64 hex characters (see `devToken`) or its 32 raw bytes. */
+  token: string | Uint8Array;
+  /** WebSocket only: binary frames (default) or the JSON form in text messages. */
+  form?: "binary" | "json";
+  /** How long a request may wait for its answer, reconnects included (default 10 s). */
+  requestTimeoutMs?: number;
+  /** How long `connect()` may take before it gives up (default 15 s). */
+  connectTimeoutMs?: number;
+  /** Reconnect back-off: the mean starts at `baseMs` and doubles to `maxMs` (250 ms, 30 s). */
+  reconnect?: { baseMs?: number; maxMs?: number };
+  /** WebSocket only: ping this often to find a dead connection; 0 never (default 30 s). */
+  keepAliveMs?: number;
+  /** Requests that may wait for a connection at once (default 1000). */
+  maxQueued?: number;
+  /** Packet ids remembered to drop repeated notices (default 10,000). */
+  noticeMemory?: number;
+  /** HTTP only: poll `GET /v1/notices` this often for `packet-notice` events; 0 never (default). */
+  pollNoticesMs?: number;
+  /** Where `me()` and `notices()` go for a WebSocket client (default: the same host over http(s)). */
+  httpUrl?: string;
+  /** The random source for jitter (tests pin it). */
+  random?: Random;
+  /** The `fetch` to use (default: the global one). */
+  fetch?: typeof fetch;
+  /**
+   * Listeners registered before the first login, so that nothing pushed at login (the
+   * notices of packets sent while I was offline) comes before anyone listens.
+   */
+  on?: { [K in keyof ClientEvents]?: Listener<ClientEvents[K]> };
+}
+
+export interface SendRequest {
+  amountCents: U64Input;
+  shares: number;
+  recipients: U64Input[];
+  /** 1 to 64 characters of printable ASCII; a random UUID unless given. */
+  idempotencyKey?: string;
+}
+
+/** Options after defaults, as the transports read them. */
+export interface Settings {
+  userId: bigint;
+  token: Uint8Array;
+  requestTimeoutMs: number;
+  connectTimeoutMs: number;
+  reconnectBaseMs: number;
+  reconnectMaxMs: number;
+  keepAliveMs: number;
+  maxQueued: number;
+  pollNoticesMs: number;
+  httpBase: string;
+  random: Random;
+  fetch: typeof fetch;
+}
+
+/** What the transports have in common; see the module header for the rules. */
+export abstract class Client {
+  abstract readonly transport: "websocket" | "http";
+  readonly userId: bigint;
+  protected readonly settings: Settings;
+  protected readonly events = new Emitter<ClientEvents>();
+  protected readonly gate: ShakeGate;
+  private readonly seen: SeenPackets;
+  private current: ClientState = "connecting";
+
+  protected constructor(settings: Settings, noticeMemory: number) {
+    this.settings = settings;
+    this.userId = settings.userId;
+    this.gate = new ShakeGate(settings.random);
+    this.seen = new SeenPackets(noticeMemory);
+  }
+
+  get state(): ClientState {
+    return this.current;
+  }
+
+  /** Listens to `packet-notice`, `chat`, `broadcast`, `kick` or `state`; returns the unsubscribe. */
+  on<K extends keyof ClientEvents>(event: K, listener: Listener<ClientEvents[K]>): () => void {
+    return this.events.on(event, listener);
+  }
+
+  off<K extends keyof ClientEvents>(event: K, listener: Listener<ClientEvents[K]>): void {
+    this.events.off(event, listener);
+  }
+
+  /** Milliseconds before a shake goes to the server again (after `overloaded`); 0: now. */
+  shakeHeldForMs(): number {
+    return this.gate.heldForMs(Date.now());
+  }
+
+  /** Tries to win a share of the running shake campaign. */
+  async shake(): Promise<ShakeResult> {
+    const held = this.gate.heldForMs(Date.now());
+    if (held > 0) return { result: "overloaded", retryAfterMs: held, heldBack: true };
+    const result = await this.shakeOnce();
+    if (result.result === "overloaded") this.gate.overloaded(result.retryAfterMs, Date.now());
+    return result;
+  }
+
+  /**
+   * Sends `amountCents` from my balance in `shares` shares for `recipients`. Rejects
+   * (with the key on the error) only when no answer came in time: send again with the
+   * same `idempotencyKey` and the money still moves once.
+   */
+  async send(request: SendRequest): Promise<SendResult> {
+    const amountCents = toU64(request.amountCents, "amountCents");
+    const shares = toU32(request.shares, "shares");
+    if (!Array.isArray(request.recipients) || request.recipients.length > MAX_RECIPIENTS) {
+      throw new RangeError(`recipients: a list of at most ${MAX_RECIPIENTS} user ids`);
+    }
+    const recipients = request.recipients.map((id) => toU64(id, "recipients"));
+    const key = request.idempotencyKey ?? newIdempotencyKey();
+    if (!validIdempotencyKey(key)) throw new RangeError("idempotencyKey: 1 to 64 characters of printable ASCII");
+    try {
+      return await this.sendOnce(amountCents, shares, recipients, key);
+    } catch (e) {
+      if (e instanceof HongbaoError) e.idempotencyKey = key;
+      throw e;
+    }
+  }
+
+  /** Opens (拆) my share of a packet; safe to repeat (`already-opened`, same amount). */
+  open(packetId: U64Input): Promise<OpenResult> {
+    return this.openOnce(toU64(packetId, "packetId"));
+  }
+
+  /** Routes `text` to `toUser`'s connection. */
+  chat(toUser: U64Input, text: string): Promise<ChatResult> {
+    if (typeof text !== "string") throw new TypeError("text: a string");
+    return this.chatOnce(toU64(toUser, "toUser"), text);
+  }
+
+  /** My balance and newest ledger events, as committed (`GET /v1/me`). */
+  async me(): Promise<MeResult> {
+    return meFromHttp(await this.http("GET", "/v1/me", { idempotent: true }));
+  }
+
+  /**
+   * The live packets naming me that I have not opened (`GET /v1/notices`), oldest first.
+   * Each one not announced before is also delivered as a `packet-notice` event.
+   */
+  async notices(): Promise<PacketNotice[]> {
+    const answer = await this.http("GET", "/v1/notices", { idempotent: true });
+    if (answer.status !== 200) return [];
+    const notices = noticesFromHttp(answer);
+    for (const notice of notices) this.announce(notice);
+    return notices;
+  }
+
+  /** Round trip to the server, and its clock. */
+  abstract ping(): Promise<PingResult>;
+
+  /** Closes for good: pending requests reject with `closed`, no reconnect. */
+  abstract close(): Promise<void>;
+
+  protected abstract shakeOnce(): Promise<ShakeResult>;
+  protected abstract sendOnce(amountCents: bigint, shares: number, recipients: bigint[], key: string): Promise<SendResult>;
+  protected abstract openOnce(packetId: bigint): Promise<OpenResult>;
+  protected abstract chatOnce(toUser: bigint, text: string): Promise<ChatResult>;
+
+  protected setState(state: ClientState, reason: string): void {
+    if (state === this.current) return;
+    this.current = state;
+    this.events.emit("state", { state, reason });
+  }
+
+  /** Delivers a packet's notice, unless it was delivered before. */
+  protected announce(notice: PacketNotice): void {
+    if (this.seen.firstTime(notice.packetId)) this.events.emit("packet-notice", notice);
+  }
+
+  protected bearer(): string {
+    return `Bearer ${this.userId}.${hex(this.settings.token)}`;
+  }
+
+  /**
+   * One HTTP API call, with the answer's JSON read exactly (bigints). A call that could
+   * not reach the server is tried again after a back-off if `idempotent`, until the
+   * request's time is up; otherwise it rejects with `connection-lost`.
+   */
+  protected async http(
+    method: "GET" | "POST",
+    path: string,
+    options: { body?: JsonValue; headers?: Record<string, string>; idempotent: boolean },
+  ): Promise<HttpAnswer> {
+    const deadline = Date.now() + this.settings.requestTimeoutMs;
+    const headers: Record<string, string> = { Authorization: this.bearer(), ...options.headers };
+    if (options.body !== undefined) headers["Content-Type"] = "application/json";
+    const body = options.body === undefined ? undefined : stringifyJson(options.body);
+    const backoff = new Backoff(this.settings.reconnectBaseMs, this.settings.reconnectMaxMs, this.settings.random);
+    for (;;) {
+      if (this.current === "closed") throw new HongbaoError("closed", "client", "the client is closed");
+      const left = deadline - Date.now();
+      if (left <= 0) throw new HongbaoError("timeout", "network", `${method} ${path}: no answer in ${this.settings.requestTimeoutMs} ms`);
+      let response: Response;
+      let text: string;
+      try {
+        response = await this.settings.fetch(this.settings.httpBase + path, {
+          method,
+          headers,
+          body,
+          signal: AbortSignal.timeout(left),
+        });
+        text = await response.text();
+      } catch (e) {
+        const name = (e as Error).name;
+        if (name === "TimeoutError" || name === "AbortError") {
+          throw new HongbaoError("timeout", "network", `${method} ${path}: no answer in ${this.settings.requestTimeoutMs} ms`, { cause: e });
+        }
+        if (!options.idempotent) {
+          throw new HongbaoError("connection-lost", "network", `${method} ${path}: ${(e as Error).message}; its outcome is unknown`, { cause: e });
+        }
+        this.httpFailed(e as Error);
+        await sleep(Math.min(Math.max(0, deadline - Date.now()), backoff.next()));
+        continue;
+      }
+      this.httpAnswered();
+      return { status: response.status, body: answerFields(text, response.status), retryAfterMs: retryAfterMs(response) };
+    }
+  }
+
+  /** An HTTP call could not reach the server (the HTTP transport reports a state change). */
+  protected httpFailed(_error: Error): void {}
+
+  /** An HTTP call was answered. */
+  protected httpAnswered(): void {}
+}
+
+/** The fields of an answer's JSON body; a body that is not a JSON object reads as a bad-request. */
+function answerFields(text: string, status: number): Fields {
+  try {
+    const value = parseJson(text);
+    if (value !== null && typeof value === "object" && !Array.isArray(value)) return new Fields(value);
+  } catch (e) {
+    if (!(e instanceof SyntaxError || e instanceof JsonFormError)) throw e;
+  }
+  return new Fields({ result: status >= 500 ? "unavailable" : "bad-request", error: `HTTP ${status}: ${text.slice(0, 200)}` });
+}
+
+function retryAfterMs(response: Response): number | undefined {
+  const header = response.headers.get("retry-after");
+  if (header === null) return undefined;
+  const secs = Number(header);
+  return Number.isFinite(secs) && secs >= 0 ? secs * 1000 : undefined;
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** Options with their defaults filled in. */
+export function settingsOf(options: ConnectOptions, url: URL): Settings {
+  const fetchFn = options.fetch ?? (globalThis as { fetch?: typeof fetch }).fetch;
+  if (fetchFn === undefined) throw new Error("this platform has no fetch");
+  return {
+    userId: toU64(options.userId, "userId"),
+    token: tokenOf(options.token),
+    requestTimeoutMs: options.requestTimeoutMs ?? 10_000,
+    connectTimeoutMs: options.connectTimeoutMs ?? 15_000,
+    reconnectBaseMs: options.reconnect?.baseMs ?? 250,
+    reconnectMaxMs: options.reconnect?.maxMs ?? 30_000,
+    keepAliveMs: options.keepAliveMs ?? 30_000,
+    maxQueued: options.maxQueued ?? 1000,
+    pollNoticesMs: options.pollNoticesMs ?? 0,
+    httpBase: (options.httpUrl ?? httpBaseOf(url)).replace(/\/+$/, ""),
+    random: options.random ?? Math.random,
+    fetch: fetchFn.bind(globalThis),
+  };
+}
+
+/** `ws://h:p/ws` → `http://h:p`: the gateway's WebSocket address serves the HTTP API too. */
+function httpBaseOf(url: URL): string {
+  const scheme = url.protocol === "wss:" || url.protocol === "https:" ? "https:" : "http:";
+  return `${scheme}//${url.host}`;
+}
+
+function tokenOf(token: string | Uint8Array): Uint8Array {
+  if (token instanceof Uint8Array) return token;
+  if (typeof token === "string") {
+    try {
+      return unhex(token);
+    } catch {
+      // fall through
+    }
+  }
+  throw new TypeError("token: 64 hex characters or the raw bytes");
+}

@@ -1,0 +1,104 @@
+/**
+ * The HTTP transport (docs/http-api.md): every request proves its user with a bearer
+ * token, so there is no connection to keep and nothing to log in to. `start()` checks
+ * the token with `GET /v1/notices` and announces what it lists — HTTP clients get no
+ * pushes, so notices come from there (at start, from `notices()`, and every
+ * `pollNoticesMs` if set) and `chat`, `broadcast` and `kick` events never come.
+ *
+ * A call that cannot reach the server is tried again, after a back-off, only where that
+ * is safe: a send (with its `Idempotency-Key`), an open, a read. The state goes
+ * `reconnecting` while calls fail and `open` again at the next answer.
+ */
+
+import { Backoff } from "./backoff.js";
+import { Client, sleep, type Settings } from "./client.js";
+import { HongbaoError } from "./errors.js";
+import {
+  chatFromHttp,
+  openFromHttp,
+  sendFromHttp,
+  shakeFromHttp,
+  type ChatResult,
+  type OpenResult,
+  type PingResult,
+  type SendResult,
+  type ShakeResult,
+} from "./results.js";
+
+export class HttpClient extends Client {
+  readonly transport = "http" as const;
+  private pollTimer: ReturnType<typeof setInterval> | undefined;
+
+  constructor(settings: Settings, noticeMemory: number) {
+    super(settings, noticeMemory);
+  }
+
+  /** Checks the token (and reads my notices), retrying an unreachable server until `connectTimeoutMs`. */
+  async start(): Promise<void> {
+    const deadline = Date.now() + this.settings.connectTimeoutMs;
+    const backoff = new Backoff(this.settings.reconnectBaseMs, this.settings.reconnectMaxMs, this.settings.random);
+    for (;;) {
+      try {
+        const answer = await this.http("GET", "/v1/notices", { idempotent: true });
+        if (answer.status === 401) {
+          this.setState("closed", "token refused");
+          throw new HongbaoError("bad-token", "server", `user ${this.userId}'s token was refused`);
+        }
+        if (answer.status === 200) break;
+      } catch (e) {
+        if (!(e instanceof HongbaoError) || e.kind !== "timeout" || Date.now() >= deadline) throw e;
+      }
+      if (Date.now() >= deadline) throw new HongbaoError("timeout", "network", `no answer within ${this.settings.connectTimeoutMs} ms`);
+      await sleep(Math.min(Math.max(0, deadline - Date.now()), backoff.next()));
+    }
+    this.setState("open", "token accepted");
+    await this.notices();
+    if (this.settings.pollNoticesMs > 0) {
+      this.pollTimer = setInterval(() => {
+        this.notices().catch(() => {});
+      }, this.settings.pollNoticesMs);
+    }
+  }
+
+  async ping(): Promise<PingResult> {
+    const startedMs = performance.now();
+    const answer = await this.http("GET", "/v1/ping", { idempotent: true });
+    const rttMs = performance.now() - startedMs;
+    if (answer.status === 200) return { result: "ok", rttMs, serverTimeUs: answer.body.u64("server_time_us") };
+    return { result: "unavailable" };
+  }
+
+  async close(): Promise<void> {
+    clearInterval(this.pollTimer);
+    this.setState("closed", "closed by the client");
+  }
+
+  protected async shakeOnce(): Promise<ShakeResult> {
+    return shakeFromHttp(await this.http("POST", "/v1/shake", { idempotent: false }));
+  }
+
+  protected async sendOnce(amountCents: bigint, shares: number, recipients: bigint[], key: string): Promise<SendResult> {
+    const answer = await this.http("POST", "/v1/packets", {
+      body: { amount_cents: amountCents, shares, recipients },
+      headers: { "Idempotency-Key": key },
+      idempotent: true,
+    });
+    return sendFromHttp(answer, key);
+  }
+
+  protected async openOnce(packetId: bigint): Promise<OpenResult> {
+    return openFromHttp(await this.http("POST", `/v1/packets/${packetId}/open`, { idempotent: true }), packetId);
+  }
+
+  protected async chatOnce(toUser: bigint, text: string): Promise<ChatResult> {
+    return chatFromHttp(await this.http("POST", "/v1/chat", { body: { to_user: toUser, text }, idempotent: false }));
+  }
+
+  protected override httpFailed(error: Error): void {
+    if (this.state === "open") this.setState("reconnecting", `the server could not be reached: ${error.message}`);
+  }
+
+  protected override httpAnswered(): void {
+    if (this.state === "reconnecting") this.setState("open", "the server answers again");
+  }
+}

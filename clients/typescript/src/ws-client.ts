@@ -1,0 +1,372 @@
+/**
+ * The WebSocket transport: one connection at a time, logged in as one user, replies
+ * matched to requests by request id (the gateway answers out of order), pushes turned
+ * into events, and a new connection after a lost one.
+ *
+ * A request lives in one of two places: `queued` (no logged-in connection yet: it goes
+ * out after the next login) or `inFlight` (sent on this connection, by request id). When
+ * a connection is lost, sends and opens in flight go back to the front of the queue —
+ * a send keeps its idempotency key, so the retry moves no money twice — and shakes,
+ * chats and pings reject with `connection-lost` (their outcome is unknown). Every
+ * request has its own deadline, reconnects included.
+ *
+ * Reconnecting: after a jittered back-off that doubles per failed attempt and is never
+ * below a refused upgrade's `Retry-After`; never after a refused token or a `replaced`
+ * kick (another connection of this user is the one that counts now).
+ */
+
+import { Backoff } from "./backoff.js";
+import { Client, type Settings } from "./client.js";
+import { HongbaoError } from "./errors.js";
+import { FrameError, check, decode, encode } from "./frame.js";
+import { JsonFormError, fromJson, toJson } from "./json.js";
+import type { ClientMessage, Frame, KickReason, Push, Reply } from "./protocol.js";
+import { isPush, isReply } from "./protocol.js";
+import {
+  chatFromReply,
+  openFromReply,
+  pingFromReply,
+  sendFromReply,
+  shakeFromReply,
+  type ChatResult,
+  type OpenResult,
+  type PingResult,
+  type SendResult,
+  type ShakeResult,
+} from "./results.js";
+import type { CloseInfo, SocketFactory, WireSocket } from "./socket.js";
+
+interface Pending {
+  message: ClientMessage;
+  /** Sent again after a reconnect: a keyed send, an open. */
+  resend: boolean;
+  timer: ReturnType<typeof setTimeout>;
+  settle(outcome: Reply | HongbaoError): void;
+}
+
+/** The live connection and what belongs to it alone. */
+interface Connection {
+  socket: WireSocket;
+  loginId: number;
+  loggedIn: boolean;
+  /** The kick that preceded the close, if any. */
+  kick: KickReason | undefined;
+  loginRefused: boolean;
+}
+
+export class WsClient extends Client {
+  readonly transport = "websocket" as const;
+  private conn: Connection | undefined;
+  private nextId = 1;
+  private readonly inFlight = new Map<number, Pending>();
+  private queued: Pending[] = [];
+  private readonly backoff: Backoff;
+  private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
+  private keepAliveTimer: ReturnType<typeof setInterval> | undefined;
+  private firstLogin: { resolve(): void; reject(e: HongbaoError): void } | undefined;
+
+  constructor(
+    settings: Settings,
+    noticeMemory: number,
+    private readonly url: string,
+    private readonly form: "binary" | "json",
+    private readonly sockets: SocketFactory,
+  ) {
+    super(settings, noticeMemory);
+    this.backoff = new Backoff(settings.reconnectBaseMs, settings.reconnectMaxMs, settings.random);
+  }
+
+  /** Connects and logs in; resolves at the first login, retrying lost connections meanwhile. */
+  start(): Promise<void> {
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.finish("timeout", `no login within ${this.settings.connectTimeoutMs} ms`, "network");
+      }, this.settings.connectTimeoutMs);
+      this.firstLogin = {
+        resolve: () => {
+          clearTimeout(timer);
+          resolve();
+        },
+        reject: (e) => {
+          clearTimeout(timer);
+          reject(e);
+        },
+      };
+      this.dial();
+    });
+  }
+
+  async ping(): Promise<PingResult> {
+    const startedMs = performance.now();
+    const clientTimeUs = BigInt(Date.now()) * 1000n;
+    const reply = await this.request({ type: "ping", clientTimeUs }, false);
+    return pingFromReply(reply, performance.now() - startedMs);
+  }
+
+  async close(): Promise<void> {
+    this.finish("closed", "closed by the client", "client");
+  }
+
+  /**
+   * Drops the current connection as a network failure would (no close frame): requests
+   * in flight are treated as lost and the client reconnects. For tests and chaos drills.
+   */
+  dropConnection(): void {
+    this.conn?.socket.abort();
+  }
+
+  protected async shakeOnce(): Promise<ShakeResult> {
+    return shakeFromReply(await this.request({ type: "shake" }, false));
+  }
+
+  protected async sendOnce(amountCents: bigint, shares: number, recipients: bigint[], key: string): Promise<SendResult> {
+    const reply = await this.request({ type: "send", amountCents, shares, recipients, idempotencyKey: key }, true);
+    return sendFromReply(reply, key);
+  }
+
+  protected async openOnce(packetId: bigint): Promise<OpenResult> {
+    return openFromReply(await this.request({ type: "open", packetId }, true), packetId);
+  }
+
+  protected async chatOnce(toUser: bigint, text: string): Promise<ChatResult> {
+    return chatFromReply(await this.request({ type: "chat", toUser, text }, false));
+  }
+
+  // ----- requests ---------------------------------------------------------------------
+
+  private request(message: ClientMessage, resend: boolean): Promise<Reply> {
+    return new Promise((resolve, reject) => {
+      if (this.state === "closed") {
+        reject(new HongbaoError("closed", "client", "the client is closed"));
+        return;
+      }
+      const pending: Pending = {
+        message,
+        resend,
+        timer: setTimeout(() => this.expire(pending), this.settings.requestTimeoutMs),
+        settle: (outcome) => {
+          clearTimeout(pending.timer);
+          if (outcome instanceof HongbaoError) reject(outcome);
+          else resolve(outcome);
+        },
+      };
+      if (this.conn?.loggedIn) {
+        this.transmit(this.conn, pending);
+      } else if (this.queued.length >= this.settings.maxQueued) {
+        pending.settle(new HongbaoError("queue-full", "client", `${this.queued.length} requests already wait for a connection`));
+      } else {
+        this.queued.push(pending);
+      }
+    });
+  }
+
+  private transmit(conn: Connection, pending: Pending): void {
+    const id = this.allocateId();
+    this.inFlight.set(id, pending);
+    this.write(conn, { requestId: id, message: pending.message });
+  }
+
+  private write(conn: Connection, frame: Frame): void {
+    conn.socket.send(this.form === "json" ? toJson(frame) : encode(frame));
+  }
+
+  /** Request ids count from 1 and wrap, skipping 0 (pushes) and ids still in flight. */
+  private allocateId(): number {
+    for (;;) {
+      const id = this.nextId;
+      this.nextId = id >= 0xffffffff ? 1 : id + 1;
+      if (!this.inFlight.has(id) && id !== this.conn?.loginId) return id;
+    }
+  }
+
+  private expire(pending: Pending): void {
+    for (const [id, p] of this.inFlight) {
+      if (p === pending) this.inFlight.delete(id);
+    }
+    this.queued = this.queued.filter((p) => p !== pending);
+    pending.settle(new HongbaoError("timeout", "network", `no answer to ${pending.message.type} in ${this.settings.requestTimeoutMs} ms`));
+  }
+
+  // ----- the connection -----------------------------------------------------------------
+
+  private dial(): void {
+    this.reconnectTimer = undefined;
+    if (this.state === "closed") return;
+    let conn: Connection | undefined;
+    const socket = this.sockets(this.url, {
+      open: () => conn && this.opened(conn),
+      message: (data) => conn && this.received(conn, data),
+      close: (info) => conn && this.lost(conn, info),
+    });
+    conn = { socket, loginId: 0, loggedIn: false, kick: undefined, loginRefused: false };
+    this.conn = conn;
+  }
+
+  private opened(conn: Connection): void {
+    if (conn !== this.conn) return;
+    conn.loginId = this.allocateId();
+    this.write(conn, { requestId: conn.loginId, message: { type: "login", userId: this.userId, token: this.settings.token } });
+  }
+
+  private received(conn: Connection, data: string | Uint8Array): void {
+    if (conn !== this.conn) return;
+    let frame: Frame;
+    try {
+      frame = this.decodeMessage(data);
+    } catch (e) {
+      this.unreadable(conn, e);
+      return;
+    }
+    const { requestId, message } = frame;
+    if (requestId === 0) {
+      if (isPush(message)) this.pushed(conn, message);
+      return;
+    }
+    if (!isReply(message)) return;
+    if (requestId === conn.loginId) {
+      this.loginAnswered(conn, message);
+      return;
+    }
+    const pending = this.inFlight.get(requestId);
+    if (pending === undefined) return; // answered after its deadline
+    this.inFlight.delete(requestId);
+    pending.settle(message);
+  }
+
+  private decodeMessage(data: string | Uint8Array): Frame {
+    if (typeof data === "string") return fromJson(data);
+    // One binary message is exactly one frame.
+    if (check(data) !== data.length) throw new FrameError("incomplete", "a binary message that is not one whole frame");
+    return decode(data);
+  }
+
+  /** What the server sent is not the protocol: fail the request it names, or the connection. */
+  private unreadable(conn: Connection, e: unknown): void {
+    const requestId = e instanceof FrameError || e instanceof JsonFormError ? e.requestId : undefined;
+    const pending = requestId ? this.inFlight.get(requestId) : undefined;
+    const why = `unreadable message from the server: ${(e as Error).message}`;
+    if (pending && !(e instanceof FrameError && e.fatal)) {
+      this.inFlight.delete(requestId!);
+      pending.settle(new HongbaoError("protocol", "server", why, { cause: e }));
+      return;
+    }
+    // Nothing to pin it on, or the stream is broken: start over on a new connection.
+    conn.socket.abort();
+  }
+
+  private loginAnswered(conn: Connection, reply: Reply): void {
+    if (reply.type === "login-reply" && reply.result === "ok") {
+      conn.loggedIn = true;
+      this.backoff.reset();
+      this.setState("open", "logged in");
+      this.firstLogin?.resolve();
+      this.firstLogin = undefined;
+      const queued = this.queued;
+      this.queued = [];
+      for (const pending of queued) this.transmit(conn, pending);
+      this.keepAlive(conn);
+      return;
+    }
+    if (reply.type === "login-reply" && reply.result === "bad-token") {
+      // The server kicks and closes next; `lost` ends the client then.
+      conn.loginRefused = true;
+      return;
+    }
+    // `unavailable` (the core could not be reached) or anything else: try another connection.
+    conn.socket.close(1000, "login failed");
+  }
+
+  private pushed(conn: Connection, push: Push): void {
+    switch (push.type) {
+      case "packet-notice":
+        this.announce({
+          packetId: push.packetId,
+          fromUser: push.fromUser === 0n ? null : push.fromUser,
+          amountCents: push.amountCents,
+          shares: push.shares,
+          expiresAtMs: push.expiresAtMs,
+        });
+        return;
+      case "chat-message":
+        this.events.emit("chat", { fromUser: push.fromUser, text: push.text });
+        return;
+      case "broadcast":
+        this.events.emit("broadcast", { serverTimeUs: push.serverTimeUs, text: push.text });
+        return;
+      case "kick":
+        // The close follows; `lost` decides from the reason whether to come back.
+        conn.kick = push.reason;
+        this.events.emit("kick", { reason: push.reason, text: push.text });
+        return;
+    }
+  }
+
+  private keepAlive(conn: Connection): void {
+    clearInterval(this.keepAliveTimer);
+    if (this.settings.keepAliveMs <= 0) return;
+    this.keepAliveTimer = setInterval(() => {
+      if (conn !== this.conn || !conn.loggedIn) return;
+      this.ping().then(
+        (r) => {
+          if (r.result !== "ok") conn.socket.abort();
+        },
+        (e: HongbaoError) => {
+          // No pong in time: the connection is dead even if the OS has not noticed.
+          if (e.kind === "timeout" && conn === this.conn) conn.socket.abort();
+        },
+      );
+    }, this.settings.keepAliveMs);
+  }
+
+  private lost(conn: Connection, info: CloseInfo): void {
+    if (conn !== this.conn) return;
+    this.conn = undefined;
+    clearInterval(this.keepAliveTimer);
+    // Sends and opens go out again after the next login, ahead of what queued meanwhile.
+    const again: Pending[] = [];
+    for (const pending of this.inFlight.values()) {
+      if (pending.resend) {
+        again.push(pending);
+      } else {
+        const what = pending.message.type;
+        pending.settle(new HongbaoError("connection-lost", "network", `the connection was lost with a ${what} in flight; its outcome is unknown`));
+      }
+    }
+    this.inFlight.clear();
+    this.queued = again.concat(this.queued);
+    if (this.state === "closed") return;
+    if (conn.loginRefused || conn.kick === "bad-token") {
+      this.finish("bad-token", `user ${this.userId}'s token was refused`, "server");
+      return;
+    }
+    if (conn.kick === "replaced") {
+      this.finish("replaced", `user ${this.userId} logged in on another connection`, "server");
+      return;
+    }
+    const why = conn.kick ? `kicked: ${conn.kick}` : `closed ${info.code}${info.reason ? " " + info.reason : ""}`;
+    if (this.state !== "connecting") this.setState("reconnecting", why);
+    const delay = this.backoff.next(info.retryAfterMs);
+    this.reconnectTimer = setTimeout(() => this.dial(), delay);
+  }
+
+  /** Ends the client for good: every request waiting rejects with `kind`. */
+  private finish(kind: "closed" | "bad-token" | "replaced" | "timeout", why: string, source: "client" | "server" | "network"): void {
+    if (this.state === "closed") return;
+    this.setState("closed", why);
+    clearTimeout(this.reconnectTimer);
+    clearInterval(this.keepAliveTimer);
+    const conn = this.conn;
+    this.conn = undefined;
+    conn?.socket.close(1000, "bye");
+    // A connect that timed out rejects `connect()` with `timeout`; requests queued behind
+    // it were never sent and end with the client: `closed`.
+    const error = () => new HongbaoError(kind === "timeout" ? "closed" : kind, source, why);
+    for (const pending of [...this.inFlight.values(), ...this.queued]) pending.settle(error());
+    this.inFlight.clear();
+    this.queued = [];
+    if (this.firstLogin) {
+      this.firstLogin.reject(new HongbaoError(kind, source, why));
+      this.firstLogin = undefined;
+    }
+  }
+}
