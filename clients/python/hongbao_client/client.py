@@ -1,0 +1,441 @@
+"""The client: one API over both transports, and the rules that keep money moving once.
+
+A `Client` holds one session at a time (`session.py`) and a supervisor task that, when
+the session ends, dials the next one after a jittered exponential back-off
+(`backoff.py`) — except after a kick with reason `replaced` or `bad-token`, or a refused
+token, after which the client is closed for good: coming back would only kick the newer
+login in turn, or fail again.
+
+Requests and reconnects:
+
+- A request made while disconnected waits for the next session, within its timeout.
+- A request whose connection drops before its answer has an unknown outcome. A `send`
+  (always under an idempotency key) and an `open` (idempotent by nature) are sent again
+  on the next session: the ledger answers a repeated key with the first answer and moves
+  no money twice; a repeated open is `already-opened` with the same amount. A `shake` or
+  a `chat` is not repeated (it would be a second shake, a second message): it fails with
+  CONNECTION_LOST.
+- `overloaded` shakes hold this client's next shake back for the server's
+  `retry_after_ms` (give or take half); `shake_wait_s` tells how long is left.
+
+Pushes become typed events in a bounded queue read by `events()`; a packet's notice is
+handed out once however often the server repeats it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from . import events as ev
+from . import messages as wire
+from .backoff import Backoff, ShakeGate
+from .errors import ErrorKind, ErrorSource, HongbaoError
+from .events import ConnectionChanged, ConnectionState, Event, SeenPackets
+from .http_api import HttpSession
+from .messages import MAX_RECIPIENTS, PushMessage, valid_idempotency_key
+from .results import Chat, Me, Open, Pong, Send, Shake
+from .session import Dialer, Session, SessionEnd
+
+T = TypeVar("T")
+
+#: A session that lived this long resets the back-off: the trouble before it is over.
+_STABLE_SESSION_S = 10.0
+
+_END_OF_EVENTS = object()
+
+#: Kicks after which the client must not reconnect: the token is wrong, or the user
+#: logged in elsewhere (coming back would kick that newer connection in turn).
+_FINAL_KICKS = (wire.KickReason.BAD_TOKEN, wire.KickReason.REPLACED)
+
+
+class Client:
+    def __init__(
+        self,
+        dial: Dialer,
+        *,
+        user_id: int,
+        side_http: Callable[[], Awaitable[HttpSession]] | None = None,
+        request_timeout_s: float = 10.0,
+        connect_timeout_s: float = 10.0,
+        backoff: Backoff | None = None,
+        shake_gate: ShakeGate | None = None,
+        events_capacity: int = 10_000,
+        notice_poll_s: float = 2.0,
+    ):
+        self.user_id = user_id
+        self._dial = dial
+        self._side_http_factory = side_http
+        self._side_http: HttpSession | None = None
+        self._side_http_lock = asyncio.Lock()
+        self.request_timeout_s = request_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._backoff = backoff or Backoff()
+        self._shake_gate = shake_gate or ShakeGate()
+        self._notice_poll_s = notice_poll_s
+        self._session: Session | None = None
+        self._session_started = 0.0
+        # Set while a live session is installed, and for good once closed (waiters then
+        # find the client closed): requests wait on it while disconnected.
+        self._connected = asyncio.Event()
+        self._closed: HongbaoError | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._events: asyncio.Queue[object] = asyncio.Queue(maxsize=events_capacity)
+        self._watching_notices = False
+        self._seen_packets = SeenPackets()
+        # Pushes that come with a login (the notices of waiting packets) arrive before
+        # the session is installed; they are held so that CONNECTED is told first.
+        self._pushes_before_install: list[PushMessage] | None = None
+        #: Events dropped because nobody read `events()` fast enough (oldest first).
+        self.events_dropped = 0
+        #: Sessions dialed after the first.
+        self.reconnects = 0
+        self.state = ConnectionState.DISCONNECTED
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> Client:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Connects and logs in, retrying with back-off for up to `connect_timeout_s`.
+        Raises HongbaoError BAD_TOKEN at once if the server refuses the credentials."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    session = await self._dial_session()
+                break
+            except HongbaoError as e:
+                if e.kind is ErrorKind.BAD_TOKEN:
+                    self._close_for_good(str(e), error=e)
+                    raise
+                failure: BaseException = e
+                server_wait_s = e.retry_after_s
+            except (OSError, TimeoutError) as e:
+                failure, server_wait_s = e, None
+            delay = self._backoff.next_delay(server_wait_s)
+            if time.monotonic() + delay >= deadline:
+                raise HongbaoError(ErrorKind.CONNECT_FAILED, f"user {self.user_id} could not connect within "
+                                   f"{self.connect_timeout_s:.1f} s: {failure}",
+                                   source=ErrorSource.NETWORK) from failure
+            await asyncio.sleep(delay)
+        self._install(session)
+        self._supervisor = asyncio.create_task(self._maintain(), name="hongbao-client-supervisor")
+
+    async def close(self) -> None:
+        """Closes the session and ends `events()`. Pending requests fail with CLOSED."""
+        if self._closed is None:
+            self._close_for_good("closed by the caller")
+        if self._supervisor is not None and self._supervisor is not asyncio.current_task():
+            self._supervisor.cancel()
+            try:
+                await self._supervisor
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    @property
+    def local_address(self) -> tuple[str, int] | None:
+        """This end of the current TCP connection; None over HTTP or while disconnected."""
+        session = self._session
+        if session is None or not session.alive:
+            return None
+        return getattr(session, "local_address", None)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    # -- requests ---------------------------------------------------------------------
+
+    async def shake(self) -> Shake:
+        """Tries to win a share of the running shake campaign. After an `overloaded`
+        answer the next shake first waits as long as the server asked (give or take half)."""
+        if (hold_s := self._shake_gate.wait_s()) > 0:
+            await asyncio.sleep(hold_s)
+        reply = _expect(await self._request(wire.Shake(), replay_safe=False), wire.ShakeReply)
+        shake = Shake.from_reply(reply)
+        if shake.result is wire.ResultCode.OVERLOADED:
+            self._shake_gate.overloaded(shake.retry_after_ms)
+        return shake
+
+    @property
+    def shake_wait_s(self) -> float:
+        """Seconds until the server lets this user shake again (0: now)."""
+        return self._shake_gate.wait_s()
+
+    async def send(self, *, amount_cents: int, shares: int, recipients: list[int] | tuple[int, ...],
+                   idempotency_key: str | None = None) -> Send:
+        """Sends `amount_cents` from my balance in `shares` shares for `recipients`.
+
+        Always under an idempotency key (a fresh UUID unless given): the client resends it
+        under that key after a reconnect, and a caller that got a TIMEOUT can call again
+        with `error.idempotency_key`; either way the money moves once.
+        """
+        key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+        if not valid_idempotency_key(key):
+            raise HongbaoError(ErrorKind.INVALID_ARGUMENT, f"idempotency key {key!r} is not 1 to 64 characters "
+                               "of printable ASCII", source=ErrorSource.CLIENT)
+        if len(recipients) > MAX_RECIPIENTS:
+            raise HongbaoError(ErrorKind.INVALID_ARGUMENT, f"{len(recipients)} recipients, at most {MAX_RECIPIENTS}",
+                               source=ErrorSource.CLIENT)
+        message = wire.Send(amount_cents, shares, tuple(recipients), key)
+        reply = _expect(await self._request(message, replay_safe=True, idempotency_key=key), wire.SendReply)
+        return Send.from_reply(reply, key)
+
+    async def open(self, packet_id: int) -> Open:
+        """Opens (拆) my share of a packet. Safe to repeat: `already-opened`, same amount."""
+        reply = _expect(await self._request(wire.Open(packet_id), replay_safe=True), wire.OpenReply)
+        return Open.from_reply(reply, packet_id)
+
+    async def chat(self, to: int, text: str) -> Chat:
+        """Routes `text` to user `to`'s connection (`delivered` or `offline`)."""
+        reply = _expect(await self._request(wire.Chat(to, text), replay_safe=False), wire.ChatReply)
+        return Chat.from_reply(reply)
+
+    async def ping(self) -> Pong:
+        sent_us = time.time_ns() // 1000
+        started = time.monotonic()
+        reply = _expect(await self._request(wire.Ping(sent_us), replay_safe=True), wire.Pong)
+        if isinstance(reply, wire.Error):
+            raise HongbaoError(ErrorKind.PROTOCOL, f"ping refused: {reply.text}", source=ErrorSource.SERVER)
+        return Pong(reply.client_time_us, reply.server_time_us, int((time.monotonic() - started) * 1e6))
+
+    async def me(self) -> Me:
+        """My committed balance and newest ledger events. The binary protocol has no such
+        request: over TCP this goes to the HTTP API, so `connect(..., http_url=...)`."""
+        if self._closed is not None:
+            raise self._closed_error(None)
+        http = await self._http_for_me()
+
+        async def attempt(_: Session | None, remaining_s: float) -> Me:
+            return await http.me(remaining_s)
+
+        return await self._with_retries(attempt, replay_safe=True, needs_session=False)
+
+    # -- pushes -----------------------------------------------------------------------
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Pushes and connection changes, in order, until the client is closed.
+
+        One reader at a time. Over HTTP, asking for events starts polling the notices."""
+        self._watching_notices = True
+        if isinstance(self._session, HttpSession):
+            self._session.watch_notices(self._notice_poll_s)
+        while True:
+            event = await self._events.get()
+            if event is _END_OF_EVENTS:
+                self._events.put_nowait(_END_OF_EVENTS)  # for a later reader too
+                return
+            yield event  # type: ignore[misc]
+
+    def _on_push(self, message: PushMessage) -> None:
+        if self._pushes_before_install is not None:
+            self._pushes_before_install.append(message)
+            return
+        match message:
+            case wire.PacketNotice():
+                if self._seen_packets.first_time(message.packet_id):
+                    self._emit(ev.PacketNotice(message.packet_id, message.from_user or None, message.amount_cents,
+                                               message.shares, message.expires_at_ms))
+            case wire.ChatMessage():
+                self._emit(ev.ChatMessage(message.from_user, message.text))
+            case wire.Broadcast():
+                self._emit(ev.Broadcast(message.server_time_us, message.text))
+            case wire.Kick():
+                self._emit(ev.Kicked(message.reason, message.text))
+
+    def _emit(self, event: object) -> None:
+        # Bounded: a caller that never reads events costs at most `events_capacity`;
+        # past it the oldest go (notices come again at the next login).
+        while self._events.full():
+            self._events.get_nowait()
+            self.events_dropped += 1
+        self._events.put_nowait(event)
+
+    # -- sessions ---------------------------------------------------------------------
+
+    def _install(self, session: Session) -> None:
+        session.on_end = self._session_ended
+        self._session = session
+        self._session_started = time.monotonic()
+        if self._watching_notices and isinstance(session, HttpSession):
+            session.watch_notices(self._notice_poll_s)
+        if session.alive:
+            self.state = ConnectionState.CONNECTED
+            self._connected.set()
+            self._emit(ConnectionChanged(ConnectionState.CONNECTED))
+        early, self._pushes_before_install = self._pushes_before_install or [], None
+        for message in early:
+            self._on_push(message)
+
+    async def _dial_session(self) -> Session:
+        self._pushes_before_install = []
+        try:
+            return await self._dial(self._on_push)
+        except BaseException:
+            self._pushes_before_install = None
+            raise
+
+    def _session_ended(self, end: SessionEnd) -> None:
+        # Synchronous, before the session fails its pending requests: their retries
+        # must find no live session and wait for the next one.
+        if self._closed is None:
+            self._connected.clear()
+
+    async def _maintain(self) -> None:
+        """Redials whenever the session ends, until the client is closed."""
+        while self._closed is None:
+            assert self._session is not None
+            end = await self._session.ended()
+            if self._closed is not None:
+                return
+            if end.kick in _FINAL_KICKS:
+                self._close_for_good(end.cause, kick=end.kick)
+                return
+            if time.monotonic() - self._session_started >= _STABLE_SESSION_S:
+                self._backoff.reset()
+            session = await self._redial(end)
+            if session is None:
+                return
+            self.reconnects += 1
+            self._install(session)
+
+    async def _redial(self, end: SessionEnd) -> Session | None:
+        cause, server_wait_s = end.cause, end.server_wait_s
+        while self._closed is None:
+            delay = self._backoff.next_delay(server_wait_s)
+            self.state = ConnectionState.DISCONNECTED
+            self._emit(ConnectionChanged(ConnectionState.DISCONNECTED, cause, retry_in_s=delay, kick=end.kick))
+            await asyncio.sleep(delay)
+            try:
+                async with asyncio.timeout(self.connect_timeout_s):
+                    session = await self._dial_session()
+            except HongbaoError as e:
+                if e.kind is ErrorKind.BAD_TOKEN:
+                    self._close_for_good(str(e), error=e)
+                    return None
+                cause, server_wait_s = str(e), e.retry_after_s
+                continue
+            except (OSError, TimeoutError) as e:
+                cause, server_wait_s = f"reconnecting: {e!r}", None
+                continue
+            if self._closed is None:
+                return session
+            self._pushes_before_install = None
+            session.close()  # closed while we dialed
+            return None
+        return None
+
+    def _close_for_good(self, cause: str, *, kick: wire.KickReason | None = None,
+                        error: HongbaoError | None = None) -> None:
+        if self._closed is not None:
+            return
+        self._closed = error or HongbaoError(ErrorKind.CLOSED, f"the client of user {self.user_id} is closed: {cause}",
+                                             source=ErrorSource.CLIENT if kick is None else ErrorSource.SERVER,
+                                             kick=kick)
+        self.state = ConnectionState.CLOSED
+        self._connected.set()  # wakes waiting requests, which now find the client closed
+        if self._session is not None:
+            self._session.close()
+        if self._side_http is not None:
+            self._side_http.close()
+        self._emit(ConnectionChanged(ConnectionState.CLOSED, cause, kick=kick))
+        self._emit(_END_OF_EVENTS)
+
+    async def _http_for_me(self) -> HttpSession:
+        if isinstance(self._session, HttpSession):
+            return self._session
+        if self._side_http_factory is None:
+            raise HongbaoError(ErrorKind.UNSUPPORTED, "me() over TCP needs the HTTP API: "
+                               "connect(..., http_url='http://host:port')", source=ErrorSource.CLIENT)
+        async with self._side_http_lock:  # one side session, however many me() at once
+            if self._side_http is None:
+                self._side_http = await self._side_http_factory()
+        return self._side_http
+
+    # -- the request loop -------------------------------------------------------------
+
+    async def _request(self, message: wire.ClientMessage, *, replay_safe: bool,
+                       idempotency_key: str | None = None) -> wire.ReplyMessage:
+        async def attempt(session: Session | None, remaining_s: float) -> wire.ReplyMessage:
+            assert session is not None
+            return await session.request(message, remaining_s)
+
+        return await self._with_retries(attempt, replay_safe=replay_safe, idempotency_key=idempotency_key)
+
+    async def _with_retries(self, attempt: Callable[[Session | None, float], Awaitable[T]], *, replay_safe: bool,
+                            needs_session: bool = True, idempotency_key: str | None = None) -> T:
+        """Runs `attempt` on a live session until it answers, the deadline passes, or it
+        fails in a way a retry cannot fix."""
+        deadline = time.monotonic() + self.request_timeout_s
+        retry = Backoff(base_s=0.05, cap_s=2.0)
+        while True:
+            session: Session | None = None
+            try:
+                if needs_session:
+                    session = await self._live_session(deadline)
+                return await attempt(session, max(0.001, deadline - time.monotonic()))
+            except HongbaoError as e:
+                if e.kind is ErrorKind.BAD_TOKEN:
+                    self._close_for_good(str(e), error=e)
+                    raise
+                if e.kind is ErrorKind.TIMEOUT:
+                    e.idempotency_key = idempotency_key
+                    raise
+                not_sent = e.kind is ErrorKind.CONNECT_FAILED
+                if not (not_sent or (e.kind is ErrorKind.CONNECTION_LOST and replay_safe)):
+                    e.idempotency_key = idempotency_key
+                    raise
+                if self._closed is not None:
+                    raise self._closed_error(idempotency_key) from e
+                # Over TCP the dead session is gone and the next one is awaited above;
+                # over HTTP the session lives on, so pause before trying again.
+                if not needs_session or (session is not None and session.alive):
+                    pause = min(retry.next_delay(e.retry_after_s), deadline - time.monotonic())
+                    if pause <= 0:
+                        raise self._timeout(idempotency_key) from e
+                    await asyncio.sleep(pause)
+
+    async def _live_session(self, deadline: float) -> Session:
+        while True:
+            if self._closed is not None:
+                raise self._closed_error(None)
+            session = self._session
+            if session is not None and session.alive and self._connected.is_set():
+                return session
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._connected.wait()
+            except TimeoutError:
+                raise self._timeout(None) from None
+            # A session installed and lost again before we ran: yield, then look again.
+            await asyncio.sleep(0)
+
+    def _closed_error(self, idempotency_key: str | None) -> HongbaoError:
+        assert self._closed is not None
+        closed = self._closed
+        return HongbaoError(closed.kind, str(closed), source=closed.source, kick=closed.kick,
+                            idempotency_key=idempotency_key)
+
+    def _timeout(self, idempotency_key: str | None) -> HongbaoError:
+        return HongbaoError(ErrorKind.TIMEOUT, f"user {self.user_id}: no answer within {self.request_timeout_s:.1f} s "
+                            f"(state {self.state.value})", source=ErrorSource.NETWORK, idempotency_key=idempotency_key)
+
+
+R = TypeVar("R", bound=wire.ReplyMessage)
+
+
+def _expect(reply: wire.ReplyMessage, kind: type[R]) -> R | wire.Error:
+    """The reply if it is of the kind the request gets (or a refusal); a server that
+    answers a shake with an open-reply is not one this client can talk to."""
+    if isinstance(reply, (kind, wire.Error)):
+        return reply
+    raise HongbaoError(ErrorKind.PROTOCOL, f"expected a {kind.__name__}, got {reply!r}", source=ErrorSource.SERVER)

@@ -1,0 +1,55 @@
+"""What a transport hands the client: one logged-in life of a connection (a session).
+
+The client (`client.py`) knows no transport. It dials a session, sends requests through
+it, and when the session ends it decides whether and when to dial the next one. A TCP
+session is one socket from login to close (`tcp.py`); an HTTP session is a set of
+keep-alive connections that lives until the client closes it (`http_api.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .messages import ClientMessage, KickReason, PushMessage, ReplyMessage
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnd:
+    """Why a session ended."""
+
+    cause: str
+    #: The kick the server sent before closing, if it sent one.
+    kick: KickReason | None = None
+    #: A wait the server asked for before coming back (HTTP `Retry-After`), in seconds.
+    server_wait_s: float | None = None
+
+
+#: Called, in order of arrival, with every push the server sends.
+PushHandler = Callable[[PushMessage], None]
+#: Called once, synchronously, the moment a session ends (before its pending requests
+#: fail), so that no request can pick a session that has just died.
+EndHandler = Callable[[SessionEnd], None]
+
+
+class Session(Protocol):
+    alive: bool
+    on_end: EndHandler | None
+
+    async def request(self, message: ClientMessage, timeout_s: float) -> ReplyMessage:
+        """The reply to `message`. Raises HongbaoError: TIMEOUT, CONNECTION_LOST (sent, the
+        outcome unknown), CONNECT_FAILED (not sent), BAD_TOKEN."""
+        ...
+
+    async def ended(self) -> SessionEnd:
+        """Waits for the session to end, and says why."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+#: Makes a new logged-in session; raises HongbaoError (BAD_TOKEN: do not try again;
+#: CONNECT_FAILED: try again later) or OSError.
+Dialer = Callable[[PushHandler], Awaitable[Session]]
