@@ -78,6 +78,18 @@ pub struct BenchArgs {
     /// Seconds into the first phase for --fault
     #[arg(long, default_value_t = 5.0)]
     fault_at: f64,
+    /// Faults at random moments through every steady phase, drawn with this seed (the
+    /// same seed, the same faults in the same order; docs/bench.md)
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
+    /// With --chaos: the mean quiet gap, in seconds, between one fault's heal and the next
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    chaos_every: f64,
+    /// With --chaos: the faults to draw from, comma-separated [default: worker-kill,
+    /// worker-stall; with --hosts also gateway-kill, redis-master-kill,
+    /// redis-master-kill:rel, redis-freeze:rel, postgres-restart]
+    #[arg(long, value_name = "LIST")]
+    chaos_faults: Option<String>,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -162,14 +174,47 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
         .transpose()?;
     opts.fault_at_secs = args.fault_at;
     match opts.fault {
-        Some(hongbao_load::bench::Fault::WorkerStall) if opts.hosts > 0 => {
-            anyhow::bail!("--fault worker-stall stops a worker of one local server: no --hosts")
+        Some(f) if !f.needs_lab() && opts.hosts > 0 => {
+            anyhow::bail!(
+                "--fault {} is done to one local server: no --hosts",
+                f.name()
+            )
         }
-        Some(hongbao_load::bench::Fault::WorkerStall) | None => {}
-        Some(_) if opts.hosts == 0 => {
+        Some(f) if f.needs_lab() && opts.hosts == 0 => {
             anyhow::bail!("--fault needs --hosts: the failures are injected into a lab")
         }
-        Some(_) => {}
+        _ => {}
+    }
+    if let Some(seed) = args.chaos {
+        if opts.fault.is_some() {
+            anyhow::bail!("--chaos draws its own faults: not with --fault");
+        }
+        if !(args.chaos_every > 0.0 && args.chaos_every.is_finite()) {
+            anyhow::bail!("--chaos-every must be a number of seconds above 0");
+        }
+        let faults = match args.chaos_faults.as_deref() {
+            Some(list) => list
+                .split(',')
+                .map(|name| hongbao_load::bench::Fault::parse(name.trim()))
+                .collect::<Result<Vec<_>>>()?,
+            None => hongbao_load::bench::chaos::ChaosOptions::default_faults(opts.hosts),
+        };
+        if faults.is_empty() {
+            anyhow::bail!("--chaos-faults names no fault");
+        }
+        if let Some(f) = faults.iter().find(|f| f.needs_lab() && opts.hosts == 0) {
+            anyhow::bail!("--chaos-faults {}: needs --hosts (a lab)", f.name());
+        }
+        if opts.hosts < 2 && faults.contains(&hongbao_load::bench::Fault::Gateway) {
+            anyhow::bail!("--chaos-faults gateway-kill needs --hosts 2 or more");
+        }
+        opts.chaos = Some(hongbao_load::bench::chaos::ChaosOptions {
+            seed,
+            every_secs: args.chaos_every,
+            faults,
+        });
+    } else if args.chaos_faults.is_some() {
+        anyhow::bail!("--chaos-faults goes with --chaos SEED");
     }
     if opts.fault == Some(hongbao_load::bench::Fault::Gateway) && opts.hosts < 2 {
         anyhow::bail!("--fault gateway needs --hosts 2 or more: one host must carry on");

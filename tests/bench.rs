@@ -76,11 +76,22 @@ fn small_bench_balances_every_cent_and_matches_the_campaigns() {
     }
 
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    assert_eq!(summary["history"]["ok"], true, "{}", summary["history"]);
     assert_eq!(
         summary["audit"]["discrepancies"].as_array().unwrap().len(),
         0
     );
     assert_eq!(summary["connections"]["peak"], 30000);
+    // Op by op: every win and open told is the ledger's, and the ledger holds no other.
+    let h = &summary["history"];
+    assert_eq!(h["wins_told"], 2 * shake_packets, "{h}");
+    assert_eq!(h["opens_told"], 2 * send_packets * recipients, "{h}");
+    assert_eq!(
+        h["confirmed"].as_u64(),
+        Some(2 * (shake_packets + send_packets * recipients)),
+        "{h}"
+    );
+    assert_eq!(h["ledger_only"]["count"], 0, "{h}");
 
     // The counts match the campaigns exactly: every packet released was won and seen won,
     // every share created was opened and seen opened, to the cent.
@@ -132,6 +143,7 @@ fn a_bench_in_its_own_network_namespace_balances_and_leaves_the_host_as_it_was()
          --shake-packets 100 --send-packets 40",
     );
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    assert_eq!(summary["history"]["ok"], true, "{}", summary["history"]);
     assert_eq!(summary["network"]["own_namespace"], true);
     assert_eq!(
         summary["network"]["ehash_buckets"],
@@ -154,6 +166,7 @@ fn small_websocket_bench_delivers_every_broadcast() {
         ),
     );
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    assert_eq!(summary["history"]["ok"], true, "{}", summary["history"]);
     let b = &summary["broadcast"];
     let sent = b["sent"].as_u64().unwrap();
     assert!(sent >= 1, "{b}");
@@ -210,6 +223,11 @@ fn small_http_benches_balance_every_cent() {
             "{connection}: {}",
             summary["audit"]
         );
+        assert_eq!(
+            summary["history"]["ok"], true,
+            "{connection}: {}",
+            summary["history"]
+        );
         assert_eq!(summary["options"]["http_connection"], connection);
         let totals = &summary["load"]["totals"];
         assert_eq!(summary["shake"]["won_clients"], 60, "{connection}");
@@ -231,6 +249,10 @@ fn a_bench_that_could_not_finish_starts_nothing() {
         ("--phase-qps 0", "--phase-qps must be"),
         ("--phase-qps 3000,0", "--phase-qps must be"),
         ("--broadcast-every nan", "--broadcast-every must be"),
+        ("--chaos 1 --chaos-faults worker-kill,nope", "not \"nope\""),
+        ("--chaos 1 --chaos-faults postgres", "needs --hosts"),
+        ("--chaos 1 --chaos-every 0", "--chaos-every must be"),
+        ("--chaos-faults worker-kill", "goes with --chaos"),
     ] {
         let out = dir.path().join("out");
         let output = Command::new(env!("CARGO_BIN_EXE_hongbao"))
@@ -363,6 +385,7 @@ fn a_bench_across_lab_hosts_balances_every_cent() {
          --campaign-rate 200 --shake-packets 60 --send-packets 30",
     );
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    assert_eq!(summary["history"]["ok"], true, "{}", summary["history"]);
     assert_eq!(summary["options"]["hosts"], 2);
     assert_eq!(summary["shake"]["won_clients"], 60);
     assert_eq!(summary["send"]["opened_clients"], 90);
@@ -386,4 +409,47 @@ fn a_bench_across_lab_hosts_balances_every_cent() {
     assert!(total("server@gw1", "net_rx_packets") > 0);
     // The lab is gone with the bench.
     assert!(!out.path().join("lab/lab.json").exists());
+}
+
+/// `--chaos` on one server: workers killed and stalled at random moments through both
+/// phases while the clients work; every cent still balances, every fault is in the
+/// summary with its cost, and each was healed before the next.
+#[test]
+fn a_chaos_bench_on_one_server_balances_every_cent() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = run_bench(
+        out.path(),
+        "--connections 2000 --workers 2 --procs 2 --phase-qps 1000,2000 \
+         --shake-packets 600 --send-packets 300 --campaign-rate 100 \
+         --chaos 11 --chaos-every 2",
+    );
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    let chaos = &summary["chaos"];
+    assert_eq!(chaos["seed"], 11);
+    let faults = chaos["faults"].as_array().expect("faults");
+    assert!(faults.len() >= 2, "{chaos}");
+    for kind in ["worker-kill", "worker-stall"] {
+        assert!(
+            faults.iter().any(|f| f["kind"] == kind),
+            "no {kind}: {chaos}"
+        );
+    }
+    for f in faults {
+        assert!(
+            f["start_second"].as_u64() <= f["end_second"].as_u64(),
+            "{f}"
+        );
+        let what = f["what"].as_str().unwrap();
+        assert!(
+            !what.contains("no replacement") && !what.starts_with("no worker"),
+            "not healed: {f}"
+        );
+    }
+    // Every share opened: a killed worker's users log in again and hear of it then
+    // (an open whose reply died with its worker is the ledger's, not the client's).
+    assert_eq!(
+        summary["send"]["opened_server"], summary["send"]["shares"],
+        "{}",
+        summary["send"]
+    );
 }

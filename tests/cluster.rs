@@ -435,6 +435,11 @@ fn benches_survive_a_gateway_a_redis_master_and_postgres_failing_mid_run() {
             summary["audit"]
         );
         assert_eq!(summary["audit"]["server"]["ok"], true);
+        assert_eq!(
+            summary["history"]["ok"], true,
+            "{fault}: {}",
+            summary["history"]
+        );
         // Every client is logged in again by the end (the killed gateway's through
         // nginx to the other).
         assert!(
@@ -456,4 +461,77 @@ fn benches_survive_a_gateway_a_redis_master_and_postgres_failing_mid_run() {
             "{fault}: the lab is gone"
         );
     }
+}
+
+/// `hongbao bench --hosts 2 --chaos`: one fault of each lab kind at a random moment while
+/// the clients work (a gateway host killed and started again, a Redis master killed —
+/// the one holding the release — and rejoined as a replica, a master frozen, PostgreSQL
+/// restarted), each healed before the next: every packet won, every share opened, the
+/// audit exact (docs/bench.md, `--chaos`).
+#[test]
+fn a_chaos_bench_across_lab_hosts_survives_every_fault_in_turn() {
+    let out = tempfile::tempdir().unwrap();
+    let faults = "gateway-kill,redis-master-kill:rel,redis-freeze:rel,postgres-restart";
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        .args(["bench", "--hosts", "2", "--connections", "1000"])
+        .args(["--workers", "1", "--procs", "1", "--phase-qps", "500"])
+        .args(["--campaign-rate", "50", "--shake-packets", "2500"])
+        .args([
+            "--send-packets",
+            "750",
+            "--chaos",
+            "5",
+            "--chaos-every",
+            "2",
+        ])
+        .args(["--chaos-faults", faults, "--out"])
+        .arg(out.path())
+        .output()
+        .expect("running hongbao bench");
+    let said = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    let tail: Vec<&str> = said.lines().rev().take(40).collect();
+    let text = std::fs::read_to_string(out.path().join("summary.json")).unwrap_or_default();
+    let summary: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    assert!(
+        output.status.success(),
+        "chaos bench failed\n{}\naudit: {}",
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+        summary["audit"]
+    );
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    let chaos = &summary["chaos"];
+    let done: Vec<&str> = chaos["faults"]
+        .as_array()
+        .expect("faults")
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap())
+        .collect();
+    for kind in faults.split(',') {
+        let name = match kind {
+            "gateway-kill" => "gateway",
+            "redis-master-kill:rel" => "redis-master:rel",
+            "postgres-restart" => "postgres",
+            other => other,
+        };
+        assert!(done.contains(&name), "{name} was not done: {chaos}");
+    }
+    for f in chaos["faults"].as_array().unwrap() {
+        let what = f["what"].as_str().unwrap();
+        assert!(
+            !what.contains("again:") && !what.starts_with("no "),
+            "not healed: {what}"
+        );
+    }
+    assert_eq!(
+        summary["shake"]["won_server"], summary["shake"]["packets"],
+        "{}",
+        summary["shake"]
+    );
+    assert_eq!(
+        summary["send"]["opened_server"], summary["send"]["shares"],
+        "{}",
+        summary["send"]
+    );
+    assert!(!out.path().join("lab/lab.json").exists(), "the lab is gone");
 }

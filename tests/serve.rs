@@ -1142,7 +1142,8 @@ fn campaigns_admin_api() {
     let minted = status["minted_cents"].as_u64().unwrap();
     assert!((500..=1000).contains(&minted));
     let mut client = server.login(7);
-    let won: u64 = shake_until_won(&mut client, 2).iter().map(|(_, a)| a).sum();
+    let wins = shake_until_won(&mut client, 2);
+    let won: u64 = wins.iter().map(|(_, a)| a).sum();
     let status = server.get(&format!("/v1/campaigns/{id}"));
     assert_eq!(
         (status["won"].clone(), status["won_cents"].clone()),
@@ -1174,6 +1175,28 @@ fn campaigns_admin_api() {
     assert_eq!(audit["minted_cents"], minted + 100);
     assert_eq!(audit["user_balances_cents"], won + share);
     assert_eq!(audit["unopened_cents"], 100 - share);
+
+    // The ledger's wins and opened shares, each as its client was told, page by page.
+    let op = |packet: u64, user: u64, cents: u64| json!({"packet": packet, "user": user, "amount_cents": cents});
+    let told_wins: Vec<Value> = wins.iter().map(|&(p, a)| op(p, 7, a)).collect();
+    let ops = server.get("/v1/ledger/ops");
+    assert_eq!(ops["wins"], json!(told_wins));
+    assert_eq!(ops["opens"], json!([op(packet, 500, share)]));
+    assert_eq!(ops["next"], Value::Null);
+    let first = server.get("/v1/ledger/ops?limit=2");
+    assert_eq!(first["wins"], ops["wins"]);
+    let next = first["next"].as_str().expect("a full page has a next");
+    let rest = server.get(&format!("/v1/ledger/ops?after={next}&limit=2"));
+    assert_eq!(
+        (rest["wins"].clone(), rest["opens"].clone()),
+        (json!([]), ops["opens"].clone())
+    );
+    assert_eq!(rest["next"], Value::Null);
+    for query in ["limit=0", "after=x", "surprise=1"] {
+        let (status, reply) = server.http("GET", &format!("/v1/ledger/ops?{query}"), None);
+        assert_eq!(status, 400, "{query}: {reply}");
+    }
+    assert_eq!(server.http("POST", "/v1/ledger/ops", Some("{}")).0, 405);
 
     let (status, metrics) = server.http("GET", "/metrics", None);
     assert_eq!(status, 200);
@@ -1639,4 +1662,112 @@ fn a_half_closed_client_gets_every_reply() {
         assert_eq!(answered, sent, "user {user}: replies before the close");
     }
     server.audit();
+}
+
+/// A tmpfs mounted for one test (root), unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> Option<SmallDisk> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallDisk(dir.to_path_buf()))
+    }
+
+    /// Fills what room is left with `path`.
+    fn fill(&self, path: &Path) {
+        let mut file = std::fs::File::create(path).unwrap();
+        let chunk = vec![0u8; 16 << 10];
+        while std::io::Write::write_all(&mut file, &chunk).is_ok() {}
+        let _ = file.sync_all();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// The ledger's disk fills up: the send whose commit failed waits (nothing acknowledged
+/// that is not durable), what needs the ledger meanwhile is answered `unavailable` at
+/// once, the server does not stop, and once there is room again the waiting send is
+/// answered and everything works — with the audit exact.
+#[test]
+fn a_full_disk_refuses_what_needs_the_ledger_until_there_is_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("ledger");
+    let Some(disk) = SmallDisk::mount(&data, "4m") else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let mut server = Server::start(&data, &[]);
+    server.shake_campaign(20, 1000, 1000, 1000);
+    let mut winner = server.login(7);
+    shake_until_won(&mut winner, 3);
+    drop(winner);
+    let fill = data.join("fill");
+    disk.fill(&fill);
+    // Sends until one is not answered in time: its commit is failing, its reply waits.
+    let mut waiting = None;
+    let mut acknowledged = 0;
+    for _ in 0..400 {
+        let mut client = server.login(7);
+        client.set_timeout(Duration::from_millis(1500)).unwrap();
+        match client.send_packet(1, 1, &[8]) {
+            Ok(Message::SendReply {
+                result: ResultCode::Ok,
+                ..
+            }) => acknowledged += 1,
+            Ok(other) => panic!("a send before the disk refused: {other:?}"),
+            Err(_) => {
+                waiting = Some(client);
+                break;
+            }
+        }
+    }
+    let mut waiting = waiting.expect("a commit failed with the disk full");
+    // Meanwhile: sends and opens are refused at once, reads and pings answered.
+    let mut other = server.login(9);
+    for _ in 0..3 {
+        match other.send_packet(1, 1, &[8]).expect("an answer") {
+            Message::Error {
+                result: ResultCode::Unavailable,
+                text,
+            } => assert!(text.contains("cannot commit"), "{text}"),
+            m => panic!("a send while the ledger cannot commit: {m:?}"),
+        }
+    }
+    ping(&mut other, 1).unwrap();
+    assert!(!process_gone(server.pid()), "the server stopped");
+    // Room again: the waiting send is answered, and new ones go through.
+    std::fs::remove_file(&fill).unwrap();
+    waiting.set_timeout(secs(10)).unwrap();
+    match waiting.recv().expect("the waiting send's answer").message {
+        Message::SendReply {
+            result: ResultCode::Ok,
+            ..
+        } => acknowledged += 1,
+        m => panic!("the waiting send: {m:?}"),
+    }
+    assert_eq!(
+        send_result(&mut other, 1, 1, &[8]).0,
+        ResultCode::InsufficientFunds
+    );
+    assert_eq!(send_result(&mut waiting, 1, 1, &[8]).0, ResultCode::Ok);
+    acknowledged += 1;
+    let audit = server.audit();
+    assert_eq!(audit["ok"], true, "{audit}");
+    assert_eq!(
+        server.get("/v1/users/7")["balance_cents"],
+        3000 - acknowledged
+    );
+    server.stop_gracefully();
 }

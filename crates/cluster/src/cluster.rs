@@ -6,7 +6,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hongbao_money::seam::{AdminRequest, Balances, LedgerRead, MoneySnapshot, Op, Origin, Output};
+use hongbao_money::seam::{
+    AdminRequest, Balances, LedgerRead, MoneySnapshot, Op, OpsCursor, OpsPage, Origin, Output,
+};
 use hongbao_money::{Audit, Money, UserId, UserView, WorkerId};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
@@ -183,5 +185,9 @@ impl LedgerRead for Reader {
 
     fn balances(&self) -> Result<Balances, String> {
         self.ask(Read::Balances)
+    }
+
+    fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, String> {
+        self.ask(|tx| Read::Ops(after, limit, tx))
     }
 }

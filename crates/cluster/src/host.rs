@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hongbao_money::seam::{AdminRequest, Balances, Op, OpKind, Origin, Output};
+use hongbao_money::seam::{AdminRequest, Balances, Op, OpKind, OpsCursor, OpsPage, Origin, Output};
 use hongbao_money::{Push, Reply, UserId, UserView, WorkerId};
 use hongbao_proto::ResultCode;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -41,6 +41,11 @@ pub(crate) enum Read {
         std::sync::mpsc::Sender<Result<UserView, String>>,
     ),
     Balances(std::sync::mpsc::Sender<Result<Balances, String>>),
+    Ops(
+        Option<OpsCursor>,
+        usize,
+        std::sync::mpsc::Sender<Result<OpsPage, String>>,
+    ),
 }
 
 /// This host's side of the cluster, on the runtime thread.
@@ -239,6 +244,9 @@ impl Host {
                         }
                         Read::Balances(tx) => {
                             let _ = tx.send(store.balances().await);
+                        }
+                        Read::Ops(after, limit, tx) => {
+                            let _ = tx.send(store.ops(after, limit).await);
                         }
                     }
                 });

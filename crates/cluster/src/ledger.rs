@@ -1,8 +1,8 @@
 //! Reads of the PostgreSQL ledger (balances, a user's view, the notices waiting for a
-//! user, the audit), and the two writes that need no batch: numbering packets, a block of
-//! ids at a time, and expiring them.
+//! user, the wins and opened shares, the audit), and the two writes that need no batch:
+//! numbering packets, a block of ids at a time, and expiring them.
 
-use hongbao_money::seam::Balances;
+use hongbao_money::seam::{Balances, LedgerOp, OpsCursor, OpsPage};
 use hongbao_money::{Audit, Notice, UserId, UserView};
 
 use crate::store::{i64s, pg_error, Store};
@@ -151,6 +151,64 @@ impl Store {
         })
     }
 
+    /// Up to `limit` wins and opened shares after `after`: the wins (`hb_wins`) by packet,
+    /// then the opened shares (`hb_recipients` with `opened_cents`) by (packet, user), each
+    /// paged on its primary key, so a page costs the same wherever it starts. These tables
+    /// are what pays: their keys allow one win per packet and one share per recipient.
+    pub async fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, String> {
+        let pg = self.pg().await?;
+        let mut page = OpsPage::default();
+        let op = |r: &tokio_postgres::Row| LedgerOp {
+            packet: r.get::<_, i64>(0) as u64,
+            user: r.get::<_, i64>(1) as u64,
+            amount_cents: r.get::<_, i64>(2) as u64,
+        };
+        // Keys are stored as bigint: ids and users below 2^63 compare alike either way.
+        let (win_after, open_after) = match after {
+            None => (Some(i64::MIN), (i64::MIN, i64::MIN)),
+            Some(OpsCursor::Win(packet)) => (Some(packet as i64), (i64::MIN, i64::MIN)),
+            Some(OpsCursor::Open { packet, user }) => (None, (packet as i64, user as i64)),
+            Some(other) => {
+                return Err(format!(
+                    "cursor {other} is not this ledger's: it pages by packet (win.N, open.N.U)"
+                ))
+            }
+        };
+        if let Some(win_after) = win_after {
+            let rows = pg
+                .query(
+                    "SELECT packet, user_id, cents FROM hb_wins WHERE packet > $1 \
+                     ORDER BY packet LIMIT $2",
+                    &[&win_after, &(limit as i64)],
+                )
+                .await
+                .map_err(|e| pg_error("reading wins", e))?;
+            page.wins = rows.iter().map(op).collect();
+            if page.wins.len() == limit {
+                page.next = page.wins.last().map(|w| OpsCursor::Win(w.packet));
+                return Ok(page);
+            }
+        }
+        let left = limit - page.wins.len();
+        let rows = pg
+            .query(
+                "SELECT packet, user_id, opened_cents FROM hb_recipients \
+                 WHERE opened_cents IS NOT NULL AND (packet, user_id) > ($1, $2) \
+                 ORDER BY packet, user_id LIMIT $3",
+                &[&open_after.0, &open_after.1, &(left as i64)],
+            )
+            .await
+            .map_err(|e| pg_error("reading opened shares", e))?;
+        page.opens = rows.iter().map(op).collect();
+        if page.opens.len() == left {
+            page.next = page.opens.last().map(|o| OpsCursor::Open {
+                packet: o.packet,
+                user: o.user,
+            });
+        }
+        Ok(page)
+    }
+
     /// The audit, from one snapshot of the ledger: every cent minted is in a balance, a
     /// live packet, or a shake packet not yet won.
     pub async fn audit(&self) -> Result<Audit, String> {
@@ -164,7 +222,7 @@ impl Store {
                  (SELECT count(*) FROM hb_balances WHERE cents > 0), \
                  (SELECT coalesce(sum(refunded),0) FROM hb_packets WHERE campaign IS NOT NULL)::bigint, \
                  (SELECT coalesce(sum(cents - opened_cents),0) FROM hb_packets WHERE refunded IS NULL)::bigint, \
-                 (SELECT count(*) FROM hb_packets WHERE refunded IS NULL), \
+                 (SELECT count(*) FROM hb_packets WHERE refunded IS NULL AND opened < shares), \
                  (SELECT coalesce(sum(shares - opened),0) FROM hb_packets WHERE refunded IS NULL)::bigint, \
                  (SELECT coalesce(sum(cents),0) FROM hb_wins)::bigint, \
                  (SELECT count(*) FROM hb_wins), \

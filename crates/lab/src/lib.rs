@@ -370,6 +370,31 @@ impl Lab {
         }
     }
 
+    /// Starts the killed Redis node at `addr` again; it rejoins the cluster as a replica.
+    /// Waits until every node is connected and the cluster is whole.
+    pub fn restart_redis(&mut self, addr: Ipv4Addr, timeout: Duration) -> anyhow::Result<()> {
+        let dir = self.plan.dir.clone();
+        let (i, (host, proc)) = self
+            .redis
+            .iter_mut()
+            .enumerate()
+            .find(|(_, (h, _))| h.addr == addr)
+            .with_context(|| format!("no Redis node at {addr}"))?;
+        if proc.is_none() {
+            *proc = Some(redis::start_node_again(
+                host,
+                &dir.join(format!("redis{}", i + 1)),
+            )?);
+            self.save()?;
+        }
+        let addrs: Vec<Ipv4Addr> = self.redis.iter().map(|(h, _)| h.addr).collect();
+        redis::wait_whole(&addrs, None, timeout)?;
+        let total = addrs.len();
+        redis::wait_until("every Redis node to be connected", timeout, || {
+            redis::nodes(addr).is_ok_and(|ns| ns.len() == total && ns.iter().all(|n| !n.failed))
+        })
+    }
+
     /// Freezes the Redis node at `addr` (SIGSTOP) for `frozen`, then lets it go on
     /// (SIGCONT): its connections stay open and silent, as a hung machine's would. Longer
     /// than the node timeout, its replica takes over and it comes back as a replica.

@@ -25,6 +25,18 @@ pub fn start_node(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
     // the RDB it syncs from, and would load its keys at the next start).
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
+    run_node(host, dir)
+}
+
+/// The node of `host` started again after it was killed: its `nodes.conf` kept, so it
+/// rejoins the cluster (as a replica of the master that took its slots), its dump.rdb
+/// dropped (the master's data is synced afresh).
+pub fn start_node_again(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
+    let _ = std::fs::remove_file(dir.join("dump.rdb"));
+    run_node(host, dir)
+}
+
+fn run_node(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
     let mut command = host.command("redis-server");
     command.current_dir(dir).args([
         "--bind",
@@ -74,7 +86,11 @@ pub fn cli(addr: Ipv4Addr, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> anyhow::Result<()> {
+pub(crate) fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut ok: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     while !ok() {
         if Instant::now() > deadline {

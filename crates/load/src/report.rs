@@ -1,7 +1,8 @@
 //! What a load client process reports to its coordinator, once a second, as one JSON line
 //! on its stdout: cumulative counters, the latency histograms of the second just ended
-//! (sparse HDR buckets, so the coordinator can merge them exactly), and the broadcasts
-//! received in it (`broadcast.rs`).
+//! (sparse HDR buckets, so the coordinator can merge them exactly), the broadcasts
+//! received in it (`broadcast.rs`), and the money operations its users were told of in it
+//! (the history the bench checks against the ledger, op by op: `bench/history.rs`).
 
 use std::collections::BTreeMap;
 
@@ -148,6 +149,55 @@ pub struct UserTotals {
     pub opened_cents: u64,
 }
 
+/// A money operation a user was told succeeded: it won shake packet `packet`, or opened
+/// its share of sent packet `packet`, for `amount_cents`. On the wire a
+/// `[user, packet, amount_cents]` array: a few hundred of these a second must stay small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(from = "[u64; 3]", into = "[u64; 3]")]
+pub struct Acked {
+    pub user: u64,
+    pub packet: u64,
+    pub amount_cents: u64,
+}
+
+impl From<[u64; 3]> for Acked {
+    fn from([user, packet, amount_cents]: [u64; 3]) -> Acked {
+        Acked {
+            user,
+            packet,
+            amount_cents,
+        }
+    }
+}
+
+impl From<Acked> for [u64; 3] {
+    fn from(a: Acked) -> [u64; 3] {
+        [a.user, a.packet, a.amount_cents]
+    }
+}
+
+/// What users were told they won and opened, in the order they were told. An open is
+/// listed once per (user, packet, amount): `already-opened` with the amount first told
+/// is the same open, with another amount it is listed again (and the check flags it).
+/// The load's users send no packets of their own, so there are no sends to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct History {
+    pub wins: Vec<Acked>,
+    pub opens: Vec<Acked>,
+}
+
+impl History {
+    pub fn is_empty(&self) -> bool {
+        self.wins.is_empty() && self.opens.is_empty()
+    }
+
+    /// Moves everything of `other` to the end of this one.
+    pub fn append(&mut self, other: &mut History) {
+        self.wins.append(&mut other.wins);
+        self.opens.append(&mut other.opens);
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Report {
     pub proc_index: u32,
@@ -173,5 +223,31 @@ pub struct Report {
     pub broadcasts: Vec<BroadcastReport>,
     /// Present in the final report only.
     pub users: Option<BTreeMap<u64, UserTotals>>,
+    /// Wins and opens the users were told of since the previous report.
+    #[serde(default, skip_serializing_if = "History::is_empty")]
+    pub history: History,
     pub last: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_history_travels_as_arrays_and_only_when_there_is_one() {
+        let mut report = Report::default();
+        assert!(!serde_json::to_string(&report).unwrap().contains("history"));
+        report.history.wins.push(Acked {
+            user: 7,
+            packet: 4_294_967_296,
+            amount_cents: 174,
+        });
+        let line = serde_json::to_string(&report).unwrap();
+        assert!(
+            line.contains(r#""history":{"wins":[[7,4294967296,174]],"opens":[]}"#),
+            "{line}"
+        );
+        let back: Report = serde_json::from_str(&line).unwrap();
+        assert_eq!(back.history, report.history);
+    }
 }

@@ -225,15 +225,137 @@ pub struct Balances {
     pub campaigns: BTreeMap<u32, u64>,
 }
 
+/// One money operation as the ledger holds it: shake packet `packet` won by `user`, or
+/// `user`'s share of sent packet `packet` opened, for `amount_cents`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LedgerOp {
+    pub packet: u64,
+    pub user: u64,
+    pub amount_cents: u64,
+}
+
+/// A page of the ledger's wins and opened shares (`GET /v1/ledger/ops`), for checking
+/// clients' histories op by op. `next` continues after this page; none: the ledger had
+/// nothing more when it was read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpsPage {
+    pub wins: Vec<LedgerOp>,
+    pub opens: Vec<LedgerOp>,
+    pub next: Option<OpsCursor>,
+}
+
+/// Where a page of the ledger's operations starts: just after this position in the
+/// ledger's own order. Each backend pages in the order its storage keeps cheaply — the
+/// embedded ledger by event sequence number, wins and opens interleaved; PostgreSQL its
+/// wins by packet, then its opened shares by (packet, user), each by primary key — so a
+/// cursor means something only to the kind of ledger that gave it. Opaque to clients: a
+/// short string (`seq.104`, `win.4294967296`, `open.12.7`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpsCursor {
+    /// After the event with this sequence number (the embedded ledger).
+    Seq(u64),
+    /// After this won packet (PostgreSQL's `hb_wins`); its opens come next.
+    Win(u64),
+    /// After this opened share (PostgreSQL's `hb_recipients`).
+    Open { packet: u64, user: u64 },
+}
+
+impl std::fmt::Display for OpsCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpsCursor::Seq(seq) => write!(f, "seq.{seq}"),
+            OpsCursor::Win(packet) => write!(f, "win.{packet}"),
+            OpsCursor::Open { packet, user } => write!(f, "open.{packet}.{user}"),
+        }
+    }
+}
+
+impl std::str::FromStr for OpsCursor {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<OpsCursor, String> {
+        let bad = || format!("{s:?} is not a cursor this API gave");
+        let (kind, rest) = s.split_once('.').ok_or_else(bad)?;
+        let numbers: Vec<u64> = rest
+            .split('.')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?;
+        let cursor = match (kind, numbers.as_slice()) {
+            ("seq", &[seq]) => OpsCursor::Seq(seq),
+            ("win", &[packet]) => OpsCursor::Win(packet),
+            ("open", &[packet, user]) => OpsCursor::Open { packet, user },
+            _ => return Err(bad()),
+        };
+        // One spelling of each: `seq.+1` or `seq.01` is not a cursor this API gave.
+        if cursor.to_string() != s {
+            return Err(bad());
+        }
+        Ok(cursor)
+    }
+}
+
+impl Serialize for OpsCursor {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for OpsCursor {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OpsCursor, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// Reads of what the ledger has committed, beside the money loop (admin threads).
 pub trait LedgerRead: Send {
     fn user(&self, user: u64, limit: usize) -> Result<UserView, String>;
     fn balances(&self) -> Result<Balances, String>;
+    /// Up to `limit` wins and opened shares together, after `after` (from the start when
+    /// none). A cursor of another kind of ledger is an error.
+    fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, String>;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ops_cursors_read_back_and_nothing_else_reads() {
+        for cursor in [
+            OpsCursor::Seq(0),
+            OpsCursor::Seq(104),
+            OpsCursor::Win(4_294_967_296),
+            OpsCursor::Open {
+                packet: u64::MAX,
+                user: 7,
+            },
+        ] {
+            let json = serde_json::to_string(&cursor).unwrap();
+            assert_eq!(serde_json::from_str::<OpsCursor>(&json).unwrap(), cursor);
+            assert_eq!(cursor.to_string().parse::<OpsCursor>(), Ok(cursor));
+        }
+        assert_eq!(OpsCursor::Seq(104).to_string(), "seq.104");
+        for bad in [
+            "",
+            "seq",
+            "seq.",
+            "seq.x",
+            "seq.+1",
+            "seq.01",
+            "seq.1.2",
+            "win.1.2",
+            "open.1",
+            "open.1.2.3",
+            "page.1",
+            "-1",
+            "seq.18446744073709551616",
+        ] {
+            assert!(bad.parse::<OpsCursor>().is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn reply_counts_are_fields_by_operation_and_result() {

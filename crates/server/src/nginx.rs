@@ -3,12 +3,23 @@
 //! through and a read timeout beyond any ping interval, and the binary protocol through
 //! the stream module — plus, for benchmarks, a static `200` to hold the API against.
 //!
+//! On the HTTP API's door nginx answers some requests itself before any gateway sees them
+//! (a malformed head, a body over the limit, no gateway up). There it holds the gateway's
+//! limits and answers in the gateway's form, JSON with `result` and `error`
+//! ([`OWN_ANSWERS`]), instead of its HTML pages; docs/nginx.md says what still differs.
+//!
 //! Plain text generation: `render` turns a `Plan` into the file; a test runs Debian's
 //! nginx with it.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+
+use hongbao_proto::http::MAX_HEAD_LEN;
+use hongbao_proto::ResultCode;
+use serde::Serialize;
+
+use crate::config::ServeConfig;
 
 /// Where Debian's `libnginx-mod-stream` puts the stream module.
 pub const DEBIAN_STREAM_MODULE: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
@@ -35,6 +46,187 @@ pub struct Plan {
     pub stream_module: Option<PathBuf>,
     /// `user` for the workers when nginx starts as root.
     pub user: Option<String>,
+}
+
+/// The gateway's largest request body (`MAX_BODY` in `worker/http.rs`).
+const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// How long after the gateway's own deadline for a whole request nginx gives up on a
+/// body that stalls. nginx passes bodies on as they arrive, so the gateway's deadline
+/// (counted in whole seconds from the request's first byte) runs on them and it answers
+/// 408; nginx's own timeout would only close the connection without a word.
+const BODY_STALL_GRACE_SECS: u32 = 2;
+
+/// Where nginx's own answers live: an internal location each. A URI, not a named
+/// location: a request whose request line did not parse has no URI, and nginx cannot
+/// send it to a named location ("empty URI in redirect to named location").
+const ANSWER_PATH: &str = "/.nginx-answer/";
+
+/// An answer nginx gives itself, in the gateway's form, where it would send an HTML page.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnAnswer {
+    /// The statuses nginx gives the cases answered this way.
+    pub nginx_statuses: &'static [u16],
+    /// The status the client gets.
+    pub status: u16,
+    /// `bad-request` for a refused request, `unavailable` for "try again later".
+    pub result: ResultCode,
+    /// What was wrong: the gateway's words where the case is one the gateway refuses
+    /// the same way.
+    pub error: &'static str,
+}
+
+/// Every status nginx answers with itself on the HTTP door, but 408: nginx never answers
+/// a timeout, it closes the connection.
+pub const OWN_ANSWERS: &[OwnAnswer] = &[
+    OwnAnswer {
+        // 505: a request line with a version other than HTTP/1.x; the gateway calls that
+        // malformed (400) too.
+        nginx_statuses: &[400, 505],
+        status: 400,
+        result: ResultCode::BadRequest,
+        error: "malformed request: refused by nginx in front of the gateway",
+    },
+    OwnAnswer {
+        // Only nginx's own answer paths: every other path goes to a gateway.
+        nginx_statuses: &[404],
+        status: 404,
+        result: ResultCode::BadRequest,
+        error: "no such endpoint",
+    },
+    OwnAnswer {
+        nginx_statuses: &[405],
+        status: 405,
+        result: ResultCode::BadRequest,
+        error: "TRACE and CONNECT are not allowed",
+    },
+    OwnAnswer {
+        nginx_statuses: &[413],
+        status: 413,
+        result: ResultCode::BadRequest,
+        error: "request body over 65536 bytes",
+    },
+    OwnAnswer {
+        // 494 is nginx's own code for a header line or a head too large, 414 for a
+        // request line; the gateway answers both 431.
+        nginx_statuses: &[414, 494],
+        status: 431,
+        result: ResultCode::BadRequest,
+        error: "request head over 8192 bytes",
+    },
+    OwnAnswer {
+        nginx_statuses: &[500],
+        status: 500,
+        result: ResultCode::Unavailable,
+        error: "nginx failed while passing the request on",
+    },
+    OwnAnswer {
+        nginx_statuses: &[501],
+        status: 501,
+        result: ResultCode::BadRequest,
+        error: "only the chunked transfer coding is understood",
+    },
+    OwnAnswer {
+        nginx_statuses: &[502],
+        status: 502,
+        result: ResultCode::Unavailable,
+        error: "no gateway answered",
+    },
+    OwnAnswer {
+        nginx_statuses: &[504],
+        status: 504,
+        result: ResultCode::Unavailable,
+        error: "the gateway did not answer in time",
+    },
+];
+
+/// The body of an error answer, as the gateway writes it.
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    result: &'a str,
+}
+
+impl OwnAnswer {
+    /// The JSON body, as it goes between the single quotes of nginx's `return`.
+    pub fn body(&self) -> String {
+        let body = ErrorBody {
+            error: self.error,
+            result: self.result.name(),
+        };
+        serde_json::to_string(&body).expect("two strings make JSON")
+    }
+
+    fn location(&self) -> String {
+        format!("{ANSWER_PATH}{}", self.status)
+    }
+}
+
+/// The HTTP API's server block: the gateway's limits, nginx's own answers in the gateway's
+/// form, and the proxy to the gateways with upstream keep-alive.
+fn http_server(out: &mut String, listen: SocketAddr) {
+    let gateway = ServeConfig::default();
+    let _ = writeln!(out, "    server {{\n        listen {listen} reuseport;");
+    out.push_str(
+        "        # The gateway's limits (docs/http-api.md): nginx refuses first what the gateway\n        # would refuse, and answers in its form (docs/nginx.md).\n",
+    );
+    let _ = writeln!(
+        out,
+        "        client_max_body_size {}k;",
+        MAX_BODY_BYTES / 1024
+    );
+    out.push_str(
+        "        # Bodies go on to the gateway as they arrive, through one buffer in memory: never\n        # into a temp file (which nginx's workers may not be allowed to write).\n        proxy_request_buffering off;\n",
+    );
+    let _ = writeln!(
+        out,
+        "        client_body_buffer_size {}k;",
+        MAX_BODY_BYTES / 1024
+    );
+    out.push_str(
+        "        # Answers too: a slow reader is waited for, not spooled to disk.\n        proxy_max_temp_file_size 0;\n",
+    );
+    let _ = writeln!(
+        out,
+        "        # A head over {MAX_HEAD_LEN} bytes: the first 1 KiB, then one buffer of {MAX_HEAD_LEN}, no more.\n        client_header_buffer_size 1k;\n        large_client_header_buffers 1 {}k;",
+        MAX_HEAD_LEN / 1024
+    );
+    let _ = writeln!(
+        out,
+        "        client_header_timeout {}s;\n        # Past the gateway's 408 for a request not whole in time.\n        client_body_timeout {}s;",
+        gateway.login_timeout_secs,
+        gateway.login_timeout_secs + BODY_STALL_GRACE_SECS
+    );
+    for answer in OWN_ANSWERS {
+        let statuses: Vec<String> = answer.nginx_statuses.iter().map(u16::to_string).collect();
+        let _ = writeln!(
+            out,
+            "        error_page {} ={} {};",
+            statuses.join(" "),
+            answer.status,
+            answer.location()
+        );
+    }
+    out.push_str("        location / {\n            proxy_pass http://hongbao_http;\n            proxy_http_version 1.1;\n            # Upstream keep-alive: the connection is nginx's, not the client's.\n            proxy_set_header Connection \"\";\n            proxy_set_header Host $host;\n");
+    // Here, not at the server level: a request whose request line did not parse has no
+    // protocol either, and on its way to its error page it would be caught by this too.
+    let malformed = &OWN_ANSWERS[0];
+    let _ = writeln!(
+        out,
+        "            # HTTP/0.9 (a request line without a version) is malformed to the gateway;\n            # nginx answers it without a head, as HTTP/0.9 has none.\n            if ($server_protocol = \"\") {{\n                return {} '{}';\n            }}\n        }}",
+        malformed.status,
+        malformed.body()
+    );
+    for answer in OWN_ANSWERS {
+        let _ = writeln!(
+            out,
+            "        location = {} {{\n            internal;\n            default_type application/json;\n            return {} '{}';\n        }}",
+            answer.location(),
+            answer.status,
+            answer.body()
+        );
+    }
+    out.push_str("    }\n");
 }
 
 fn upstream(out: &mut String, name: &str, servers: &[SocketAddr], keepalive: Option<u32>) {
@@ -80,10 +272,7 @@ pub fn render(plan: &Plan) -> String {
         out.push_str("    keepalive_requests 1000000;\n    keepalive_timeout 75s;\n");
         if let Some((listen, servers)) = &plan.http {
             upstream(&mut out, "hongbao_http", servers, Some(plan.keepalive));
-            let _ = writeln!(
-                out,
-                "    server {{\n        listen {listen} reuseport;\n        location / {{\n            proxy_pass http://hongbao_http;\n            proxy_http_version 1.1;\n            # Upstream keep-alive: the connection is nginx's, not the client's.\n            proxy_set_header Connection \"\";\n            proxy_set_header Host $host;\n        }}\n    }}"
-            );
+            http_server(&mut out, *listen);
         }
         if let Some((listen, servers)) = &plan.ws {
             upstream(&mut out, "hongbao_ws", servers, None);

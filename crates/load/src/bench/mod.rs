@@ -11,11 +11,17 @@
 //! deliveries (`broadcast.rs`; `broadcasts.json`).
 //!
 //! - `options`: what the bench is asked to do, its presets and faults;
+//! - `inject`: the faults done to the server, and their heals;
+//! - `chaos`: `--chaos`, faults at random moments, and what each cost;
 //! - `server`: the bench's `hongbao serve` child; `broadcaster`: broadcasts in phases;
 //! - `summary`: `summary.json` as typed structs, and each phase's audit;
-//! - `ledger`: the audit's third witness, the ledger's balances user by user.
+//! - `ledger`: the audit's third witness, the ledger's balances user by user;
+//! - `history`: the per-operation check of what each client was told against the ledger.
 
 mod broadcaster;
+pub mod chaos;
+mod history;
+mod inject;
 mod ledger;
 mod options;
 pub(crate) mod server;
@@ -173,18 +179,29 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
 
     let mut fault_thread = None;
     let mut fault_second = 0;
+    // With --chaos: its thread from the first phase's start, stopped after the last.
+    let faulty = opts.fault.is_some() || opts.chaos.is_some();
+    let chaos_stop = Arc::new(AtomicBool::new(false));
+    let mut chaos_thread = None;
+    let mut phase_marks: Vec<(u64, String)> = Vec::new();
+    let mut last_phase_end = 0;
     // The fault's phase: its rate and its last second.
     let mut fault_phase = (0, 0);
     for (n, &qps) in opts.phase_qps.iter().enumerate() {
         let name = format!("qps-{qps}");
         let from = load.set_qps(qps)?;
         monitor.mark_at(load.epoch_ms() + from * 1000, &name);
+        phase_marks.push((load.epoch_ms() + from * 1000, name.clone()));
         say(&format!(
             "bench: phase {} at {qps} QPS from second {from}",
             n + 2
         ));
         wait_until_second(&load, from + 1);
         broadcaster.start_phase(&name);
+        if let (0, Some(chaos)) = (n, &opts.chaos) {
+            let (injector, stop) = (server.injector(), chaos_stop.clone());
+            chaos_thread = Some(chaos::start(injector, chaos.clone(), stop, say));
+        }
         if let (0, Some(fault)) = (n, opts.fault) {
             let after = Duration::from_secs_f64(opts.fault_at_secs.max(0.0));
             fault_thread = server.inject_later(fault, after);
@@ -257,8 +274,9 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             before: &before,
             after: &after,
             campaign_rate: opts.campaign_rate,
-            fault: opts.fault.is_some(),
+            fault: faulty,
         };
+        last_phase_end = end_second;
         if n == 0 {
             fault_phase = (qps, end_second);
         }
@@ -286,6 +304,25 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         let t = load.totals();
         t.disconnects + t.connect_failures()
     };
+    chaos_stop.store(true, Ordering::SeqCst);
+    let chaos_done = chaos_thread.take().map(|handle| {
+        let done = handle.join().unwrap_or_default();
+        load.wait_logged_in(Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(2100));
+        // Each fault marked on the series, and the phase it fell in marked again once
+        // it was healed.
+        for d in &done {
+            monitor.mark_at(d.start_unix_ms, &format!("chaos:{}", d.fault.name()));
+            if let Some((_, phase)) = phase_marks
+                .iter()
+                .rev()
+                .find(|(at, _)| *at <= d.end_unix_ms)
+            {
+                monitor.mark_at(d.end_unix_ms + 1, phase);
+            }
+        }
+        done
+    });
 
     let fault_done = fault_thread.take().map(|handle| {
         let what = handle
@@ -298,6 +335,19 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         what
     });
     let rows = load.rows();
+    let chaos = opts.chaos.as_ref().zip(chaos_done).map(|(options, done)| {
+        let c = chaos::summarize(options, &done, &rows, load.epoch_ms(), last_phase_end, opts.connections);
+        for f in &c.faults {
+            let whole = f
+                .whole_after_secs
+                .map_or("never whole again in its window".to_string(), |s| format!("whole again {s} s after its start"));
+            say(&format!(
+                "bench: chaos: {} at second {}: {} connections dropped, {} s under 90% of the rate, {} error answers; {whole}",
+                f.kind, f.start_second, f.dropped, f.reduced_secs, f.error_replies
+            ));
+        }
+        c
+    });
     let fault = fault_done.map(|what| {
         let seconds: Vec<FaultSecond> = rows
             .iter()
@@ -364,6 +414,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     let final_audit: Audit = server.get("/v1/audit")?;
     // Witness three: every balance the ledger holds, read through the server.
     let balances: Balances = server.get("/v1/balances")?;
+    let history = history::check(&server, &finished.history, &mut discrepancies)?;
     let samples = samples.lock().unwrap().clone();
     let engines = match (&engines_before, server.engine_counters()) {
         (Some(before), Some(after)) => {
@@ -389,12 +440,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     let ledger::Checked {
         users_checked,
         unacknowledged_cents,
-    } = ledger::check(
-        &balances,
-        &finished.users,
-        opts.fault.is_some(),
-        &mut discrepancies,
-    );
+    } = ledger::check(&balances, &finished.users, faulty, &mut discrepancies);
     if !final_audit.ok {
         discrepancies.push(Discrepancy::new("conservation", None, 0, 0));
     }
@@ -467,6 +513,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         },
         engines,
         fault,
+        chaos,
+        history,
     };
     std::fs::write(
         opts.out.join("summary.json"),

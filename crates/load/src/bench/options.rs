@@ -73,6 +73,8 @@ pub struct BenchOptions {
     pub hosts: usize,
     /// With `--hosts`: a failure injected `fault_at_secs` into the first phase.
     pub fault: Option<Fault>,
+    /// Faults at random moments through every steady phase (`--chaos SEED`).
+    pub chaos: Option<super::chaos::ChaosOptions>,
     pub fault_at_secs: f64,
     /// HTTP: a keep-alive connection per user, or a connection per request.
     pub http_connection: HttpConnection,
@@ -93,6 +95,8 @@ pub enum Fault {
     Postgres,
     /// One local server: SIGSTOP a gateway worker for [`WORKER_STALL`], then SIGCONT.
     WorkerStall,
+    /// SIGKILL a gateway worker; the supervisor starts another, its clients reconnect.
+    WorkerKill,
 }
 
 /// Which Redis master a Redis fault hits.
@@ -126,11 +130,15 @@ impl Fault {
             "redis-master:rel" => Ok(Fault::RedisMaster(RedisAim::Release)),
             "redis-freeze" => Ok(Fault::RedisFreeze(RedisAim::First)),
             "redis-freeze:rel" => Ok(Fault::RedisFreeze(RedisAim::Release)),
-            "postgres" => Ok(Fault::Postgres),
+            "postgres" | "postgres-restart" => Ok(Fault::Postgres),
             "worker-stall" => Ok(Fault::WorkerStall),
+            "worker-kill" => Ok(Fault::WorkerKill),
+            "gateway-kill" => Ok(Fault::Gateway),
+            "redis-master-kill" => Ok(Fault::RedisMaster(RedisAim::First)),
+            "redis-master-kill:rel" => Ok(Fault::RedisMaster(RedisAim::Release)),
             other => {
                 anyhow::bail!(
-                    "--fault must be worker-stall, gateway, redis-master[:rel], redis-freeze[:rel] or postgres, not {other:?}"
+                    "a fault is worker-stall, worker-kill, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel] or postgres[-restart], not {other:?}"
                 )
             }
         }
@@ -145,7 +153,13 @@ impl Fault {
             Fault::RedisFreeze(RedisAim::Release) => "redis-freeze:rel",
             Fault::Postgres => "postgres",
             Fault::WorkerStall => "worker-stall",
+            Fault::WorkerKill => "worker-kill",
         }
+    }
+
+    /// Whether the fault is done to a lab (`--hosts`) rather than to any server.
+    pub fn needs_lab(self) -> bool {
+        !matches!(self, Fault::WorkerStall | Fault::WorkerKill)
     }
 }
 
@@ -172,6 +186,7 @@ impl BenchOptions {
             netns: false,
             hosts: 0,
             fault: None,
+            chaos: None,
             fault_at_secs: 5.0,
             http_connection: HttpConnection::KeepAlive,
             notice_poll_secs: DEFAULT_NOTICE_POLL_SECS,

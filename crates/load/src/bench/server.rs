@@ -15,7 +15,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::options::{BenchOptions, Fault, RedisAim, SECRET, WORKER_STALL};
+use super::inject::Injector;
+use super::options::{BenchOptions, Fault, SECRET};
 use crate::transport::Transport;
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
@@ -195,87 +196,29 @@ impl Server {
         })
     }
 
-    /// Injects `fault` into the lab `after` from now, on a thread of its own; what it did
-    /// comes back on the handle.
+    /// Injects `fault` `after` from now, on a thread of its own; what it did comes back
+    /// on the handle. `None` for a lab's fault without a lab.
     pub fn inject_later(
         &self,
         fault: Fault,
         after: Duration,
     ) -> Option<std::thread::JoinHandle<String>> {
-        if fault == Fault::WorkerStall {
-            return Some(self.stall_worker_later(after));
+        if fault.needs_lab() && self.lab.is_none() {
+            return None;
         }
-        let lab = self.lab.clone()?;
+        let injector = self.injector();
         Some(std::thread::spawn(move || {
             std::thread::sleep(after);
-            let mut lab = lab.lock().unwrap();
-            match fault {
-                Fault::Gateway => {
-                    let last = lab.gateways.len() - 1;
-                    lab.kill_gateway(last);
-                    format!(
-                        "killed every process of gateway host {}",
-                        lab.gateways[last].host.name
-                    )
-                }
-                Fault::RedisMaster(aim) => match aimed_master(&lab, aim) {
-                    Ok(addr) => {
-                        let t = Instant::now();
-                        lab.kill_redis(addr);
-                        match lab.wait_redis_whole(Some(addr), Duration::from_secs(60)) {
-                            Ok(()) => format!(
-                                "killed the Redis master {addr}; the cluster was whole again after {:.1} s",
-                                t.elapsed().as_secs_f64()
-                            ),
-                            Err(e) => format!("killed the Redis master {addr}; {e:#}"),
-                        }
-                    }
-                    Err(e) => format!("no Redis master to kill: {e:#}"),
-                },
-                Fault::RedisFreeze(aim) => match aimed_master(&lab, aim) {
-                    Ok(addr) => {
-                        lab.freeze_redis(addr, Duration::from_secs(8));
-                        let t = Instant::now();
-                        match lab.wait_redis_whole(Some(addr), Duration::from_secs(60)) {
-                            Ok(()) => format!(
-                                "froze the Redis master {addr} for 8 s (SIGSTOP, then SIGCONT); the cluster was whole without it as master {:.1} s after",
-                                t.elapsed().as_secs_f64()
-                            ),
-                            Err(e) => format!("froze the Redis master {addr} for 8 s; {e:#}"),
-                        }
-                    }
-                    Err(e) => format!("no Redis master to freeze: {e:#}"),
-                },
-                Fault::Postgres => match lab.restart_postgres(Duration::from_secs(2)) {
-                    Ok(()) => "stopped PostgreSQL and started it again 2 s later".to_string(),
-                    Err(e) => format!("restarting PostgreSQL: {e:#}"),
-                },
-                Fault::WorkerStall => unreachable!("a worker stall is injected without a lab"),
-            }
+            injector.inject(fault, 0, false)
         }))
     }
 
-    /// `--fault worker-stall`: the first gateway worker stopped after `after`, for
-    /// [`WORKER_STALL`].
-    fn stall_worker_later(&self, after: Duration) -> std::thread::JoinHandle<String> {
-        let pid = self
-            .get::<Value>("/v1/stats")
-            .ok()
-            .and_then(|s| s["workers"][0]["pid"].as_u64());
-        std::thread::spawn(move || {
-            std::thread::sleep(after);
-            let Some(pid) = pid else {
-                return "no worker to stop: /v1/stats named none".to_string();
-            };
-            // SAFETY: signals to a process of our own server, by its id.
-            unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
-            std::thread::sleep(WORKER_STALL);
-            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-            format!(
-                "stopped gateway worker {pid} for {} ms (SIGSTOP, then SIGCONT)",
-                WORKER_STALL.as_millis()
-            )
-        })
+    /// What can do faults to this server, for a thread of its own.
+    pub fn injector(&self) -> Injector {
+        Injector {
+            lab: self.lab.clone(),
+            admin: self.admin,
+        }
     }
 
     /// The `hongbao serve` child's id (without a lab).
@@ -424,13 +367,5 @@ pub(super) fn sample(stats: &Value) -> ServerSample {
         shakes_per_sec: n(&stats["per_sec"]["shakes"]),
         rss_bytes: rss,
         cpu_ms: cpu,
-    }
-}
-
-/// The Redis master a fault aims at, as the cluster sees it now.
-fn aimed_master(lab: &hongbao_lab::Lab, aim: RedisAim) -> anyhow::Result<std::net::Ipv4Addr> {
-    match aim.key() {
-        Some(key) => lab.redis_master_of(key),
-        None => lab.redis_master(),
     }
 }

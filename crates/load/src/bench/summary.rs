@@ -34,6 +34,12 @@ pub struct Summary {
     /// With `--fault`: what was done and what the clients saw of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<FaultSummary>,
+    /// With `--chaos`: every fault done and what each cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chaos: Option<super::chaos::ChaosSummary>,
+    /// Every win and open the clients were told of, against the ledger's, op by op.
+    #[serde(default)]
+    pub history: super::history::HistorySummary,
 }
 
 /// A fault injected mid-run, and the clients' connections around it.
@@ -539,6 +545,7 @@ pub fn campaign_done(c: &CampaignStatus) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::history;
     use super::*;
     use serde_json::Value;
 
@@ -559,6 +566,31 @@ mod tests {
                 reconnected_secs: Some(3),
                 ..Default::default()
             }),
+            chaos: Some(super::super::chaos::ChaosSummary {
+                faults: vec![super::super::chaos::ChaosFault {
+                    whole_after_secs: Some(4),
+                    ..Default::default()
+                }],
+                kinds: vec!["worker-kill".into()],
+                ..Default::default()
+            }),
+            history: history::HistorySummary {
+                missing: history::Findings {
+                    first: vec![history::Finding {
+                        told: vec![history::Payee {
+                            user: 1,
+                            amount_cents: 1,
+                        }],
+                        ledger: vec![history::Payee {
+                            user: 1,
+                            amount_cents: 2,
+                        }],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
             ..Default::default()
         }
     }

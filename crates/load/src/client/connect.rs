@@ -171,7 +171,7 @@ impl Client {
         for f in std::mem::take(&mut self.users[i].inflight) {
             if let Kind::Open = f.kind {
                 // Not answered: forget we asked, so the next notice opens it again.
-                if self.opens.get(&(user_id, f.packet)) == Some(&false) {
+                if self.opens.get(&(user_id, f.packet)) == Some(&None) {
                     self.opens.remove(&(user_id, f.packet));
                 }
             }

@@ -39,7 +39,7 @@ mod receive;
 pub use options::{ClientOptions, Command};
 
 use crate::broadcast::Receipts;
-use crate::report::{self, Counters, Report, UserTotals};
+use crate::report::{self, Counters, History, Report, UserTotals};
 use crate::schedule::{partition, Firing, Schedule};
 use crate::transport::{self, HttpConnection, Transport};
 
@@ -108,9 +108,12 @@ struct Client {
     last_refill_ms: u64,
     source_cursor: usize,
     token_cache: HashMap<u64, [u8; 32]>,
-    /// Opens asked for, per (user, packet): true once counted as opened.
-    opens: HashMap<(u64, u64), bool>,
+    /// Opens asked for, per (user, packet): the amount once the open is counted (an
+    /// `already-opened` with another amount is told again in `history`).
+    opens: HashMap<(u64, u64), Option<u64>>,
     totals: HashMap<u64, UserTotals>,
+    /// Wins and opens told since the last report (this process's part of the history).
+    history: History,
     counters: Counters,
     /// WebSocket keys of the upgrades in flight, by user index: only until the 101.
     handshakes: HashMap<u32, [u8; 16]>,
@@ -171,6 +174,7 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
         token_cache: HashMap::new(),
         opens: HashMap::new(),
         totals: HashMap::new(),
+        history: History::default(),
         counters: Counters::default(),
         handshakes: HashMap::new(),
         receipts: Receipts::default(),
@@ -305,7 +309,7 @@ impl Client {
         let mut unanswered: Vec<&(u64, u64)> = self
             .opens
             .iter()
-            .filter(|(_, answered)| !**answered)
+            .filter(|(_, answered)| answered.is_none())
             .map(|(k, _)| k)
             .collect();
         unanswered.sort();
@@ -609,6 +613,7 @@ impl Client {
             send_lag_us: report::sparse(&self.lag_hist),
             broadcasts: self.receipts.drain(),
             users,
+            history: std::mem::take(&mut self.history),
             last,
         };
         self.shake_hist.reset();

@@ -8,6 +8,7 @@ use hongbao_proto::{ws, Frame, Message, ResultCode};
 use rand::Rng;
 
 use super::{unix_us, Client, Inflight, Kind, State};
+use crate::report::Acked;
 use crate::transport::{self, HttpConnection, Inbound};
 
 impl Client {
@@ -260,9 +261,9 @@ impl Client {
             Message::LoginReply { .. } => self.counters.login_failures += 1,
             Message::ShakeReply {
                 result,
+                packet_id,
                 amount_cents,
                 retry_after_ms,
-                ..
             } => {
                 let Some(f) = self.take_inflight(i, frame.request_id) else {
                     return;
@@ -278,6 +279,11 @@ impl Client {
                         let t = self.totals.entry(user_id).or_default();
                         t.won += 1;
                         t.won_cents += amount_cents;
+                        self.history.wins.push(Acked {
+                            user: user_id,
+                            packet: packet_id,
+                            amount_cents,
+                        });
                     }
                     ResultCode::Nothing => self.counters.nothing += 1,
                     ResultCode::Overloaded => {
@@ -302,7 +308,7 @@ impl Client {
                 if let std::collections::hash_map::Entry::Vacant(e) =
                     self.opens.entry((user_id, packet_id))
                 {
-                    e.insert(false);
+                    e.insert(None);
                     self.counters.opens_sent += 1;
                     self.request(i, Kind::Open, now, packet_id);
                 }
@@ -320,14 +326,27 @@ impl Client {
                     .record(now.saturating_sub(f.intended_us).max(1));
                 match result {
                     ResultCode::Opened | ResultCode::AlreadyOpened => {
-                        let counted = self.opens.entry((user_id, packet_id)).or_insert(false);
-                        if !*counted {
-                            *counted = true;
-                            self.counters.opened += 1;
-                            self.counters.opened_cents += amount_cents;
-                            let t = self.totals.entry(user_id).or_default();
-                            t.opened += 1;
-                            t.opened_cents += amount_cents;
+                        let counted = self.opens.entry((user_id, packet_id)).or_insert(None);
+                        let told = Acked {
+                            user: user_id,
+                            packet: packet_id,
+                            amount_cents,
+                        };
+                        match *counted {
+                            None => {
+                                *counted = Some(amount_cents);
+                                self.counters.opened += 1;
+                                self.counters.opened_cents += amount_cents;
+                                let t = self.totals.entry(user_id).or_default();
+                                t.opened += 1;
+                                t.opened_cents += amount_cents;
+                                self.history.opens.push(told);
+                            }
+                            // The same open told again (a retry after a lost reply).
+                            Some(first) if first == amount_cents => {}
+                            // One share told at two amounts: the history keeps both, for
+                            // the check against the ledger to flag; the counts keep one.
+                            Some(_) => self.history.opens.push(told),
                         }
                     }
                     _ => self.counters.open_other += 1,
@@ -338,8 +357,7 @@ impl Client {
                 // again when the packet's notice comes again (after a failover the
                 // server tells waiting notices again; docs/protocol.md).
                 if let Some(f) = self.take_inflight(i, frame.request_id) {
-                    if f.kind == Kind::Open && self.opens.get(&(user_id, f.packet)) == Some(&false)
-                    {
+                    if f.kind == Kind::Open && self.opens.get(&(user_id, f.packet)) == Some(&None) {
                         self.opens.remove(&(user_id, f.packet));
                     }
                 }

@@ -28,7 +28,7 @@ mod rows;
 
 use crate::broadcast::BroadcastStats;
 use crate::client::{self, ClientOptions};
-use crate::report::{self, Counters, Report, UserTotals};
+use crate::report::{self, Counters, History, Report, UserTotals};
 use crate::schedule::{partition, Schedule};
 use crate::transport::{HttpConnection, Transport};
 use monitor::LoadMonitor;
@@ -126,6 +126,8 @@ impl Progress {
 pub struct Finished {
     pub totals: Counters,
     pub users: BTreeMap<u64, UserTotals>,
+    /// Every win and open the users were told of, all processes together.
+    pub history: History,
     pub peak_rss_bytes: u64,
     pub cpu_ms: u64,
 }
@@ -426,7 +428,8 @@ impl Load {
         if let Some(m) = &self.monitor {
             m.stop_sending();
         }
-        let shared = self.shared.lock().unwrap();
+        let mut shared = self.shared.lock().unwrap();
+        let history = std::mem::take(&mut shared.history);
         let mut totals = Counters::default();
         let mut users = BTreeMap::new();
         let mut cpu_ms = 0;
@@ -458,6 +461,7 @@ impl Load {
         Ok(Finished {
             totals,
             users,
+            history,
             peak_rss_bytes: shared.peak_rss_bytes,
             cpu_ms,
         })
@@ -481,12 +485,13 @@ fn rotate(ips: &[Ipv4Addr], by: usize) -> Vec<Ipv4Addr> {
     v
 }
 
-fn merge(shared: &Mutex<Shared>, report: Report, plan: &Mutex<Schedule>) {
+fn merge(shared: &Mutex<Shared>, mut report: Report, plan: &Mutex<Schedule>) {
     // The schedule's lock is never held while taking the shared one, nor the other way.
     let target_qps = plan.lock().unwrap().qps_at(report.second);
     let mut s = shared.lock().unwrap();
     let p = report.proc_index as usize;
     s.deliveries.merge(&report.broadcasts);
+    s.history.append(&mut report.history);
     if report.last {
         s.finals[p] = Some(report);
         return;

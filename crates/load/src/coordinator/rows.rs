@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::broadcast::Deliveries;
-use crate::report::{Counters, Report};
+use crate::report::{Counters, History, Report};
 
 /// One second of the whole run, merged over the client processes.
 #[derive(Debug, Clone, Default)]
@@ -37,4 +37,6 @@ pub(super) struct Shared {
     pub(super) finals: Vec<Option<Report>>,
     pub(super) peak_rss_bytes: u64,
     pub(super) deliveries: Deliveries,
+    /// Every process's wins and opens told so far, as their reports brought them.
+    pub(super) history: History,
 }

@@ -385,6 +385,52 @@ impl Core {
         self.answer_shake(to, ResultCode::Won, packet, amount);
     }
 
+    /// The ledger cannot commit: a worker's claim is refused `unavailable` with nothing
+    /// recorded, and its packet is dealt back to that worker. Returned, not queued: the
+    /// outbox waits for commits that are not coming.
+    pub fn refuse_claim(&mut self, to: Origin, packet: u64, why: &str) -> Vec<Output> {
+        self.counters
+            .replies
+            .count(OpKind::Shake, ResultCode::Unavailable);
+        let mut out = Vec::new();
+        let in_pool = self
+            .workers
+            .get(&to.worker)
+            .is_some_and(|pool| pool.contains(&packet));
+        let (campaign, index) = shake_packet_parts(packet);
+        if let Some(c) = self
+            .shake
+            .get(&campaign)
+            .filter(|c| in_pool && !c.is_won(index))
+        {
+            out.push(Output::Deal {
+                worker: to.worker,
+                packets: vec![(packet, c.amount_of(index))],
+            });
+        }
+        out.push(Output::Reply {
+            to,
+            reply: Reply::Error {
+                result: ResultCode::Unavailable,
+                text: why.into(),
+            },
+        });
+        out
+    }
+
+    /// The ledger cannot commit: `op` (a send or an open) is refused `unavailable` with
+    /// nothing recorded; returned, not queued (see `refuse_claim`).
+    pub fn refuse(&mut self, to: Origin, op: OpKind, why: &str) -> Output {
+        self.counters.replies.count(op, ResultCode::Unavailable);
+        Output::Reply {
+            to,
+            reply: Reply::Error {
+                result: ResultCode::Unavailable,
+                text: why.into(),
+            },
+        }
+    }
+
     fn answer_shake(&mut self, to: Origin, result: ResultCode, packet_id: u64, amount_cents: u64) {
         self.counters.replies.count(OpKind::Shake, result);
         let reply = Reply::Shake {

@@ -9,14 +9,15 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hongbao_money::event::{Account, Event, Record};
-use hongbao_money::seam::{Balances, LedgerRead};
+use hongbao_money::rules::shake_packet_id;
+use hongbao_money::seam::{Balances, LedgerOp, LedgerRead, OpsCursor, OpsPage};
 use hongbao_money::UserView;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
@@ -230,6 +231,63 @@ impl Reader {
         }
         Ok(balances)
     }
+
+    /// Up to `limit` wins and opened shares after event `after_seq`, in ledger order: the
+    /// events as they are stored (a win twice, were it there, shows twice).
+    pub fn ops(&self, after_seq: u64, limit: usize) -> Result<OpsPage> {
+        let reading = |e| Error::ledger("reading wins and opens", e);
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, body FROM events WHERE seq > ?1 \
+                 AND kind IN ('shake_won', 'share_opened') ORDER BY seq LIMIT ?2",
+            )
+            .map_err(reading)?;
+        let rows = stmt
+            .query_map(params![after_seq as i64, limit as i64], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            })
+            .map_err(reading)?;
+        let mut page = OpsPage::default();
+        let mut last = None;
+        for row in rows {
+            let (seq, body) = row.map_err(reading)?;
+            let event: Event = serde_json::from_str(&body)
+                .map_err(|e| Error::Corrupt(format!("event {seq} does not parse: {e}: {body}")))?;
+            match event {
+                Event::ShakeWon {
+                    campaign,
+                    index,
+                    user,
+                    amount_cents,
+                } => page.wins.push(LedgerOp {
+                    packet: shake_packet_id(campaign, index),
+                    user,
+                    amount_cents,
+                }),
+                Event::ShareOpened {
+                    packet,
+                    user,
+                    amount_cents,
+                } => page.opens.push(LedgerOp {
+                    packet,
+                    user,
+                    amount_cents,
+                }),
+                other => {
+                    return Err(Error::Corrupt(format!(
+                        "event {seq} is stored as a win or an open but is {other:?}"
+                    )))
+                }
+            }
+            last = Some(seq as u64);
+        }
+        // A short page is the end of what is committed.
+        if page.wins.len() + page.opens.len() == limit {
+            page.next = last.map(OpsCursor::Seq);
+        }
+        Ok(page)
+    }
 }
 
 impl LedgerRead for Reader {
@@ -240,6 +298,19 @@ impl LedgerRead for Reader {
     fn balances(&self) -> Result<Balances, String> {
         Reader::balances(self).map_err(|e| e.to_string())
     }
+
+    fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, String> {
+        let after = match after {
+            None => 0,
+            Some(OpsCursor::Seq(seq)) => seq,
+            Some(other) => {
+                return Err(format!(
+                    "cursor {other} is not this ledger's: it pages by event (seq.N)"
+                ))
+            }
+        };
+        Reader::ops(self, after, limit).map_err(|e| e.to_string())
+    }
 }
 
 /// The group-commit thread. `submit` never blocks unless `max_pending` batches are queued
@@ -247,6 +318,10 @@ impl LedgerRead for Reader {
 pub struct LedgerWriter {
     tx: Option<SyncSender<Vec<Record>>>,
     committed: Arc<AtomicU64>,
+    /// The newest commit failed and is being tried again.
+    failing: Arc<AtomicBool>,
+    /// `finish` was asked: a failing commit is given up after `FINISH_RETRY`.
+    finishing: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<()>>>,
 }
 
@@ -265,8 +340,16 @@ impl Default for GroupCommit {
     }
 }
 
+/// How long a failed commit waits before it is tried again: a full disk may have room
+/// again a moment later.
+const RETRY_AFTER: Duration = Duration::from_millis(250);
+/// Once `finish` is asked, how long a failing commit is still tried before its error is
+/// given up (the server stops; nothing of the batch was acknowledged).
+const FINISH_RETRY: Duration = Duration::from_secs(10);
+
 impl LedgerWriter {
-    /// `on_commit` runs on the writer thread after each commit (e.g. wakes the core).
+    /// `on_commit` runs on the writer thread after each commit (e.g. wakes the core), and
+    /// when a commit starts or stops failing.
     pub fn spawn(
         mut ledger: Ledger,
         committed_seq: u64,
@@ -275,16 +358,29 @@ impl LedgerWriter {
     ) -> LedgerWriter {
         let (tx, rx) = sync_channel::<Vec<Record>>(1024);
         let committed = Arc::new(AtomicU64::new(committed_seq));
-        let published = committed.clone();
+        let state = WriterState {
+            committed: committed.clone(),
+            failing: Arc::default(),
+            finishing: Arc::default(),
+        };
+        let (failing, finishing) = (state.failing.clone(), state.finishing.clone());
         let thread = std::thread::Builder::new()
             .name("ledger".into())
-            .spawn(move || commit_loop(&mut ledger, rx, group, &published, on_commit))
+            .spawn(move || commit_loop(&mut ledger, rx, group, &state, on_commit))
             .expect("spawning the ledger thread");
         LedgerWriter {
             tx: Some(tx),
             committed,
+            failing,
+            finishing,
             thread: Some(thread),
         }
+    }
+
+    /// True while the newest commit failed and is being tried again (a full disk):
+    /// what needs the ledger is to be refused, not queued behind it.
+    pub fn failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
     }
 
     pub fn submit(&self, records: Vec<Record>) {
@@ -302,6 +398,7 @@ impl LedgerWriter {
 
     /// Commits everything submitted and stops the thread.
     pub fn finish(&mut self) -> Result<()> {
+        self.finishing.store(true, Ordering::Release);
         drop(self.tx.take());
         match self.thread.take() {
             Some(t) => t
@@ -317,11 +414,18 @@ impl LedgerWriter {
     }
 }
 
+/// What the writer thread shares with the `LedgerWriter`.
+struct WriterState {
+    committed: Arc<AtomicU64>,
+    failing: Arc<AtomicBool>,
+    finishing: Arc<AtomicBool>,
+}
+
 fn commit_loop(
     ledger: &mut Ledger,
     rx: Receiver<Vec<Record>>,
     group: GroupCommit,
-    committed: &AtomicU64,
+    state: &WriterState,
     on_commit: impl Fn(),
 ) -> Result<()> {
     while let Ok(mut batch) = rx.recv() {
@@ -333,11 +437,53 @@ fn commit_loop(
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        ledger.append(&batch)?;
-        committed.store(batch.last().map_or(0, |r| r.seq), Ordering::Release);
+        append_until_done(ledger, &batch, state, &on_commit)?;
+        state
+            .committed
+            .store(batch.last().map_or(0, |r| r.seq), Ordering::Release);
         on_commit();
     }
     Ok(())
+}
+
+/// Appends `batch`, trying again every `RETRY_AFTER` while it fails (a failed append
+/// rolled back whole, so trying again is safe): a disk that fills stops acknowledgements
+/// and the server carries on, refusing what needs the ledger, until there is room again.
+/// Gives up only once `finish` was asked and `FINISH_RETRY` has passed.
+fn append_until_done(
+    ledger: &mut Ledger,
+    batch: &[Record],
+    state: &WriterState,
+    on_commit: &impl Fn(),
+) -> Result<()> {
+    let mut finishing_since = None;
+    loop {
+        match ledger.append(batch) {
+            Ok(()) => {
+                if state.failing.swap(false, Ordering::AcqRel) {
+                    eprintln!("hongbao serve: the ledger commits again");
+                    on_commit();
+                }
+                return Ok(());
+            }
+            Err(e) => {
+                if !state.failing.swap(true, Ordering::AcqRel) {
+                    eprintln!(
+                        "hongbao serve: a ledger commit failed ({e}); refusing what needs the ledger and trying again every {} ms",
+                        RETRY_AFTER.as_millis()
+                    );
+                    on_commit();
+                }
+                if state.finishing.load(Ordering::Acquire) {
+                    let since = *finishing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= FINISH_RETRY {
+                        return Err(e);
+                    }
+                }
+                std::thread::sleep(RETRY_AFTER);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -389,6 +535,77 @@ mod tests {
         assert_eq!(writer.committed(), 100);
         let ledger = Ledger::open(dir.path()).unwrap();
         assert_eq!(ledger.balances().unwrap().values().sum::<u64>(), 100);
+    }
+
+    #[test]
+    fn wins_and_opens_are_read_in_pages_in_ledger_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(dir.path()).unwrap();
+        let opened = |seq, packet, user, cents| Record {
+            seq,
+            ts_ms: 1000 + seq,
+            event: Event::ShareOpened {
+                packet,
+                user,
+                amount_cents: cents,
+            },
+        };
+        let sent = Record {
+            seq: 3,
+            ts_ms: 1003,
+            event: Event::PacketSent {
+                packet: 12,
+                sender: Account::Campaign(2),
+                amount_cents: 500,
+                shares: 2,
+                recipients: vec![7, 8],
+                expires_ms: 10_000,
+                idempotency_key: None,
+            },
+        };
+        ledger
+            .append(&[won(1, 7, 100), won(2, 8, 50), sent])
+            .unwrap();
+        ledger
+            .append(&[opened(4, 12, 8, 300), opened(5, 12, 7, 200)])
+            .unwrap();
+        let reader = ledger.reader().unwrap();
+        let op = |packet, user, amount_cents| LedgerOp {
+            packet,
+            user,
+            amount_cents,
+        };
+        let all = reader.ops(0, 100).unwrap();
+        assert_eq!(
+            all.wins,
+            [
+                op(shake_packet_id(1, 1), 7, 100),
+                op(shake_packet_id(1, 2), 8, 50)
+            ]
+        );
+        assert_eq!(all.opens, [op(12, 8, 300), op(12, 7, 200)]);
+        assert_eq!(all.next, None, "a short page is the last");
+
+        // Two at a time through the seam, following each page's cursor.
+        let mut pages = Vec::new();
+        let mut after = None;
+        loop {
+            let page = LedgerRead::ops(&reader, after, 2).unwrap();
+            pages.push((page.wins.len(), page.opens.len()));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(pages, [(2, 0), (0, 2), (0, 0)]);
+        assert_eq!(
+            LedgerRead::ops(&reader, Some(OpsCursor::Seq(2)), 1)
+                .unwrap()
+                .next,
+            Some(OpsCursor::Seq(4)),
+            "the packet sent in between is passed over"
+        );
+        assert!(LedgerRead::ops(&reader, Some(OpsCursor::Win(1)), 2).is_err());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
-use hongbao_money::seam::{AdminRequest, MoneySnapshot, Op, Origin, Output};
+use hongbao_money::seam::{AdminAnswer, AdminRequest, MoneySnapshot, Op, OpKind, Origin, Output};
 use hongbao_money::{Audit, Money, Reply, WorkerId};
 use hongbao_proto::ResultCode;
 
@@ -23,6 +23,9 @@ use self::ledger::{GroupCommit, Ledger, LedgerWriter, Reader};
 const READS_QUEUED: usize = 1024;
 /// Recent events in a `Reply::Me`.
 const RECENT_EVENTS: usize = 20;
+/// What an operation that needs the ledger is told while the ledger cannot commit.
+const CANNOT_COMMIT: &str =
+    "the ledger cannot commit (its disk may be full); nothing was done, try again later";
 
 pub struct EmbeddedConfig {
     pub data_dir: PathBuf,
@@ -36,6 +39,9 @@ pub struct Embedded {
     path: PathBuf,
     reads: SyncSender<Origin>,
     answers: Receiver<Output>,
+    /// Refusals while the ledger cannot commit: out at the next drain, not behind the
+    /// commits they do not depend on.
+    refused: Vec<Output>,
 }
 
 /// Wakes the loop that drains the backend (the ledger committed, a read is answered).
@@ -76,6 +82,7 @@ impl Embedded {
                 path,
                 reads,
                 answers,
+                refused: Vec::new(),
             },
             replayed,
         ))
@@ -118,7 +125,27 @@ fn spawn_reader(path: &Path, wake: Wake) -> anyhow::Result<(SyncSender<Origin>, 
 }
 
 impl Money for Embedded {
+    /// While the ledger cannot commit (a full disk), what would change money — a claim, a
+    /// send, an open — is refused `unavailable` before it changes anything; reads and
+    /// logins go on.
     fn submit(&mut self, now_ms: u64, origin: Origin, op: Op) {
+        if self.ledger.failing() {
+            match op {
+                Op::Claim { packet } => {
+                    let out = self.core.refuse_claim(origin, packet, CANNOT_COMMIT);
+                    return self.refused.extend(out);
+                }
+                Op::Send { .. } => {
+                    let out = self.core.refuse(origin, OpKind::Send, CANNOT_COMMIT);
+                    return self.refused.push(out);
+                }
+                Op::Open { .. } => {
+                    let out = self.core.refuse(origin, OpKind::Open, CANNOT_COMMIT);
+                    return self.refused.push(out);
+                }
+                _ => {}
+            }
+        }
         if op != Op::Me {
             return self.core.submit(now_ms, origin, op);
         }
@@ -134,11 +161,23 @@ impl Money for Embedded {
     }
 
     fn admin(&mut self, now_ms: u64, ticket: u64, request: AdminRequest) {
+        let creates = matches!(
+            request,
+            AdminRequest::CreateShake(_) | AdminRequest::CreateSend(_)
+        );
+        if creates && self.ledger.failing() {
+            let answer = AdminAnswer::Unavailable(CANNOT_COMMIT.into());
+            return self.refused.push(Output::Admin { ticket, answer });
+        }
         self.core.admin(now_ms, ticket, request);
     }
 
+    /// Campaigns release and packets expire only while the ledger commits: their events
+    /// would wait behind a failing commit. They catch up once it commits again.
     fn tick(&mut self, now_ms: u64) {
-        self.core.tick(now_ms);
+        if !self.ledger.failing() {
+            self.core.tick(now_ms);
+        }
     }
 
     fn worker_up(&mut self, worker: WorkerId) {
@@ -150,6 +189,7 @@ impl Money for Embedded {
     }
 
     fn drain(&mut self, out: &mut Vec<Output>) {
+        out.append(&mut self.refused);
         self.ledger.submit(self.core.take_records());
         self.core.drain_ready(self.ledger.committed(), out);
         out.extend(self.answers.try_iter());

@@ -1,0 +1,318 @@
+//! `hongbao bench --chaos SEED`: faults at random moments through every steady phase,
+//! one at a time, each healed before the next, while the clients keep working — and what
+//! each cost, read off the per-second rows afterwards.
+//!
+//! The schedule is a pure function of the seed: rounds, each a shuffle of the fault list
+//! (so every kind comes once a round), each fault after a quiet gap drawn from
+//! [every/2, 3·every/2] seconds counted from the end of the one before. The same seed
+//! gives the same faults in the same order with the same gaps; when they land in the
+//! run depends on how long each heal took.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use super::inject::Injector;
+use super::options::Fault;
+use crate::coordinator::Row;
+
+/// What `--chaos` asks for.
+#[derive(Debug, Clone)]
+pub struct ChaosOptions {
+    pub seed: u64,
+    /// The mean quiet gap between one fault's heal and the next fault, seconds.
+    pub every_secs: f64,
+    pub faults: Vec<Fault>,
+}
+
+impl ChaosOptions {
+    /// The faults chaos draws from when none are named: every one that fits the server.
+    pub fn default_faults(hosts: usize) -> Vec<Fault> {
+        let mut faults = vec![Fault::WorkerKill, Fault::WorkerStall];
+        if hosts > 0 {
+            use super::options::RedisAim::{First, Release};
+            faults.extend([
+                Fault::Gateway,
+                Fault::RedisMaster(First),
+                Fault::RedisMaster(Release),
+                Fault::RedisFreeze(Release),
+                Fault::Postgres,
+            ]);
+        }
+        faults
+    }
+}
+
+/// One fault of the schedule: the quiet gap before it, which, and the worker or gateway
+/// host it is done to (an index, modulo their number).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Planned {
+    pub gap_secs: f64,
+    pub fault: Fault,
+    pub target: usize,
+}
+
+/// The schedule for `opts`, as long as it is read.
+pub fn schedule(opts: &ChaosOptions) -> impl Iterator<Item = Planned> {
+    let mut rng = SmallRng::seed_from_u64(opts.seed);
+    let (faults, every) = (opts.faults.clone(), opts.every_secs.max(0.1));
+    let mut round: Vec<Fault> = Vec::new();
+    std::iter::from_fn(move || {
+        if faults.is_empty() {
+            return None;
+        }
+        if round.is_empty() {
+            round = faults.clone();
+            round.shuffle(&mut rng);
+        }
+        let fault = round.pop().expect("refilled");
+        Some(Planned {
+            gap_secs: rng.gen_range(every / 2.0..=every * 1.5),
+            fault,
+            target: rng.gen_range(0..64),
+        })
+    })
+}
+
+/// A fault as it was done.
+#[derive(Debug, Clone)]
+pub struct Done {
+    pub fault: Fault,
+    pub what: String,
+    pub start_unix_ms: u64,
+    pub end_unix_ms: u64,
+}
+
+/// Runs the schedule on a thread of its own until `stop`: waits each gap (returning
+/// early when told to stop), does the fault and its heal. A fault under way when `stop`
+/// comes is finished and healed first.
+pub(crate) fn start(
+    injector: Injector,
+    opts: ChaosOptions,
+    stop: Arc<AtomicBool>,
+    say: fn(&str),
+) -> std::thread::JoinHandle<Vec<Done>> {
+    std::thread::spawn(move || {
+        let mut done = Vec::new();
+        for planned in schedule(&opts) {
+            let until = Instant::now() + Duration::from_secs_f64(planned.gap_secs);
+            while Instant::now() < until {
+                if stop.load(Ordering::SeqCst) {
+                    return done;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if stop.load(Ordering::SeqCst) {
+                return done;
+            }
+            let start_unix_ms = unix_ms();
+            let what = injector.inject(planned.fault, planned.target, true);
+            let end_unix_ms = unix_ms();
+            say(&format!("bench: chaos: {what}"));
+            done.push(Done {
+                fault: planned.fault,
+                what,
+                start_unix_ms,
+                end_unix_ms,
+            });
+        }
+        done
+    })
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// `summary.json`'s `chaos`: the schedule asked for and every fault done.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChaosSummary {
+    pub seed: u64,
+    pub every_secs: f64,
+    /// The kinds drawn from.
+    pub kinds: Vec<String>,
+    pub faults: Vec<ChaosFault>,
+}
+
+/// One fault done by chaos and what it cost, over the seconds from its start to the
+/// next fault's (or the end of the phases).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChaosFault {
+    pub kind: String,
+    /// What the bench did (the line it printed).
+    pub what: String,
+    /// The seconds of the run (from the load's epoch) the fault started and was healed in.
+    pub start_second: u64,
+    pub end_second: u64,
+    /// Connections the clients lost in its window.
+    pub dropped: u64,
+    /// Seconds of its window in which the shakes served (`won` or `nothing`) fell below
+    /// 90% of the rate asked.
+    pub reduced_secs: u64,
+    /// Answers that were errors (`unavailable` and the like) in its window.
+    pub error_replies: u64,
+    /// Seconds from its start until the clients were whole again: every user logged in
+    /// and the shakes served at 90% of the rate asked, in a second at or after the heal;
+    /// none if that never happened in its window.
+    pub whole_after_secs: Option<u64>,
+}
+
+impl ChaosFault {
+    /// The cost of fault `done`, judged over `rows` (the load's per-second rows, in
+    /// order) from its start's second to `window_end` (exclusive), with `users` users.
+    pub fn judge(done: &Done, rows: &[Row], epoch_ms: u64, window_end: u64, users: u64) -> Self {
+        let second_of = |ms: u64| ms.saturating_sub(epoch_ms) / 1000;
+        let (start, end) = (second_of(done.start_unix_ms), second_of(done.end_unix_ms));
+        let mut fault = ChaosFault {
+            kind: done.fault.name().to_string(),
+            what: done.what.clone(),
+            start_second: start,
+            end_second: end,
+            ..ChaosFault::default()
+        };
+        let Some(before) = rows.iter().rev().find(|r| r.second < start) else {
+            return fault;
+        };
+        let mut prev = before;
+        for r in rows
+            .iter()
+            .filter(|r| r.second >= start && r.second < window_end)
+        {
+            let (c, p) = (&r.counters, &prev.counters);
+            let served = (c.won + c.nothing).saturating_sub(p.won + p.nothing);
+            let reduced = served * 10 < r.target_qps * 9;
+            fault.reduced_secs += u64::from(reduced);
+            fault.dropped += c.disconnects.saturating_sub(p.disconnects);
+            fault.error_replies += c.error_replies.saturating_sub(p.error_replies);
+            if fault.whole_after_secs.is_none()
+                && r.second >= end
+                && !reduced
+                && r.logged_in >= users
+            {
+                fault.whole_after_secs = Some(r.second - start + 1);
+            }
+            prev = r;
+        }
+        fault
+    }
+}
+
+/// Every fault done, judged: each over the seconds to the next one's start, the last to
+/// `last_second` (inclusive).
+pub fn summarize(
+    opts: &ChaosOptions,
+    done: &[Done],
+    rows: &[Row],
+    epoch_ms: u64,
+    last_second: u64,
+    users: u64,
+) -> ChaosSummary {
+    let starts: Vec<u64> = done
+        .iter()
+        .map(|d| d.start_unix_ms.saturating_sub(epoch_ms) / 1000)
+        .collect();
+    let faults = done
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let window_end = starts.get(i + 1).copied().unwrap_or(last_second + 1);
+            ChaosFault::judge(d, rows, epoch_ms, window_end, users)
+        })
+        .collect();
+    ChaosSummary {
+        seed: opts.seed,
+        every_secs: opts.every_secs,
+        kinds: opts.faults.iter().map(|f| f.name().to_string()).collect(),
+        faults,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Counters;
+
+    fn opts(seed: u64) -> ChaosOptions {
+        ChaosOptions {
+            seed,
+            every_secs: 10.0,
+            faults: ChaosOptions::default_faults(2),
+        }
+    }
+
+    #[test]
+    fn the_schedule_is_the_seeds_and_every_kind_comes_each_round() {
+        let a: Vec<Planned> = schedule(&opts(7)).take(21).collect();
+        let b: Vec<Planned> = schedule(&opts(7)).take(21).collect();
+        let c: Vec<Planned> = schedule(&opts(8)).take(21).collect();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let kinds = opts(7).faults;
+        for round in a.chunks(kinds.len()) {
+            for k in &kinds {
+                assert_eq!(round.iter().filter(|p| p.fault == *k).count(), 1, "{k:?}");
+            }
+        }
+        assert!(a.iter().all(|p| (5.0..=15.0).contains(&p.gap_secs)));
+        assert_eq!(
+            schedule(&ChaosOptions {
+                faults: vec![],
+                ..opts(1)
+            })
+            .count(),
+            0
+        );
+    }
+
+    fn row(second: u64, served: u64, logged_in: u64, disconnects: u64, errors: u64) -> Row {
+        Row {
+            second,
+            target_qps: 100,
+            logged_in,
+            counters: Counters {
+                won: served,
+                disconnects,
+                error_replies: errors,
+                ..Counters::default()
+            },
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn a_fault_is_judged_over_its_window() {
+        // Cumulative counters: 100 served a second, then a fault in second 3 drops 5
+        // users and costs two slow seconds; whole again in second 5.
+        let rows = [
+            row(1, 100, 10, 0, 0),
+            row(2, 200, 10, 0, 0),
+            row(3, 240, 5, 5, 3),
+            row(4, 300, 8, 5, 4),
+            row(5, 400, 10, 5, 4),
+            row(6, 500, 10, 5, 4),
+        ];
+        let done = Done {
+            fault: Fault::WorkerKill,
+            what: "killed".into(),
+            start_unix_ms: 3_200,
+            end_unix_ms: 4_100,
+        };
+        let f = ChaosFault::judge(&done, &rows, 0, 7, 10);
+        assert_eq!((f.start_second, f.end_second), (3, 4));
+        assert_eq!((f.dropped, f.reduced_secs, f.error_replies), (5, 2, 4));
+        assert_eq!(f.whole_after_secs, Some(3));
+        // Cut short by the next fault in second 5: never whole in its window.
+        let f = ChaosFault::judge(&done, &rows, 0, 5, 10);
+        assert_eq!(f.whole_after_secs, None);
+    }
+}

@@ -1,0 +1,177 @@
+//! Faults done to the bench's server: what each fault does, and, for the chaos schedule
+//! (`chaos`), how it is healed before the next — a killed gateway host or Redis node
+//! started again, a killed worker replaced (by the supervisor) — so that faults one after
+//! another each meet a whole system.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::options::{Fault, RedisAim, WORKER_STALL};
+
+/// How long a killed gateway host stays down before chaos starts it again.
+const GATEWAY_DOWN: Duration = Duration::from_secs(5);
+/// How long a heal may take before the fault is written down as not healed.
+const HEAL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What can do faults to the server: its lab (with `--hosts`) and its admin API (the
+/// workers' ids). Cheap to clone, for a thread of its own.
+#[derive(Clone)]
+pub(crate) struct Injector {
+    pub(super) lab: Option<Arc<Mutex<hongbao_lab::Lab>>>,
+    pub(super) admin: SocketAddr,
+}
+
+impl Injector {
+    /// Does `fault` now and says what was done. `target` picks the worker or gateway
+    /// host (modulo their number); with `heal`, what the fault took down is brought back
+    /// before this returns.
+    pub fn inject(&self, fault: Fault, target: usize, heal: bool) -> String {
+        match fault {
+            Fault::WorkerStall => self.stall_worker(target),
+            Fault::WorkerKill => self.kill_worker(target),
+            _ => match &self.lab {
+                Some(lab) => in_lab(&mut lab.lock().unwrap(), fault, target, heal),
+                None => format!("{}: needs --hosts", fault.name()),
+            },
+        }
+    }
+
+    /// The ids of the server's workers (`/v1/stats`), in their order.
+    fn worker_pids(&self) -> Vec<u64> {
+        let url = format!("http://{}/v1/stats", self.admin);
+        let stats: Option<Value> = ureq::get(&url)
+            .timeout(Duration::from_secs(5))
+            .call()
+            .ok()
+            .and_then(|r| r.into_json().ok());
+        stats
+            .and_then(|s| {
+                s["workers"].as_array().map(|ws| {
+                    ws.iter()
+                        .filter_map(|w| w["pid"].as_u64())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// A gateway worker stopped for [`WORKER_STALL`] (SIGSTOP, then SIGCONT).
+    fn stall_worker(&self, target: usize) -> String {
+        let pids = self.worker_pids();
+        let Some(&pid) = pids.get(target % pids.len().max(1)) else {
+            return "no worker to stop: /v1/stats named none".to_string();
+        };
+        // SAFETY: signals to a process of our own server, by its id.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        std::thread::sleep(WORKER_STALL);
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        format!(
+            "stopped gateway worker {pid} for {} ms (SIGSTOP, then SIGCONT)",
+            WORKER_STALL.as_millis()
+        )
+    }
+
+    /// A gateway worker SIGKILLed; healed when the supervisor has started its
+    /// replacement (a new id in its place in `/v1/stats`).
+    fn kill_worker(&self, target: usize) -> String {
+        let pids = self.worker_pids();
+        let Some(&pid) = pids.get(target % pids.len().max(1)) else {
+            return "no worker to kill: /v1/stats named none".to_string();
+        };
+        let t = Instant::now();
+        // SAFETY: a signal to a process of our own server, by its id.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        while t.elapsed() < HEAL_TIMEOUT {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = self.worker_pids();
+            if now.len() == pids.len() && !now.contains(&pid) {
+                return format!(
+                    "killed gateway worker {pid} (SIGKILL); its replacement was up after {:.1} s",
+                    t.elapsed().as_secs_f64()
+                );
+            }
+        }
+        format!("killed gateway worker {pid} (SIGKILL); no replacement in {HEAL_TIMEOUT:?}")
+    }
+}
+
+/// The faults of a lab.
+fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -> String {
+    match fault {
+        Fault::Gateway => {
+            // Without a target (a single --fault) the last host, as always.
+            let i = if heal {
+                target % lab.gateways.len()
+            } else {
+                lab.gateways.len() - 1
+            };
+            lab.kill_gateway(i);
+            let name = lab.gateways[i].host.name.clone();
+            if !heal {
+                return format!("killed every process of gateway host {name}");
+            }
+            std::thread::sleep(GATEWAY_DOWN);
+            match lab.start_gateway(i) {
+                Ok(()) => format!(
+                    "killed every process of gateway host {name}; started it again {} s later",
+                    GATEWAY_DOWN.as_secs()
+                ),
+                Err(e) => format!("killed gateway host {name}; starting it again: {e:#}"),
+            }
+        }
+        Fault::RedisMaster(aim) => match aimed_master(lab, aim) {
+            Ok(addr) => {
+                let t = Instant::now();
+                lab.kill_redis(addr);
+                let failover = match lab.wait_redis_whole(Some(addr), HEAL_TIMEOUT) {
+                    Ok(()) => format!(
+                        "killed the Redis master {addr}; the cluster was whole again after {:.1} s",
+                        t.elapsed().as_secs_f64()
+                    ),
+                    Err(e) => return format!("killed the Redis master {addr}; {e:#}"),
+                };
+                if !heal {
+                    return failover;
+                }
+                match lab.restart_redis(addr, HEAL_TIMEOUT) {
+                    Ok(()) => format!(
+                        "{failover}; the node rejoined as a replica after {:.1} s",
+                        t.elapsed().as_secs_f64()
+                    ),
+                    Err(e) => format!("{failover}; starting the node again: {e:#}"),
+                }
+            }
+            Err(e) => format!("no Redis master to kill: {e:#}"),
+        },
+        Fault::RedisFreeze(aim) => match aimed_master(lab, aim) {
+            Ok(addr) => {
+                lab.freeze_redis(addr, Duration::from_secs(8));
+                let t = Instant::now();
+                match lab.wait_redis_whole(Some(addr), HEAL_TIMEOUT) {
+                    Ok(()) => format!(
+                        "froze the Redis master {addr} for 8 s (SIGSTOP, then SIGCONT); the cluster was whole without it as master {:.1} s after",
+                        t.elapsed().as_secs_f64()
+                    ),
+                    Err(e) => format!("froze the Redis master {addr} for 8 s; {e:#}"),
+                }
+            }
+            Err(e) => format!("no Redis master to freeze: {e:#}"),
+        },
+        Fault::Postgres => match lab.restart_postgres(Duration::from_secs(2)) {
+            Ok(()) => "stopped PostgreSQL and started it again 2 s later".to_string(),
+            Err(e) => format!("restarting PostgreSQL: {e:#}"),
+        },
+        Fault::WorkerStall | Fault::WorkerKill => unreachable!("a worker's fault needs no lab"),
+    }
+}
+
+/// The Redis master a fault aims at, as the cluster sees it now.
+fn aimed_master(lab: &hongbao_lab::Lab, aim: RedisAim) -> anyhow::Result<Ipv4Addr> {
+    match aim.key() {
+        Some(key) => lab.redis_master_of(key),
+        None => lab.redis_master(),
+    }
+}
