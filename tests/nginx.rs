@@ -1,9 +1,11 @@
 //! nginx in front (docs/nginx.md): `hongbao nginx-conf` writes the configuration, the
 //! real nginx (Debian's, with its stream module) runs it, and money moves through all three
 //! of its doors — the HTTP API over upstream keep-alive, WebSocket through the upgrade,
-//! the binary protocol through the stream proxy — and adds up in the audit.
+//! the binary protocol through the stream proxy — and adds up in the audit. Where nginx
+//! answers before any gateway (a malformed or oversized request, a timeout, no gateway
+//! up), raw requests check that it answers as the gateway would, or as docs/nginx.md says.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -16,6 +18,7 @@ use hongbao_proto::client::Client;
 use hongbao_proto::token;
 use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
 use hongbao_proto::{Message, ResultCode};
+use hongbao_server::nginx::OWN_ANSWERS;
 use serde_json::{json, Value};
 
 const SECRET: &str = "nginx-test-secret";
@@ -137,6 +140,20 @@ impl Drop for Nginx {
             eprintln!("----- nginx stderr -----\n{}-----", self.log());
         }
     }
+}
+
+/// `hongbao nginx-conf ARGS` for one nginx worker with its files under `prefix`: the
+/// configuration file it wrote.
+fn write_conf(prefix: &Path, args: &[&str]) -> PathBuf {
+    let conf = prefix.join("nginx.conf");
+    let mut all = vec!["nginx-conf"];
+    all.extend(args);
+    all.extend(["--worker-processes", "1"]);
+    all.extend(["--prefix", prefix.to_str().unwrap()]);
+    all.extend(["--out", conf.to_str().unwrap()]);
+    let mut generate = Hongbao::spawn("nginx-conf", &all);
+    assert!(generate.wait_exit(Duration::from_secs(10)).success());
+    conf
 }
 
 fn bearer(user: u64) -> String {
@@ -295,12 +312,10 @@ fn money_moves_through_every_door_of_nginx_and_adds_up() {
 
     // The configuration, written by the real subcommand.
     let prefix = dir.path().join("nginx");
-    let conf = prefix.join("nginx.conf");
     let (http, wsock, tcp, static_200) = (free_port(), free_port(), free_port(), free_port());
-    let mut generate = Hongbao::spawn(
-        "nginx-conf",
+    let conf = write_conf(
+        &prefix,
         &[
-            "nginx-conf",
             "--http-listen",
             &http.to_string(),
             "--http-upstream",
@@ -315,15 +330,8 @@ fn money_moves_through_every_door_of_nginx_and_adds_up() {
             &gw_tcp,
             "--static-listen",
             &static_200.to_string(),
-            "--worker-processes",
-            "1",
-            "--prefix",
-            prefix.to_str().unwrap(),
-            "--out",
-            conf.to_str().unwrap(),
         ],
     );
-    assert!(generate.wait_exit(Duration::from_secs(10)).success());
     let mut nginx = Nginx::start(&prefix, &conf);
     nginx.wait_listening(&[http, wsock, tcp, static_200]);
     let agent = ureq::AgentBuilder::new().timeout(IO_TIMEOUT).build();
@@ -491,5 +499,433 @@ fn nginx_conf_refuses_a_plan_with_nothing_in_it() {
         wait_until(complaint, Duration::from_secs(5), || {
             run.stderr.lock().unwrap().contains(complaint).then_some(())
         });
+    }
+}
+
+/// What came back on one connection for a request written as raw bytes.
+#[derive(Debug)]
+struct RawAnswer {
+    /// The status; `None` for an answer without a head (HTTP/0.9's).
+    status: Option<u16>,
+    head: String,
+    /// The body as JSON (`Null` when it is not JSON).
+    body: Value,
+    /// The connection ended after the answer (closed or reset).
+    closed: bool,
+}
+
+impl RawAnswer {
+    /// An error answer in the gateway's form: JSON with `result` and an `error` text,
+    /// sent as JSON.
+    fn assert_gateway_form(&self, what: &str, status: Option<u16>, result: &str) {
+        assert_eq!(self.status, status, "{what}: {self:?}");
+        assert_eq!(self.body["result"], result, "{what}: {self:?}");
+        assert!(
+            self.body["error"].is_string(),
+            "{what}: no error text in {self:?}"
+        );
+        if self.status.is_some() {
+            assert!(
+                self.head
+                    .to_ascii_lowercase()
+                    .contains("content-type: application/json"),
+                "{what}: {self:?}"
+            );
+        }
+    }
+}
+
+/// Writes `request` on a new connection to `addr` and reads the one answer, waiting at
+/// most `wait` for it; then whether the connection ends (half a second).
+fn exchange(addr: SocketAddr, request: &[u8], wait: Duration) -> RawAnswer {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(wait)).unwrap();
+    // nginx may answer and close before it has read everything: the answer is what counts.
+    let _ = stream.write_all(request);
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    let mut closed = false;
+    let mut wanted = None;
+    loop {
+        if wanted.is_none() && got.starts_with(b"HTTP/") {
+            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                wanted = Some(end + 4 + length);
+            }
+        }
+        if wanted.is_some_and(|n| got.len() >= n) {
+            break;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {
+                closed = true;
+                break;
+            }
+            Err(e) => panic!("no answer from {addr} in {wait:?}: {e}; got {got:?}"),
+        }
+    }
+    if !closed {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        closed = match stream.read(&mut chunk) {
+            Ok(0) => true,
+            Ok(n) => panic!("more than one answer: {:?}", &chunk[..n]),
+            Err(e) => e.kind() == ErrorKind::ConnectionReset,
+        };
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let (status, head, body) = match text.split_once("\r\n\r\n") {
+        Some((head, body)) if text.starts_with("HTTP/") => (
+            head.split_whitespace().nth(1).and_then(|s| s.parse().ok()),
+            head.to_string(),
+            body.to_string(),
+        ),
+        _ => (None, String::new(), text),
+    };
+    RawAnswer {
+        status,
+        head,
+        body: serde_json::from_str(&body).unwrap_or(Value::Null),
+        closed,
+    }
+}
+
+/// A head trickled a byte a second never becomes a request: nginx closes the connection
+/// without an answer (it has none for a timeout) `client_header_timeout` after the
+/// connect. How long that took.
+fn trickle_head(addr: SocketAddr) -> Duration {
+    let start = Instant::now();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    stream
+        .write_all(b"GET /v1/ping HTTP/1.1\r\nHost: a\r\nX-Slow: ")
+        .unwrap();
+    let mut chunk = [0u8; 1024];
+    loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(14),
+            "nginx still reads a trickled head after 14 s"
+        );
+        match stream.read(&mut chunk) {
+            Ok(0) => return start.elapsed(),
+            Ok(n) => panic!(
+                "nginx answered a trickled head: {}",
+                String::from_utf8_lossy(&chunk[..n])
+            ),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return start.elapsed(),
+        }
+        if stream.write_all(b"x").is_err() {
+            return start.elapsed();
+        }
+    }
+}
+
+/// An HTTP-only gateway (one worker): the process and its `--http-listen` address.
+fn serve_http(data: &Path) -> (Hongbao, String) {
+    let serve = Hongbao::spawn(
+        "serve",
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--secret",
+            SECRET,
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+    );
+    let ready = serve.ready_line("hongbao serve ready: ");
+    let http = field(&ready, "http");
+    (serve, http)
+}
+
+/// Who answers a raw request sent through nginx.
+#[derive(Clone, Copy)]
+enum By {
+    /// nginx itself: its answer for the status in `OWN_ANSWERS`, word for word (an
+    /// HTTP/0.9 request gets the 400's body, without a head).
+    Nginx,
+    /// The gateway, with this `result`.
+    Gateway(&'static str),
+}
+
+/// One raw request and what comes back through nginx.
+struct Case {
+    what: &'static str,
+    request: Vec<u8>,
+    status: Option<u16>,
+    by: By,
+    /// Whether the connection ends after the answer.
+    closes: bool,
+}
+
+impl Case {
+    fn check(&self, answer: &RawAnswer) {
+        let what = self.what;
+        let result = match self.by {
+            By::Nginx => {
+                let status = self.status.unwrap_or(400);
+                let own = OWN_ANSWERS
+                    .iter()
+                    .find(|a| a.status == status)
+                    .unwrap_or_else(|| panic!("{what}: nginx has no answer for {status}"));
+                let expected: Value = serde_json::from_str(&own.body()).unwrap();
+                assert_eq!(answer.body, expected, "{what}: {answer:?}");
+                own.result.name()
+            }
+            By::Gateway(result) => result,
+        };
+        answer.assert_gateway_form(what, self.status, result);
+        assert_eq!(answer.closed, self.closes, "{what}: {answer:?}");
+    }
+}
+
+#[test]
+fn nginx_answers_as_the_gateway_where_it_answers_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (serve, gw_http) = serve_http(&dir.path().join("data"));
+    // The prefix lies in a directory only its owner may enter: run as root, nginx's workers
+    // (nobody) could not write a temp file there, so a body nginx tried to spool would be
+    // a 500, as it once was.
+    let prefix = dir.path().join("nginx");
+    let http = free_port();
+    let conf = write_conf(
+        &prefix,
+        &[
+            "--http-listen",
+            &http.to_string(),
+            "--http-upstream",
+            &gw_http,
+        ],
+    );
+    let mut nginx = Nginx::start(&prefix, &conf);
+    nginx.wait_listening(&[http]);
+
+    let post = |headers: &str, body: &[u8]| {
+        let mut request =
+            format!("POST /v1/chat HTTP/1.1\r\nHost: a\r\n{headers}\r\n").into_bytes();
+        request.extend_from_slice(body);
+        request
+    };
+    let get =
+        |line: &str, headers: &str| format!("{line}\r\nHost: a\r\n{headers}\r\n").into_bytes();
+    let long = "x".repeat(9000);
+    let seventy_kb = vec![b'x'; 70_000];
+    let mut chunked_70kb = Vec::new();
+    for _ in 0..7 {
+        chunked_70kb.extend_from_slice(b"2710\r\n");
+        chunked_70kb.extend_from_slice(&[b'x'; 10_000]);
+        chunked_70kb.extend_from_slice(b"\r\n");
+    }
+    chunked_70kb.extend_from_slice(b"0\r\n\r\n");
+    // 60 KB in chunks of a byte: 360 KB on the wire, more than any buffer nginx holds.
+    let mut tiny_chunks = b"1\r\nx\r\n".repeat(60_000);
+    tiny_chunks.extend_from_slice(b"0\r\n\r\n");
+    let many_headers: String = (0..70).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let case = |what, request, status, by, closes| Case {
+        what,
+        request,
+        status,
+        by,
+        closes,
+    };
+    let cases = [
+        // Refused by nginx before any gateway, as the gateway refuses them.
+        case(
+            "two different Content-Lengths",
+            post("Content-Length: 2\r\nContent-Length: 3\r\n", b"{}"),
+            Some(400),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "Content-Length with chunked",
+            post(
+                "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+                b"0\r\n\r\n",
+            ),
+            Some(400),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "a malformed request line",
+            get("G@T /v1/ping HTTP/1.1", ""),
+            Some(400),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "an HTTP version other than 1.x",
+            get("GET /v1/ping HTTP/2.0", ""),
+            Some(400),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "a bad chunk size",
+            post("Transfer-Encoding: chunked\r\n", b"zz\r\n"),
+            Some(400),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "an unsupported transfer coding",
+            post("Transfer-Encoding: gzip\r\n", b""),
+            Some(501),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "a 9,000-byte header",
+            get("GET /v1/ping HTTP/1.1", &format!("X-Big: {long}\r\n")),
+            Some(431),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "a 9,000-byte URL",
+            get(&format!("GET /v1/ping?{long} HTTP/1.1"), ""),
+            Some(431),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "a 70 KB body",
+            post("Content-Length: 70000\r\n", &seventy_kb),
+            Some(413),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "a 70 KB chunked body",
+            post("Transfer-Encoding: chunked\r\n", &chunked_70kb),
+            Some(413),
+            By::Nginx,
+            true,
+        ),
+        // Where nginx differs from the gateway (docs/nginx.md).
+        case(
+            "two equal Content-Lengths",
+            post("Content-Length: 2\r\nContent-Length: 2\r\n", b"{}"),
+            Some(400),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "TRACE",
+            get("TRACE / HTTP/1.1", ""),
+            Some(405),
+            By::Nginx,
+            true,
+        ),
+        case(
+            "HTTP/0.9 (no version)",
+            b"GET /v1/ping\r\n".to_vec(),
+            None,
+            By::Nginx,
+            true,
+        ),
+        case(
+            "nginx's own answer paths",
+            get("GET /.nginx-answer/400 HTTP/1.1", ""),
+            Some(404),
+            By::Nginx,
+            false,
+        ),
+        case(
+            "70 headers: the gateway's 431, and nginx keeps the connection",
+            get("GET /v1/ping HTTP/1.1", &many_headers),
+            Some(431),
+            By::Gateway("bad-request"),
+            false,
+        ),
+        // Passed on whole, from memory: a 500 here would be a body nginx tried to spool.
+        case(
+            "60 KB in 1-byte chunks",
+            post("Transfer-Encoding: chunked\r\n", &tiny_chunks),
+            Some(401),
+            By::Gateway("bad-token"),
+            false,
+        ),
+    ];
+
+    std::thread::scope(|s| {
+        // The two timeouts take about 10 s each: they run alongside the rest.
+        let head = s.spawn(|| trickle_head(http));
+        let body = s.spawn(|| {
+            let start = Instant::now();
+            let answer = exchange(
+                http,
+                &post("Content-Length: 10\r\n", b"{\""),
+                Duration::from_secs(14),
+            );
+            (start.elapsed(), answer)
+        });
+
+        for case in &cases {
+            case.check(&exchange(http, &case.request, IO_TIMEOUT));
+        }
+
+        let took = head.join().unwrap();
+        assert!(
+            (Duration::from_secs(9)..Duration::from_secs(12)).contains(&took),
+            "a trickled head was cut after {took:?}, not client_header_timeout (10 s)"
+        );
+        // The stalled body: nginx passed the head on as it came, so the gateway's deadline
+        // runs, and its 408 reaches the client before nginx's own (silent) body timeout.
+        let (took, answer) = body.join().unwrap();
+        answer.assert_gateway_form("a stalled body", Some(408), "bad-request");
+        assert!(answer.closed, "{answer:?}");
+        assert!(
+            took < Duration::from_secs(12),
+            "a stalled body took {took:?} to refuse"
+        );
+    });
+
+    // No gateway: nginx's 502, in the gateway's form ("try again later").
+    drop(serve);
+    wait_until(
+        "nginx's 502 without a gateway",
+        Duration::from_secs(15),
+        || {
+            let answer = exchange(http, &get("GET /v1/ping HTTP/1.1", ""), IO_TIMEOUT);
+            (answer.status == Some(502)).then_some(answer)
+        },
+    )
+    .assert_gateway_form("no gateway", Some(502), "unavailable");
+    drop(nginx);
+}
+
+#[test]
+fn nginx_md_lists_every_answer_nginx_gives_itself() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/nginx.md")).unwrap();
+    for answer in OWN_ANSWERS {
+        assert!(
+            doc.contains(answer.error),
+            "docs/nginx.md does not give nginx's {} answer {:?}",
+            answer.status,
+            answer.error
+        );
     }
 }

@@ -51,42 +51,44 @@ pub struct Plan {
 /// The gateway's largest request body (`MAX_BODY` in `worker/http.rs`).
 const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// How long after the gateway's own deadline for a whole request nginx gives up on a
-/// body that stalls. nginx passes bodies on as they arrive, so the gateway's deadline
-/// (counted in whole seconds from the request's first byte) runs on them and it answers
-/// 408; nginx's own timeout would only close the connection without a word.
+/// How long past the gateway's deadline for a whole request nginx waits on a body that
+/// has stopped coming. nginx passes bodies on as they arrive, so the gateway's deadline
+/// (whole seconds from the request's first byte) runs on them too, and the gateway answers
+/// 408; nginx's own timeout would close the connection without a word.
 const BODY_STALL_GRACE_SECS: u32 = 2;
 
-/// Where nginx's own answers live: an internal location each. A URI, not a named
-/// location: a request whose request line did not parse has no URI, and nginx cannot
+/// Where nginx's own answers live, an internal location each. A URI, not a named
+/// location: a request whose request line did not parse has no URI, and nginx will not
 /// send it to a named location ("empty URI in redirect to named location").
 const ANSWER_PATH: &str = "/.nginx-answer/";
 
 /// An answer nginx gives itself, in the gateway's form, where it would send an HTML page.
 #[derive(Debug, Clone, Copy)]
 pub struct OwnAnswer {
-    /// The statuses nginx gives the cases answered this way.
+    /// nginx's statuses for the cases it answers this way.
     pub nginx_statuses: &'static [u16],
     /// The status the client gets.
     pub status: u16,
     /// `bad-request` for a refused request, `unavailable` for "try again later".
     pub result: ResultCode,
-    /// What was wrong: the gateway's words where the case is one the gateway refuses
-    /// the same way.
+    /// What was wrong: the gateway's words where the gateway refuses the case the same
+    /// way.
     pub error: &'static str,
 }
+
+/// A request nginx cannot read; also its answer to HTTP/0.9. 505 is a request line with a
+/// version other than HTTP/1.x, malformed (400) to the gateway too.
+const MALFORMED: OwnAnswer = OwnAnswer {
+    nginx_statuses: &[400, 505],
+    status: 400,
+    result: ResultCode::BadRequest,
+    error: "malformed request: refused by nginx in front of the gateway",
+};
 
 /// Every status nginx answers with itself on the HTTP door, but 408: nginx never answers
 /// a timeout, it closes the connection.
 pub const OWN_ANSWERS: &[OwnAnswer] = &[
-    OwnAnswer {
-        // 505: a request line with a version other than HTTP/1.x; the gateway calls that
-        // malformed (400) too.
-        nginx_statuses: &[400, 505],
-        status: 400,
-        result: ResultCode::BadRequest,
-        error: "malformed request: refused by nginx in front of the gateway",
-    },
+    MALFORMED,
     OwnAnswer {
         // Only nginx's own answer paths: every other path goes to a gateway.
         nginx_statuses: &[404],
@@ -107,8 +109,8 @@ pub const OWN_ANSWERS: &[OwnAnswer] = &[
         error: "request body over 65536 bytes",
     },
     OwnAnswer {
-        // 494 is nginx's own code for a header line or a head too large, 414 for a
-        // request line; the gateway answers both 431.
+        // 494 is nginx's own code for a header line or a head too large (it would send
+        // 400), 414 for a request line; the gateway answers both 431.
         nginx_statuses: &[414, 494],
         status: 431,
         result: ResultCode::BadRequest,
@@ -165,37 +167,31 @@ impl OwnAnswer {
 /// The HTTP API's server block: the gateway's limits, nginx's own answers in the gateway's
 /// form, and the proxy to the gateways with upstream keep-alive.
 fn http_server(out: &mut String, listen: SocketAddr) {
-    let gateway = ServeConfig::default();
-    let _ = writeln!(out, "    server {{\n        listen {listen} reuseport;");
-    out.push_str(
-        "        # The gateway's limits (docs/http-api.md): nginx refuses first what the gateway\n        # would refuse, and answers in its form (docs/nginx.md).\n",
-    );
-    let _ = writeln!(
+    let header_secs = ServeConfig::default().login_timeout_secs;
+    let body_secs = header_secs + BODY_STALL_GRACE_SECS;
+    let (body_k, head_k) = (MAX_BODY_BYTES / 1024, MAX_HEAD_LEN / 1024);
+    let head_max_k = head_k + 1;
+    let _ = write!(
         out,
-        "        client_max_body_size {}k;",
-        MAX_BODY_BYTES / 1024
-    );
-    out.push_str(
-        "        # Bodies go on to the gateway as they arrive, through one buffer in memory: never\n        # into a temp file (which nginx's workers may not be allowed to write).\n        proxy_request_buffering off;\n",
-    );
-    let _ = writeln!(
-        out,
-        "        client_body_buffer_size {}k;",
-        MAX_BODY_BYTES / 1024
-    );
-    out.push_str(
-        "        # Answers too: a slow reader is waited for, not spooled to disk.\n        proxy_max_temp_file_size 0;\n",
-    );
-    let _ = writeln!(
-        out,
-        "        # A head over {MAX_HEAD_LEN} bytes: the first 1 KiB, then one buffer of {MAX_HEAD_LEN}, no more.\n        client_header_buffer_size 1k;\n        large_client_header_buffers 1 {}k;",
-        MAX_HEAD_LEN / 1024
-    );
-    let _ = writeln!(
-        out,
-        "        client_header_timeout {}s;\n        # Past the gateway's 408 for a request not whole in time.\n        client_body_timeout {}s;",
-        gateway.login_timeout_secs,
-        gateway.login_timeout_secs + BODY_STALL_GRACE_SECS
+        "    server {{
+        listen {listen} reuseport;
+        # The gateway's limits (docs/http-api.md): nginx refuses first what the gateway
+        # would refuse, and answers in its form (docs/nginx.md).
+        client_max_body_size {body_k}k;
+        # Bodies go on to the gateway as they arrive, from one buffer in memory: never
+        # through a temp file (which nginx's workers may not be allowed to write).
+        proxy_request_buffering off;
+        client_body_buffer_size {body_k}k;
+        # Answers too: a slow reader is waited for, not spooled to disk.
+        proxy_max_temp_file_size 0;
+        # A head of {MAX_HEAD_LEN} bytes always fits (a first buffer of 1 KiB, then one of
+        # {head_k} KiB for the line under way and the rest); one over {head_max_k} KiB never does.
+        client_header_buffer_size 1k;
+        large_client_header_buffers 1 {head_k}k;
+        client_header_timeout {header_secs}s;
+        # After the gateway's 408 for a request not whole in {header_secs} s.
+        client_body_timeout {body_secs}s;
+"
     );
     for answer in OWN_ANSWERS {
         let statuses: Vec<String> = answer.nginx_statuses.iter().map(u16::to_string).collect();
@@ -207,20 +203,36 @@ fn http_server(out: &mut String, listen: SocketAddr) {
             answer.location()
         );
     }
-    out.push_str("        location / {\n            proxy_pass http://hongbao_http;\n            proxy_http_version 1.1;\n            # Upstream keep-alive: the connection is nginx's, not the client's.\n            proxy_set_header Connection \"\";\n            proxy_set_header Host $host;\n");
-    // Here, not at the server level: a request whose request line did not parse has no
-    // protocol either, and on its way to its error page it would be caught by this too.
-    let malformed = &OWN_ANSWERS[0];
-    let _ = writeln!(
+    // The HTTP/0.9 check sits in the location, not the server: a request whose request
+    // line did not parse has no protocol either, and on its way to its error page the
+    // server's rewrites would catch it too.
+    let _ = write!(
         out,
-        "            # HTTP/0.9 (a request line without a version) is malformed to the gateway;\n            # nginx answers it without a head, as HTTP/0.9 has none.\n            if ($server_protocol = \"\") {{\n                return {} '{}';\n            }}\n        }}",
-        malformed.status,
-        malformed.body()
+        "        location / {{
+            proxy_pass http://hongbao_http;
+            proxy_http_version 1.1;
+            # Upstream keep-alive: the connection is nginx's, not the client's.
+            proxy_set_header Connection \"\";
+            proxy_set_header Host $host;
+            # HTTP/0.9 (a request line without a version) is malformed to the gateway;
+            # nginx answers it without a head, as HTTP/0.9 has none.
+            if ($server_protocol = \"\") {{
+                return {} '{}';
+            }}
+        }}
+",
+        MALFORMED.status,
+        MALFORMED.body()
     );
     for answer in OWN_ANSWERS {
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "        location = {} {{\n            internal;\n            default_type application/json;\n            return {} '{}';\n        }}",
+            "        location = {} {{
+            internal;
+            default_type application/json;
+            return {} '{}';
+        }}
+",
             answer.location(),
             answer.status,
             answer.body()
@@ -338,6 +350,13 @@ mod tests {
             "listen 127.0.0.1:8000 reuseport;",
             "return 200",
             "pid /tmp/ngx/nginx.pid;",
+            "client_max_body_size 64k;",
+            "proxy_request_buffering off;",
+            "large_client_header_buffers 1 8k;",
+            "client_header_timeout 10s;",
+            "client_body_timeout 12s;",
+            "error_page 414 494 =431 /.nginx-answer/431;",
+            "location = /.nginx-answer/431 {",
         ] {
             assert!(conf.contains(needle), "{needle} missing from\n{conf}");
         }
@@ -350,5 +369,32 @@ mod tests {
             ..plan
         });
         assert!(!only_http.contains("stream {") && !only_http.contains("load_module"));
+    }
+
+    #[test]
+    fn own_answers_are_the_gateways_form_and_fit_in_nginx_quotes() {
+        let mut seen = Vec::new();
+        for answer in OWN_ANSWERS {
+            let body = answer.body();
+            let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(json["result"], answer.result.name());
+            assert_eq!(json["error"], answer.error);
+            // Inside nginx's single quotes, ' ends the text, \ escapes and $ names a
+            // variable.
+            assert!(!body.contains(['\'', '\\', '$']), "{body}");
+            for status in answer.nginx_statuses {
+                assert!(!seen.contains(status), "{status} answered twice");
+                seen.push(*status);
+            }
+        }
+        let said = |status: u16| {
+            OWN_ANSWERS
+                .iter()
+                .find(|a| a.status == status)
+                .unwrap()
+                .error
+        };
+        assert!(said(413).contains(&MAX_BODY_BYTES.to_string()));
+        assert!(said(431).contains(&MAX_HEAD_LEN.to_string()));
     }
 }
