@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The same-client sitting (docs/BENCHMARKS.md, issue 28): the floor's bare-C open-loop
+# client against the floor's echo server and against `hongbao serve` — without a campaign
+# and with a 200/s shake campaign — at CONNS connections and RATE shakes a second, for
+# SECS seconds, ROUNDS rounds alternated. One client, several servers: the differences are
+# the servers'. Each hongbao server starts on a fresh ledger at nice 0 with the bench's
+# settings (--max-queue-ms 200 --max-shake-qps 100000), and the script prints the
+# floor's result line for each (non-winning and won shakes' percentiles, the server's CPU
+# per request).
+#
+#   scripts/same-client.sh CONNS RATE [SECS] [ROUNDS] [BINARY...]   (root; release build)
+#
+# With several BINARYs (default: target/release/hongbao) each round runs each of them,
+# in order, so two builds are held against each other in one sitting.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+conns=$1 rate=$2 secs=${3:-20} rounds=${4:-2}
+shift $(( $# < 4 ? $# : 4 ))
+bins=("$@")
+[ ${#bins[@]} -gt 0 ] || bins=("$PWD/target/release/hongbao")
+floor=${FLOOR:-../shared/floor/run.sh}
+port=7180 admin=7181 secret=same-client-secret
+echo "7180-7181,8900" > /proc/sys/net/ipv4/ip_local_reserved_ports
+
+serve() { # BINARY DIR: starts serve, prints its pid once it is ready
+  "$1" serve --listen 127.0.0.1:$port --admin 127.0.0.1:$admin --secret $secret \
+    --data-dir "$2" --connections "$conns" --max-queue-ms 200 --max-shake-qps 100000 \
+    > "$2.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 100); do grep -q "hongbao serve ready" "$2.log" && break; sleep 0.2; done
+  echo $pid
+}
+
+for round in $(seq "$rounds"); do
+  FLOOR_PORT=8900 bash "$floor" qps "$conns" "$rate" "$secs" | sed "s/^/round $round /"
+  for bin in "${bins[@]}"; do
+    for campaign in none 200; do
+      dir=$(mktemp -d)
+      pid=$(serve "$bin" "$dir/data")
+      if [ "$campaign" != none ]; then
+        curl -s -XPOST "127.0.0.1:$admin/v1/campaigns/shake" \
+          -d "{\"packets\":$(( 200 * (secs + 30 + conns / 20000) )),\"rate_per_sec\":200,\"amount_min\":100,\"amount_max\":500}" > /dev/null
+      fi
+      HB_PORT=$port HB_SECRET=$secret HB_PID=$pid bash "$floor" qps "$conns" "$rate" "$secs" \
+        | sed "s|^|round $round $(basename "$bin") campaign=$campaign |"
+      # Not this shell's child (started in `serve`'s subshell): wait for it to be gone.
+      kill -INT "$pid"
+      for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+      rm -rf "$dir"
+    done
+  done
+done
