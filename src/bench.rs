@@ -197,7 +197,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
                 .split(',')
                 .map(|name| hongbao_load::bench::Fault::parse(name.trim()))
                 .collect::<Result<Vec<_>>>()?,
-            None => hongbao_load::bench::chaos::ChaosOptions::default_faults(opts.hosts),
+            None => hongbao_load::bench::ChaosOptions::default_faults(opts.hosts),
         };
         if faults.is_empty() {
             anyhow::bail!("--chaos-faults names no fault");
@@ -208,7 +208,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
         if opts.hosts < 2 && faults.contains(&hongbao_load::bench::Fault::Gateway) {
             anyhow::bail!("--chaos-faults gateway-kill needs --hosts 2 or more");
         }
-        opts.chaos = Some(hongbao_load::bench::chaos::ChaosOptions {
+        opts.chaos = Some(hongbao_load::bench::ChaosOptions {
             seed,
             every_secs: args.chaos_every,
             faults,

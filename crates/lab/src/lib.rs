@@ -15,8 +15,11 @@
 //! - `postgres`: the lab's PostgreSQL, a throwaway cluster with fsync and synchronous commit;
 //! - `proc`: a process the lab started: stopped with SIGTERM then SIGKILL, or killed as a
 //!   fault, and recorded in the state file;
-//! - `relay`: a TCP relay that lets the hosts reach a service on this machine's loopback.
+//! - `relay`: a TCP relay that lets the hosts reach a service on this machine's loopback;
+//! - `faults`: what is done to a lab's hosts on purpose: a gateway killed, a Redis master
+//!   found (by key), killed, started again or frozen, PostgreSQL restarted.
 
+mod faults;
 pub mod netns;
 pub mod postgres;
 pub mod proc;
@@ -48,7 +51,7 @@ pub const NGINX_HTTP: u16 = 8080;
 pub const NGINX_WS: u16 = 8082;
 
 /// How long a process gets between SIGTERM and SIGKILL.
-const GRACE: Duration = Duration::from_secs(10);
+pub(crate) const GRACE: Duration = Duration::from_secs(10);
 
 /// Sysctls in every gateway and load host (they are per namespace): the same as
 /// `hongbao doctor --apply` sets on the machine.
@@ -304,142 +307,7 @@ impl Lab {
         Some((at(NGINX_TCP), at(NGINX_HTTP), at(NGINX_WS)))
     }
 
-    /// SIGKILLs gateway `i`'s processes: the supervisor, and its workers with it (they
-    /// are its children; a worker whose supervisor is gone exits on its own).
-    pub fn kill_gateway(&mut self, i: usize) {
-        if let Some(mut proc) = self.gateways[i].proc.take() {
-            let children = children_of(proc.pid());
-            proc.kill();
-            for pid in children {
-                // SAFETY: kill(2) on ids read a moment ago as the gateway's children.
-                unsafe {
-                    libc::kill(pid as i32, libc::SIGKILL);
-                }
-            }
-        }
-    }
-
-    /// The Redis nodes not killed.
-    fn live_redis(&self) -> Vec<Ipv4Addr> {
-        self.redis
-            .iter()
-            .filter(|(_, p)| p.is_some())
-            .map(|(h, _)| h.addr)
-            .collect()
-    }
-
-    /// The address of a Redis master (as the cluster sees it now).
-    pub fn redis_master(&self) -> anyhow::Result<Ipv4Addr> {
-        let (first, _) = &self.redis[0];
-        let live = self.live_redis();
-        let witness = live.first().copied().unwrap_or(first.addr);
-        redis::nodes(witness)?
-            .into_iter()
-            .find(|n| n.master && !n.failed && live.contains(&n.addr))
-            .map(|n| n.addr)
-            .context("no live Redis master")
-    }
-
-    /// The address of the live Redis master that serves `key`'s slot now (for faults
-    /// aimed at what a key holds: `{rel}`, the release of campaign packets).
-    pub fn redis_master_of(&self, key: &str) -> anyhow::Result<Ipv4Addr> {
-        let (first, _) = &self.redis[0];
-        let live = self.live_redis();
-        let witness = live.first().copied().unwrap_or(first.addr);
-        let slot: u16 = redis::cli(witness, &["CLUSTER", "KEYSLOT", key])?
-            .trim()
-            .parse()
-            .with_context(|| format!("the slot of {key:?}"))?;
-        redis::nodes(witness)?
-            .into_iter()
-            .find(|n| {
-                n.master && !n.failed && live.contains(&n.addr) && redis::serves(&n.slots, slot)
-            })
-            .map(|n| n.addr)
-            .with_context(|| format!("no live Redis master serves {key:?} (slot {slot})"))
-    }
-
-    /// SIGKILLs the Redis node at `addr`.
-    pub fn kill_redis(&mut self, addr: Ipv4Addr) {
-        for (host, proc) in &mut self.redis {
-            if host.addr == addr {
-                if let Some(mut p) = proc.take() {
-                    p.kill();
-                }
-            }
-        }
-    }
-
-    /// Starts the killed Redis node at `addr` again; it rejoins the cluster as a replica.
-    /// Waits until every node is connected and the cluster is whole.
-    pub fn restart_redis(&mut self, addr: Ipv4Addr, timeout: Duration) -> anyhow::Result<()> {
-        let dir = self.plan.dir.clone();
-        let (i, (host, proc)) = self
-            .redis
-            .iter_mut()
-            .enumerate()
-            .find(|(_, (h, _))| h.addr == addr)
-            .with_context(|| format!("no Redis node at {addr}"))?;
-        if proc.is_none() {
-            *proc = Some(redis::start_node_again(
-                host,
-                &dir.join(format!("redis{}", i + 1)),
-            )?);
-            self.save()?;
-        }
-        let addrs: Vec<Ipv4Addr> = self.redis.iter().map(|(h, _)| h.addr).collect();
-        redis::wait_whole(&addrs, None, timeout)?;
-        let total = addrs.len();
-        redis::wait_until("every Redis node to be connected", timeout, || {
-            redis::nodes(addr).is_ok_and(|ns| ns.len() == total && ns.iter().all(|n| !n.failed))
-        })
-    }
-
-    /// Freezes the Redis node at `addr` (SIGSTOP) for `frozen`, then lets it go on
-    /// (SIGCONT): its connections stay open and silent, as a hung machine's would. Longer
-    /// than the node timeout, its replica takes over and it comes back as a replica.
-    pub fn freeze_redis(&mut self, addr: Ipv4Addr, frozen: Duration) {
-        let pid = self
-            .redis
-            .iter()
-            .find(|(h, p)| h.addr == addr && p.is_some())
-            .and_then(|(_, p)| p.as_ref().map(|p| p.pid() as i32));
-        let Some(pid) = pid else { return };
-        // SAFETY: kill(2) on our running child.
-        unsafe { libc::kill(pid, libc::SIGSTOP) };
-        std::thread::sleep(frozen);
-        // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGCONT) };
-    }
-
-    /// Waits until the Redis Cluster serves every slot again with three masters none of
-    /// which is `gone` (a master killed: its replica has taken over).
-    pub fn wait_redis_whole(
-        &self,
-        gone: Option<Ipv4Addr>,
-        timeout: Duration,
-    ) -> anyhow::Result<()> {
-        let live = self.live_redis();
-        redis::wait_whole(&live, gone, timeout)
-    }
-
-    /// Stops PostgreSQL (fast shutdown: SIGINT aborts open transactions, as a crash
-    /// would, but cleanly) and starts it again after `down`.
-    pub fn restart_postgres(&mut self, down: Duration) -> anyhow::Result<()> {
-        if let Some(mut proc) = self.postgres.1.take() {
-            // SAFETY: kill(2) on our running child.
-            unsafe {
-                libc::kill(proc.pid() as i32, libc::SIGINT);
-            }
-            proc.stop(GRACE);
-        }
-        std::thread::sleep(down);
-        let proc = postgres::start(&self.postgres.0, &self.postgres_dir)?;
-        self.postgres.1 = Some(proc);
-        self.save()
-    }
-
-    fn save(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn save(&mut self) -> anyhow::Result<()> {
         let mut procs = Vec::new();
         procs.extend(self.postgres.1.iter().map(Proc::record));
         procs.extend(

@@ -18,35 +18,8 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::inject::Injector;
-use super::options::Fault;
+use super::options::{ChaosOptions, Fault};
 use crate::coordinator::Row;
-
-/// What `--chaos` asks for.
-#[derive(Debug, Clone)]
-pub struct ChaosOptions {
-    pub seed: u64,
-    /// The mean quiet gap between one fault's heal and the next fault, seconds.
-    pub every_secs: f64,
-    pub faults: Vec<Fault>,
-}
-
-impl ChaosOptions {
-    /// The faults chaos draws from when none are named: every one that fits the server.
-    pub fn default_faults(hosts: usize) -> Vec<Fault> {
-        let mut faults = vec![Fault::WorkerKill, Fault::WorkerStall];
-        if hosts > 0 {
-            use super::options::RedisAim::{First, Release};
-            faults.extend([
-                Fault::Gateway,
-                Fault::RedisMaster(First),
-                Fault::RedisMaster(Release),
-                Fault::RedisFreeze(Release),
-                Fault::Postgres,
-            ]);
-        }
-        faults
-    }
-}
 
 /// One fault of the schedule: the quiet gap before it, which, and the worker or gateway
 /// host it is done to (an index, modulo their number).

@@ -19,83 +19,10 @@
 use std::collections::BTreeMap;
 
 use hongbao_money::seam::{LedgerOp, OpsPage};
-use serde::{Deserialize, Serialize};
 
 use super::server::Server;
-use super::summary::Discrepancy;
+use super::summary::{Discrepancy, Finding, HistorySummary, Operation, Payee};
 use crate::report::{Acked, History};
-
-/// Findings listed in the summary per kind; the rest are only counted.
-const FIRST: usize = 10;
-
-/// The check's result, `summary.json`'s `history` (docs/bench.md).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HistorySummary {
-    /// Nothing missing, mismatched or duplicated.
-    pub ok: bool,
-    /// Wins the clients were told of, and opens (once per user, packet and amount).
-    pub wins_told: u64,
-    pub opens_told: u64,
-    /// What the ledger holds.
-    pub wins_in_ledger: u64,
-    pub opens_in_ledger: u64,
-    /// Told operations the ledger holds exactly once, as told.
-    pub confirmed: u64,
-    /// Told, and not in the ledger at all.
-    pub missing: Findings,
-    /// Told, and in the ledger once, for another user (a win) or another amount.
-    pub mismatched: Findings,
-    /// In the ledger more than once, or told more than once (a packet won twice, a share
-    /// told at two amounts).
-    pub duplicates: Findings,
-    /// In the ledger, told to nobody (a reply lost after its commit): not an error.
-    pub ledger_only: Findings,
-    pub ledger_only_cents: u64,
-}
-
-/// How many operations were found so, and the first few.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Findings {
-    pub count: u64,
-    pub first: Vec<Finding>,
-}
-
-impl Findings {
-    fn add(&mut self, finding: Finding) {
-        self.count += 1;
-        if self.first.len() < FIRST {
-            self.first.push(finding);
-        }
-    }
-}
-
-/// One operation, by its key: what the clients were told of it, and what the ledger holds.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Finding {
-    pub op: Operation,
-    pub packet: u64,
-    pub told: Vec<Payee>,
-    pub ledger: Vec<Payee>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Operation {
-    #[default]
-    Win,
-    Open,
-}
-
-/// Who was paid for an operation, and how much.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Payee {
-    pub user: u64,
-    pub amount_cents: u64,
-}
 
 /// Reads the ledger's wins and opens through `server` and checks the clients' history
 /// `told` against them; a failed check is also a `history` discrepancy of the audit.
@@ -103,11 +30,12 @@ pub(super) fn check(
     server: &Server,
     told: &History,
     discrepancies: &mut Vec<Discrepancy>,
+    say: fn(&str),
 ) -> anyhow::Result<HistorySummary> {
     let (wins, opens) = read_ledger(|path| server.get(path))?;
     let summary = judge(told, &wins, &opens);
     let s = &summary;
-    super::say(&format!(
+    say(&format!(
         "bench: history: {} wins and {} opens told, {} as told in the ledger ({} wins, {} opens); {} missing, {} mismatched, {} duplicated; {} only in the ledger ({} cents): {}",
         s.wins_told, s.opens_told, s.confirmed, s.wins_in_ledger, s.opens_in_ledger,
         s.missing.count, s.mismatched.count, s.duplicates.count, s.ledger_only.count,
@@ -226,6 +154,7 @@ fn by_key(
 
 #[cfg(test)]
 mod tests {
+    use super::super::summary::FIRST;
     use super::*;
     use hongbao_money::seam::OpsCursor;
 

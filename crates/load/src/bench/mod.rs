@@ -43,7 +43,7 @@ use crate::coordinator::{Load, LoadOptions, Row};
 use crate::transport::Transport;
 use broadcaster::{wait_deliveries, Broadcaster};
 pub use options::{
-    BenchOptions, Fault, Preset, RedisAim, DEFAULT_BENCH_BROADCAST_YIELD_MS,
+    BenchOptions, ChaosOptions, Fault, Preset, RedisAim, DEFAULT_BENCH_BROADCAST_YIELD_MS,
     DEFAULT_BENCH_MAX_QUEUE_MS, DEFAULT_NOTICE_POLL_SECS, DEFAULT_OVERLOAD_BACKOFF_SECS,
     DEFAULT_SERVER_NICE, SECRET, WORKER_STALL,
 };
@@ -414,7 +414,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     let final_audit: Audit = server.get("/v1/audit")?;
     // Witness three: every balance the ledger holds, read through the server.
     let balances: Balances = server.get("/v1/balances")?;
-    let history = history::check(&server, &finished.history, &mut discrepancies)?;
+    let history = history::check(&server, &finished.history, &mut discrepancies, say)?;
     let samples = samples.lock().unwrap().clone();
     let engines = match (&engines_before, server.engine_counters()) {
         (Some(before), Some(after)) => {

@@ -74,7 +74,7 @@ pub struct BenchOptions {
     /// With `--hosts`: a failure injected `fault_at_secs` into the first phase.
     pub fault: Option<Fault>,
     /// Faults at random moments through every steady phase (`--chaos SEED`).
-    pub chaos: Option<super::chaos::ChaosOptions>,
+    pub chaos: Option<ChaosOptions>,
     pub fault_at_secs: f64,
     /// HTTP: a keep-alive connection per user, or a connection per request.
     pub http_connection: HttpConnection,
@@ -116,6 +116,33 @@ impl RedisAim {
             RedisAim::First => None,
             RedisAim::Release => Some("{rel}"),
         }
+    }
+}
+
+/// What `--chaos` asks for.
+#[derive(Debug, Clone)]
+pub struct ChaosOptions {
+    pub seed: u64,
+    /// The mean quiet gap between one fault's heal and the next fault, seconds.
+    pub every_secs: f64,
+    pub faults: Vec<Fault>,
+}
+
+impl ChaosOptions {
+    /// The faults chaos draws from when none are named: every one that fits the server.
+    pub fn default_faults(hosts: usize) -> Vec<Fault> {
+        let mut faults = vec![Fault::WorkerKill, Fault::WorkerStall];
+        if hosts > 0 {
+            use RedisAim::{First, Release};
+            faults.extend([
+                Fault::Gateway,
+                Fault::RedisMaster(First),
+                Fault::RedisMaster(Release),
+                Fault::RedisFreeze(Release),
+                Fault::Postgres,
+            ]);
+        }
+        faults
     }
 }
 
