@@ -87,7 +87,8 @@ pub struct BenchArgs {
     chaos_every: f64,
     /// With --chaos: the faults to draw from, comma-separated [default: worker-kill,
     /// worker-stall; with --hosts also gateway-kill, redis-master-kill,
-    /// redis-master-kill:rel, redis-freeze:rel, postgres-restart]
+    /// redis-master-kill:rel, redis-freeze:rel, postgres-restart, partition-redis,
+    /// partition-postgres]
     #[arg(long, value_name = "LIST")]
     chaos_faults: Option<String>,
 }

@@ -466,16 +466,18 @@ fn benches_survive_a_gateway_a_redis_master_and_postgres_failing_mid_run() {
 /// `hongbao bench --hosts 2 --chaos`: one fault of each lab kind at a random moment while
 /// the clients work (a gateway host killed and started again, a Redis master killed —
 /// the one holding the release — and rejoined as a replica, a master frozen, PostgreSQL
-/// restarted), each healed before the next: every packet won, every share opened, the
-/// audit exact (docs/bench.md, `--chaos`).
+/// restarted, a gateway host cut off from Redis for 5–15 s), each healed before the
+/// next: every packet won, every share opened, the audit exact (docs/bench.md,
+/// `--chaos`).
 #[test]
 fn a_chaos_bench_across_lab_hosts_survives_every_fault_in_turn() {
     let out = tempfile::tempdir().unwrap();
-    let faults = "gateway-kill,redis-master-kill:rel,redis-freeze:rel,postgres-restart";
+    let faults =
+        "gateway-kill,redis-master-kill:rel,redis-freeze:rel,postgres-restart,partition-redis";
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_hongbao"))
         .args(["bench", "--hosts", "2", "--connections", "1000"])
         .args(["--workers", "1", "--procs", "1", "--phase-qps", "500"])
-        .args(["--campaign-rate", "50", "--shake-packets", "2500"])
+        .args(["--campaign-rate", "50", "--shake-packets", "3500"])
         .args([
             "--send-packets",
             "750",

@@ -1,7 +1,8 @@
 //! What is done to a lab's hosts on purpose (`hongbao bench --fault`, `--chaos`, the
-//! cluster tests): a gateway host killed, a Redis master found — the first listed, or the
-//! one serving a key — killed, started again (rejoining as a replica) or frozen, and
-//! PostgreSQL restarted. Methods of `Lab`, apart from its bringing up.
+//! cluster tests): a gateway host killed or cut off from Redis or PostgreSQL for a while,
+//! a Redis master found — the first listed, or the one serving a key — killed, started
+//! again (rejoining as a replica) or frozen, and PostgreSQL restarted. Methods of `Lab`,
+//! apart from its bringing up.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -145,4 +146,45 @@ impl Lab {
         self.postgres.1 = Some(proc);
         self.save()
     }
+
+    /// Cuts gateway host `i` off from `to` (every Redis node, or PostgreSQL) for
+    /// `cut`: a blackhole route to each of their addresses inside the gateway's own
+    /// namespace, so its packets to them vanish as across a broken link (no error, no
+    /// reset: the connections hang until the route is gone). Nothing outside the lab's
+    /// namespaces is touched. The routes are taken away again even if adding one failed.
+    pub fn partition(&self, i: usize, to: Cut, cut: Duration) -> anyhow::Result<()> {
+        let host = &self.gateways[i].host;
+        let addrs: Vec<Ipv4Addr> = match to {
+            Cut::Redis => self.redis.iter().map(|(h, _)| h.addr).collect(),
+            Cut::Postgres => vec![self.postgres.0.addr],
+        };
+        let route = |verb: &str, addr: Ipv4Addr| -> anyhow::Result<()> {
+            let status = host
+                .command("ip")
+                .args(["route", verb, "blackhole", &format!("{addr}/32")])
+                .status()
+                .context("running ip route")?;
+            anyhow::ensure!(
+                status.success(),
+                "ip route {verb} blackhole {addr} in {}",
+                host.netns
+            );
+            Ok(())
+        };
+        let added: anyhow::Result<()> = addrs.iter().try_for_each(|&a| route("add", a));
+        if added.is_ok() {
+            std::thread::sleep(cut);
+        }
+        for &a in &addrs {
+            let _ = route("del", a);
+        }
+        added
+    }
+}
+
+/// What a partition cuts a gateway host off from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    Redis,
+    Postgres,
 }

@@ -16,8 +16,9 @@
 //! - `proc`: a process the lab started: stopped with SIGTERM then SIGKILL, or killed as a
 //!   fault, and recorded in the state file;
 //! - `relay`: a TCP relay that lets the hosts reach a service on this machine's loopback;
-//! - `faults`: what is done to a lab's hosts on purpose: a gateway killed, a Redis master
-//!   found (by key), killed, started again or frozen, PostgreSQL restarted.
+//! - `faults`: what is done to a lab's hosts on purpose: a gateway killed or cut off
+//!   from Redis or PostgreSQL, a Redis master found (by key), killed, started again or
+//!   frozen, PostgreSQL restarted.
 
 mod faults;
 pub mod netns;
@@ -36,6 +37,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+pub use faults::Cut;
 pub use netns::Host;
 use proc::{Proc, ProcRecord};
 pub use relay::Relay;

@@ -225,12 +225,13 @@ mod tests {
 
     #[test]
     fn the_schedule_is_the_seeds_and_every_kind_comes_each_round() {
-        let a: Vec<Planned> = schedule(&opts(7)).take(21).collect();
-        let b: Vec<Planned> = schedule(&opts(7)).take(21).collect();
-        let c: Vec<Planned> = schedule(&opts(8)).take(21).collect();
+        let kinds = opts(7).faults;
+        let rounds = 3 * kinds.len();
+        let a: Vec<Planned> = schedule(&opts(7)).take(rounds).collect();
+        let b: Vec<Planned> = schedule(&opts(7)).take(rounds).collect();
+        let c: Vec<Planned> = schedule(&opts(8)).take(rounds).collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
-        let kinds = opts(7).faults;
         for round in a.chunks(kinds.len()) {
             for k in &kinds {
                 assert_eq!(round.iter().filter(|p| p.fault == *k).count(), 1, "{k:?}");

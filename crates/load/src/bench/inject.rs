@@ -160,6 +160,23 @@ fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -
             }
             Err(e) => format!("no Redis master to freeze: {e:#}"),
         },
+        Fault::Partition(to) => {
+            // Alone, the last host for 8 s; by chaos, a host and 5-15 s drawn with it.
+            let (i, secs) = if heal {
+                (target % lab.gateways.len(), 5 + target as u64 % 11)
+            } else {
+                (lab.gateways.len() - 1, 8)
+            };
+            let name = lab.gateways[i].host.name.clone();
+            let what = match to {
+                hongbao_lab::Cut::Redis => "Redis",
+                hongbao_lab::Cut::Postgres => "PostgreSQL",
+            };
+            match lab.partition(i, to, Duration::from_secs(secs)) {
+                Ok(()) => format!("cut gateway host {name} off from {what} for {secs} s"),
+                Err(e) => format!("cutting gateway host {name} off from {what}: {e:#}"),
+            }
+        }
         Fault::Postgres => match lab.restart_postgres(Duration::from_secs(2)) {
             Ok(()) => "stopped PostgreSQL and started it again 2 s later".to_string(),
             Err(e) => format!("restarting PostgreSQL: {e:#}"),

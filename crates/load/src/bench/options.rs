@@ -97,6 +97,9 @@ pub enum Fault {
     WorkerStall,
     /// SIGKILL a gateway worker; the supervisor starts another, its clients reconnect.
     WorkerKill,
+    /// Cut a gateway host off from Redis or PostgreSQL (blackhole routes in its
+    /// namespace) for a while: 8 s alone, 5–15 s drawn by chaos.
+    Partition(hongbao_lab::Cut),
 }
 
 /// Which Redis master a Redis fault hits.
@@ -140,6 +143,8 @@ impl ChaosOptions {
                 Fault::RedisMaster(Release),
                 Fault::RedisFreeze(Release),
                 Fault::Postgres,
+                Fault::Partition(hongbao_lab::Cut::Redis),
+                Fault::Partition(hongbao_lab::Cut::Postgres),
             ]);
         }
         faults
@@ -163,9 +168,11 @@ impl Fault {
             "gateway-kill" => Ok(Fault::Gateway),
             "redis-master-kill" => Ok(Fault::RedisMaster(RedisAim::First)),
             "redis-master-kill:rel" => Ok(Fault::RedisMaster(RedisAim::Release)),
+            "partition-redis" => Ok(Fault::Partition(hongbao_lab::Cut::Redis)),
+            "partition-postgres" => Ok(Fault::Partition(hongbao_lab::Cut::Postgres)),
             other => {
                 anyhow::bail!(
-                    "a fault is worker-stall, worker-kill, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel] or postgres[-restart], not {other:?}"
+                    "a fault is worker-stall, worker-kill, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], postgres[-restart] or partition-redis|postgres, not {other:?}"
                 )
             }
         }
@@ -181,6 +188,8 @@ impl Fault {
             Fault::Postgres => "postgres",
             Fault::WorkerStall => "worker-stall",
             Fault::WorkerKill => "worker-kill",
+            Fault::Partition(hongbao_lab::Cut::Redis) => "partition-redis",
+            Fault::Partition(hongbao_lab::Cut::Postgres) => "partition-postgres",
         }
     }
 
