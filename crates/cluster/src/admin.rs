@@ -2,13 +2,14 @@
 //! release), a campaign's status or all of them, and the audit. Each is answered off the
 //! host's loop, from the ledger and Redis.
 
+use hongbao_money::event::Event;
 use hongbao_money::seam::{AdminAnswer, AdminRequest};
 
 use crate::campaign::CampaignRow;
 use crate::store::{pg_error, Store};
 
 /// An operator's request, answered from the ledger (and Redis for what is released).
-pub async fn admin(store: &Store, _host: &str, request: AdminRequest) -> AdminAnswer {
+pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAnswer {
     let answer = match request {
         AdminRequest::CreateShake(req) => match req.check() {
             Err(why) => return AdminAnswer::Refused(why),
@@ -21,6 +22,7 @@ pub async fn admin(store: &Store, _host: &str, request: AdminRequest) -> AdminAn
                     .sum();
                 create(
                     store,
+                    host,
                     CampaignRow {
                         id: 0,
                         send: false,
@@ -44,6 +46,7 @@ pub async fn admin(store: &Store, _host: &str, request: AdminRequest) -> AdminAn
             Ok(()) => {
                 create(
                     store,
+                    host,
                     CampaignRow {
                         id: 0,
                         send: true,
@@ -86,13 +89,42 @@ pub async fn admin(store: &Store, _host: &str, request: AdminRequest) -> AdminAn
     answer.unwrap_or_else(|e| AdminAnswer::Unavailable(format!("the ledger is unavailable: {e}")))
 }
 
-/// A campaign: in the ledger first (with what it mints), then in Redis for release.
-async fn create(store: &Store, mut c: CampaignRow) -> Result<AdminAnswer, String> {
+/// A campaign: in the ledger first (with what it mints, and its event, as the embedded
+/// ledger logs it, so that the money minted can be read from the events alone), then in
+/// Redis for release.
+async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAnswer, String> {
     let pg = store.pg().await?;
     c.started_ms = crate::now_ms();
+    // Its id is the row's: filled in by the same statement.
+    let event = if c.send {
+        Event::SendCampaign {
+            campaign: 0,
+            packets: c.packets,
+            rate_per_sec: c.rate,
+            recipients: c.recipients,
+            user_min: c.user_min,
+            user_max: c.user_max,
+            amount_min: c.amount_min,
+            amount_max: c.amount_max,
+        }
+    } else {
+        Event::ShakeCampaign {
+            campaign: 0,
+            packets: c.packets,
+            rate_per_sec: c.rate,
+            amount_min: c.amount_min,
+            amount_max: c.amount_max,
+            seed: c.seed,
+            minted_cents: c.minted,
+        }
+    };
+    let body = serde_json::to_value(event).expect("serializable");
     let row = pg
         .query_one(
-            "INSERT INTO hb_campaigns VALUES (nextval('hb_campaign_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+            "WITH c AS (INSERT INTO hb_campaigns VALUES (nextval('hb_campaign_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id), \
+             e AS (INSERT INTO hb_events (at_ms, host, user_id, body) \
+                   SELECT $11, $12, NULL, jsonb_set($13::jsonb, '{campaign}', to_jsonb(c.id)) FROM c) \
+             SELECT id FROM c",
             &[
                 &if c.send { "send" } else { "shake" },
                 &(c.packets as i32),
@@ -105,6 +137,8 @@ async fn create(store: &Store, mut c: CampaignRow) -> Result<AdminAnswer, String
                 &(c.seed as i64),
                 &(c.minted as i64),
                 &(c.started_ms as i64),
+                &host,
+                &body,
             ],
         )
         .await

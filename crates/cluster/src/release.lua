@@ -20,8 +20,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local host = ARGV[1]
 local hosts = KEYS[1]
 redis.call('ZADD', hosts, now, host)
-local dead = redis.call('ZRANGEBYSCORE', hosts, '-inf', '(' .. (now - tonumber(ARGV[2])))
-for _, h in ipairs(dead) do
+-- The packets host h holds go back, first in line for whoever takes next.
+local function give_back(h)
   local held = '{rel}:held:' .. h
   for _, p in ipairs(redis.call('SMEMBERS', held)) do
     local c, i = string.match(p, '^(%d+):(%d+)$')
@@ -30,14 +30,26 @@ for _, h in ipairs(dead) do
     redis.call('HINCRBY', '{rel}:c:' .. c, 'returned', 1)
   end
   redis.call('DEL', held)
+end
+local dead = redis.call('ZRANGEBYSCORE', hosts, '-inf', '(' .. (now - tonumber(ARGV[2])))
+for _, h in ipairs(dead) do
+  give_back(h)
   redis.call('ZREM', hosts, h)
 end
 local alive = math.max(1, redis.call('ZCARD', hosts))
 local mine = '{rel}:held:' .. host
 local seqkey = '{rel}:batch:' .. host
 local lastkey = '{rel}:last:' .. host
-local batch = tonumber(redis.call('GET', seqkey) or '0')
 local received = tonumber(ARGV[3])
+-- A host that has received nothing yet is a process just started — perhaps under the
+-- name of one killed a moment ago, before any host found it dead (its heartbeat above
+-- has just made it alive again): it cannot know what its name held, so that goes back.
+if received == 0 then
+  give_back(host)
+  redis.call('DEL', lastkey)
+  redis.call('SET', seqkey, 0)
+end
+local batch = tonumber(redis.call('GET', seqkey) or '0')
 local out = {now, 0}
 if received < batch then
   for _, p in ipairs(redis.call('LRANGE', lastkey, 0, -1)) do
