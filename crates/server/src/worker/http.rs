@@ -122,49 +122,36 @@ impl HttpCodec {
         let used = request.len;
         let id = self.take_id(request.keep_alive);
         // A HEAD is answered as its GET would be, less the body (RFC 9110 §9.3.2): its
-        // client reads no body, so one sent would be read as the next answer.
+        // client reads no body, so one sent would be read as the next answer. Answered
+        // here: the API's reads go through the core and answer later, and HEAD is not
+        // worth a second path there — a ping is answered at once, the rest refused.
         let head = request.method == "HEAD";
-        match route(&request, cx) {
+        let route = match route(&request, cx) {
             Route::Request(Request::Ping { .. }, None) if head => {
-                let body = json!({"result": "ok", "client_time_us": 0,
-                    "server_time_us": std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .unwrap_or_default()
-                        .as_micros() as u64})
-                .to_string()
-                .into_bytes();
-                let answer = answer_bytes(200, "application/json", &[], &body, self.closes(id));
-                let bytes = head_only(answer, &body);
-                let then = self.queue(id, bytes, cx);
-                (step(used, None, then), false)
+                let server_time_us = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_micros() as u64;
+                let pong = Reply::Pong {
+                    client_time_us: 0,
+                    server_time_us,
+                };
+                let (status, body) = reply_json(&pong);
+                Route::Answer(status, "application/json", body.into_bytes())
             }
-            Route::Request(..) if head => {
-                // The API's reads go through the core and answer later; HEAD is not
-                // worth a second path there.
-                cx.stats.bad_requests += 1;
-                let text = format!("HEAD is not allowed on {}", request.path);
-                let body = error_body(ResultCode::BadRequest, &text);
-                let allow = [("Allow", "GET")];
-                let answer = answer_bytes(405, "application/json", &allow, &body, self.closes(id));
-                let bytes = head_only(answer, &body);
-                let then = self.queue(id, bytes, cx);
-                (step(used, None, then), false)
-            }
-            Route::Answer(status, content_type, body) if head => {
-                let answer = answer_bytes(status, content_type, &[], &body, self.closes(id));
-                let bytes = head_only(answer, &body);
-                let then = self.queue(id, bytes, cx);
-                (step(used, None, then), false)
-            }
-            Route::Refuse(status, result, text, extra) if head => {
-                cx.stats.bad_requests += 1;
-                let body = error_body(result, &text);
-                let answer =
-                    answer_bytes(status, "application/json", &extra, &body, self.closes(id));
-                let bytes = head_only(answer, &body);
-                let then = self.queue(id, bytes, cx);
-                (step(used, None, then), false)
-            }
+            Route::Request(..) if head => Route::Refuse(
+                405,
+                ResultCode::BadRequest,
+                format!("HEAD is not allowed on {}", request.path),
+                vec![("Allow", "GET")],
+            ),
+            other => other,
+        };
+        let without_body = |answer: Vec<u8>, body: &[u8]| match head {
+            true => head_only(answer, body),
+            false => answer,
+        };
+        match route {
             Route::Request(inner, user) => {
                 let inbound = Inbound::Request {
                     id,
@@ -174,16 +161,16 @@ impl HttpCodec {
                 (step(used, Some(inbound), Then::Read), false)
             }
             Route::Answer(status, content_type, body) => {
-                let bytes = answer_bytes(status, content_type, &[], &body, self.closes(id));
-                let then = self.queue(id, bytes, cx);
+                let answer = answer_bytes(status, content_type, &[], &body, self.closes(id));
+                let then = self.queue(id, without_body(answer, &body), cx);
                 (step(used, None, then), false)
             }
             Route::Refuse(status, result, text, extra) => {
                 cx.stats.bad_requests += 1;
                 let body = error_body(result, &text);
-                let bytes =
+                let answer =
                     answer_bytes(status, "application/json", &extra, &body, self.closes(id));
-                let then = self.queue(id, bytes, cx);
+                let then = self.queue(id, without_body(answer, &body), cx);
                 (step(used, None, then), false)
             }
         }
