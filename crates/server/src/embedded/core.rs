@@ -389,9 +389,6 @@ impl Core {
     /// recorded, and its packet is dealt back to that worker. Returned, not queued: the
     /// outbox waits for commits that are not coming.
     pub fn refuse_claim(&mut self, to: Origin, packet: u64, why: &str) -> Vec<Output> {
-        self.counters
-            .replies
-            .count(OpKind::Shake, ResultCode::Unavailable);
         let mut out = Vec::new();
         let in_pool = self
             .workers
@@ -408,18 +405,12 @@ impl Core {
                 packets: vec![(packet, c.amount_of(index))],
             });
         }
-        out.push(Output::Reply {
-            to,
-            reply: Reply::Error {
-                result: ResultCode::Unavailable,
-                text: why.into(),
-            },
-        });
+        out.push(self.refuse(to, OpKind::Shake, why));
         out
     }
 
-    /// The ledger cannot commit: `op` (a send or an open) is refused `unavailable` with
-    /// nothing recorded; returned, not queued (see `refuse_claim`).
+    /// The ledger cannot commit: `op` is refused `unavailable` with nothing recorded;
+    /// returned, not queued (see `refuse_claim`).
     pub fn refuse(&mut self, to: Origin, op: OpKind, why: &str) -> Output {
         self.counters.replies.count(op, ResultCode::Unavailable);
         Output::Reply {
