@@ -172,21 +172,21 @@ async fn run_op(
 /// One transaction for the whole batch, its ops pipelined; retried whole on a deadlock
 /// or a serialization failure (another host's batch locked the same rows). An op that
 /// fails on its own (a unique key another host's batch took first, a check) costs only
-/// itself: its batch-mates are committed again without it, and it comes back as
-/// `Err(why)` in its place, to be answered alone. A failure without a database error
+/// itself: its batch-mates are committed again without it, and it comes back as `None`
+/// in its place (why is logged), to be answered alone. A failure without a database error
 /// (the connection lost) fails the whole batch.
 async fn commit_batch(
     client: &Client,
     st: &Statements,
     host: &str,
     ops: &[Commit],
-) -> Result<Vec<Result<Done, String>>, tokio_postgres::Error> {
+) -> Result<Vec<Option<Done>>, tokio_postgres::Error> {
     let at = crate::now_ms() as i64;
-    let mut left_out: Vec<Option<String>> = vec![None; ops.len()];
+    let mut left_out = vec![false; ops.len()];
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let running: Vec<usize> = (0..ops.len()).filter(|&i| left_out[i].is_none()).collect();
+        let running: Vec<usize> = (0..ops.len()).filter(|&i| !left_out[i]).collect();
         client.batch_execute("BEGIN").await?;
         let results = futures_util::future::join_all(
             running
@@ -199,10 +199,7 @@ async fn commit_batch(
             let mut done = results.into_iter().map(|r| r.expect("all ok"));
             return Ok(left_out
                 .into_iter()
-                .map(|why| match why {
-                    Some(why) => Err(why),
-                    None => Ok(done.next().expect("one result an op that ran")),
-                })
+                .map(|out| (!out).then(|| done.next().expect("one result an op that ran")))
                 .collect());
         }
         let _ = client.batch_execute("ROLLBACK").await;
@@ -228,7 +225,7 @@ async fn commit_batch(
         }
         for (k, why) in culprits {
             eprintln!("hongbao cluster: an op was left out of its batch: {why}");
-            left_out[running[k]] = Some(why);
+            left_out[running[k]] = true;
         }
     }
 }
@@ -315,11 +312,11 @@ pub async fn committer(
                     (Vec::new(), Vec::new(), Vec::new());
                 for (op, d) in batch.into_iter().zip(done) {
                     match d {
-                        Ok(d) => {
+                        Some(d) => {
                             committed.push(op);
                             results.push(d);
                         }
-                        Err(_) => left_out.push(op),
+                        None => left_out.push(op),
                     }
                 }
                 if !left_out.is_empty() {
