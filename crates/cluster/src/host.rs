@@ -64,6 +64,11 @@ pub(crate) struct Host {
     rng: rand::rngs::SmallRng,
     /// The number of the last batch of released packets received (release.lua).
     release_batch: u64,
+    /// Released packets of campaigns not read yet (PostgreSQL unreachable): dealt or
+    /// created at the next release.
+    unread: Vec<(u32, u32)>,
+    /// Told when this host's waiting notices should be told again.
+    renewed: Arc<tokio::sync::Notify>,
     /// The users logged in on this host (the supervisor says `offline` once a user has
     /// no connection left here).
     online: HashSet<u64>,
@@ -84,6 +89,8 @@ impl Host {
             committer: None,
             rng: rand::rngs::SmallRng::from_entropy(),
             release_batch: 0,
+            unread: Vec::new(),
+            renewed: Arc::new(tokio::sync::Notify::new()),
             online: HashSet::new(),
         }
     }
@@ -102,7 +109,7 @@ impl Host {
         release.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut expire = tokio::time::interval(Duration::from_secs(1));
         expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let renewed = Arc::new(tokio::sync::Notify::new());
+        let renewed = self.renewed.clone();
         tokio::spawn(
             self.store
                 .clone()
@@ -410,36 +417,51 @@ impl Host {
             .then(|| hongbao_money::event::shake_amount(c.seed, index, c.amount_min, c.amount_max))
     }
 
-    async fn campaign(&mut self, id: u32) -> Option<CampaignRow> {
+    /// Campaign `id`'s row, read once; `Err` when PostgreSQL could not say.
+    async fn campaign(&mut self, id: u32) -> Result<Option<CampaignRow>, String> {
         if let Some(c) = self.campaigns.get(&id) {
-            return Some(c.clone());
+            return Ok(Some(c.clone()));
         }
-        let row = self.store.campaign_row(id).await.ok()??;
-        self.campaigns.insert(id, row.clone());
-        Some(row)
+        let row = self.store.campaign_row(id).await?;
+        if let Some(row) = &row {
+            self.campaigns.insert(id, row.clone());
+        }
+        Ok(row)
     }
 
     /// Asks Redis for the packets now due to this host: shake packets go to the workers'
-    /// pools, send-campaign packets are created.
+    /// pools, send-campaign packets are created. A packet of a campaign this host cannot
+    /// read yet (PostgreSQL unreachable) waits for the next call.
     async fn release(&mut self) {
-        let due = match self.store.release(&self.cfg.host, self.release_batch).await {
-            Ok((batch, due)) => {
-                self.release_batch = batch;
-                due
-            }
+        let released = match self.store.release(&self.cfg.host, self.release_batch).await {
+            Ok(released) => released,
             Err(e) => {
                 eprintln!("hongbao cluster: release: {e}");
                 return;
             }
         };
+        self.release_batch = released.batch;
+        if released.fresh {
+            self.fresh();
+        }
+        let mut due = std::mem::take(&mut self.unread);
+        due.extend(released.due);
         if due.is_empty() {
             return;
         }
         let mut deal = Vec::new();
         let now = now_ms();
         for (campaign, index) in due {
-            let Some(c) = self.campaign(campaign).await else {
-                continue;
+            let c = match self.campaign(campaign).await {
+                Ok(Some(c)) => c,
+                Ok(None) => {
+                    eprintln!("hongbao cluster: released packet {campaign}:{index} of no campaign");
+                    continue;
+                }
+                Err(_) => {
+                    self.unread.push((campaign, index));
+                    continue;
+                }
             };
             let packet = hongbao_money::rules::shake_packet_id(campaign, index);
             self.shared.snapshot.lock().unwrap().packets_released += 1;
@@ -452,6 +474,35 @@ impl Host {
             }
         }
         self.deal(deal);
+    }
+
+    /// This host was not among the hosts alive in Redis: it has just started, it was
+    /// found dead and is back, or Redis lost the `{rel}` keys (a master promoted before
+    /// its replica had synced, or restarted empty) — and perhaps routes with them. What
+    /// Redis should know is told again from what this host and PostgreSQL know: the
+    /// release of every campaign Redis lost (restore.lua), the routes of the users
+    /// logged in here, and their waiting notices. All of it harmless when nothing was
+    /// lost.
+    fn fresh(&self) {
+        let users: Vec<u64> = self.online.iter().copied().collect();
+        let (store, host) = (self.store.clone(), self.cfg.host.clone());
+        let renewed = self.renewed.clone();
+        tokio::spawn(async move {
+            match store.restore_releases().await {
+                Ok(restored) => {
+                    for (campaign, put_back) in restored {
+                        eprintln!(
+                            "hongbao cluster: Redis had lost the release of campaign {campaign}; started again, {put_back} packets released and not won put back in line"
+                        );
+                    }
+                }
+                Err(e) => eprintln!("hongbao cluster: restoring releases: {e}"),
+            }
+            for user in &users {
+                store.set_route(*user, &host).await;
+            }
+            renewed.notify_one();
+        });
     }
 
     fn deal(&mut self, packets: Vec<(u64, u64)>) {

@@ -9,7 +9,8 @@
 //!   their exact rate (`release.lua`, one hash tag, Redis's clock), the packets each host
 //!   holds (returned when a host dies), a gate per sent packet in front of PostgreSQL
 //!   (`gate.lua`), user → host routes, and sharded pub/sub channels per host for notices,
-//!   chat and broadcasts. Losing any of it costs speed or a push, never money.
+//!   chat and broadcasts. Losing any of it costs speed or a push, never money; all of it
+//!   Redis may lose is told again from the hosts and PostgreSQL (`restore.lua`).
 //!
 //! The gateways see the same [`Money`] interface as the embedded backend: calls go to a
 //! tokio runtime on a thread of its own, outputs come back through `drain` and a waker.
@@ -28,7 +29,8 @@
 //! - `outcome`: what a batch's ops are told once it committed (or did not), and what
 //!   Redis and the recipients learn then.
 //! - `ledger`: reads of the PostgreSQL ledger, packet numbering and expiry.
-//! - `release`: packets released by Redis at their rate, packets held, hosts alive.
+//! - `release`: packets released by Redis at their rate, packets held, hosts alive, and
+//!   a release Redis lost started again from the ledger.
 //! - `gate`: a sent packet's gate in Redis, in front of PostgreSQL.
 //! - `delivery`: reaching users on other hosts: routes, publishing, notices, staying
 //!   subscribed through failovers.

@@ -2,7 +2,9 @@
 -- KEYS[1] = '{rel}:hosts' (every key used is under the {rel} hash tag, one slot).
 -- ARGV: this host's name, how long a silent host counts as alive (ms), the number of the
 -- last batch this host received (0 at first).
--- Returns {now_ms, batch, 'campaign:index', ...}: the packets now this host's to give.
+-- Returns {now_ms, batch, fresh, 'campaign:index', ...}: the packets now this host's to
+-- give; fresh is 1 when this host was not among the hosts alive (its first call, a host
+-- found dead coming back, or Redis having lost the {rel} keys: restore.lua's cue).
 --
 -- A batch is given until the host says it has it: a reply lost on the way (a client
 -- timeout while the cluster fails over, after the script ran) would otherwise leave its
@@ -19,7 +21,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local host = ARGV[1]
 local hosts = KEYS[1]
-redis.call('ZADD', hosts, now, host)
+local fresh = redis.call('ZADD', hosts, now, host)
 -- The packets host h holds go back, first in line for whoever takes next.
 local function give_back(h)
   local held = '{rel}:held:' .. h
@@ -50,7 +52,7 @@ if received == 0 then
   redis.call('SET', seqkey, 0)
 end
 local batch = tonumber(redis.call('GET', seqkey) or '0')
-local out = {now, 0}
+local out = {now, 0, fresh}
 if received < batch then
   for _, p in ipairs(redis.call('LRANGE', lastkey, 0, -1)) do
     if redis.call('SISMEMBER', mine, p) == 1 then table.insert(out, p) end
@@ -90,10 +92,10 @@ for _, c in ipairs(redis.call('SMEMBERS', '{rel}:running')) do
     end
   end
 end
-if #out > 2 then
+if #out > 3 then
   batch = math.max(batch, received) + 1
   redis.call('DEL', lastkey)
-  for n = 3, #out do redis.call('RPUSH', lastkey, out[n]) end
+  for n = 4, #out do redis.call('RPUSH', lastkey, out[n]) end
   redis.call('SET', seqkey, batch)
 elseif received ~= batch then
   -- Nothing to give again (or this host is ahead: Redis lost writes in a failover).

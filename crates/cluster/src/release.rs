@@ -1,21 +1,30 @@
 //! Packets released at their campaign's rate by Redis (`release.lua`, on Redis's clock),
 //! the packets this host holds and has not given yet, and which hosts are alive: asking
-//! for the release is a host's heartbeat, and a silent host's packets go to the others.
+//! for the release is a host's heartbeat, and a silent host's packets go to the others;
+//! a release Redis lost is started again from what PostgreSQL says is done.
 
 use redis::AsyncCommands;
 
-use crate::store::Store;
+use crate::campaign::CampaignRow;
+use crate::store::{pg_error, Store};
 use crate::HOST_DEAD_AFTER_MS;
+
+/// What one call of release.lua gave this host.
+pub(crate) struct Released {
+    /// The batch's number.
+    pub(crate) batch: u64,
+    /// Its packets, as (campaign, index).
+    pub(crate) due: Vec<(u32, u32)>,
+    /// This host was not among the hosts alive: its first call, a host found dead coming
+    /// back, or Redis having lost the `{rel}` keys (then every host is fresh).
+    pub(crate) fresh: bool,
+}
 
 impl Store {
     /// The packets due to this host now, as (campaign, index), in a batch numbered after
     /// `received`, the last batch this host received (release.lua gives a batch again
-    /// until it is received). Returns the batch's number and its packets.
-    pub async fn release(
-        &self,
-        host: &str,
-        received: u64,
-    ) -> Result<(u64, Vec<(u32, u32)>), String> {
+    /// until it is received).
+    pub(crate) async fn release(&self, host: &str, received: u64) -> Result<Released, String> {
         let mut redis = self.redis();
         let out: Vec<redis::Value> = self
             .0
@@ -31,8 +40,9 @@ impl Store {
             Some(redis::Value::Int(n)) => *n as u64,
             _ => received,
         };
+        let fresh = matches!(out.get(2), Some(redis::Value::Int(1)));
         let mut due = Vec::new();
-        for v in out.iter().skip(2) {
+        for v in out.iter().skip(3) {
             let text = match v {
                 redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
                 redis::Value::SimpleString(s) => s.clone(),
@@ -44,7 +54,62 @@ impl Store {
                 }
             }
         }
-        Ok((batch, due))
+        Ok(Released { batch, due, fresh })
+    }
+
+    /// Starts the release again of every campaign whose release Redis has lost (its
+    /// `{rel}:c:ID` gone while PostgreSQL has the campaign): restore.lua, with the
+    /// packets already won or created. Returns the campaigns restored and the packets
+    /// each put back in line.
+    pub(crate) async fn restore_releases(&self) -> Result<Vec<(u32, i64)>, String> {
+        let mut restored = Vec::new();
+        for c in self.campaign_rows().await? {
+            let key = format!("{{rel}}:c:{}", c.id);
+            let there: bool = self
+                .redis()
+                .exists(&key)
+                .await
+                .map_err(|e| format!("Redis: {e}"))?;
+            if there {
+                continue;
+            }
+            let done = self.packets_done(&c).await?;
+            let put_back: i64 = self
+                .0
+                .restore
+                .key(&key)
+                .arg(c.id)
+                .arg(c.packets)
+                .arg(c.rate)
+                .arg(c.started_ms)
+                .arg(done)
+                .invoke_async(&mut self.redis())
+                .await
+                .map_err(|e| format!("Redis: restoring a release: {e}"))?;
+            if put_back >= 0 {
+                restored.push((c.id, put_back));
+            }
+        }
+        Ok(restored)
+    }
+
+    /// The indexes of campaign `c`'s packets that are done, ascending: won (a shake
+    /// campaign) or created (a send campaign).
+    async fn packets_done(&self, c: &CampaignRow) -> Result<Vec<u32>, String> {
+        let pg = self.pg().await?;
+        let query = if c.send {
+            "SELECT id FROM hb_packets WHERE campaign = $1 ORDER BY id"
+        } else {
+            "SELECT packet FROM hb_wins WHERE campaign = $1 ORDER BY packet"
+        };
+        let rows = pg
+            .query(query, &[&(c.id as i32)])
+            .await
+            .map_err(|e| pg_error("reading a campaign's packets", e))?;
+        Ok(rows
+            .iter()
+            .map(|r| hongbao_money::rules::shake_packet_parts(r.get::<_, i64>(0) as u64).1)
+            .collect())
     }
 
     /// The packet is won (or created): no longer this host's to hand out.
@@ -77,7 +142,7 @@ mod tests {
     use super::*;
     use redis::Script;
 
-    use crate::store::RELEASE;
+    use crate::store::{RELEASE, RESTORE};
 
     /// A standalone `redis-server` on a free loopback port, killed when dropped.
     struct TestRedis {
@@ -137,7 +202,7 @@ mod tests {
             redis::Value::Int(n) => n as u64,
             ref other => panic!("batch number {other:?}"),
         };
-        let packets = out[2..]
+        let packets = out[3..]
             .iter()
             .map(|v| match v {
                 redis::Value::BulkString(b) => String::from_utf8(b.clone()).unwrap(),
@@ -207,5 +272,64 @@ mod tests {
         // A host ahead of Redis (writes lost in a failover) is believed, nothing resent.
         let (batch, none) = release(&mut con, 7);
         assert_eq!((batch, none.len()), (7, 0));
+    }
+
+    /// Redis lost the release (a master promoted before its replica synced): restored
+    /// from what PostgreSQL says is done, every packet due counts as released, those due
+    /// and not done are first in line again, nothing done is given again, and the rest
+    /// of the campaign goes on at its rate. A release still there is left alone.
+    #[test]
+    fn a_release_redis_lost_is_started_again_without_what_is_done() {
+        let redis = TestRedis::start();
+        let mut con = redis::Client::open(redis.url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        // 100 packets at 10/s, started 3.05 s ago: 30 due.
+        let start = crate::now_ms() - 3050;
+        let restore = |con: &mut redis::Connection, done: &[u32]| -> i64 {
+            Script::new(RESTORE)
+                .key("{rel}:c:7")
+                .arg(7)
+                .arg(100)
+                .arg(10)
+                .arg(start)
+                .arg(done)
+                .invoke(con)
+                .unwrap()
+        };
+        // Packets 0, 1, 5 and 29 are won: 26 of the 30 due go back in line.
+        assert_eq!(restore(&mut con, &[0, 1, 5, 29]), 26);
+        let next: u64 = redis::cmd("HGET")
+            .arg("{rel}:c:7")
+            .arg("next")
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(next, 30);
+        assert_eq!(
+            restore(&mut con, &[]),
+            -1,
+            "a release that is there is kept"
+        );
+        let (_, given) = release(&mut con, 0);
+        let mut expected: Vec<String> = (0..30)
+            .filter(|i| ![0, 1, 5, 29].contains(i))
+            .map(|i| format!("7:{i}"))
+            .collect();
+        let mut got = given.clone();
+        got.sort();
+        expected.sort();
+        assert_eq!(got, expected);
+        // The rest comes at the campaign's rate, from where the release stood.
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        let (_, more) = release(&mut con, 1);
+        assert!(
+            !more.is_empty()
+                && more.len() <= 4
+                && more
+                    .iter()
+                    .all(|p| p == "7:30" || p == "7:31" || p == "7:32" || p == "7:33"),
+            "{more:?}"
+        );
     }
 }

@@ -16,6 +16,7 @@ use crate::ClusterConfig;
 
 const SCHEMA: &str = include_str!("schema.sql");
 pub(crate) const RELEASE: &str = include_str!("release.lua");
+pub(crate) const RESTORE: &str = include_str!("restore.lua");
 const GATE: &str = include_str!("gate.lua");
 /// The advisory lock under which a host creates the schema.
 const SCHEMA_LOCK: i64 = 0x6862_5f73_6368;
@@ -37,6 +38,7 @@ pub(crate) struct Inner {
     /// The next packet id and the end of this host's block.
     pub(crate) ids: tokio::sync::Mutex<(u64, u64)>,
     pub(crate) release: Script,
+    pub(crate) restore: Script,
     pub(crate) gate: Script,
 }
 
@@ -115,6 +117,7 @@ impl Store {
             pushes: Mutex::new(Some(rx)),
             ids: tokio::sync::Mutex::new((0, 0)),
             release: Script::new(RELEASE),
+            restore: Script::new(RESTORE),
             gate: Script::new(GATE),
         })))
     }

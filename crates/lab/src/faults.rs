@@ -48,6 +48,23 @@ impl Lab {
             .context("no live Redis master")
     }
 
+    /// Every live master forgets everything it holds (`FLUSHALL`): what a Redis Cluster
+    /// restarted without persistence, or a master lost with its replica, comes to. Its
+    /// replicas follow. Returns the masters wiped.
+    pub fn wipe_redis(&self) -> anyhow::Result<Vec<Ipv4Addr>> {
+        let live = self.live_redis();
+        let witness = *live.first().context("no live Redis node")?;
+        let masters: Vec<Ipv4Addr> = redis::nodes(witness)?
+            .into_iter()
+            .filter(|n| n.master && !n.failed && live.contains(&n.addr))
+            .map(|n| n.addr)
+            .collect();
+        for &addr in &masters {
+            redis::cli(addr, &["FLUSHALL"])?;
+        }
+        Ok(masters)
+    }
+
     /// The address of the live Redis master that serves `key`'s slot now (for faults
     /// aimed at what a key holds: `{rel}`, the release of campaign packets).
     pub fn redis_master_of(&self, key: &str) -> anyhow::Result<Ipv4Addr> {
@@ -79,7 +96,8 @@ impl Lab {
     }
 
     /// Starts the killed Redis node at `addr` again; it rejoins the cluster as a replica.
-    /// Waits until every node is connected and the cluster is whole.
+    /// Waits until every node is connected, the cluster is whole and the node has synced
+    /// its master's data (until then it is no replica to fail over to).
     pub fn restart_redis(&mut self, addr: Ipv4Addr, timeout: Duration) -> anyhow::Result<()> {
         let dir = self.plan.dir.clone();
         let (i, (host, proc)) = self
@@ -100,6 +118,11 @@ impl Lab {
         let total = addrs.len();
         redis::wait_until("every Redis node to be connected", timeout, || {
             redis::nodes(addr).is_ok_and(|ns| ns.len() == total && ns.iter().all(|n| !n.failed))
+        })?;
+        redis::wait_until("the node to sync from its master", timeout, || {
+            redis::cli(addr, &["INFO", "replication"]).is_ok_and(|info| {
+                info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0")
+            })
         })
     }
 

@@ -61,6 +61,11 @@ fn run_node(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
         "no",
         "--maxclients",
         "10000",
+        // A replica started again syncs at once: Redis waits 5 s by default to gather
+        // replicas for a diskless sync, and a master failing in those seconds left its
+        // slots to a replica with nothing in them.
+        "--repl-diskless-sync-delay",
+        "0",
     ]);
     Proc::spawn(
         &format!("redis {}", host.name),
