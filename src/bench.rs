@@ -71,8 +71,11 @@ pub struct BenchArgs {
     /// Cluster, PostgreSQL, nginx in front; root; docs/scale-out.md); 0: one local server
     #[arg(long, default_value_t = 0)]
     hosts: usize,
-    /// Inject a failure into the first phase: worker-stall (one local server), or with
-    /// --hosts gateway, redis-master, redis-freeze (":rel": the master holding the release of campaign packets) or postgres (docs/bench.md)
+    /// Inject a failure into the first phase: worker-stall, worker-kill, supervisor-kill
+    /// (or core-kill: the core is in the supervisor's process) or disk-full (root: the
+    /// ledger goes on a tmpfs of its own) on one local server, or with --hosts gateway,
+    /// redis-master, redis-freeze (":rel": the master holding the release of campaign
+    /// packets), postgres or partition-redis|postgres (docs/bench.md)
     #[arg(long)]
     fault: Option<String>,
     /// Seconds into the first phase for --fault
@@ -86,7 +89,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     chaos_every: f64,
     /// With --chaos: the faults to draw from, comma-separated [default: worker-kill,
-    /// worker-stall; with --hosts also gateway-kill, redis-master-kill,
+    /// worker-stall; on one local server also supervisor-kill (core-kill) and, as root,
+    /// disk-full; with --hosts also gateway-kill, redis-master-kill,
     /// redis-master-kill:rel, redis-freeze:rel, postgres-restart, partition-redis,
     /// partition-postgres]
     #[arg(long, value_name = "LIST")]
@@ -205,6 +209,15 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
         }
         if let Some(f) = faults.iter().find(|f| f.needs_lab() && opts.hosts == 0) {
             anyhow::bail!("--chaos-faults {}: needs --hosts (a lab)", f.name());
+        }
+        if let Some(f) = faults
+            .iter()
+            .find(|f| f.one_server_only() && opts.hosts > 0)
+        {
+            anyhow::bail!(
+                "--chaos-faults {}: done to one local server only, not with --hosts",
+                f.name()
+            );
         }
         if opts.hosts < 2 && faults.contains(&hongbao_load::bench::Fault::Gateway) {
             anyhow::bail!("--chaos-faults gateway-kill needs --hosts 2 or more");

@@ -253,6 +253,11 @@ fn a_bench_that_could_not_finish_starts_nothing() {
         ("--chaos 1 --chaos-faults postgres", "needs --hosts"),
         ("--chaos 1 --chaos-every 0", "--chaos-every must be"),
         ("--chaos-faults worker-kill", "goes with --chaos"),
+        ("--hosts 2 --fault supervisor-kill", "no --hosts"),
+        (
+            "--hosts 2 --chaos 1 --chaos-faults disk-full",
+            "one local server only",
+        ),
     ] {
         let out = dir.path().join("out");
         let output = Command::new(env!("CARGO_BIN_EXE_hongbao"))
@@ -411,8 +416,44 @@ fn a_bench_across_lab_hosts_balances_every_cent() {
     assert!(!out.path().join("lab/lab.json").exists());
 }
 
-/// `--chaos` on one server: workers killed and stalled at random moments through both
-/// phases while the clients work; every cent still balances, every fault is in the
+/// Whether a fault's `what` says it was healed, by what each kind says once it was.
+fn healed(kind: &str, what: &str) -> bool {
+    let said = match kind {
+        "worker-kill" => "its replacement was up after",
+        "worker-stall" => "then SIGCONT",
+        "supervisor-kill" => "up again on the same addresses after",
+        "disk-full" => "the ledger committed again",
+        other => panic!("no heal known for {other}"),
+    };
+    what.contains(said)
+}
+
+/// Whether the bench runs as root (`disk-full` mounts a tmpfs).
+fn root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0")
+    })
+}
+
+/// Whether anything is mounted on or under `dir`.
+fn mounted_under(dir: &std::path::Path) -> bool {
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| {
+            l.split_whitespace()
+                .nth(4)
+                .is_some_and(|m| m.starts_with(&dir))
+        })
+}
+
+/// `--chaos` on one server with its default faults: workers killed and stalled, the
+/// supervisor killed and, as root, the ledger's disk filled, at random moments through
+/// both phases while the clients work; every cent still balances, every fault is in the
 /// summary with its cost, and each was healed before the next.
 #[test]
 fn a_chaos_bench_on_one_server_balances_every_cent() {
@@ -424,8 +465,14 @@ fn a_chaos_bench_on_one_server_balances_every_cent() {
          --chaos 11 --chaos-every 2",
     );
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    assert_eq!(summary["history"]["ok"], true, "{}", summary["history"]);
     let chaos = &summary["chaos"];
     assert_eq!(chaos["seed"], 11);
+    let mut kinds = vec!["worker-kill", "worker-stall", "supervisor-kill"];
+    if root() {
+        kinds.push("disk-full");
+    }
+    assert_eq!(chaos["kinds"], serde_json::json!(kinds));
     let faults = chaos["faults"].as_array().expect("faults");
     assert!(faults.len() >= 2, "{chaos}");
     for kind in ["worker-kill", "worker-stall"] {
@@ -439,12 +486,10 @@ fn a_chaos_bench_on_one_server_balances_every_cent() {
             f["start_second"].as_u64() <= f["end_second"].as_u64(),
             "{f}"
         );
-        let what = f["what"].as_str().unwrap();
-        assert!(
-            !what.contains("no replacement") && !what.starts_with("no worker"),
-            "not healed: {f}"
-        );
+        let (kind, what) = (f["kind"].as_str().unwrap(), f["what"].as_str().unwrap());
+        assert!(healed(kind, what), "not healed: {f}");
     }
+    assert!(!mounted_under(out.path()), "a tmpfs left mounted");
     // Every share opened: a killed worker's users log in again and hear of it then
     // (an open whose reply died with its worker is the ledger's, not the client's).
     assert_eq!(
@@ -452,4 +497,118 @@ fn a_chaos_bench_on_one_server_balances_every_cent() {
         "{}",
         summary["send"]
     );
+}
+
+/// `supervisor-kill` by chaos, over and over: the supervisor (the core and its ledger
+/// writer with it) SIGKILLed, its workers gone with their links, the server started again
+/// on the same addresses over the same ledger, the clients back; nothing acknowledged is
+/// lost, and every share is opened in the end (recipients are told again at login).
+#[test]
+fn a_killed_supervisor_is_started_again_over_its_ledger_and_every_cent_balances() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = run_bench(
+        out.path(),
+        "--connections 1000 --workers 2 --procs 1 --phase-qps 500 \
+         --shake-packets 300 --send-packets 100 --campaign-rate 100 \
+         --chaos 21 --chaos-every 1 --chaos-faults supervisor-kill",
+    );
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    let history = &summary["history"];
+    assert_eq!(history["ok"], true, "{history}");
+    assert_eq!(history["missing"]["count"], 0, "{history}");
+    let chaos = &summary["chaos"];
+    assert_eq!(chaos["kinds"], serde_json::json!(["supervisor-kill"]));
+    let faults = chaos["faults"].as_array().expect("faults");
+    assert!(!faults.is_empty(), "{chaos}");
+    for f in faults {
+        assert_eq!(f["kind"], "supervisor-kill", "{f}");
+        assert!(
+            healed("supervisor-kill", f["what"].as_str().unwrap()),
+            "not healed: {f}"
+        );
+        // Every connection went with the workers.
+        assert!(f["dropped"].as_u64().unwrap() >= 1000, "{f}");
+    }
+    assert_eq!(
+        summary["send"]["opened_server"], summary["send"]["shares"],
+        "{}",
+        summary["send"]
+    );
+    assert_eq!(summary["shake"]["won_server"], 300, "{}", summary["shake"]);
+}
+
+/// `--fault core-kill`: the core lives in the supervisor's process, so its kill is the
+/// supervisor's, healed the same way; the clients all log in again.
+#[test]
+fn core_kill_is_the_supervisors_kill_and_healed_as_it() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = run_bench(
+        out.path(),
+        "--connections 1000 --workers 2 --procs 1 --phase-qps 500 \
+         --shake-packets 200 --send-packets 60 --campaign-rate 100 \
+         --fault core-kill --fault-at 1",
+    );
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    assert_eq!(summary["history"]["ok"], true, "{}", summary["history"]);
+    assert_eq!(summary["options"]["fault"], "supervisor-kill");
+    let fault = &summary["fault"];
+    assert!(
+        healed("supervisor-kill", fault["what"].as_str().unwrap()),
+        "{fault}"
+    );
+    assert_eq!(fault["dropped"], 1000, "{fault}");
+    assert!(fault["reconnected_secs"].as_u64().is_some(), "{fault}");
+}
+
+/// `disk-full` by chaos (root): the ledger on a tmpfs of its own, filled until ENOSPC and
+/// held full for 5 s at a time while the clients work, then given its room back; nothing
+/// acknowledged is lost, the tmpfs is gone at the end and the ledger kept where it always
+/// is — and a bench that fails after mounting it unmounts it too.
+#[test]
+fn a_full_ledger_disk_is_given_room_again_and_every_cent_balances() {
+    if !root() {
+        eprintln!("skipped: disk-full mounts a tmpfs, which needs root");
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let summary = run_bench(
+        out.path(),
+        "--connections 1000 --workers 2 --procs 1 --phase-qps 500 \
+         --shake-packets 600 --send-packets 100 --campaign-rate 100 \
+         --chaos 5 --chaos-every 1 --chaos-faults disk-full",
+    );
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    let history = &summary["history"];
+    assert_eq!(history["ok"], true, "{history}");
+    assert_eq!(history["missing"]["count"], 0, "{history}");
+    let faults = summary["chaos"]["faults"].as_array().expect("faults");
+    assert!(!faults.is_empty(), "{}", summary["chaos"]);
+    for f in faults {
+        assert_eq!(f["kind"], "disk-full", "{f}");
+        assert!(
+            healed("disk-full", f["what"].as_str().unwrap()),
+            "not healed: {f}"
+        );
+    }
+    assert_eq!(summary["shake"]["won_server"], 600, "{}", summary["shake"]);
+    assert!(!mounted_under(out.path()), "the tmpfs is still mounted");
+    assert!(
+        out.path().join("data/ledger.sqlite").exists(),
+        "the ledger was not kept"
+    );
+
+    // The server cannot start: the bench fails, and takes its tmpfs down with it.
+    let failed = out.path().join("failed");
+    let output = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        .args(["bench", "--connections", "10", "--workers", "nope"])
+        .args(["--fault", "disk-full", "--out"])
+        .arg(&failed)
+        .output()
+        .expect("running hongbao bench");
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("tmpfs of its own"),
+        "no tmpfs was mounted"
+    );
+    assert!(!mounted_under(&failed), "the tmpfs outlived a failed bench");
 }

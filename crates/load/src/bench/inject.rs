@@ -1,7 +1,9 @@
 //! Faults done to the bench's server: what each fault does, and, for the chaos schedule
 //! (`chaos`), how it is healed before the next — a killed gateway host or Redis node
-//! started again, a killed worker replaced (by the supervisor) — so that faults one after
-//! another each meet a whole system.
+//! started again, a killed worker replaced (by the supervisor), a killed supervisor
+//! started again over its ledger, a full disk given its room back — so that faults one
+//! after another each meet a whole system. The faults of one local server heal whether
+//! or not they are asked to: the bench cannot go on without them healed.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -9,18 +11,22 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::options::{Fault, RedisAim, WORKER_STALL};
+use super::disk;
+use super::options::{Fault, RedisAim, DISK_FULL_HOLD, WORKER_STALL};
+use super::server::Local;
 
 /// How long a killed gateway host stays down before chaos starts it again.
 const GATEWAY_DOWN: Duration = Duration::from_secs(5);
 /// How long a heal may take before the fault is written down as not healed.
 const HEAL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// What can do faults to the server: its lab (with `--hosts`) and its admin API (the
-/// workers' ids). Cheap to clone, for a thread of its own.
+/// What can do faults to the server: its lab (with `--hosts`), the local server's child
+/// (without), and its admin API (the workers' ids). Cheap to clone, for a thread of its
+/// own.
 #[derive(Clone)]
 pub(crate) struct Injector {
     pub(super) lab: Option<Arc<Mutex<hongbao_lab::Lab>>>,
+    pub(super) local: Option<Arc<Local>>,
     pub(super) admin: SocketAddr,
 }
 
@@ -32,6 +38,14 @@ impl Injector {
         match fault {
             Fault::WorkerStall => self.stall_worker(target),
             Fault::WorkerKill => self.kill_worker(target),
+            Fault::SupervisorKill => match &self.local {
+                Some(local) => local.kill_and_restart(HEAL_TIMEOUT),
+                None => "supervisor-kill: one local server only (no --hosts)".to_string(),
+            },
+            Fault::DiskFull => match &self.local {
+                Some(local) => self.fill_disk(&local.data_dir),
+                None => "disk-full: one local server only (no --hosts)".to_string(),
+            },
             _ => match &self.lab {
                 Some(lab) => in_lab(&mut lab.lock().unwrap(), fault, target, heal),
                 None => format!("{}: needs --hosts", fault.name()),
@@ -95,6 +109,37 @@ impl Injector {
             }
         }
         format!("killed gateway worker {pid} (SIGKILL); no replacement in {HEAL_TIMEOUT:?}")
+    }
+
+    /// The ledger's tmpfs filled until ENOSPC and held full for [`DISK_FULL_HOLD`], the
+    /// filler deleted; healed when the server answers `/v1/stats` again, which it does
+    /// only once the ledger has committed everything up to the question.
+    fn fill_disk(&self, data_dir: &std::path::Path) -> String {
+        let filled = match disk::fill(data_dir, DISK_FULL_HOLD) {
+            Ok(filled) => filled,
+            Err(e) => return format!("no disk filled: {e:#}"),
+        };
+        let filled = format!(
+            "filled the ledger's tmpfs with {:.1} MiB until ENOSPC, held it full for {} s, deleted the filler",
+            filled.bytes as f64 / f64::from(1 << 20),
+            DISK_FULL_HOLD.as_secs()
+        );
+        let t = Instant::now();
+        let url = format!("http://{}/v1/stats", self.admin);
+        while t.elapsed() < HEAL_TIMEOUT {
+            if ureq::get(&url)
+                .timeout(Duration::from_secs(5))
+                .call()
+                .is_ok()
+            {
+                return format!(
+                    "{filled}; the ledger committed again {:.1} s later",
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        format!("{filled}; the ledger did not commit again in {HEAL_TIMEOUT:?}")
     }
 }
 
@@ -181,7 +226,9 @@ fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -
             Ok(()) => "stopped PostgreSQL and started it again 2 s later".to_string(),
             Err(e) => format!("restarting PostgreSQL: {e:#}"),
         },
-        Fault::WorkerStall | Fault::WorkerKill => unreachable!("a worker's fault needs no lab"),
+        Fault::WorkerStall | Fault::WorkerKill | Fault::SupervisorKill | Fault::DiskFull => {
+            unreachable!("a local server's fault needs no lab")
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 //!
 //! - `options`: what the bench is asked to do, its presets and faults;
 //! - `inject`: the faults done to the server, and their heals;
+//! - `disk`: the small tmpfs for the ledger that `disk-full` fills;
 //! - `chaos`: `--chaos`, faults at random moments, and what each cost;
 //! - `server`: the bench's `hongbao serve` child; `broadcaster`: broadcasts in phases;
 //! - `summary`: `summary.json` as typed structs, and each phase's audit;
@@ -20,6 +21,7 @@
 
 mod broadcaster;
 pub mod chaos;
+mod disk;
 mod history;
 mod inject;
 mod ledger;
@@ -45,7 +47,7 @@ use broadcaster::{wait_deliveries, Broadcaster};
 pub use options::{
     BenchOptions, ChaosOptions, Fault, Preset, RedisAim, DEFAULT_BENCH_BROADCAST_YIELD_MS,
     DEFAULT_BENCH_MAX_QUEUE_MS, DEFAULT_NOTICE_POLL_SECS, DEFAULT_OVERLOAD_BACKOFF_SECS,
-    DEFAULT_SERVER_NICE, SECRET, WORKER_STALL,
+    DEFAULT_SERVER_NICE, DISK_FULL_HOLD, SECRET, WORKER_STALL,
 };
 use server::{Server, ServerSample};
 pub use summary::Summary;
@@ -68,8 +70,21 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         .with_context(|| format!("creating {}", opts.out.display()))?;
     let data_dir = opts.out.join("data");
     if data_dir.exists() {
+        disk::SmallDisk::clear_stale(&data_dir);
         std::fs::remove_dir_all(&data_dir).context("clearing the previous bench's ledger")?;
     }
+    // `disk-full` fills a tmpfs of the ledger's own; unmounted when the bench ends, also
+    // on an error (dropped after the server, which is declared after it).
+    let small_disk = if opts.hosts == 0 && opts.faults().any(|f| f.needs_small_disk()) {
+        let disk = disk::SmallDisk::mount(&data_dir, disk::bytes_for(&opts))?;
+        say(&format!(
+            "bench: disk-full: the ledger is on a {} MiB tmpfs of its own",
+            disk.bytes >> 20
+        ));
+        Some(disk)
+    } else {
+        None
+    };
     let monitor = Monitor::start(opts.monitor_listen, Some(&opts.out), "hongbao bench")?;
     say(&format!(
         "bench: dashboard at http://{}/ ; series in {}",
@@ -433,6 +448,11 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         _ => None,
     };
     server.stop()?;
+    if let Some(disk) = small_disk {
+        if let Err(e) = disk.unmount_keeping() {
+            say(&format!("bench: keeping the ledger from its tmpfs: {e:#}"));
+        }
+    }
     // Both sent their last second on the way out: the series is complete.
     monitor.finish()?;
 

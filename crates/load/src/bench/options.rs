@@ -1,5 +1,5 @@
 //! What `hongbao bench` is asked to do: its options and presets, the faults it can inject
-//! into a lab, and the defaults it hands the server and the load it starts.
+//! into its server or a lab, and the defaults it hands the server and the load it starts.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,7 +82,8 @@ pub struct BenchOptions {
     pub notice_poll_secs: u32,
 }
 
-/// A failure the bench injects into a lab mid-run (docs/scale-out.md, "Failures").
+/// A failure the bench injects into its server or a lab mid-run (docs/bench.md;
+/// docs/scale-out.md, "Failures").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// SIGKILL every process of the last gateway host.
@@ -97,6 +98,14 @@ pub enum Fault {
     WorkerStall,
     /// SIGKILL a gateway worker; the supervisor starts another, its clients reconnect.
     WorkerKill,
+    /// One local server: SIGKILL the supervisor (`hongbao serve`), and with it the core
+    /// and its ledger writer, which live in its process; its workers exit as their links
+    /// close. Healed by starting the server again on the same addresses and ledger.
+    /// `core-kill` is the same fault.
+    SupervisorKill,
+    /// One local server whose ledger is on a small tmpfs: fill it until ENOSPC, hold it
+    /// full for [`DISK_FULL_HOLD`], then delete the filler.
+    DiskFull,
     /// Cut a gateway host off from Redis or PostgreSQL (blackhole routes in its
     /// namespace) for a while: 8 s alone, 5–15 s drawn by chaos.
     Partition(hongbao_lab::Cut),
@@ -133,8 +142,16 @@ pub struct ChaosOptions {
 
 impl ChaosOptions {
     /// The faults chaos draws from when none are named: every one that fits the server.
+    /// `disk-full` only as root, who can mount the tmpfs it needs.
     pub fn default_faults(hosts: usize) -> Vec<Fault> {
         let mut faults = vec![Fault::WorkerKill, Fault::WorkerStall];
+        if hosts == 0 {
+            faults.push(Fault::SupervisorKill);
+            // SAFETY: geteuid(2) cannot fail and touches no memory.
+            if unsafe { libc::geteuid() } == 0 {
+                faults.push(Fault::DiskFull);
+            }
+        }
         if hosts > 0 {
             use RedisAim::{First, Release};
             faults.extend([
@@ -154,6 +171,9 @@ impl ChaosOptions {
 /// How long `--fault worker-stall` stops the worker.
 pub const WORKER_STALL: Duration = Duration::from_millis(300);
 
+/// How long `disk-full` holds the ledger's disk full before deleting the filler.
+pub const DISK_FULL_HOLD: Duration = Duration::from_secs(5);
+
 impl Fault {
     pub fn parse(name: &str) -> anyhow::Result<Fault> {
         match name {
@@ -165,6 +185,9 @@ impl Fault {
             "postgres" | "postgres-restart" => Ok(Fault::Postgres),
             "worker-stall" => Ok(Fault::WorkerStall),
             "worker-kill" => Ok(Fault::WorkerKill),
+            // The core lives in the supervisor's process: killing one kills the other.
+            "supervisor-kill" | "core-kill" => Ok(Fault::SupervisorKill),
+            "disk-full" => Ok(Fault::DiskFull),
             "gateway-kill" => Ok(Fault::Gateway),
             "redis-master-kill" => Ok(Fault::RedisMaster(RedisAim::First)),
             "redis-master-kill:rel" => Ok(Fault::RedisMaster(RedisAim::Release)),
@@ -172,7 +195,7 @@ impl Fault {
             "partition-postgres" => Ok(Fault::Partition(hongbao_lab::Cut::Postgres)),
             other => {
                 anyhow::bail!(
-                    "a fault is worker-stall, worker-kill, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], postgres[-restart] or partition-redis|postgres, not {other:?}"
+                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], postgres[-restart] or partition-redis|postgres, not {other:?}"
                 )
             }
         }
@@ -188,6 +211,8 @@ impl Fault {
             Fault::Postgres => "postgres",
             Fault::WorkerStall => "worker-stall",
             Fault::WorkerKill => "worker-kill",
+            Fault::SupervisorKill => "supervisor-kill",
+            Fault::DiskFull => "disk-full",
             Fault::Partition(hongbao_lab::Cut::Redis) => "partition-redis",
             Fault::Partition(hongbao_lab::Cut::Postgres) => "partition-postgres",
         }
@@ -195,11 +220,32 @@ impl Fault {
 
     /// Whether the fault is done to a lab (`--hosts`) rather than to any server.
     pub fn needs_lab(self) -> bool {
-        !matches!(self, Fault::WorkerStall | Fault::WorkerKill)
+        !matches!(
+            self,
+            Fault::WorkerStall | Fault::WorkerKill | Fault::SupervisorKill | Fault::DiskFull
+        )
+    }
+
+    /// Whether the fault is done only to one local server (no `--hosts`): a lab's
+    /// gateway is killed by `gateway-kill`, and its ledger is PostgreSQL's.
+    pub fn one_server_only(self) -> bool {
+        matches!(self, Fault::SupervisorKill | Fault::DiskFull)
+    }
+
+    /// Whether the fault needs the server's ledger on a small tmpfs the bench mounts.
+    pub fn needs_small_disk(self) -> bool {
+        self == Fault::DiskFull
     }
 }
 
 impl BenchOptions {
+    /// Every fault the run may do: `--fault`'s and the chaos list's.
+    pub fn faults(&self) -> impl Iterator<Item = Fault> + '_ {
+        self.fault
+            .into_iter()
+            .chain(self.chaos.iter().flat_map(|c| c.faults.iter().copied()))
+    }
+
     pub fn preset(preset: Preset) -> BenchOptions {
         let base = BenchOptions {
             connections: 20_000,
@@ -237,5 +283,40 @@ impl BenchOptions {
                 ..base
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_core_is_killed_with_its_supervisor_and_names_come_back() {
+        assert_eq!(Fault::parse("core-kill").unwrap(), Fault::SupervisorKill);
+        for name in [
+            "worker-kill",
+            "worker-stall",
+            "supervisor-kill",
+            "disk-full",
+        ] {
+            let fault = Fault::parse(name).unwrap();
+            assert_eq!(fault.name(), name);
+            assert!(!fault.needs_lab(), "{name}");
+        }
+        assert!(Fault::SupervisorKill.one_server_only() && Fault::DiskFull.one_server_only());
+        assert!(!Fault::WorkerKill.one_server_only());
+        let e = Fault::parse("disk").unwrap_err().to_string();
+        assert!(e.contains("disk-full") && e.contains("core-kill"), "{e}");
+    }
+
+    #[test]
+    fn one_servers_chaos_kills_its_supervisor_and_fills_its_disk_as_root() {
+        let one = ChaosOptions::default_faults(0);
+        assert!(one.contains(&Fault::SupervisorKill));
+        // SAFETY: geteuid(2) cannot fail and touches no memory.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert_eq!(one.contains(&Fault::DiskFull), root);
+        let lab = ChaosOptions::default_faults(2);
+        assert!(lab.iter().all(|f| !f.one_server_only()), "{lab:?}");
     }
 }
