@@ -75,7 +75,7 @@ pub struct BenchArgs {
     /// (or core-kill: the core is in the supervisor's process) or disk-full (root: the
     /// ledger goes on a tmpfs of its own) on one local server, or with --hosts gateway,
     /// redis-master, redis-freeze (":rel": the master holding the release of campaign
-    /// packets), postgres or partition-redis|postgres (docs/bench.md)
+    /// packets), redis-wipe, postgres or partition-redis|postgres (docs/bench.md)
     #[arg(long)]
     fault: Option<String>,
     /// Seconds into the first phase for --fault
@@ -91,8 +91,8 @@ pub struct BenchArgs {
     /// With --chaos: the faults to draw from, comma-separated [default: worker-kill,
     /// worker-stall; on one local server also supervisor-kill (core-kill) and, as root,
     /// disk-full; with --hosts also gateway-kill, redis-master-kill,
-    /// redis-master-kill:rel, redis-freeze:rel, postgres-restart, partition-redis,
-    /// partition-postgres]
+    /// redis-master-kill:rel, redis-freeze:rel, redis-wipe, postgres-restart,
+    /// partition-redis, partition-postgres]
     #[arg(long, value_name = "LIST")]
     chaos_faults: Option<String>,
 }

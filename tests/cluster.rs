@@ -537,7 +537,7 @@ fn benches_survive_a_gateway_a_redis_master_and_postgres_failing_mid_run() {
 /// `hongbao bench --hosts 2 --chaos`: lab faults at random moments while the clients
 /// work (a Redis master killed — the one holding the release — and rejoined as a
 /// replica, a master frozen, PostgreSQL restarted, a gateway host cut off from Redis for
-/// 5–15 s), each healed before the next: every packet won, every share opened, the audit
+/// 5–15 s, every Redis master flushed), each healed before the next: every packet won, every share opened, the audit
 /// and the history exact (docs/bench.md, `--chaos`). It found shake packets released
 /// and never won (1,686 of 2,500): a killed master's replica, restarted and not yet
 /// synced (Redis waited 5 s to start a diskless sync), was promoted when the new master
@@ -548,7 +548,8 @@ fn benches_survive_a_gateway_a_redis_master_and_postgres_failing_mid_run() {
 fn a_chaos_bench_across_lab_hosts_survives_every_fault_in_turn() {
     let _one = one_lab();
     let out = tempfile::tempdir().unwrap();
-    let faults = "redis-master-kill:rel,redis-freeze:rel,postgres-restart,partition-redis";
+    let faults =
+        "redis-master-kill:rel,redis-freeze:rel,postgres-restart,partition-redis,redis-wipe";
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_hongbao"))
         .args(["bench", "--hosts", "2", "--connections", "1000"])
         .args(["--workers", "1", "--procs", "1", "--phase-qps", "500"])

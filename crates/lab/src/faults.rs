@@ -119,6 +119,12 @@ impl Lab {
         redis::wait_until("every Redis node to be connected", timeout, || {
             redis::nodes(addr).is_ok_and(|ns| ns.len() == total && ns.iter().all(|n| !n.failed))
         })?;
+        self.wait_synced(addr, timeout)
+    }
+
+    /// Waits until the Redis replica at `addr` has synced its master's data: until then
+    /// it is no replica to fail over to (promoted, it would serve its slots empty).
+    pub fn wait_synced(&self, addr: Ipv4Addr, timeout: Duration) -> anyhow::Result<()> {
         redis::wait_until("the node to sync from its master", timeout, || {
             redis::cli(addr, &["INFO", "replication"]).is_ok_and(|info| {
                 info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0")

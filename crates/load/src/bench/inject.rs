@@ -195,12 +195,23 @@ fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -
             Ok(addr) => {
                 lab.freeze_redis(addr, Duration::from_secs(8));
                 let t = Instant::now();
-                match lab.wait_redis_whole(Some(addr), HEAL_TIMEOUT) {
+                let whole = match lab.wait_redis_whole(Some(addr), HEAL_TIMEOUT) {
                     Ok(()) => format!(
                         "froze the Redis master {addr} for 8 s (SIGSTOP, then SIGCONT); the cluster was whole without it as master {:.1} s after",
                         t.elapsed().as_secs_f64()
                     ),
-                    Err(e) => format!("froze the Redis master {addr} for 8 s; {e:#}"),
+                    Err(e) => return format!("froze the Redis master {addr} for 8 s; {e:#}"),
+                };
+                if !heal {
+                    return whole;
+                }
+                // Healed once the old master, now a replica, holds its new master's data.
+                match lab.wait_synced(addr, HEAL_TIMEOUT) {
+                    Ok(()) => format!(
+                        "{whole}; it had synced as a replica {:.1} s after",
+                        t.elapsed().as_secs_f64()
+                    ),
+                    Err(e) => format!("{whole}; {e:#}"),
                 }
             }
             Err(e) => format!("no Redis master to freeze: {e:#}"),
@@ -222,6 +233,13 @@ fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -
                 Err(e) => format!("cutting gateway host {name} off from {what}: {e:#}"),
             }
         }
+        Fault::RedisWipe => match lab.wipe_redis() {
+            Ok(masters) => format!(
+                "every Redis master ({}) flushed: the cluster forgot everything it held",
+                masters.len()
+            ),
+            Err(e) => format!("flushing Redis: {e:#}"),
+        },
         Fault::Postgres => match lab.restart_postgres(Duration::from_secs(2)) {
             Ok(()) => "stopped PostgreSQL and started it again 2 s later".to_string(),
             Err(e) => format!("restarting PostgreSQL: {e:#}"),

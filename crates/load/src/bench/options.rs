@@ -94,6 +94,10 @@ pub enum Fault {
     RedisFreeze(RedisAim),
     /// Stop PostgreSQL, and start it again two seconds later.
     Postgres,
+    /// `FLUSHALL` on every Redis master: the cluster forgets everything it held, as one
+    /// restarted without persistence would (the hosts restore what they need from
+    /// PostgreSQL and from what they know).
+    RedisWipe,
     /// One local server: SIGSTOP a gateway worker for [`WORKER_STALL`], then SIGCONT.
     WorkerStall,
     /// SIGKILL a gateway worker; the supervisor starts another, its clients reconnect.
@@ -160,6 +164,7 @@ impl ChaosOptions {
                 Fault::RedisMaster(Release),
                 Fault::RedisFreeze(Release),
                 Fault::Postgres,
+                Fault::RedisWipe,
                 Fault::Partition(hongbao_lab::Cut::Redis),
                 Fault::Partition(hongbao_lab::Cut::Postgres),
             ]);
@@ -183,6 +188,7 @@ impl Fault {
             "redis-freeze" => Ok(Fault::RedisFreeze(RedisAim::First)),
             "redis-freeze:rel" => Ok(Fault::RedisFreeze(RedisAim::Release)),
             "postgres" | "postgres-restart" => Ok(Fault::Postgres),
+            "redis-wipe" => Ok(Fault::RedisWipe),
             "worker-stall" => Ok(Fault::WorkerStall),
             "worker-kill" => Ok(Fault::WorkerKill),
             // The core lives in the supervisor's process: killing one kills the other.
@@ -195,7 +201,7 @@ impl Fault {
             "partition-postgres" => Ok(Fault::Partition(hongbao_lab::Cut::Postgres)),
             other => {
                 anyhow::bail!(
-                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], postgres[-restart] or partition-redis|postgres, not {other:?}"
+                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart] or partition-redis|postgres, not {other:?}"
                 )
             }
         }
@@ -209,6 +215,7 @@ impl Fault {
             Fault::RedisFreeze(RedisAim::First) => "redis-freeze",
             Fault::RedisFreeze(RedisAim::Release) => "redis-freeze:rel",
             Fault::Postgres => "postgres",
+            Fault::RedisWipe => "redis-wipe",
             Fault::WorkerStall => "worker-stall",
             Fault::WorkerKill => "worker-kill",
             Fault::SupervisorKill => "supervisor-kill",
