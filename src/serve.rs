@@ -47,6 +47,9 @@ pub struct ServeArgs {
     /// Answer "overloaded" to a shake that waited in the kernel longer than this (a share, all past twice it); 0 never [default: 0]
     #[arg(long)]
     max_queue_ms: Option<u32>,
+    /// Order of reading ready connections: adaptive (newest first while a queue stands) or fifo [default: adaptive]
+    #[arg(long)]
+    ready_order: Option<hongbao_server::config::ReadyOrder>,
     /// Pace a broadcast while shakes wait in the kernel longer than this; 0 never [default: 0]
     #[arg(long)]
     broadcast_yield_ms: Option<u32>,
@@ -138,6 +141,9 @@ fn serve_config(args: ServeArgs) -> Result<ServeConfig> {
     }
     if let Some(v) = args.max_queue_ms {
         cfg.max_queue_ms = v;
+    }
+    if let Some(v) = args.ready_order {
+        cfg.ready_order = v;
     }
     if let Some(v) = args.broadcast_yield_ms {
         cfg.broadcast_yield_ms = v;

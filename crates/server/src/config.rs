@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
@@ -59,6 +59,11 @@ pub struct ServeConfig {
     /// the machine is behind, and well-behaved clients back off. 0 never (the default;
     /// `hongbao bench` sets it).
     pub max_queue_ms: u32,
+    /// The order a worker reads the connections epoll reported: "adaptive" (oldest first,
+    /// newest first while a queue stands; no shake cap; worker/ready.rs) or "fifo"
+    /// (oldest first always, with the shake cap, as before there was a choice; for A/B
+    /// measurement).
+    pub ready_order: ReadyOrder,
     /// While a broadcast is being written, a worker whose shakes waited in the kernel
     /// longer than this halves the rate it writes the broadcast at (per 10 ms; it grows
     /// back while they do not), so a broadcast does not take the shakes' CPU. 0 never:
@@ -73,6 +78,33 @@ pub struct ServeConfig {
     /// Cluster mode: this host's name, unique among the gateways [default: the hostname
     /// and the client port].
     pub host_name: String,
+}
+
+/// The order a gateway worker reads the connections epoll reported readable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadyOrder {
+    /// Oldest first; newest first while a queue stands (controlled delay, adaptive LIFO);
+    /// no shake cap.
+    #[default]
+    Adaptive,
+    /// Oldest first always, all of them before epoll is asked again, and the shake cap
+    /// (worker/cap.rs) after a queue past `max_queue_ms`.
+    Fifo,
+}
+
+impl std::str::FromStr for ReadyOrder {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<ReadyOrder, String> {
+        match s {
+            "adaptive" => Ok(ReadyOrder::Adaptive),
+            "fifo" => Ok(ReadyOrder::Fifo),
+            _ => Err(format!(
+                "ready order must be \"adaptive\" or \"fifo\", not {s:?}"
+            )),
+        }
+    }
 }
 
 pub use hongbao_proto::token::DEV_SECRET;
@@ -101,6 +133,7 @@ impl Default for ServeConfig {
             commit_max_batch: 4096,
             monitor: String::new(),
             max_queue_ms: 0,
+            ready_order: ReadyOrder::Adaptive,
             broadcast_yield_ms: 0,
             redis: String::new(),
             postgres: String::new(),
@@ -179,6 +212,14 @@ mod tests {
         std::fs::write(&path, "workers = \"4\"\nmax_shake_qps = 500\n").unwrap();
         let cfg = ServeConfig::load(Some(&path)).unwrap();
         assert_eq!((cfg.workers.as_str(), cfg.max_shake_qps), ("4", 500));
+        std::fs::write(&path, "ready_order = \"fifo\"\n").unwrap();
+        let cfg = ServeConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.ready_order, ReadyOrder::Fifo);
+        assert_eq!(ServeConfig::default().ready_order, ReadyOrder::Adaptive);
+        std::fs::write(&path, "ready_order = \"lifo\"\n").unwrap();
+        assert!(ServeConfig::load(Some(&path)).is_err());
+        assert_eq!("fifo".parse(), Ok(ReadyOrder::Fifo));
+        assert!("lifo".parse::<ReadyOrder>().is_err());
         std::fs::write(&path, "wrokers = 4\n").unwrap();
         assert!(ServeConfig::load(Some(&path)).is_err());
     }

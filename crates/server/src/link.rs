@@ -6,6 +6,7 @@
 use hongbao_money::seam::Op;
 use hongbao_money::{ConnId, Push, Reply, UserId, WorkerId};
 
+use crate::config::ReadyOrder;
 use crate::stats::WorkerStats;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -103,6 +104,8 @@ pub struct WorkerConfig {
     pub demo_login: bool,
     /// See `ServeConfig::max_queue_ms`.
     pub max_queue_ms: u32,
+    /// See `ServeConfig::ready_order`.
+    pub ready_order: ReadyOrder,
     /// See `ServeConfig::broadcast_yield_ms`.
     pub broadcast_yield_ms: u32,
 }

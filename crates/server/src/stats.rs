@@ -61,7 +61,8 @@ counters!(
     /// share of those up to twice it, all beyond).
     shakes_shed_late,
     /// Of `shakes_overloaded`: refused by the shake cap a worker sets once a queue past
-    /// `max_queue_ms` has drained (at what it was just seen to serve a second).
+    /// `max_queue_ms` has drained (at what it was just seen to serve a second), in the
+    /// `fifo` read order only.
     shakes_shed_capped,
     sends,
     opens,

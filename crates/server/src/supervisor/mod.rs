@@ -228,6 +228,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
         max_output_bytes: cfg.max_output_bytes,
         demo_login: cfg.demo_login(),
         max_queue_ms: cfg.max_queue_ms,
+        ready_order: cfg.ready_order,
         broadcast_yield_ms: cfg.broadcast_yield_ms,
     };
     let monitor = (!cfg.monitor.is_empty()).then(|| Reporter::start(&cfg.monitor));

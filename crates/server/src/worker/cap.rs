@@ -1,6 +1,8 @@
 //! The shake cap: once a queue of shakes past `max_queue_ms` has drained, a worker admits
 //! no more shakes a second than it was just seen to serve, and answers the rest
-//! `overloaded` at once, as they are read.
+//! `overloaded` at once, as they are read. Only in the `fifo` read order (`ready_order`):
+//! the adaptive order reads the newest connections first instead (ready.rs), and against
+//! clients that ignore the back-off hint a cap held workers at their least for good.
 //!
 //! Shedding only what has waited too long acts on the queue's length, and the users it
 //! sends away act on what arrives only once they have heard it and stayed away: one

@@ -441,6 +441,7 @@ mod tests {
             max_output_bytes: 1 << 16,
             demo_login: false,
             max_queue_ms: 0,
+            ready_order: crate::config::ReadyOrder::Adaptive,
             broadcast_yield_ms: 0,
         }
     }

@@ -262,6 +262,7 @@ impl Worker {
         }
         self.leave(key);
         self.authenticated(key);
+        self.ready.remove(key);
         let mut conn = self.conns.remove(key);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.stats.counters.closed += 1;

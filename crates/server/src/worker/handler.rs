@@ -15,6 +15,7 @@ use super::codec::Sent;
 use super::conn::conn_id;
 use super::wire::{Auth, Inbound};
 use super::{unix_now, Worker};
+use crate::config::ReadyOrder;
 use crate::link::ToCore;
 
 /// Shakes admitted per wall-clock second: this worker's share of `max_shake_qps`.
@@ -335,10 +336,17 @@ impl Worker {
         let users = self.stats.levels.logged_in;
         self.backoff.shake(now, waited, users);
         self.pacer.shake_waited(waited);
-        // Once such a queue has drained, what arrives above what the worker was seen to
-        // serve is shed as it is read (cap.rs).
-        self.cap.shake(now, waited, max);
-        let capped = !late && !self.cap.admit();
+        // In the FIFO order only: once such a queue has drained, what arrives above what
+        // the worker was seen to serve is shed as it is read (cap.rs). In the adaptive
+        // order the ready queue reads the newest first instead, and a cap would only
+        // throw away work the worker could do: answering `overloaded` costs what serving
+        // does, and clients that ignore the hint held a capped worker at its least for
+        // good (docs/BENCHMARKS.md).
+        let fifo = self.cfg.ready_order == ReadyOrder::Fifo;
+        if fifo {
+            self.cap.shake(now, waited, max);
+        }
+        let capped = fifo && !late && !self.cap.admit();
         if capped {
             self.stats.counters.shakes_shed_capped += 1;
         }

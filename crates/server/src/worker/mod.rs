@@ -13,6 +13,8 @@
 //!
 //! This file: the worker's record, its start, the event loop and the read path. The rest:
 //! - `accept`: taking connections in, and the limits on those not yet logged in;
+//! - `ready`: the connections reported readable and not yet read, and the order they
+//!   are read in (oldest first; newest first while a queue stands);
 //! - `conn`: the connection record, and writing, kicking, closing;
 //! - `codec`: the wire seam — binary frames, WebSocket;
 //! - `http`: HTTP on the listener — the API, the browser page, WebSocket upgrades;
@@ -31,6 +33,7 @@ mod conn;
 mod core_link;
 mod handler;
 mod http;
+mod ready;
 mod tick;
 mod wire;
 
@@ -47,6 +50,7 @@ use mio::net::{TcpListener, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
+use crate::config::ReadyOrder;
 use crate::link::{self, ToCore, WorkerConfig};
 use crate::stats::WorkerStats;
 use broadcast::{BroadcastJob, Pacer};
@@ -54,6 +58,7 @@ use codec::Codec;
 use conn::{Conn, State};
 use core_link::read_welcome;
 use handler::{Admission, Backoff};
+use ready::Ready;
 use tick::until_next_second;
 use wire::{Cx, Then};
 
@@ -62,8 +67,16 @@ const LINK: Token = Token(usize::MAX - 1);
 const LISTENERS: usize = usize::MAX - 2;
 /// Bytes read per `read` call into the worker's shared buffer.
 const READ_BUF: usize = 64 * 1024;
+/// Events taken from epoll a call.
+const EVENTS: usize = 1024;
 /// Reads one connection may do per readiness event before others get a turn.
 const READS_PER_TURN: usize = 4;
+/// Connections read from `Ready` between two looks at epoll (adaptive order). A read that
+/// answers a shake costs a few µs (its read and write calls), so a batch is about a
+/// millisecond: connections epoll reports meanwhile join the queue well inside its
+/// TARGET (5 ms), so the newest are known when the queue stands, while one epoll_wait
+/// with no timeout per batch costs under 1% of the batch.
+const READ_BATCH: usize = 128;
 
 pub struct WorkerOptions {
     pub index: WorkerId,
@@ -94,7 +107,11 @@ struct Worker {
     pacer: Pacer,
     /// This worker's wait for a CPU, which paces broadcasts while shakes are served.
     cpu_wait: hongbao_sys::usage::CpuWait,
-    /// Connections that hit `READS_PER_TURN` and still have input waiting.
+    /// Connections reported readable and not yet read.
+    ready: Ready,
+    /// Connections that hit `READS_PER_TURN` and still have input waiting. Not in
+    /// `ready`: epoll will not report them again until more arrives, so they are read on
+    /// to "would block" (right after the batch that left them), not up to a short read.
     again: Vec<usize>,
     link: UnixStream,
     link_in: Vec<u8>,
@@ -161,6 +178,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     );
     (&std_link).write_all(&hello)?;
     let (cfg, early, link_in) = read_welcome(&std_link)?;
+    let ready = Ready::new(cfg.ready_order);
     if cfg.stamps() {
         for l in &mut listeners {
             net::enable_receive_timestamps(&l.socket)?;
@@ -185,6 +203,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         broadcasts: VecDeque::new(),
         pacer: Pacer::new(Instant::now()),
         cpu_wait: hongbao_sys::usage::CpuWait::open(),
+        ready,
         again: Vec::new(),
         link,
         link_in,
@@ -222,42 +241,21 @@ impl Worker {
     }
 
     fn event_loop(&mut self) -> anyhow::Result<()> {
-        let mut events = Events::with_capacity(1024);
+        let mut events = Events::with_capacity(EVENTS);
         let mut read_buf = vec![0u8; READ_BUF];
         // Ticks fall just after each whole wall-clock second, in every worker alike, so the
         // per-second counters of all workers describe the same second.
         let mut next_tick = Instant::now() + until_next_second();
         while !self.shutdown {
             let until_tick = next_tick.saturating_duration_since(Instant::now());
-            let timeout = if self.again.is_empty() {
+            let timeout = if self.again.is_empty() && self.ready.is_empty() {
                 self.broadcast_wait()
                     .map_or(until_tick, |w| w.min(until_tick))
             } else {
                 Duration::ZERO
             };
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
-                if e.kind() == ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e.into());
-            }
-            for event in events.iter() {
-                match event.token() {
-                    LINK => self.on_link(event.is_readable())?,
-                    Token(t) if t > LISTENERS - self.listeners.len() && t <= LISTENERS => {
-                        self.accept(LISTENERS - t)
-                    }
-                    Token(key) => {
-                        if event.is_writable() {
-                            self.flush_conn(key);
-                        }
-                        let closing = event.is_read_closed() || event.is_error();
-                        if event.is_readable() || closing {
-                            self.on_readable(key, &mut read_buf, closing);
-                        }
-                    }
-                }
-            }
+            self.poll_all(&mut events, timeout, &mut read_buf)?;
+            self.read_ready(&mut read_buf);
             for key in std::mem::take(&mut self.again) {
                 self.on_readable(key, &mut read_buf, true);
             }
@@ -278,7 +276,72 @@ impl Worker {
         Ok(())
     }
 
+    /// Polls once, waiting up to `timeout`, and takes what epoll reports: the link,
+    /// listeners, writable connections at once, readable ones into `ready`. In the
+    /// adaptive order it then polls on without waiting while a poll comes back full:
+    /// epoll gives the longest-ready connections first, `EVENTS` at a time, and after a
+    /// stall it holds a backlog of them — the newest connections are known only once all
+    /// of it is in `ready` (a few µs a thousand).
+    fn poll_all(
+        &mut self,
+        events: &mut Events,
+        timeout: Duration,
+        read_buf: &mut [u8],
+    ) -> anyhow::Result<()> {
+        let mut timeout = timeout;
+        loop {
+            match self.poll.poll(events, Some(timeout)) {
+                Err(e) if e.kind() == ErrorKind::Interrupted => return Ok(()),
+                other => other?,
+            }
+            // One clock read a poll: the events of one poll were reported together.
+            let reported = self.started.elapsed();
+            let mut taken = 0;
+            for event in events.iter() {
+                taken += 1;
+                match event.token() {
+                    LINK => self.on_link(event.is_readable())?,
+                    Token(t) if t > LISTENERS - self.listeners.len() && t <= LISTENERS => {
+                        self.accept(LISTENERS - t)
+                    }
+                    Token(key) => {
+                        if event.is_writable() {
+                            self.flush_conn(key);
+                        }
+                        if event.is_read_closed() || event.is_error() {
+                            // The last of what it sent, then the close: at once, as
+                            // there is nothing newer to come from it.
+                            self.on_readable(key, read_buf, true);
+                        } else if event.is_readable() {
+                            self.ready.push(key, reported);
+                        }
+                    }
+                }
+            }
+            if taken < EVENTS || self.cfg.ready_order == ReadyOrder::Fifo || self.shutdown {
+                return Ok(());
+            }
+            timeout = Duration::ZERO;
+        }
+    }
+
     // ----- the read path --------------------------------------------------------------
+
+    /// Reads the connections `ready` gives, in its order: a batch of them in the adaptive
+    /// order, so that what epoll reports meanwhile is seen between batches; all of them
+    /// in FIFO order, as every reported connection was read before `Ready` existed.
+    fn read_ready(&mut self, buf: &mut [u8]) {
+        let batch = match self.cfg.ready_order {
+            ReadyOrder::Adaptive => READ_BATCH,
+            ReadyOrder::Fifo => usize::MAX,
+        };
+        for _ in 0..batch {
+            let Some(key) = self.ready.pop(self.started.elapsed()) else {
+                return;
+            };
+            self.on_readable(key, buf, false);
+        }
+    }
 
     /// Reads what a connection sent, at most `READS_PER_TURN` buffers a turn. A short
     /// read emptied the socket and ends it (epoll, edge-triggered, says when more

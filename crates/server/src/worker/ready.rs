@@ -1,0 +1,436 @@
+//! The worker's queue of connections reported readable and not yet read, and the order
+//! it reads them in: controlled delay with adaptive LIFO (Facebook, "Fail at Scale", ACM
+//! Queue 2015).
+//!
+//! If the oldest queued connection has waited more than TARGET (100 ms) continuously for
+//! INTERVAL (500 ms), the queue is standing: pop the newest first (LIFO) until the queue
+//! empties or the oldest wait is under TARGET again; otherwise pop the oldest first (FIFO).
+//!
+//! Why it drains an overload that FIFO never drains: each connection sends a request every
+//! few seconds, and edge-triggered epoll reports a connection again whenever new bytes
+//! reach it. The event loop (`mod.rs`) queues what epoll reports here and reads a batch at
+//! a time. After a stall the kernel holds seconds of requests; read oldest first, every
+//! request read is already late, each costs its read and write whether it is served or
+//! shed, and the queue never shortens. Read newest first, the connections just reported
+//! carry fresh requests and are served at once; a connection left behind is reported
+//! again when its next request comes, moves to the newest end (`push` of a queued key),
+//! and one read takes its old request(s) with the new one — so the backlog dissolves
+//! within one send interval at almost no extra cost. Shakes that waited past
+//! `max_queue_ms` are still shed by the handler's share rule; in this order there is no
+//! shake cap (`handler.rs`). A short deadline while the queue stands (FB's other half)
+//! was tried and dropped: on two cores twelve workers wait for a CPU for tens of ms, and
+//! a 20 ms deadline shed most of what each read after such a wait (docs/BENCHMARKS.md).
+//!
+//! The queue holds each connection once: a key pushed again leaves its older entry behind
+//! as stale (its push number is no longer the key's), skipped when met, and the deque is
+//! compacted when stale entries outnumber live ones. So it is bounded by twice the
+//! worker's connections, and each operation is O(1) amortized. Time is passed in (time
+//! since the worker started), never read here, so tests run on a simulated clock.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::config::ReadyOrder;
+
+/// A queued connection waiting longer than this is a queue, not a burst (CoDel's target).
+/// Not CoDel's 5 ms: on two cores a worker among a dozen waits for a CPU for tens of ms
+/// as a matter of course, and at 5 ms (and at 50) the queue stood at a steady 60,000/s
+/// that FIFO served with a p99 of 5–16 ms — read newest first for good, it left the
+/// oldest seconds behind (docs/BENCHMARKS.md). Half the bench's `max_queue_ms`: a queue
+/// whose head is this old is one FIFO would soon be shedding.
+pub(super) const TARGET: Duration = Duration::from_millis(100);
+/// ...and a queue over TARGET this long is standing (CoDel's interval, scaled alike): a
+/// backlog of half a second, not a moment's wait for a CPU.
+pub(super) const INTERVAL: Duration = Duration::from_millis(500);
+
+/// Stale entries beyond twice the live ones, plus this, make `push` compact the deque:
+/// the slack keeps a small queue from compacting on every push.
+const COMPACT_SLACK: usize = 1024;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    key: usize,
+    /// The key's push number when this entry was made.
+    push: u64,
+    /// When it was pushed (µs since the worker started).
+    at_us: u64,
+}
+
+pub(super) struct Ready {
+    order: ReadyOrder,
+    /// Entries in push order, oldest at the front; some stale.
+    entries: VecDeque<Entry>,
+    /// By slab key: the push number of its live entry, 0 when it has none.
+    live: Vec<u64>,
+    /// Live entries.
+    len: usize,
+    pushes: u64,
+    /// Since when the oldest wait has been over TARGET (µs), as the pops saw it.
+    over_since_us: Option<u64>,
+    standing: bool,
+}
+
+fn micros(t: Duration) -> u64 {
+    t.as_micros() as u64
+}
+
+impl Ready {
+    pub(super) fn new(order: ReadyOrder) -> Ready {
+        Ready {
+            order,
+            entries: VecDeque::new(),
+            live: Vec::new(),
+            len: 0,
+            pushes: 0,
+            over_since_us: None,
+            standing: false,
+        }
+    }
+
+    /// Queues `key`, reported readable at `now`; a key already queued moves to the newest
+    /// end, with `now` as its time.
+    pub(super) fn push(&mut self, key: usize, now: Duration) {
+        if key >= self.live.len() {
+            self.live.resize(key + 1, 0);
+        }
+        if self.live[key] == 0 {
+            self.len += 1;
+        }
+        self.pushes += 1;
+        self.live[key] = self.pushes;
+        self.entries.push_back(Entry {
+            key,
+            push: self.pushes,
+            at_us: micros(now),
+        });
+        if self.entries.len() > 2 * self.len + COMPACT_SLACK {
+            let live = &self.live;
+            self.entries.retain(|e| live[e.key] == e.push);
+        }
+    }
+
+    /// Forgets `key` (its connection closed): it is not returned, even if its slot is
+    /// taken by a new connection, until that one is pushed.
+    pub(super) fn remove(&mut self, key: usize) {
+        if let Some(push) = self.live.get_mut(key).filter(|p| **p != 0) {
+            *push = 0;
+            self.len -= 1;
+        }
+    }
+
+    /// The connection to read next at `now`, in the order the module header states.
+    pub(super) fn pop(&mut self, now: Duration) -> Option<usize> {
+        self.drop_stale_front();
+        let Some(oldest) = self.entries.front() else {
+            self.over_since_us = None;
+            self.standing = false;
+            return None;
+        };
+        if self.order == ReadyOrder::Adaptive {
+            let now_us = micros(now);
+            if now_us.saturating_sub(oldest.at_us) > micros(TARGET) {
+                let since = *self.over_since_us.get_or_insert(now_us);
+                self.standing = now_us - since >= micros(INTERVAL);
+            } else {
+                self.over_since_us = None;
+                self.standing = false;
+            }
+        }
+        let entry = if self.standing {
+            loop {
+                let e = self.entries.pop_back().expect("a live entry is queued");
+                if self.is_live(e) {
+                    break e;
+                }
+            }
+        } else {
+            self.entries.pop_front().expect("the front is live")
+        };
+        self.live[entry.key] = 0;
+        self.len -= 1;
+        Some(entry.key)
+    }
+
+    /// Connections queued.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the last `pop` found the queue standing (and so popped the newest).
+    #[cfg(test)]
+    pub(super) fn standing(&self) -> bool {
+        self.standing
+    }
+
+    fn is_live(&self, e: Entry) -> bool {
+        self.live[e.key] == e.push
+    }
+
+    fn drop_stale_front(&mut self) {
+        while let Some(&e) = self.entries.front() {
+            if self.is_live(e) {
+                return;
+            }
+            self.entries.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    fn drain(r: &mut Ready, now: Duration) -> Vec<usize> {
+        std::iter::from_fn(|| r.pop(now)).collect()
+    }
+
+    #[test]
+    fn calm_queues_pop_oldest_first() {
+        let mut r = Ready::new(ReadyOrder::Adaptive);
+        for key in [3, 1, 2] {
+            r.push(key, ms(10));
+        }
+        assert_eq!(r.len(), 3);
+        assert_eq!(drain(&mut r, ms(11)), [3, 1, 2]);
+        assert!(r.is_empty() && !r.standing());
+    }
+
+    #[test]
+    fn turns_lifo_only_after_an_interval_over_target_and_fifo_once_drained() {
+        let mut r = Ready::new(ReadyOrder::Adaptive);
+        for key in 0..10 {
+            r.push(key, ms(0));
+        }
+        // Over TARGET from here, but not yet for INTERVAL: oldest first.
+        let over = TARGET + ms(1);
+        assert_eq!(r.pop(over), Some(0));
+        assert!(!r.standing());
+        assert_eq!(r.pop(over + INTERVAL - us(1)), Some(1));
+        assert!(!r.standing());
+        // An INTERVAL over TARGET: newest first.
+        assert_eq!(r.pop(over + INTERVAL), Some(9));
+        assert!(r.standing());
+        assert_eq!(r.pop(over + INTERVAL + ms(1)), Some(8));
+        assert_eq!(drain(&mut r, over + INTERVAL + ms(1)), [7, 6, 5, 4, 3, 2]);
+        assert!(!r.standing(), "an empty queue stands no more");
+        // Calm again: oldest first, even with waits over TARGET for a while.
+        let later = ms(10_000);
+        r.push(20, later);
+        r.push(21, later + ms(1));
+        assert_eq!(r.pop(later + TARGET + ms(10)), Some(20));
+        assert!(!r.standing());
+    }
+
+    #[test]
+    fn a_wait_under_target_in_between_restarts_the_interval() {
+        let mut r = Ready::new(ReadyOrder::Adaptive);
+        let a = TARGET * 2;
+        r.push(0, ms(0));
+        r.push(1, a);
+        for key in 2..5 {
+            r.push(key, a + ms(1));
+        }
+        assert_eq!(r.pop(TARGET + ms(1)), Some(0), "over TARGET from here");
+        // The oldest (1) waited 2 ms: not a queue, and the clock stops.
+        assert_eq!(r.pop(a + ms(2)), Some(1));
+        // Over TARGET again from here, not since the first pop.
+        let over = a + ms(1) + TARGET + ms(1);
+        assert_eq!(r.pop(over), Some(2));
+        assert!(!r.standing());
+        assert_eq!(r.pop(over + INTERVAL), Some(4));
+        assert!(r.standing());
+    }
+
+    #[test]
+    fn falls_back_to_fifo_when_the_oldest_wait_is_under_target_again() {
+        let mut r = Ready::new(ReadyOrder::Adaptive);
+        for key in 0..4 {
+            r.push(key, ms(0));
+        }
+        let over = TARGET + ms(1);
+        r.pop(over);
+        assert_eq!(r.pop(over + INTERVAL), Some(3));
+        assert!(r.standing());
+        // The old connections are reported again (new bytes): the oldest wait is fresh.
+        let t = over + INTERVAL + ms(10);
+        r.push(1, t);
+        r.push(2, t + ms(1));
+        assert_eq!(r.pop(t + ms(2)), Some(1));
+        assert!(!r.standing());
+    }
+
+    #[test]
+    fn a_key_pushed_again_moves_to_the_newest_end_and_pops_once() {
+        let mut r = Ready::new(ReadyOrder::Adaptive);
+        for key in [1, 2, 3] {
+            r.push(key, ms(0));
+        }
+        r.push(1, ms(1));
+        assert_eq!(r.len(), 3);
+        assert_eq!(drain(&mut r, ms(2)), [2, 3, 1]);
+        // Newest first under a standing queue: the moved key comes first, once.
+        let mut r = Ready::new(ReadyOrder::Adaptive);
+        for key in [1, 2, 3] {
+            r.push(key, ms(0));
+        }
+        let over = TARGET + ms(1);
+        r.pop(over); // 1, and the clock starts
+        r.push(2, over + ms(1));
+        r.push(9, over + ms(2));
+        r.push(2, over + ms(3));
+        assert_eq!(drain(&mut r, over + INTERVAL), [2, 9, 3]);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn removed_and_stale_keys_are_never_returned() {
+        for order in [ReadyOrder::Adaptive, ReadyOrder::Fifo] {
+            let mut r = Ready::new(order);
+            for key in 0..6 {
+                r.push(key, ms(0));
+            }
+            r.remove(2);
+            r.remove(2);
+            r.remove(99); // never queued
+            r.push(4, ms(1));
+            r.remove(4);
+            assert_eq!(r.len(), 4);
+            let mut popped = vec![r.pop(ms(10)).unwrap()];
+            popped.extend(drain(&mut r, ms(200)));
+            popped.sort();
+            assert_eq!(popped, [0, 1, 3, 5], "{order:?}");
+            // A slot taken by a new connection is returned once that one is pushed.
+            r.push(2, ms(300));
+            assert_eq!(drain(&mut r, ms(300)), [2]);
+        }
+    }
+
+    #[test]
+    fn fifo_never_stands() {
+        let mut r = Ready::new(ReadyOrder::Fifo);
+        for key in 0..100 {
+            r.push(key, ms(0));
+        }
+        let popped: Vec<usize> = (0..100).map(|i| r.pop(ms(1000 + i)).unwrap()).collect();
+        assert_eq!(popped, (0..100).collect::<Vec<_>>());
+        assert!(!r.standing());
+    }
+
+    #[test]
+    fn stale_entries_are_compacted() {
+        let mut r = Ready::new(ReadyOrder::Adaptive);
+        for i in 0..100_000u64 {
+            r.push((i % 10) as usize, us(i));
+        }
+        assert_eq!(r.len(), 10);
+        assert!(r.entries.len() <= 2 * 10 + COMPACT_SLACK + 1);
+        assert_eq!(drain(&mut r, us(100_000)).len(), 10);
+    }
+
+    /// What each popped key waited in the queue (µs), by when it was popped.
+    struct Popped {
+        at_us: u64,
+        key: usize,
+        waited_us: u64,
+    }
+
+    /// A stall leaves `backlog` connections queued at t = 0; from then on a connection is
+    /// reported every 100 µs (10,000 a second) and one popped right after: the worker reads
+    /// exactly as fast as requests come, so the backlog can only go by being read
+    /// together with newer requests. With `repeat`, the reported connections are the
+    /// backlog's own, each sending once a second (its interval); else new ones.
+    fn backlog(order: ReadyOrder, backlog: usize, repeat: bool, secs: u64) -> (Ready, Vec<Popped>) {
+        let mut r = Ready::new(order);
+        let mut pushed_at = vec![0u64; 2 * backlog + 10_000 * secs as usize];
+        for key in 0..backlog {
+            r.push(key, Duration::ZERO);
+        }
+        let mut popped = Vec::new();
+        for i in 0..10_000 * secs {
+            let now_us = i * 100;
+            let key = if repeat {
+                i as usize % backlog
+            } else {
+                backlog + i as usize
+            };
+            pushed_at[key] = now_us;
+            r.push(key, us(now_us));
+            let key = r.pop(us(now_us)).unwrap();
+            popped.push(Popped {
+                at_us: now_us,
+                key,
+                waited_us: now_us - pushed_at[key],
+            });
+        }
+        (r, popped)
+    }
+
+    #[test]
+    fn after_a_stall_new_requests_are_served_at_once_while_the_backlog_waits() {
+        let (r, popped) = backlog(ReadyOrder::Adaptive, 10_000, false, 2);
+        // The first INTERVAL goes oldest first (about TARGET's worth of it before the
+        // clock starts); from then on the newest, within a pop of their report.
+        let standing_from = micros(TARGET + INTERVAL) + 100;
+        let late = popped
+            .iter()
+            .filter(|p| p.at_us >= standing_from)
+            .map(|p| p.waited_us)
+            .max();
+        assert_eq!(late, Some(0));
+        assert!(r.standing());
+        let old = popped.iter().filter(|p| p.key < 10_000).count() as u64;
+        let before = micros(TARGET + INTERVAL) / 100;
+        assert!((before..=before + 60).contains(&old), "{old} old ones read");
+        assert_eq!(
+            r.len(),
+            10_000,
+            "the rest of the backlog, and the new ones of the first INTERVAL"
+        );
+
+        // Oldest first, every request read has waited out the stall's second, for good.
+        let (r, popped) = backlog(ReadyOrder::Fifo, 10_000, false, 2);
+        assert!(popped
+            .iter()
+            .all(|p| p.key < 10_000 || p.waited_us >= 1_000_000));
+        assert!(popped[10_000..].iter().all(|p| p.waited_us == 1_000_000));
+        assert_eq!(r.len(), 10_000);
+    }
+
+    #[test]
+    fn a_backlog_of_connections_that_send_again_dissolves_in_one_interval() {
+        let (r, popped) = backlog(ReadyOrder::Adaptive, 10_000, true, 3);
+        // Each old connection is read when it sends again, together with its new
+        // request; by the second interval the queue is calm and oldest first again.
+        let worst_after = |from_us: u64| {
+            popped
+                .iter()
+                .filter(|p| p.at_us >= from_us)
+                .map(|p| p.waited_us)
+                .max()
+                .unwrap()
+        };
+        assert_eq!(worst_after(micros(TARGET + INTERVAL) + 100), 0);
+        assert_eq!(worst_after(1_200_000), 0);
+        assert!(!r.standing());
+        assert!(r.len() <= 1, "{}", r.len());
+
+        // Oldest first: each connection is read about a second after it sent, for good.
+        let (r, popped) = backlog(ReadyOrder::Fifo, 10_000, true, 3);
+        let waited: Vec<u64> = popped[20_000..].iter().map(|p| p.waited_us).collect();
+        assert!(waited.iter().all(|&w| w >= 999_000), "{:?}", &waited[..5]);
+        assert!(r.len() >= 9_999);
+    }
+}
