@@ -143,7 +143,8 @@ impl Store {
             .await;
             let all_answered = probed.iter().all(|r| r.is_ok());
             if let Ok(0) = received {
-                match redis.ssubscribe(&channel).await {
+                let mut subscribed = self.0.subscribed.lock().unwrap().clone();
+                match subscribed.ssubscribe(&channel).await {
                     Ok(()) => {
                         eprintln!("hongbao cluster: subscribed to {channel} again");
                         renewed.notify_one();
@@ -165,11 +166,17 @@ impl Store {
         }
     }
 
-    /// A new cluster connection, subscribed to `channel`, in place of the current one;
-    /// whether it was replaced.
+    /// New cluster connections, one for commands and one subscribed to `channel`, in
+    /// place of the current ones; whether they were replaced.
     async fn reconnect_redis(&self, channel: &str) -> bool {
-        let connect = self.0.redis_client.get_async_connection();
-        let mut fresh = match tokio::time::timeout(PATIENCE, connect).await {
+        let connect = async {
+            let client = &self.0.redis_client;
+            let commands = client.get_async_connection().await?;
+            let mut subscribed = client.get_async_connection().await?;
+            subscribed.ssubscribe(channel).await?;
+            Ok::<_, redis::RedisError>((commands, subscribed))
+        };
+        let (commands, subscribed) = match tokio::time::timeout(PATIENCE, connect).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 eprintln!("hongbao cluster: Redis: connecting again: {e}");
@@ -180,11 +187,8 @@ impl Store {
                 return false;
             }
         };
-        if let Err(e) = fresh.ssubscribe(channel).await {
-            eprintln!("hongbao cluster: Redis: subscribing on the new connection: {e}");
-            return false;
-        }
-        *self.0.redis.lock().unwrap() = fresh;
+        *self.0.redis.lock().unwrap() = commands;
+        *self.0.subscribed.lock().unwrap() = subscribed;
         eprintln!(
             "hongbao cluster: Redis: a master did not answer {STUCK_AFTER} checks in a row; connected to the cluster again"
         );

@@ -30,9 +30,13 @@ pub struct Store(pub(crate) Arc<Inner>);
 pub(crate) struct Inner {
     postgres: String,
     read: Mutex<Arc<Client>>,
-    /// The cluster connection in use (replaced when it stops answering), and the client
-    /// that makes new ones (pushes of every connection go to the same sender).
+    /// The cluster connection for commands (replaced when it stops answering), the one
+    /// subscribed to this host's channel (never sent a command, so a push is never read
+    /// as a command's reply: seen once, an `sunsubscribe` push taken for a release's
+    /// answer), and the client that makes new ones (pushes of every connection go to
+    /// the same sender).
     pub(crate) redis: Mutex<ClusterConnection>,
+    pub(crate) subscribed: Mutex<ClusterConnection>,
     pub(crate) redis_client: ClusterClient,
     pushes: Mutex<Option<UnboundedReceiver<String>>>,
     /// The next packet id and the end of this host's block.
@@ -90,11 +94,15 @@ impl Store {
             .response_timeout(std::time::Duration::from_secs(2))
             .build()
             .map_err(|e| format!("Redis Cluster {:?}: {e}", cfg.redis))?;
-        let mut redis = client
+        let redis = client
             .get_async_connection()
             .await
             .map_err(|e| format!("Redis Cluster {:?}: {e}", cfg.redis))?;
-        redis
+        let mut subscribed = client
+            .get_async_connection()
+            .await
+            .map_err(|e| format!("Redis Cluster {:?}: {e}", cfg.redis))?;
+        subscribed
             .ssubscribe(channel(&cfg.host))
             .await
             .map_err(|e| format!("Redis: subscribing to this host's channel: {e}"))?;
@@ -113,6 +121,7 @@ impl Store {
             postgres: cfg.postgres.clone(),
             read: Mutex::new(Arc::new(pg)),
             redis: Mutex::new(redis),
+            subscribed: Mutex::new(subscribed),
             redis_client: client,
             pushes: Mutex::new(Some(rx)),
             ids: tokio::sync::Mutex::new((0, 0)),
