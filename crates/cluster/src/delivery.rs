@@ -113,14 +113,28 @@ impl Store {
     /// is told: a message published while the subscription was gone may have been
     /// counted as received by a master that died before passing it on, so the host
     /// tells its users their waiting notices again (`Host::renew_notices`).
-    pub async fn keep_subscribed(self, host: String, renewed: Arc<tokio::sync::Notify>) {
+    ///
+    /// The probes are this host's markers, one on every master, written once: a marker
+    /// found missing later means its master lost its data (restarted without
+    /// persistence, or a replica promoted before it had synced), and perhaps routes of
+    /// this host's users with it; `lost` is told, and the host tells Redis again what it
+    /// should know (`Host::fresh`).
+    pub async fn keep_subscribed(
+        self,
+        host: String,
+        renewed: Arc<tokio::sync::Notify>,
+        lost: Arc<tokio::sync::Notify>,
+    ) {
         let channel = channel(&host);
         // Keys whose slots fall on every master (32 hash tags: the chance that one of
         // three masters owns none of them is below one in 100,000).
-        let probes: Vec<String> = (0..32).map(|i| format!("{{hb-probe-{i}}}")).collect();
+        let probes: Vec<String> = (0..32)
+            .map(|i| format!("{{hb-probe-{i}}}:{host}"))
+            .collect();
         let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut unanswered = 0;
+        let mut marked = false;
         loop {
             every.tick().await;
             let mut redis = self.redis();
@@ -130,18 +144,28 @@ impl Store {
                 .query_async::<i64>(&mut redis)
                 .await;
             // A master that hangs (its connection open and silent) keeps the client
-            // sending its slots there: every probe must answer.
+            // sending its slots there: every probe must answer. A probe writes its
+            // marker if it is missing (and says so).
             let probed = futures_util::future::join_all(probes.iter().map(|key| {
                 let mut redis = redis.clone();
                 async move {
-                    redis::cmd("EXISTS")
+                    redis::cmd("SET")
                         .arg(key)
-                        .query_async::<i64>(&mut redis)
+                        .arg(1)
+                        .arg("NX")
+                        .query_async::<Option<String>>(&mut redis)
                         .await
                 }
             }))
             .await;
             let all_answered = probed.iter().all(|r| r.is_ok());
+            if probed.iter().any(|r| matches!(r, Ok(Some(_)))) && marked {
+                eprintln!(
+                    "hongbao cluster: a Redis master lost its data (a marker of this host is gone); telling Redis again what it should know"
+                );
+                lost.notify_one();
+            }
+            marked |= all_answered;
             if let Ok(0) = received {
                 let mut subscribed = self.0.subscribed.lock().unwrap().clone();
                 match subscribed.ssubscribe(&channel).await {

@@ -110,11 +110,12 @@ impl Host {
         let mut expire = tokio::time::interval(Duration::from_secs(1));
         expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let renewed = self.renewed.clone();
-        tokio::spawn(
-            self.store
-                .clone()
-                .keep_subscribed(self.cfg.host.clone(), renewed.clone()),
-        );
+        let lost = Arc::new(tokio::sync::Notify::new());
+        tokio::spawn(self.store.clone().keep_subscribed(
+            self.cfg.host.clone(),
+            renewed.clone(),
+            lost.clone(),
+        ));
         loop {
             tokio::select! {
                 cmd = rx.recv() => match cmd {
@@ -140,6 +141,7 @@ impl Host {
                 }
                 Some(push) = pushes.recv() => self.on_push(push),
                 _ = renewed.notified() => self.renew_notices(),
+                _ = lost.notified() => self.fresh(),
             }
         }
     }
@@ -476,9 +478,10 @@ impl Host {
         self.deal(deal);
     }
 
-    /// This host was not among the hosts alive in Redis: it has just started, it was
-    /// found dead and is back, or Redis lost the `{rel}` keys (a master promoted before
-    /// its replica had synced, or restarted empty) — and perhaps routes with them. What
+    /// This host was not among the hosts alive in Redis (it has just started, it was
+    /// found dead and is back, or Redis lost the `{rel}` keys), or one of its markers on
+    /// the masters is gone (`keep_subscribed`): a master lost its data (promoted before
+    /// its replica had synced, or restarted empty), and perhaps routes with it. What
     /// Redis should know is told again from what this host and PostgreSQL know: the
     /// release of every campaign Redis lost (restore.lua), the routes of the users
     /// logged in here, and their waiting notices. All of it harmless when nothing was
@@ -488,6 +491,11 @@ impl Host {
         let (store, host) = (self.store.clone(), self.cfg.host.clone());
         let renewed = self.renewed.clone();
         tokio::spawn(async move {
+            // The routes first: a packet sent once its campaign is released again must
+            // find its recipients here.
+            for user in &users {
+                store.set_route(*user, &host).await;
+            }
             match store.restore_releases().await {
                 Ok(restored) => {
                     for (campaign, put_back) in restored {
@@ -497,9 +505,6 @@ impl Host {
                     }
                 }
                 Err(e) => eprintln!("hongbao cluster: restoring releases: {e}"),
-            }
-            for user in &users {
-                store.set_route(*user, &host).await;
             }
             renewed.notify_one();
         });
