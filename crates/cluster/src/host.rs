@@ -435,7 +435,12 @@ impl Host {
     /// pools, send-campaign packets are created. A packet of a campaign this host cannot
     /// read yet (PostgreSQL unreachable) waits for the next call.
     async fn release(&mut self) {
-        let released = match self.store.release(&self.cfg.host, self.release_batch).await {
+        let users = self.online.len();
+        let released = match self
+            .store
+            .release(&self.cfg.host, self.release_batch, users)
+            .await
+        {
             Ok(released) => released,
             Err(e) => {
                 eprintln!("hongbao cluster: release: {e}");

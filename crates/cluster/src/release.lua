@@ -1,7 +1,7 @@
 -- Releases the packets of every running campaign at its exact rate, across all hosts.
 -- KEYS[1] = '{rel}:hosts' (every key used is under the {rel} hash tag, one slot).
 -- ARGV: this host's name, how long a silent host counts as alive (ms), the number of the
--- last batch this host received (0 at first).
+-- last batch this host received (0 at first), the users logged in on this host.
 -- Returns {now_ms, batch, fresh, 'campaign:index', ...}: the packets now this host's to
 -- give; fresh is 1 when this host was not among the hosts alive (its first call, a host
 -- found dead coming back, or Redis having lost the {rel} keys: restore.lua's cue).
@@ -13,10 +13,14 @@
 -- still holds), with whatever is new, under the next number.
 --
 -- The clock is Redis's own (TIME), so hosts' clocks do not matter. A host takes at most
--- its fair part of all that has come due (÷ hosts alive, rounded up) less what it took
--- before, so the packets alternate between hosts however their calls interleave; when a
--- host dies the others' parts grow and they catch up. A host silent for longer than
--- ARGV[2] is dead: the packets it held and had not given go back, first in line.
+-- its fair part of all that has come due less what it took before, so the packets
+-- alternate between hosts however their calls interleave; when a host dies the others'
+-- parts grow and they catch up. Its part is its share of the users logged in on hosts
+-- alive (rounded up; ÷ hosts alive while nobody is logged in): a host whose clients all
+-- went elsewhere (it was killed and started again, they reconnected through nginx)
+-- takes nothing, and gives back what it holds, instead of keeping half the packets
+-- where nobody shakes. A host silent for longer than ARGV[2] is dead: the packets it
+-- held and had not given go back, first in line.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local host = ARGV[1]
@@ -34,11 +38,22 @@ local function give_back(h)
   redis.call('DEL', held)
 end
 local dead = redis.call('ZRANGEBYSCORE', hosts, '-inf', '(' .. (now - tonumber(ARGV[2])))
+local users_key = '{rel}:users'
+local users = tonumber(ARGV[4])
+redis.call('HSET', users_key, host, users)
 for _, h in ipairs(dead) do
   give_back(h)
   redis.call('ZREM', hosts, h)
+  redis.call('HDEL', users_key, h)
 end
 local alive = math.max(1, redis.call('ZCARD', hosts))
+local all_users = 0
+for _, n in ipairs(redis.call('HMGET', users_key, unpack(redis.call('ZRANGE', hosts, 0, -1)))) do
+  all_users = all_users + (tonumber(n) or 0)
+end
+-- This host's share of what comes due.
+local share = 1 / alive
+if all_users > 0 then share = users / all_users end
 local mine = '{rel}:held:' .. host
 local seqkey = '{rel}:batch:' .. host
 local lastkey = '{rel}:last:' .. host
@@ -46,8 +61,11 @@ local received = tonumber(ARGV[3])
 -- A host that has received nothing yet is a process just started — perhaps under the
 -- name of one killed a moment ago, before any host found it dead (its heartbeat above
 -- has just made it alive again): it cannot know what its name held, so that goes back.
-if received == 0 then
+-- So does what a host holds while nobody is logged in on it and others have users.
+if received == 0 or (users == 0 and all_users > 0) then
   give_back(host)
+end
+if received == 0 then
   redis.call('DEL', lastkey)
   redis.call('SET', seqkey, 0)
 end
@@ -69,7 +87,7 @@ for _, c in ipairs(redis.call('SMEMBERS', '{rel}:running')) do
     local due = math.min(packets, math.max(0, math.floor((now - start) * rate / 1000)))
     local back = '{rel}:back:' .. c
     -- This host's fair part of everything due so far, less what it already took.
-    local take = math.min(math.ceil((due + returned) / alive) - taken,
+    local take = math.min(math.ceil((due + returned) * share) - taken,
                           (due - nxt) + redis.call('LLEN', back))
     if take > 0 then redis.call('HINCRBY', k, 't:' .. host, take) end
     while take > 0 do

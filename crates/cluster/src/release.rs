@@ -23,8 +23,14 @@ pub(crate) struct Released {
 impl Store {
     /// The packets due to this host now, as (campaign, index), in a batch numbered after
     /// `received`, the last batch this host received (release.lua gives a batch again
-    /// until it is received).
-    pub(crate) async fn release(&self, host: &str, received: u64) -> Result<Released, String> {
+    /// until it is received). `users`: how many are logged in on this host now (its
+    /// share of what comes due).
+    pub(crate) async fn release(
+        &self,
+        host: &str,
+        received: u64,
+        users: usize,
+    ) -> Result<Released, String> {
         let mut redis = self.redis();
         let out: Vec<redis::Value> = self
             .0
@@ -33,6 +39,7 @@ impl Store {
             .arg(host)
             .arg(HOST_DEAD_AFTER_MS)
             .arg(received)
+            .arg(users)
             .invoke_async(&mut redis)
             .await
             .map_err(|e| e.to_string())?;
@@ -196,6 +203,7 @@ mod tests {
             .arg("h1")
             .arg(HOST_DEAD_AFTER_MS)
             .arg(received)
+            .arg(1)
             .invoke(con)
             .unwrap();
         let batch = match out[1] {
@@ -331,5 +339,55 @@ mod tests {
                     .all(|p| p == "7:30" || p == "7:31" || p == "7:32" || p == "7:33"),
             "{more:?}"
         );
+    }
+
+    /// A host's part is its share of the users logged in on hosts alive: a host nobody
+    /// is logged in on takes nothing and gives back what it holds (its clients went
+    /// elsewhere), and the packets go where the shakers are.
+    #[test]
+    fn packets_go_to_the_hosts_the_users_are_on() {
+        let redis = TestRedis::start();
+        let mut con = redis::Client::open(redis.url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let call = |con: &mut redis::Connection, host: &str, received: u64, users: u64| {
+            let out: Vec<redis::Value> = Script::new(RELEASE)
+                .key("{rel}:hosts")
+                .arg(host)
+                .arg(HOST_DEAD_AFTER_MS)
+                .arg(received)
+                .arg(users)
+                .invoke(con)
+                .unwrap();
+            out.len() - 3
+        };
+        // Both hosts alive with 10 users each, then 40 packets, all due at once.
+        assert_eq!(call(&mut con, "h1", 0, 10), 0);
+        assert_eq!(call(&mut con, "h2", 0, 10), 0);
+        redis::pipe()
+            .hset_multiple(
+                "{rel}:c:1",
+                &[
+                    ("packets", 40),
+                    ("rate", 1000),
+                    ("start", crate::now_ms() - 1000),
+                    ("next", 0),
+                ],
+            )
+            .sadd("{rel}:running", 1)
+            .query::<()>(&mut con)
+            .unwrap();
+        let h2 = call(&mut con, "h2", 0, 10);
+        let h1 = call(&mut con, "h1", 0, 10);
+        assert_eq!((h1, h2), (20, 20));
+        // h2's users leave: it takes nothing more and gives back its 20, which h1 takes.
+        assert_eq!(call(&mut con, "h2", 1, 0), 0);
+        let held: u64 = redis::cmd("SCARD")
+            .arg("{rel}:held:h2")
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(held, 0);
+        assert_eq!(call(&mut con, "h1", 1, 20), 20);
     }
 }
