@@ -87,9 +87,19 @@ impl Presence {
         }
     }
 
-    /// The worker is gone, and its users with it.
-    pub fn worker_down(&mut self, worker: WorkerId) {
-        self.routes.retain(|_, r| r.worker != worker);
+    /// The worker is gone, and its users with it: returns them (offline now, unless
+    /// they log in again).
+    pub fn worker_down(&mut self, worker: WorkerId) -> Vec<UserId> {
+        let gone: Vec<UserId> = self
+            .routes
+            .iter()
+            .filter(|(_, r)| r.worker == worker)
+            .map(|(u, _)| *u)
+            .collect();
+        for user in &gone {
+            self.routes.remove(user);
+        }
+        gone
     }
 
     pub fn route(&self, user: UserId) -> Option<Route> {
@@ -218,7 +228,8 @@ mod tests {
                 }
             ));
         }
-        p.worker_down(0);
+        let gone: Vec<u64> = p.worker_down(0).iter().map(|u| u.get()).collect();
+        assert_eq!(gone, [5]);
         assert_eq!(p.online_users(), 0);
     }
 

@@ -166,7 +166,11 @@ impl Supervisor {
         if self.worker_links.get(&w) == Some(&key) {
             self.worker_links.remove(&w);
             self.money.worker_down(w);
-            self.presence.worker_down(w);
+            // Its users are offline here now (in cluster mode: no longer this host's
+            // share of the packets, their routes cleared).
+            for user in self.presence.worker_down(w) {
+                self.money.offline(user);
+            }
             self.retire_stats(w);
             for b in self.broadcasts.values_mut() {
                 b.waiting.retain(|&x| x != w);
