@@ -545,7 +545,7 @@ fn core_kill_is_the_supervisors_kill_and_healed_as_it() {
     let summary = run_bench(
         out.path(),
         "--connections 1000 --workers 2 --procs 1 --phase-qps 500 \
-         --shake-packets 200 --send-packets 60 --campaign-rate 100 \
+         --shake-packets 600 --send-packets 60 --campaign-rate 100 \
          --fault core-kill --fault-at 1",
     );
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
@@ -556,7 +556,9 @@ fn core_kill_is_the_supervisors_kill_and_healed_as_it() {
         healed("supervisor-kill", fault["what"].as_str().unwrap()),
         "{fault}"
     );
-    assert_eq!(fault["dropped"], 1000, "{fault}");
+    // Every connection went with the workers (some twice: a client reconnecting while
+    // the server was coming up was dropped again), and all came back within the phase.
+    assert!(fault["dropped"].as_u64().unwrap() >= 1000, "{fault}");
     assert!(fault["reconnected_secs"].as_u64().is_some(), "{fault}");
 }
 
