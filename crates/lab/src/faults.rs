@@ -52,17 +52,22 @@ impl Lab {
     /// restarted without persistence, or a master lost with its replica, comes to. Its
     /// replicas follow. Returns the masters wiped.
     pub fn wipe_redis(&self) -> anyhow::Result<Vec<Ipv4Addr>> {
-        let live = self.live_redis();
-        let witness = *live.first().context("no live Redis node")?;
-        let masters: Vec<Ipv4Addr> = redis::nodes(witness)?
-            .into_iter()
-            .filter(|n| n.master && !n.failed && live.contains(&n.addr))
-            .map(|n| n.addr)
-            .collect();
+        let masters = self.live_masters()?;
         for &addr in &masters {
             redis::cli(addr, &["FLUSHALL"])?;
         }
         Ok(masters)
+    }
+
+    /// The addresses of the Redis masters that are live now, as the cluster sees it.
+    pub(crate) fn live_masters(&self) -> anyhow::Result<Vec<Ipv4Addr>> {
+        let live = self.live_redis();
+        let witness = *live.first().context("no live Redis node")?;
+        Ok(redis::nodes(witness)?
+            .into_iter()
+            .filter(|n| n.master && !n.failed && live.contains(&n.addr))
+            .map(|n| n.addr)
+            .collect())
     }
 
     /// The address of the live Redis master that serves `key`'s slot now (for faults

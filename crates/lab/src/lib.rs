@@ -555,13 +555,7 @@ impl Lab {
     pub fn engine_counters(&self) -> anyhow::Result<EngineCounters> {
         let mut counters = EngineCounters::default();
         // Masters only: a replica counts again every write it is sent.
-        let live = self.live_redis();
-        let witness = *live.first().context("no live Redis node")?;
-        let masters: Vec<Ipv4Addr> = redis::nodes(witness)?
-            .into_iter()
-            .filter(|n| n.master && !n.failed && live.contains(&n.addr))
-            .map(|n| n.addr)
-            .collect();
+        let masters = self.live_masters()?;
         for (host, _) in &self.redis {
             if !masters.contains(&host.addr) {
                 continue;
