@@ -1,7 +1,10 @@
 -- Releases the packets of every running campaign at its exact rate, across all hosts.
 -- KEYS[1] = '{rel}:hosts' (every key used is under the {rel} hash tag, one slot).
 -- ARGV: this host's name, how long a silent host counts as alive (ms), the number of the
--- last batch this host received (0 at first), the users logged in on this host.
+-- last batch this host received (0 at first), the users logged in on this host, then the
+-- packets ('campaign:index') this host gave whose removal from its held set failed (a
+-- master frozen or failing over at that instant): removed now, so none stays held for
+-- ever, to be given back — and given twice — when the host dies.
 -- Returns {now_ms, batch, fresh, 'campaign:index', ...}: the packets now this host's to
 -- give; fresh is 1 when this host was not among the hosts alive (its first call, a host
 -- found dead coming back, or Redis having lost the {rel} keys: restore.lua's cue).
@@ -26,6 +29,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local host = ARGV[1]
 local hosts = KEYS[1]
 local fresh = redis.call('ZADD', hosts, now, host)
+if #ARGV > 4 then
+  redis.call('SREM', '{rel}:held:' .. host, unpack(ARGV, 5))
+end
 -- The packets host h holds go back, first in line for whoever takes next.
 local function give_back(h)
   local held = '{rel}:held:' .. h

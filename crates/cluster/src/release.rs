@@ -32,6 +32,7 @@ impl Store {
         users: usize,
     ) -> Result<Released, String> {
         let mut redis = self.redis();
+        let ungiven = self.0.ungiven.lock().unwrap().clone();
         let out: Vec<redis::Value> = self
             .0
             .release
@@ -40,9 +41,17 @@ impl Store {
             .arg(HOST_DEAD_AFTER_MS)
             .arg(received)
             .arg(users)
+            .arg(&ungiven)
             .invoke_async(&mut redis)
             .await
             .map_err(|e| e.to_string())?;
+        if !ungiven.is_empty() {
+            self.0
+                .ungiven
+                .lock()
+                .unwrap()
+                .retain(|p| !ungiven.contains(p));
+        }
         let batch = match out.get(1) {
             Some(redis::Value::Int(n)) => *n as u64,
             _ => received,
@@ -119,13 +128,16 @@ impl Store {
             .collect())
     }
 
-    /// The packet is won (or created): no longer this host's to hand out.
+    /// The packet is won (or created): no longer this host's to hand out. When Redis
+    /// cannot be told now, the next release call tells it.
     pub(crate) async fn given(&self, host: &str, packet: u64) {
         let (c, i) = hongbao_money::rules::shake_packet_parts(packet);
+        let member = format!("{c}:{i}");
         let mut redis = self.redis();
-        let _: Result<(), _> = redis
-            .srem(format!("{{rel}}:held:{host}"), format!("{c}:{i}"))
-            .await;
+        let told: Result<(), _> = redis.srem(format!("{{rel}}:held:{host}"), &member).await;
+        if told.is_err() {
+            self.0.ungiven.lock().unwrap().push(member);
+        }
     }
 
     /// This host stops: what it holds goes back to the others at once.
@@ -280,6 +292,48 @@ mod tests {
         // A host ahead of Redis (writes lost in a failover) is believed, nothing resent.
         let (batch, none) = release(&mut con, 7);
         assert_eq!((batch, none.len()), (7, 0));
+    }
+
+    /// A packet given while Redis could not be told (a master frozen at that instant)
+    /// leaves the held set at the next release call, which names it: a host that dies
+    /// later gives back only what it had not given.
+    #[test]
+    fn packets_given_while_redis_was_away_leave_the_held_set_at_the_next_call() {
+        let redis = TestRedis::start();
+        let mut con = redis::Client::open(redis.url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let start = crate::now_ms() - 1000;
+        redis::pipe()
+            .hset_multiple(
+                "{rel}:c:1",
+                &[
+                    ("packets", 4),
+                    ("rate", 1000),
+                    ("start", start),
+                    ("next", 0),
+                ],
+            )
+            .sadd("{rel}:running", 1)
+            .query::<()>(&mut con)
+            .unwrap();
+        let (batch, given) = release(&mut con, 0);
+        assert_eq!(given.len(), 4);
+        let _: Vec<redis::Value> = Script::new(RELEASE)
+            .key("{rel}:hosts")
+            .arg("h1")
+            .arg(HOST_DEAD_AFTER_MS)
+            .arg(batch)
+            .arg(1)
+            .arg(&given[..3])
+            .invoke(&mut con)
+            .unwrap();
+        let held: Vec<String> = redis::cmd("SMEMBERS")
+            .arg("{rel}:held:h1")
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(held, vec![given[3].clone()]);
     }
 
     /// Redis lost the release (a master promoted before its replica synced): restored

@@ -42,6 +42,9 @@ pub(crate) struct Inner {
     /// The next packet id and the end of this host's block.
     pub(crate) ids: tokio::sync::Mutex<(u64, u64)>,
     pub(crate) release: Script,
+    /// Packets given whose removal from this host's held set failed; the next release
+    /// call removes them.
+    pub(crate) ungiven: Mutex<Vec<String>>,
     pub(crate) restore: Script,
     pub(crate) gate: Script,
 }
@@ -126,6 +129,7 @@ impl Store {
             pushes: Mutex::new(Some(rx)),
             ids: tokio::sync::Mutex::new((0, 0)),
             release: Script::new(RELEASE),
+            ungiven: Mutex::new(Vec::new()),
             restore: Script::new(RESTORE),
             gate: Script::new(GATE),
         })))
