@@ -49,11 +49,16 @@ impl std::ops::Deref for Server {
 impl Server {
     /// Starts `hongbao serve` with two workers on ephemeral ports, the ledger in `dir`.
     fn start(dir: &Path, extra: &[&str]) -> Server {
+        Server::start_from(env!("CARGO_BIN_EXE_hongbao").as_ref(), dir, extra)
+    }
+
+    /// As `start`, from the binary at `exe`.
+    fn start_from(exe: &Path, dir: &Path, extra: &[&str]) -> Server {
         let dir = dir.to_str().expect("a UTF-8 data directory");
         let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
         args.extend(["--workers", "2", "--secret", SECRET, "--data-dir", dir]);
         args.extend(extra);
-        let process = Hongbao::spawn("serve", &args);
+        let process = Hongbao::spawn_from(exe, "serve", &args);
         let ready = process.ready_line("hongbao serve ready: ");
         let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
         let mut server = Server {
@@ -1263,6 +1268,36 @@ fn the_admin_api_answers_many_keep_alive_clients_at_once() {
     for client in clients {
         client.join().expect("every client answered twice");
     }
+}
+
+/// A deploy (or a rebuild) replaces the binary under a running server: a worker that
+/// dies afterwards is started again all the same, from the binary the supervisor runs.
+#[test]
+fn a_worker_is_restarted_after_the_binary_on_disk_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let exe = bin.path().join("hongbao");
+    std::fs::hard_link(env!("CARGO_BIN_EXE_hongbao"), &exe)
+        .or_else(|_| std::fs::copy(env!("CARGO_BIN_EXE_hongbao"), &exe).map(drop))
+        .unwrap();
+    let mut server = Server::start_from(&exe, dir.path(), &[]);
+    std::fs::remove_file(&exe).unwrap();
+    let workers = wait_until("both workers to report", secs(10), || {
+        let workers = server.stats_workers();
+        (workers.len() == 2).then_some(workers)
+    });
+    let victim = workers[0]["pid"].as_u64().unwrap() as u32;
+    signal(victim, "-9");
+    wait_until("the worker to be started again", secs(10), || {
+        let workers = server.stats_workers();
+        (workers.len() == 2
+            && workers
+                .iter()
+                .all(|w| w["pid"].as_u64().is_some_and(|p| p as u32 != victim)))
+        .then_some(())
+    });
+    let exited = server.process.child.try_wait().unwrap();
+    assert!(exited.is_none(), "the supervisor exited: {exited:?}");
 }
 
 #[test]

@@ -41,7 +41,12 @@ impl Drop for Hongbao {
 
 impl Hongbao {
     pub fn spawn(what: &'static str, args: &[&str]) -> Hongbao {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        Hongbao::spawn_from(env!("CARGO_BIN_EXE_hongbao").as_ref(), what, args)
+    }
+
+    /// As `spawn`, from the binary at `exe`.
+    pub fn spawn_from(exe: &std::path::Path, what: &'static str, args: &[&str]) -> Hongbao {
+        let mut child = Command::new(exe)
             .args(args)
             .env_remove("HONGBAO_SECRET")
             .stdin(Stdio::null())

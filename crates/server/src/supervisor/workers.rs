@@ -3,6 +3,7 @@
 //! ways), restarting a worker that dies, and stopping them all in order.
 
 use std::io::{ErrorKind, Read};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -44,12 +45,28 @@ impl WorkerProc {
             previous: None,
         }
     }
+
+    /// Counts a restart and sets when to start the worker: later each time it keeps
+    /// dying (or failing to start), so a crash loop cannot spin. Returns the wait.
+    fn start_later(&mut self) -> Duration {
+        self.restarts += 1;
+        let delay = Duration::from_millis(100 * self.restarts.min(50) as u64);
+        self.respawn_at = Some(Instant::now() + delay);
+        delay
+    }
 }
 
 impl Supervisor {
+    /// Starts worker `w` from the supervisor's own binary: `/proc/self/exe`, which names
+    /// it even after the file on disk was replaced or removed (a deploy, a rebuild) — a
+    /// worker must speak its supervisor's link, and a restart must not fail for want of
+    /// a path.
     pub(super) fn spawn_worker(&self, w: WorkerId) -> anyhow::Result<Child> {
-        let exe = std::env::current_exe()?;
-        let child = Command::new(exe)
+        let name = std::env::args_os()
+            .next()
+            .unwrap_or_else(|| "hongbao".into());
+        let child = Command::new("/proc/self/exe")
+            .arg0(name)
             .arg("worker")
             .arg("--link")
             .arg(&self.link_name)
@@ -215,10 +232,7 @@ impl Supervisor {
                         child.id()
                     );
                     proc_.child = None;
-                    proc_.restarts += 1;
-                    // Back off when a worker keeps dying, so a crash loop cannot spin.
-                    let delay = Duration::from_millis(100 * proc_.restarts.min(50) as u64);
-                    proc_.respawn_at = Some(Instant::now() + delay);
+                    proc_.start_later();
                     if let Some(key) = self.worker_links.get(&w).copied() {
                         self.drop_link(key);
                     }
@@ -227,8 +241,16 @@ impl Supervisor {
             let proc_ = self.workers.get_mut(&w).expect("listed");
             if proc_.child.is_none() && proc_.respawn_at.is_some_and(|t| Instant::now() >= t) {
                 proc_.respawn_at = None;
-                let child = self.spawn_worker(w)?;
-                self.workers.get_mut(&w).expect("listed").child = Some(child);
+                match self.spawn_worker(w) {
+                    Ok(child) => self.workers.get_mut(&w).expect("listed").child = Some(child),
+                    Err(e) => {
+                        // The others serve on; this one is tried again, later each time.
+                        let delay = self.workers.get_mut(&w).expect("listed").start_later();
+                        eprintln!(
+                            "hongbao serve: starting worker {w} again: {e:#}; trying again in {delay:?}"
+                        );
+                    }
+                }
             }
         }
         Ok(())
