@@ -64,6 +64,7 @@ fn up(args: LabUpArgs) -> Result<()> {
         gateway_workers: args.workers,
         secret: args.secret,
         serve_args: Vec::new(),
+        postgres_disk: None,
     })?;
     println!("hongbao lab {} up: dir={}", args.lab, args.dir.display());
     for host in lab.hosts() {

@@ -44,6 +44,7 @@ fn lab(dir: &std::path::Path, gateways: usize) -> Lab {
         gateway_workers: "1".into(),
         secret: SECRET.into(),
         serve_args: vec!["--packet-ttl-secs".into(), "600".into()],
+        postgres_disk: None,
     })
     .expect("the lab comes up")
 }
@@ -537,10 +538,38 @@ fn benches_survive_a_gateway_a_redis_master_and_postgres_failing_mid_run() {
     }
 }
 
+/// `hongbao lab down` (from lab.json, as after a bench that was killed) stops what runs
+/// inside the lab's hosts even when the lab did not start it: a process started there
+/// by hand (a PostgreSQL restarted by an operator, here a `sleep`) would otherwise be
+/// left running, cut off, over a data directory removed under it.
+#[test]
+fn lab_down_stops_what_was_started_inside_the_lab_by_hand() {
+    let _one = one_lab();
+    let dir = tempfile::tempdir().unwrap();
+    let lab = lab(dir.path(), 1);
+    let netns = lab.postgres.0.netns.clone();
+    let mut by_hand = std::process::Command::new("ip")
+        .args(["netns", "exec", &netns, "sleep", "600"])
+        .spawn()
+        .unwrap();
+    // The bench that brought the lab up is gone without taking it down.
+    std::mem::forget(lab);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(by_hand.try_wait().unwrap().is_none(), "sleep runs");
+    hongbao_lab::down(dir.path()).expect("lab down");
+    let status = wait_until(
+        "the hand-started process to stop",
+        Duration::from_secs(15),
+        || by_hand.try_wait().unwrap(),
+    );
+    assert!(!status.success(), "stopped by a signal: {status}");
+}
+
 /// `hongbao bench --hosts 2 --chaos`: lab faults at random moments while the clients
 /// work (a Redis master killed — the one holding the release — and rejoined as a
 /// replica, a master frozen, PostgreSQL restarted, a gateway host cut off from Redis for
-/// 5–15 s, every Redis master flushed), each healed before the next: every packet won, every share opened, the audit
+/// 5–15 s, every Redis master flushed, PostgreSQL's disk filled), each healed before the
+/// next: every packet won, every share opened, the audit
 /// and the history exact (docs/bench.md, `--chaos`). It found shake packets released
 /// and never won (1,686 of 2,500): a killed master's replica, restarted and not yet
 /// synced (Redis waited 5 s to start a diskless sync), was promoted when the new master
@@ -551,8 +580,7 @@ fn benches_survive_a_gateway_a_redis_master_and_postgres_failing_mid_run() {
 fn a_chaos_bench_across_lab_hosts_survives_every_fault_in_turn() {
     let _one = one_lab();
     let out = tempfile::tempdir().unwrap();
-    let faults =
-        "redis-master-kill:rel,redis-freeze:rel,postgres-restart,partition-redis,redis-wipe";
+    let faults = "redis-master-kill:rel,redis-freeze:rel,postgres-restart,partition-redis,redis-wipe,postgres-disk-full";
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_hongbao"))
         .args(["bench", "--hosts", "2", "--connections", "1000"])
         .args(["--workers", "1", "--procs", "1", "--phase-qps", "500"])

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::{children_of, postgres, redis, Lab, GRACE};
+use crate::{children_of, disk, redis, Lab, GRACE};
 
 impl Lab {
     /// SIGKILLs gateway `i`'s processes: the supervisor, and its workers with it (they
@@ -176,9 +176,32 @@ impl Lab {
             proc.stop(GRACE);
         }
         std::thread::sleep(down);
-        let proc = postgres::start(&self.postgres.0, &self.postgres_dir)?;
-        self.postgres.1 = Some(proc);
+        self.postgres.1 = Some(self.start_postgres()?);
         self.save()
+    }
+
+    /// Fills PostgreSQL's disk (the plan's `postgres_disk` tmpfs) until ENOSPC, holds it
+    /// full for `hold`, and gives the room back; PostgreSQL is started again if it
+    /// stopped meanwhile (a WAL segment it could not write is a PANIC). Returns what it
+    /// did.
+    pub fn fill_postgres_disk(&mut self, hold: Duration) -> anyhow::Result<String> {
+        anyhow::ensure!(
+            self.postgres_disk.is_some(),
+            "PostgreSQL's data is not on a disk of its own (the lab plan's postgres_disk)"
+        );
+        let filled = disk::fill(&self.postgres_dir, hold)?;
+        let mut did = format!(
+            "filled PostgreSQL's tmpfs with {:.1} MiB until ENOSPC, held it full for {} s, deleted the filler",
+            filled.bytes as f64 / f64::from(1 << 20),
+            hold.as_secs()
+        );
+        if !self.postgres.1.as_mut().is_some_and(|p| p.running()) {
+            drop(self.postgres.1.take());
+            self.postgres.1 = Some(self.start_postgres()?);
+            self.save()?;
+            did.push_str("; PostgreSQL had stopped and was started again");
+        }
+        Ok(did)
     }
 
     /// Cuts gateway host `i` off from `to` (every Redis node, or PostgreSQL) for

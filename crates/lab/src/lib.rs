@@ -20,6 +20,7 @@
 //!   from Redis or PostgreSQL, a Redis master found (by key), killed, started again or
 //!   frozen, PostgreSQL restarted.
 
+pub mod disk;
 mod faults;
 pub mod netns;
 pub mod postgres;
@@ -83,6 +84,10 @@ pub struct LabPlan {
     pub secret: String,
     /// More `hongbao serve` arguments for every gateway.
     pub serve_args: Vec<String>,
+    /// PostgreSQL's data on a tmpfs of this many bytes, for `postgres-disk-full` to fill
+    /// (root; its WAL kept small to fit); `None`: on the disk under the system's
+    /// temporary directory.
+    pub postgres_disk: Option<u64>,
 }
 
 /// What `DIR/lab.json` records, for `hongbao lab down`.
@@ -120,6 +125,8 @@ pub struct Lab {
     pub redis: Vec<(Host, Option<Proc>)>,
     pub postgres: (Host, Option<Proc>),
     pub postgres_dir: PathBuf,
+    /// The tmpfs under `postgres_dir`, when the plan asks for one.
+    postgres_disk: Option<disk::SmallDisk>,
     pub gateways: Vec<Gateway>,
     pub loads: Vec<Host>,
     pub nginx: Option<(Host, Option<Proc>)>,
@@ -145,6 +152,7 @@ impl Lab {
             redis: Vec::new(),
             postgres: (placeholder_host(), None),
             postgres_dir,
+            postgres_disk: None,
             gateways: Vec::new(),
             loads: Vec::new(),
             nginx: None,
@@ -169,10 +177,14 @@ impl Lab {
         let dir = self.plan.dir.clone();
         // PostgreSQL.
         let pg = self.host("pg", 20, &[])?;
+        disk::SmallDisk::clear_stale(&self.postgres_dir);
         let _ = std::fs::remove_dir_all(&self.postgres_dir);
+        if let Some(bytes) = self.plan.postgres_disk {
+            self.postgres_disk = Some(disk::SmallDisk::mount(&self.postgres_dir, bytes)?);
+        }
         postgres::init(&self.postgres_dir, netns::bridge_addr(self.plan.lab))?;
-        let proc = postgres::start(&pg, &self.postgres_dir)?;
-        self.postgres = (pg, Some(proc));
+        self.postgres.0 = pg;
+        self.postgres.1 = Some(self.start_postgres()?);
         self.save()?;
         // Redis Cluster.
         for i in 1..=6u8 {
@@ -213,6 +225,15 @@ impl Lab {
 
     pub fn postgres_url(&self) -> String {
         postgres::url(self.postgres.0.addr)
+    }
+
+    /// Starts the lab's PostgreSQL over its data; on a small disk with a small WAL.
+    fn start_postgres(&self) -> anyhow::Result<Proc> {
+        postgres::start(
+            &self.postgres.0,
+            &self.postgres_dir,
+            self.postgres_disk.is_some(),
+        )
     }
 
     /// (Re)starts gateway `i` (from 0) and waits for its ready line.
@@ -365,14 +386,18 @@ impl Drop for Lab {
             drop(p.take());
         }
         drop(self.postgres.1.take());
+        netns::stop_inside(&self.state.netns, GRACE);
         netns::remove(self.plan.lab, &self.state.netns);
+        drop(self.postgres_disk.take());
         let _ = std::fs::remove_dir_all(&self.postgres_dir);
         let _ = std::fs::remove_file(self.plan.dir.join("lab.json"));
     }
 }
 
 /// Tears down a lab from its state file (`DIR/lab.json`): stops the processes it
-/// recorded (only those whose ids still name them), removes its hosts and bridge.
+/// recorded (only those whose ids still name them) and any other still running inside
+/// its hosts (one started there by hand, such as a PostgreSQL restarted), removes its
+/// hosts and bridge.
 pub fn down(dir: &Path) -> anyhow::Result<LabState> {
     let path = dir.join("lab.json");
     let state: LabState = serde_json::from_slice(
@@ -390,8 +415,10 @@ pub fn down(dir: &Path) -> anyhow::Result<LabState> {
         }
         proc::stop_recorded(record, GRACE);
     }
+    netns::stop_inside(&state.netns, GRACE);
     netns::remove(state.lab, &state.netns);
     if let Some(pg) = &state.postgres_dir {
+        disk::SmallDisk::clear_stale(pg);
         let _ = std::fs::remove_dir_all(pg);
     }
     let _ = std::fs::remove_file(&path);

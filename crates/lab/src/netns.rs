@@ -132,6 +132,45 @@ pub fn create_host(lab: u8, name: &str, last: u8, sysctls: &[&str]) -> anyhow::R
 }
 
 /// Removes lab `n`'s hosts (`netns` names) and bridge; what is already gone is skipped.
+/// Stops every process still running inside the namespaces `netns` — those the lab did
+/// not record too, such as a PostgreSQL started again by hand: SIGTERM to all, SIGKILL
+/// to those left after `grace`. (A namespace removed under a process would leave it
+/// running, unreachable, holding its files.)
+pub fn stop_inside(netns: &[String], grace: std::time::Duration) {
+    let mut left: Vec<(u32, u64)> = Vec::new();
+    for ns in netns {
+        if !Path::new(&format!("/run/netns/{ns}")).exists() {
+            continue;
+        }
+        let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else {
+            continue;
+        };
+        for pid in String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+        {
+            if let Some(ticks) = crate::proc::start_ticks(pid) {
+                left.push((pid, ticks));
+            }
+        }
+    }
+    let ours = |&(pid, ticks): &(u32, u64)| crate::proc::start_ticks(pid) == Some(ticks);
+    let signal = |left: &[(u32, u64)], sig: i32| {
+        for &(pid, _) in left {
+            // SAFETY: kill(2) on ids read a moment ago inside the lab's namespaces.
+            unsafe { libc::kill(pid as i32, sig) };
+        }
+    };
+    signal(&left, libc::SIGTERM);
+    let deadline = std::time::Instant::now() + grace;
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        left.retain(ours);
+    }
+    left.retain(ours);
+    signal(&left, libc::SIGKILL);
+}
+
 pub fn remove(lab: u8, netns: &[String]) {
     for ns in netns {
         if Path::new(&format!("/run/netns/{ns}")).exists() {

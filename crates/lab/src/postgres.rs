@@ -78,7 +78,8 @@ pub fn init(dir: &Path, subnet: Ipv4Addr) -> anyhow::Result<()> {
 }
 
 /// Starts the server of `dir/data` in `host` and waits until it accepts connections.
-pub fn start(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
+/// `small_disk`: `dir` is a small tmpfs, so the WAL is kept to a few segments.
+pub fn start(host: &Host, dir: &Path, small_disk: bool) -> anyhow::Result<Proc> {
     let ids = postgres_ids()?;
     let mut command = host.command_as(bin_dir()?.join("postgres"), Some(ids));
     command
@@ -89,6 +90,9 @@ pub fn start(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
         .args(["-c", &format!("unix_socket_directories={}", dir.display())])
         .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"])
         .args(["-c", "fsync=on", "-c", "synchronous_commit=on"]);
+    if small_disk {
+        command.args(["-c", "max_wal_size=64MB", "-c", "min_wal_size=32MB"]);
+    }
     let mut proc = Proc::spawn("postgres", command, &dir.join("postgres.log"))?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

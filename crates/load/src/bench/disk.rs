@@ -1,18 +1,6 @@
 //! `disk-full`'s disk: the bench's server ledger on a small tmpfs that the bench mounts
-//! for the run (root) and unmounts at its end, and the fault that fills it.
-//!
-//! Why a tmpfs of its own: filling the disk the ledger usually sits on would fill it for
-//! everything else on the machine too, and take a while; a tmpfs sized for the run fills
-//! in a moment and holds nothing but the ledger. The fault checks that the directory it
-//! fills is on a tmpfs before it writes a byte.
-
-use std::ffi::CString;
-use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use anyhow::Context;
+//! for the run (root) and unmounts at its end, sized here; the tmpfs and its filler are
+//! `hongbao_lab::disk`'s, shared with the lab's `postgres-disk-full`.
 
 use super::options::BenchOptions;
 
@@ -21,8 +9,6 @@ const MIN_BYTES: u64 = 64 << 20;
 /// Room per ledger event a run may write: an event row, its index entry and the balance
 /// it moves take a few hundred bytes; the rest is for the WAL.
 const BYTES_PER_EVENT: u64 = 1 << 10;
-/// What the filler is called, in the ledger's directory.
-const FILLER: &str = "disk-full.filler";
 
 /// The room the ledger's tmpfs gets for `opts`: 64 MiB, and more for runs whose
 /// campaigns write more events (a win per shake packet, a send and its opens per send
@@ -33,156 +19,7 @@ pub(super) fn bytes_for(opts: &BenchOptions) -> u64 {
     MIN_BYTES + per_phase * opts.phase_qps.len() as u64 * BYTES_PER_EVENT
 }
 
-/// A tmpfs mounted on the ledger's directory for the run; unmounted when dropped (lazily:
-/// a server still holding its files lets go of them as it dies).
-pub(super) struct SmallDisk {
-    dir: PathBuf,
-    pub bytes: u64,
-    mounted: bool,
-}
-
-impl SmallDisk {
-    /// Mounts a tmpfs of `bytes` on `dir` (created if missing).
-    pub fn mount(dir: &Path, bytes: u64) -> anyhow::Result<SmallDisk> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let (fs, target) = (c_string("tmpfs")?, c_string(dir.as_os_str().as_bytes())?);
-        let data = c_string(format!("size={bytes},mode=0755"))?;
-        // SAFETY: every pointer is to a NUL-terminated string that outlives the call.
-        let rc = unsafe {
-            libc::mount(
-                fs.as_ptr(),
-                target.as_ptr(),
-                fs.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                data.as_ptr().cast(),
-            )
-        };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            anyhow::bail!(
-                "disk-full: mounting a {} MiB tmpfs for the ledger on {} (needs root): {e}",
-                bytes >> 20,
-                dir.display()
-            );
-        }
-        Ok(SmallDisk {
-            dir: dir.to_path_buf(),
-            bytes,
-            mounted: true,
-        })
-    }
-
-    /// Unmounts the tmpfs, keeping the ledger: its files are copied aside first and put
-    /// back where the ledger always is, so the run's ledger outlives it as without
-    /// `disk-full`. The server must have stopped.
-    pub fn unmount_keeping(mut self) -> anyhow::Result<()> {
-        let kept = self.dir.with_extension("kept");
-        if kept.exists() {
-            std::fs::remove_dir_all(&kept)?;
-        }
-        std::fs::create_dir_all(&kept)?;
-        for entry in std::fs::read_dir(&self.dir)? {
-            let entry = entry?;
-            if entry.file_type()?.is_file() && entry.file_name() != FILLER {
-                std::fs::copy(entry.path(), kept.join(entry.file_name()))
-                    .with_context(|| format!("keeping {}", entry.path().display()))?;
-            }
-        }
-        self.mounted = false;
-        unmount(&self.dir)?;
-        std::fs::remove_dir(&self.dir)?;
-        std::fs::rename(&kept, &self.dir)?;
-        Ok(())
-    }
-
-    /// Unmounts a tmpfs an earlier bench left on `dir` (one that was killed), so the
-    /// directory can be cleared.
-    pub fn clear_stale(dir: &Path) {
-        if is_tmpfs(dir) {
-            let _ = unmount(dir);
-        }
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        if self.mounted {
-            if let Err(e) = unmount(&self.dir) {
-                eprintln!("bench: unmounting the ledger's tmpfs: {e:#}");
-            }
-        }
-    }
-}
-
-fn unmount(dir: &Path) -> anyhow::Result<()> {
-    let target = c_string(dir.as_os_str().as_bytes())?;
-    // SAFETY: a NUL-terminated path that outlives the call.
-    if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
-        let e = std::io::Error::last_os_error();
-        anyhow::bail!("unmounting {}: {e}", dir.display());
-    }
-    Ok(())
-}
-
-fn c_string(s: impl Into<Vec<u8>>) -> anyhow::Result<CString> {
-    Ok(CString::new(s)?)
-}
-
-/// Whether `dir` is on a tmpfs.
-pub(super) fn is_tmpfs(dir: &Path) -> bool {
-    let Ok(path) = c_string(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs(2) writes into the zeroed struct we own; the path is NUL-terminated.
-    unsafe {
-        let mut fs: libc::statfs = std::mem::zeroed();
-        libc::statfs(path.as_ptr(), &mut fs) == 0 && fs.f_type == libc::TMPFS_MAGIC
-    }
-}
-
-/// What filling the disk did.
-pub(super) struct Filled {
-    /// Bytes the filler took before the disk said ENOSPC.
-    pub bytes: u64,
-}
-
-/// Fills the tmpfs of `dir` with a filler file until ENOSPC, holds it full for `hold`,
-/// then deletes the filler. Refuses a directory that is not on a tmpfs.
-pub(super) fn fill(dir: &Path, hold: Duration) -> anyhow::Result<Filled> {
-    anyhow::ensure!(
-        is_tmpfs(dir),
-        "{} is not on a tmpfs: the bench fills only the small disk it mounted",
-        dir.display()
-    );
-    let path = dir.join(FILLER);
-    let mut bytes = 0u64;
-    let full = {
-        let mut file =
-            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        let chunk = vec![0u8; 1 << 20];
-        loop {
-            match file.write(&chunk) {
-                Ok(0) => break None,
-                Ok(n) => bytes += n as u64,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => break Some(e),
-            }
-        }
-        // The file is closed here: its room comes back as soon as it is deleted.
-    };
-    let result = match full {
-        Some(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
-            std::thread::sleep(hold);
-            Ok(Filled { bytes })
-        }
-        other => Err(anyhow::anyhow!(
-            "writing {} stopped without ENOSPC after {bytes} bytes: {other:?}",
-            path.display()
-        )),
-    };
-    std::fs::remove_file(&path).with_context(|| format!("deleting {}", path.display()))?;
-    result
-}
+pub(super) use hongbao_lab::disk::{fill, SmallDisk};
 
 #[cfg(test)]
 mod tests {
@@ -200,16 +37,5 @@ mod tests {
         opts.recipients = 3;
         opts.phase_qps = vec![1000, 2000];
         assert_eq!(bytes_for(&opts), (64 << 20) + 2 * 140 * 1024);
-    }
-
-    #[test]
-    fn only_a_tmpfs_is_filled() {
-        let dir = tempfile::tempdir().unwrap();
-        if is_tmpfs(dir.path()) {
-            return; // a temporary directory on a tmpfs: nothing to show here
-        }
-        let e = fill(dir.path(), Duration::ZERO).err().expect("refused");
-        assert!(e.to_string().contains("not on a tmpfs"), "{e}");
-        assert!(!dir.path().join(FILLER).exists());
     }
 }

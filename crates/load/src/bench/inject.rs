@@ -244,6 +244,10 @@ fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -
             Ok(()) => "stopped PostgreSQL and started it again 2 s later".to_string(),
             Err(e) => format!("restarting PostgreSQL: {e:#}"),
         },
+        Fault::PostgresDiskFull => match lab.fill_postgres_disk(DISK_FULL_HOLD) {
+            Ok(did) => did,
+            Err(e) => format!("no PostgreSQL disk filled: {e:#}"),
+        },
         Fault::WorkerStall | Fault::WorkerKill | Fault::SupervisorKill | Fault::DiskFull => {
             unreachable!("a local server's fault needs no lab")
         }

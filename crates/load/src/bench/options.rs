@@ -110,6 +110,10 @@ pub enum Fault {
     /// One local server whose ledger is on a small tmpfs: fill it until ENOSPC, hold it
     /// full for [`DISK_FULL_HOLD`], then delete the filler.
     DiskFull,
+    /// A lab's PostgreSQL on a small tmpfs (the bench mounts it, root): fill it until
+    /// ENOSPC, hold it full for [`DISK_FULL_HOLD`], delete the filler (and start
+    /// PostgreSQL again if it stopped).
+    PostgresDiskFull,
     /// Cut a gateway host off from Redis or PostgreSQL (blackhole routes in its
     /// namespace) for a while: 8 s alone, 5–15 s drawn by chaos.
     Partition(hongbao_lab::Cut),
@@ -156,6 +160,10 @@ impl ChaosOptions {
                 faults.push(Fault::DiskFull);
             }
         }
+        // SAFETY: as above.
+        if hosts > 0 && unsafe { libc::geteuid() } == 0 {
+            faults.push(Fault::PostgresDiskFull);
+        }
         if hosts > 0 {
             use RedisAim::{First, Release};
             faults.extend([
@@ -194,6 +202,7 @@ impl Fault {
             // The core lives in the supervisor's process: killing one kills the other.
             "supervisor-kill" | "core-kill" => Ok(Fault::SupervisorKill),
             "disk-full" => Ok(Fault::DiskFull),
+            "postgres-disk-full" => Ok(Fault::PostgresDiskFull),
             "gateway-kill" => Ok(Fault::Gateway),
             "redis-master-kill" => Ok(Fault::RedisMaster(RedisAim::First)),
             "redis-master-kill:rel" => Ok(Fault::RedisMaster(RedisAim::Release)),
@@ -201,7 +210,7 @@ impl Fault {
             "partition-postgres" => Ok(Fault::Partition(hongbao_lab::Cut::Postgres)),
             other => {
                 anyhow::bail!(
-                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart] or partition-redis|postgres, not {other:?}"
+                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full or partition-redis|postgres, not {other:?}"
                 )
             }
         }
@@ -220,6 +229,7 @@ impl Fault {
             Fault::WorkerKill => "worker-kill",
             Fault::SupervisorKill => "supervisor-kill",
             Fault::DiskFull => "disk-full",
+            Fault::PostgresDiskFull => "postgres-disk-full",
             Fault::Partition(hongbao_lab::Cut::Redis) => "partition-redis",
             Fault::Partition(hongbao_lab::Cut::Postgres) => "partition-postgres",
         }
@@ -242,6 +252,11 @@ impl Fault {
     /// Whether the fault needs the server's ledger on a small tmpfs the bench mounts.
     pub fn needs_small_disk(self) -> bool {
         self == Fault::DiskFull
+    }
+
+    /// Whether the fault needs the lab's PostgreSQL on a small tmpfs.
+    pub fn needs_postgres_disk(self) -> bool {
+        self == Fault::PostgresDiskFull
     }
 }
 
@@ -325,5 +340,7 @@ mod tests {
         assert_eq!(one.contains(&Fault::DiskFull), root);
         let lab = ChaosOptions::default_faults(2);
         assert!(lab.iter().all(|f| !f.one_server_only()), "{lab:?}");
+        assert_eq!(lab.contains(&Fault::PostgresDiskFull), root);
+        assert!(Fault::parse("postgres-disk-full").unwrap().needs_lab());
     }
 }

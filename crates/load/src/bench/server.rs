@@ -26,6 +26,8 @@ use crate::transport::Transport;
 pub(crate) struct Server {
     local: Option<Arc<Local>>,
     lab: Option<Arc<Mutex<hongbao_lab::Lab>>>,
+    /// The lab's directory (its lab.json), read without the lab's lock.
+    lab_dir: Option<PathBuf>,
     /// Where operators' requests go (the first gateway of a lab).
     pub admin: SocketAddr,
     /// Every gateway's admin address, for the server side of the series.
@@ -47,11 +49,24 @@ const LOAD_HOSTS: usize = 2;
 
 /// How long a `hongbao serve` child has to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// The room of the lab PostgreSQL's tmpfs when `postgres-disk-full` may fill it: its
+/// cluster (about 40 MiB), a WAL kept to 64 MiB, and room to spare for a run's rows.
+const POSTGRES_DISK_BYTES: u64 = 512 << 20;
 
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(local) = &self.local {
             local.kill_for_good();
+        }
+        // A bench that fails while a fault's thread still holds the lab: taken down from
+        // its lab.json all the same (by the last holder it already is, lab.json gone).
+        drop(self.lab.take());
+        if let Some(dir) = &self.lab_dir {
+            if dir.join("lab.json").exists() {
+                if let Err(e) = hongbao_lab::down(dir) {
+                    eprintln!("bench: taking the lab down: {e:#}");
+                }
+            }
         }
     }
 }
@@ -337,6 +352,7 @@ impl Server {
         Ok(Server {
             local: Some(Arc::new(local)),
             lab: None,
+            lab_dir: None,
             load_hosts: Vec::new(),
             _monitor_relay: None,
             admins: vec![a.admin],
@@ -377,6 +393,10 @@ impl Server {
             gateway_workers: opts.workers.clone(),
             secret: SECRET.into(),
             serve_args,
+            postgres_disk: opts
+                .faults()
+                .any(Fault::needs_postgres_disk)
+                .then_some(POSTGRES_DISK_BYTES),
         })
         .context("bringing the lab up")?;
         // Interrupted (Ctrl-C, SIGTERM), the bench takes the lab down before it goes.
@@ -405,6 +425,7 @@ impl Server {
             listen: tcp,
             ws: Some(ws),
             http: Some(http),
+            lab_dir: Some(lab.plan.dir.clone()),
             lab: Some(Arc::new(Mutex::new(lab))),
         })
     }
