@@ -224,7 +224,7 @@ async fn commit_batch(
             return Err(first);
         }
         for (k, why) in culprits {
-            eprintln!("hongbao cluster: an op was left out of its batch: {why}");
+            say!("an op was left out of its batch: {why}");
             left_out[running[k]] = true;
         }
     }
@@ -290,12 +290,12 @@ pub async fn committer(
                 Ok(c) => match prepare(&c).await {
                     Ok(st) => Some((c, st)),
                     Err(e) => {
-                        eprintln!("hongbao cluster: {}", pg_error("preparing", e));
+                        say!("{}", pg_error("preparing", e));
                         None
                     }
                 },
                 Err(e) => {
-                    eprintln!("hongbao cluster: {e}");
+                    say!("{e}");
                     None
                 }
             };
@@ -331,10 +331,7 @@ pub async fn committer(
                 after_commit(&store, &cfg, &shared, committed, results).await;
             }
             Err(why) => {
-                eprintln!(
-                    "hongbao cluster: a batch of {} was not committed: {why}",
-                    batch.len()
-                );
+                say!("a batch of {} was not committed: {why}", batch.len());
                 let (campaign, rest): (Vec<Commit>, Vec<Commit>) = batch
                     .into_iter()
                     .partition(|op| matches!(op, Commit::CampaignPacket { .. }));

@@ -83,8 +83,8 @@ impl Store {
                 return;
             }
             if tokio::time::Instant::now() >= deadline {
-                eprintln!(
-                    "hongbao cluster: nobody on {channel} received a message for {} s; dropped",
+                say!(
+                    "nobody on {channel} received a message for {} s; dropped",
                     PUBLISH_PATIENCE.as_secs()
                 );
                 return;
@@ -160,8 +160,8 @@ impl Store {
             .await;
             let all_answered = probed.iter().all(|r| r.is_ok());
             if probed.iter().any(|r| matches!(r, Ok(Some(_)))) && marked {
-                eprintln!(
-                    "hongbao cluster: a Redis master lost its data (a marker of this host is gone); telling Redis again what it should know"
+                say!(
+                    "a Redis master lost its data (a marker of this host is gone); telling Redis again what it should know"
                 );
                 lost.notify_one();
             }
@@ -170,10 +170,10 @@ impl Store {
                 let mut subscribed = self.0.subscribed.lock().unwrap().clone();
                 match subscribed.ssubscribe(&channel).await {
                     Ok(()) => {
-                        eprintln!("hongbao cluster: subscribed to {channel} again");
+                        say!("subscribed to {channel} again");
                         renewed.notify_one();
                     }
-                    Err(e) => eprintln!("hongbao cluster: subscribing to {channel} again: {e}"),
+                    Err(e) => say!("subscribing to {channel} again: {e}"),
                 }
             }
             if received.is_ok() && all_answered {
@@ -203,18 +203,18 @@ impl Store {
         let (commands, subscribed) = match tokio::time::timeout(PATIENCE, connect).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
-                eprintln!("hongbao cluster: Redis: connecting again: {e}");
+                say!("Redis: connecting again: {e}");
                 return false;
             }
             Err(_) => {
-                eprintln!("hongbao cluster: Redis: connecting again: timed out");
+                say!("Redis: connecting again: timed out");
                 return false;
             }
         };
         *self.0.redis.lock().unwrap() = commands;
         *self.0.subscribed.lock().unwrap() = subscribed;
-        eprintln!(
-            "hongbao cluster: Redis: a master did not answer {STUCK_AFTER} checks in a row; connected to the cluster again"
+        say!(
+            "Redis: a master did not answer {STUCK_AFTER} checks in a row; connected to the cluster again"
         );
         true
     }
@@ -232,7 +232,7 @@ impl Store {
             match ask(self.redis()).await {
                 Ok(v) => return Some(v),
                 Err(e) if tokio::time::Instant::now() >= deadline => {
-                    eprintln!("hongbao cluster: Redis: {e}");
+                    say!("Redis: {e}");
                     return None;
                 }
                 Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,

@@ -135,7 +135,7 @@ impl Host {
                     let host = self.cfg.host.clone();
                     tokio::spawn(async move {
                         if let Err(e) = store.expire(now_ms(), &host).await {
-                            eprintln!("hongbao cluster: expiring packets: {e}");
+                            say!("expiring packets: {e}");
                         }
                     });
                 }
@@ -400,7 +400,7 @@ impl Host {
     }
 
     fn unavailable(&self, to: Origin, op: OpKind, why: String) {
-        eprintln!("hongbao cluster: {why}");
+        say!("{why}");
         self.shared.count(op, ResultCode::Unavailable);
         self.shared.emit(Output::Reply {
             to,
@@ -443,7 +443,7 @@ impl Host {
         {
             Ok(released) => released,
             Err(e) => {
-                eprintln!("hongbao cluster: release: {e}");
+                say!("release: {e}");
                 return;
             }
         };
@@ -462,7 +462,7 @@ impl Host {
             let c = match self.campaign(campaign).await {
                 Ok(Some(c)) => c,
                 Ok(None) => {
-                    eprintln!("hongbao cluster: released packet {campaign}:{index} of no campaign");
+                    say!("released packet {campaign}:{index} of no campaign");
                     continue;
                 }
                 Err(_) => {
@@ -504,12 +504,12 @@ impl Host {
             match store.restore_releases().await {
                 Ok(restored) => {
                     for (campaign, put_back) in restored {
-                        eprintln!(
-                            "hongbao cluster: Redis had lost the release of campaign {campaign}; started again, {put_back} packets released and not won put back in line"
+                        say!(
+                            "Redis had lost the release of campaign {campaign}; started again, {put_back} packets released and not won put back in line"
                         );
                     }
                 }
-                Err(e) => eprintln!("hongbao cluster: restoring releases: {e}"),
+                Err(e) => say!("restoring releases: {e}"),
             }
             renewed.notify_one();
         });
@@ -552,8 +552,8 @@ impl Host {
         tokio::spawn(async move {
             match store.waiting_notices_of(&users, now_ms()).await {
                 Ok(waiting) => {
-                    eprintln!(
-                        "hongbao cluster: this host's channel was renewed; {} waiting notices told again to {} users",
+                    say!(
+                        "this host's channel was renewed; {} waiting notices told again to {} users",
                         waiting.len(),
                         users.len()
                     );
@@ -566,7 +566,7 @@ impl Host {
                             .collect(),
                     );
                 }
-                Err(e) => eprintln!("hongbao cluster: telling waiting notices again: {e}"),
+                Err(e) => say!("telling waiting notices again: {e}"),
             }
         });
     }

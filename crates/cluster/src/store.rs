@@ -67,7 +67,7 @@ pub(crate) async fn pg_connect(url: &str) -> Result<Client, String> {
         .map_err(|e| pg_error("connecting", e))?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
-            eprintln!("hongbao cluster: PostgreSQL connection ended: {e}");
+            say!("PostgreSQL connection ended: {e}");
         }
     });
     Ok(client)
