@@ -229,14 +229,13 @@ impl Worker {
     }
 
     /// Writes the oldest broadcast to the next slice of connections, as many as the pace
-    /// allows.
-    pub(super) fn broadcast_slice(&mut self) {
+    /// allows. `now`: the turn's clock (when its poll returned), for the judgement and
+    /// the allowance.
+    pub(super) fn broadcast_slice(&mut self, now: Instant) {
         let yield_after = self.yield_after();
         if yield_after.is_zero() && self.broadcasts.is_empty() {
             return;
         }
-        // One clock read a turn serves the judgement and the allowance.
-        let now = Instant::now();
         if !yield_after.is_zero() {
             let cpu_wait = &self.cpu_wait;
             self.pacer.judge(now, yield_after, || cpu_wait.read());

@@ -318,9 +318,10 @@ impl Worker {
     }
 
     fn shake(&mut self, key: usize, id: u32, user: UserId) {
-        let read_at = Instant::now();
+        // The read's clock, not another reading of it.
+        let read_at = self.started + self.read_now;
         self.stats.counters.shakes += 1;
-        let now = unix_now();
+        let now = self.unix_at_start + self.read_now;
         // A shake that waited in the kernel longer than `max_queue_ms` means the machine
         // is not keeping up: shed it (and the clients back off) rather than let every
         // queue behind it grow — a share of those just past the limit, all past twice it,

@@ -119,6 +119,16 @@ struct Worker {
     pool: VecDeque<(u64, u64)>,
     cfg: WorkerConfig,
     started: Instant,
+    /// The clock as of the read being handled (time since `started`): read once a read,
+    /// for everything the read's requests need of it — a clock read costs ~0.1 µs on a
+    /// VM, and a shake needed six (docs/BENCHMARKS.md).
+    read_now: Duration,
+    /// The clock (since `started`) when the last poll returned: what the rest of a turn
+    /// needs of it (the pacer, the tick) without reading it again.
+    polled: Duration,
+    /// The Unix time at `started`, set again each tick (so it follows the wall clock):
+    /// `unix_at_start + read_now` is the read's Unix time without another clock read.
+    unix_at_start: Duration,
     next_generation: u32,
     admission: Admission,
     backoff: Backoff,
@@ -211,6 +221,9 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         pool: VecDeque::new(),
         cfg,
         started: Instant::now(),
+        read_now: Duration::ZERO,
+        polled: Duration::ZERO,
+        unix_at_start: unix_now(),
         next_generation: 1,
         admission: Admission::default(),
         backoff: Backoff::default(),
@@ -257,11 +270,12 @@ impl Worker {
             self.poll_all(&mut events, timeout, &mut read_buf)?;
             self.read_ready(&mut read_buf);
             for key in std::mem::take(&mut self.again) {
-                self.on_readable(key, &mut read_buf, true);
+                self.on_readable(key, &mut read_buf, true, self.started.elapsed());
             }
-            self.broadcast_slice();
-            if Instant::now() >= next_tick {
-                next_tick = Instant::now() + until_next_second();
+            let polled = self.started + self.polled;
+            self.broadcast_slice(polled);
+            if polled >= next_tick {
+                next_tick = polled + until_next_second();
                 self.tick();
             }
             self.flush_link()?;
@@ -296,6 +310,7 @@ impl Worker {
             }
             // One clock read a poll: the events of one poll were reported together.
             let reported = self.started.elapsed();
+            self.polled = reported;
             let mut taken = 0;
             for event in events.iter() {
                 taken += 1;
@@ -311,7 +326,7 @@ impl Worker {
                         if event.is_read_closed() || event.is_error() {
                             // The last of what it sent, then the close: at once, as
                             // there is nothing newer to come from it.
-                            self.on_readable(key, read_buf, true);
+                            self.on_readable(key, read_buf, true, reported);
                         } else if event.is_readable() {
                             self.ready.push(key, reported);
                         }
@@ -336,10 +351,11 @@ impl Worker {
             ReadyOrder::Fifo => usize::MAX,
         };
         for _ in 0..batch {
-            let Some(key) = self.ready.pop(self.started.elapsed()) else {
+            let now = self.started.elapsed();
+            let Some(key) = self.ready.pop(now) else {
                 return;
             };
-            self.on_readable(key, buf, false);
+            self.on_readable(key, buf, false, now);
         }
     }
 
@@ -347,8 +363,10 @@ impl Worker {
     /// read emptied the socket and ends it (epoll, edge-triggered, says when more
     /// arrives: reading on only to hear "would block" would cost a system call per
     /// request) — unless `drain`: the event said the peer closed or the socket failed, or
-    /// the connection is back from `again`; then it reads on to "would block".
-    fn on_readable(&mut self, key: usize, buf: &mut [u8], drain: bool) {
+    /// the connection is back from `again`; then it reads on to "would block". `now`:
+    /// the clock (since `started`) read just before, for everything the reads need.
+    fn on_readable(&mut self, key: usize, buf: &mut [u8], drain: bool, now: Duration) {
+        self.read_now = now;
         for _ in 0..READS_PER_TURN {
             let Some(conn) = self
                 .conns
@@ -379,7 +397,7 @@ impl Worker {
             // Before a session's login the clock runs from the connect (or the WebSocket
             // upgrade): what the client sends meanwhile does not buy it time.
             if conn.user.is_some() || matches!(conn.codec, Codec::Http(_)) {
-                conn.last_seen = self.started.elapsed().as_secs() as u32;
+                conn.last_seen = now.as_secs() as u32;
             }
             let mut partial = conn.take_partial();
             let rest = if partial.is_empty() {
@@ -414,7 +432,7 @@ impl Worker {
                 out: &mut out,
                 stats: &mut self.stats.counters,
                 cfg: &self.cfg,
-                now: self.started.elapsed().as_secs() as u32,
+                now: self.read_now.as_secs() as u32,
                 may_upgrade,
             };
             let step = self.conns[key].codec.decode(&mut data[at..], &mut cx);

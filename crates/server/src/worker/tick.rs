@@ -33,7 +33,9 @@ impl Worker {
             }
         }
         self.sweep();
-        self.stats.unix_second = unix_now().as_secs();
+        let unix = unix_now();
+        self.unix_at_start = unix.saturating_sub(self.started.elapsed());
+        self.stats.unix_second = unix.as_secs();
         self.stats.levels.connections = self.conns.len() as u64;
         self.stats.levels.pool_packets = self.pool.len() as u64;
         self.stats.levels.shake_cap = self.cap.per_sec().into();
