@@ -200,6 +200,32 @@ mod tests {
         }
     }
 
+    impl TestRedis {
+        fn connection(&self) -> redis::Connection {
+            redis::Client::open(self.url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap()
+        }
+    }
+
+    /// Campaign 1: `packets` at `rate` a second, started a second ago, running.
+    fn running_campaign(con: &mut redis::Connection, packets: u32, rate: u32) {
+        redis::pipe()
+            .hset_multiple(
+                "{rel}:c:1",
+                &[
+                    ("packets", u64::from(packets)),
+                    ("rate", u64::from(rate)),
+                    ("start", crate::now_ms() - 1000),
+                    ("next", 0),
+                ],
+            )
+            .sadd("{rel}:running", 1)
+            .query::<()>(con)
+            .unwrap();
+    }
+
     impl Drop for TestRedis {
         fn drop(&mut self) {
             let _ = self.child.kill();
@@ -210,12 +236,22 @@ mod tests {
     /// One call of release.lua by host `h1` that says it received batch `received`:
     /// the batch's number and its packets.
     fn release(con: &mut redis::Connection, received: u64) -> (u64, Vec<String>) {
+        release_naming(con, received, &[])
+    }
+
+    /// The same, naming packets given whose removal from the held set failed.
+    fn release_naming(
+        con: &mut redis::Connection,
+        received: u64,
+        given: &[String],
+    ) -> (u64, Vec<String>) {
         let out: Vec<redis::Value> = Script::new(RELEASE)
             .key("{rel}:hosts")
             .arg("h1")
             .arg(HOST_DEAD_AFTER_MS)
             .arg(received)
             .arg(1)
+            .arg(given)
             .invoke(con)
             .unwrap();
         let batch = match out[1] {
@@ -240,25 +276,9 @@ mod tests {
     #[test]
     fn a_released_batch_whose_reply_was_lost_is_given_again() {
         let redis = TestRedis::start();
-        let mut con = redis::Client::open(redis.url.as_str())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut con = redis.connection();
         // Ten packets at 1,000/s, started a second ago: all due at once.
-        let start = crate::now_ms() - 1000;
-        redis::pipe()
-            .hset_multiple(
-                "{rel}:c:1",
-                &[
-                    ("packets", 10),
-                    ("rate", 1000),
-                    ("start", start),
-                    ("next", 0),
-                ],
-            )
-            .sadd("{rel}:running", 1)
-            .query::<()>(&mut con)
-            .unwrap();
+        running_campaign(&mut con, 10, 1000);
 
         let (batch, first) = release(&mut con, 0);
         assert_eq!(batch, 1);
@@ -300,35 +320,11 @@ mod tests {
     #[test]
     fn packets_given_while_redis_was_away_leave_the_held_set_at_the_next_call() {
         let redis = TestRedis::start();
-        let mut con = redis::Client::open(redis.url.as_str())
-            .unwrap()
-            .get_connection()
-            .unwrap();
-        let start = crate::now_ms() - 1000;
-        redis::pipe()
-            .hset_multiple(
-                "{rel}:c:1",
-                &[
-                    ("packets", 4),
-                    ("rate", 1000),
-                    ("start", start),
-                    ("next", 0),
-                ],
-            )
-            .sadd("{rel}:running", 1)
-            .query::<()>(&mut con)
-            .unwrap();
+        let mut con = redis.connection();
+        running_campaign(&mut con, 4, 1000);
         let (batch, given) = release(&mut con, 0);
         assert_eq!(given.len(), 4);
-        let _: Vec<redis::Value> = Script::new(RELEASE)
-            .key("{rel}:hosts")
-            .arg("h1")
-            .arg(HOST_DEAD_AFTER_MS)
-            .arg(batch)
-            .arg(1)
-            .arg(&given[..3])
-            .invoke(&mut con)
-            .unwrap();
+        release_naming(&mut con, batch, &given[..3]);
         let held: Vec<String> = redis::cmd("SMEMBERS")
             .arg("{rel}:held:h1")
             .query(&mut con)
@@ -343,10 +339,7 @@ mod tests {
     #[test]
     fn a_release_redis_lost_is_started_again_without_what_is_done() {
         let redis = TestRedis::start();
-        let mut con = redis::Client::open(redis.url.as_str())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut con = redis.connection();
         // 100 packets at 10/s, started 3.05 s ago: 30 due.
         let start = crate::now_ms() - 3050;
         let restore = |con: &mut redis::Connection, done: &[u32]| -> i64 {
@@ -401,10 +394,7 @@ mod tests {
     #[test]
     fn packets_go_to_the_hosts_the_users_are_on() {
         let redis = TestRedis::start();
-        let mut con = redis::Client::open(redis.url.as_str())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut con = redis.connection();
         let call = |con: &mut redis::Connection, host: &str, received: u64, users: u64| {
             let out: Vec<redis::Value> = Script::new(RELEASE)
                 .key("{rel}:hosts")
@@ -419,19 +409,7 @@ mod tests {
         // Both hosts alive with 10 users each, then 40 packets, all due at once.
         assert_eq!(call(&mut con, "h1", 0, 10), 0);
         assert_eq!(call(&mut con, "h2", 0, 10), 0);
-        redis::pipe()
-            .hset_multiple(
-                "{rel}:c:1",
-                &[
-                    ("packets", 40),
-                    ("rate", 1000),
-                    ("start", crate::now_ms() - 1000),
-                    ("next", 0),
-                ],
-            )
-            .sadd("{rel}:running", 1)
-            .query::<()>(&mut con)
-            .unwrap();
+        running_campaign(&mut con, 40, 1000);
         let h2 = call(&mut con, "h2", 0, 10);
         let h1 = call(&mut con, "h1", 0, 10);
         assert_eq!((h1, h2), (20, 20));
