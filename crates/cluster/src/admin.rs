@@ -144,7 +144,6 @@ async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAn
         .await
         .map_err(|e| pg_error("creating a campaign", e))?;
     c.id = row.get::<_, i32>(0) as u32;
-    let mut redis = store.redis();
     let key = format!("{{rel}}:c:{}", c.id);
     let mut pipe = redis::pipe();
     pipe.atomic()
@@ -160,7 +159,8 @@ async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAn
         .ignore()
         .sadd("{rel}:running", c.id)
         .ignore();
-    pipe.query_async::<()>(&mut redis)
+    store
+        .transaction(&pipe, &key)
         .await
         .map_err(|e| format!("Redis: starting the campaign's release: {e}"))?;
     store.status(&c).await.map(AdminAnswer::Campaign)

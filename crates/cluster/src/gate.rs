@@ -47,7 +47,6 @@ impl Store {
             .ignore()
             .expire(format!("{key}:o"), secs)
             .ignore();
-        let mut redis = self.redis();
-        let _: Result<(), _> = pipe.query_async(&mut redis).await;
+        let _ = self.transaction(&pipe, &key).await;
     }
 }

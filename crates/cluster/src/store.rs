@@ -4,10 +4,11 @@
 //! its job: `release`, `gate`, `delivery`, `ledger`, `campaign`, `admin`, `committer`.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{PushInfo, Script};
+use redis::{AsyncCommands, PushInfo, RedisError, RedisResult, Script};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio_postgres::{Client, NoTls};
 
@@ -157,5 +158,189 @@ impl Store {
         let fresh = Arc::new(pg_connect(&self.0.postgres).await?);
         *self.0.read.lock().unwrap() = fresh.clone();
         Ok(fresh)
+    }
+
+    /// A MULTI/EXEC on the slot of `key`, sent again while the cluster answers that it
+    /// did not run it (a slot moved in a failover, the cluster down for a moment). The
+    /// client follows a `MOVED` for a single command but not inside a transaction, so a
+    /// plain `EXISTS key` goes first each time to make it learn where the slot is now.
+    pub(crate) async fn transaction(&self, pipe: &redis::Pipeline, key: &str) -> RedisResult<()> {
+        transaction(&mut self.redis(), pipe, key).await
+    }
+}
+
+/// `Store::transaction` over one connection.
+async fn transaction(
+    redis: &mut ClusterConnection,
+    pipe: &redis::Pipeline,
+    key: &str,
+) -> RedisResult<()> {
+    let mut tries = 0;
+    loop {
+        match pipe.query_async::<()>(redis).await {
+            Err(e) if tries < TRANSACTION_TRIES && not_run(&e) => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50 * tries)).await;
+                let _: RedisResult<bool> = redis.exists(key).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// How often a transaction the cluster did not run is sent again (about 2 s of waits).
+const TRANSACTION_TRIES: u64 = 8;
+
+/// Whether the cluster refused a transaction without running any of it.
+fn not_run(e: &RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind as K};
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            K::ExecAbort | K::Moved | K::Ask | K::TryAgain | K::ClusterDown | K::MasterDown
+        )
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Child, Command, Stdio};
+
+    /// Two `redis-server` cluster nodes on loopback, slots split between them, killed
+    /// when dropped.
+    struct TwoNodes {
+        children: Vec<Child>,
+        ports: [u16; 2],
+        _dir: std::path::PathBuf,
+    }
+
+    impl Drop for TwoNodes {
+        fn drop(&mut self) {
+            for c in &mut self.children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            let _ = std::fs::remove_dir_all(&self._dir);
+        }
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    fn cli(port: u16, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli (Debian's redis-tools package) is needed");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn wait(what: &str, mut ok: impl FnMut() -> bool) {
+        for _ in 0..200 {
+            if ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("timed out waiting for {what}");
+    }
+
+    impl TwoNodes {
+        /// Slots 0..=8191 on the first node, the rest (`{rel}`'s 12189 among them) on the
+        /// second.
+        fn start() -> TwoNodes {
+            let dir = std::env::temp_dir().join(format!("hb-two-nodes-{}", std::process::id()));
+            let ports = [free_port(), free_port()];
+            let mut nodes = TwoNodes {
+                children: Vec::new(),
+                ports,
+                _dir: dir.clone(),
+            };
+            for port in ports {
+                let d = dir.join(port.to_string());
+                std::fs::create_dir_all(&d).unwrap();
+                let child = Command::new("redis-server")
+                    .current_dir(&d)
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args([
+                        "--cluster-enabled",
+                        "yes",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ])
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .expect("redis-server (Debian's redis-server package) is needed");
+                nodes.children.push(child);
+                wait("redis-server", || cli(port, &["PING"]) == "PONG");
+            }
+            cli(ports[0], &["CLUSTER", "ADDSLOTSRANGE", "0", "8191"]);
+            cli(ports[1], &["CLUSTER", "ADDSLOTSRANGE", "8192", "16383"]);
+            cli(
+                ports[0],
+                &["CLUSTER", "MEET", "127.0.0.1", &ports[1].to_string()],
+            );
+            for port in ports {
+                wait("the cluster", || {
+                    cli(port, &["CLUSTER", "INFO"]).contains("cluster_state:ok")
+                });
+            }
+            nodes
+        }
+
+        /// Hands the (empty) slot to the first node, as a failover or a resharding
+        /// would: a client that read the slots before still sends it to the second.
+        fn move_slot_to_first(&self, slot: u16) {
+            let id = cli(self.ports[0], &["CLUSTER", "MYID"]);
+            for port in self.ports {
+                cli(
+                    port,
+                    &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &id],
+                );
+            }
+            for port in self.ports {
+                wait("the slot's new owner", || {
+                    cli(port, &["CLUSTER", "NODES"])
+                        .lines()
+                        .any(|l| l.starts_with(&id) && l.contains(&slot.to_string()))
+                });
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_transaction_refused_by_a_moved_slot_is_sent_again_where_the_slot_is_now() {
+        let nodes = TwoNodes::start();
+        let url = format!("redis://127.0.0.1:{}", nodes.ports[0]);
+        let client = ClusterClient::builder(vec![url]).build().unwrap();
+        // Two connections, each with its own map of the slots: `{rel}` on the second node.
+        let key = "{rel}:running";
+        let mut plain = client.get_async_connection().await.unwrap();
+        let mut retried = client.get_async_connection().await.unwrap();
+        let _: bool = plain.exists(key).await.unwrap();
+        let _: bool = retried.exists(key).await.unwrap();
+        nodes.move_slot_to_first(12189);
+
+        let mut pipe = redis::pipe();
+        pipe.atomic().sadd(key, 1).ignore().sadd(key, 2).ignore();
+        // Sent as it is, the transaction is refused whole (the second node answers MOVED
+        // to each command inside it): what CI once met after a failover.
+        let refused = pipe.query_async::<()>(&mut plain).await;
+        assert!(
+            refused.as_ref().is_err_and(not_run),
+            "expected a refused transaction, got {refused:?}"
+        );
+        transaction(&mut retried, &pipe, key).await.unwrap();
+        let members: Vec<u64> = retried.smembers(key).await.unwrap();
+        assert_eq!(members, [1, 2]);
     }
 }
