@@ -490,6 +490,17 @@ fn a_chaos_bench_on_one_server_balances_every_cent() {
         assert!(healed(kind, what), "not healed: {f}");
     }
     assert!(!mounted_under(out.path()), "a tmpfs left mounted");
+    // Each fault is marked on the series as it happened (a phase `chaos:KIND`), so the
+    // report shades it on the charts, and listed in report.html.
+    let series = std::fs::read_to_string(out.path().join("series.csv")).unwrap();
+    let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    for kind in ["worker-kill", "worker-stall"] {
+        assert!(
+            series.contains(&format!(",chaos:{kind},")),
+            "{kind} not on the series"
+        );
+    }
+    assert!(report.contains(&format!("Chaos: {} faults (seed 11)", faults.len())));
     // Every share opened: a killed worker's users log in again and hear of it then
     // (an open whose reply died with its worker is the ledger's, not the client's).
     assert_eq!(

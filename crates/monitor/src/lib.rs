@@ -105,6 +105,11 @@ impl Monitor {
         self.collector.lock().unwrap().mark(unix_ms, phase);
     }
 
+    /// Something another thread can mark phases with while the monitor runs.
+    pub fn marker(&self) -> Marker {
+        Marker(self.collector.clone())
+    }
+
     /// Takes a sample directly (an in-process reporter).
     pub fn add(&self, sample: &Sample) {
         self.collector.lock().unwrap().add(sample);
@@ -122,6 +127,17 @@ impl Monitor {
         }
         self.server.stop();
         self.collector.lock().unwrap().finish()
+    }
+}
+
+/// [`Monitor::mark_at`] for another thread (the bench's chaos marks each fault as it
+/// starts and heals: a mark made after its second was written would be lost).
+#[derive(Clone)]
+pub struct Marker(Arc<Mutex<Collector>>);
+
+impl Marker {
+    pub fn mark_at(&self, unix_ms: u64, phase: &str) {
+        self.0.lock().unwrap().mark(unix_ms, phase);
     }
 }
 

@@ -112,6 +112,46 @@ pub(crate) struct Plot {
     pub x_max: f64,
     pub lines: Vec<Line>,
     pub phases: Vec<PhaseStart>,
+    /// Faults done by `hongbao bench --chaos`, shaded where they fell.
+    pub faults: Vec<FaultSpan>,
+}
+
+/// A fault as the series marks it: phase `chaos:KIND` from its start until its heal
+/// (the phase's own name again), in seconds since the first row.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct FaultSpan {
+    pub from: f64,
+    pub to: f64,
+    pub kind: String,
+}
+
+/// The series' phase starts worth a line (a phase taken up again after a fault is not a
+/// new one) and its faults' spans.
+fn marks(series: &Series) -> (Vec<PhaseStart>, Vec<FaultSpan>) {
+    let (mut phases, mut faults) = (Vec::<PhaseStart>::new(), Vec::<FaultSpan>::new());
+    let mut open: Option<PhaseStart> = None;
+    for start in series.phase_starts() {
+        if let Some(fault) = open.take() {
+            faults.push(FaultSpan {
+                from: fault.second,
+                to: start.second,
+                kind: fault.label["chaos:".len()..].to_string(),
+            });
+        }
+        if start.label.starts_with("chaos:") {
+            open = Some(start);
+        } else if phases.last().map(|p| &p.label) != Some(&start.label) {
+            phases.push(start);
+        }
+    }
+    if let Some(fault) = open {
+        faults.push(FaultSpan {
+            from: fault.second,
+            to: series.span_seconds() as f64,
+            kind: fault.label["chaos:".len()..].to_string(),
+        });
+    }
+    (phases, faults)
 }
 
 impl Plot {
@@ -256,6 +296,7 @@ fn fixed_plot(series: &Series, info: &ChartInfo) -> Option<Plot> {
             }
         })
         .collect();
+    let (phases, faults) = marks(series);
     Some(Plot {
         title: info.title.to_string(),
         x_label: "seconds",
@@ -263,7 +304,8 @@ fn fixed_plot(series: &Series, info: &ChartInfo) -> Option<Plot> {
         y_scale,
         x_max: series.span_seconds().max(1) as f64,
         lines,
-        phases: series.phase_starts(),
+        phases,
+        faults,
     })
 }
 
@@ -330,6 +372,7 @@ fn broadcast_plot(broadcast: &Broadcast) -> Plot {
         x_max,
         lines,
         phases: Vec::new(),
+        faults: Vec::new(),
     }
 }
 
@@ -353,6 +396,38 @@ mod tests {
         assert_eq!(plot.lines[0].segments, vec![vec![(0.0, 2.0), (1.0, 3.0)]]);
         assert_eq!(plot.lines[1].label, "core (no data)");
         assert!(plot.has_data());
+    }
+
+    #[test]
+    fn chaos_faults_are_spans_and_the_phase_taken_up_again_is_no_new_phase() {
+        let csv = "unix_second,role,phase,shakes\n\
+            100,load,start,1\n101,load,qps-500,1\n102,load,qps-500,1\n\
+            103,load,chaos:worker-kill,1\n104,load,chaos:worker-kill,1\n105,load,qps-500,1\n\
+            106,load,chaos:gateway,1\n107,load,qps-500,1\n108,load,chaos:partition-redis,1\n\
+            110,load,chaos:partition-redis,1\n";
+        let series = Series::from_csv(csv).unwrap();
+        let plot = plot(&series, &[], "qps").unwrap();
+        let phases: Vec<(f64, &str)> = plot
+            .phases
+            .iter()
+            .map(|p| (p.second, p.label.as_str()))
+            .collect();
+        assert_eq!(phases, [(0.0, "start"), (1.0, "qps-500")]);
+        let span = |from, to, kind: &str| FaultSpan {
+            from,
+            to,
+            kind: kind.to_string(),
+        };
+        assert_eq!(
+            plot.faults,
+            [
+                span(3.0, 5.0, "worker-kill"),
+                span(6.0, 7.0, "gateway"),
+                // Still under way when the series ends.
+                span(8.0, 10.0, "partition-redis"),
+            ]
+        );
+        crate::draw::svg(&plot).unwrap();
     }
 
     #[test]

@@ -34,6 +34,7 @@ const PALETTE: [RGBColor; 5] = [
     RGBColor(148, 103, 189),
 ];
 const PHASE_COLOUR: RGBColor = RGBColor(110, 110, 110);
+const FAULT_COLOUR: RGBColor = RGBColor(198, 40, 40);
 
 fn register_font() {
     static REGISTER: Once = Once::new();
@@ -132,6 +133,25 @@ where
         .bold_line_style(RGBColor(0, 0, 0).mix(0.12))
         .light_line_style(RGBColor(0, 0, 0).mix(0.04))
         .draw()?;
+
+    // Faults first, under everything: a pale band each, its kind along the bottom
+    // (three rows, so that faults a few seconds apart stay readable).
+    for (index, fault) in plot.faults.iter().enumerate() {
+        let to = fault.to.max(fault.from + 1.0);
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(fault.from, y_span.0), (to, y_span.1)],
+            FAULT_COLOUR.mix(0.13).filled(),
+        )))?;
+        let row = (index % 3) as i32;
+        let label = Text::new(
+            fault.kind.clone(),
+            (2, -14 - 12 * row),
+            (FONT, 11).into_font().color(&FAULT_COLOUR),
+        );
+        chart.draw_series(std::iter::once(
+            EmptyElement::at((fault.from, y_span.0)) + label,
+        ))?;
+    }
 
     for (index, phase) in plot.phases.iter().enumerate() {
         chart.draw_series(std::iter::once(DashedPathElement::new(

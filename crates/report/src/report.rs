@@ -140,6 +140,16 @@ fn summary_sections(page: &mut String, summary: &Value) {
 
     page.push_str("<h2>Phases</h2>\n");
     phases_table(page, &summary["phases"]);
+    if let Some(faults) = summary["chaos"]["faults"].as_array() {
+        let _ = writeln!(
+            page,
+            "<h2>Chaos: {} faults (seed {})</h2>",
+            faults.len(),
+            summary["chaos"]["seed"]
+        );
+        page.push_str("<p class=\"note\">Each is shaded on the charts below.</p>\n");
+        faults_table(page, faults);
+    }
 
     page.push_str("<h2>Totals</h2>\n<div class=\"tables\">\n");
     let totals: [(&str, &str, &[&str]); 2] = [
@@ -288,6 +298,33 @@ fn phases_table(page: &mut String, phases: &Value) {
     page.push_str("</tbody></table>\n");
 }
 
+/// One row per fault chaos did: when, what, and what it cost.
+fn faults_table(page: &mut String, faults: &[Value]) {
+    let columns = [
+        ("kind", "kind"),
+        ("start s", "start_second"),
+        ("healed s", "end_second"),
+        ("what", "what"),
+        ("dropped", "dropped"),
+        ("seconds below 90%", "reduced_secs"),
+        ("error replies", "error_replies"),
+        ("whole after s", "whole_after_secs"),
+    ];
+    page.push_str("<table><thead><tr>");
+    for (heading, _) in &columns {
+        let _ = write!(page, "<th>{heading}</th>");
+    }
+    page.push_str("</tr></thead><tbody>\n");
+    for fault in faults {
+        page.push_str("<tr>");
+        for (_, key) in &columns {
+            value_cell(page, key, &fault[*key]);
+        }
+        page.push_str("</tr>\n");
+    }
+    page.push_str("</tbody></table>\n");
+}
+
 /// An object as a two-column table; nested objects are flattened into "outer inner" keys.
 /// Keys named in `first` lead, in that order; the rest follow alphabetically.
 fn key_value_table(page: &mut String, value: &Value, first: &[&str]) {
@@ -423,5 +460,25 @@ mod tests {
         assert!(page.contains("30,000"));
         assert!(!page.contains("<end>"));
         assert!(page.contains("Not recorded."));
+        assert!(!page.contains("Chaos"), "no chaos section without chaos");
+    }
+
+    #[test]
+    fn every_chaos_fault_is_a_row() {
+        let summary = json!({"chaos": {"seed": 3, "faults": [
+            {"kind": "worker-kill", "what": "killed gateway worker 7 <SIGKILL>", "start_second": 9,
+             "end_second": 11, "dropped": 334, "reduced_secs": 0, "error_replies": 2,
+             "whole_after_secs": 3},
+            {"kind": "partition-redis", "what": "cut gw2 off", "start_second": 30,
+             "end_second": 38, "dropped": 0, "reduced_secs": 4, "error_replies": 0},
+        ]}});
+        let mut page = String::new();
+        summary_sections(&mut page, &summary);
+        assert!(page.contains("Chaos: 2 faults (seed 3)"));
+        assert!(page.contains("<td>worker-kill</td>"));
+        assert!(page.contains("killed gateway worker 7 &lt;SIGKILL&gt;"));
+        assert_eq!(page.matches("<tr>").count(), 3, "a header and two faults");
+        // Never whole in its window: a dash, not a number.
+        assert!(page.contains("<td>—</td></tr>"));
     }
 }

@@ -74,6 +74,7 @@ impl XyChart {
                     label: label.clone(),
                 })
                 .collect(),
+            faults: Vec::new(),
         }
     }
 

@@ -64,11 +64,15 @@ pub struct Done {
 /// Runs the schedule on a thread of its own until `stop`: waits each gap (returning
 /// early when told to stop), does the fault and its heal. A fault under way when `stop`
 /// comes is finished and healed first.
+///
+/// `mark` is told of each fault as it starts (`Some(fault)`) and once it is healed
+/// (`None`), so the series shows it.
 pub(crate) fn start(
     injector: Injector,
     opts: ChaosOptions,
     stop: Arc<AtomicBool>,
     say: fn(&str),
+    mark: impl Fn(u64, Option<Fault>) + Send + 'static,
 ) -> std::thread::JoinHandle<Vec<Done>> {
     std::thread::spawn(move || {
         let mut done = Vec::new();
@@ -84,8 +88,11 @@ pub(crate) fn start(
                 return done;
             }
             let start_unix_ms = unix_ms();
+            mark(start_unix_ms, Some(planned.fault));
             let what = injector.inject(planned.fault, planned.target, true);
             let end_unix_ms = unix_ms();
+            // A fault healed in the second it started still gets a second of its own.
+            mark(end_unix_ms.max(start_unix_ms + 1000), None);
             say(&format!("bench: chaos: {what}"));
             done.push(Done {
                 fault: planned.fault,

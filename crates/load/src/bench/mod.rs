@@ -198,7 +198,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     let faulty = opts.fault.is_some() || opts.chaos.is_some();
     let chaos_stop = Arc::new(AtomicBool::new(false));
     let mut chaos_thread = None;
-    let mut phase_marks: Vec<(u64, String)> = Vec::new();
+    // The phase under way, for chaos to mark again once a fault is healed.
+    let current_phase = Arc::new(Mutex::new(String::new()));
     let mut last_phase_end = 0;
     // The fault's phase: its rate and its last second.
     let mut fault_phase = (0, 0);
@@ -206,7 +207,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         let name = format!("qps-{qps}");
         let from = load.set_qps(qps)?;
         monitor.mark_at(load.epoch_ms() + from * 1000, &name);
-        phase_marks.push((load.epoch_ms() + from * 1000, name.clone()));
+        *current_phase.lock().unwrap() = name.clone();
         say(&format!(
             "bench: phase {} at {qps} QPS from second {from}",
             n + 2
@@ -215,7 +216,14 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         broadcaster.start_phase(&name);
         if let (0, Some(chaos)) = (n, &opts.chaos) {
             let (injector, stop) = (server.injector(), chaos_stop.clone());
-            chaos_thread = Some(chaos::start(injector, chaos.clone(), stop, say));
+            // Each fault marked on the series as it starts, and the phase again once
+            // it is healed.
+            let (marker, phase) = (monitor.marker(), current_phase.clone());
+            let mark = move |at: u64, fault: Option<options::Fault>| match fault {
+                Some(f) => marker.mark_at(at, &format!("chaos:{}", f.name())),
+                None => marker.mark_at(at, &phase.lock().unwrap()),
+            };
+            chaos_thread = Some(chaos::start(injector, chaos.clone(), stop, say, mark));
         }
         if let (0, Some(fault)) = (n, opts.fault) {
             let after = Duration::from_secs_f64(opts.fault_at_secs.max(0.0));
@@ -324,18 +332,6 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         let done = handle.join().unwrap_or_default();
         load.wait_logged_in(Duration::from_secs(30));
         std::thread::sleep(Duration::from_millis(2100));
-        // Each fault marked on the series, and the phase it fell in marked again once
-        // it was healed.
-        for d in &done {
-            monitor.mark_at(d.start_unix_ms, &format!("chaos:{}", d.fault.name()));
-            if let Some((_, phase)) = phase_marks
-                .iter()
-                .rev()
-                .find(|(at, _)| *at <= d.end_unix_ms)
-            {
-                monitor.mark_at(d.end_unix_ms + 1, phase);
-            }
-        }
         done
     });
 
