@@ -134,22 +134,28 @@ where
         .light_line_style(RGBColor(0, 0, 0).mix(0.04))
         .draw()?;
 
-    // Faults first, under everything: a pale band each, its kind along the bottom
-    // (three rows, so that faults a few seconds apart stay readable).
-    for (index, fault) in plot.faults.iter().enumerate() {
+    // Faults first, under everything: a pale band each, and its kind below the phase
+    // labels on the first of three rows where it does not print over the one before
+    // (left out where none is free: the table in report.html lists every fault).
+    let seconds_per_px = plot.x_max / f64::from(WIDTH - 110);
+    let mut row_free_from = [f64::MIN; 3];
+    for fault in &plot.faults {
         let to = fault.to.max(fault.from + 1.0);
         chart.draw_series(std::iter::once(Rectangle::new(
             [(fault.from, y_span.0), (to, y_span.1)],
             FAULT_COLOUR.mix(0.13).filled(),
         )))?;
-        let row = (index % 3) as i32;
+        let Some(row) = row_free_from.iter().position(|free| *free <= fault.from) else {
+            continue;
+        };
+        row_free_from[row] = fault.from + (fault.kind.len() as f64 * 6.5 + 6.0) * seconds_per_px;
         let label = Text::new(
             fault.kind.clone(),
-            (2, -14 - 12 * row),
+            (2, 44 + 13 * row as i32),
             (FONT, 11).into_font().color(&FAULT_COLOUR),
         );
         chart.draw_series(std::iter::once(
-            EmptyElement::at((fault.from, y_span.0)) + label,
+            EmptyElement::at((fault.from, y_span.1)) + label,
         ))?;
     }
 
