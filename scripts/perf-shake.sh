@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Where each microsecond of a shake goes (issue 28, item 1): the floor's bare-C open-loop
-# client against the floor's echo server and against `hongbao serve` (no campaign, the
-# bench's settings, nice 0), the server's CPU per request from run.sh, and a `perf record
+# client against the floor's echo server and against `hongbao serve` (the bench's
+# settings, nice 0; no campaign, or with CAMPAIGN=N a shake campaign of N packets/s), the server's CPU per request from run.sh, and a `perf record
 # -g` of the server's processes only for PERF_SECS (10) in the middle of the load, its
 # samples sorted into where they fall (kernel: TCP receive, TCP send and loopback,
 # epoll, syscall entry and exit, scheduler, the rest; user: hongbao by module, libc).
 #
 #   scripts/perf-shake.sh CONNS RATE [SECS] [ROUNDS]   (root; release build)
+#   env: CAMPAIGN=N, BINARY=path (default target/release/hongbao), OUT, PERF_SECS
 #
 # Rounds alternate floor, hongbao. Prints per server and round: the client's result
 # line, then "where: CATEGORY share% us_per_request" lines. perf.data and the full
@@ -14,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 conns=$1 rate=$2 secs=${3:-40} rounds=${4:-1}
-bin=$PWD/target/release/hongbao
+bin=${BINARY:-$PWD/target/release/hongbao}
 floor=${FLOOR:-../shared/floor/run.sh}
 out=${OUT:-/tmp/perf-shake}
 psecs=${PERF_SECS:-10}
@@ -107,6 +108,10 @@ for round in $(seq "$rounds"); do
   pid=$!
   for _ in $(seq 100); do grep -q "hongbao serve ready" "$dir/serve.log" && break; sleep 0.2; done
   pids=$(echo $pid $(pgrep -d' ' -P $pid) | tr ' ' ,)
+  if [ -n "${CAMPAIGN:-}" ]; then
+    curl -s -XPOST "127.0.0.1:$admin/v1/campaigns/shake" \
+      -d "{\"packets\":$(( CAMPAIGN * (secs + 30 + conns / 20000) )),\"rate_per_sec\":$CAMPAIGN,\"amount_min\":100,\"amount_max\":500}" > /dev/null
+  fi
   t0=$(date +%s)
   ( perf_at "$t0" "$pids" "hongbao-$round" ) &
   watcher=$!
