@@ -405,23 +405,14 @@ impl Worker {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let mut bytes = std::mem::take(&mut self.reply_buf);
-        bytes.clear();
+        let mut bytes = Vec::with_capacity(64);
         let max_held = self.cfg.max_output_bytes as usize;
         let sent = conn.codec.reply(id, reply, &mut bytes, max_held);
         if !bytes.is_empty() {
             self.write(key, &bytes);
         }
-        self.keep_reply_buf(bytes);
         if sent == Sent::ThenClose {
             self.hang_up(key);
-        }
-    }
-
-    /// Keeps an encoding buffer for the next reply, unless a rare large answer grew it.
-    fn keep_reply_buf(&mut self, bytes: Vec<u8>) {
-        if bytes.capacity() <= 64 * 1024 {
-            self.reply_buf = bytes;
         }
     }
 
@@ -430,12 +421,10 @@ impl Worker {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let mut bytes = std::mem::take(&mut self.reply_buf);
-        bytes.clear();
+        let mut bytes = Vec::with_capacity(64);
         if conn.codec.push(push, &mut bytes) {
             self.write(key, &bytes);
         }
-        self.keep_reply_buf(bytes);
     }
 }
 

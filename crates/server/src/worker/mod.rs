@@ -143,8 +143,6 @@ struct Worker {
     received: Option<Duration>,
     /// Transport answers of the current decode step (reused).
     scratch: Vec<u8>,
-    /// A reply or push being encoded (reused: one allocation and free a shake less).
-    reply_buf: Vec<u8>,
     /// Connections not yet logged in (binary frames, upgraded WebSockets), by slab key,
     /// with their source address; and how many each source has.
     unauthenticated: HashMap<usize, IpAddr>,
@@ -240,7 +238,6 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         claims: HashMap::new(),
         received: None,
         scratch: Vec::new(),
-        reply_buf: Vec::with_capacity(256),
         unauthenticated: HashMap::new(),
         per_source: HashMap::new(),
         shutdown: false,
