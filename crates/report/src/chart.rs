@@ -116,8 +116,11 @@ pub(crate) struct Plot {
     pub faults: Vec<FaultSpan>,
 }
 
-/// A fault as the series marks it: phase `chaos:KIND` from its start until its heal
-/// (the phase's own name again), in seconds since the first row.
+/// The phase label a fault done by `hongbao bench --chaos` has on the series, before its
+/// kind: `chaos:worker-kill` from its start until its heal (the phase's own name again).
+pub const CHAOS_PHASE: &str = "chaos:";
+
+/// A fault as the series marks it, in seconds since the first row.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct FaultSpan {
     pub from: f64,
@@ -126,31 +129,26 @@ pub(crate) struct FaultSpan {
 }
 
 /// The series' phase starts worth a line (a phase taken up again after a fault is not a
-/// new one) and its faults' spans.
+/// new one) and its faults' spans (the last one, still under way, to the series' end).
 fn marks(series: &Series) -> (Vec<PhaseStart>, Vec<FaultSpan>) {
     let (mut phases, mut faults) = (Vec::<PhaseStart>::new(), Vec::<FaultSpan>::new());
-    let mut open: Option<PhaseStart> = None;
+    let mut open: Option<FaultSpan> = None;
     for start in series.phase_starts() {
-        if let Some(fault) = open.take() {
-            faults.push(FaultSpan {
-                from: fault.second,
-                to: start.second,
-                kind: fault.label["chaos:".len()..].to_string(),
-            });
+        if let Some(mut fault) = open.take() {
+            fault.to = start.second;
+            faults.push(fault);
         }
-        if start.label.starts_with("chaos:") {
-            open = Some(start);
+        if let Some(kind) = start.label.strip_prefix(CHAOS_PHASE) {
+            open = Some(FaultSpan {
+                from: start.second,
+                to: series.span_seconds() as f64,
+                kind: kind.to_string(),
+            });
         } else if phases.last().map(|p| &p.label) != Some(&start.label) {
             phases.push(start);
         }
     }
-    if let Some(fault) = open {
-        faults.push(FaultSpan {
-            from: fault.second,
-            to: series.span_seconds() as f64,
-            kind: fault.label["chaos:".len()..].to_string(),
-        });
-    }
+    faults.extend(open);
     (phases, faults)
 }
 

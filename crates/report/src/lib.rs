@@ -29,7 +29,7 @@ mod xy;
 use std::path::Path;
 
 pub use broadcast::Broadcast;
-pub use chart::{chart_list, ChartEntry, ChartInfo, CHARTS};
+pub use chart::{chart_list, ChartEntry, ChartInfo, CHAOS_PHASE, CHARTS};
 pub use html::escape;
 pub use render::{render_png, render_svg, CHART_SIZE};
 pub use series::{PhaseStart, Role, Series, COLUMNS};

@@ -272,16 +272,22 @@ fn phases_table(page: &mut String, phases: &Value) {
         ("errors", &["errors"]),
         ("audit", &["audit_ok"]),
     ];
+    rows_table(page, phases, &columns);
+}
+
+/// A table of one row per object in `rows`, a column per (heading, path into the object).
+/// An `audit_ok` cell reads OK or FAILED.
+fn rows_table(page: &mut String, rows: &[Value], columns: &[(&str, &[&str])]) {
     page.push_str("<table><thead><tr>");
-    for (heading, _) in &columns {
+    for (heading, _) in columns {
         let _ = write!(page, "<th>{heading}</th>");
     }
     page.push_str("</tr></thead><tbody>\n");
-    for phase in phases {
+    for row in rows {
         page.push_str("<tr>");
-        for (_, path) in &columns {
-            let value = path.iter().fold(phase, |v, key| &v[*key]);
-            match (path, value.as_bool()) {
+        for (_, path) in columns {
+            let value = path.iter().fold(row, |v, key| &v[*key]);
+            match (*path, value.as_bool()) {
                 (&["audit_ok"], Some(ok)) => {
                     let (class, text) = if ok {
                         ("ok", "OK")
@@ -300,29 +306,17 @@ fn phases_table(page: &mut String, phases: &Value) {
 
 /// One row per fault chaos did: when, what, and what it cost.
 fn faults_table(page: &mut String, faults: &[Value]) {
-    let columns = [
-        ("kind", "kind"),
-        ("start s", "start_second"),
-        ("healed s", "end_second"),
-        ("what", "what"),
-        ("dropped", "dropped"),
-        ("seconds below 90%", "reduced_secs"),
-        ("error replies", "error_replies"),
-        ("whole after s", "whole_after_secs"),
+    let columns: [(&str, &[&str]); 8] = [
+        ("kind", &["kind"]),
+        ("start s", &["start_second"]),
+        ("healed s", &["end_second"]),
+        ("what", &["what"]),
+        ("dropped", &["dropped"]),
+        ("seconds below 90%", &["reduced_secs"]),
+        ("error replies", &["error_replies"]),
+        ("whole after s", &["whole_after_secs"]),
     ];
-    page.push_str("<table><thead><tr>");
-    for (heading, _) in &columns {
-        let _ = write!(page, "<th>{heading}</th>");
-    }
-    page.push_str("</tr></thead><tbody>\n");
-    for fault in faults {
-        page.push_str("<tr>");
-        for (_, key) in &columns {
-            value_cell(page, key, &fault[*key]);
-        }
-        page.push_str("</tr>\n");
-    }
-    page.push_str("</tbody></table>\n");
+    rows_table(page, faults, &columns);
 }
 
 /// An object as a two-column table; nested objects are flattened into "outer inner" keys.

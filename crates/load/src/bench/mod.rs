@@ -220,7 +220,9 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             // it is healed.
             let (marker, phase) = (monitor.marker(), current_phase.clone());
             let mark = move |at: u64, fault: Option<options::Fault>| match fault {
-                Some(f) => marker.mark_at(at, &format!("chaos:{}", f.name())),
+                Some(f) => {
+                    marker.mark_at(at, &format!("{}{}", hongbao_report::CHAOS_PHASE, f.name()))
+                }
                 None => marker.mark_at(at, &phase.lock().unwrap()),
             };
             chaos_thread = Some(chaos::start(injector, chaos.clone(), stop, say, mark));
