@@ -17,6 +17,7 @@ mod bench;
 mod capacity;
 mod doctor;
 mod lab;
+mod ledger_bench;
 mod load;
 mod monitor;
 mod nginx;
@@ -30,6 +31,7 @@ use bench::BenchArgs;
 use capacity::CapacityArgs;
 use doctor::DoctorArgs;
 use lab::LabCommand;
+use ledger_bench::LedgerBenchArgs;
 use load::LoadArgs;
 use monitor::MonitorArgs;
 use nginx::NginxArgs;
@@ -81,6 +83,9 @@ enum Command {
     Lab(LabCommand),
     /// Check this machine's limits for N connections (server and load co-located).
     Doctor(DoctorArgs),
+    /// What a win's commit costs on this disk: wins at an even rate through the server's
+    /// own group-committing ledger writer; latency percentiles and CPU per win.
+    LedgerBench(LedgerBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -98,5 +103,6 @@ fn main() -> Result<()> {
         Command::NginxConf(args) => nginx::run(args),
         Command::Lab(command) => lab::run(command),
         Command::Doctor(args) => doctor::run(args),
+        Command::LedgerBench(args) => ledger_bench::run(args),
     }
 }

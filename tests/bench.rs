@@ -633,3 +633,58 @@ fn a_full_ledger_disk_is_given_room_again_and_every_cent_balances() {
     );
     assert!(!mounted_under(&failed), "the tmpfs outlived a failed bench");
 }
+
+#[test]
+fn ledger_bench_times_every_win_and_refuses_bad_input_without_writing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ledger");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hongbao"))
+            .arg("ledger-bench")
+            .args(args)
+            .output()
+            .expect("running hongbao ledger-bench")
+    };
+    let out = run(&[
+        "--rate",
+        "100",
+        "--secs",
+        "1",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fields: BTreeMap<&str, f64> = stdout
+        .split_whitespace()
+        .skip(1)
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .map(|kv| (kv[0], kv[1].parse().unwrap()))
+        .collect();
+    assert_eq!(fields["wins"], 100.0, "{stdout}");
+    assert_eq!(fields["interval_ms"], 20.0, "serve's default: {stdout}");
+    assert!(
+        fields["commits"] >= 1.0 && fields["commits"] <= 100.0,
+        "{stdout}"
+    );
+    assert!(fields["p50_ms"] <= fields["p99_ms"], "{stdout}");
+    assert!(fields["cpu_us_per_win"] > 0.0, "{stdout}");
+    assert!(!dir.exists(), "its ledger is removed");
+
+    // A directory that exists is refused, and left as it was.
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("keep"), "mine").unwrap();
+    let out = run(&["--secs", "1", "--dir", dir.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exists"));
+    assert_eq!(std::fs::read_to_string(dir.join("keep")).unwrap(), "mine");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    let out = run(&["--rate", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--rate"));
+}

@@ -48,10 +48,13 @@ pub struct ServeConfig {
     pub http_keepalive_secs: u32,
     /// A client whose unread output passes this is closed.
     pub max_output_bytes: u32,
-    /// Group commit: wait at most this long to fill a batch...
+    /// Cluster mode's group commit: wait at most this long to fill a batch...
     pub commit_window_ms: u64,
-    /// ...or until this many events.
+    /// ...or until this many events (both modes).
     pub commit_max_batch: usize,
+    /// The embedded ledger's group commit: a commit begins as soon as there is an event,
+    /// but no sooner than this after the previous commit began.
+    pub commit_interval_ms: u64,
     /// Report per-second counters to the `hongbao monitor` at this address ("" for none).
     pub monitor: String,
     /// A shake that waited in the kernel (arrival to read) longer than this may be
@@ -131,6 +134,7 @@ impl Default for ServeConfig {
             max_output_bytes: 256 * 1024,
             commit_window_ms: 2,
             commit_max_batch: 4096,
+            commit_interval_ms: 20,
             monitor: String::new(),
             max_queue_ms: 0,
             ready_order: ReadyOrder::Adaptive,

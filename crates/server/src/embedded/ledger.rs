@@ -2,10 +2,13 @@
 //! WAL mode, synchronous=FULL).
 //!
 //! The core never waits on SQLite: it hands new events to the `LedgerWriter` thread,
-//! which group-commits them — everything that arrived within `commit_window` of the first
-//! event of a batch, or `max_batch` events, whichever comes first, in one transaction —
-//! then publishes the highest committed sequence number and wakes the core, which only
-//! then releases the replies that depended on those events.
+//! which group-commits them — a commit begins as soon as there is an event to commit, but
+//! no sooner than `commit_interval` after the previous commit began, and takes everything
+//! that arrived meanwhile (up to `max_batch` events) in one transaction — then publishes
+//! the highest committed sequence number and wakes the core, which only then releases the
+//! replies that depended on those events. So a lone event after a quiet spell is committed
+//! at once, and at any rate of events the disk sees at most one durable commit (fsync) per
+//! `commit_interval`: at 200 wins a second, one commit carries four of them, not one.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -327,14 +330,15 @@ pub struct LedgerWriter {
 
 #[derive(Debug, Clone, Copy)]
 pub struct GroupCommit {
-    pub commit_window: Duration,
+    /// The least time from one commit's start to the next one's.
+    pub commit_interval: Duration,
     pub max_batch: usize,
 }
 
 impl Default for GroupCommit {
     fn default() -> Self {
         GroupCommit {
-            commit_window: Duration::from_millis(2),
+            commit_interval: Duration::from_millis(20),
             max_batch: 4096,
         }
     }
@@ -428,8 +432,9 @@ fn commit_loop(
     state: &WriterState,
     on_commit: impl Fn(),
 ) -> Result<()> {
+    let mut last_start: Option<Instant> = None;
     while let Ok(mut batch) = rx.recv() {
-        let deadline = Instant::now() + group.commit_window;
+        let deadline = next_commit(last_start, Instant::now(), group.commit_interval);
         while batch.len() < group.max_batch {
             let wait = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(wait) {
@@ -437,6 +442,7 @@ fn commit_loop(
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
             }
         }
+        last_start = Some(Instant::now());
         append_until_done(ledger, &batch, state, &on_commit)?;
         state
             .committed
@@ -444,6 +450,12 @@ fn commit_loop(
         on_commit();
     }
     Ok(())
+}
+
+/// When a batch whose first event arrived `now` is committed: at once, unless the previous
+/// commit began less than `interval` ago — then when it is `interval` old.
+fn next_commit(last_start: Option<Instant>, now: Instant, interval: Duration) -> Instant {
+    last_start.map_or(now, |s| (s + interval).max(now))
 }
 
 /// Appends `batch`, trying again every `RETRY_AFTER` while it fails (a failed append
@@ -535,6 +547,77 @@ mod tests {
         assert_eq!(writer.committed(), 100);
         let ledger = Ledger::open(dir.path()).unwrap();
         assert_eq!(ledger.balances().unwrap().values().sum::<u64>(), 100);
+    }
+
+    #[test]
+    fn a_commit_starts_at_once_unless_the_last_began_under_an_interval_ago() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(next_commit(None, t0, ms(10)), t0, "the first commit");
+        assert_eq!(next_commit(Some(t0), t0 + ms(3), ms(10)), t0 + ms(10));
+        assert_eq!(next_commit(Some(t0), t0 + ms(10), ms(10)), t0 + ms(10));
+        assert_eq!(
+            next_commit(Some(t0), t0 + ms(25), ms(10)),
+            t0 + ms(25),
+            "after a quiet spell, at once"
+        );
+        assert_eq!(next_commit(Some(t0), t0 + ms(1), ms(0)), t0 + ms(1));
+    }
+
+    #[test]
+    fn the_writer_commits_at_most_once_an_interval_and_a_lone_event_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let commits = Arc::new(AtomicU64::new(0));
+        let counted = commits.clone();
+        let interval = Duration::from_millis(50);
+        let group = GroupCommit {
+            commit_interval: interval,
+            max_batch: 4096,
+        };
+        let start = Instant::now();
+        let mut writer = LedgerWriter::spawn(ledger, 0, group, move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+        });
+        // 100 events a millisecond apart: at most one commit began each 50 ms.
+        for seq in 1..=100 {
+            writer.submit(vec![won(seq, 1, 1)]);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        while writer.committed() < 100 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let n = commits.load(Ordering::Relaxed);
+        let bound = start.elapsed().as_millis() as u64 / 50 + 1;
+        assert!(n >= 1 && n <= bound, "{n} commits, at most {bound}");
+        writer.finish().unwrap();
+
+        // A long interval: the first event is not held for it; the next one is.
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let group = GroupCommit {
+            commit_interval: Duration::from_secs(4),
+            max_batch: 4096,
+        };
+        let mut writer = LedgerWriter::spawn(ledger, 0, group, || {});
+        let start = Instant::now();
+        writer.submit(vec![won(1, 1, 1)]);
+        while writer.committed() < 1 {
+            assert!(
+                start.elapsed() < Duration::from_secs(3),
+                "a lone event waits"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        writer.submit(vec![won(2, 1, 1)]);
+        std::thread::sleep(Duration::from_millis(500));
+        // The first commit began after `start`: the second cannot begin before start + 4 s.
+        let committed = writer.committed();
+        if start.elapsed() < Duration::from_secs(4) {
+            assert_eq!(committed, 1, "committed before the interval was up");
+        }
+        writer.finish().unwrap();
+        assert_eq!(writer.committed(), 2);
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! `Op::Me` from what the ledger has committed. Together they are one `Money`.
 //!
 //! - `core`: the money state machine (plain code, no I/O);
-//! - `ledger`: SQLite — events plus derived balances, the group-commit writer, readers.
+//! - `ledger`: SQLite — events plus derived balances, the group-commit writer, readers;
+//! - `commit_bench`: `hongbao ledger-bench`, what a win's commit costs on this disk.
 
+pub mod commit_bench;
 pub mod core;
 pub mod ledger;
 

@@ -170,7 +170,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
                         rng_seed: None,
                     },
                     group: GroupCommit {
-                        commit_window: Duration::from_millis(cfg.commit_window_ms),
+                        commit_interval: Duration::from_millis(cfg.commit_interval_ms),
                         max_batch: cfg.commit_max_batch.max(1),
                     },
                 },
