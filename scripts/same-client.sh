@@ -12,6 +12,12 @@
 #
 # With several BINARYs (default: target/release/hongbao) each round runs each of them,
 # in order, so two builds are held against each other in one sitting.
+#
+# Beside each floor run, the last BINARY's `hongbao ledger-bench` commits 200 wins a
+# second through the server's own ledger writer while the echo server is under the same
+# load (issue 28: a won shake's p99 is held against that commit's p99 plus the floor's);
+# after each hongbao run, the CPU seconds of the serve process's threads (the core's loop
+# is the one named after the binary, the ledger writer `ledger`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 conns=$1 rate=$2 secs=${3:-20} rounds=${4:-2}
@@ -31,8 +37,19 @@ serve() { # BINARY DIR: starts serve, prints its pid once it is ready
   echo $pid
 }
 
+# CPU seconds of each thread of process $1, as "name seconds" pairs
+threads() {
+  for t in /proc/"$1"/task/*; do
+    printf '%s %s ' "$(cat "$t/comm")" "$(cut -d')' -f2 "$t/stat" | awk '{print ($12 + $13) / 100}')"
+  done
+}
+
 for round in $(seq "$rounds"); do
+  # the floor's load starts 10 s + one per 20,000 connections after run.sh does
+  ( sleep $(( 12 + conns / 20000 )); "${bins[-1]}" ledger-bench --rate 200 --secs $(( secs * 3 / 4 + 1 )) \
+      2>/dev/null | sed "s/^/round $round beside the floor: /" || true ) &
   FLOOR_PORT=8900 bash "$floor" qps "$conns" "$rate" "$secs" | sed "s/^/round $round /"
+  wait
   for bin in "${bins[@]}"; do
     for campaign in none 200; do
       dir=$(mktemp -d)
@@ -43,6 +60,7 @@ for round in $(seq "$rounds"); do
       fi
       HB_PORT=$port HB_SECRET=$secret HB_PID=$pid bash "$floor" qps "$conns" "$rate" "$secs" \
         | sed "s|^|round $round $(basename "$bin") campaign=$campaign |"
+      echo "round $round $(basename "$bin") campaign=$campaign threads: $(threads "$pid")"
       # Not this shell's child (started in `serve`'s subshell): wait for it to be gone.
       kill -INT "$pid"
       for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
