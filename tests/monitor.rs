@@ -386,6 +386,21 @@ fn monitor_merges_serve_and_load_by_second() {
         shakes_sent >= 1000,
         "only {shakes_sent} shakes in 6 s at 500/s"
     );
+    // The whole run's latency, merged from every process's seconds.
+    let latency = &summary["latency_ms"];
+    let ms = |q: &str| {
+        latency[q]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {q} in {latency}"))
+    };
+    assert!(
+        ms("p50") > 0.0 && ms("p50") <= ms("p99") && ms("p99") <= ms("max"),
+        "{latency}"
+    );
+    assert!(
+        summary["send_lag_ms"]["max"].as_f64().is_some(),
+        "{summary:#}"
+    );
 
     // Right after the load, before anything stops.
     let samples = scrape(monitor_addr);

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::broadcast::LatencyDistMs;
 use crate::coordinator::{Load, LoadOptions};
-use crate::report::Counters;
+use crate::report::{self, Counters};
 
 /// The fastest a load may be asked to fire.
 const MAX_QPS: u64 = 10_000_000;
@@ -100,6 +100,12 @@ pub fn run_cli(
     }
     drop(control);
     let finished = load.stop()?;
+    // The whole run's shake latency and send lag, every second of every process merged.
+    let (mut shake, mut lag) = (report::new_histogram(), report::new_histogram());
+    for row in load.rows() {
+        report::merge_sparse(&mut shake, &row.shake_latency);
+        report::merge_sparse(&mut lag, &row.send_lag);
+    }
     let broadcasts = load
         .broadcasts()
         .iter()
@@ -117,6 +123,8 @@ pub fn run_cli(
         .collect();
     let summary = Totals {
         totals: finished.totals,
+        latency_ms: LatencyDistMs::of(&shake),
+        send_lag_ms: LatencyDistMs::of(&lag),
         broadcasts,
         users_with_money: finished.users.len(),
         peak_rss_bytes: finished.peak_rss_bytes,
@@ -130,6 +138,10 @@ pub fn run_cli(
 #[derive(Serialize)]
 struct Totals {
     totals: Counters,
+    /// Shake latency from each shake's intended send time, over the whole run.
+    latency_ms: LatencyDistMs,
+    /// How late the shakes were sent against their intended times, over the whole run.
+    send_lag_ms: LatencyDistMs,
     broadcasts: Vec<BroadcastLine>,
     users_with_money: usize,
     peak_rss_bytes: u64,
