@@ -10,6 +10,14 @@
 //! anything — "you won", "already opened", "sent" — that a crash could take back. A
 //! restart replays the ledger through `apply`, the same function the live path uses.
 //!
+//! Deals of shake packets are the one exception to that order: they tell a worker
+//! nothing a crash could take back, only which packets it may claim for its shakers, so
+//! a deal waits for its campaign's own event to be committed and not behind the wins
+//! and sends queued before it (`deals`). A win is still told only once its own event is
+//! committed, which is after its campaign's. Held behind every queued win, the packets
+//! of a campaign reached the workers in bursts right after each commit, and their wins
+//! then waited a whole commit interval for the next one.
+//!
 //! Who is connected where is not the core's business (presence, beside it): a notice
 //! leaves as `Output::Notice` for a user. At login the core pushes the notices of packets
 //! whose own notice has already been drained (it could not have reached the new
@@ -96,6 +104,8 @@ pub struct Core {
     drained_seq: u64,
     new_records: Vec<Record>,
     outbox: VecDeque<(u64, Output)>,
+    /// Deals, each tagged with its campaign's sequence number (see the module header).
+    deals: Vec<(u64, Output)>,
     minted_cents: u64,
     balances: HashMap<Account, u64>,
     shake: BTreeMap<u32, ShakeCampaign>,
@@ -128,6 +138,7 @@ impl Core {
             drained_seq: 0,
             new_records: Vec::new(),
             outbox: VecDeque::new(),
+            deals: Vec::new(),
             minted_cents: 0,
             balances: HashMap::new(),
             shake: BTreeMap::new(),
@@ -182,6 +193,13 @@ impl Core {
 
     /// Outputs whose state the ledger has made durable (tag ≤ `committed_seq`).
     pub fn drain_ready(&mut self, committed_seq: u64, out: &mut Vec<Output>) {
+        if !self.deals.is_empty() {
+            let (ready, held) = std::mem::take(&mut self.deals)
+                .into_iter()
+                .partition::<Vec<_>, _>(|(tag, _)| *tag <= committed_seq);
+            self.deals = held;
+            out.extend(ready.into_iter().map(|(_, deal)| deal));
+        }
         while let Some((tag, _)) = self.outbox.front() {
             if *tag > committed_seq {
                 break;
@@ -635,6 +653,10 @@ impl Core {
                 }
             }
         }
+        self.deals.retain(|(_, out)| match out {
+            Output::Deal { worker: w, .. } => *w != worker,
+            _ => true,
+        });
         self.outbox.retain(|(_, out)| match out {
             Output::Reply { to, .. } => to.worker != worker,
             Output::Deal { worker: w, .. } => *w != worker,

@@ -19,7 +19,8 @@ impl Core {
             } => {
                 self.minted_cents += minted_cents;
                 self.next_campaign = self.next_campaign.max(campaign + 1);
-                let c = ShakeCampaign::from_event(event, ts_ms).expect("a shake campaign");
+                let c =
+                    ShakeCampaign::from_event(event, self.seq, ts_ms).expect("a shake campaign");
                 self.shake.insert(*campaign, c);
             }
             Event::ShakeWon {

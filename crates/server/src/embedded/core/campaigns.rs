@@ -50,10 +50,12 @@ pub(super) struct ShakeCampaign {
     scan: u32,
     /// Packets that were dealt to a worker that died: dealt again first.
     pub(super) returned: Vec<u32>,
+    /// The sequence number of the campaign's own event: its deals wait for that commit.
+    pub(super) created_seq: u64,
 }
 
 impl ShakeCampaign {
-    pub(super) fn from_event(event: &Event, ts_ms: u64) -> Option<ShakeCampaign> {
+    pub(super) fn from_event(event: &Event, seq: u64, ts_ms: u64) -> Option<ShakeCampaign> {
         let Event::ShakeCampaign {
             packets,
             rate_per_sec,
@@ -85,6 +87,7 @@ impl ShakeCampaign {
             started_ms: ts_ms,
             scan: 0,
             returned: Vec::new(),
+            created_seq: seq,
         })
     }
 
@@ -311,7 +314,7 @@ impl Core {
             return;
         }
         let workers: Vec<WorkerId> = self.workers.keys().copied().collect();
-        let mut deals: BTreeMap<WorkerId, Vec<(u64, u64)>> = BTreeMap::new();
+        let mut deals: BTreeMap<(u64, WorkerId), Vec<(u64, u64)>> = BTreeMap::new();
         for (&id, c) in self.shake.iter_mut() {
             let mut due: Vec<u32> = std::mem::take(&mut c.returned);
             let target = c.schedule.target(now_ms, c.packets);
@@ -331,18 +334,19 @@ impl Core {
                 let worker = workers[self.deal_cursor % workers.len()];
                 self.deal_cursor = self.deal_cursor.wrapping_add(1);
                 deals
-                    .entry(worker)
+                    .entry((c.created_seq, worker))
                     .or_default()
                     .push((shake_packet_id(id, index), c.amount_of(index)));
             }
         }
-        for (worker, packets) in deals {
+        for ((created_seq, worker), packets) in deals {
             let pool = self
                 .workers
                 .get_mut(&worker)
                 .expect("dealt to a live worker");
             pool.extend(packets.iter().map(|(id, _)| *id));
-            self.emit(hongbao_money::Output::Deal { worker, packets });
+            let deal = hongbao_money::Output::Deal { worker, packets };
+            self.deals.push((created_seq, deal));
         }
     }
 

@@ -1188,6 +1188,91 @@ fn outputs_wait_until_the_ledger_has_committed_them() {
     assert!(rest.is_empty(), "drained once");
 }
 
+/// A deal waits for its campaign's event, not behind the wins queued before it: held
+/// there, a campaign's packets reached the workers in bursts right after each commit, and
+/// their wins waited a whole commit interval for the next one.
+#[test]
+fn a_deal_waits_for_its_campaign_and_not_for_the_wins_before_it() {
+    let mut core = Core::new(config(19));
+    core.worker_up(0);
+    core.worker_up(1);
+    let AdminAnswer::Campaign(status) =
+        core.create_shake_campaign(START_MS, &shake_request(10, 1000, 50, 50))
+    else {
+        panic!("a good campaign")
+    };
+    let mut outs = Vec::new();
+    core.tick(START_MS + 1);
+    core.drain_ready(0, &mut outs);
+    assert!(outs.is_empty(), "dealt before the campaign is durable");
+    core.drain_ready(1, &mut outs);
+    let Some(Output::Deal { worker, packets }) = outs.pop() else {
+        panic!("one deal: {outs:?}")
+    };
+    assert!(outs.is_empty());
+    // A win, not yet committed; the next packet is dealt at once all the same.
+    let claim = origin(worker, 5, 1, 5);
+    core.submit(
+        START_MS + 1,
+        claim,
+        Op::Claim {
+            packet: packets[0].0,
+        },
+    );
+    assert_eq!(core.seq(), 2);
+    core.tick(START_MS + 2);
+    core.drain_ready(1, &mut outs);
+    assert!(
+        matches!(outs.as_slice(), [Output::Deal { packets, .. }] if packets[0].0 == shake_packet_id(status.id, 1)),
+        "{outs:?}"
+    );
+    outs.clear();
+    // The win itself is told only once committed.
+    core.drain_ready(1, &mut outs);
+    assert!(outs.is_empty(), "\"you won\" before the win is durable");
+    core.drain_ready(2, &mut outs);
+    assert!(
+        matches!(&outs[..], [Output::Reply { to, .. }] if *to == claim),
+        "{outs:?}"
+    );
+
+    // A deal still held when its worker goes is dropped with the worker's pool.
+    let AdminAnswer::Campaign(second) =
+        core.create_shake_campaign(START_MS + 3, &shake_request(10, 1000, 50, 50))
+    else {
+        panic!("a good campaign")
+    };
+    core.tick(START_MS + 4);
+    outs.clear();
+    core.drain_ready(2, &mut outs);
+    let held: Vec<(u64, WorkerId)> = core
+        .deals
+        .iter()
+        .map(|(tag, d)| match d {
+            Output::Deal { worker, packets } => {
+                assert_eq!(shake_packet_parts(packets[0].0).0, second.id);
+                (*tag, *worker)
+            }
+            other => panic!("not a deal: {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        held.len(),
+        1,
+        "the second campaign's deal waits for seq 3: {held:?}"
+    );
+    assert_eq!(held[0].0, 3);
+    core.worker_down(held[0].1);
+    outs.clear();
+    core.drain_ready(u64::MAX, &mut outs);
+    assert!(
+        outs.iter()
+            .all(|o| !matches!(o, Output::Deal { packets, .. }
+            if shake_packet_parts(packets[0].0).0 == second.id)),
+        "{outs:?}"
+    );
+}
+
 /// A notice reaches a user who logs in once: by push if its packet was created after the
 /// notices of the login were gathered, or at the login if before.
 #[test]
