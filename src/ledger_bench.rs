@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use hongbao_server::embedded::commit_bench::{self, Settings};
 use hongbao_server::embedded::ledger::GroupCommit;
+use hongbao_server::ServeConfig;
 
 #[derive(Args)]
 pub struct LedgerBenchArgs {
@@ -37,10 +38,12 @@ pub fn run(args: LedgerBenchArgs) -> Result<()> {
     if dir.exists() {
         bail!("{} exists: give a directory that does not", dir.display());
     }
-    let mut group = GroupCommit::default();
-    if let Some(ms) = args.commit_interval_ms {
-        group.commit_interval = Duration::from_millis(ms);
-    }
+    let serve = ServeConfig::default();
+    let ms = args.commit_interval_ms.unwrap_or(serve.commit_interval_ms);
+    let group = GroupCommit {
+        commit_interval: Duration::from_millis(ms),
+        max_batch: serve.commit_max_batch,
+    };
     let settings = Settings {
         rate: args.rate,
         duration: Duration::from_secs(args.secs),

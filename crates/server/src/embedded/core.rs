@@ -193,13 +193,8 @@ impl Core {
 
     /// Outputs whose state the ledger has made durable (tag ≤ `committed_seq`).
     pub fn drain_ready(&mut self, committed_seq: u64, out: &mut Vec<Output>) {
-        if !self.deals.is_empty() {
-            let (ready, held) = std::mem::take(&mut self.deals)
-                .into_iter()
-                .partition::<Vec<_>, _>(|(tag, _)| *tag <= committed_seq);
-            self.deals = held;
-            out.extend(ready.into_iter().map(|(_, deal)| deal));
-        }
+        let ready = self.deals.extract_if(.., |(tag, _)| *tag <= committed_seq);
+        out.extend(ready.map(|(_, deal)| deal));
         while let Some((tag, _)) = self.outbox.front() {
             if *tag > committed_seq {
                 break;
@@ -653,10 +648,8 @@ impl Core {
                 }
             }
         }
-        self.deals.retain(|(_, out)| match out {
-            Output::Deal { worker: w, .. } => *w != worker,
-            _ => true,
-        });
+        self.deals
+            .retain(|(_, out)| !matches!(out, Output::Deal { worker: w, .. } if *w == worker));
         self.outbox.retain(|(_, out)| match out {
             Output::Reply { to, .. } => to.worker != worker,
             Output::Deal { worker: w, .. } => *w != worker,
