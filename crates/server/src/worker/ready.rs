@@ -3,8 +3,10 @@
 //! Queue 2015).
 //!
 //! If the oldest queued connection has waited more than TARGET (100 ms) continuously for
-//! INTERVAL (500 ms), the queue is standing: pop the newest first (LIFO) until the queue
-//! empties or the oldest wait is under TARGET again; otherwise pop the oldest first (FIFO).
+//! INTERVAL (500 ms), the queue is standing: pop the newest first (LIFO) — except that
+//! every OLDEST_EVERY-th (8th) pop takes the oldest if it has waited over OLDEST_AFTER (1 s)
+//! — until the queue empties or the oldest wait is under TARGET again; otherwise pop the
+//! oldest first (FIFO).
 //!
 //! Why it drains an overload that FIFO never drains: each connection sends a request every
 //! few seconds, and edge-triggered epoll reports a connection again whenever new bytes
@@ -20,6 +22,19 @@
 //! shake cap (`handler.rs`). A short deadline while the queue stands (FB's other half)
 //! was tried and dropped: on two cores twelve workers wait for a CPU for tens of ms, and
 //! a 20 ms deadline shed most of what each read after such a wait (docs/BENCHMARKS.md).
+//!
+//! Why one pop in OLDEST_EVERY takes the oldest: newest first alone never reaches a
+//! connection that sends nothing more while the queue stands — a client backing off, or
+//! one waiting for the answer to what it sent (an open, a login). Under an overload that
+//! lasts, LIFO alone left such requests unread for the whole of it: in the quick bench's
+//! saturated 60,000/s phase, opens (and the shakes behind them) went unanswered for 40 s
+//! and more, and were read, and committed, only when their clients hung up — so the
+//! audit found opens in the ledger that no client had been told of. With one pop in
+//! eight from the head, a connection that has waited a second is read within about 8·L
+//! pops (L: the connections queued before it) whatever arrives, and the shakes read
+//! there, late, are shed — which tells their clients to back off, the signal a queue
+//! read newest first never sends — at the cost of at most an eighth of the reads while
+//! the queue stands.
 //!
 //! The queue holds each connection once: a key pushed again leaves its older entry behind
 //! as stale (its push number is no longer the key's), skipped when met, and the deque is
@@ -42,6 +57,12 @@ pub(super) const TARGET: Duration = Duration::from_millis(100);
 /// ...and a queue over TARGET this long is standing (CoDel's interval, scaled alike): a
 /// backlog of half a second, not a moment's wait for a CPU.
 pub(super) const INTERVAL: Duration = Duration::from_millis(500);
+
+/// While the queue stands, every this-many-th pop takes the oldest (the module header)...
+pub(super) const OLDEST_EVERY: u64 = 8;
+/// ...if it has waited longer than this: twice INTERVAL, so that a backlog of connections
+/// that do send again dissolves by their sending, newest first, as before.
+pub(super) const OLDEST_AFTER: Duration = Duration::from_secs(1);
 
 /// Stale entries beyond twice the live ones, plus this, make `push` compact the deque:
 /// the slack keeps a small queue from compacting on every push.
@@ -68,6 +89,8 @@ pub(super) struct Ready {
     /// Since when the oldest wait has been over TARGET (µs), as the pops saw it.
     over_since_us: Option<u64>,
     standing: bool,
+    /// Pops since the queue began to stand.
+    standing_pops: u64,
 }
 
 fn micros(t: Duration) -> u64 {
@@ -84,6 +107,7 @@ impl Ready {
             pushes: 0,
             over_since_us: None,
             standing: false,
+            standing_pops: 0,
         }
     }
 
@@ -126,9 +150,10 @@ impl Ready {
             self.standing = false;
             return None;
         };
+        let oldest_wait_us = micros(now).saturating_sub(oldest.at_us);
         if self.order == ReadyOrder::Adaptive {
             let now_us = micros(now);
-            if now_us.saturating_sub(oldest.at_us) > micros(TARGET) {
+            if oldest_wait_us > micros(TARGET) {
                 let since = *self.over_since_us.get_or_insert(now_us);
                 self.standing = now_us - since >= micros(INTERVAL);
             } else {
@@ -136,7 +161,14 @@ impl Ready {
                 self.standing = false;
             }
         }
-        let entry = if self.standing {
+        self.standing_pops = if self.standing {
+            self.standing_pops + 1
+        } else {
+            0
+        };
+        let head_turn = self.standing_pops.is_multiple_of(OLDEST_EVERY)
+            && oldest_wait_us > micros(OLDEST_AFTER);
+        let entry = if self.standing && !head_turn {
             loop {
                 let e = self.entries.pop_back().expect("a live entry is queued");
                 if self.is_live(e) {
@@ -379,34 +411,64 @@ mod tests {
     }
 
     #[test]
-    fn after_a_stall_new_requests_are_served_at_once_while_the_backlog_waits() {
-        let (r, popped) = backlog(ReadyOrder::Adaptive, 10_000, false, 2);
+    fn after_a_stall_new_requests_are_served_at_once_and_the_silent_backlog_within_a_bound() {
+        let (backlog_len, secs) = (10_000, 12);
+        let (r, popped) = backlog(ReadyOrder::Adaptive, backlog_len, false, secs);
         // The first INTERVAL goes oldest first (about TARGET's worth of it before the
-        // clock starts); from then on the newest, within a pop of their report.
+        // clock starts); from then on the newest, within a pop of their report, until the
+        // backlog has waited OLDEST_AFTER.
         let standing_from = micros(TARGET + INTERVAL) + 100;
+        let head_from = micros(OLDEST_AFTER);
         let late = popped
             .iter()
-            .filter(|p| p.at_us >= standing_from)
+            .filter(|p| p.at_us >= standing_from && p.at_us <= head_from)
             .map(|p| p.waited_us)
             .max();
         assert_eq!(late, Some(0));
         assert!(r.standing());
-        let old = popped.iter().filter(|p| p.key < 10_000).count() as u64;
+        let old = |p: &&Popped| p.key < backlog_len;
         let before = micros(TARGET + INTERVAL) / 100;
-        assert!((before..=before + 60).contains(&old), "{old} old ones read");
+        let early = popped
+            .iter()
+            .filter(|p| p.at_us <= head_from)
+            .filter(old)
+            .count() as u64;
+        assert!(
+            (before..=before + 60).contains(&early),
+            "{early} old ones read"
+        );
+        // From then on one pop in OLDEST_EVERY takes the oldest, the rest the newest.
+        let after: Vec<&Popped> = popped.iter().filter(|p| p.at_us > head_from).collect();
+        let fresh = after.iter().filter(|p| p.waited_us == 0).count() as u64;
+        let n = after.len() as u64;
+        assert!(
+            fresh >= n - n / OLDEST_EVERY - 1,
+            "{fresh} of {n} read at once"
+        );
+        // So every connection of the backlog, silent since the stall, is read: within
+        // OLDEST_EVERY pops for each connection queued before it.
+        let mut read: Vec<usize> = popped.iter().filter(old).map(|p| p.key).collect();
+        read.sort();
+        read.dedup();
+        assert_eq!(read.len(), backlog_len);
+        let bound = head_from + backlog_len as u64 * OLDEST_EVERY * 100 + 1_000;
+        let worst = popped.iter().map(|p| p.waited_us).max().unwrap();
+        assert!(worst <= bound, "a wait of {worst} µs, bound {bound}");
         assert_eq!(
             r.len(),
-            10_000,
-            "the rest of the backlog, and the new ones of the first INTERVAL"
+            backlog_len,
+            "as many pops as reports: the queue's length stays"
         );
 
         // Oldest first, every request read has waited out the stall's second, for good.
-        let (r, popped) = backlog(ReadyOrder::Fifo, 10_000, false, 2);
+        let (r, popped) = backlog(ReadyOrder::Fifo, backlog_len, false, 2);
         assert!(popped
             .iter()
-            .all(|p| p.key < 10_000 || p.waited_us >= 1_000_000));
-        assert!(popped[10_000..].iter().all(|p| p.waited_us == 1_000_000));
-        assert_eq!(r.len(), 10_000);
+            .all(|p| p.key < backlog_len || p.waited_us >= 1_000_000));
+        assert!(popped[backlog_len..]
+            .iter()
+            .all(|p| p.waited_us == 1_000_000));
+        assert_eq!(r.len(), backlog_len);
     }
 
     #[test]
