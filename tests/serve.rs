@@ -718,6 +718,57 @@ fn shakes_that_waited_too_long_are_overloaded() {
     });
 }
 
+/// The answers to the requests one read brings go out in one write: 50 shakes that
+/// waited in the kernel while the workers were stopped are answered, in order, with a
+/// write or two — not a write each (the `writes` counter).
+#[test]
+fn one_reads_requests_are_answered_in_one_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let mut client = server.login(1);
+    assert_eq!(shake_result(&mut client).0, ResultCode::Nothing);
+    let totals = |shakes: u64| {
+        wait_until("the shakes to be counted", secs(10), || {
+            let totals = server.get("/v1/stats")["totals"].clone();
+            (totals["shakes"] == shakes).then_some(totals["writes"].as_u64().unwrap())
+        })
+    };
+    let pids: Vec<u32> = wait_until("both workers to report", secs(10), || {
+        let workers = server.stats_workers();
+        (workers.len() == 2).then_some(workers)
+    })
+    .iter()
+    .map(|w| w["pid"].as_u64().unwrap() as u32)
+    .collect();
+    let before = totals(1);
+    for &pid in &pids {
+        signal(pid, "-STOP");
+    }
+    let ids: Vec<u32> = (0..50)
+        .map(|_| client.send(&Message::Shake).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    for &pid in &pids {
+        signal(pid, "-CONT");
+    }
+    for id in ids {
+        let frame = client.recv().unwrap();
+        assert_eq!(frame.request_id, id);
+        assert!(
+            matches!(
+                frame.message,
+                Message::ShakeReply {
+                    result: ResultCode::Nothing,
+                    ..
+                }
+            ),
+            "{frame:?}"
+        );
+    }
+    let writes = totals(51) - before;
+    assert!((1..=3).contains(&writes), "{writes} writes for 50 answers");
+}
+
 /// Users told "overloaded" stop shaking for the back-off time: with the server's shake
 /// limit far under the offered rate, a load that backs off sends a fraction of what one
 /// that keeps shaking sends, and counts the firings it skipped as backed off.

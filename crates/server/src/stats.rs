@@ -75,6 +75,9 @@ counters!(
     kicks_slow_reader,
     bytes_in,
     bytes_out,
+    /// `write` calls to connections: one for all the answers to one read's requests
+    /// (more where the kernel takes part of them), one per push and per flush.
+    writes,
     ws_upgrades,
     ws_rejected,
     http_requests,

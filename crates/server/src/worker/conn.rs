@@ -151,12 +151,19 @@ impl Worker {
 
     /// Writes at once when nothing is queued; queues what the kernel will not take;
     /// closes a connection whose queue grows past the limit (a client that does not read).
+    /// While `key` is corked (its read is being answered), only adds to what `uncork`
+    /// writes.
     pub(super) fn write(&mut self, key: usize, bytes: &[u8]) {
+        if self.cork == Some(key) {
+            self.corked.extend_from_slice(bytes);
+            return;
+        }
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
         let mut written = 0;
         if !conn.has_output() {
+            self.stats.counters.writes += 1;
             match net::write_nonblocking(&mut conn.stream, bytes) {
                 Ok(n) => written = n,
                 Err(_) => return self.close(key),
@@ -173,6 +180,22 @@ impl Worker {
         }
     }
 
+    /// Writes what was held for the corked connection, in one write, and holds no more.
+    pub(super) fn uncork(&mut self) {
+        let Some(key) = self.cork.take() else {
+            return;
+        };
+        if !self.corked.is_empty() {
+            let bytes = std::mem::take(&mut self.corked);
+            self.write(key, &bytes);
+            self.corked = bytes;
+            self.corked.clear();
+            if self.corked.capacity() > 64 * 1024 {
+                self.corked = Vec::new(); // a rare large answer: not kept
+            }
+        }
+    }
+
     pub(super) fn flush_conn(&mut self, key: usize) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -180,6 +203,7 @@ impl Worker {
         let Some(buffers) = conn.buffers.as_mut().filter(|b| !b.out.is_empty()) else {
             return;
         };
+        self.stats.counters.writes += 1;
         let Ok(written) = net::write_nonblocking(&mut conn.stream, &buffers.out) else {
             return self.close(key);
         };
@@ -229,6 +253,10 @@ impl Worker {
     }
 
     fn closing(&mut self, key: usize) {
+        // What it was answered goes out before the goodbye.
+        if self.cork == Some(key) {
+            self.uncork();
+        }
         let now = self.now_s();
         let Some(conn) = self.conns.get_mut(key) else {
             return; // the write before this closed it
@@ -259,6 +287,10 @@ impl Worker {
     pub(super) fn close(&mut self, key: usize) {
         if !self.conns.contains(key) {
             return;
+        }
+        if self.cork == Some(key) {
+            self.cork = None;
+            self.corked.clear();
         }
         self.leave(key);
         self.authenticated(key);

@@ -143,6 +143,11 @@ struct Worker {
     received: Option<Duration>,
     /// Transport answers of the current decode step (reused).
     scratch: Vec<u8>,
+    /// The connection whose read is being handled: what is written to it meanwhile is
+    /// held in `corked` and written once the read's requests are all answered, one
+    /// `write` for them all (conn.rs).
+    cork: Option<usize>,
+    corked: Vec<u8>,
     /// Connections not yet logged in (binary frames, upgraded WebSockets), by slab key,
     /// with their source address; and how many each source has.
     unauthenticated: HashMap<usize, IpAddr>,
@@ -238,6 +243,8 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         claims: HashMap::new(),
         received: None,
         scratch: Vec::new(),
+        cork: None,
+        corked: Vec::new(),
         unauthenticated: HashMap::new(),
         per_source: HashMap::new(),
         shutdown: false,
@@ -400,6 +407,9 @@ impl Worker {
                 conn.last_seen = now.as_secs() as u32;
             }
             let mut partial = conn.take_partial();
+            // The answers to what this read brought go out in one write: after a wait
+            // a read brings many requests, and a write each cost the most of each.
+            self.cork = Some(key);
             let rest = if partial.is_empty() {
                 let used = self.input(key, &mut buf[..n]);
                 buf[used..n].to_vec()
@@ -409,6 +419,7 @@ impl Worker {
                 partial.drain(..used);
                 partial
             };
+            self.uncork();
             if let Some(conn) = self.conns.get_mut(key).filter(|c| c.state == State::Open) {
                 conn.keep_partial(rest);
             }
