@@ -47,7 +47,7 @@ pub struct ServeArgs {
     /// Answer "overloaded" to a shake that waited in the kernel longer than this (a share, all past twice it); 0 never [default: 0]
     #[arg(long)]
     max_queue_ms: Option<u32>,
-    /// Order of reading ready connections: adaptive (newest first while a queue stands) or fifo [default: adaptive]
+    /// Order of reading ready connections: adaptive (newest first while a queue stands, every eighth read the oldest past 1 s) or fifo [default: adaptive]
     #[arg(long)]
     ready_order: Option<hongbao_server::config::ReadyOrder>,
     /// Pace a broadcast while shakes wait in the kernel longer than this; 0 never [default: 0]
