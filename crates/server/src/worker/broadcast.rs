@@ -58,8 +58,6 @@ pub(super) struct Pacer {
     window_worst: Duration,
     /// Shakes read in this window.
     window_shakes: u32,
-    /// Whether the last window judged read any shake.
-    shaking: bool,
     /// The worker's wait for a CPU so far, when the window started.
     cpu_wait_at_start: Option<Duration>,
 }
@@ -74,7 +72,6 @@ impl Pacer {
             window_start: now,
             window_worst: Duration::ZERO,
             window_shakes: 0,
-            shaking: false,
             cpu_wait_at_start: None,
         }
     }
@@ -115,7 +112,6 @@ impl Pacer {
             let windows = (window.as_secs_f64() / PACE_WINDOW.as_secs_f64()).min(100.0);
             (self.rate * PACE_UP.powf(windows.floor())).min(PACE_MAX)
         };
-        self.shaking = self.window_shakes > 0;
         self.window_start = now;
         self.window_worst = Duration::ZERO;
         self.window_shakes = 0;
@@ -135,17 +131,9 @@ impl Pacer {
         self.floor = floor;
     }
 
-    /// Writes per second allowed now. While shakes are served, the deadlines' pace and
-    /// no faster: a broadcast spread evenly up to its deadline, never the burst in which
-    /// a pace still growing ends (every process on the machine, the clients' too, waited
-    /// for it: 100–155 ms of shake p99 in each broadcast's second at 30,000/s). With no
-    /// shakes, the shakes' pace (unpaced, after a calm window), or the deadlines' if faster.
+    /// Writes per second allowed now: the shakes' pace, or the deadlines' if faster.
     fn pace(&self) -> f64 {
-        if self.shaking && self.floor > 0.0 {
-            self.floor
-        } else {
-            self.rate.max(self.floor)
-        }
+        self.rate.max(self.floor)
     }
 
     /// Connections that may be written to now (at most a slice); `yield_after` zero
@@ -453,55 +441,6 @@ mod tests {
             "done {:?} early",
             deadline - at
         );
-    }
-
-    /// Writes a 10,000-connection broadcast turn by turn (a turn a millisecond), shakes
-    /// read in each turn or not, none waiting; returns the writes of each 100 ms.
-    fn spread(shakes: bool) -> Vec<usize> {
-        let mut at = Instant::now();
-        let mut pacer = Pacer::new(at);
-        let calm = if shakes { Some(Duration::ZERO) } else { None };
-        for _ in 0..40 {
-            if let Some(w) = calm {
-                pacer.shake_waited(w);
-            }
-            at += PACE_WINDOW;
-            pacer.judge(at, YIELD, || Some(Duration::ZERO));
-        }
-        assert_eq!(pacer.rate(), PACE_MAX, "calm: the shakes' pace is no pace");
-        pacer.start(at);
-        let (begin, deadline) = (at, at + BROADCAST_DEADLINE);
-        let mut left = 10_000usize;
-        let mut per_tenth = vec![0usize; 10];
-        while left > 0 {
-            at += Duration::from_millis(1);
-            assert!(at <= deadline + PACE_WINDOW, "{left} left at the deadline");
-            if let Some(w) = calm {
-                pacer.shake_waited(w);
-            }
-            pacer.judge(at, YIELD, || Some(Duration::ZERO));
-            pacer.set_floor(deadline_floor(at, [(left, deadline)].into_iter()));
-            let n = pacer.allowance(at, YIELD).min(left);
-            pacer.spent(n);
-            left -= n;
-            per_tenth[((at - begin).as_millis() as usize / 100).min(9)] += n;
-        }
-        per_tenth
-    }
-
-    #[test]
-    fn while_shakes_are_served_a_broadcast_is_spread_evenly_to_its_deadline() {
-        // 800 ms: 1,250 writes in each of the first eight tenths, give or take a slice.
-        let tenths = spread(true);
-        for (i, &n) in tenths[..8].iter().enumerate() {
-            assert!(
-                n.abs_diff(1_250) <= BROADCAST_SLICE,
-                "tenth {i}: {n} ({tenths:?})"
-            );
-        }
-        // With no shakes it goes as fast as the pace grows, most of it well before.
-        let tenths = spread(false);
-        assert!(tenths[..4].iter().sum::<usize>() >= 9_000, "{tenths:?}");
     }
 
     #[test]
