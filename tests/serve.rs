@@ -103,6 +103,17 @@ impl Server {
             .clone()
     }
 
+    /// The pids of both workers, once both have reported (once a second).
+    fn worker_pids(&self) -> Vec<u32> {
+        wait_until("both workers to report", secs(10), || {
+            let workers = self.stats_workers();
+            (workers.len() == 2).then_some(workers)
+        })
+        .iter()
+        .map(|w| w["pid"].as_u64().unwrap() as u32)
+        .collect()
+    }
+
     /// Starts a shake campaign; returns its id.
     fn shake_campaign(&self, packets: u32, rate_per_sec: u32, min: u64, max: u64) -> u32 {
         let body = json!({
@@ -681,13 +692,7 @@ fn shakes_that_waited_too_long_are_overloaded() {
     let server = Server::start(dir.path(), &["--max-queue-ms", "100"]);
     let mut client = server.login(1);
     assert_eq!(shake_result(&mut client).0, ResultCode::Nothing);
-    let pids: Vec<u32> = wait_until("both workers to report", secs(10), || {
-        let workers = server.stats_workers();
-        (workers.len() == 2).then_some(workers)
-    })
-    .iter()
-    .map(|w| w["pid"].as_u64().unwrap() as u32)
-    .collect();
+    let pids: Vec<u32> = server.worker_pids();
     // Frozen workers cannot read: the shake waits in the kernel well past 100 ms.
     for &pid in &pids {
         signal(pid, "-STOP");
@@ -733,13 +738,7 @@ fn one_reads_requests_are_answered_in_one_write() {
             (totals["shakes"] == shakes).then_some(totals["writes"].as_u64().unwrap())
         })
     };
-    let pids: Vec<u32> = wait_until("both workers to report", secs(10), || {
-        let workers = server.stats_workers();
-        (workers.len() == 2).then_some(workers)
-    })
-    .iter()
-    .map(|w| w["pid"].as_u64().unwrap() as u32)
-    .collect();
+    let pids: Vec<u32> = server.worker_pids();
     let before = totals(1);
     for &pid in &pids {
         signal(pid, "-STOP");
@@ -828,12 +827,7 @@ fn stalled_worker(order: &str) {
         dir.path(),
         &["--max-queue-ms", "100", "--ready-order", order],
     );
-    let pid = wait_until("both workers to report", secs(10), || {
-        let workers = server.stats_workers();
-        (workers.len() == 2).then_some(workers)
-    })[0]["pid"]
-        .as_u64()
-        .unwrap() as u32;
+    let pid = server.worker_pids()[0];
     // 1,000 users at 2,000 a second: each fires twice a second.
     let (users, qps, duration) = (1000u64, 2000u64, 12u64);
     let load = Command::new(env!("CARGO_BIN_EXE_hongbao"))
@@ -1497,13 +1491,7 @@ fn a_crash_loses_nothing_acknowledged() {
     assert_eq!(balances[..3], [300, 600, opened_by_3]);
     let campaigns = server.get("/v1/campaigns");
     // Workers report (with their pids) once a second.
-    let worker_pids: Vec<u32> = wait_until("both workers to report", secs(10), || {
-        let workers = server.stats_workers();
-        (workers.len() == 2).then_some(workers)
-    })
-    .iter()
-    .map(|w| w["pid"].as_u64().unwrap() as u32)
-    .collect();
+    let worker_pids: Vec<u32> = server.worker_pids();
 
     server.crash();
     // Workers exit when their link to the core closes; their clients see the end.

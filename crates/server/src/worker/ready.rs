@@ -25,16 +25,15 @@
 //!
 //! Why one pop in OLDEST_EVERY takes the oldest: newest first alone never reaches a
 //! connection that sends nothing more while the queue stands — a client backing off, or
-//! one waiting for the answer to what it sent (an open, a login). Under an overload that
-//! lasts, LIFO alone left such requests unread for the whole of it: in the quick bench's
-//! saturated 60,000/s phase, opens (and the shakes behind them) went unanswered for 40 s
-//! and more, and were read, and committed, only when their clients hung up — so the
-//! audit found opens in the ledger that no client had been told of. With one pop in
-//! eight from the head, a connection that has waited a second is read within about 8·L
-//! pops (L: the connections queued before it) whatever arrives, and the shakes read
-//! there, late, are shed — which tells their clients to back off, the signal a queue
-//! read newest first never sends — at the cost of at most an eighth of the reads while
-//! the queue stands.
+//! one waiting for the answer to what it sent (an open, a login) — for as long as the
+//! overload lasts. With one pop in eight from the head, a connection that has waited a
+//! second is read within about 8·L pops (L: the connections queued before it) whatever
+//! arrives, and the shakes read there, late, are shed — which tells their clients to back
+//! off, the signal a queue read newest first never sends — at the cost of at most an
+//! eighth of the reads while the queue stands. (The quick bench's opens left unanswered
+//! for 40 s and more in a saturated phase were mostly another cause — a write per answer
+//! made a backlogged connection's read ever dearer, mod.rs — but this bound is what keeps
+//! a silent connection from waiting out the whole overload; docs/BENCHMARKS.md.)
 //!
 //! The queue holds each connection once: a key pushed again leaves its older entry behind
 //! as stale (its push number is no longer the key's), skipped when met, and the deque is
@@ -150,9 +149,9 @@ impl Ready {
             self.standing = false;
             return None;
         };
-        let oldest_wait_us = micros(now).saturating_sub(oldest.at_us);
+        let now_us = micros(now);
+        let oldest_wait_us = now_us.saturating_sub(oldest.at_us);
         if self.order == ReadyOrder::Adaptive {
-            let now_us = micros(now);
             if oldest_wait_us > micros(TARGET) {
                 let since = *self.over_since_us.get_or_insert(now_us);
                 self.standing = now_us - since >= micros(INTERVAL);
