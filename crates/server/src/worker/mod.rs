@@ -275,9 +275,10 @@ impl Worker {
                 Duration::ZERO
             };
             self.poll_all(&mut events, timeout, &mut read_buf)?;
-            self.read_ready(&mut read_buf);
+            self.read_ready(&mut read_buf)?;
             for key in std::mem::take(&mut self.again) {
                 self.on_readable(key, &mut read_buf, true, self.started.elapsed());
+                self.ask_now()?;
             }
             let polled = self.started + self.polled;
             self.broadcast_slice(polled);
@@ -352,7 +353,7 @@ impl Worker {
     /// Reads the connections `ready` gives, in its order: a batch of them in the adaptive
     /// order, so that what epoll reports meanwhile is seen between batches; all of them
     /// in FIFO order, as every reported connection was read before `Ready` existed.
-    fn read_ready(&mut self, buf: &mut [u8]) {
+    fn read_ready(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
         let batch = match self.cfg.ready_order {
             ReadyOrder::Adaptive => READ_BATCH,
             ReadyOrder::Fifo => usize::MAX,
@@ -360,10 +361,22 @@ impl Worker {
         for _ in 0..batch {
             let now = self.started.elapsed();
             let Some(key) = self.ready.pop(now) else {
-                return;
+                return Ok(());
             };
             self.on_readable(key, buf, false, now);
+            self.ask_now()?;
         }
+        Ok(())
+    }
+
+    /// What a read asked of the core — a claim, a send, a login — goes up the link at
+    /// once, not at the end of the turn: a won shake waits for the ledger's next commit,
+    /// and a turn of reads is long enough (~1 ms, more on a busy machine) to miss one.
+    fn ask_now(&mut self) -> anyhow::Result<()> {
+        if self.link_out.is_empty() {
+            return Ok(());
+        }
+        self.flush_link()
     }
 
     /// Reads what a connection sent, at most `READS_PER_TURN` buffers a turn. A short
