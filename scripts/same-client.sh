@@ -13,6 +13,8 @@
 # With several BINARYs (default: target/release/hongbao) each round runs each of them,
 # in order, so two builds are held against each other in one sitting.
 #
+# CAMPAIGNS (default "none 200"): which of the two hongbao runs to make each round.
+#
 # The campaign starts when the client starts shaking (CAMPAIGN_AT=early: when the server
 # is up, ~10 s before, so the packets released while the clients log in — ~2,000 at
 # 20,000 connections — are all won in the load's first tenth of a second: a burst, not
@@ -56,7 +58,7 @@ for round in $(seq "$rounds"); do
   FLOOR_PORT=8900 bash "$floor" qps "$conns" "$rate" "$secs" | sed "s/^/round $round /"
   wait
   for bin in "${bins[@]}"; do
-    for campaign in none 200; do
+    for campaign in ${CAMPAIGNS:-none 200}; do
       dir=$(mktemp -d)
       pid=$(serve "$bin" "$dir/data")
       if [ "$campaign" != none ]; then
