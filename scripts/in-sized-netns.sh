@@ -17,13 +17,16 @@ conns=$1; shift
 bin=${HONGBAO:-$PWD/target/release/hongbao}
 ns=hb-sized-$$
 child=/proc/sys/net/ipv4/tcp_child_ehash_entries
+# doctor's size (ehash_buckets_wanted): 2·CONNS up to a power of two, 2^16..2^24
 buckets=1; while [ $buckets -lt $(( 2 * conns )) ]; do buckets=$(( buckets * 2 )); done
 [ $buckets -ge 65536 ] || buckets=65536
+[ $buckets -le 16777216 ] || buckets=16777216
 before=$(cat $child)
+# The host's value comes back whatever happens; only the new namespace gets the size.
+trap 'echo "$before" > $child; ip netns delete $ns 2>/dev/null || true' EXIT
 echo $buckets > $child
 ip netns add $ns
 echo "$before" > $child
-trap 'ip netns delete $ns' EXIT
 ip netns exec $ns ip link set lo up
 ip netns exec $ns "$bin" doctor --apply --connections "$conns" > /dev/null
 echo "in-sized-netns: namespace $ns, established hash $(ip netns exec $ns cat /proc/sys/net/ipv4/tcp_ehash_entries) buckets (the host's: $(cat /proc/sys/net/ipv4/tcp_ehash_entries))"
