@@ -277,8 +277,7 @@ impl Worker {
             self.poll_all(&mut events, timeout, &mut read_buf)?;
             self.read_ready(&mut read_buf)?;
             for key in std::mem::take(&mut self.again) {
-                self.on_readable(key, &mut read_buf, true, self.started.elapsed());
-                self.ask_now()?;
+                self.read_then_ask(key, &mut read_buf, true, self.started.elapsed())?;
             }
             let polled = self.started + self.polled;
             self.broadcast_slice(polled);
@@ -363,20 +362,29 @@ impl Worker {
             let Some(key) = self.ready.pop(now) else {
                 return Ok(());
             };
-            self.on_readable(key, buf, false, now);
-            self.ask_now()?;
+            self.read_then_ask(key, buf, false, now)?;
         }
         Ok(())
     }
 
-    /// What a read asked of the core — a claim, a send, a login — goes up the link at
-    /// once, not at the end of the turn: a won shake waits for the ledger's next commit,
-    /// and a turn of reads is long enough (~1 ms, more on a busy machine) to miss one.
-    fn ask_now(&mut self) -> anyhow::Result<()> {
-        if self.link_out.is_empty() {
-            return Ok(());
+    /// Reads a connection (`on_readable`); what that read asked of the core — a claim, a
+    /// send, a login — goes up the link at once, not at the end of the turn: a won shake
+    /// waits for the ledger's next commit, and a turn of reads is long enough (~1 ms, more
+    /// on a busy machine) to miss one. A read that asked nothing writes nothing, even while
+    /// the link holds a backlog the core has not taken (the turn's end retries that).
+    fn read_then_ask(
+        &mut self,
+        key: usize,
+        buf: &mut [u8],
+        drain: bool,
+        now: Duration,
+    ) -> anyhow::Result<()> {
+        let queued = self.link_out.len();
+        self.on_readable(key, buf, drain, now);
+        if self.link_out.len() > queued {
+            self.flush_link()?;
         }
-        self.flush_link()
+        Ok(())
     }
 
     /// Reads what a connection sent, at most `READS_PER_TURN` buffers a turn. A short
