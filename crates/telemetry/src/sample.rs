@@ -106,6 +106,14 @@ pub fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds")
 }
 
+/// The same span at 2 significant digits (within 1%), for a recorder on the hot path that
+/// reads and clears its histogram every second (a gateway worker, every shake): its
+/// counts are a seventh of `new_histogram`'s (21 KB, not 147), which stay in the cache
+/// between shakes and take a seventh of the time to walk and to clear.
+pub fn new_coarse_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid histogram bounds")
+}
+
 pub fn sparse(h: &Histogram<u64>) -> Vec<(u64, u64)> {
     h.iter_recorded()
         .map(|v| (v.value_iterated_to(), v.count_at_value()))
@@ -214,6 +222,20 @@ fn parse_net_dev(table: &str, interface: &str) -> Option<NetCounters> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the coarse histogram's comment says: a seventh of the counts, within 1%.
+    #[test]
+    fn the_coarse_histogram_is_small_and_within_a_percent() {
+        let (fine, mut coarse) = (new_histogram(), new_coarse_histogram());
+        let bytes = |h: &Histogram<u64>| h.distinct_values() * 8;
+        assert_eq!((bytes(&fine) / 1000, bytes(&coarse) / 1000), (147, 21));
+        for v in [1, 99, 1_234, 98_765, 4_321_000, 119_000_000] {
+            coarse.reset();
+            coarse.record(v).unwrap();
+            let got = coarse.value_at_quantile(1.0) as f64;
+            assert!((got - v as f64).abs() <= v as f64 / 100.0, "{v}: {got}");
+        }
+    }
 
     /// A lab host (its /24 and no default route) and a machine with a default route.
     #[test]

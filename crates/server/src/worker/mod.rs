@@ -239,7 +239,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
             pid: std::process::id(),
             ..Default::default()
         },
-        latency: hongbao_telemetry::sample::new_histogram(),
+        latency: hongbao_telemetry::sample::new_coarse_histogram(),
         claims: HashMap::new(),
         received: None,
         scratch: Vec::new(),
