@@ -402,15 +402,17 @@ impl Worker {
 
     /// Answers request `id` on `key` in the connection's form.
     pub(super) fn reply(&mut self, key: usize, id: u32, reply: &Reply) {
-        let Some(conn) = self.conns.get_mut(key) else {
+        if !self.conns.contains(key) {
             return;
-        };
-        let mut bytes = Vec::with_capacity(64);
+        }
+        let mut bytes = self.take_scratch();
+        let conn = &mut self.conns[key];
         let max_held = self.cfg.max_output_bytes as usize;
         let sent = conn.codec.reply(id, reply, &mut bytes, max_held);
         if !bytes.is_empty() {
             self.write(key, &bytes);
         }
+        self.give_scratch(bytes);
         if sent == Sent::ThenClose {
             self.hang_up(key);
         }
@@ -418,13 +420,14 @@ impl Worker {
 
     /// Pushes to `key` if it can carry pushes.
     pub(super) fn push(&mut self, key: usize, push: &hongbao_money::Push) {
-        let Some(conn) = self.conns.get_mut(key) else {
+        if !self.conns.contains(key) {
             return;
-        };
-        let mut bytes = Vec::with_capacity(64);
-        if conn.codec.push(push, &mut bytes) {
+        }
+        let mut bytes = self.take_scratch();
+        if self.conns[key].codec.push(push, &mut bytes) {
             self.write(key, &bytes);
         }
+        self.give_scratch(bytes);
     }
 }
 

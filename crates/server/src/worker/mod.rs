@@ -69,6 +69,8 @@ const LISTENERS: usize = usize::MAX - 2;
 const READ_BUF: usize = 64 * 1024;
 /// Events taken from epoll a call.
 const EVENTS: usize = 1024;
+/// The largest encoding buffer kept for reuse (`scratch`).
+const SCRATCH_KEPT: usize = 64 * 1024;
 /// Reads one connection may do per readiness event before others get a turn.
 const READS_PER_TURN: usize = 4;
 /// Connections read from `Ready` between two looks at epoll (adaptive order). A read that
@@ -141,7 +143,8 @@ struct Worker {
     claims: HashMap<(ConnId, u32), Instant>,
     /// When the kernel received the newest bytes of the current read (wall clock).
     received: Option<Duration>,
-    /// Transport answers of the current decode step (reused).
+    /// The encoding buffer, reused: a decode step's transport answers, a reply, a push
+    /// (`take_scratch`, `give_scratch`).
     scratch: Vec<u8>,
     /// The connection whose read is being handled: what is written to it meanwhile is
     /// held in `corked` and written once the read's requests are all answered, one
@@ -459,7 +462,7 @@ impl Worker {
         while at < data.len() && self.is_open(key) {
             let http = matches!(self.conns[key].codec, Codec::Http(_));
             let may_upgrade = http && self.may_upgrade(key);
-            let mut out = std::mem::take(&mut self.scratch);
+            let mut out = self.take_scratch();
             let mut cx = Cx {
                 out: &mut out,
                 stats: &mut self.stats.counters,
@@ -477,9 +480,8 @@ impl Worker {
             }
             if !out.is_empty() {
                 self.write(key, &out);
-                out.clear();
             }
-            self.scratch = out;
+            self.give_scratch(out);
             match step.then {
                 Then::Read => {}
                 Then::Kick(reason, text) => {
@@ -501,6 +503,20 @@ impl Worker {
             at
         } else {
             data.len()
+        }
+    }
+
+    /// The worker's encoding buffer, empty (a fresh one if it is already taken): a reply
+    /// encoded into a new `Vec` each cost an allocation and a free per shake.
+    fn take_scratch(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.scratch)
+    }
+
+    /// Gives the encoding buffer back, emptied; a rare large one is not kept.
+    fn give_scratch(&mut self, mut bytes: Vec<u8>) {
+        bytes.clear();
+        if bytes.capacity() <= SCRATCH_KEPT {
+            self.scratch = bytes;
         }
     }
 }
