@@ -121,12 +121,14 @@ struct Worker {
     pool: VecDeque<(u64, u64)>,
     cfg: WorkerConfig,
     started: Instant,
-    /// The clock as of the read being handled (time since `started`): read once a read,
-    /// for everything the read's requests need of it — a clock read costs ~0.1 µs on a
-    /// VM, and a shake needed six (docs/BENCHMARKS.md).
+    /// The clock as of the read being handled (time since `started`), for everything the
+    /// read's requests need of it: the turn's one reading (`polled`) for the connections
+    /// epoll reported, one reading for those read on from `again` — a clock read costs
+    /// ~0.1 µs on a VM, and a shake once needed six (docs/BENCHMARKS.md).
     read_now: Duration,
-    /// The clock (since `started`) when the last poll returned: what the rest of a turn
-    /// needs of it (the pacer, the tick) without reading it again.
+    /// The clock (since `started`) when the last poll returned: what the rest of the turn
+    /// needs of it (its reads, the pacer, the tick, the next poll's timeout) without
+    /// reading it again. A turn is a batch of reads, about a millisecond.
     polled: Duration,
     /// The Unix time at `started`, set again each tick (so it follows the wall clock):
     /// `unix_at_start + read_now` is the read's Unix time without another clock read.
@@ -270,7 +272,8 @@ impl Worker {
         // per-second counters of all workers describe the same second.
         let mut next_tick = Instant::now() + until_next_second();
         while !self.shutdown {
-            let until_tick = next_tick.saturating_duration_since(Instant::now());
+            // As of the last poll: a tick falls at most a turn late.
+            let until_tick = next_tick.saturating_duration_since(self.started + self.polled);
             let timeout = if self.again.is_empty() && self.ready.is_empty() {
                 self.broadcast_wait()
                     .map_or(until_tick, |w| w.min(until_tick))
@@ -279,8 +282,11 @@ impl Worker {
             };
             self.poll_all(&mut events, timeout, &mut read_buf)?;
             self.read_ready(&mut read_buf)?;
-            for key in std::mem::take(&mut self.again) {
-                self.read_then_ask(key, &mut read_buf, true, self.started.elapsed())?;
+            if !self.again.is_empty() {
+                let now = self.started.elapsed();
+                for key in std::mem::take(&mut self.again) {
+                    self.read_then_ask(key, &mut read_buf, true, now)?;
+                }
             }
             let polled = self.started + self.polled;
             self.broadcast_slice(polled);
@@ -354,14 +360,16 @@ impl Worker {
 
     /// Reads the connections `ready` gives, in its order: a batch of them in the adaptive
     /// order, so that what epoll reports meanwhile is seen between batches; all of them
-    /// in FIFO order, as every reported connection was read before `Ready` existed.
+    /// in FIFO order, as every reported connection was read before `Ready` existed. The
+    /// whole batch goes by the poll's clock (`polled`): one clock read a turn, not one a
+    /// read — at a million connections most turns read one connection.
     fn read_ready(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
         let batch = match self.cfg.ready_order {
             ReadyOrder::Adaptive => READ_BATCH,
             ReadyOrder::Fifo => usize::MAX,
         };
+        let now = self.polled;
         for _ in 0..batch {
-            let now = self.started.elapsed();
             let Some(key) = self.ready.pop(now) else {
                 return Ok(());
             };
