@@ -1664,6 +1664,42 @@ fn a_client_that_never_logs_in_is_kicked_whatever_it_sends() {
     assert!(totals["kicks_idle"].as_u64().unwrap() >= 2, "{totals}");
 }
 
+/// The sweep's other deadlines, now that it looks only at connections that can expire: a
+/// silent logged-in session is kicked once an idle timeout is set while one that talks
+/// stays; and without one, a kicked connection whose client neither reads nor closes is
+/// closed by the server after the grace.
+#[test]
+fn idle_sessions_and_lingering_kicks_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = config_args(dir.path(), "idle_timeout_secs = 2\n");
+    let server = Server::start(&dir.path().join("data"), &[&args[0], &args[1]]);
+    let mut silent = server.login(1);
+    let mut talker = server.login(2);
+    // 2 s idle, the sweep once a second: kicked by about 3 s; 20 × 300 ms is 6 s.
+    for i in 0..20 {
+        if has_input(silent.stream()) {
+            break;
+        }
+        ping(&mut talker, i + 1).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    expect_kick(&mut silent, KickReason::Idle);
+    expect_closed(&mut silent);
+    ping(&mut talker, 100).unwrap();
+    drop(server);
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let lingering = server.login(10);
+    let mut second = server.login(10);
+    let connections = || server.get("/v1/stats")["connections"].as_u64();
+    wait_until("the replaced connection to be closed", secs(10), || {
+        (connections() == Some(1)).then_some(())
+    });
+    ping(&mut second, 1).unwrap();
+    drop(lingering);
+}
+
 /// Connections not yet logged in are capped per worker and per source address; those
 /// over the cap are closed at once and counted; logged-in connections are not limited.
 #[test]

@@ -60,6 +60,7 @@ impl Worker {
                     self.next_generation = self.next_generation.wrapping_add(1).max(1);
                     let key = entry.key();
                     entry.insert(Conn::new(stream, generation, now, codec));
+                    self.watched.insert(key);
                     if !http {
                         self.hold_unauthenticated(key, peer.ip());
                     }

@@ -130,6 +130,7 @@ impl Worker {
             Some(c) if c.state == State::Open && (c.awaiting > 0 || c.has_output()) => {
                 c.state = State::Draining;
                 c.last_seen = now;
+                self.watched.insert(key);
                 if let Some(b) = c.buffers.as_mut() {
                     b.partial = Vec::new();
                 }
@@ -263,6 +264,7 @@ impl Worker {
         };
         conn.state = State::Closing;
         conn.last_seen = now;
+        self.watched.insert(key);
         if let Some(b) = conn.buffers.as_mut() {
             b.partial = Vec::new();
         }
@@ -295,6 +297,7 @@ impl Worker {
         self.leave(key);
         self.authenticated(key);
         self.ready.remove(key);
+        self.watched.remove(&key);
         let mut conn = self.conns.remove(key);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.stats.counters.closed += 1;

@@ -105,7 +105,13 @@ impl Worker {
                     self.goodbye(key, reason);
                 }
             }
-            ToWorker::Welcome(cfg) => self.cfg = cfg,
+            ToWorker::Welcome(cfg) => {
+                self.cfg = cfg;
+                // An idle timeout set now applies to the logged-in sessions too.
+                if self.cfg.idle_timeout_secs > 0 {
+                    self.watched.extend(self.conns.iter().map(|(key, _)| key));
+                }
+            }
             ToWorker::Broadcast {
                 id,
                 server_time_us,

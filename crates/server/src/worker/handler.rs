@@ -301,6 +301,7 @@ impl Worker {
                 conn.last_seen = self.started.elapsed().as_secs() as u32;
                 self.stats.levels.logged_in += 1;
                 self.authenticated(key);
+                self.unwatch_if_timeless(key);
             }
         }
         self.stats.counters.logins += 1;

@@ -37,7 +37,7 @@ mod ready;
 mod tick;
 mod wire;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
@@ -157,6 +157,8 @@ struct Worker {
     /// with their source address; and how many each source has.
     unauthenticated: HashMap<usize, IpAddr>,
     per_source: HashMap<IpAddr, u32>,
+    /// The connections the once-a-second sweep looks at: those that can expire (tick.rs).
+    watched: HashSet<usize>,
     shutdown: bool,
 }
 
@@ -252,6 +254,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         corked: Vec::new(),
         unauthenticated: HashMap::new(),
         per_source: HashMap::new(),
+        watched: HashSet::new(),
         shutdown: false,
     };
     for msg in early {

@@ -51,15 +51,33 @@ impl Worker {
         self.tell_core(&stats);
     }
 
+    /// A logged-in session has no deadline while no idle timeout is set: the sweep need not
+    /// look at it again (until it is kicked or its peer half-closes, which watch it anew).
+    pub(super) fn unwatch_if_timeless(&mut self, key: usize) {
+        let session = self
+            .conns
+            .get(key)
+            .is_some_and(|c| c.user.is_some() && c.codec.idle() == Idle::Session);
+        if session && self.cfg.idle_timeout_secs == 0 {
+            self.watched.remove(&key);
+        }
+    }
+
     /// Closes connections that never logged in, went silent, took too long with an HTTP
-    /// request, or were kicked and linger.
+    /// request, or were kicked and linger. It looks only at the connections `watched`:
+    /// every one from its accept, less the logged-in sessions while no idle timeout is
+    /// set (`unwatch_if_timeless`) — at a million connections (56 workers) walking every
+    /// one each second was about 1% of the server's CPU (docs/BENCHMARKS.md).
     fn sweep(&mut self) {
         let now = self.now_s();
         let login_timeout = self.cfg.login_timeout_secs;
         let idle_timeout = self.cfg.idle_timeout_secs;
         let keepalive = self.cfg.http_keepalive_secs;
         let mut expired = Vec::new();
-        for (key, c) in self.conns.iter() {
+        for &key in &self.watched {
+            let Some(c) = self.conns.get(key) else {
+                continue;
+            };
             let quiet = now.saturating_sub(c.last_seen);
             if c.state == State::Closing {
                 if quiet >= CLOSING_GRACE_SECS {
