@@ -22,7 +22,9 @@
 #
 # Beside each floor run, the last BINARY's `hongbao ledger-bench` commits 200 wins a
 # second through the server's own ledger writer while the echo server is under the same
-# load (issue 28: a won shake's p99 is held against that commit's p99 plus the floor's);
+# load (issue 28: a won shake's p99 is held against that commit's p99 plus the floor's)
+# — only when a run with a campaign is asked for: with CAMPAIGNS=none it would only take
+# CPU from the floor's run;
 # after each hongbao run, the CPU seconds of the serve process's threads (the core's loop
 # is the one named after the binary, the ledger writer `ledger`).
 set -euo pipefail
@@ -53,7 +55,7 @@ threads() {
 
 for round in $(seq "$rounds"); do
   # the floor's load starts 10 s + one per 20,000 connections after run.sh does
-  ( sleep $(( 12 + conns / 20000 )); "${bins[-1]}" ledger-bench --rate 200 --secs $(( secs * 3 / 4 + 1 )) \
+  [ "${CAMPAIGNS:-none 200}" = none ] || ( sleep $(( 12 + conns / 20000 )); "${bins[-1]}" ledger-bench --rate 200 --secs $(( secs * 3 / 4 + 1 )) \
       2>/dev/null | sed "s/^/round $round beside the floor: /" || true ) &
   FLOOR_PORT=8900 bash "$floor" qps "$conns" "$rate" "$secs" | sed "s/^/round $round /"
   wait
