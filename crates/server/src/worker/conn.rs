@@ -14,7 +14,7 @@ use hongbao_sys::net;
 use mio::net::TcpStream;
 
 use super::codec::Codec;
-use super::Worker;
+use super::{Worker, KEPT_BUFFER};
 use crate::link::ToCore;
 
 /// How long a kicked connection may take to read its kick before we close it.
@@ -191,8 +191,8 @@ impl Worker {
             self.write(key, &bytes);
             self.corked = bytes;
             self.corked.clear();
-            if self.corked.capacity() > 64 * 1024 {
-                self.corked = Vec::new(); // a rare large answer: not kept
+            if self.corked.capacity() > KEPT_BUFFER {
+                self.corked = Vec::new();
             }
         }
     }

@@ -69,8 +69,9 @@ const LISTENERS: usize = usize::MAX - 2;
 const READ_BUF: usize = 64 * 1024;
 /// Events taken from epoll a call.
 const EVENTS: usize = 1024;
-/// The largest encoding buffer kept for reuse (`scratch`).
-const SCRATCH_KEPT: usize = 64 * 1024;
+/// The largest worker buffer kept for reuse once emptied (`scratch`, `corked`): a rare
+/// large answer's is dropped.
+const KEPT_BUFFER: usize = 64 * 1024;
 /// Reads one connection may do per readiness event before others get a turn.
 const READS_PER_TURN: usize = 4;
 /// Connections read from `Ready` between two looks at epoll (adaptive order). A read that
@@ -526,7 +527,7 @@ impl Worker {
     /// Gives the encoding buffer back, emptied; a rare large one is not kept.
     fn give_scratch(&mut self, mut bytes: Vec<u8>) {
         bytes.clear();
-        if bytes.capacity() <= SCRATCH_KEPT {
+        if bytes.capacity() <= KEPT_BUFFER {
             self.scratch = bytes;
         }
     }
