@@ -74,12 +74,6 @@ const EVENTS: usize = 1024;
 const KEPT_BUFFER: usize = 64 * 1024;
 /// Reads one connection may do per readiness event before others get a turn.
 const READS_PER_TURN: usize = 4;
-/// Connections read from `Ready` between two looks at epoll (adaptive order). A read that
-/// answers a shake costs a few µs (its read and write calls), so a batch is about a
-/// millisecond: connections epoll reports meanwhile join the queue well inside its
-/// TARGET (5 ms), so the newest are known when the queue stands, while one epoll_wait
-/// with no timeout per batch costs under 1% of the batch.
-const READ_BATCH: usize = 128;
 
 pub struct WorkerOptions {
     pub index: WorkerId,
@@ -362,16 +356,14 @@ impl Worker {
 
     // ----- the read path --------------------------------------------------------------
 
-    /// Reads the connections `ready` gives, in its order: a batch of them in the adaptive
-    /// order, so that what epoll reports meanwhile is seen between batches; all of them
-    /// in FIFO order, as every reported connection was read before `Ready` existed. The
+    /// Reads the connections `ready` gives, in its order, as many as `ready::read_batch`
+    /// says: a batch in the adaptive order, so that what epoll reports meanwhile is seen
+    /// between batches; all of them in FIFO order, and in either order while a broadcast is
+    /// being written (the shakes first, a broadcast slice after). The
     /// whole batch goes by the poll's clock (`polled`): one clock read a turn, not one a
     /// read — at a million connections most turns read one connection.
     fn read_ready(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
-        let batch = match self.cfg.ready_order {
-            ReadyOrder::Adaptive => READ_BATCH,
-            ReadyOrder::Fifo => usize::MAX,
-        };
+        let batch = ready::read_batch(self.cfg.ready_order, !self.broadcasts.is_empty());
         let now = self.polled;
         for _ in 0..batch {
             let Some(key) = self.ready.pop(now) else {
