@@ -467,8 +467,17 @@ mod tests {
             pacer.judge(at, YIELD, || Some(Duration::ZERO));
             pacer.set_floor(deadline_floor(at, [(left, deadline)].into_iter()));
             let n = pacer.allowance(at, YIELD).min(left);
-            let slice = if at >= deadline { LATE_SLICE } else { BROADCAST_SLICE };
-            assert_eq!(n, slice.min(left), "{:?} in", at - (deadline - BROADCAST_DEADLINE));
+            let slice = if at >= deadline {
+                LATE_SLICE
+            } else {
+                BROADCAST_SLICE
+            };
+            assert_eq!(
+                n,
+                slice.min(left),
+                "{:?} in",
+                at - (deadline - BROADCAST_DEADLINE)
+            );
             pacer.spent(n);
             left -= n;
         }
