@@ -357,11 +357,11 @@ impl Worker {
     // ----- the read path --------------------------------------------------------------
 
     /// Reads the connections `ready` gives, in its order, as many as `ready::read_batch`
-    /// says: a batch in the adaptive order, so that what epoll reports meanwhile is seen
-    /// between batches; all of them in FIFO order, and in either order while a broadcast is
-    /// being written (the shakes first, a broadcast slice after). The
-    /// whole batch goes by the poll's clock (`polled`): one clock read a turn, not one a
-    /// read — at a million connections most turns read one connection.
+    /// says: a batch in the adaptive order (four while a broadcast is being written: the
+    /// shakes first, a slice of the broadcast after), so that what epoll reports meanwhile
+    /// is seen between batches; all of them in FIFO order. The whole batch goes by the
+    /// poll's clock (`polled`): one clock read a turn, not one a read — at a million
+    /// connections most turns read one connection.
     fn read_ready(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
         let batch = ready::read_batch(self.cfg.ready_order, !self.broadcasts.is_empty());
         let now = self.polled;

@@ -83,18 +83,23 @@ struct Entry {
 /// timeout per batch costs under 1% of the batch.
 pub(super) const READ_BATCH: usize = 128;
 
-/// How many ready connections a turn of the loop reads: a batch in the adaptive order;
-/// every one queued in FIFO order, and in either order while a broadcast is being written
-/// — a turn then writes a broadcast slice after its reads, and a batch that left shakes
-/// queued behind the slice made them wait for it turn after turn (docs/BENCHMARKS.md: at
-/// 20,000 connections, 60,000 shakes/s and a broadcast every 5 s, the shakes' p99 fell
-/// from 31–50 ms to 17–19 reading them all).
+/// How many ready connections a turn of the loop reads: every one queued in FIFO order; a
+/// batch in the adaptive order, and four while a broadcast is being written. A turn then
+/// writes a broadcast slice after its reads, and a batch of 128 left shakes queued behind
+/// slice after slice (docs/BENCHMARKS.md: at 20,000 connections, 60,000 shakes/s and a
+/// broadcast every 5 s, the shakes' p99 fell from 31–50 ms to 17–19 reading every ready
+/// connection); four batches are more than a busy turn finds there, and still bound a
+/// turn when the queue stands, so the broadcast goes on and epoll is seen between turns.
 pub(super) fn read_batch(order: ReadyOrder, broadcasting: bool) -> usize {
     match order {
-        ReadyOrder::Adaptive if !broadcasting => READ_BATCH,
-        ReadyOrder::Adaptive | ReadyOrder::Fifo => usize::MAX,
+        ReadyOrder::Adaptive if broadcasting => BROADCAST_READ_BATCHES * READ_BATCH,
+        ReadyOrder::Adaptive => READ_BATCH,
+        ReadyOrder::Fifo => usize::MAX,
     }
 }
+
+/// Batches a turn reads while a broadcast is being written (`read_batch`).
+const BROADCAST_READ_BATCHES: usize = 4;
 
 pub(super) struct Ready {
     order: ReadyOrder,
@@ -516,9 +521,9 @@ mod tests {
     }
 
     #[test]
-    fn a_broadcast_under_way_has_every_ready_connection_read_before_its_slice() {
+    fn a_broadcast_under_way_has_four_batches_read_before_each_slice() {
         assert_eq!(read_batch(ReadyOrder::Adaptive, false), READ_BATCH);
-        assert_eq!(read_batch(ReadyOrder::Adaptive, true), usize::MAX);
+        assert_eq!(read_batch(ReadyOrder::Adaptive, true), 4 * READ_BATCH);
         assert_eq!(read_batch(ReadyOrder::Fifo, false), usize::MAX);
         assert_eq!(read_batch(ReadyOrder::Fifo, true), usize::MAX);
     }
