@@ -17,8 +17,9 @@ use crate::link::ToCore;
 
 /// Connections a broadcast is written to per turn of the loop, between two reads of
 /// every ready connection (`ready::read_batch`): a shake that comes during a broadcast
-/// waits for at most this many writes (~0.5 ms; 256 left a 60,000/s shake p99 at 17–19
-/// ms beside a broadcast every 5 s where 64 gave 10, docs/BENCHMARKS.md).
+/// waits for about this many writes (~0.5 ms; 256 left a 60,000/s shake p99 at 17–19 ms
+/// beside a broadcast every 5 s, on a machine that something else kept busy meanwhile,
+/// where 64 gave 10: docs/BENCHMARKS.md).
 const BROADCAST_SLICE: usize = 64;
 /// Connections written per turn once a broadcast is past its deadline (turns long with
 /// reads wrote less than the deadline needed): it catches up four times as fast.
