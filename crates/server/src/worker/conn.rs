@@ -14,7 +14,7 @@ use hongbao_sys::net;
 use mio::net::TcpStream;
 
 use super::codec::Codec;
-use super::{Worker, KEPT_BUFFER};
+use super::{reusable, Worker};
 use crate::link::ToCore;
 
 /// How long a kicked connection may take to read its kick before we close it.
@@ -189,11 +189,7 @@ impl Worker {
         if !self.corked.is_empty() {
             let bytes = std::mem::take(&mut self.corked);
             self.write(key, &bytes);
-            self.corked = bytes;
-            self.corked.clear();
-            if self.corked.capacity() > KEPT_BUFFER {
-                self.corked = Vec::new();
-            }
+            self.corked = reusable(bytes).unwrap_or_default();
         }
     }
 

@@ -517,10 +517,16 @@ impl Worker {
     }
 
     /// Gives the encoding buffer back, emptied; a rare large one is not kept.
-    fn give_scratch(&mut self, mut bytes: Vec<u8>) {
-        bytes.clear();
-        if bytes.capacity() <= KEPT_BUFFER {
+    fn give_scratch(&mut self, bytes: Vec<u8>) {
+        if let Some(bytes) = reusable(bytes) {
             self.scratch = bytes;
         }
     }
+}
+
+/// A worker buffer (`scratch`, `corked`) emptied for reuse, or none if it grew past
+/// `KEPT_BUFFER` for a rare large answer.
+fn reusable(mut bytes: Vec<u8>) -> Option<Vec<u8>> {
+    bytes.clear();
+    (bytes.capacity() <= KEPT_BUFFER).then_some(bytes)
 }
