@@ -430,10 +430,14 @@ mod tests {
         assert!(deadline_floor(now, [(1, now)].into_iter()).is_infinite());
     }
 
-    /// Shakes waiting long all the time hold the shakes' pace at its least, yet a
-    /// broadcast to 10,000 connections is written out by its deadline, turn by turn.
-    #[test]
-    fn a_broadcast_meets_its_deadline_however_long_shakes_wait() {
+    /// Writes a broadcast to 10,000 connections turn by turn, a turn every `turn`, while
+    /// shakes wait a second all the time (the shakes' pace at its least), each turn no
+    /// later than `late_by` past the deadline. Returns the pacer, when the last write
+    /// was, the deadline and the most written in one turn.
+    fn write_out_while_shakes_wait(
+        turn: Duration,
+        late_by: Duration,
+    ) -> (Pacer, Instant, Instant, usize) {
         let mut at = Instant::now();
         let mut pacer = Pacer::new(at);
         windows(&mut pacer, &mut at, 40, Duration::from_secs(1));
@@ -441,16 +445,27 @@ mod tests {
         pacer.start(at);
         let deadline = at + BROADCAST_DEADLINE;
         let mut left = 10_000usize;
+        let mut most = 0;
         while left > 0 {
-            at += Duration::from_millis(1);
-            assert!(at <= deadline + PACE_WINDOW, "{left} left at the deadline");
+            at += turn;
+            assert!(at <= deadline + late_by, "{left} left at the deadline");
             pacer.shake_waited(Duration::from_secs(1));
             pacer.judge(at, YIELD, || Some(Duration::ZERO));
             pacer.set_floor(deadline_floor(at, [(left, deadline)].into_iter()));
             let n = pacer.allowance(at, YIELD).min(left);
+            most = most.max(n);
             pacer.spent(n);
             left -= n;
         }
+        (pacer, at, deadline, most)
+    }
+
+    /// Shakes waiting long all the time hold the shakes' pace at its least, yet a
+    /// broadcast to 10,000 connections is written out by its deadline, turn by turn.
+    #[test]
+    fn a_broadcast_meets_its_deadline_however_long_shakes_wait() {
+        let (_, at, deadline, _) =
+            write_out_while_shakes_wait(Duration::from_millis(1), PACE_WINDOW);
         // Done before the deadline, and not much before it: the shakes kept the rest.
         assert!(
             at + Duration::from_millis(100) >= deadline,
@@ -466,25 +481,7 @@ mod tests {
     /// or not.
     #[test]
     fn long_turns_keep_the_deadline_and_a_late_broadcast_writes_four_slices() {
-        let mut at = Instant::now();
-        let mut pacer = Pacer::new(at);
-        windows(&mut pacer, &mut at, 40, Duration::from_secs(1));
-        assert_eq!(pacer.rate(), PACE_MIN);
-        pacer.start(at);
-        let deadline = at + BROADCAST_DEADLINE;
-        let mut left = 10_000usize;
-        let mut most = 0;
-        while left > 0 {
-            at += PACE_WINDOW;
-            assert!(at <= deadline, "{left} left at the deadline");
-            pacer.shake_waited(Duration::from_secs(1));
-            pacer.judge(at, YIELD, || Some(Duration::ZERO));
-            pacer.set_floor(deadline_floor(at, [(left, deadline)].into_iter()));
-            let n = pacer.allowance(at, YIELD).min(left);
-            most = most.max(n);
-            pacer.spent(n);
-            left -= n;
-        }
+        let (mut pacer, at, _, most) = write_out_while_shakes_wait(PACE_WINDOW, Duration::ZERO);
         assert!(
             most > BROADCAST_SLICE && most < 2 * BROADCAST_SLICE + 10,
             "{most}"
