@@ -62,7 +62,7 @@ floor|floor-none)
   fi
   FLOOR_PORT=8900 bash "$floor_dir/run.sh" qps "$conns" "$rate" "$secs"
   [ -z "$fire" ] || wait "$fire"
-  [ "$mode" = floor ] && floor_broadcast_print
+  if [ "$mode" = floor ]; then floor_broadcast_print; fi
   ;;
 hongbao|hongbao-none|hongbao-fb)
   [ "$mode" = hongbao-fb ] && floor_broadcast_start
@@ -77,7 +77,7 @@ hongbao|hongbao-none|hongbao-fb)
   esac
   HB_PORT=7180 HB_SECRET=s HB_PID=$spid bash "$floor_dir/run.sh" qps "$conns" "$rate" "$secs"
   [ -z "$fire" ] || wait "$fire"
-  [ "$mode" = hongbao-fb ] && floor_broadcast_print
+  if [ "$mode" = hongbao-fb ]; then floor_broadcast_print; fi
   echo "hongbao broadcast_delivered: $(curl -s 127.0.0.1:7181/v1/stats | python3 -c \
     'import json, sys; print(json.load(sys.stdin)["totals"]["broadcast_delivered"])')"
   ;;
