@@ -27,6 +27,11 @@
 # CPU from the floor's run;
 # after each hongbao run, the CPU seconds of the serve process's threads (the core's loop
 # is the one named after the binary, the ledger writer `ledger`).
+#
+# On a machine with cores to spare, SERVER_CPUS and LOAD_CPUS (taskset lists, e.g. 0-1
+# and 2-15) keep the load off the servers' cores: every server — the floor's echo
+# servers, `hongbao serve` and its workers, `ledger-bench` — runs on SERVER_CPUS, the
+# client on LOAD_CPUS. Unset, all share the machine, as on our 2-core hosts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 conns=$1 rate=$2 secs=${3:-20} rounds=${4:-2}
@@ -36,9 +41,12 @@ bins=("$@")
 floor=${FLOOR:-../shared/floor/run.sh}
 port=7180 admin=7181 secret=same-client-secret
 echo "7180-7181,8900" > /proc/sys/net/ipv4/ip_local_reserved_ports
+on_servers=() on_load=()
+[ -z "${SERVER_CPUS:-}" ] || on_servers=(taskset -c "$SERVER_CPUS")
+[ -z "${LOAD_CPUS:-}" ] || on_load=(taskset -c "$LOAD_CPUS")
 
 serve() { # BINARY DIR: starts serve, prints its pid once it is ready
-  "$1" serve --listen 127.0.0.1:$port --admin 127.0.0.1:$admin --secret $secret \
+  "${on_servers[@]}" "$1" serve --listen 127.0.0.1:$port --admin 127.0.0.1:$admin --secret $secret \
     --data-dir "$2" --connections "$conns" --max-queue-ms 200 --max-shake-qps 100000 \
     > "$2.log" 2>&1 &
   local pid=$!
@@ -55,9 +63,16 @@ threads() {
 
 for round in $(seq "$rounds"); do
   # the floor's load starts 10 s + one per 20,000 connections after run.sh does
-  [ "${CAMPAIGNS:-none 200}" = none ] || ( sleep $(( 12 + conns / 20000 )); "${bins[-1]}" ledger-bench --rate 200 --secs $(( secs * 3 / 4 + 1 )) \
+  [ "${CAMPAIGNS:-none 200}" = none ] || ( sleep $(( 12 + conns / 20000 )); "${on_servers[@]}" "${bins[-1]}" ledger-bench --rate 200 --secs $(( secs * 3 / 4 + 1 )) \
       2>/dev/null | sed "s/^/round $round beside the floor: /" || true ) &
-  FLOOR_PORT=8900 bash "$floor" qps "$conns" "$rate" "$secs" | sed "s/^/round $round /"
+  FLOOR_PORT=8900 "${on_load[@]}" bash "$floor" qps "$conns" "$rate" "$secs" \
+    > >(sed "s/^/round $round /") &
+  floor_pid=$!
+  if [ -n "${SERVER_CPUS:-}" ]; then
+    # run.sh starts its echo servers a second after it starts, well before the load
+    sleep 3
+    for p in $(pgrep -P "$floor_pid" -x echo_srv); do taskset -pc "$SERVER_CPUS" "$p" > /dev/null; done
+  fi
   wait
   for bin in "${bins[@]}"; do
     for campaign in ${CAMPAIGNS:-none 200}; do
@@ -71,7 +86,7 @@ for round in $(seq "$rounds"); do
           curl -s -XPOST "127.0.0.1:$admin/v1/campaigns/shake" \
             -d "{\"packets\":$(( 200 * (secs + 30 + conns / 20000) )),\"rate_per_sec\":200,\"amount_min\":100,\"amount_max\":500}" > /dev/null ) &
       fi
-      HB_PORT=$port HB_SECRET=$secret HB_PID=$pid bash "$floor" qps "$conns" "$rate" "$secs" \
+      HB_PORT=$port HB_SECRET=$secret HB_PID=$pid "${on_load[@]}" bash "$floor" qps "$conns" "$rate" "$secs" \
         | sed "s|^|round $round $(basename "$bin") campaign=$campaign |"
       wait
       echo "round $round $(basename "$bin") campaign=$campaign threads: $(threads "$pid")"
