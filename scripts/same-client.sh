@@ -32,6 +32,7 @@
 # and 2-15) keep the load off the servers' cores: every server — the floor's echo
 # servers, `hongbao serve` and its workers, `ledger-bench` — runs on SERVER_CPUS, the
 # client on LOAD_CPUS. Unset, all share the machine, as on our 2-core hosts.
+# MAX_SHAKE_QPS (default the bench's 100000): the server's shake cap, for rates above it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 conns=$1 rate=$2 secs=${3:-20} rounds=${4:-2}
@@ -47,7 +48,7 @@ on_servers=() on_load=()
 
 serve() { # BINARY DIR: starts serve, prints its pid once it is ready
   "${on_servers[@]}" "$1" serve --listen 127.0.0.1:$port --admin 127.0.0.1:$admin --secret $secret \
-    --data-dir "$2" --connections "$conns" --max-queue-ms 200 --max-shake-qps 100000 \
+    --data-dir "$2" --connections "$conns" --max-queue-ms 200 --max-shake-qps "${MAX_SHAKE_QPS:-100000}" \
     > "$2.log" 2>&1 &
   local pid=$!
   for _ in $(seq 100); do grep -q "hongbao serve ready" "$2.log" && break; sleep 0.2; done
