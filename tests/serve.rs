@@ -874,6 +874,15 @@ fn stalled_worker(order: &str) {
         "{overloaded} shed, {backed_off} firings backed off: {summary}"
     );
     assert_eq!(n("error_replies"), 0, "{summary}");
+    // The stall's oldest shakes waited all 300 ms and were shed; `served_latency_ms` is
+    // the shakes answered won or nothing alone, a part of `latency_ms`'s.
+    let ms = |dist: &str, q: &str| summary[dist][q].as_f64().unwrap();
+    assert!(ms("latency_ms", "max") >= 290.0, "{summary}");
+    assert!(ms("served_latency_ms", "p50") > 0.0, "{summary}");
+    assert!(
+        ms("served_latency_ms", "max") <= ms("latency_ms", "max"),
+        "{summary}"
+    );
     assert_eq!(
         capped,
         order == "fifo",

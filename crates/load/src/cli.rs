@@ -100,10 +100,16 @@ pub fn run_cli(
     }
     drop(control);
     let finished = load.stop()?;
-    // The whole run's shake latency and send lag, every second of every process merged.
-    let (mut shake, mut lag) = (report::new_histogram(), report::new_histogram());
+    // The whole run's shake latency (all, and served alone) and send lag, every second of
+    // every process merged.
+    let (mut shake, mut served, mut lag) = (
+        report::new_histogram(),
+        report::new_histogram(),
+        report::new_histogram(),
+    );
     for row in load.rows() {
         report::merge_sparse(&mut shake, &row.shake_latency);
+        report::merge_sparse(&mut served, &row.served_latency);
         report::merge_sparse(&mut lag, &row.send_lag);
     }
     let broadcasts = load
@@ -124,6 +130,7 @@ pub fn run_cli(
     let summary = Totals {
         totals: finished.totals,
         latency_ms: LatencyDistMs::of(&shake),
+        served_latency_ms: LatencyDistMs::of(&served),
         send_lag_ms: LatencyDistMs::of(&lag),
         broadcasts,
         users_with_money: finished.users.len(),
@@ -140,6 +147,9 @@ struct Totals {
     totals: Counters,
     /// Shake latency from each shake's intended send time, over the whole run.
     latency_ms: LatencyDistMs,
+    /// The same of the shakes served (won or nothing): without those answered
+    /// `overloaded`, which under overload are the ones that waited longest.
+    served_latency_ms: LatencyDistMs,
     /// How late the shakes were sent against their intended times, over the whole run.
     send_lag_ms: LatencyDistMs,
     broadcasts: Vec<BroadcastLine>,

@@ -212,6 +212,10 @@ pub struct Report {
     pub counters: Counters,
     /// Latency in µs from intended send time to reply: (bucket value, count).
     pub shake_latency_us: Vec<(u64, u64)>,
+    /// The same of the shakes served (won or nothing), without those shed `overloaded`:
+    /// under overload, what the admitted shakes waited.
+    #[serde(default)]
+    pub served_latency_us: Vec<(u64, u64)>,
     pub open_latency_us: Vec<(u64, u64)>,
     /// How late this process sent its shakes against their intended time, µs: the part
     /// of the latency that is the load's own (a stall here, not in the server).

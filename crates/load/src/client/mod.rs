@@ -119,6 +119,8 @@ struct Client {
     handshakes: HashMap<u32, [u8; 16]>,
     receipts: Receipts,
     shake_hist: Histogram<u64>,
+    /// The same of the shakes served (won or nothing): without those shed `overloaded`.
+    served_hist: Histogram<u64>,
     open_hist: Histogram<u64>,
     /// How late shakes went out against their intended send time (this process's lag).
     lag_hist: Histogram<u64>,
@@ -179,6 +181,7 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
         handshakes: HashMap::new(),
         receipts: Receipts::default(),
         shake_hist: report::new_histogram(),
+        served_hist: report::new_histogram(),
         open_hist: report::new_histogram(),
         lag_hist: report::new_histogram(),
         connected: 0,
@@ -609,6 +612,7 @@ impl Client {
             cpu_ms,
             counters: self.counters.clone(),
             shake_latency_us: report::sparse(&self.shake_hist),
+            served_latency_us: report::sparse(&self.served_hist),
             open_latency_us: report::sparse(&self.open_hist),
             send_lag_us: report::sparse(&self.lag_hist),
             broadcasts: self.receipts.drain(),
@@ -617,6 +621,7 @@ impl Client {
             last,
         };
         self.shake_hist.reset();
+        self.served_hist.reset();
         self.open_hist.reset();
         self.lag_hist.reset();
         let mut out = std::io::stdout().lock();

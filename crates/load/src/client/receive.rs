@@ -269,9 +269,11 @@ impl Client {
                     return;
                 };
                 self.counters.shake_replies += 1;
-                let _ = self
-                    .shake_hist
-                    .record(now.saturating_sub(f.intended_us).max(1));
+                let latency = now.saturating_sub(f.intended_us).max(1);
+                let _ = self.shake_hist.record(latency);
+                if matches!(result, ResultCode::Won | ResultCode::Nothing) {
+                    let _ = self.served_hist.record(latency);
+                }
                 match result {
                     ResultCode::Won => {
                         self.counters.won += 1;

@@ -450,6 +450,8 @@ impl Load {
             last.logged_in += fin.logged_in;
             last.rss_bytes += fin.rss_bytes;
             last.shake_latency.extend_from_slice(&fin.shake_latency_us);
+            last.served_latency
+                .extend_from_slice(&fin.served_latency_us);
             last.open_latency.extend_from_slice(&fin.open_latency_us);
             last.send_lag.extend_from_slice(&fin.send_lag_us);
         }
@@ -514,6 +516,8 @@ fn merge(shared: &Mutex<Shared>, mut report: Report, plan: &Mutex<Schedule>) {
     row.counters.add(&report.counters);
     row.shake_latency
         .extend_from_slice(&report.shake_latency_us);
+    row.served_latency
+        .extend_from_slice(&report.served_latency_us);
     row.open_latency.extend_from_slice(&report.open_latency_us);
     row.send_lag.extend_from_slice(&report.send_lag_us);
     let rss = row.rss_bytes;

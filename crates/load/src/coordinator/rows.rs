@@ -23,6 +23,8 @@ pub struct Row {
     /// That second's latency, as sparse HDR buckets (µs, count) from every process; a
     /// full histogram is ~140 KB, too much to keep for every second of a long run.
     pub shake_latency: Vec<(u64, u64)>,
+    /// The same of the shakes served (won or nothing), without those shed.
+    pub served_latency: Vec<(u64, u64)>,
     pub open_latency: Vec<(u64, u64)>,
     pub send_lag: Vec<(u64, u64)>,
     /// Distinct broadcasts received so far (by any client), cumulative like `counters`.
