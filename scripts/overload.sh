@@ -50,8 +50,11 @@ def stats():
 while time.time() < start:
     time.sleep(0.05)
 prev, stalled = None, False
+# Read half a second off the whole seconds: the workers report their counts to /v1/stats
+# at their ticks, just after each whole second, and a read there saw one second's
+# report or two, by chance (one second low, the next high).
 for t in range(secs + 1):
-    while time.time() < start + t:
+    while time.time() < start + t + 0.5:
         time.sleep(0.01)
     if mode == "stall" and t == stall_at and not stalled:
         pids = [w["pid"] for w in stats()["workers"]]
@@ -68,7 +71,7 @@ for t in range(secs + 1):
            tot.get("shakes_overloaded", 0))
     if prev:
         dt = now[0] - prev[0]
-        print(f"{now[0]:.0f} {(now[1]-prev[1])/dt:.0f} {(now[2]-prev[2])/dt:.0f}", flush=True)
+        print(f"{t} {(now[1]-prev[1])/dt:.0f} {(now[2]-prev[2])/dt:.0f}", flush=True)
     prev = now
 PY
 poller=$!
