@@ -88,8 +88,9 @@ pub(super) const READ_BATCH: usize = 128;
 /// writes a broadcast slice after its reads, and a batch of 128 left shakes queued behind
 /// slice after slice (docs/BENCHMARKS.md: at 20,000 connections, 60,000 shakes/s, a
 /// broadcast every 5 s and another process taking CPU meanwhile, the shakes' p99 fell
-/// from 31–50 ms to 17–19 reading every ready connection); four batches are more than a busy turn finds there, and still bound a
-/// turn when the queue stands, so the broadcast goes on and epoll is seen between turns.
+/// from 31–50 ms to 17–19 reading every ready connection); four batches are more than a
+/// busy turn finds there, and still bound a turn when the queue stands, so the broadcast
+/// goes on and epoll is seen between turns.
 pub(super) fn read_batch(order: ReadyOrder, broadcasting: bool) -> usize {
     match order {
         ReadyOrder::Adaptive if broadcasting => BROADCAST_READ_BATCHES * READ_BATCH,
