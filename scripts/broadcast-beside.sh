@@ -26,6 +26,8 @@ mode=$1
 bin=${2:-$PWD/target/release/hongbao}
 floor_dir=${FLOOR_DIR:-../shared/floor}
 conns=${CONNS:-20000} rate=${RATE:-30000} secs=${SECS:-40}
+port=7180 admin=7181 secret=s
+. scripts/lib.sh
 work=$(mktemp -d)
 echo "7180-7181,8900-8901" > /proc/sys/net/ipv4/ip_local_reserved_ports
 pids=()
@@ -66,19 +68,17 @@ floor|floor-none)
   ;;
 hongbao|hongbao-none|hongbao-fb)
   [ "$mode" = hongbao-fb ] && floor_broadcast_start
-  "$bin" serve --listen 127.0.0.1:7180 --admin 127.0.0.1:7181 --secret s --data-dir "$work/data" \
-    --connections "$conns" --max-queue-ms 200 --max-shake-qps 100000 \
-    ${YIELD:+--broadcast-yield-ms "$YIELD"} > "$work/log" 2>&1 &
-  spid=$!; pids+=($spid)
-  for _ in $(seq 100); do grep -q "hongbao serve ready" "$work/log" && break; sleep 0.2; done
+  spid=$(bench_serve "$work/log" "$bin" serve --data-dir "$work/data" \
+    ${YIELD:+--broadcast-yield-ms "$YIELD"})
+  pids+=($spid)
   case $mode in
     hongbao-fb) every_5s_from_load_start kill -USR1 "${pids[0]}" "${pids[1]}" ;;
-    hongbao) every_5s_from_load_start curl -s -XPOST 127.0.0.1:7181/v1/broadcast -d '{"text":"x"}' -o /dev/null ;;
+    hongbao) every_5s_from_load_start curl -s -XPOST "127.0.0.1:$admin/v1/broadcast" -d '{"text":"x"}' -o /dev/null ;;
   esac
-  HB_PORT=7180 HB_SECRET=s HB_PID=$spid bash "$floor_dir/run.sh" qps "$conns" "$rate" "$secs"
+  HB_PORT=$port HB_SECRET=$secret HB_PID=$spid bash "$floor_dir/run.sh" qps "$conns" "$rate" "$secs"
   [ -z "$fire" ] || wait "$fire"
   if [ "$mode" = hongbao-fb ]; then floor_broadcast_print; fi
-  echo "hongbao broadcast_delivered: $(curl -s 127.0.0.1:7181/v1/stats | python3 -c \
+  echo "hongbao broadcast_delivered: $(curl -s "127.0.0.1:$admin/v1/stats" | python3 -c \
     'import json, sys; print(json.load(sys.stdin)["totals"]["broadcast_delivered"])')"
   ;;
 *) echo "usage: broadcast-beside.sh floor|floor-none|hongbao|hongbao-none|hongbao-fb [BINARY]" >&2; exit 2 ;;

@@ -20,14 +20,7 @@ floor=${FLOOR:-../shared/floor/run.sh}
 port=7180 admin=7181 secret=capacity-sweep-secret
 echo "7180-7181,8900" > /proc/sys/net/ipv4/ip_local_reserved_ports
 
-serve() { # DIR: starts serve, prints its pid once it is ready
-  "$bin" serve --listen 127.0.0.1:$port --admin 127.0.0.1:$admin --secret $secret \
-    --data-dir "$1" --connections "$conns" --max-queue-ms 200 --max-shake-qps 100000 \
-    > "$1.log" 2>&1 &
-  local pid=$!
-  for _ in $(seq 100); do grep -q "hongbao serve ready" "$1.log" && break; sleep 0.2; done
-  echo $pid
-}
+. scripts/lib.sh
 
 # pass|fail for one result line: p99 within the bound, and what was not answered, or
 # answered `overloaded`, under 0.1% of what was sent.
@@ -53,7 +46,7 @@ for (( rate = from; rate <= to; rate += step )); do
   fi
   if [ $hb_on = 1 ]; then
     dir=$(mktemp -d)
-    pid=$(serve "$dir/data")
+    pid=$(bench_serve "$dir/data.log" "$bin" serve --data-dir "$dir/data")
     line=$(HB_PORT=$port HB_SECRET=$secret HB_PID=$pid bash "$floor" qps "$conns" "$rate" "$secs" | tail -1)
     kill -INT "$pid"
     for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done

@@ -24,15 +24,12 @@ floor=${FLOOR:-../shared/floor/run.sh}
 port=7180 admin=7181 secret=overload-secret
 echo "7180-7181,8900" > /proc/sys/net/ipv4/ip_local_reserved_ports
 dir=$(mktemp -d)
-"$bin" serve --listen 127.0.0.1:$port --admin 127.0.0.1:$admin --secret $secret \
-  --data-dir "$dir/data" --connections "$conns" --max-queue-ms 200 --max-shake-qps 100000 \
-  "$@" > "$dir/serve.log" 2>&1 &
-pid=$!
+. scripts/lib.sh
+pid=$(bench_serve "$dir/serve.log" "$bin" serve --data-dir "$dir/data" "$@")
 cleanup() { kill -INT "$pid" 2>/dev/null || true
             for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
             rm -rf "$dir"; }
 trap cleanup EXIT
-for _ in $(seq 100); do grep -q "hongbao serve ready" "$dir/serve.log" && break; sleep 0.2; done
 
 # The load starts where run.sh starts it: 10 s + one per 20,000 connections from now.
 start=$(( $(date +%s) + 10 + conns / ${CONNECT_PER_SEC:-20000} ))

@@ -20,6 +20,7 @@ floor=${FLOOR:-../shared/floor/run.sh}
 out=${OUT:-/tmp/perf-shake}
 psecs=${PERF_SECS:-10}
 port=7182 admin=7183 secret=perf-secret
+. scripts/lib.sh
 mkdir -p "$out"
 
 # The seconds into the load at which perf starts: run.sh starts its clients 10 s + one
@@ -102,11 +103,7 @@ for round in $(seq "$rounds"); do
   report "floor-$round" "$line"
 
   dir=$(mktemp -d)
-  "$bin" serve --listen 127.0.0.1:$port --admin 127.0.0.1:$admin --secret $secret \
-    --data-dir "$dir/data" --connections "$conns" --max-queue-ms 200 --max-shake-qps 100000 \
-    > "$dir/serve.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 100); do grep -q "hongbao serve ready" "$dir/serve.log" && break; sleep 0.2; done
+  pid=$(bench_serve "$dir/serve.log" "$bin" serve --data-dir "$dir/data")
   pids=$(echo $pid $(pgrep -d' ' -P $pid) | tr ' ' ,)
   if [ -n "${CAMPAIGN:-}" ]; then
     curl -s -XPOST "127.0.0.1:$admin/v1/campaigns/shake" \

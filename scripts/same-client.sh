@@ -46,14 +46,7 @@ on_servers=() on_load=()
 [ -z "${SERVER_CPUS:-}" ] || on_servers=(taskset -c "$SERVER_CPUS")
 [ -z "${LOAD_CPUS:-}" ] || on_load=(taskset -c "$LOAD_CPUS")
 
-serve() { # BINARY DIR: starts serve, prints its pid once it is ready
-  "${on_servers[@]}" "$1" serve --listen 127.0.0.1:$port --admin 127.0.0.1:$admin --secret $secret \
-    --data-dir "$2" --connections "$conns" --max-queue-ms 200 --max-shake-qps "${MAX_SHAKE_QPS:-100000}" \
-    > "$2.log" 2>&1 &
-  local pid=$!
-  for _ in $(seq 100); do grep -q "hongbao serve ready" "$2.log" && break; sleep 0.2; done
-  echo $pid
-}
+. scripts/lib.sh
 
 # CPU seconds of each thread of process $1, as "name seconds" pairs
 threads() {
@@ -78,7 +71,7 @@ for round in $(seq "$rounds"); do
   for bin in "${bins[@]}"; do
     for campaign in ${CAMPAIGNS:-none 200}; do
       dir=$(mktemp -d)
-      pid=$(serve "$bin" "$dir/data")
+      pid=$(bench_serve "$dir/data.log" "${on_servers[@]}" "$bin" serve --data-dir "$dir/data")
       if [ "$campaign" != none ]; then
         # run.sh's clients start shaking at the whole second `start` (its own formula)
         start=$(( $(date +%s) + 10 + conns / ${CONNECT_PER_SEC:-20000} ))
@@ -91,7 +84,7 @@ for round in $(seq "$rounds"); do
         | sed "s|^|round $round $(basename "$bin") campaign=$campaign |"
       wait
       echo "round $round $(basename "$bin") campaign=$campaign threads: $(threads "$pid")"
-      # Not this shell's child (started in `serve`'s subshell): wait for it to be gone.
+      # Not this shell's child (started in bench_serve's subshell): wait for it to be gone.
       kill -INT "$pid"
       for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
       rm -rf "$dir"
