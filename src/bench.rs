@@ -105,15 +105,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             println!("bench: {line}");
         }
     }
-    let summary = hongbao_load::bench::run(opts)?;
+    let summary = hongbao_bench::bench::run(opts)?;
     if !summary.audit.ok {
         anyhow::bail!("the money audit failed: see summary.json");
     }
     Ok(())
 }
 
-fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
-    use hongbao_load::bench::{BenchOptions, Preset};
+fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> {
+    use hongbao_bench::bench::{BenchOptions, Preset};
     let preset = match args.preset.as_str() {
         "quick" => Preset::Quick,
         "seed" => Preset::Seed,
@@ -175,7 +175,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
     opts.fault = args
         .fault
         .as_deref()
-        .map(hongbao_load::bench::Fault::parse)
+        .map(hongbao_bench::bench::Fault::parse)
         .transpose()?;
     opts.fault_at_secs = args.fault_at;
     match opts.fault {
@@ -200,9 +200,9 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
         let faults = match args.chaos_faults.as_deref() {
             Some(list) => list
                 .split(',')
-                .map(|name| hongbao_load::bench::Fault::parse(name.trim()))
+                .map(|name| hongbao_bench::bench::Fault::parse(name.trim()))
                 .collect::<Result<Vec<_>>>()?,
-            None => hongbao_load::bench::ChaosOptions::default_faults(opts.hosts),
+            None => hongbao_bench::bench::ChaosOptions::default_faults(opts.hosts),
         };
         if faults.is_empty() {
             anyhow::bail!("--chaos-faults names no fault");
@@ -219,10 +219,10 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
                 f.name()
             );
         }
-        if opts.hosts < 2 && faults.contains(&hongbao_load::bench::Fault::Gateway) {
+        if opts.hosts < 2 && faults.contains(&hongbao_bench::bench::Fault::Gateway) {
             anyhow::bail!("--chaos-faults gateway-kill needs --hosts 2 or more");
         }
-        opts.chaos = Some(hongbao_load::bench::ChaosOptions {
+        opts.chaos = Some(hongbao_bench::bench::ChaosOptions {
             seed,
             every_secs: args.chaos_every,
             faults,
@@ -230,7 +230,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_load::bench::BenchOptions> {
     } else if args.chaos_faults.is_some() {
         anyhow::bail!("--chaos-faults goes with --chaos SEED");
     }
-    if opts.fault == Some(hongbao_load::bench::Fault::Gateway) && opts.hosts < 2 {
+    if opts.fault == Some(hongbao_bench::bench::Fault::Gateway) && opts.hosts < 2 {
         anyhow::bail!("--fault gateway needs --hosts 2 or more: one host must carry on");
     }
     if opts.hosts > 0 && opts.netns {

@@ -21,9 +21,9 @@ pub fn run(args: CapacityArgs) -> Result<()> {
     let CapacityArgs { plan, out, monitor } = args;
     let text =
         std::fs::read_to_string(&plan).with_context(|| format!("reading {}", plan.display()))?;
-    let plan = hongbao_load::capacity::plan::Plan::from_toml(&text)
+    let plan = hongbao_bench::capacity::plan::Plan::from_toml(&text)
         .with_context(|| format!("{}", plan.display()))?;
-    hongbao_load::capacity::run(hongbao_load::capacity::CapacityOptions {
+    hongbao_bench::capacity::run(hongbao_bench::capacity::CapacityOptions {
         plan,
         out,
         monitor_listen: monitor,

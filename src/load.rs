@@ -17,7 +17,7 @@ pub struct LoadArgs {
     #[arg(long, default_value = "keep-alive")]
     http_connection: hongbao_load::transport::HttpConnection,
     /// http: each user looks for packets to open every this many seconds; 0 never
-    #[arg(long, default_value_t = hongbao_load::bench::DEFAULT_NOTICE_POLL_SECS)]
+    #[arg(long, default_value_t = hongbao_load::client::DEFAULT_NOTICE_POLL_SECS)]
     notice_poll_secs: u32,
     /// Simulated users, one connection each
     #[arg(long, default_value_t = 20_000)]
@@ -54,7 +54,7 @@ pub struct LoadArgs {
     monitor: Option<String>,
     /// A user answered "overloaded" skips its shakes for the wait the answer names, or for
     /// this many seconds when it names none (±50%); 0 keeps shaking
-    #[arg(long, default_value_t = hongbao_load::bench::DEFAULT_OVERLOAD_BACKOFF_SECS)]
+    #[arg(long, default_value_t = hongbao_load::client::DEFAULT_OVERLOAD_BACKOFF_SECS)]
     overload_backoff_secs: u32,
 }
 

@@ -14,8 +14,8 @@ pub struct ReportArgs {
 
 pub fn run(args: ReportArgs) -> Result<()> {
     let dir = args.dir;
-    let charts = if hongbao_load::capacity::is_capacity_dir(&dir) {
-        hongbao_load::capacity::redraw(&dir)?.charts
+    let charts = if hongbao_bench::capacity::is_capacity_dir(&dir) {
+        hongbao_bench::capacity::redraw(&dir)?.charts
     } else {
         hongbao_report::write_report(&dir)?
     };

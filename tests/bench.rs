@@ -48,7 +48,7 @@ fn run_bench(out: &std::path::Path, args: &str) -> Value {
     }
     let text = std::fs::read_to_string(out.join("summary.json")).unwrap();
     // The schema: every field of the typed summary, and no other.
-    let typed: hongbao_load::bench::Summary =
+    let typed: hongbao_bench::bench::Summary =
         serde_json::from_str(&text).expect("summary.json has exactly the documented fields");
     assert_eq!(typed.phases.len(), typed.options.phase_qps.len());
     serde_json::from_str(&text).unwrap()

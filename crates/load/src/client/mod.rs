@@ -36,7 +36,9 @@ mod connect;
 mod options;
 mod receive;
 
-pub use options::{ClientOptions, Command};
+pub use options::{
+    ClientOptions, Command, DEFAULT_NOTICE_POLL_SECS, DEFAULT_OVERLOAD_BACKOFF_SECS,
+};
 
 use crate::broadcast::Receipts;
 use crate::report::{self, Counters, History, Report, UserTotals};

@@ -7,6 +7,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::transport::{self, HttpConnection, Transport};
 
+/// How long a simulated user told "overloaded" stops shaking when the answer does not say.
+pub const DEFAULT_OVERLOAD_BACKOFF_SECS: u32 = 30;
+
+/// How often an HTTP user looks for packets to open (it gets no pushes).
+pub const DEFAULT_NOTICE_POLL_SECS: u32 = 5;
+
 /// Everything a client process needs, passed by the coordinator on its command line as JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClientOptions {

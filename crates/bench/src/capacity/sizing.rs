@@ -164,8 +164,8 @@ mod tests {
     use super::super::judge::{clearly_broken, Window};
     use super::super::probe::{InstanceSample, Sample, Watched};
     use super::*;
-    use crate::coordinator::Row;
-    use crate::report::Counters;
+    use hongbao_load::coordinator::Row;
+    use hongbao_load::report::Counters;
 
     fn row(second: u64, qps: u64, sent: u64, nothing: u64, overloaded: u64, lat_us: u64) -> Row {
         Row {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
-use crate::transport::{HttpConnection, RequestTemplate};
+use hongbao_load::transport::{HttpConnection, RequestTemplate};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::inject::Injector;
 use super::options::{ChaosOptions, Fault};
-use crate::coordinator::Row;
+use hongbao_load::coordinator::Row;
 
 /// One fault of the schedule: the quiet gap before it, which, and the worker or gateway
 /// host it is done to (an index, modulo their number).
@@ -220,7 +220,7 @@ pub fn summarize(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::Counters;
+    use hongbao_load::report::Counters;
 
     fn opts(seed: u64) -> ChaosOptions {
         ChaosOptions {

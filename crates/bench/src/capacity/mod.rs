@@ -32,8 +32,8 @@ use anyhow::{bail, Context};
 use hongbao_monitor::{unix_ms, Monitor};
 
 use crate::bench::SECRET;
-use crate::coordinator::{Load, LoadOptions, Row};
-use crate::transport::Transport;
+use hongbao_load::coordinator::{Load, LoadOptions, Row};
+use hongbao_load::transport::Transport;
 use judge::{StepRecord, Window};
 use knee::RunRecord;
 use plan::{Plan, Stage};

@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use super::plan::Slo;
 use super::probe::{Sample, Watched};
-use crate::coordinator::Row;
-use crate::report;
 use hongbao_lab::EngineCounters;
+use hongbao_load::coordinator::Row;
+use hongbao_load::report;
 
 /// Latency from each request's intended send time, ms.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

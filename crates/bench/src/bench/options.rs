@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::transport::{HttpConnection, Transport};
+use hongbao_load::client::DEFAULT_NOTICE_POLL_SECS;
+use hongbao_load::transport::{HttpConnection, Transport};
 
 pub const SECRET: &str = "hongbao-bench-secret";
 
@@ -19,12 +20,6 @@ pub const DEFAULT_BENCH_BROADCAST_YIELD_MS: u32 = 3;
 
 /// The bench's server runs this much nicer than the load (see `server_nice`).
 pub const DEFAULT_SERVER_NICE: i32 = 5;
-
-/// How long a simulated user told "overloaded" stops shaking when the answer does not say.
-pub const DEFAULT_OVERLOAD_BACKOFF_SECS: u32 = 30;
-
-/// How often an HTTP user looks for packets to open (it gets no pushes).
-pub const DEFAULT_NOTICE_POLL_SECS: u32 = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preset {

@@ -10,9 +10,9 @@ use hongbao_money::api::CampaignState;
 use hongbao_money::{Audit, CampaignStatus};
 use serde::{Deserialize, Serialize};
 
-use crate::broadcast;
-use crate::coordinator::{progress, Row};
-use crate::report::{self, Counters};
+use hongbao_load::broadcast;
+use hongbao_load::coordinator::{progress, Row};
+use hongbao_load::report::{self, Counters};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

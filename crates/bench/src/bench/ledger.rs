@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use hongbao_money::seam::Balances;
 
 use super::summary::Discrepancy;
-use crate::report::UserTotals;
+use hongbao_load::report::UserTotals;
 
 /// What the check covered besides the discrepancies it found.
 pub(super) struct Checked {

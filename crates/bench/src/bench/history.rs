@@ -22,7 +22,7 @@ use hongbao_money::seam::{LedgerOp, OpsPage};
 
 use super::server::Server;
 use super::summary::{Discrepancy, Finding, HistorySummary, Operation, Payee};
-use crate::report::{Acked, History};
+use hongbao_load::report::{Acked, History};
 
 /// Reads the ledger's wins and opens through `server` and checks the clients' history
 /// `told` against them; a failed check is also a `history` discrepancy of the audit.

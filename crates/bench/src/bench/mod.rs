@@ -14,7 +14,8 @@
 //! - `inject`: the faults done to the server, and their heals;
 //! - `disk`: the small tmpfs for the ledger that `disk-full` fills;
 //! - `chaos`: `--chaos`, faults at random moments, and what each cost;
-//! - `server`: the bench's `hongbao serve` child; `broadcaster`: broadcasts in phases;
+//! - `server`: the bench's server, a local one or a lab; `local`: the local `hongbao serve`
+//!   child, started again after `supervisor-kill`; `broadcaster`: broadcasts in phases;
 //! - `summary`: `summary.json` as typed structs, and each phase's audit;
 //! - `ledger`: the audit's third witness, the ledger's balances user by user;
 //! - `history`: the per-operation check of what each client was told against the ledger.
@@ -25,6 +26,7 @@ mod disk;
 mod history;
 mod inject;
 mod ledger;
+mod local;
 mod options;
 pub(crate) mod server;
 pub mod summary;
@@ -40,14 +42,14 @@ use hongbao_money::seam::Balances;
 use hongbao_money::{Audit, CampaignStatus};
 use hongbao_monitor::Monitor;
 
-use crate::broadcast;
-use crate::coordinator::{Load, LoadOptions, Row};
-use crate::transport::Transport;
 use broadcaster::{wait_deliveries, Broadcaster};
+use hongbao_load::broadcast;
+use hongbao_load::client::DEFAULT_OVERLOAD_BACKOFF_SECS;
+use hongbao_load::coordinator::{Load, LoadOptions, Row};
+use hongbao_load::transport::Transport;
 pub use options::{
     BenchOptions, ChaosOptions, Fault, Preset, RedisAim, DEFAULT_BENCH_BROADCAST_YIELD_MS,
-    DEFAULT_BENCH_MAX_QUEUE_MS, DEFAULT_NOTICE_POLL_SECS, DEFAULT_OVERLOAD_BACKOFF_SECS,
-    DEFAULT_SERVER_NICE, DISK_FULL_HOLD, SECRET, WORKER_STALL,
+    DEFAULT_BENCH_MAX_QUEUE_MS, DEFAULT_SERVER_NICE, DISK_FULL_HOLD, SECRET, WORKER_STALL,
 };
 use server::{Server, ServerSample};
 pub use summary::Summary;

@@ -15,7 +15,7 @@ use super::plan::{parse_url, Layers, Stage};
 use super::probe::Watched;
 use crate::bench::server::Server;
 use crate::bench::{BenchOptions, Preset};
-use crate::transport::Transport;
+use hongbao_load::transport::Transport;
 
 pub struct Stack {
     /// Where the load connects.

@@ -7,8 +7,8 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use super::server::Server;
-use crate::broadcast::Sent;
-use crate::coordinator::Load;
+use hongbao_load::broadcast::Sent;
+use hongbao_load::coordinator::Load;
 
 /// Sends a steady phase's broadcasts on time while the bench waits for other things: the
 /// first when the phase's QPS holds, then every `every` (on an absolute schedule, so a

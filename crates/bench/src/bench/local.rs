@@ -1,0 +1,292 @@
+//! The bench's one local server: a `hongbao serve` child on ephemeral ports with its own
+//! ledger. Killed by `supervisor-kill`, it is started again on the ports it first bound,
+//! over the same ledger. `server.rs` holds it (or a lab) as the bench's server, and
+//! `inject.rs` kills and restarts it.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use super::options::{BenchOptions, SECRET};
+use hongbao_load::transport::Transport;
+
+/// How long a `hongbao serve` child has to say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The addresses a local server listens on: asked for (":0" for any port) or bound.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Addrs {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub ws: Option<SocketAddr>,
+    pub http: Option<SocketAddr>,
+}
+
+/// One local `hongbao serve`: the child running now, and how to start it again on the
+/// same addresses and ledger (`supervisor-kill`'s heal).
+pub(crate) struct Local {
+    /// `None` once the bench has stopped it for good. Held through a whole kill and
+    /// restart, so the bench's own stop waits for a restart under way.
+    child: Mutex<Option<Child>>,
+    exe: PathBuf,
+    nice: i32,
+    /// Everything but the addresses.
+    args: Vec<OsString>,
+    /// The addresses it bound the first time, asked for again by every restart.
+    pub addrs: Addrs,
+    pub data_dir: PathBuf,
+}
+
+/// What a started `hongbao serve` said in its ready line.
+struct Ready {
+    addrs: Addrs,
+    replayed_events: u64,
+}
+
+impl Local {
+    pub(super) fn start(
+        opts: &BenchOptions,
+        data_dir: &Path,
+        monitor: SocketAddr,
+    ) -> anyhow::Result<Local> {
+        let any: SocketAddr = "127.0.0.1:0".parse()?;
+        let mut args: Vec<OsString> = vec![
+            "serve".into(),
+            "--monitor".into(),
+            monitor.to_string().into(),
+        ];
+        args.extend(["--data-dir".into(), data_dir.as_os_str().to_owned()]);
+        for (flag, value) in [
+            ("--workers", opts.workers.clone()),
+            ("--connections", opts.connections.to_string()),
+            ("--max-shake-qps", opts.max_shake_qps.to_string()),
+            ("--max-queue-ms", opts.max_queue_ms.to_string()),
+            ("--broadcast-yield-ms", opts.broadcast_yield_ms.to_string()),
+            ("--secret", SECRET.to_string()),
+        ] {
+            args.extend([flag.into(), value.into()]);
+        }
+        let mut local = Local {
+            child: Mutex::new(None),
+            exe: std::env::current_exe()?,
+            nice: opts.server_nice,
+            args,
+            addrs: Addrs {
+                listen: any,
+                admin: any,
+                ws: (opts.transport == Transport::Ws).then_some(any),
+                http: (opts.transport == Transport::Http).then_some(any),
+            },
+            data_dir: data_dir.to_path_buf(),
+        };
+        let (child, ready) = local.spawn()?;
+        local.addrs = ready.addrs;
+        *local.child.get_mut().unwrap() = Some(child);
+        Ok(local)
+    }
+
+    /// Starts `hongbao serve` on `self.addrs` and waits for its ready line.
+    fn spawn(&self) -> anyhow::Result<(Child, Ready)> {
+        let mut command = Command::new(&self.exe);
+        let server_nice = self.nice;
+        // SAFETY: the closure runs in the forked child before exec and only calls
+        // setpriority(2), which is async-signal-safe.
+        unsafe {
+            command.pre_exec(move || {
+                if server_nice != 0 {
+                    libc::setpriority(libc::PRIO_PROCESS, 0, server_nice);
+                }
+                Ok(())
+            });
+        }
+        let a = &self.addrs;
+        command.args(&self.args).args([
+            "--listen",
+            &a.listen.to_string(),
+            "--admin",
+            &a.admin.to_string(),
+        ]);
+        if let Some(ws) = a.ws {
+            command.args(["--ws-listen", &ws.to_string()]);
+        }
+        if let Some(http) = a.http {
+            command.args(["--http-listen", &http.to_string()]);
+        }
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting hongbao serve")?;
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let ready = rx
+            .recv_timeout(READY_TIMEOUT)
+            .context("hongbao serve did not become ready")
+            .and_then(|line| Ready::parse(&line, a));
+        match ready {
+            Ok(ready) => Ok((child, ready)),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
+    }
+
+    /// The running child's id.
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.child.lock().unwrap().as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILLs the server (its core and ledger writer with it), waits for its workers
+    /// to go, and starts it again on the same addresses and ledger, trying until
+    /// `timeout`. Says what happened.
+    pub fn kill_and_restart(&self, timeout: Duration) -> String {
+        let mut held = self.child.lock().unwrap();
+        let Some(child) = held.as_mut() else {
+            return "no supervisor to kill: the server was stopped".to_string();
+        };
+        let pid = child.id();
+        // Its children are its workers (read here, not from `/v1/stats`, which a
+        // worker just restarted may not be in yet).
+        let worker_pids: Vec<u64> = hongbao_lab::children_of(pid)
+            .into_iter()
+            .map(u64::from)
+            .filter(|&w| running(w))
+            .collect();
+        let t = Instant::now();
+        let _ = child.kill();
+        let _ = child.wait();
+        *held = None;
+        // Each worker ends when its link to the supervisor closes; one still up would
+        // hold the listeners (and take connections) beside the new server's workers.
+        let outlived = wait_gone(&worker_pids, Duration::from_secs(10));
+        for &w in &outlived {
+            // SAFETY: a signal to a worker of our own server, by its id.
+            unsafe { libc::kill(w as i32, libc::SIGKILL) };
+        }
+        let workers = match outlived.len() {
+            0 => format!("its {} workers exited", worker_pids.len()),
+            n => format!(
+                "{n} of its {} workers outlived it by 10 s and were SIGKILLed",
+                worker_pids.len()
+            ),
+        };
+        let killed = format!(
+            "killed the supervisor {pid} (SIGKILL; the core and its ledger writer are in its process); {workers}"
+        );
+        let mut last_error = None;
+        while t.elapsed() < timeout {
+            match self.spawn() {
+                Ok((child, ready)) if ready.addrs == self.addrs => {
+                    *held = Some(child);
+                    return format!(
+                        "{killed}; up again on the same addresses after {:.1} s, {} events replayed from the ledger",
+                        t.elapsed().as_secs_f64(),
+                        ready.replayed_events
+                    );
+                }
+                Ok((mut child, ready)) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    last_error = Some(format!("it bound {:?}, not {:?}", ready.addrs, self.addrs));
+                }
+                // An address not free yet: try again in a moment.
+                Err(e) => last_error = Some(format!("{e:#}")),
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        format!(
+            "{killed}; not up again in {timeout:?}: {}",
+            last_error.unwrap_or_default()
+        )
+    }
+
+    /// Kills the server, if running, and keeps it from being started again.
+    pub(super) fn kill_for_good(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    /// Asks the server to stop (SIGINT) and waits for it, for good.
+    pub(super) fn stop(&self) -> anyhow::Result<()> {
+        let Some(mut child) = self.child.lock().unwrap().take() else {
+            return Ok(());
+        };
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGINT);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("hongbao serve did not stop within 30 s")
+    }
+}
+
+impl Ready {
+    /// `hongbao serve ready: listen=… admin=… [ws=…] [http=…] … replayed_events=N`, with
+    /// the listeners `asked` for.
+    fn parse(line: &str, asked: &Addrs) -> anyhow::Result<Ready> {
+        let field = |name: &str| -> anyhow::Result<&str> {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+                .with_context(|| format!("no {name}= in {line:?}"))
+        };
+        let addr = |name: &str| -> anyhow::Result<SocketAddr> { Ok(field(name)?.parse()?) };
+        Ok(Ready {
+            addrs: Addrs {
+                listen: addr("listen")?,
+                admin: addr("admin")?,
+                ws: asked.ws.map(|_| addr("ws")).transpose()?,
+                http: asked.http.map(|_| addr("http")).transpose()?,
+            },
+            replayed_events: field("replayed_events")?.parse()?,
+        })
+    }
+}
+
+/// Waits until every process of `pids` is gone (or a zombie: it holds nothing) or
+/// `timeout` passes; returns those still running.
+fn wait_gone(pids: &[u64], timeout: Duration) -> Vec<u64> {
+    let t = Instant::now();
+    loop {
+        let running: Vec<u64> = pids.iter().copied().filter(|&p| running(p)).collect();
+        if running.is_empty() || t.elapsed() >= timeout {
+            return running;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether process `pid` is alive and not a zombie (`/proc/PID/stat`'s state).
+fn running(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
