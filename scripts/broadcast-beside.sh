@@ -68,8 +68,7 @@ floor|floor-none)
   ;;
 hongbao|hongbao-none|hongbao-fb)
   [ "$mode" = hongbao-fb ] && floor_broadcast_start
-  spid=$(bench_serve "$work/log" "$bin" serve --data-dir "$work/data" \
-    ${YIELD:+--broadcast-yield-ms "$YIELD"})
+  spid=$(bench_serve "$work/log" "$bin" serve --data-dir "$work/data")
   pids+=($spid)
   case $mode in
     hongbao-fb) every_5s_from_load_start kill -USR1 "${pids[0]}" "${pids[1]}" ;;

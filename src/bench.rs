@@ -95,10 +95,22 @@ pub struct BenchArgs {
     /// partition-redis, partition-postgres]
     #[arg(long, value_name = "LIST")]
     chaos_faults: Option<String>,
+    /// Print the `hongbao serve` flags of the bench's server settings (workers,
+    /// connections, limits), one a line, and run nothing: how the sitting scripts start a
+    /// server as the bench would (scripts/lib.sh)
+    #[arg(long)]
+    print_serve_args: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    let print_serve_args = args.print_serve_args;
     let opts = bench_options(args)?;
+    if print_serve_args {
+        for arg in opts.serve_settings().to_args() {
+            println!("{arg}");
+        }
+        return Ok(());
+    }
     if opts.netns {
         // Before the bench starts any thread: only the calling thread moves.
         for line in hongbao_sys::doctor::enter_network_namespace(opts.connections)? {

@@ -61,9 +61,11 @@ fn up(args: LabUpArgs) -> Result<()> {
         loads: args.loads,
         nginx: !args.no_nginx,
         hongbao: std::env::current_exe()?,
-        gateway_workers: args.workers,
-        secret: args.secret,
-        serve_args: Vec::new(),
+        serve: hongbao_server::config::ServeFlags {
+            workers: Some(args.workers),
+            secret: Some(args.secret),
+            ..Default::default()
+        },
         postgres_disk: None,
     })?;
     println!("hongbao lab {} up: dir={}", args.lab, args.dir.display());

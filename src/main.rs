@@ -52,6 +52,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server: supervisor + core + ledger + admin API, and gateway worker processes.
+    /// A flag given twice takes its last value (a command line rendered by the bench or
+    /// the scripts, with a setting of its own after it).
+    #[command(args_override_self = true)]
     Serve(ServeArgs),
     /// One gateway worker process (started by `serve`, not by hand).
     #[command(hide = true)]

@@ -41,9 +41,12 @@ fn lab(dir: &std::path::Path, gateways: usize) -> Lab {
         hongbao: env!("CARGO_BIN_EXE_hongbao").into(),
         // One worker per gateway: a handful of test clients then reach every pool (with
         // two, a worker the kernel gave no client would hold its packets forever).
-        gateway_workers: "1".into(),
-        secret: SECRET.into(),
-        serve_args: vec!["--packet-ttl-secs".into(), "600".into()],
+        serve: hongbao_server::config::ServeFlags {
+            workers: Some("1".into()),
+            secret: Some(SECRET.into()),
+            packet_ttl_secs: Some(600),
+            ..Default::default()
+        },
         postgres_disk: None,
     })
     .expect("the lab comes up")

@@ -22,7 +22,7 @@
 
 pub mod disk;
 mod faults;
-pub mod netns;
+pub use hongbao_sys::netns;
 pub mod postgres;
 pub mod proc;
 pub mod redis;
@@ -36,6 +36,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use hongbao_server::config::ServeFlags;
 use serde::{Deserialize, Serialize};
 
 pub use faults::Cut;
@@ -79,11 +80,9 @@ pub struct LabPlan {
     pub nginx: bool,
     /// The `hongbao` binary the gateways run.
     pub hongbao: PathBuf,
-    /// `--workers` of each gateway.
-    pub gateway_workers: String,
-    pub secret: String,
-    /// More `hongbao serve` arguments for every gateway.
-    pub serve_args: Vec<String>,
+    /// The `hongbao serve` settings of every gateway (its workers, secret, limits); the
+    /// lab adds each one's addresses, data directory, engines and name.
+    pub serve: ServeFlags,
     /// PostgreSQL's data on a tmpfs of this many bytes, for `postgres-disk-full` to fill
     /// (root; its WAL kept small to fit); `None`: on the disk under the system's
     /// temporary directory.
@@ -243,21 +242,19 @@ impl Lab {
         let plan = &self.plan;
         let gw = &self.gateways[i];
         let data = plan.dir.join(format!("{}-data", gw.host.name));
+        let flags = ServeFlags {
+            listen: Some(gw.tcp().to_string()),
+            admin: Some(gw.admin().to_string()),
+            ws_listen: Some(gw.ws().to_string()),
+            http_listen: Some(gw.http().to_string()),
+            data_dir: Some(data),
+            redis: Some(redis_urls),
+            postgres: Some(postgres_url),
+            host_name: Some(gw.host.name.clone()),
+            ..plan.serve.clone()
+        };
         let mut command = gw.host.command(&plan.hongbao);
-        command
-            .arg("serve")
-            .args(["--listen", &gw.tcp().to_string()])
-            .args(["--admin", &gw.admin().to_string()])
-            .args(["--ws-listen", &gw.ws().to_string()])
-            .args(["--http-listen", &gw.http().to_string()])
-            .args(["--workers", &plan.gateway_workers])
-            .args(["--secret", &plan.secret])
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--redis", &redis_urls])
-            .args(["--postgres", &postgres_url])
-            .args(["--host-name", &gw.host.name])
-            .args(&plan.serve_args);
+        command.arg("serve").args(flags.to_args());
         let log = plan.dir.join(format!("{}.log", gw.host.name));
         let (mut proc, stdout) =
             Proc::spawn_piped(&format!("gateway {}", gw.host.name), command, &log)?;

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::netns::Host;
 use crate::proc::Proc;
+use hongbao_sys::netns::Host;
 
 pub const PORT: u16 = 5432;
 

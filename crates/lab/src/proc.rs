@@ -26,13 +26,7 @@ pub struct Proc {
     start_ticks: u64,
 }
 
-/// Field 22 of /proc/PID/stat: when the process started.
-pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After "pid (comm) ": the comm may contain spaces and parentheses.
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
+pub use hongbao_sys::usage::start_ticks;
 
 impl Proc {
     /// Starts `command` with its stdout and stderr appended to `log`.

@@ -1,10 +1,119 @@
 //! `hongbao serve` settings: defaults, then the TOML file, then command-line flags.
+//!
+//! Each option has one spelling: a field of `ServeConfig`, the same name in the TOML
+//! file, and `--the-same-name` as a flag (`ServeFlags`). The flags are laid over the
+//! file as one more TOML table (`ServeConfig::load`), and rendered back into a command
+//! line by one function (`ServeFlags::to_args`), which the bench, the lab and the
+//! scripts (through `hongbao bench --print-serve-args`) start `serve` with.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+
+/// The flags of `hongbao serve`: each a field of `ServeConfig` under the same name, given
+/// when set. Flags win over the config file, which wins over the defaults.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize)]
+pub struct ServeFlags {
+    /// Client address (TCP, binary frames) [default: 127.0.0.1:7000]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// Admin HTTP address [default: 127.0.0.1:7001]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin: Option<String>,
+    /// WebSocket address (same protocol; JSON in text messages; the browser page at /) [default: none]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ws_listen: Option<String>,
+    /// HTTP API address (docs/http-api.md; also upgrades WebSockets) [default: none]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_listen: Option<String>,
+    /// Directory of the ledger [default: hongbao-data]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// Gateway worker processes: N or auto [default: auto]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<String>,
+    /// Connections to size `--workers auto` for [default: 20000]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
+    /// Shakes per second the server admits before answering "overloaded"
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_shake_qps: Option<u32>,
+    /// Time-to-live of sent packets, seconds
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub packet_ttl_secs: Option<u64>,
+    /// Secret for login tokens (HMAC-SHA256(secret, user id))
+    #[arg(long, env = "HONGBAO_SECRET")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// Report per-second counters to the hongbao monitor at this address
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub monitor: Option<String>,
+    /// Answer "overloaded" to a shake that waited in the kernel longer than this (a share, all past twice it); 0 never [default: 0]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_queue_ms: Option<u32>,
+    /// Order of reading ready connections: adaptive (newest first while a queue stands, every eighth read the oldest past 1 s) or fifo [default: adaptive]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready_order: Option<ReadyOrder>,
+    /// Pace a broadcast while shakes wait in the kernel longer than this; 0 never [default: 0]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broadcast_yield_ms: Option<u32>,
+    /// Cluster mode: Redis Cluster nodes, redis://HOST:PORT[,…] (docs/scale-out.md)
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis: Option<String>,
+    /// Cluster mode: the PostgreSQL ledger, postgres://USER@HOST:PORT/DB
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<String>,
+    /// Cluster mode: this host's name, unique among the gateways
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_name: Option<String>,
+    /// TOML file giving any of the options above (and the rest: see docs/admin-api.md)
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+}
+
+impl ServeFlags {
+    /// The flags as a `hongbao serve` command line (after `serve`), in name order.
+    pub fn to_args(&self) -> Vec<String> {
+        let table = self.table().expect("every flag is a TOML string or number");
+        let mut args = Vec::with_capacity(2 * table.len() + 2);
+        for (name, value) in table {
+            args.push(format!("--{}", name.replace('_', "-")));
+            args.push(match value {
+                toml::Value::String(s) => s,
+                other => other.to_string(),
+            });
+        }
+        if let Some(file) = &self.config {
+            args.push("--config".into());
+            args.push(file.display().to_string());
+        }
+        args
+    }
+
+    /// The flags given, as a TOML table of `ServeConfig` fields.
+    fn table(&self) -> Result<toml::Table> {
+        toml::Table::try_from(self).map_err(|e| Error::config(format!("flags: {e}")))
+    }
+}
 
 /// Every option of `hongbao serve`; each can be given in the TOML file under the same name.
 #[derive(Debug, Clone, Deserialize)]
@@ -147,14 +256,33 @@ impl Default for ServeConfig {
 }
 
 impl ServeConfig {
-    /// Defaults overlaid with `file` when given.
-    pub fn load(file: Option<&Path>) -> Result<ServeConfig> {
-        let Some(file) = file else {
-            return Ok(ServeConfig::default());
+    /// The defaults, overlaid with the flags' `--config` file when given, then with the
+    /// flags: one TOML table laid over another, read as one.
+    pub fn load(flags: &ServeFlags) -> Result<ServeConfig> {
+        let mut table = match &flags.config {
+            Some(file) => {
+                let text = std::fs::read_to_string(file)
+                    .map_err(|e| Error::config(format!("reading {}: {e}", file.display())))?;
+                toml::from_str::<toml::Table>(&text)
+                    .map_err(|e| Error::config(format!("{}: {e}", file.display())))?
+            }
+            None => toml::Table::new(),
         };
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| Error::config(format!("reading {}: {e}", file.display())))?;
-        toml::from_str(&text).map_err(|e| Error::config(format!("{}: {e}", file.display())))
+        table.extend(flags.table()?);
+        let what = flags.config.as_ref().map_or("flags".to_string(), |f| {
+            format!("{} and flags", f.display())
+        });
+        table
+            .try_into()
+            .map_err(|e| Error::config(format!("{what}: {e}")))
+    }
+
+    /// The defaults overlaid with TOML file `file`.
+    pub fn from_file(file: &Path) -> Result<ServeConfig> {
+        ServeConfig::load(&ServeFlags {
+            config: Some(file.to_path_buf()),
+            ..Default::default()
+        })
     }
 
     /// Cluster mode is on when both engines are named; one alone is a mistake.
@@ -214,17 +342,66 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hongbao.toml");
         std::fs::write(&path, "workers = \"4\"\nmax_shake_qps = 500\n").unwrap();
-        let cfg = ServeConfig::load(Some(&path)).unwrap();
+        let cfg = ServeConfig::from_file(&path).unwrap();
         assert_eq!((cfg.workers.as_str(), cfg.max_shake_qps), ("4", 500));
         std::fs::write(&path, "ready_order = \"fifo\"\n").unwrap();
-        let cfg = ServeConfig::load(Some(&path)).unwrap();
+        let cfg = ServeConfig::from_file(&path).unwrap();
         assert_eq!(cfg.ready_order, ReadyOrder::Fifo);
         assert_eq!(ServeConfig::default().ready_order, ReadyOrder::Adaptive);
         std::fs::write(&path, "ready_order = \"lifo\"\n").unwrap();
-        assert!(ServeConfig::load(Some(&path)).is_err());
+        assert!(ServeConfig::from_file(&path).is_err());
         assert_eq!("fifo".parse(), Ok(ReadyOrder::Fifo));
         assert!("lifo".parse::<ReadyOrder>().is_err());
         std::fs::write(&path, "wrokers = 4\n").unwrap();
-        assert!(ServeConfig::load(Some(&path)).is_err());
+        assert!(ServeConfig::from_file(&path).is_err());
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_render_back_as_they_parse() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            flags: ServeFlags,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hongbao.toml");
+        std::fs::write(
+            &path,
+            "workers = \"4\"\nmax_shake_qps = 500\nidle_timeout_secs = 9\n",
+        )
+        .unwrap();
+        let args = [
+            "serve",
+            "--config",
+            path.to_str().unwrap(),
+            "--max-shake-qps",
+            "700",
+            "--ready-order",
+            "fifo",
+            "--data-dir",
+            "/tmp/x y",
+            "--connections",
+            "30000",
+        ];
+        let flags = Cli::parse_from(args).flags;
+        let cfg = ServeConfig::load(&flags).unwrap();
+        assert_eq!(cfg.workers, "4", "from the file");
+        assert_eq!(cfg.idle_timeout_secs, 9, "a file-only option");
+        assert_eq!(cfg.max_shake_qps, 700, "the flag wins");
+        assert_eq!(cfg.ready_order, ReadyOrder::Fifo);
+        assert_eq!(cfg.data_dir, PathBuf::from("/tmp/x y"));
+        assert_eq!(cfg.connections, 30_000);
+        assert_eq!(cfg.listen, ServeConfig::default().listen, "a default");
+        // Rendered and parsed again: the same flags.
+        let rendered = flags.to_args();
+        let again =
+            Cli::parse_from(std::iter::once("serve".to_string()).chain(rendered.clone())).flags;
+        assert_eq!(again, flags, "{rendered:?}");
+        assert!(rendered.windows(2).any(|w| w == ["--max-shake-qps", "700"]));
+        // Nothing given: the defaults.
+        let none = ServeConfig::load(&ServeFlags::default()).unwrap();
+        assert_eq!(none.listen, ServeConfig::default().listen);
+        assert!(ServeFlags::default().to_args().is_empty());
     }
 }

@@ -4,6 +4,8 @@
 //! - `limits`: the open-file limit and how many sockets a process may plan for;
 //! - `net`: SO_REUSEPORT listeners, receive timestamps, non-blocking writes, abstract
 //!   Unix addresses, loopback in a new namespace;
+//! - `netns`: test hosts as network namespaces on a bridge (the lab's, and where the
+//!   load runs its clients in one);
 //! - `usage`: memory and CPU of a process, from /proc;
 //! - `stop`: the stop value every loop is handed;
 //! - `doctor`: the machine's limits for N connections, and `--netns`.
@@ -11,6 +13,7 @@
 pub mod doctor;
 pub mod limits;
 pub mod net;
+pub mod netns;
 pub mod stop;
 pub mod usage;
 

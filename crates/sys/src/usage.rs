@@ -1,6 +1,15 @@
 //! A process's resident memory and CPU time, read from /proc: what every instance reports
 //! each second and what the bench holds per connection.
 
+/// Field 22 of /proc/PID/stat: when the process started (clock ticks after boot), which
+/// with its id names one process: an id reused later has another start.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After "pid (comm) ": the comm may contain spaces and parentheses.
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// This process's resident memory (bytes) and CPU time used (ms).
 pub fn self_usage() -> (u64, u64) {
     usage_of("self")

@@ -3,7 +3,6 @@
 //! over the same ledger. `server.rs` holds it (or a lab) as the bench's server, and
 //! `inject.rs` kills and restarts it.
 
-use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
@@ -16,6 +15,7 @@ use anyhow::{bail, Context};
 
 use super::options::{BenchOptions, SECRET};
 use hongbao_load::transport::Transport;
+use hongbao_server::config::ServeFlags;
 
 /// How long a `hongbao serve` child has to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -37,8 +37,8 @@ pub(crate) struct Local {
     child: Mutex<Option<Child>>,
     exe: PathBuf,
     nice: i32,
-    /// Everything but the addresses.
-    args: Vec<OsString>,
+    /// Its flags but the addresses.
+    flags: ServeFlags,
     /// The addresses it bound the first time, asked for again by every restart.
     pub addrs: Addrs,
     pub data_dir: PathBuf,
@@ -57,27 +57,17 @@ impl Local {
         monitor: SocketAddr,
     ) -> anyhow::Result<Local> {
         let any: SocketAddr = "127.0.0.1:0".parse()?;
-        let mut args: Vec<OsString> = vec![
-            "serve".into(),
-            "--monitor".into(),
-            monitor.to_string().into(),
-        ];
-        args.extend(["--data-dir".into(), data_dir.as_os_str().to_owned()]);
-        for (flag, value) in [
-            ("--workers", opts.workers.clone()),
-            ("--connections", opts.connections.to_string()),
-            ("--max-shake-qps", opts.max_shake_qps.to_string()),
-            ("--max-queue-ms", opts.max_queue_ms.to_string()),
-            ("--broadcast-yield-ms", opts.broadcast_yield_ms.to_string()),
-            ("--secret", SECRET.to_string()),
-        ] {
-            args.extend([flag.into(), value.into()]);
-        }
+        let flags = ServeFlags {
+            monitor: Some(monitor.to_string()),
+            data_dir: Some(data_dir.to_path_buf()),
+            secret: Some(SECRET.into()),
+            ..opts.serve_settings()
+        };
         let mut local = Local {
             child: Mutex::new(None),
             exe: std::env::current_exe()?,
             nice: opts.server_nice,
-            args,
+            flags,
             addrs: Addrs {
                 listen: any,
                 admin: any,
@@ -107,18 +97,14 @@ impl Local {
             });
         }
         let a = &self.addrs;
-        command.args(&self.args).args([
-            "--listen",
-            &a.listen.to_string(),
-            "--admin",
-            &a.admin.to_string(),
-        ]);
-        if let Some(ws) = a.ws {
-            command.args(["--ws-listen", &ws.to_string()]);
-        }
-        if let Some(http) = a.http {
-            command.args(["--http-listen", &http.to_string()]);
-        }
+        let flags = ServeFlags {
+            listen: Some(a.listen.to_string()),
+            admin: Some(a.admin.to_string()),
+            ws_listen: a.ws.map(|ws| ws.to_string()),
+            http_listen: a.http.map(|http| http.to_string()),
+            ..self.flags.clone()
+        };
+        command.arg("serve").args(flags.to_args());
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use hongbao_load::client::DEFAULT_NOTICE_POLL_SECS;
 use hongbao_load::transport::{HttpConnection, Transport};
+use hongbao_server::config::ServeFlags;
 
 pub const SECRET: &str = "hongbao-bench-secret";
 
@@ -256,6 +257,20 @@ impl Fault {
 }
 
 impl BenchOptions {
+    /// The settings of the bench's server as `serve` flags — of its local server and of
+    /// every gateway of its lab, and what `hongbao bench --print-serve-args` prints for
+    /// the sitting scripts' servers. Not the addresses, ledger or secret of one run.
+    pub fn serve_settings(&self) -> ServeFlags {
+        ServeFlags {
+            workers: Some(self.workers.clone()),
+            connections: Some(self.connections),
+            max_shake_qps: Some(self.max_shake_qps),
+            max_queue_ms: Some(self.max_queue_ms),
+            broadcast_yield_ms: Some(self.broadcast_yield_ms),
+            ..Default::default()
+        }
+    }
+
     /// Every fault the run may do: `--fault`'s and the chaos list's.
     pub fn faults(&self) -> impl Iterator<Item = Fault> + '_ {
         self.fault

@@ -15,6 +15,7 @@ use serde_json::Value;
 use super::inject::Injector;
 use super::local::Local;
 use super::options::{BenchOptions, Fault, SECRET};
+use hongbao_server::config::ServeFlags;
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
 /// lab of N gateways in cluster mode behind nginx (taken down when dropped).
@@ -96,16 +97,6 @@ impl Server {
         let number = hongbao_lab::free_lab_number(std::process::id());
         let monitor_there =
             SocketAddr::from((hongbao_lab::netns::bridge_addr(number), monitor.port()));
-        let serve_args = vec![
-            "--max-shake-qps".to_string(),
-            opts.max_shake_qps.to_string(),
-            "--max-queue-ms".to_string(),
-            opts.max_queue_ms.to_string(),
-            "--broadcast-yield-ms".to_string(),
-            opts.broadcast_yield_ms.to_string(),
-            "--monitor".to_string(),
-            monitor_there.to_string(),
-        ];
         let lab = hongbao_lab::Lab::up(hongbao_lab::LabPlan {
             lab: number,
             dir: std::path::absolute(opts.out.join("lab"))?,
@@ -116,9 +107,11 @@ impl Server {
             },
             nginx: true,
             hongbao: std::env::current_exe()?,
-            gateway_workers: opts.workers.clone(),
-            secret: SECRET.into(),
-            serve_args,
+            serve: ServeFlags {
+                secret: Some(SECRET.into()),
+                monitor: Some(monitor_there.to_string()),
+                ..opts.serve_settings()
+            },
             postgres_disk: opts
                 .faults()
                 .any(Fault::needs_postgres_disk)

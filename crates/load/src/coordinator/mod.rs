@@ -64,7 +64,7 @@ pub struct LoadOptions {
     pub notice_poll_secs: u32,
     /// Lab hosts to run the client processes on (process `p` on host `p mod n`, entered
     /// between fork and exec); none: this machine's own namespace.
-    pub hosts: Vec<hongbao_lab::Host>,
+    pub hosts: Vec<hongbao_sys::netns::Host>,
     /// See `ClientOptions::request`.
     pub request: Option<crate::transport::RequestTemplate>,
 }

@@ -149,12 +149,12 @@ pub fn stop_inside(netns: &[String], grace: std::time::Duration) {
             .split_whitespace()
             .filter_map(|p| p.parse::<u32>().ok())
         {
-            if let Some(ticks) = crate::proc::start_ticks(pid) {
+            if let Some(ticks) = crate::usage::start_ticks(pid) {
                 left.push((pid, ticks));
             }
         }
     }
-    let ours = |&(pid, ticks): &(u32, u64)| crate::proc::start_ticks(pid) == Some(ticks);
+    let ours = |&(pid, ticks): &(u32, u64)| crate::usage::start_ticks(pid) == Some(ticks);
     let signal = |left: &[(u32, u64)], sig: i32| {
         for &(pid, _) in left {
             // SAFETY: kill(2) on ids read a moment ago inside the lab's namespaces.
