@@ -1,6 +1,8 @@
 //! What hongbao asks of the operating system and the machine, in one place below
 //! everything else:
 //!
+//! - `clock`: time as typed values — time since a process's start, Unix time — and the
+//!   helpers that read the wall clock, once;
 //! - `limits`: the open-file limit and how many sockets a process may plan for;
 //! - `net`: SO_REUSEPORT listeners, receive timestamps, non-blocking writes, abstract
 //!   Unix addresses, loopback in a new namespace;
@@ -10,6 +12,7 @@
 //! - `stop`: the stop value every loop is handed;
 //! - `doctor`: the machine's limits for N connections, and `--netns`.
 
+pub mod clock;
 pub mod doctor;
 pub mod limits;
 pub mod net;

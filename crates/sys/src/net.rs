@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::clock::UnixTime;
+
 /// A Linux abstract-namespace Unix address (no file to clean up, no path length worry).
 pub fn abstract_addr(name: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {
     std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
@@ -62,7 +64,7 @@ fn set_int_option(socket: &impl AsRawFd, level: i32, name: i32, value: i32) -> s
 /// Reads like `read(2)`, and also returns when the kernel received the newest of the
 /// bytes read (SO_TIMESTAMPNS; the wall clock, as time since the Unix epoch) when the
 /// socket has receive timestamps on.
-pub fn read_stamped(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<Duration>)> {
+pub fn read_stamped(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<UnixTime>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
@@ -86,7 +88,10 @@ pub fn read_stamped(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_TIMESTAMPNS
             {
                 let ts = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::timespec);
-                stamp = Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32));
+                stamp = Some(UnixTime::from_duration(Duration::new(
+                    ts.tv_sec as u64,
+                    ts.tv_nsec as u32,
+                )));
             }
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
@@ -150,7 +155,6 @@ pub fn bring_loopback_up() -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{SystemTime, UNIX_EPOCH};
 
     /// Connections accepted from a listener with timestamps on carry them: a read tells how
     /// long its bytes waited, which is what shedding late shakes relies on.
@@ -167,9 +171,9 @@ mod tests {
         assert!(has_input(server.as_raw_fd()));
         let (n, stamp) = read_stamped(server.as_raw_fd(), &mut buf).unwrap();
         assert!(!has_input(server.as_raw_fd()));
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let now = UnixTime::now();
         assert_eq!(&buf[..n], b"hello");
-        let waited = now - stamp.expect("a receive timestamp");
+        let waited = now.since(stamp.expect("a receive timestamp"));
         assert!(
             waited >= Duration::from_millis(55) && waited < Duration::from_secs(5),
             "{waited:?}"

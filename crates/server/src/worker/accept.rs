@@ -3,26 +3,114 @@
 //! logged in, in all and per source address, so that sockets that never log in cannot
 //! fill the worker.
 
+use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::net::IpAddr;
 
 use hongbao_sys::net;
+use mio::net::TcpListener;
 use mio::{Interest, Token};
 
 use super::codec::Codec;
-use super::conn::Conn;
+use super::conn::{conn_id, Conn};
 use super::http::HttpCodec;
 use super::Worker;
+
+/// A listening socket and what its connections speak first.
+pub(super) struct Listener {
+    pub socket: TcpListener,
+    /// Binary frames, or HTTP (then perhaps WebSocket).
+    http: bool,
+    /// Connections whose handshake finished before the listener had receive timestamps
+    /// on (a client may connect between our listen() and the supervisor's Welcome) did
+    /// not inherit them: turn them on one by one until the first drain of the accept
+    /// queue.
+    stamp_backlog: bool,
+}
+
+impl Listener {
+    pub(super) fn new(socket: TcpListener, http: bool) -> Listener {
+        Listener {
+            socket,
+            http,
+            stamp_backlog: false,
+        }
+    }
+
+    /// Turns receive timestamps on, for this listener's connections to come and, one by
+    /// one, for those already in its backlog.
+    pub(super) fn stamp(&mut self) -> std::io::Result<()> {
+        net::enable_receive_timestamps(&self.socket)?;
+        self.stamp_backlog = true;
+        Ok(())
+    }
+}
+
+/// The worker's listeners, and the connections not yet logged in that it holds.
+pub(super) struct Listeners {
+    sockets: Vec<Listener>,
+    /// Accepting failed (out of files): nothing is accepted until the next tick.
+    paused: bool,
+    /// Connections not yet logged in (binary frames, upgraded WebSockets), by slab key,
+    /// with their source address; and how many each source has.
+    unauthenticated: HashMap<usize, IpAddr>,
+    per_source: HashMap<IpAddr, u32>,
+}
+
+impl Listeners {
+    pub(super) fn new(sockets: Vec<Listener>) -> Listeners {
+        Listeners {
+            sockets,
+            paused: false,
+            unauthenticated: HashMap::new(),
+            per_source: HashMap::new(),
+        }
+    }
+
+    pub(super) fn count(&self) -> usize {
+        self.sockets.len()
+    }
+
+    /// Accepting resumes (the tick after a pause): whether it had been paused.
+    pub(super) fn resume(&mut self) -> bool {
+        std::mem::take(&mut self.paused)
+    }
+
+    /// Whether one more connection not yet logged in, from `source`, is within limits of
+    /// `most` in all and `most_per_source` from one source.
+    fn may_hold(&self, source: IpAddr, most: u32, most_per_source: u32) -> bool {
+        self.unauthenticated.len() < most as usize
+            && self.per_source.get(&source).copied().unwrap_or(0) < most_per_source
+    }
+
+    fn hold(&mut self, key: usize, source: IpAddr) {
+        if self.unauthenticated.insert(key, source).is_none() {
+            *self.per_source.entry(source).or_default() += 1;
+        }
+    }
+
+    fn release(&mut self, key: usize) {
+        let Some(source) = self.unauthenticated.remove(&key) else {
+            return;
+        };
+        if let Some(n) = self.per_source.get_mut(&source) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_source.remove(&source);
+            }
+        }
+    }
+}
 
 impl Worker {
     /// Takes in what listener `i` holds, until it would block (nothing while accepts are
     /// paused after a failure).
     pub(super) fn accept(&mut self, i: usize) {
-        if self.accept_paused {
+        if self.listeners.paused {
             return;
         }
         loop {
-            let listener = &mut self.listeners[i];
+            let listener = &mut self.listeners.sockets[i];
             match listener.socket.accept() {
                 Ok((mut stream, peer)) => {
                     self.stats.counters.accepted += 1;
@@ -30,17 +118,17 @@ impl Worker {
                         self.stats.counters.rejected += 1;
                         continue; // dropped: closes at once
                     }
-                    let http = self.listeners[i].http;
+                    let http = self.listeners.sockets[i].http;
                     if !http && !self.may_hold_unauthenticated(peer.ip()) {
                         self.stats.counters.rejected_unauthenticated += 1;
                         continue; // dropped: closes at once
                     }
-                    let listener = &mut self.listeners[i];
+                    let listener = &mut self.listeners.sockets[i];
                     let _ = stream.set_nodelay(true);
                     if listener.stamp_backlog {
                         let _ = net::enable_receive_timestamps(&stream);
                     }
-                    let now = self.started.elapsed().as_secs() as u32;
+                    let now = self.time.polled.secs();
                     let codec = if listener.http {
                         Codec::Http(Box::new(HttpCodec::new(now)))
                     } else {
@@ -60,7 +148,8 @@ impl Worker {
                     self.next_generation = self.next_generation.wrapping_add(1).max(1);
                     let key = entry.key();
                     entry.insert(Conn::new(stream, generation, now, codec));
-                    self.watched.insert(key);
+                    let first = self.first_visit(http, now);
+                    self.timers.file(first, conn_id(key, generation));
                     if !http {
                         self.hold_unauthenticated(key, peer.ip());
                     }
@@ -74,14 +163,18 @@ impl Worker {
                 Err(e) => {
                     // Out of files (or similar): stop accepting until the next tick rather
                     // than spin; the backlog waits in the kernel.
-                    eprintln!(
-                        "worker {}: accept: {e}; pausing accepts for a second",
-                        self.index
-                    );
-                    self.accept_paused = true;
+                    tracing::warn!(error = %e, "accept failed; pausing accepts for a second");
+                    self.listeners.paused = true;
                     return;
                 }
             }
+        }
+    }
+
+    /// Accepts what every listener holds (after a pause).
+    pub(super) fn accept_all(&mut self) {
+        for i in 0..self.listeners.count() {
+            self.accept(i);
         }
     }
 
@@ -89,38 +182,30 @@ impl Worker {
 
     /// Whether one more connection not yet logged in, from `source`, is within limits.
     fn may_hold_unauthenticated(&self, source: IpAddr) -> bool {
-        self.unauthenticated.len() < self.cfg.max_unauthenticated as usize
-            && self.per_source.get(&source).copied().unwrap_or(0)
-                < self.cfg.max_unauthenticated_per_source
+        self.listeners.may_hold(
+            source,
+            self.cfg.max_unauthenticated,
+            self.cfg.max_unauthenticated_per_source,
+        )
     }
 
     /// Whether HTTP connection `key` may upgrade to a WebSocket not yet logged in (its
     /// source address is looked up only when some source holds any).
     pub(super) fn may_upgrade(&self, key: usize) -> bool {
-        if self.unauthenticated.len() >= self.cfg.max_unauthenticated as usize {
+        if self.listeners.unauthenticated.len() >= self.cfg.max_unauthenticated as usize {
             return false;
         }
-        self.per_source.is_empty()
+        self.listeners.per_source.is_empty()
             || (self.conns[key].stream.peer_addr())
                 .is_ok_and(|peer| self.may_hold_unauthenticated(peer.ip()))
     }
 
     pub(super) fn hold_unauthenticated(&mut self, key: usize, source: IpAddr) {
-        if self.unauthenticated.insert(key, source).is_none() {
-            *self.per_source.entry(source).or_default() += 1;
-        }
+        self.listeners.hold(key, source);
     }
 
     /// `key` logged in or closed: no longer counted as not logged in.
     pub(super) fn authenticated(&mut self, key: usize) {
-        let Some(source) = self.unauthenticated.remove(&key) else {
-            return;
-        };
-        if let Some(n) = self.per_source.get_mut(&source) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_source.remove(&source);
-            }
-        }
+        self.listeners.release(key);
     }
 }

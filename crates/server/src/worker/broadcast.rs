@@ -5,10 +5,13 @@
 //! they need, here and in every other process on the machine; but never so slowly that a
 //! broadcast is not written out within `BROADCAST_DEADLINE` of reaching the worker.
 
-use std::time::{Duration, Instant};
+use std::collections::VecDeque;
+use std::time::Duration;
 
 use hongbao_money::Push;
 use hongbao_proto::Frame;
+use hongbao_sys::clock::Uptime;
+use hongbao_sys::usage::CpuWait;
 
 use super::codec::{self, Form};
 use super::conn::State;
@@ -63,8 +66,8 @@ pub(super) struct Pacer {
     /// Writes per second the queued broadcasts' deadlines need now.
     floor: f64,
     tokens: f64,
-    refilled: Instant,
-    window_start: Instant,
+    refilled: Uptime,
+    window_start: Uptime,
     /// The longest a shake read in this window waited in the kernel.
     window_worst: Duration,
     /// Shakes read in this window.
@@ -74,7 +77,7 @@ pub(super) struct Pacer {
 }
 
 impl Pacer {
-    pub(super) fn new(now: Instant) -> Pacer {
+    pub(super) fn new(now: Uptime) -> Pacer {
         Pacer {
             rate: PACE_MAX,
             floor: 0.0,
@@ -98,11 +101,11 @@ impl Pacer {
     /// the worker's wait for a CPU so far, once per window.
     pub(super) fn judge(
         &mut self,
-        now: Instant,
+        now: Uptime,
         yield_after: Duration,
         cpu_wait: impl FnOnce() -> Option<Duration>,
     ) {
-        let window = now.duration_since(self.window_start);
+        let window = now.since(self.window_start);
         if window < PACE_WINDOW {
             return;
         }
@@ -130,7 +133,7 @@ impl Pacer {
     }
 
     /// A broadcast starts with none under way.
-    pub(super) fn start(&mut self, now: Instant) {
+    pub(super) fn start(&mut self, now: Uptime) {
         self.rate = self.rate.min(PACE_START);
         self.refilled = now;
         self.tokens = 1.0;
@@ -150,14 +153,14 @@ impl Pacer {
     /// Connections that may be written to now (at most a slice, or what the deadlines
     /// need over `DEADLINE_TURN` if more, or a late slice once a broadcast is late);
     /// `yield_after` zero means never pace.
-    pub(super) fn allowance(&mut self, now: Instant, yield_after: Duration) -> usize {
+    pub(super) fn allowance(&mut self, now: Uptime, yield_after: Duration) -> usize {
         if self.floor.is_infinite() {
             return LATE_SLICE;
         }
         if yield_after.is_zero() {
             return BROADCAST_SLICE;
         }
-        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        let elapsed = now.since(self.refilled).as_secs_f64();
         self.refilled = now;
         let most = (BROADCAST_SLICE as f64).max(self.floor * DEADLINE_TURN.as_secs_f64());
         self.tokens = (self.tokens + elapsed * self.pace()).min(most);
@@ -190,25 +193,53 @@ pub(super) struct BroadcastJob {
     next_key: usize,
     end_key: usize,
     /// When it must be written out by (`BROADCAST_DEADLINE` after it came).
-    deadline: Instant,
+    deadline: Uptime,
 }
 
 /// The least writes per second that write every queued broadcast (oldest first, as
 /// they are written; `(slots left, deadline)`) by its deadline: for each, all it and
 /// those before it have left over the time to its deadline. `f64::INFINITY` when one
 /// is already late.
-pub(super) fn deadline_floor(now: Instant, queued: impl Iterator<Item = (usize, Instant)>) -> f64 {
+pub(super) fn deadline_floor(now: Uptime, queued: impl Iterator<Item = (usize, Uptime)>) -> f64 {
     let mut left = 0usize;
     let mut floor = 0.0f64;
     for (slots, deadline) in queued {
         left += slots;
-        let time = deadline.saturating_duration_since(now).as_secs_f64();
+        let time = deadline.since(now).as_secs_f64();
         if time <= 0.0 {
             return f64::INFINITY;
         }
         floor = floor.max(left as f64 / time);
     }
     floor
+}
+
+/// The broadcasts a worker is writing out, oldest first, and how fast it may.
+pub(super) struct Broadcasts {
+    jobs: VecDeque<BroadcastJob>,
+    pacer: Pacer,
+    /// This worker's wait for a CPU, which paces broadcasts while shakes are served.
+    cpu_wait: CpuWait,
+}
+
+impl Broadcasts {
+    pub(super) fn new(now: Uptime) -> Broadcasts {
+        Broadcasts {
+            jobs: VecDeque::new(),
+            pacer: Pacer::new(now),
+            cpu_wait: CpuWait::open(),
+        }
+    }
+
+    /// Whether a broadcast is being written.
+    pub(super) fn under_way(&self) -> bool {
+        !self.jobs.is_empty()
+    }
+
+    /// A shake was read after waiting `waited` in the kernel: the pace judges by it.
+    pub(super) fn shake_waited(&mut self, waited: Duration) {
+        self.pacer.shake_waited(waited);
+    }
 }
 
 impl Worker {
@@ -232,11 +263,12 @@ impl Worker {
             .filter(|(_, c)| c.state == State::Open && c.codec.form().is_some())
             .count() as u64;
         self.tell_core(&ToCore::BroadcastTaken { id, connections });
-        let now = Instant::now();
-        if self.broadcasts.is_empty() {
-            self.pacer.start(now);
+        let now = self.now();
+        let b = &mut self.broadcasts;
+        if b.jobs.is_empty() {
+            b.pacer.start(now);
         }
-        self.broadcasts.push_back(BroadcastJob {
+        b.jobs.push_back(BroadcastJob {
             bytes,
             next_key: 0,
             end_key: self.conns.capacity(),
@@ -247,28 +279,26 @@ impl Worker {
     /// Writes the oldest broadcast to the next slice of connections, as many as the pace
     /// allows. `now`: the turn's clock (when its poll returned), for the judgement and
     /// the allowance.
-    pub(super) fn broadcast_slice(&mut self, now: Instant) {
+    pub(super) fn broadcast_slice(&mut self, now: Uptime) {
         let yield_after = self.yield_after();
-        if yield_after.is_zero() && self.broadcasts.is_empty() {
+        let b = &mut self.broadcasts;
+        if yield_after.is_zero() && b.jobs.is_empty() {
             return;
         }
         if !yield_after.is_zero() {
-            let cpu_wait = &self.cpu_wait;
-            self.pacer.judge(now, yield_after, || cpu_wait.read());
+            let cpu_wait = &b.cpu_wait;
+            b.pacer.judge(now, yield_after, || cpu_wait.read());
         }
-        if self.broadcasts.is_empty() {
+        if b.jobs.is_empty() {
             return;
         }
-        let queued = self
-            .broadcasts
-            .iter()
-            .map(|j| (j.end_key - j.next_key, j.deadline));
-        self.pacer.set_floor(deadline_floor(now, queued));
-        let allowed = self.pacer.allowance(now, yield_after);
+        let queued = b.jobs.iter().map(|j| (j.end_key - j.next_key, j.deadline));
+        b.pacer.set_floor(deadline_floor(now, queued));
+        let allowed = b.pacer.allowance(now, yield_after);
         if allowed == 0 {
             return;
         }
-        let Some(mut job) = self.broadcasts.pop_front() else {
+        let Some(mut job) = b.jobs.pop_front() else {
             return;
         };
         let mut visited = 0;
@@ -288,15 +318,16 @@ impl Worker {
             self.stats.counters.broadcast_delivered += 1;
             self.write(key, &job.bytes[form as usize]);
         }
-        self.pacer.spent(visited);
+        self.broadcasts.pacer.spent(visited);
         if job.next_key < job.end_key {
-            self.broadcasts.push_front(job);
+            self.broadcasts.jobs.push_front(job);
         }
     }
 
     /// How long the loop may sleep before the broadcast under way may write again.
     pub(super) fn broadcast_wait(&self) -> Option<Duration> {
-        (!self.broadcasts.is_empty()).then(|| self.pacer.next_in(self.yield_after()))
+        let b = &self.broadcasts;
+        b.under_way().then(|| b.pacer.next_in(self.yield_after()))
     }
 
     fn yield_after(&self) -> Duration {
@@ -312,7 +343,7 @@ mod tests {
 
     /// Runs `windows` windows of 10 ms in which shakes waited `waited` (and the worker
     /// never waited for a CPU), writing what the pace allows; returns the rate after them.
-    fn windows(pacer: &mut Pacer, at: &mut Instant, windows: u32, waited: Duration) -> f64 {
+    fn windows(pacer: &mut Pacer, at: &mut Uptime, windows: u32, waited: Duration) -> f64 {
         for _ in 0..windows {
             pacer.shake_waited(waited);
             *at += PACE_WINDOW;
@@ -325,7 +356,7 @@ mod tests {
 
     #[test]
     fn unpaced_when_shakes_do_not_wait_or_the_yield_is_off() {
-        let mut at = Instant::now();
+        let mut at = Uptime::from_secs(100);
         let mut pacer = Pacer::new(at);
         assert_eq!(windows(&mut pacer, &mut at, 20, YIELD), PACE_MAX);
         at += PACE_WINDOW;
@@ -339,7 +370,7 @@ mod tests {
 
     #[test]
     fn halves_per_window_of_long_waits_down_to_the_least_then_recovers() {
-        let mut at = Instant::now();
+        let mut at = Uptime::from_secs(100);
         let mut pacer = Pacer::new(at);
         let long = YIELD + Duration::from_millis(1);
         assert_eq!(windows(&mut pacer, &mut at, 1, long), PACE_MAX / 2.0);
@@ -366,7 +397,7 @@ mod tests {
 
     #[test]
     fn a_quiet_stretch_between_turns_counts_as_that_many_calm_windows() {
-        let mut at = Instant::now();
+        let mut at = Uptime::from_secs(100);
         let mut pacer = Pacer::new(at);
         windows(&mut pacer, &mut at, 40, Duration::from_secs(1));
         assert_eq!(pacer.rate(), PACE_MIN);
@@ -379,7 +410,7 @@ mod tests {
 
     #[test]
     fn the_bucket_holds_at_most_a_slice() {
-        let mut at = Instant::now();
+        let mut at = Uptime::from_secs(100);
         let mut pacer = Pacer::new(at);
         windows(&mut pacer, &mut at, 12, Duration::from_secs(1));
         at += Duration::from_secs(60);
@@ -389,7 +420,7 @@ mod tests {
 
     #[test]
     fn a_broadcast_starts_slow_and_speeds_up_while_calm() {
-        let mut at = Instant::now();
+        let mut at = Uptime::from_secs(100);
         let mut pacer = Pacer::new(at);
         assert_eq!(pacer.rate(), PACE_MAX);
         pacer.start(at);
@@ -408,7 +439,7 @@ mod tests {
 
     #[test]
     fn the_deadline_floor_covers_every_queued_broadcast() {
-        let now = Instant::now();
+        let now = Uptime::from_secs(100);
         let ms = Duration::from_millis;
         assert_eq!(deadline_floor(now, std::iter::empty()), 0.0);
         // 8,000 left with 800 ms to go: 10,000 a second.
@@ -437,8 +468,8 @@ mod tests {
     fn write_out_while_shakes_wait(
         turn: Duration,
         late_by: Duration,
-    ) -> (Pacer, Instant, Instant, usize) {
-        let mut at = Instant::now();
+    ) -> (Pacer, Uptime, Uptime, usize) {
+        let mut at = Uptime::from_secs(100);
         let mut pacer = Pacer::new(at);
         windows(&mut pacer, &mut at, 40, Duration::from_secs(1));
         assert_eq!(pacer.rate(), PACE_MIN);
@@ -470,7 +501,7 @@ mod tests {
         assert!(
             at + Duration::from_millis(100) >= deadline,
             "done {:?} early",
-            deadline - at
+            deadline.since(at)
         );
     }
 
@@ -495,7 +526,7 @@ mod tests {
 
     #[test]
     fn waiting_for_a_cpu_slows_it_only_while_shakes_are_served() {
-        let mut at = Instant::now();
+        let mut at = Uptime::from_secs(100);
         let mut pacer = Pacer::new(at);
         let mut cpu_wait = Duration::ZERO;
         pacer.judge(at + PACE_WINDOW, YIELD, || Some(cpu_wait));

@@ -21,6 +21,7 @@
 use hongbao_money::{Push, Reply, Request, UserId};
 use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
 use hongbao_proto::{json, Frame, FrameError, KickReason, Message, ResultCode};
+use hongbao_sys::clock::UptimeSecs;
 use std::ops::ControlFlow;
 
 use super::http::{Answered, HttpCodec};
@@ -67,12 +68,11 @@ pub(super) enum Idle {
     /// Binary frames and WebSocket: log in within `login_timeout_secs`, then the idle
     /// timeout.
     Session,
-    /// HTTP: a request begun at `request_since` (seconds since the worker started; the
-    /// connect, before the first) must be whole within the header timeout
+    /// HTTP: a request begun at `request_since` (the connect, before the first) must be whole within the header timeout
     /// (`login_timeout_secs`); between requests, with no answer due, the keep-alive
     /// timeout applies.
     Http {
-        request_since: Option<u32>,
+        request_since: Option<UptimeSecs>,
         answers_due: bool,
     },
 }
@@ -461,7 +461,7 @@ mod tests {
                         out: &mut out,
                         stats: &mut stats,
                         cfg: &cfg,
-                        now: 0,
+                        now: UptimeSecs(0),
                         may_upgrade: true,
                     };
                     let step = codec.decode(&mut buf, &mut cx);
@@ -540,7 +540,7 @@ mod tests {
             out: &mut out,
             stats: &mut stats,
             cfg: &cfg,
-            now: 0,
+            now: UptimeSecs(0),
             may_upgrade: true,
         };
         let step = ws.decode(&mut stream, &mut cx);

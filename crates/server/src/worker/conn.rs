@@ -10,15 +10,19 @@ use std::net::Shutdown;
 
 use hongbao_money::{ConnId, Push, UserId};
 use hongbao_proto::KickReason;
+use hongbao_sys::clock::UptimeSecs;
 use hongbao_sys::net;
 use mio::net::TcpStream;
 
 use super::codec::Codec;
-use super::{reusable, Worker};
+use super::Worker;
 use crate::link::ToCore;
 
 /// How long a kicked connection may take to read its kick before we close it.
 pub(super) const CLOSING_GRACE_SECS: u32 = 2;
+/// The largest worker buffer kept for reuse once emptied (`scratch`, `corked`): a rare
+/// large answer's is dropped.
+const KEPT_BUFFER: usize = 64 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum State {
@@ -46,16 +50,16 @@ pub(super) struct Conn {
     pub state: State,
     /// Requests handed to the core and not yet answered.
     pub awaiting: u16,
-    /// Seconds since worker start of the last bytes read (or of the connect); before a
-    /// session's login, of the connect (or the WebSocket upgrade) only.
-    pub last_seen: u32,
+    /// When the last bytes were read (or the connect); before a session's login, the
+    /// connect (or the WebSocket upgrade) only.
+    pub last_seen: UptimeSecs,
     pub user: Option<UserId>,
     pub codec: Codec,
     pub buffers: Option<Box<Buffers>>,
 }
 
 impl Conn {
-    pub(super) fn new(stream: TcpStream, generation: u32, now: u32, codec: Codec) -> Conn {
+    pub(super) fn new(stream: TcpStream, generation: u32, now: UptimeSecs, codec: Codec) -> Conn {
         Conn {
             stream,
             generation,
@@ -99,6 +103,46 @@ impl Conn {
     }
 }
 
+/// The worker's encoding buffers, reused: a reply encoded into a new `Vec` each cost an
+/// allocation and a free per shake.
+#[derive(Default)]
+pub(super) struct Output {
+    /// A decode step's transport answers, a reply, a push (`take_scratch`,
+    /// `give_scratch`).
+    scratch: Vec<u8>,
+    /// The connection whose read is being handled: what is written to it meanwhile is
+    /// held in `corked` and written once the read's requests are all answered, one
+    /// `write` for them all.
+    cork: Option<usize>,
+    corked: Vec<u8>,
+}
+
+impl Output {
+    /// The encoding buffer, empty (a fresh one if it is already taken).
+    pub(super) fn take_scratch(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.scratch)
+    }
+
+    /// Gives the encoding buffer back, emptied; a rare large one is not kept.
+    pub(super) fn give_scratch(&mut self, bytes: Vec<u8>) {
+        if let Some(bytes) = reusable(bytes) {
+            self.scratch = bytes;
+        }
+    }
+
+    /// Holds what is written to `key` until `uncork`.
+    pub(super) fn cork(&mut self, key: usize) {
+        self.cork = Some(key);
+    }
+}
+
+/// A worker buffer emptied for reuse, or none if it grew past `KEPT_BUFFER` for a rare
+/// large answer.
+fn reusable(mut bytes: Vec<u8>) -> Option<Vec<u8>> {
+    bytes.clear();
+    (bytes.capacity() <= KEPT_BUFFER).then_some(bytes)
+}
+
 pub(super) fn conn_id(key: usize, generation: u32) -> ConnId {
     ConnId {
         key: key as u32,
@@ -125,15 +169,15 @@ impl Worker {
     /// or with output queued, drains first: a client that half-closes gets a reply to
     /// everything it sent, then the server closes.
     pub(super) fn peer_done(&mut self, key: usize) {
-        let now = self.now_s();
+        let now = self.now().secs();
         match self.conns.get_mut(key) {
             Some(c) if c.state == State::Open && (c.awaiting > 0 || c.has_output()) => {
                 c.state = State::Draining;
                 c.last_seen = now;
-                self.watched.insert(key);
                 if let Some(b) = c.buffers.as_mut() {
                     b.partial = Vec::new();
                 }
+                self.visit_soon(key);
             }
             _ => self.close(key),
         }
@@ -155,8 +199,8 @@ impl Worker {
     /// While `key` is corked (its read is being answered), only adds to what `uncork`
     /// writes.
     pub(super) fn write(&mut self, key: usize, bytes: &[u8]) {
-        if self.cork == Some(key) {
-            self.corked.extend_from_slice(bytes);
+        if self.output.cork == Some(key) {
+            self.output.corked.extend_from_slice(bytes);
             return;
         }
         let Some(conn) = self.conns.get_mut(key) else {
@@ -183,13 +227,13 @@ impl Worker {
 
     /// Writes what was held for the corked connection, in one write, and holds no more.
     pub(super) fn uncork(&mut self) {
-        let Some(key) = self.cork.take() else {
+        let Some(key) = self.output.cork.take() else {
             return;
         };
-        if !self.corked.is_empty() {
-            let bytes = std::mem::take(&mut self.corked);
+        if !self.output.corked.is_empty() {
+            let bytes = std::mem::take(&mut self.output.corked);
             self.write(key, &bytes);
-            self.corked = reusable(bytes).unwrap_or_default();
+            self.output.corked = reusable(bytes).unwrap_or_default();
         }
     }
 
@@ -251,16 +295,15 @@ impl Worker {
 
     fn closing(&mut self, key: usize) {
         // What it was answered goes out before the goodbye.
-        if self.cork == Some(key) {
+        if self.output.cork == Some(key) {
             self.uncork();
         }
-        let now = self.now_s();
+        let now = self.now().secs();
         let Some(conn) = self.conns.get_mut(key) else {
             return; // the write before this closed it
         };
         conn.state = State::Closing;
         conn.last_seen = now;
-        self.watched.insert(key);
         if let Some(b) = conn.buffers.as_mut() {
             b.partial = Vec::new();
         }
@@ -268,6 +311,7 @@ impl Worker {
         if !conn.has_output() {
             let _ = conn.stream.shutdown(Shutdown::Write);
         }
+        self.visit_soon(key);
     }
 
     /// The connection's user goes offline (its socket may linger in `Closing`).
@@ -286,14 +330,13 @@ impl Worker {
         if !self.conns.contains(key) {
             return;
         }
-        if self.cork == Some(key) {
-            self.cork = None;
-            self.corked.clear();
+        if self.output.cork == Some(key) {
+            self.output.cork = None;
+            self.output.corked.clear();
         }
         self.leave(key);
         self.authenticated(key);
         self.ready.remove(key);
-        self.watched.remove(&key);
         let mut conn = self.conns.remove(key);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.stats.counters.closed += 1;

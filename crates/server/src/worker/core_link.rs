@@ -7,10 +7,39 @@ use std::io::{ErrorKind, Read};
 use hongbao_money::Reply;
 use hongbao_proto::KickReason;
 use hongbao_sys::net;
+use mio::net::UnixStream;
 
 use super::conn::State;
 use super::Worker;
 use crate::link::{self, ToCore, ToWorker, WorkerConfig};
+
+/// This worker's end of the link: the stream, the bytes of a message not yet whole, and
+/// the messages not yet written.
+pub(super) struct CoreLink {
+    pub stream: UnixStream,
+    inbox: Vec<u8>,
+    outbox: Vec<u8>,
+}
+
+impl CoreLink {
+    /// The link, with what came after the welcome (`read_welcome`).
+    pub(super) fn new(stream: UnixStream, inbox: Vec<u8>) -> CoreLink {
+        CoreLink {
+            stream,
+            inbox,
+            outbox: Vec::new(),
+        }
+    }
+
+    /// Bytes waiting to go up.
+    pub(super) fn queued(&self) -> usize {
+        self.outbox.len()
+    }
+
+    pub(super) fn has_output(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+}
 
 /// Waits for the supervisor's welcome. Returns it with whatever came right behind it in
 /// the same reads (packets may already be dealt to us): the messages, and the bytes of
@@ -41,7 +70,7 @@ pub(super) fn read_welcome(
 
 impl Worker {
     pub(super) fn tell_core(&mut self, msg: &ToCore) {
-        link::encode(msg, &mut self.link_out);
+        link::encode(msg, &mut self.link.outbox);
     }
 
     pub(super) fn on_link(&mut self, readable: bool) -> anyhow::Result<()> {
@@ -50,20 +79,20 @@ impl Worker {
         }
         let mut chunk = [0u8; 64 * 1024];
         loop {
-            match self.link.read(&mut chunk) {
+            match self.link.stream.read(&mut chunk) {
                 Ok(0) => {
                     // The core is gone: nothing we could acknowledge any more.
                     self.shutdown = true;
                     return Ok(());
                 }
-                Ok(n) => self.link_in.extend_from_slice(&chunk[..n]),
+                Ok(n) => self.link.inbox.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e.into()),
             }
         }
         let mut inbox = Vec::new();
-        link::decode_all::<ToWorker>(&mut self.link_in, |m| inbox.push(m))
+        link::decode_all::<ToWorker>(&mut self.link.inbox, |m| inbox.push(m))
             .map_err(anyhow::Error::msg)?;
         for msg in inbox {
             self.on_core_message(msg);
@@ -73,10 +102,10 @@ impl Worker {
 
     pub(super) fn on_core_message(&mut self, msg: ToWorker) {
         match msg {
-            ToWorker::Deal { packets } => self.pool.extend(packets),
+            ToWorker::Deal { packets } => self.shakes.pool.extend(packets),
             ToWorker::Reply { conn, req, reply } => {
                 if matches!(reply, Reply::Shake { .. }) {
-                    if let Some(read_at) = self.claims.remove(&(conn, req)) {
+                    if let Some(read_at) = self.shakes.claims.remove(&(conn, req)) {
                         self.record_latency(read_at);
                     }
                 }
@@ -109,7 +138,10 @@ impl Worker {
                 self.cfg = cfg;
                 // An idle timeout set now applies to the logged-in sessions too.
                 if self.cfg.idle_timeout_secs > 0 {
-                    self.watched.extend(self.conns.iter().map(|(key, _)| key));
+                    let keys: Vec<usize> = self.conns.iter().map(|(key, _)| key).collect();
+                    for key in keys {
+                        self.visit_soon(key);
+                    }
                 }
             }
             ToWorker::Broadcast {
@@ -134,9 +166,9 @@ impl Worker {
     }
 
     pub(super) fn flush_link(&mut self) -> anyhow::Result<()> {
-        match net::write_nonblocking(&mut self.link, &self.link_out) {
+        match net::write_nonblocking(&mut self.link.stream, &self.link.outbox) {
             Ok(n) => {
-                self.link_out.drain(..n);
+                self.link.outbox.drain(..n);
                 Ok(())
             }
             Err(e) if e.kind() == ErrorKind::BrokenPipe => {

@@ -22,6 +22,7 @@ use hongbao_proto::http;
 use hongbao_proto::message::{valid_idempotency_key, MAX_RECIPIENTS, MAX_TEXT_LEN};
 use hongbao_proto::ws::{self, Handshake};
 use hongbao_proto::{KickReason, ResultCode};
+use hongbao_sys::clock::UptimeSecs;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -38,9 +39,9 @@ pub(super) struct HttpCodec {
     /// The id the next request gets, and the id whose answer is due next.
     next_id: u32,
     next_answer: u32,
-    /// When the request being read began (seconds since the worker started); `None`
+    /// When the request being read began; `None`
     /// between requests.
-    request_since: Option<u32>,
+    request_since: Option<UptimeSecs>,
     /// Some bytes of that request have arrived (a connection that never said anything is
     /// closed without a word).
     request_begun: bool,
@@ -63,9 +64,9 @@ pub(super) enum Answered {
 }
 
 impl HttpCodec {
-    /// A new connection at `now` (seconds since the worker started): its first request
+    /// A new connection at `now`: its first request
     /// must arrive within the header timeout.
-    pub(super) fn new(now: u32) -> HttpCodec {
+    pub(super) fn new(now: UptimeSecs) -> HttpCodec {
         HttpCodec {
             next_id: 1,
             next_answer: 1,
@@ -77,7 +78,7 @@ impl HttpCodec {
     }
 
     /// When the request being read began; `None` between requests.
-    pub(super) fn request_since(&self) -> Option<u32> {
+    pub(super) fn request_since(&self) -> Option<UptimeSecs> {
         self.request_since
     }
 
@@ -128,10 +129,7 @@ impl HttpCodec {
         let head = request.method == "HEAD";
         let route = match route(&request, cx) {
             Route::Request(Request::Ping { .. }, None) if head => {
-                let server_time_us = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_micros() as u64;
+                let server_time_us = hongbao_sys::clock::unix_us();
                 let pong = Reply::Pong {
                     client_time_us: 0,
                     server_time_us,
@@ -642,7 +640,7 @@ mod tests {
     /// says so when it leaves.
     #[test]
     fn answers_leave_in_request_order() {
-        let mut http = HttpCodec::new(0);
+        let mut http = HttpCodec::new(UptimeSecs(0));
         let ids: Vec<u32> = (0..4).map(|i| http.take_id(i != 3)).collect();
         let mut out = Vec::new();
         assert_eq!(
@@ -667,7 +665,7 @@ mod tests {
         assert_eq!(out, b"abcd");
         assert!(!http.answers_due() && http.held.is_none());
         // Too much held behind a slow answer: the connection goes.
-        let mut http = HttpCodec::new(0);
+        let mut http = HttpCodec::new(UptimeSecs(0));
         let (slow, next) = (http.take_id(true), http.take_id(true));
         let _ = slow;
         assert_eq!(

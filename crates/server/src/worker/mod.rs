@@ -19,32 +19,40 @@
 //! - `codec`: the wire seam — binary frames, WebSocket;
 //! - `http`: HTTP on the listener — the API, the browser page, WebSocket upgrades;
 //! - `wire`: what a decode step is made of, shared by `codec` and `http`;
-//! - `handler`: requests → logins, admission, the shake pool, the link;
-//! - `cap`: the shake cap under overload;
+//! - `handler`: requests → logins, the shake pool, the link;
+//! - `overload`: a shake's way through overload — late, back-off, cap, rate — in one gate;
 //! - `broadcast`: operator broadcasts, a slice of connections per turn, paced;
 //! - `core_link`: this worker's end of the link — the welcome, the core's messages, ours;
-//! - `tick`: once a second — the report, and the sweep of connections past their deadline.
+//! - `timers`: every deadline of the loop in one table — the tick, each connection's next;
+//! - `tick`: once a second — the report, and the connections whose deadline came.
+//!
+//! The worker's record is made of parts, one per concern, each beside the code that owns
+//! it: `Listeners` (accept.rs), `CoreLink` (core_link.rs), `Shakes` (handler.rs),
+//! `Broadcasts` (broadcast.rs), `Output` (conn.rs), `Timers` (timers.rs), and here the
+//! clock as the turn read it (`TurnClock`). Time is typed (`hongbao_sys::clock`): the
+//! loop runs on `Uptime`, what it shares with other processes is `UnixTime`.
 
 mod accept;
 mod broadcast;
-mod cap;
 mod codec;
 mod conn;
 mod core_link;
 mod handler;
 mod http;
+mod overload;
 mod ready;
 mod tick;
+mod timers;
 mod wire;
 
-use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use hongbao_money::{ConnId, WorkerId};
+use hongbao_money::WorkerId;
+use hongbao_sys::clock::{Clock, UnixTime, Uptime};
 use hongbao_sys::{limits, net};
 use mio::net::{TcpListener, UnixStream};
 use mio::{Events, Interest, Poll, Token};
@@ -53,13 +61,14 @@ use slab::Slab;
 use crate::config::ReadyOrder;
 use crate::link::{self, ToCore, WorkerConfig};
 use crate::stats::WorkerStats;
-use broadcast::{BroadcastJob, Pacer};
+use accept::{Listener, Listeners};
+use broadcast::Broadcasts;
 use codec::Codec;
-use conn::{Conn, State};
-use core_link::read_welcome;
-use handler::{Admission, Backoff};
+use conn::{Conn, Output, State};
+use core_link::{read_welcome, CoreLink};
+use handler::Shakes;
 use ready::Ready;
-use tick::until_next_second;
+use timers::Timers;
 use wire::{Cx, Then};
 
 const LINK: Token = Token(usize::MAX - 1);
@@ -69,9 +78,6 @@ const LISTENERS: usize = usize::MAX - 2;
 const READ_BUF: usize = 64 * 1024;
 /// Events taken from epoll a call.
 const EVENTS: usize = 1024;
-/// The largest worker buffer kept for reuse once emptied (`scratch`, `corked`): a rare
-/// large answer's is dropped.
-const KEPT_BUFFER: usize = 64 * 1024;
 /// Reads one connection may do per readiness event before others get a turn.
 const READS_PER_TURN: usize = 4;
 
@@ -83,104 +89,70 @@ pub struct WorkerOptions {
     pub http_listen: Option<SocketAddr>,
 }
 
-/// A listening socket and what its connections speak first.
-struct Listener {
-    socket: TcpListener,
-    /// Binary frames, or HTTP (then perhaps WebSocket).
-    http: bool,
-    /// Connections whose handshake finished before the listener had receive timestamps
-    /// on (a client may connect between our listen() and the supervisor's Welcome) did
-    /// not inherit them: turn them on one by one until the first drain of the accept
-    /// queue.
-    stamp_backlog: bool,
-}
-
 struct Worker {
-    index: WorkerId,
+    cfg: WorkerConfig,
     poll: Poll,
-    listeners: Vec<Listener>,
+    time: TurnClock,
+    listeners: Listeners,
     conns: Slab<Conn>,
-    broadcasts: VecDeque<BroadcastJob>,
-    pacer: Pacer,
-    /// This worker's wait for a CPU, which paces broadcasts while shakes are served.
-    cpu_wait: hongbao_sys::usage::CpuWait,
+    next_generation: u32,
     /// Connections reported readable and not yet read.
     ready: Ready,
     /// Connections that hit `READS_PER_TURN` and still have input waiting. Not in
     /// `ready`: epoll will not report them again until more arrives, so they are read on
     /// to "would block" (right after the batch that left them), not up to a short read.
     again: Vec<usize>,
-    link: UnixStream,
-    link_in: Vec<u8>,
-    link_out: Vec<u8>,
-    pool: VecDeque<(u64, u64)>,
-    cfg: WorkerConfig,
-    started: Instant,
-    /// The clock as of the read being handled (time since `started`), for everything the
-    /// read's requests need of it: the turn's one reading (`polled`) for the connections
-    /// epoll reported, one reading for those read on from `again` — a clock read costs
-    /// ~0.1 µs on a VM, and a shake once needed six (docs/BENCHMARKS.md).
-    read_now: Duration,
-    /// The clock (since `started`) when the last poll returned: what the rest of the turn
-    /// needs of it (its reads, the pacer, the tick, the next poll's timeout) without
-    /// reading it again. A turn is a batch of reads, about a millisecond.
-    polled: Duration,
-    /// The Unix time at `started`, set again each tick (so it follows the wall clock):
-    /// `unix_at_start + read_now` is the read's Unix time without another clock read.
-    unix_at_start: Duration,
-    next_generation: u32,
-    admission: Admission,
-    backoff: Backoff,
-    cap: cap::Cap,
-    accept_paused: bool,
+    timers: Timers,
+    link: CoreLink,
+    shakes: Shakes,
+    broadcasts: Broadcasts,
     stats: WorkerStats,
     /// Shake latency of the current second (µs).
     latency: Histogram<u64>,
-    /// When each shake waiting on the core for a win was read, by (connection, request).
-    claims: HashMap<(ConnId, u32), Instant>,
-    /// When the kernel received the newest bytes of the current read (wall clock).
-    received: Option<Duration>,
-    /// The encoding buffer, reused: a decode step's transport answers, a reply, a push
-    /// (`take_scratch`, `give_scratch`).
-    scratch: Vec<u8>,
-    /// The connection whose read is being handled: what is written to it meanwhile is
-    /// held in `corked` and written once the read's requests are all answered, one
-    /// `write` for them all (conn.rs).
-    cork: Option<usize>,
-    corked: Vec<u8>,
-    /// Connections not yet logged in (binary frames, upgraded WebSockets), by slab key,
-    /// with their source address; and how many each source has.
-    unauthenticated: HashMap<usize, IpAddr>,
-    per_source: HashMap<IpAddr, u32>,
-    /// The connections the once-a-second sweep looks at: those that can expire (tick.rs).
-    watched: HashSet<usize>,
+    output: Output,
     shutdown: bool,
 }
 
-fn unix_now() -> Duration {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
+/// The worker's clock as the turn read it. One reading a poll, not one a read: a clock
+/// read costs ~0.1 µs on a VM, and a shake once needed six (docs/BENCHMARKS.md).
+struct TurnClock {
+    clock: Clock,
+    /// When the last poll returned: what the rest of the turn needs of the time (its
+    /// reads, the pacer, the tick, the next poll's timeout) without reading it again. A
+    /// turn is a batch of reads, about a millisecond.
+    polled: Uptime,
+    /// As of the read being handled, for everything its requests need of it: the
+    /// turn's `polled` for the connections epoll reported, a reading of its own for
+    /// those read on from `again`.
+    read: Uptime,
+    /// When the kernel received the newest bytes of the current read.
+    received: Option<UnixTime>,
+}
+
+impl TurnClock {
+    /// The Unix time of the read being handled (no clock read).
+    fn read_unix(&self) -> UnixTime {
+        self.clock.unix(self.read)
+    }
 }
 
 /// Runs a worker until the supervisor tells it to stop or the link closes.
 pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
+    let _span = tracing::info_span!("worker", worker = opts.index).entered();
     limits::raise_nofile_limit();
     // Listen before saying hello: the supervisor announces "ready" once every worker has
     // said hello, and a client connecting then must find a listener.
-    let mut listeners = vec![Listener {
-        socket: TcpListener::from_std(net::reuseport_listener(opts.listen, true)?),
-        http: false,
-        stamp_backlog: false,
-    }];
+    let mut listeners = vec![Listener::new(
+        TcpListener::from_std(net::reuseport_listener(opts.listen, true)?),
+        false,
+    )];
     // Both speak HTTP: the WebSocket address upgrades, the HTTP address serves the API,
     // and each does what the other does too.
     for addr in opts.ws_listen.into_iter().chain(opts.http_listen) {
-        listeners.push(Listener {
-            socket: TcpListener::from_std(net::reuseport_listener(addr, true)?),
-            http: true,
-            stamp_backlog: false,
-        });
+        listeners.push(Listener::new(
+            TcpListener::from_std(net::reuseport_listener(addr, true)?),
+            true,
+        ));
     }
     let addr = net::abstract_addr(&opts.link)?;
     let std_link = std::os::unix::net::UnixStream::connect_addr(&addr)
@@ -198,8 +170,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     let ready = Ready::new(cfg.ready_order);
     if cfg.stamps() {
         for l in &mut listeners {
-            net::enable_receive_timestamps(&l.socket)?;
-            l.stamp_backlog = true;
+            l.stamp()?;
         }
     }
     std_link.set_nonblocking(true)?;
@@ -212,44 +183,33 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     let mut link = UnixStream::from_std(std_link);
     poll.registry()
         .register(&mut link, LINK, Interest::READABLE | Interest::WRITABLE)?;
+    let clock = Clock::start();
+    let timers = Timers::new(Uptime::ZERO, clock.unix(Uptime::ZERO));
     let mut worker = Worker {
-        index: opts.index,
+        cfg,
         poll,
-        listeners,
+        time: TurnClock {
+            clock,
+            polled: Uptime::ZERO,
+            read: Uptime::ZERO,
+            received: None,
+        },
+        listeners: Listeners::new(listeners),
         conns: Slab::new(),
-        broadcasts: VecDeque::new(),
-        pacer: Pacer::new(Instant::now()),
-        cpu_wait: hongbao_sys::usage::CpuWait::open(),
+        next_generation: 1,
         ready,
         again: Vec::new(),
-        link,
-        link_in,
-        link_out: Vec::new(),
-        pool: VecDeque::new(),
-        cfg,
-        started: Instant::now(),
-        read_now: Duration::ZERO,
-        polled: Duration::ZERO,
-        unix_at_start: unix_now(),
-        next_generation: 1,
-        admission: Admission::default(),
-        backoff: Backoff::default(),
-        cap: cap::Cap::default(),
-        accept_paused: false,
+        timers,
+        link: CoreLink::new(link, link_in),
+        shakes: Shakes::default(),
+        broadcasts: Broadcasts::new(Uptime::ZERO),
         stats: WorkerStats {
             worker: opts.index,
             pid: std::process::id(),
             ..Default::default()
         },
         latency: hongbao_telemetry::sample::new_coarse_histogram(),
-        claims: HashMap::new(),
-        received: None,
-        scratch: Vec::new(),
-        cork: None,
-        corked: Vec::new(),
-        unauthenticated: HashMap::new(),
-        per_source: HashMap::new(),
-        watched: HashSet::new(),
+        output: Output::default(),
         shutdown: false,
     };
     for msg in early {
@@ -259,45 +219,45 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
 }
 
 impl Worker {
-    fn now_s(&self) -> u32 {
-        self.started.elapsed().as_secs() as u32
+    /// The clock read now (not the turn's reading).
+    fn now(&self) -> Uptime {
+        self.time.clock.now()
     }
 
     fn event_loop(&mut self) -> anyhow::Result<()> {
         let mut events = Events::with_capacity(EVENTS);
         let mut read_buf = vec![0u8; READ_BUF];
-        // Ticks fall just after each whole wall-clock second, in every worker alike, so the
-        // per-second counters of all workers describe the same second.
-        let mut next_tick = Instant::now() + until_next_second();
         while !self.shutdown {
             // As of the last poll: a tick falls at most a turn late.
-            let until_tick = next_tick.saturating_duration_since(self.started + self.polled);
             let timeout = if self.again.is_empty() && self.ready.is_empty() {
-                self.broadcast_wait()
-                    .map_or(until_tick, |w| w.min(until_tick))
+                self.timers.timeout(self.time.polled, self.broadcast_wait())
             } else {
                 Duration::ZERO
             };
             self.poll_all(&mut events, timeout, &mut read_buf)?;
             self.read_ready(&mut read_buf)?;
             if !self.again.is_empty() {
-                let now = self.started.elapsed();
+                let now = self.now();
                 for key in std::mem::take(&mut self.again) {
                     self.read_then_ask(key, &mut read_buf, true, now)?;
                 }
             }
-            let polled = self.started + self.polled;
+            let polled = self.time.polled;
             self.broadcast_slice(polled);
-            if polled >= next_tick {
-                next_tick = polled + until_next_second();
-                self.tick();
+            if self.timers.tick_due(polled) {
+                // Ticks fall just after each whole wall-clock second, in every worker
+                // alike, so the per-second counters of all workers describe the same
+                // second; the tick follows the wall clock if it was set meanwhile.
+                let unix = self.time.clock.resync();
+                self.timers.ticked(polled, unix);
+                self.tick(unix);
             }
             self.flush_link()?;
         }
         // A last report, so the counts of this partial second are not lost.
-        self.tick();
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while !self.link_out.is_empty() && Instant::now() < deadline {
+        self.tick(UnixTime::now());
+        let deadline = self.now() + Duration::from_secs(1);
+        while self.link.has_output() && self.now() < deadline {
             self.flush_link()?;
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -323,14 +283,14 @@ impl Worker {
                 other => other?,
             }
             // One clock read a poll: the events of one poll were reported together.
-            let reported = self.started.elapsed();
-            self.polled = reported;
+            let reported = self.now();
+            self.time.polled = reported;
             let mut taken = 0;
             for event in events.iter() {
                 taken += 1;
                 match event.token() {
                     LINK => self.on_link(event.is_readable())?,
-                    Token(t) if t > LISTENERS - self.listeners.len() && t <= LISTENERS => {
+                    Token(t) if t > LISTENERS - self.listeners.count() && t <= LISTENERS => {
                         self.accept(LISTENERS - t)
                     }
                     Token(key) => {
@@ -363,8 +323,8 @@ impl Worker {
     /// poll's clock (`polled`): one clock read a turn, not one a read — at a million
     /// connections most turns read one connection.
     fn read_ready(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
-        let batch = ready::read_batch(self.cfg.ready_order, !self.broadcasts.is_empty());
-        let now = self.polled;
+        let batch = ready::read_batch(self.cfg.ready_order, self.broadcasts.under_way());
+        let now = self.time.polled;
         for _ in 0..batch {
             let Some(key) = self.ready.pop(now) else {
                 return Ok(());
@@ -384,11 +344,11 @@ impl Worker {
         key: usize,
         buf: &mut [u8],
         drain: bool,
-        now: Duration,
+        now: Uptime,
     ) -> anyhow::Result<()> {
-        let queued = self.link_out.len();
+        let queued = self.link.queued();
         self.on_readable(key, buf, drain, now);
-        if self.link_out.len() > queued {
+        if self.link.queued() > queued {
             self.flush_link()?;
         }
         Ok(())
@@ -400,8 +360,8 @@ impl Worker {
     /// request) — unless `drain`: the event said the peer closed or the socket failed, or
     /// the connection is back from `again`; then it reads on to "would block". `now`:
     /// the clock (since `started`) read just before, for everything the reads need.
-    fn on_readable(&mut self, key: usize, buf: &mut [u8], drain: bool, now: Duration) {
-        self.read_now = now;
+    fn on_readable(&mut self, key: usize, buf: &mut [u8], drain: bool, now: Uptime) {
+        self.time.read = now;
         for _ in 0..READS_PER_TURN {
             let Some(conn) = self
                 .conns
@@ -418,7 +378,7 @@ impl Worker {
             let n = match read {
                 Ok((0, _)) => return self.peer_done(key),
                 Ok((n, received)) => {
-                    self.received = received;
+                    self.time.received = received;
                     n
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
@@ -432,12 +392,12 @@ impl Worker {
             // Before a session's login the clock runs from the connect (or the WebSocket
             // upgrade): what the client sends meanwhile does not buy it time.
             if conn.user.is_some() || matches!(conn.codec, Codec::Http(_)) {
-                conn.last_seen = now.as_secs() as u32;
+                conn.last_seen = now.secs();
             }
             let mut partial = conn.take_partial();
             // The answers to what this read brought go out in one write: after a wait
             // a read brings many requests, and a write each cost the most of each.
-            self.cork = Some(key);
+            self.output.cork(key);
             let rest = if partial.is_empty() {
                 let used = self.input(key, &mut buf[..n]);
                 buf[used..n].to_vec()
@@ -466,12 +426,12 @@ impl Worker {
         while at < data.len() && self.is_open(key) {
             let http = matches!(self.conns[key].codec, Codec::Http(_));
             let may_upgrade = http && self.may_upgrade(key);
-            let mut out = self.take_scratch();
+            let mut out = self.output.take_scratch();
             let mut cx = Cx {
                 out: &mut out,
                 stats: &mut self.stats.counters,
                 cfg: &self.cfg,
-                now: self.read_now.as_secs() as u32,
+                now: self.time.read.secs(),
                 may_upgrade,
             };
             let step = self.conns[key].codec.decode(&mut data[at..], &mut cx);
@@ -485,7 +445,7 @@ impl Worker {
             if !out.is_empty() {
                 self.write(key, &out);
             }
-            self.give_scratch(out);
+            self.output.give_scratch(out);
             match step.then {
                 Then::Read => {}
                 Then::Kick(reason, text) => {
@@ -509,24 +469,4 @@ impl Worker {
             data.len()
         }
     }
-
-    /// The worker's encoding buffer, empty (a fresh one if it is already taken): a reply
-    /// encoded into a new `Vec` each cost an allocation and a free per shake.
-    fn take_scratch(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.scratch)
-    }
-
-    /// Gives the encoding buffer back, emptied; a rare large one is not kept.
-    fn give_scratch(&mut self, bytes: Vec<u8>) {
-        if let Some(bytes) = reusable(bytes) {
-            self.scratch = bytes;
-        }
-    }
-}
-
-/// A worker buffer (`scratch`, `corked`) emptied for reuse, or none if it grew past
-/// `KEPT_BUFFER` for a rare large answer.
-fn reusable(mut bytes: Vec<u8>) -> Option<Vec<u8>> {
-    bytes.clear();
-    (bytes.capacity() <= KEPT_BUFFER).then_some(bytes)
 }

@@ -38,11 +38,13 @@
 //! The queue holds each connection once: a key pushed again leaves its older entry behind
 //! as stale (its push number is no longer the key's), skipped when met, and the deque is
 //! compacted when stale entries outnumber live ones. So it is bounded by twice the
-//! worker's connections, and each operation is O(1) amortized. Time is passed in (time
-//! since the worker started), never read here, so tests run on a simulated clock.
+//! worker's connections, and each operation is O(1) amortized. Time is passed in (the
+//! worker's `Uptime`), never read here, so tests run on a simulated clock.
 
 use std::collections::VecDeque;
 use std::time::Duration;
+
+use hongbao_sys::clock::Uptime;
 
 use crate::config::ReadyOrder;
 
@@ -138,7 +140,7 @@ impl Ready {
 
     /// Queues `key`, reported readable at `now`; a key already queued moves to the newest
     /// end, with `now` as its time.
-    pub(super) fn push(&mut self, key: usize, now: Duration) {
+    pub(super) fn push(&mut self, key: usize, now: Uptime) {
         if key >= self.live.len() {
             self.live.resize(key + 1, 0);
         }
@@ -150,7 +152,7 @@ impl Ready {
         self.entries.push_back(Entry {
             key,
             push: self.pushes,
-            at_us: micros(now),
+            at_us: now.as_micros(),
         });
         if self.entries.len() > 2 * self.len + COMPACT_SLACK {
             let live = &self.live;
@@ -168,14 +170,14 @@ impl Ready {
     }
 
     /// The connection to read next at `now`, in the order the module header states.
-    pub(super) fn pop(&mut self, now: Duration) -> Option<usize> {
+    pub(super) fn pop(&mut self, now: Uptime) -> Option<usize> {
         self.drop_stale_front();
         let Some(oldest) = self.entries.front() else {
             self.over_since_us = None;
             self.standing = false;
             return None;
         };
-        let now_us = micros(now);
+        let now_us = now.as_micros();
         let oldest_wait_us = now_us.saturating_sub(oldest.at_us);
         if self.order == ReadyOrder::Adaptive {
             if oldest_wait_us > micros(TARGET) {
@@ -250,15 +252,20 @@ mod tests {
         Duration::from_micros(n)
     }
 
+    /// The worker's clock at `d` after its start.
+    fn at(d: Duration) -> Uptime {
+        Uptime::from_duration(d)
+    }
+
     fn drain(r: &mut Ready, now: Duration) -> Vec<usize> {
-        std::iter::from_fn(|| r.pop(now)).collect()
+        std::iter::from_fn(|| r.pop(at(now))).collect()
     }
 
     #[test]
     fn calm_queues_pop_oldest_first() {
         let mut r = Ready::new(ReadyOrder::Adaptive);
         for key in [3, 1, 2] {
-            r.push(key, ms(10));
+            r.push(key, at(ms(10)));
         }
         assert_eq!(r.len(), 3);
         assert_eq!(drain(&mut r, ms(11)), [3, 1, 2]);
@@ -269,25 +276,25 @@ mod tests {
     fn turns_lifo_only_after_an_interval_over_target_and_fifo_once_drained() {
         let mut r = Ready::new(ReadyOrder::Adaptive);
         for key in 0..10 {
-            r.push(key, ms(0));
+            r.push(key, at(ms(0)));
         }
         // Over TARGET from here, but not yet for INTERVAL: oldest first.
         let over = TARGET + ms(1);
-        assert_eq!(r.pop(over), Some(0));
+        assert_eq!(r.pop(at(over)), Some(0));
         assert!(!r.standing());
-        assert_eq!(r.pop(over + INTERVAL - us(1)), Some(1));
+        assert_eq!(r.pop(at(over + INTERVAL - us(1))), Some(1));
         assert!(!r.standing());
         // An INTERVAL over TARGET: newest first.
-        assert_eq!(r.pop(over + INTERVAL), Some(9));
+        assert_eq!(r.pop(at(over + INTERVAL)), Some(9));
         assert!(r.standing());
-        assert_eq!(r.pop(over + INTERVAL + ms(1)), Some(8));
+        assert_eq!(r.pop(at(over + INTERVAL + ms(1))), Some(8));
         assert_eq!(drain(&mut r, over + INTERVAL + ms(1)), [7, 6, 5, 4, 3, 2]);
         assert!(!r.standing(), "an empty queue stands no more");
         // Calm again: oldest first, even with waits over TARGET for a while.
         let later = ms(10_000);
-        r.push(20, later);
-        r.push(21, later + ms(1));
-        assert_eq!(r.pop(later + TARGET + ms(10)), Some(20));
+        r.push(20, at(later));
+        r.push(21, at(later + ms(1)));
+        assert_eq!(r.pop(at(later + TARGET + ms(10))), Some(20));
         assert!(!r.standing());
     }
 
@@ -295,19 +302,19 @@ mod tests {
     fn a_wait_under_target_in_between_restarts_the_interval() {
         let mut r = Ready::new(ReadyOrder::Adaptive);
         let a = TARGET * 2;
-        r.push(0, ms(0));
-        r.push(1, a);
+        r.push(0, at(ms(0)));
+        r.push(1, at(a));
         for key in 2..5 {
-            r.push(key, a + ms(1));
+            r.push(key, at(a + ms(1)));
         }
-        assert_eq!(r.pop(TARGET + ms(1)), Some(0), "over TARGET from here");
+        assert_eq!(r.pop(at(TARGET + ms(1))), Some(0), "over TARGET from here");
         // The oldest (1) waited 2 ms: not a queue, and the clock stops.
-        assert_eq!(r.pop(a + ms(2)), Some(1));
+        assert_eq!(r.pop(at(a + ms(2))), Some(1));
         // Over TARGET again from here, not since the first pop.
         let over = a + ms(1) + TARGET + ms(1);
-        assert_eq!(r.pop(over), Some(2));
+        assert_eq!(r.pop(at(over)), Some(2));
         assert!(!r.standing());
-        assert_eq!(r.pop(over + INTERVAL), Some(4));
+        assert_eq!(r.pop(at(over + INTERVAL)), Some(4));
         assert!(r.standing());
     }
 
@@ -315,17 +322,17 @@ mod tests {
     fn falls_back_to_fifo_when_the_oldest_wait_is_under_target_again() {
         let mut r = Ready::new(ReadyOrder::Adaptive);
         for key in 0..4 {
-            r.push(key, ms(0));
+            r.push(key, at(ms(0)));
         }
         let over = TARGET + ms(1);
-        r.pop(over);
-        assert_eq!(r.pop(over + INTERVAL), Some(3));
+        r.pop(at(over));
+        assert_eq!(r.pop(at(over + INTERVAL)), Some(3));
         assert!(r.standing());
         // The old connections are reported again (new bytes): the oldest wait is fresh.
         let t = over + INTERVAL + ms(10);
-        r.push(1, t);
-        r.push(2, t + ms(1));
-        assert_eq!(r.pop(t + ms(2)), Some(1));
+        r.push(1, at(t));
+        r.push(2, at(t + ms(1)));
+        assert_eq!(r.pop(at(t + ms(2))), Some(1));
         assert!(!r.standing());
     }
 
@@ -333,21 +340,21 @@ mod tests {
     fn a_key_pushed_again_moves_to_the_newest_end_and_pops_once() {
         let mut r = Ready::new(ReadyOrder::Adaptive);
         for key in [1, 2, 3] {
-            r.push(key, ms(0));
+            r.push(key, at(ms(0)));
         }
-        r.push(1, ms(1));
+        r.push(1, at(ms(1)));
         assert_eq!(r.len(), 3);
         assert_eq!(drain(&mut r, ms(2)), [2, 3, 1]);
         // Newest first under a standing queue: the moved key comes first, once.
         let mut r = Ready::new(ReadyOrder::Adaptive);
         for key in [1, 2, 3] {
-            r.push(key, ms(0));
+            r.push(key, at(ms(0)));
         }
         let over = TARGET + ms(1);
-        r.pop(over); // 1, and the clock starts
-        r.push(2, over + ms(1));
-        r.push(9, over + ms(2));
-        r.push(2, over + ms(3));
+        r.pop(at(over)); // 1, and the clock starts
+        r.push(2, at(over + ms(1)));
+        r.push(9, at(over + ms(2)));
+        r.push(2, at(over + ms(3)));
         assert_eq!(drain(&mut r, over + INTERVAL), [2, 9, 3]);
         assert!(r.is_empty());
     }
@@ -357,20 +364,20 @@ mod tests {
         for order in [ReadyOrder::Adaptive, ReadyOrder::Fifo] {
             let mut r = Ready::new(order);
             for key in 0..6 {
-                r.push(key, ms(0));
+                r.push(key, at(ms(0)));
             }
             r.remove(2);
             r.remove(2);
             r.remove(99); // never queued
-            r.push(4, ms(1));
+            r.push(4, at(ms(1)));
             r.remove(4);
             assert_eq!(r.len(), 4);
-            let mut popped = vec![r.pop(ms(10)).unwrap()];
+            let mut popped = vec![r.pop(at(ms(10))).unwrap()];
             popped.extend(drain(&mut r, ms(200)));
             popped.sort();
             assert_eq!(popped, [0, 1, 3, 5], "{order:?}");
             // A slot taken by a new connection is returned once that one is pushed.
-            r.push(2, ms(300));
+            r.push(2, at(ms(300)));
             assert_eq!(drain(&mut r, ms(300)), [2]);
         }
     }
@@ -379,9 +386,9 @@ mod tests {
     fn fifo_never_stands() {
         let mut r = Ready::new(ReadyOrder::Fifo);
         for key in 0..100 {
-            r.push(key, ms(0));
+            r.push(key, at(ms(0)));
         }
-        let popped: Vec<usize> = (0..100).map(|i| r.pop(ms(1000 + i)).unwrap()).collect();
+        let popped: Vec<usize> = (0..100).map(|i| r.pop(at(ms(1000 + i))).unwrap()).collect();
         assert_eq!(popped, (0..100).collect::<Vec<_>>());
         assert!(!r.standing());
     }
@@ -390,7 +397,7 @@ mod tests {
     fn stale_entries_are_compacted() {
         let mut r = Ready::new(ReadyOrder::Adaptive);
         for i in 0..100_000u64 {
-            r.push((i % 10) as usize, us(i));
+            r.push((i % 10) as usize, at(us(i)));
         }
         assert_eq!(r.len(), 10);
         assert!(r.entries.len() <= 2 * 10 + COMPACT_SLACK + 1);
@@ -413,7 +420,7 @@ mod tests {
         let mut r = Ready::new(order);
         let mut pushed_at = vec![0u64; 2 * backlog + 10_000 * secs as usize];
         for key in 0..backlog {
-            r.push(key, Duration::ZERO);
+            r.push(key, Uptime::ZERO);
         }
         let mut popped = Vec::new();
         for i in 0..10_000 * secs {
@@ -424,8 +431,8 @@ mod tests {
                 backlog + i as usize
             };
             pushed_at[key] = now_us;
-            r.push(key, us(now_us));
-            let key = r.pop(us(now_us)).unwrap();
+            r.push(key, at(us(now_us)));
+            let key = r.pop(at(us(now_us))).unwrap();
             popped.push(Popped {
                 at_us: now_us,
                 key,

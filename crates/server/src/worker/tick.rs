@@ -1,128 +1,168 @@
 //! Once a second, just after each whole wall-clock second: the worker's report to the
 //! supervisor (counters, levels, shake latency), accepts resumed after a pause, claims
-//! never answered forgotten, and the sweep that closes connections past their deadline.
+//! never answered forgotten, and the connections whose deadline came (`timers.rs`):
+//! closed, kicked, or filed again under the deadline their state gives now.
 
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
+use hongbao_money::ConnId;
 use hongbao_proto::KickReason;
+use hongbao_sys::clock::{UnixTime, UptimeSecs};
 use hongbao_sys::{net, usage};
 
 use super::codec::Idle;
-use super::conn::{State, CLOSING_GRACE_SECS};
-use super::{unix_now, Worker};
+use super::conn::{conn_id, Conn, State, CLOSING_GRACE_SECS};
+use super::Worker;
 use crate::link::ToCore;
 
 /// A claim unanswered this long is forgotten (its connection closed).
-const CLAIM_FORGET_SECS: u64 = 30;
+pub(super) const CLAIM_FORGET: Duration = Duration::from_secs(30);
 
-/// Time until 20 ms past the next whole Unix second.
-pub(super) fn until_next_second() -> Duration {
-    let into = unix_now().subsec_millis() as u64;
-    Duration::from_millis((1000 - into) + 20)
+/// What a connection's deadlines say when it is visited.
+#[derive(Debug, PartialEq, Eq)]
+enum Visit {
+    /// Nothing is due: visit it again in this second.
+    Again(UptimeSecs),
+    /// No deadline applies (a logged-in session with no idle timeout).
+    Never,
+    /// Past its deadline: close it (a kicked or half-closed connection).
+    Close,
+    /// Past its deadline: kick it, saying why.
+    Kick(&'static str),
 }
 
 impl Worker {
-    /// The once-a-second turn; the loop also runs it once more on the way out, so the
-    /// counts of a partial last second are reported.
-    pub(super) fn tick(&mut self) {
-        if self.accept_paused {
-            self.accept_paused = false;
-            for i in 0..self.listeners.len() {
-                self.accept(i);
-            }
+    /// The once-a-second turn at Unix time `unix`; the loop also runs it once more on the
+    /// way out, so the counts of a partial last second are reported.
+    pub(super) fn tick(&mut self, unix: UnixTime) {
+        if self.listeners.resume() {
+            self.accept_all();
         }
-        self.sweep();
-        let unix = unix_now();
-        self.unix_at_start = unix.saturating_sub(self.started.elapsed());
-        self.stats.unix_second = unix.as_secs();
+        self.visit_due();
+        self.stats.unix_second = unix.second();
         self.stats.levels.connections = self.conns.len() as u64;
-        self.stats.levels.pool_packets = self.pool.len() as u64;
-        self.stats.levels.shake_cap = self.cap.per_sec().into();
+        self.stats.levels.pool_packets = self.shakes.pool.len() as u64;
+        self.stats.levels.shake_cap = self.shakes.overload.cap_per_sec().into();
         let (rss, cpu) = usage::self_usage();
         self.stats.levels.rss_bytes = rss;
         self.stats.cpu_ms = cpu;
         self.stats.shake_latency_us = hongbao_telemetry::sample::sparse(&self.latency);
         self.latency.reset();
         // A claim whose connection went away is never answered.
-        self.claims
-            .retain(|_, read_at| read_at.elapsed() < Duration::from_secs(CLAIM_FORGET_SECS));
+        self.shakes.forget_claims(self.time.polled, CLAIM_FORGET);
         let stats = ToCore::Stats(Box::new(self.stats.clone()));
         self.tell_core(&stats);
     }
 
-    /// A logged-in session has no deadline while no idle timeout is set: the sweep need not
-    /// look at it again (until it is kicked or its peer half-closes, which watch it anew).
-    pub(super) fn unwatch_if_timeless(&mut self, key: usize) {
-        let session = self
-            .conns
-            .get(key)
-            .is_some_and(|c| c.user.is_some() && c.codec.idle() == Idle::Session);
-        if session && self.cfg.idle_timeout_secs == 0 {
-            self.watched.remove(&key);
+    /// When a new connection is first visited: at its login deadline (a session), or in a
+    /// second (HTTP: its request's and keep-alive deadlines are looked at every second,
+    /// as its codec moves them).
+    pub(super) fn first_visit(&self, http: bool, now: UptimeSecs) -> UptimeSecs {
+        if http {
+            now.after(1)
+        } else {
+            now.after(self.cfg.login_timeout_secs.max(1))
         }
     }
 
-    /// Closes connections that never logged in, went silent, took too long with an HTTP
-    /// request, or were kicked and linger. It looks only at the connections `watched`:
-    /// every one from its accept, less the logged-in sessions while no idle timeout is
-    /// set (`unwatch_if_timeless`) — at a million connections (56 workers) walking every
-    /// one each second was about 1% of the server's CPU (docs/BENCHMARKS.md).
-    fn sweep(&mut self) {
-        let now = self.now_s();
-        let login_timeout = self.cfg.login_timeout_secs;
-        let idle_timeout = self.cfg.idle_timeout_secs;
-        let keepalive = self.cfg.http_keepalive_secs;
-        let mut expired = Vec::new();
-        for &key in &self.watched {
-            let Some(c) = self.conns.get(key) else {
-                continue;
-            };
-            let quiet = now.saturating_sub(c.last_seen);
-            if c.state == State::Closing {
-                if quiet >= CLOSING_GRACE_SECS {
-                    expired.push((key, None));
-                }
-                continue;
-            }
-            if c.state == State::Draining {
-                // Answers owed to a half-closed client that never came.
-                if quiet as u64 >= CLAIM_FORGET_SECS {
-                    expired.push((key, None));
-                }
-                continue;
-            }
-            // A request already waiting in the socket is not the client's delay but ours
-            // (a starved worker during a connect storm): it will be read next turn.
-            let unread = || net::has_input(c.stream.as_raw_fd());
-            let why = match c.codec.idle() {
-                // Counted from the connect: a request waiting unread may be ours to read,
-                // but not for long.
-                Idle::Session if c.user.is_none() => (quiet >= login_timeout
-                    && (quiet >= 2 * login_timeout || !unread()))
-                .then_some("no login"),
-                Idle::Session => (idle_timeout > 0 && quiet >= idle_timeout).then_some("idle"),
-                Idle::Http {
-                    request_since: Some(since),
-                    ..
-                } => (now.saturating_sub(since) >= login_timeout && !unread())
-                    .then_some("request not complete in time"),
-                Idle::Http {
-                    request_since: None,
-                    answers_due,
-                } => (!answers_due && keepalive > 0 && quiet >= keepalive).then_some("idle"),
-            };
-            if let Some(why) = why {
-                expired.push((key, Some(why)));
-            }
+    /// Files connection `key` to be visited at once (next tick): its state changed in a
+    /// way that brings a deadline (kicked, half-closed, an idle timeout set).
+    pub(super) fn visit_soon(&mut self, key: usize) {
+        if let Some(c) = self.conns.get(key) {
+            let now = self.time.polled.secs();
+            self.timers.file(now, conn_id(key, c.generation));
         }
-        for (key, why) in expired {
-            match why {
-                Some(text) => {
+    }
+
+    /// Visits the connections whose second has come: each is closed, kicked, or filed
+    /// again under the deadline its state gives now.
+    fn visit_due(&mut self) {
+        let now = self.time.polled.secs();
+        for id in self.timers.due(now) {
+            let Some(key) = self.live(id) else {
+                continue; // closed meanwhile; its slot may hold another
+            };
+            match self.visit(&self.conns[key], now) {
+                Visit::Again(at) => self.timers.file(at, id),
+                Visit::Never => {}
+                Visit::Close => self.close(key),
+                Visit::Kick(text) => {
                     self.stats.counters.kicks_idle += 1;
                     self.kick(key, KickReason::Idle, text);
                 }
-                None => self.close(key),
+            }
+        }
+    }
+
+    /// The connection `id` names, if it is still the one it named.
+    fn live(&self, id: ConnId) -> Option<usize> {
+        let key = id.key as usize;
+        self.conns
+            .get(key)
+            .is_some_and(|c| c.generation == id.generation)
+            .then_some(key)
+    }
+
+    /// What `c`'s deadlines say at `now`: a connection that never logged in, went silent,
+    /// took too long with an HTTP request, or was kicked and lingers, is past its
+    /// deadline; else, when to look again.
+    fn visit(&self, c: &Conn, now: UptimeSecs) -> Visit {
+        let cfg = &self.cfg;
+        let quiet = now.since(c.last_seen);
+        let past = |secs: u32| {
+            if quiet >= secs {
+                None
+            } else {
+                Some(Visit::Again(c.last_seen.after(secs)))
+            }
+        };
+        match c.state {
+            State::Closing => return past(CLOSING_GRACE_SECS).unwrap_or(Visit::Close),
+            // Answers owed to a half-closed client that never came.
+            State::Draining => {
+                return past(CLAIM_FORGET.as_secs() as u32).unwrap_or(Visit::Close);
+            }
+            State::Open => {}
+        }
+        // A request already waiting in the socket is not the client's delay but ours (a
+        // starved worker during a connect storm): it will be read next turn.
+        let unread = || net::has_input(c.stream.as_raw_fd());
+        // Not decided this second: look again in the next.
+        let next = Visit::Again(now.after(1));
+        match c.codec.idle() {
+            // Counted from the connect: a request waiting unread may be ours to read,
+            // but not for long.
+            Idle::Session if c.user.is_none() => {
+                let timeout = cfg.login_timeout_secs;
+                match past(timeout) {
+                    Some(again) => again,
+                    None if quiet >= 2 * timeout || !unread() => Visit::Kick("no login"),
+                    None => next,
+                }
+            }
+            Idle::Session if cfg.idle_timeout_secs == 0 => Visit::Never,
+            Idle::Session => past(cfg.idle_timeout_secs).unwrap_or(Visit::Kick("idle")),
+            Idle::Http {
+                request_since: Some(since),
+                ..
+            } => {
+                if now.since(since) >= cfg.login_timeout_secs && !unread() {
+                    Visit::Kick("request not complete in time")
+                } else {
+                    next
+                }
+            }
+            Idle::Http {
+                request_since: None,
+                answers_due,
+            } => {
+                let keepalive = cfg.http_keepalive_secs;
+                if !answers_due && keepalive > 0 && quiet >= keepalive {
+                    Visit::Kick("idle")
+                } else {
+                    next
+                }
             }
         }
     }

@@ -6,6 +6,7 @@
 
 use hongbao_money::{Request, UserId};
 use hongbao_proto::{KickReason, ResultCode};
+use hongbao_sys::clock::UptimeSecs;
 
 use crate::link::WorkerConfig;
 use crate::stats::WorkerCounters;
@@ -66,8 +67,8 @@ pub(super) struct Cx<'a> {
     pub out: &'a mut Vec<u8>,
     pub stats: &'a mut WorkerCounters,
     pub cfg: &'a WorkerConfig,
-    /// Seconds since the worker started.
-    pub now: u32,
+    /// The read's time, in whole seconds.
+    pub now: UptimeSecs,
     /// Whether a WebSocket upgrade may be accepted now: not when the worker already
     /// holds as many connections not yet logged in as it may (from this source).
     pub may_upgrade: bool,
