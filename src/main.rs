@@ -47,6 +47,10 @@ use serve::{ServeArgs, WorkerArgs};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines on stderr: human, or json (one object a line); HONGBAO_LOG sets the
+    /// levels (info by default). Processes started by this one inherit both.
+    #[arg(long, global = true, env = hongbao_telemetry::log::FORMAT_ENV, default_value = "human")]
+    log_format: hongbao_telemetry::log::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -92,7 +96,9 @@ enum Command {
 }
 
 fn main() -> Result<()> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    hongbao_telemetry::log::init(cli.log_format);
+    match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Worker(args) => serve::run_worker(args),
         Command::Load(args) => load::run(args),

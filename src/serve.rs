@@ -29,7 +29,10 @@ pub struct WorkerArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    hongbao_server::supervisor::run(serve_config(args)?, Stop::on_signals()?)
+    Ok(hongbao_server::supervisor::run(
+        serve_config(args)?,
+        Stop::on_signals()?,
+    )?)
 }
 
 pub fn run_worker(args: WorkerArgs) -> Result<()> {

@@ -4,6 +4,7 @@
 
 use hongbao_money::event::Event;
 use hongbao_money::seam::{AdminAnswer, AdminRequest};
+use hongbao_money::Error;
 
 use crate::campaign::CampaignRow;
 use crate::store::{pg_error, Store};
@@ -12,7 +13,7 @@ use crate::store::{pg_error, Store};
 pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAnswer {
     let answer = match request {
         AdminRequest::CreateShake(req) => match req.check() {
-            Err(why) => return AdminAnswer::Refused(why),
+            Err(why) => return AdminAnswer::Refused(why.to_string()),
             Ok(()) => {
                 let seed: u64 = rand::random();
                 let minted = (0..req.packets)
@@ -42,7 +43,7 @@ pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAns
             }
         },
         AdminRequest::CreateSend(req) => match req.check() {
-            Err(why) => return AdminAnswer::Refused(why),
+            Err(why) => return AdminAnswer::Refused(why.to_string()),
             Ok(()) => {
                 create(
                     store,
@@ -92,7 +93,7 @@ pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAns
 /// A campaign: in the ledger first (with what it mints, and its event, as the embedded
 /// ledger logs it, so that the money minted can be read from the events alone), then in
 /// Redis for release.
-async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAnswer, String> {
+async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAnswer, Error> {
     let pg = store.pg().await?;
     c.started_ms = crate::now_ms();
     // Its id is the row's: filled in by the same statement.
@@ -162,6 +163,6 @@ async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAn
     store
         .transaction(&pipe, &key)
         .await
-        .map_err(|e| format!("Redis: starting the campaign's release: {e}"))?;
+        .map_err(|e| Error::unavailable("Redis: starting the campaign's release", e))?;
     store.status(&c).await.map(AdminAnswer::Campaign)
 }

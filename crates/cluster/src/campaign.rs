@@ -4,6 +4,7 @@
 
 use hongbao_money::api::{CampaignKind, CampaignState};
 use hongbao_money::CampaignStatus;
+use hongbao_money::Error;
 use redis::AsyncCommands;
 
 use crate::commit::Commit;
@@ -47,7 +48,7 @@ pub fn campaign_packet(c: &CampaignRow, index: u32, expires_ms: u64) -> Commit {
 }
 
 impl Store {
-    pub async fn campaign_row(&self, id: u32) -> Result<Option<CampaignRow>, String> {
+    pub async fn campaign_row(&self, id: u32) -> Result<Option<CampaignRow>, Error> {
         let pg = self.pg().await?;
         let row = pg
             .query_opt(
@@ -60,7 +61,7 @@ impl Store {
         Ok(row.map(|r| campaign_from(&r)))
     }
 
-    pub(crate) async fn campaign_rows(&self) -> Result<Vec<CampaignRow>, String> {
+    pub(crate) async fn campaign_rows(&self) -> Result<Vec<CampaignRow>, Error> {
         let pg = self.pg().await?;
         let rows = pg
             .query(
@@ -82,7 +83,7 @@ impl Store {
             .unwrap_or(None)
     }
 
-    pub(crate) async fn status(&self, c: &CampaignRow) -> Result<CampaignStatus, String> {
+    pub(crate) async fn status(&self, c: &CampaignRow) -> Result<CampaignStatus, Error> {
         let pg = self.pg().await?;
         let mut status = CampaignStatus {
             id: c.id,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use hongbao_money::seam::{
     AdminRequest, Balances, LedgerRead, MoneySnapshot, Op, OpsCursor, OpsPage, Origin, Output,
 };
-use hongbao_money::{Audit, Money, UserId, UserView, WorkerId};
+use hongbao_money::{Audit, Error, Money, UserId, UserView, WorkerId};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use crate::host::{Cmd, Host, Read};
@@ -27,7 +27,7 @@ pub struct Cluster {
 impl Cluster {
     /// Connects to Redis and PostgreSQL (creating the schema if it is not there) and
     /// starts this host's part: releasing, committing, listening on its channel.
-    pub fn open(cfg: ClusterConfig, wake: Arc<dyn Fn() + Send + Sync>) -> Result<Cluster, String> {
+    pub fn open(cfg: ClusterConfig, wake: Arc<dyn Fn() + Send + Sync>) -> Result<Cluster, Error> {
         let shared = Arc::new(Shared {
             outputs: Mutex::default(),
             snapshot: Mutex::default(),
@@ -40,13 +40,15 @@ impl Cluster {
         let thread = std::thread::Builder::new()
             .name("hongbao-cluster".into())
             .spawn(move || {
+                let _span = tracing::info_span!("cluster", host = %cfg.host).entered();
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                 {
                     Ok(r) => r,
                     Err(e) => {
-                        let _ = ready_tx.send(Err(format!("a tokio runtime: {e}")));
+                        let _ =
+                            ready_tx.send(Err(Error::unavailable("starting a tokio runtime", e)));
                         return;
                     }
                 };
@@ -62,7 +64,7 @@ impl Cluster {
                     Host::new(cfg, store, runtime_shared).run(rx).await;
                 });
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::unavailable("starting the cluster's thread", e))?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(Cluster {
                 tx,
@@ -70,7 +72,7 @@ impl Cluster {
                 thread: Some(thread),
             }),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err("the cluster runtime ended while starting".into()),
+            Err(_) => Err(Error::bug("the cluster runtime ended while starting")),
         }
     }
 
@@ -128,12 +130,17 @@ impl Money for Cluster {
         self.shared.failure.lock().unwrap().clone()
     }
 
-    fn finish(&mut self) -> Result<(), String> {
+    fn finish(&mut self) -> Result<(), Error> {
         let (tx, rx) = std::sync::mpsc::channel();
         self.send(Cmd::Finish(tx));
         let result = rx
             .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| Err("the cluster runtime did not finish in 30 s".into()));
+            .unwrap_or_else(|_| {
+                Err(Error::unavailable(
+                    "finishing",
+                    "the cluster runtime did not finish in 30 s",
+                ))
+            });
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -165,29 +172,33 @@ struct Reader {
 impl Reader {
     fn ask<T>(
         &self,
-        make: impl FnOnce(std::sync::mpsc::Sender<Result<T, String>>) -> Read,
-    ) -> Result<T, String> {
+        make: impl FnOnce(std::sync::mpsc::Sender<Result<T, Error>>) -> Read,
+    ) -> Result<T, Error> {
         let (tx, rx) = std::sync::mpsc::channel();
         self.tx
             .lock()
             .unwrap()
             .send(Cmd::Read(make(tx)))
-            .map_err(|_| "the cluster runtime has ended".to_string())?;
-        rx.recv_timeout(Duration::from_secs(30))
-            .map_err(|_| "no answer from the cluster runtime in 30 s".to_string())?
+            .map_err(|_| Error::bug("the cluster runtime has ended"))?;
+        rx.recv_timeout(Duration::from_secs(30)).map_err(|_| {
+            Error::unavailable(
+                "reading the ledger",
+                "no answer from the cluster runtime in 30 s",
+            )
+        })?
     }
 }
 
 impl LedgerRead for Reader {
-    fn user(&self, user: u64, limit: usize) -> Result<UserView, String> {
+    fn user(&self, user: u64, limit: usize) -> Result<UserView, Error> {
         self.ask(|tx| Read::User(user, limit, tx))
     }
 
-    fn balances(&self) -> Result<Balances, String> {
+    fn balances(&self) -> Result<Balances, Error> {
         self.ask(Read::Balances)
     }
 
-    fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, String> {
+    fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, Error> {
         self.ask(|tx| Read::Ops(after, limit, tx))
     }
 }

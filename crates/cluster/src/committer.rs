@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use hongbao_money::Error;
 use hongbao_money::{Account, Event};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_postgres::Client;
@@ -224,7 +225,7 @@ async fn commit_batch(
             return Err(first);
         }
         for (k, why) in culprits {
-            say!("an op was left out of its batch: {why}");
+            tracing::warn!("an op was left out of its batch: {why}");
             left_out[running[k]] = true;
         }
     }
@@ -232,7 +233,7 @@ async fn commit_batch(
 
 /// The positions of the ops whose own statement failed (not those refused because the
 /// transaction had already failed), with why.
-fn culprits(results: &[Result<Done, tokio_postgres::Error>]) -> Vec<(usize, String)> {
+fn culprits(results: &[Result<Done, tokio_postgres::Error>]) -> Vec<(usize, Error)> {
     results
         .iter()
         .enumerate()
@@ -290,12 +291,12 @@ pub async fn committer(
                 Ok(c) => match prepare(&c).await {
                     Ok(st) => Some((c, st)),
                     Err(e) => {
-                        say!("{}", pg_error("preparing", e));
+                        tracing::warn!("{}", pg_error("preparing", e));
                         None
                     }
                 },
                 Err(e) => {
-                    say!("{e}");
+                    tracing::warn!("{e}");
                     None
                 }
             };
@@ -304,7 +305,10 @@ pub async fn committer(
             Some((client, st)) => commit_batch(client, st, &cfg.host, &batch)
                 .await
                 .map_err(|e| pg_error("committing", e)),
-            None => Err("no connection to PostgreSQL".to_string()),
+            None => Err(Error::unavailable(
+                "committing",
+                "no connection to PostgreSQL",
+            )),
         };
         match result {
             Ok(done) => {
@@ -331,7 +335,7 @@ pub async fn committer(
                 after_commit(&store, &cfg, &shared, committed, results).await;
             }
             Err(why) => {
-                say!("a batch of {} was not committed: {why}", batch.len());
+                tracing::warn!("a batch of {} was not committed: {why}", batch.len());
                 let (campaign, rest): (Vec<Commit>, Vec<Commit>) = batch
                     .into_iter()
                     .partition(|op| matches!(op, Commit::CampaignPacket { .. }));

@@ -83,7 +83,7 @@ impl Store {
                 return;
             }
             if tokio::time::Instant::now() >= deadline {
-                say!(
+                tracing::warn!(
                     "nobody on {channel} received a message for {} s; dropped",
                     PUBLISH_PATIENCE.as_secs()
                 );
@@ -160,7 +160,7 @@ impl Store {
             .await;
             let all_answered = probed.iter().all(|r| r.is_ok());
             if probed.iter().any(|r| matches!(r, Ok(Some(_)))) && marked {
-                say!(
+                tracing::warn!(
                     "a Redis master lost its data (a marker of this host is gone); telling Redis again what it should know"
                 );
                 lost.notify_one();
@@ -170,10 +170,10 @@ impl Store {
                 let mut subscribed = self.0.subscribed.lock().unwrap().clone();
                 match subscribed.ssubscribe(&channel).await {
                     Ok(()) => {
-                        say!("subscribed to {channel} again");
+                        tracing::info!("subscribed to {channel} again");
                         renewed.notify_one();
                     }
-                    Err(e) => say!("subscribing to {channel} again: {e}"),
+                    Err(e) => tracing::warn!("subscribing to {channel} again: {e}"),
                 }
             }
             if received.is_ok() && all_answered {
@@ -203,17 +203,17 @@ impl Store {
         let (commands, subscribed) = match tokio::time::timeout(PATIENCE, connect).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
-                say!("Redis: connecting again: {e}");
+                tracing::warn!("Redis: connecting again: {e}");
                 return false;
             }
             Err(_) => {
-                say!("Redis: connecting again: timed out");
+                tracing::warn!("Redis: connecting again: timed out");
                 return false;
             }
         };
         *self.0.redis.lock().unwrap() = commands;
         *self.0.subscribed.lock().unwrap() = subscribed;
-        say!(
+        tracing::warn!(
             "Redis: a master did not answer {STUCK_AFTER} checks in a row; connected to the cluster again"
         );
         true
@@ -232,7 +232,7 @@ impl Store {
             match ask(self.redis()).await {
                 Ok(v) => return Some(v),
                 Err(e) if tokio::time::Instant::now() >= deadline => {
-                    say!("Redis: {e}");
+                    tracing::warn!("Redis: {e}");
                     return None;
                 }
                 Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,

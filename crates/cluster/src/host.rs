@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hongbao_money::seam::{AdminRequest, Balances, Op, OpKind, OpsCursor, OpsPage, Origin, Output};
+use hongbao_money::Error;
 use hongbao_money::{Push, Reply, UserId, UserView, WorkerId};
 use hongbao_proto::ResultCode;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -30,21 +31,17 @@ pub(crate) enum Cmd {
     Chat(Origin, u64, String),
     Broadcast(u64, String),
     Read(Read),
-    Finish(std::sync::mpsc::Sender<Result<(), String>>),
+    Finish(std::sync::mpsc::Sender<Result<(), Error>>),
 }
 
 /// A read for the admin API's threads, answered on the std channel it carries.
 pub(crate) enum Read {
-    User(
-        u64,
-        usize,
-        std::sync::mpsc::Sender<Result<UserView, String>>,
-    ),
-    Balances(std::sync::mpsc::Sender<Result<Balances, String>>),
+    User(u64, usize, std::sync::mpsc::Sender<Result<UserView, Error>>),
+    Balances(std::sync::mpsc::Sender<Result<Balances, Error>>),
     Ops(
         Option<OpsCursor>,
         usize,
-        std::sync::mpsc::Sender<Result<OpsPage, String>>,
+        std::sync::mpsc::Sender<Result<OpsPage, Error>>,
     ),
 }
 
@@ -135,7 +132,7 @@ impl Host {
                     let host = self.cfg.host.clone();
                     tokio::spawn(async move {
                         if let Err(e) = store.expire(now_ms(), &host).await {
-                            say!("expiring packets: {e}");
+                            tracing::warn!("expiring packets: {e}");
                         }
                     });
                 }
@@ -146,14 +143,14 @@ impl Host {
         }
     }
 
-    async fn finish(&mut self) -> Result<(), String> {
+    async fn finish(&mut self) -> Result<(), Error> {
         self.commits = None; // the committer commits what it has, then ends
         if let Some(task) = self.committer.take() {
             let _ = task.await;
         }
         self.store.forget_host(&self.cfg.host).await;
         match self.shared.failure.lock().unwrap().clone() {
-            Some(why) => Err(why),
+            Some(why) => Err(Error::unavailable("committing to PostgreSQL", why)),
             None => Ok(()),
         }
     }
@@ -359,9 +356,9 @@ impl Host {
                 tokio::spawn(async move {
                     let reply = match store.user_view(to.user.get(), 20).await {
                         Ok(view) => Reply::Me(view),
-                        Err(text) => Reply::Error {
+                        Err(e) => Reply::Error {
                             result: ResultCode::Unavailable,
-                            text,
+                            text: e.to_string(),
                         },
                     };
                     shared.emit(Output::Reply { to, reply });
@@ -385,11 +382,11 @@ impl Host {
                             reply: Reply::Notices(notices),
                         }],
                         (Err(_), true) => Vec::new(),
-                        (Err(text), false) => vec![Output::Reply {
+                        (Err(e), false) => vec![Output::Reply {
                             to,
                             reply: Reply::Error {
                                 result: ResultCode::Unavailable,
-                                text,
+                                text: e.to_string(),
                             },
                         }],
                     };
@@ -399,8 +396,8 @@ impl Host {
         }
     }
 
-    fn unavailable(&self, to: Origin, op: OpKind, why: String) {
-        say!("{why}");
+    fn unavailable(&self, to: Origin, op: OpKind, why: Error) {
+        tracing::warn!(error = %why, kind = ?why.kind(), "an operation found the ledger unavailable");
         self.shared.count(op, ResultCode::Unavailable);
         self.shared.emit(Output::Reply {
             to,
@@ -420,7 +417,7 @@ impl Host {
     }
 
     /// Campaign `id`'s row, read once; `Err` when PostgreSQL could not say.
-    async fn campaign(&mut self, id: u32) -> Result<Option<CampaignRow>, String> {
+    async fn campaign(&mut self, id: u32) -> Result<Option<CampaignRow>, Error> {
         if let Some(c) = self.campaigns.get(&id) {
             return Ok(Some(c.clone()));
         }
@@ -443,7 +440,7 @@ impl Host {
         {
             Ok(released) => released,
             Err(e) => {
-                say!("release: {e}");
+                tracing::warn!("release: {e}");
                 return;
             }
         };
@@ -462,7 +459,7 @@ impl Host {
             let c = match self.campaign(campaign).await {
                 Ok(Some(c)) => c,
                 Ok(None) => {
-                    say!("released packet {campaign}:{index} of no campaign");
+                    tracing::warn!("released packet {campaign}:{index} of no campaign");
                     continue;
                 }
                 Err(_) => {
@@ -504,12 +501,12 @@ impl Host {
             match store.restore_releases().await {
                 Ok(restored) => {
                     for (campaign, put_back) in restored {
-                        say!(
+                        tracing::warn!(
                             "Redis had lost the release of campaign {campaign}; started again, {put_back} packets released and not won put back in line"
                         );
                     }
                 }
-                Err(e) => say!("restoring releases: {e}"),
+                Err(e) => tracing::warn!("restoring releases: {e}"),
             }
             renewed.notify_one();
         });
@@ -552,7 +549,7 @@ impl Host {
         tokio::spawn(async move {
             match store.waiting_notices_of(&users, now_ms()).await {
                 Ok(waiting) => {
-                    say!(
+                    tracing::warn!(
                         "this host's channel was renewed; {} waiting notices told again to {} users",
                         waiting.len(),
                         users.len()
@@ -566,7 +563,7 @@ impl Host {
                             .collect(),
                     );
                 }
-                Err(e) => say!("telling waiting notices again: {e}"),
+                Err(e) => tracing::warn!("telling waiting notices again: {e}"),
             }
         });
     }

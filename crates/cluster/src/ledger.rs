@@ -3,6 +3,7 @@
 //! numbering packets, a block of ids at a time, and expiring them.
 
 use hongbao_money::seam::{Balances, LedgerOp, OpsCursor, OpsPage};
+use hongbao_money::Error;
 use hongbao_money::{Audit, Notice, UserId, UserView};
 
 use crate::store::{i64s, pg_error, Store};
@@ -11,7 +12,7 @@ use crate::store::{i64s, pg_error, Store};
 const PACKET_BLOCK: u64 = 4096;
 
 impl Store {
-    pub async fn next_packet_id(&self) -> Result<u64, String> {
+    pub async fn next_packet_id(&self) -> Result<u64, Error> {
         let mut ids = self.0.ids.lock().await;
         if ids.0 >= ids.1 {
             let pg = self.pg().await?;
@@ -27,7 +28,7 @@ impl Store {
         Ok(id)
     }
 
-    pub async fn balance(&self, user: u64) -> Result<u64, String> {
+    pub async fn balance(&self, user: u64) -> Result<u64, Error> {
         let pg = self.pg().await?;
         let row = pg
             .query_opt(
@@ -39,7 +40,7 @@ impl Store {
         Ok(row.map_or(0, |r| r.get::<_, i64>(0) as u64))
     }
 
-    pub async fn user_view(&self, user: u64, limit: usize) -> Result<UserView, String> {
+    pub async fn user_view(&self, user: u64, limit: usize) -> Result<UserView, Error> {
         let balance_cents = self.balance(user).await?;
         let pg = self.pg().await?;
         let rows = pg
@@ -65,7 +66,7 @@ impl Store {
         })
     }
 
-    pub async fn waiting_notices(&self, user: u64, now: u64) -> Result<Vec<Notice>, String> {
+    pub async fn waiting_notices(&self, user: u64, now: u64) -> Result<Vec<Notice>, Error> {
         let pg = self.pg().await?;
         let rows = pg
             .query(
@@ -95,7 +96,7 @@ impl Store {
         &self,
         users: &[u64],
         now: u64,
-    ) -> Result<Vec<(u64, Notice)>, String> {
+    ) -> Result<Vec<(u64, Notice)>, Error> {
         let pg = self.pg().await?;
         let rows = pg
             .query(
@@ -122,7 +123,7 @@ impl Store {
             .collect())
     }
 
-    pub async fn balances(&self) -> Result<Balances, String> {
+    pub async fn balances(&self) -> Result<Balances, Error> {
         let pg = self.pg().await?;
         let users = pg
             .query(
@@ -155,7 +156,7 @@ impl Store {
     /// then the opened shares (`hb_recipients` with `opened_cents`) by (packet, user), each
     /// paged on its primary key, so a page costs the same wherever it starts. These tables
     /// are what pays: their keys allow one win per packet and one share per recipient.
-    pub async fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, String> {
+    pub async fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, Error> {
         let pg = self.pg().await?;
         let mut page = OpsPage::default();
         let op = |r: &tokio_postgres::Row| LedgerOp {
@@ -169,9 +170,9 @@ impl Store {
             Some(OpsCursor::Win(packet)) => (Some(packet as i64), (i64::MIN, i64::MIN)),
             Some(OpsCursor::Open { packet, user }) => (None, (packet as i64, user as i64)),
             Some(other) => {
-                return Err(format!(
+                return Err(Error::refused(format!(
                     "cursor {other} is not this ledger's: it pages by packet (win.N, open.N.U)"
-                ))
+                )))
             }
         };
         if let Some(win_after) = win_after {
@@ -211,7 +212,7 @@ impl Store {
 
     /// The audit, from one snapshot of the ledger: every cent minted is in a balance, a
     /// live packet, or a shake packet not yet won.
-    pub async fn audit(&self) -> Result<Audit, String> {
+    pub async fn audit(&self) -> Result<Audit, Error> {
         let pg = self.pg().await?;
         let r = pg
             .query_one(
@@ -250,7 +251,7 @@ impl Store {
         .checked())
     }
 
-    pub async fn expire(&self, now: u64, host: &str) -> Result<(), String> {
+    pub async fn expire(&self, now: u64, host: &str) -> Result<(), Error> {
         let pg = self.pg().await?;
         pg.query_one("SELECT hb_expire($1, $2)", &[&(now as i64), &host])
             .await

@@ -41,15 +41,6 @@
 //!
 //! [`Money`]: hongbao_money::Money
 
-/// A line of the host's log on stderr, stamped with the wall clock (Unix seconds and
-/// milliseconds), so what a host did can be set beside the bench's per-second series.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        let ms = $crate::now_ms();
-        eprintln!("hongbao cluster: [{}.{:03}] {}", ms / 1000, ms % 1000, format_args!($($arg)*))
-    }};
-}
-
 mod admin;
 mod campaign;
 mod cluster;

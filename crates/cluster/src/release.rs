@@ -3,6 +3,7 @@
 //! for the release is a host's heartbeat, and a silent host's packets go to the others;
 //! a release Redis lost is started again from what PostgreSQL says is done.
 
+use hongbao_money::Error;
 use redis::AsyncCommands;
 
 use crate::campaign::CampaignRow;
@@ -30,7 +31,7 @@ impl Store {
         host: &str,
         received: u64,
         users: usize,
-    ) -> Result<Released, String> {
+    ) -> Result<Released, Error> {
         let mut redis = self.redis();
         let ungiven = self.0.ungiven.lock().unwrap().clone();
         let out: Vec<redis::Value> = self
@@ -44,7 +45,7 @@ impl Store {
             .arg(&ungiven)
             .invoke_async(&mut redis)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::unavailable("Redis: releasing packets", e))?;
         if !ungiven.is_empty() {
             self.0
                 .ungiven
@@ -77,7 +78,7 @@ impl Store {
     /// `{rel}:c:ID` gone while PostgreSQL has the campaign): restore.lua, with the
     /// packets already won or created. Returns the campaigns restored and the packets
     /// each put back in line.
-    pub(crate) async fn restore_releases(&self) -> Result<Vec<(u32, i64)>, String> {
+    pub(crate) async fn restore_releases(&self) -> Result<Vec<(u32, i64)>, Error> {
         let mut restored = Vec::new();
         for c in self.campaign_rows().await? {
             let key = format!("{{rel}}:c:{}", c.id);
@@ -85,7 +86,7 @@ impl Store {
                 .redis()
                 .exists(&key)
                 .await
-                .map_err(|e| format!("Redis: {e}"))?;
+                .map_err(|e| Error::unavailable("Redis", e))?;
             if there {
                 continue;
             }
@@ -101,7 +102,7 @@ impl Store {
                 .arg(done)
                 .invoke_async(&mut self.redis())
                 .await
-                .map_err(|e| format!("Redis: restoring a release: {e}"))?;
+                .map_err(|e| Error::unavailable("Redis: restoring a release", e))?;
             if put_back >= 0 {
                 restored.push((c.id, put_back));
             }
@@ -111,7 +112,7 @@ impl Store {
 
     /// The indexes of campaign `c`'s packets that are done, ascending: won (a shake
     /// campaign) or created (a send campaign).
-    async fn packets_done(&self, c: &CampaignRow) -> Result<Vec<u32>, String> {
+    async fn packets_done(&self, c: &CampaignRow) -> Result<Vec<u32>, Error> {
         let pg = self.pg().await?;
         let query = if c.send {
             "SELECT id FROM hb_packets WHERE campaign = $1 ORDER BY id"

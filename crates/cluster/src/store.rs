@@ -3,6 +3,7 @@
 //! scripts, and the pushes of this host's channel). What is done over them lives with
 //! its job: `release`, `gate`, `delivery`, `ledger`, `campaign`, `admin`, `committer`.
 
+use hongbao_money::Error;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,25 +51,34 @@ pub(crate) struct Inner {
     pub(crate) gate: Script,
 }
 
-pub(crate) fn pg_error(what: &str, e: impl std::borrow::Borrow<tokio_postgres::Error>) -> String {
+/// A PostgreSQL failure while `what`, of the kind its SQLSTATE class says: a lost
+/// connection, a transaction rolled back, resources or the server gone (08, 40, 53, 57,
+/// 58) are `Unavailable` — asked again, it may succeed; any other refusal of our SQL
+/// (a constraint, a type, a missing table) is ours, a `Bug`.
+pub(crate) fn pg_error(what: &str, e: impl std::borrow::Borrow<tokio_postgres::Error>) -> Error {
     let e = e.borrow();
+    let what = format!("PostgreSQL, {what}");
     match e.as_db_error() {
-        Some(db) => format!(
-            "PostgreSQL, {what}: {} ({})",
-            db.message(),
-            db.code().code()
-        ),
-        None => format!("PostgreSQL, {what}: {e}"),
+        Some(db) => {
+            let code = db.code().code();
+            let why = format!("{} ({code})", db.message());
+            if ["08", "40", "53", "57", "58"].contains(&&code[..2.min(code.len())]) {
+                Error::unavailable(what, why)
+            } else {
+                Error::bug(format!("{what}: {why}"))
+            }
+        }
+        None => Error::unavailable(what, e.to_string()),
     }
 }
 
-pub(crate) async fn pg_connect(url: &str) -> Result<Client, String> {
+pub(crate) async fn pg_connect(url: &str) -> Result<Client, Error> {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
         .await
         .map_err(|e| pg_error("connecting", e))?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
-            say!("PostgreSQL connection ended: {e}");
+            tracing::warn!("PostgreSQL connection ended: {e}");
         }
     });
     Ok(client)
@@ -79,7 +89,7 @@ pub(crate) fn i64s(v: &[u64]) -> Vec<i64> {
 }
 
 impl Store {
-    pub async fn connect(cfg: &ClusterConfig) -> Result<Store, String> {
+    pub async fn connect(cfg: &ClusterConfig) -> Result<Store, Error> {
         let pg = pg_connect(&cfg.postgres).await?;
         pg.query("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK])
             .await
@@ -97,19 +107,19 @@ impl Store {
             .connection_timeout(std::time::Duration::from_secs(2))
             .response_timeout(std::time::Duration::from_secs(2))
             .build()
-            .map_err(|e| format!("Redis Cluster {:?}: {e}", cfg.redis))?;
+            .map_err(|e| Error::unavailable(format!("Redis Cluster {:?}", cfg.redis), e))?;
         let redis = client
             .get_async_connection()
             .await
-            .map_err(|e| format!("Redis Cluster {:?}: {e}", cfg.redis))?;
+            .map_err(|e| Error::unavailable(format!("Redis Cluster {:?}", cfg.redis), e))?;
         let mut subscribed = client
             .get_async_connection()
             .await
-            .map_err(|e| format!("Redis Cluster {:?}: {e}", cfg.redis))?;
+            .map_err(|e| Error::unavailable(format!("Redis Cluster {:?}", cfg.redis), e))?;
         subscribed
             .ssubscribe(channel(&cfg.host))
             .await
-            .map_err(|e| format!("Redis: subscribing to this host's channel: {e}"))?;
+            .map_err(|e| Error::unavailable("Redis: subscribing to this host's channel", e))?;
         // Only the payloads of this host's channel go on.
         let (tx, rx) = unbounded_channel();
         tokio::spawn(async move {
@@ -150,7 +160,7 @@ impl Store {
     }
 
     /// The reading connection, opened again if it was lost (PostgreSQL restarted).
-    pub(crate) async fn pg(&self) -> Result<Arc<Client>, String> {
+    pub(crate) async fn pg(&self) -> Result<Arc<Client>, Error> {
         let current = self.0.read.lock().unwrap().clone();
         if !current.is_closed() {
             return Ok(current);

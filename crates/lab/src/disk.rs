@@ -92,7 +92,7 @@ impl Drop for SmallDisk {
     fn drop(&mut self) {
         if self.mounted {
             if let Err(e) = unmount(&self.dir) {
-                eprintln!("unmounting the tmpfs on {}: {e:#}", self.dir.display());
+                tracing::warn!(dir = %self.dir.display(), error = format!("{e:#}"), "unmounting a tmpfs failed");
             }
         }
     }

@@ -9,9 +9,11 @@
 //!   a packet notice);
 //! - `gateway`: what the gateways and the money side say to each other, free of any
 //!   transport (requests, replies, pushes);
-//! - `seam`: the one interface the gateways reach money through.
+//! - `seam`: the one interface the gateways reach money through;
+//! - `error`: what kind of failure (refused, unavailable, a bug), and its cause.
 
 pub mod api;
+pub mod error;
 pub mod event;
 pub mod gateway;
 pub mod ids;
@@ -20,6 +22,7 @@ pub mod seam;
 pub mod split;
 
 pub use api::{Audit, CampaignStatus, Notice, UserView};
+pub use error::{Error, ErrorKind};
 pub use event::{Account, Event, Record};
 pub use gateway::{Push, Reply, Request};
 pub use ids::{ConnId, UserId, WorkerId};

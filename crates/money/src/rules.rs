@@ -6,6 +6,8 @@ use std::collections::HashSet;
 
 use hongbao_proto::message::MAX_RECIPIENTS;
 use hongbao_proto::ResultCode;
+
+use crate::error::Error;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -103,7 +105,7 @@ pub struct SendCampaignRequest {
 
 impl ShakeCampaignRequest {
     /// The first rule broken, in the order docs/admin-api.md lists them.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Error> {
         check_campaign_shape(
             self.packets,
             self.rate_per_sec,
@@ -116,7 +118,7 @@ impl ShakeCampaignRequest {
 
 impl SendCampaignRequest {
     /// The first rule broken, in the order docs/admin-api.md lists them.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Error> {
         check_campaign_shape(
             self.packets,
             self.rate_per_sec,
@@ -125,13 +127,19 @@ impl SendCampaignRequest {
             self.recipients as u64,
         )?;
         if self.recipients == 0 || self.recipients as usize > MAX_RECIPIENTS {
-            return Err(format!("recipients must be 1..={MAX_RECIPIENTS}"));
+            return Err(Error::refused(format!(
+                "recipients must be 1..={MAX_RECIPIENTS}"
+            )));
         }
         if self.user_min == 0 || self.user_max < self.user_min {
-            return Err("user_min must be ≥ 1 and user_max ≥ user_min".into());
+            return Err(Error::refused(
+                "user_min must be ≥ 1 and user_max ≥ user_min",
+            ));
         }
         if self.user_max - self.user_min + 1 < self.recipients as u64 {
-            return Err("the user range holds fewer users than recipients".into());
+            return Err(Error::refused(
+                "the user range holds fewer users than recipients",
+            ));
         }
         Ok(())
     }
@@ -143,25 +151,27 @@ fn check_campaign_shape(
     amount_min: u64,
     amount_max: u64,
     min_amount: u64,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     if packets == 0 || packets > MAX_CAMPAIGN_PACKETS {
-        return Err(format!("packets must be 1..={MAX_CAMPAIGN_PACKETS}"));
+        return Err(Error::refused(format!(
+            "packets must be 1..={MAX_CAMPAIGN_PACKETS}"
+        )));
     }
     if rate_per_sec == 0 || rate_per_sec > MAX_CAMPAIGN_RATE_PER_SEC {
-        return Err(format!(
+        return Err(Error::refused(format!(
             "rate_per_sec must be 1..={MAX_CAMPAIGN_RATE_PER_SEC}"
-        ));
+        )));
     }
     if amount_min < min_amount.max(1) {
-        return Err(format!(
+        return Err(Error::refused(format!(
             "amount_min must be at least {} cent(s) (one per share)",
             min_amount.max(1)
-        ));
+        )));
     }
     if amount_max < amount_min || amount_max > MAX_PACKET_CENTS {
-        return Err(format!(
+        return Err(Error::refused(format!(
             "amount_max must be amount_min..={MAX_PACKET_CENTS}"
-        ));
+        )));
     }
     Ok(())
 }
@@ -230,13 +240,15 @@ mod tests {
             amount_min: 1,
             amount_max: 9,
         };
-        assert_eq!(shake.check(), Ok(()));
+        assert!(shake.check().is_ok());
         let bad = ShakeCampaignRequest {
             packets: 0,
             amount_min: 0,
             ..shake.clone()
         };
-        assert_eq!(bad.check().unwrap_err(), "packets must be 1..=100000000");
+        let refused = bad.check().unwrap_err();
+        assert_eq!(refused.kind(), crate::ErrorKind::Refused);
+        assert_eq!(refused.to_string(), "packets must be 1..=100000000");
         let send = SendCampaignRequest {
             packets: 1,
             rate_per_sec: 1,
@@ -247,7 +259,7 @@ mod tests {
             amount_max: 10,
         };
         assert_eq!(
-            send.check().unwrap_err(),
+            send.check().unwrap_err().to_string(),
             "the user range holds fewer users than recipients"
         );
         assert_eq!(
@@ -256,7 +268,8 @@ mod tests {
                 ..send
             }
             .check()
-            .unwrap_err(),
+            .unwrap_err()
+            .to_string(),
             "amount_min must be at least 3 cent(s) (one per share)"
         );
         assert_eq!(shake_packet_parts(shake_packet_id(7, 9)), (7, 9));

@@ -199,7 +199,7 @@ pub trait Money: Send {
     /// Why nothing more may be acknowledged (the ledger failed), if so.
     fn failure(&self) -> Option<String>;
     /// Commits everything submitted, then stops.
-    fn finish(&mut self) -> Result<(), String>;
+    fn finish(&mut self) -> crate::error::Result<()>;
 
     // Presence across hosts. One host (the embedded backend) has nothing to do here: its
     // presence knows every connection. The cluster backend keeps user → host routes and
@@ -311,11 +311,11 @@ impl<'de> Deserialize<'de> for OpsCursor {
 
 /// Reads of what the ledger has committed, beside the money loop (admin threads).
 pub trait LedgerRead: Send {
-    fn user(&self, user: u64, limit: usize) -> Result<UserView, String>;
-    fn balances(&self) -> Result<Balances, String>;
+    fn user(&self, user: u64, limit: usize) -> crate::error::Result<UserView>;
+    fn balances(&self) -> crate::error::Result<Balances>;
     /// Up to `limit` wins and opened shares together, after `after` (from the start when
-    /// none). A cursor of another kind of ledger is an error.
-    fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, String>;
+    /// none). A cursor of another kind of ledger is refused.
+    fn ops(&self, after: Option<OpsCursor>, limit: usize) -> crate::error::Result<OpsPage>;
 }
 
 #[cfg(test)]

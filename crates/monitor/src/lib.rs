@@ -72,7 +72,7 @@ impl Monitor {
                         std::thread::sleep(Duration::from_millis(250));
                         let now = unix_ms() / 1000;
                         if let Err(e) = ticker_collector.lock().unwrap().close_before(now) {
-                            eprintln!("monitor: writing series: {e}");
+                            tracing::warn!(error = %e, "writing the series failed");
                         }
                     }
                 })?,
@@ -247,7 +247,7 @@ pub fn run_cli(listen: SocketAddr, out: &Path, stop: &hongbao_sys::Stop) -> anyh
                 out.join("report.html").display(),
                 files.len()
             ),
-            Err(e) => eprintln!("report: {e:#}"),
+            Err(e) => tracing::warn!(error = format!("{e:#}"), "drawing the report failed"),
         }
     }
     Ok(())

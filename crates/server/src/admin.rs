@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hongbao_http::{json_object, Request, Response, Server};
+use hongbao_money::error as money;
 use hongbao_money::seam::{AdminRequest as MoneyRequest, LedgerRead, OpsCursor};
 use mio::Waker;
 
@@ -49,14 +50,14 @@ pub fn start(
     reader: Option<Box<dyn LedgerRead>>,
     to_core: SyncSender<AdminCommand>,
     waker: Arc<Waker>,
-) -> anyhow::Result<Server> {
+) -> crate::error::Result<Server> {
     let reader = Mutex::new(reader);
     let to_core = Mutex::new(to_core);
     Server::start(addr, "admin", MAX_BODY, move |request| {
         let ask = |r: AdminRequest| ask_core(r, &to_core, &waker);
         route(&request, &reader, ask)
     })
-    .map_err(|e| anyhow::anyhow!("binding the admin address {addr}: {e}"))
+    .map_err(|e| crate::error::Error::io(format!("binding the admin address {addr}"), e))
 }
 
 fn route(
@@ -64,12 +65,16 @@ fn route(
     reader: &Mutex<Option<Box<dyn LedgerRead>>>,
     ask: impl Fn(AdminRequest) -> Response,
 ) -> Response {
-    let read = |f: &dyn Fn(&dyn LedgerRead) -> Result<Response, String>| match reader
+    // What a read's failure says decides its answer: a refusal 400, a ledger out of
+    // reach 503 (try again), ours 500.
+    let read = |f: &dyn Fn(&dyn LedgerRead) -> money::Result<Response>| match reader
         .lock()
         .expect("the reader lock")
         .as_deref()
     {
-        Some(reader) => f(reader).unwrap_or_else(|e| Response::error(500, e)),
+        Some(reader) => {
+            f(reader).unwrap_or_else(|e| Response::error(e.kind().http_status(), e.to_string()))
+        }
         None => Response::error(503, "the ledger reader is unavailable"),
     };
     let money = |r: MoneyRequest| ask(AdminRequest::Money(r));
@@ -175,17 +180,21 @@ mod tests {
     struct Wins(u64);
 
     impl LedgerRead for Wins {
-        fn user(&self, _: u64, _: usize) -> Result<UserView, String> {
-            Err("not here".into())
+        fn user(&self, _: u64, _: usize) -> money::Result<UserView> {
+            Err(money::Error::bug("not here"))
         }
-        fn balances(&self) -> Result<Balances, String> {
-            Err("not here".into())
+        fn balances(&self) -> money::Result<Balances> {
+            Err(money::Error::bug("not here"))
         }
-        fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, String> {
+        fn ops(&self, after: Option<OpsCursor>, limit: usize) -> money::Result<OpsPage> {
             let from = match after {
                 None => 0,
                 Some(OpsCursor::Seq(seq)) => seq,
-                Some(other) => return Err(format!("cursor {other} is not this ledger's")),
+                Some(other) => {
+                    return Err(money::Error::refused(format!(
+                        "cursor {other} is not this ledger's"
+                    )))
+                }
             };
             let to = (from + limit as u64).min(self.0);
             Ok(OpsPage {
@@ -256,9 +265,10 @@ mod tests {
             assert_eq!(status, 400, "{query}: {body}");
             assert!(body["error"].is_string(), "{query}: {body}");
         }
-        // A cursor of another kind of ledger: the ledger says so.
+        // A cursor of another kind of ledger: the ledger refuses it (a refusal is 400; a
+        // ledger out of reach would be 503, and only our own failure 500).
         let (status, body) = get("/v1/ledger/ops?after=win.1", 3);
-        assert_eq!(status, 500, "{body}");
+        assert_eq!(status, 400, "{body}");
         assert_eq!(get("/v1/ledger/ops?limit=100000", 3).0, 200);
     }
 }

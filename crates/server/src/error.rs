@@ -1,5 +1,10 @@
-//! The server crate's error: what kind of failure, and what we were doing.
+//! The server crate's error: what kind of failure, and what we were doing. Its
+//! `kind` is the money side's (`hongbao_money::ErrorKind`): a configuration refused, a
+//! ledger or I/O failure that may pass if tried again, or ours (a ledger that does not
+//! read back) — so the supervisor's caller, and the money seam's, match on kinds, not
+//! on text.
 
+use hongbao_money::ErrorKind;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -20,6 +25,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A peer on the worker link sent what does not read as a link message: the link is
+    /// dropped.
+    #[error("link: {0}")]
+    Link(String),
+    /// The money side failed (cluster mode's engines, the ledger writer).
+    #[error(transparent)]
+    Money(#[from] hongbao_money::Error),
 }
 
 impl Error {
@@ -37,6 +49,59 @@ impl Error {
             source,
         }
     }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Config(_) | Error::Link(_) => ErrorKind::Refused,
+            Error::Ledger { .. } | Error::Io { .. } => ErrorKind::Unavailable,
+            Error::Corrupt(_) => ErrorKind::Bug,
+            Error::Money(e) => e.kind(),
+        }
+    }
+
+    /// Whether trying again, unchanged, may succeed.
+    pub fn retryable(&self) -> bool {
+        self.kind().retryable()
+    }
+}
+
+/// What the money seam says of a server error: its kind, its words, its cause.
+impl From<Error> for hongbao_money::Error {
+    fn from(e: Error) -> hongbao_money::Error {
+        match e {
+            Error::Money(e) => e,
+            e => match e.kind() {
+                ErrorKind::Refused => hongbao_money::Error::refused(e.to_string()),
+                ErrorKind::Unavailable => hongbao_money::Error::unavailable("SQLite", e),
+                ErrorKind::Bug => hongbao_money::Error::bug(e.to_string()),
+            },
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_cross_the_money_seam() {
+        let corrupt = Error::Corrupt("event 7 is stored as a win but is a send".into());
+        assert_eq!(corrupt.kind(), ErrorKind::Bug);
+        let money: hongbao_money::Error = corrupt.into();
+        assert_eq!(money.kind(), ErrorKind::Bug);
+        let io = Error::io(
+            "reading the ledger",
+            std::io::Error::other("disk I/O error"),
+        );
+        assert!(io.retryable());
+        let money: hongbao_money::Error = io.into();
+        assert!(money.retryable());
+        assert_eq!(
+            money.to_string(),
+            "SQLite: reading the ledger: disk I/O error"
+        );
+        assert_eq!(Error::config("workers").kind(), ErrorKind::Refused);
+    }
+}

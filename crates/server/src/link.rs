@@ -130,20 +130,21 @@ pub fn encode<T: Serialize>(msg: &T, out: &mut Vec<u8>) {
 pub fn decode_all<T: DeserializeOwned>(
     buf: &mut Vec<u8>,
     mut f: impl FnMut(T),
-) -> Result<(), String> {
+) -> crate::error::Result<()> {
+    use crate::error::Error;
     let mut at = 0;
     while buf.len() - at >= 4 {
         let len = u32::from_le_bytes(buf[at..at + 4].try_into().unwrap()) as usize;
         if len > MAX_LINK_MSG {
-            return Err(format!(
-                "link message of {len} bytes over limit {MAX_LINK_MSG}"
-            ));
+            return Err(Error::Link(format!(
+                "a message of {len} bytes over limit {MAX_LINK_MSG}"
+            )));
         }
         if buf.len() - at - 4 < len {
             break;
         }
         let msg = bincode::deserialize(&buf[at + 4..at + 4 + len])
-            .map_err(|e| format!("bad link message: {e}"))?;
+            .map_err(|e| Error::Link(format!("a message that does not decode: {e}")))?;
         f(msg);
         at += 4 + len;
     }

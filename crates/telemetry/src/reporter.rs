@@ -33,7 +33,7 @@ impl Reporter {
                     match agent.post(&thread_url).send_json(&sample) {
                         Ok(_) => failing = false,
                         Err(e) if !failing => {
-                            eprintln!("monitor at {thread_url}: {e} (will keep trying)");
+                            tracing::warn!(monitor = %thread_url, error = %e, "reporting to the monitor failed; will keep trying");
                             failing = true;
                         }
                         Err(_) => {}

@@ -58,7 +58,7 @@ impl Drop for Server {
         if let Some(dir) = &self.lab_dir {
             if dir.join("lab.json").exists() {
                 if let Err(e) = hongbao_lab::down(dir) {
-                    eprintln!("bench: taking the lab down: {e:#}");
+                    tracing::error!(error = format!("{e:#}"), "taking the lab down failed");
                 }
             }
         }
@@ -124,8 +124,11 @@ impl Server {
         std::thread::spawn(move || loop {
             if stop.requested() {
                 match hongbao_lab::down(&lab_dir) {
-                    Ok(state) => eprintln!("bench: interrupted; lab {} taken down", state.lab),
-                    Err(e) => eprintln!("bench: interrupted; taking the lab down: {e:#}"),
+                    Ok(state) => tracing::warn!(lab = state.lab, "interrupted; the lab taken down"),
+                    Err(e) => tracing::error!(
+                        error = format!("{e:#}"),
+                        "interrupted; taking the lab down failed"
+                    ),
                 }
                 std::process::exit(130);
             }
@@ -190,7 +193,12 @@ impl Server {
     pub fn engine_counters(&self) -> Option<hongbao_lab::EngineCounters> {
         let lab = self.lab.as_ref()?.lock().unwrap();
         lab.engine_counters()
-            .map_err(|e| eprintln!("bench: the engines' counters: {e:#}"))
+            .map_err(|e| {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "reading the engines' counters failed"
+                )
+            })
             .ok()
     }
 

@@ -131,7 +131,12 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
             stop: &stop,
         };
         if let Err(e) = run_stage(&cx, &dir, &mut run) {
-            eprintln!("capacity: stage {:?} ×{instances}: {e:#}", stage.name);
+            tracing::error!(
+                stage = stage.name,
+                instances,
+                error = format!("{e:#}"),
+                "a capacity stage failed"
+            );
             run.failed = Some(format!("{e:#}"));
         }
         run.conclude();
@@ -155,7 +160,10 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
     summary.finished_unix_ms = unix_ms();
     monitor.finish()?;
     if let Err(e) = hongbao_report::write_report(&series_dir) {
-        eprintln!("capacity: the per-second report: {e:#}");
+        tracing::warn!(
+            error = format!("{e:#}"),
+            "writing the per-second report failed"
+        );
     }
     summary.charts = page::charts(out, &summary)?;
     write_summary(out, &summary)?;

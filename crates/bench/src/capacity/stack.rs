@@ -115,7 +115,7 @@ impl Stack {
                 for (layer, comm) in &stage.watch {
                     let pids = processes_named(comm);
                     if pids.is_empty() {
-                        eprintln!("capacity: no process named {comm:?} to watch as {layer}");
+                        tracing::warn!(process = comm, layer, "no process of that name to watch");
                     }
                     for pid in pids {
                         stack.watched.push(Watched::new(

@@ -115,11 +115,12 @@ impl Client {
                     // client's timeout would; an open it carried is asked again at the
                     // next notice.
                     if self.counters.failed_timeout < 5 {
-                        eprintln!(
-                            "load: user {}: no answer or close in {age_ms} ms ({:?}, {} asks waiting); dropped",
-                            self.user_id(i),
-                            u.state,
-                            u.inflight.len()
+                        tracing::warn!(
+                            user = self.user_id(i),
+                            age_ms,
+                            state = ?u.state,
+                            waiting = u.inflight.len(),
+                            "no answer or close in time; connection dropped"
                         );
                     }
                     self.counters.failed_timeout += 1;

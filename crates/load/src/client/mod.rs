@@ -145,6 +145,7 @@ fn unix_us() -> u64 {
 
 /// Runs one client process until told to stop (or its stdin closes).
 pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
+    let _span = tracing::info_span!("load_client", proc = opts.proc_index).entered();
     hongbao_sys::limits::raise_nofile_limit();
     let range = partition(opts.users, opts.procs, opts.proc_index);
     let poll = Poll::new()?;
@@ -325,10 +326,13 @@ impl Client {
                 .iter()
                 .map(|f| format!("{:?}#{}", f.kind, f.request_id))
                 .collect();
-            eprintln!(
-                "load: user {user} asked to open packet {packet} and had no answer (state {:?}, stream {}, waiting {waiting:?})",
-                u.state,
-                if u.stream.is_some() { "open" } else { "none" }
+            tracing::warn!(
+                user,
+                packet,
+                state = ?u.state,
+                stream = if u.stream.is_some() { "open" } else { "none" },
+                ?waiting,
+                "asked to open a packet and had no answer"
             );
         }
     }
@@ -595,7 +599,7 @@ impl Client {
             match serde_json::from_slice::<Command>(&line) {
                 Ok(Command::SetQps { from_second, qps }) => self.schedule.set_qps(from_second, qps),
                 Ok(Command::Stop) => self.stop = true,
-                Err(e) => eprintln!("load client {}: bad command: {e}", self.opts.proc_index),
+                Err(e) => tracing::warn!(error = %e, "a bad command from the coordinator"),
             }
         }
     }

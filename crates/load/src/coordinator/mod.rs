@@ -252,7 +252,7 @@ impl Load {
                         let Ok(line) = line else { break };
                         match serde_json::from_str::<Report>(&line) {
                             Ok(report) => merge(&shared, report, &plan),
-                            Err(e) => eprintln!("load client {p}: unreadable report: {e}"),
+                            Err(e) => tracing::warn!(proc = p, error = %e, "unreadable report from a load client"),
                         }
                     }
                 })?;

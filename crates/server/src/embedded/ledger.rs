@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use hongbao_money::event::{Account, Event, Record};
 use hongbao_money::rules::shake_packet_id;
 use hongbao_money::seam::{Balances, LedgerOp, LedgerRead, OpsCursor, OpsPage};
-use hongbao_money::UserView;
+use hongbao_money::{error as money, UserView};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use crate::error::{Error, Result};
@@ -294,25 +294,25 @@ impl Reader {
 }
 
 impl LedgerRead for Reader {
-    fn user(&self, user: u64, limit: usize) -> Result<UserView, String> {
-        Reader::user(self, user, limit).map_err(|e| e.to_string())
+    fn user(&self, user: u64, limit: usize) -> money::Result<UserView> {
+        Ok(Reader::user(self, user, limit)?)
     }
 
-    fn balances(&self) -> Result<Balances, String> {
-        Reader::balances(self).map_err(|e| e.to_string())
+    fn balances(&self) -> money::Result<Balances> {
+        Ok(Reader::balances(self)?)
     }
 
-    fn ops(&self, after: Option<OpsCursor>, limit: usize) -> Result<OpsPage, String> {
+    fn ops(&self, after: Option<OpsCursor>, limit: usize) -> money::Result<OpsPage> {
         let after = match after {
             None => 0,
             Some(OpsCursor::Seq(seq)) => seq,
             Some(other) => {
-                return Err(format!(
+                return Err(money::Error::refused(format!(
                     "cursor {other} is not this ledger's: it pages by event (seq.N)"
-                ))
+                )))
             }
         };
-        Reader::ops(self, after, limit).map_err(|e| e.to_string())
+        Ok(Reader::ops(self, after, limit)?)
     }
 }
 
@@ -473,16 +473,17 @@ fn append_until_done(
         match ledger.append(batch) {
             Ok(()) => {
                 if state.failing.swap(false, Ordering::AcqRel) {
-                    eprintln!("hongbao serve: the ledger commits again");
+                    tracing::info!("the ledger commits again");
                     on_commit();
                 }
                 return Ok(());
             }
             Err(e) => {
                 if !state.failing.swap(true, Ordering::AcqRel) {
-                    eprintln!(
-                        "hongbao serve: a ledger commit failed ({e}); refusing what needs the ledger and trying again every {} ms",
-                        RETRY_AFTER.as_millis()
+                    tracing::error!(
+                        error = %e,
+                        retry_every_ms = RETRY_AFTER.as_millis() as u64,
+                        "a ledger commit failed; refusing what needs the ledger until one succeeds"
                     );
                     on_commit();
                 }

@@ -20,6 +20,7 @@ use hongbao_proto::ResultCode;
 
 use self::core::{Core, CoreConfig};
 use self::ledger::{GroupCommit, Ledger, LedgerWriter, Reader};
+use crate::error::{Error, Result};
 
 /// `Op::Me` requests waiting for the reader; beyond this they are answered `unavailable`.
 const READS_QUEUED: usize = 1024;
@@ -52,7 +53,7 @@ pub type Wake = Arc<dyn Fn() + Send + Sync>;
 impl Embedded {
     /// Opens the ledger in `cfg.data_dir`, rebuilds the money state from it and checks
     /// that it balances. Returns the backend and how many events were replayed.
-    pub fn open(cfg: EmbeddedConfig, now_ms: u64, wake: Wake) -> anyhow::Result<(Embedded, u64)> {
+    pub fn open(cfg: EmbeddedConfig, now_ms: u64, wake: Wake) -> Result<(Embedded, u64)> {
         let ledger = Ledger::open(&cfg.data_dir)?;
         let path = cfg.data_dir.join("ledger.sqlite");
         let mut core = Core::new(cfg.core);
@@ -60,19 +61,19 @@ impl Embedded {
         let stored = ledger.balances()?;
         let rebuilt = core.balances_by_key();
         if stored != rebuilt {
-            anyhow::bail!(
+            return Err(Error::Corrupt(format!(
                 "the ledger's balances table disagrees with its events ({} vs {} accounts)",
                 stored.len(),
                 rebuilt.len()
-            );
+            )));
         }
         core.resume(now_ms);
         let audit = core.audit();
         if !audit.ok {
-            anyhow::bail!(
+            return Err(Error::Corrupt(format!(
                 "the ledger in {} does not balance: {audit:?}",
                 cfg.data_dir.display()
-            );
+            )));
         }
         let commit_wake = wake.clone();
         let ledger = LedgerWriter::spawn(ledger, core.seq(), cfg.group, move || commit_wake());
@@ -102,7 +103,7 @@ impl Embedded {
 }
 
 /// The reader thread: `Op::Me` from committed data, off the money loop.
-fn spawn_reader(path: &Path, wake: Wake) -> anyhow::Result<(SyncSender<Origin>, Receiver<Output>)> {
+fn spawn_reader(path: &Path, wake: Wake) -> Result<(SyncSender<Origin>, Receiver<Output>)> {
     let (tx, rx) = sync_channel::<Origin>(READS_QUEUED);
     let (out_tx, out_rx) = std::sync::mpsc::channel();
     let reader = Reader::open(path)?;
@@ -122,7 +123,8 @@ fn spawn_reader(path: &Path, wake: Wake) -> anyhow::Result<(SyncSender<Origin>, 
                 }
                 wake();
             }
-        })?;
+        })
+        .map_err(|e| Error::io("starting the ledger reader", e))?;
     Ok((tx, out_rx))
 }
 
@@ -214,8 +216,8 @@ impl Money for Embedded {
             .then(|| "the ledger writer stopped; refusing to acknowledge anything more".into())
     }
 
-    fn finish(&mut self) -> Result<(), String> {
+    fn finish(&mut self) -> hongbao_money::error::Result<()> {
         self.ledger.submit(self.core.take_records());
-        self.ledger.finish().map_err(|e| e.to_string())
+        Ok(self.ledger.finish()?)
     }
 }

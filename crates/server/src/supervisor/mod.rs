@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hongbao_money::seam::{AdminAnswer, AdminRequest as MoneyRequest, Op, Origin, Output};
-use hongbao_money::{ConnId, Money, UserId, WorkerId};
+use hongbao_money::{error as money, ConnId, Money, UserId, WorkerId};
 use hongbao_sys::{limits, net, Stop};
 use hongbao_telemetry::sample;
 use hongbao_telemetry::Reporter;
@@ -41,6 +41,7 @@ use crate::config::{ServeConfig, DEV_SECRET};
 use crate::embedded::core::CoreConfig;
 use crate::embedded::ledger::{GroupCommit, Reader};
 use crate::embedded::{Embedded, EmbeddedConfig};
+use crate::error::{Error, Result};
 use crate::link::{self, ToCore, ToWorker, WorkerConfig};
 use crate::presence::{Delivery, Presence};
 
@@ -114,28 +115,27 @@ fn now_ms() -> u64 {
 
 /// A bound, non-listening socket that reserves `addr` (resolving ":0") and joins the
 /// workers' SO_REUSEPORT group but never receives connections.
-fn placeholder(addr: &str, what: &str) -> anyhow::Result<std::net::TcpListener> {
+fn placeholder(addr: &str, what: &str) -> Result<std::net::TcpListener> {
     let requested: SocketAddr = addr
         .parse()
-        .map_err(|e| anyhow::anyhow!("the {what} address {addr:?}: {e}"))?;
+        .map_err(|e| Error::config(format!("the {what} address {addr:?}: {e}")))?;
     net::reuseport_listener(requested, false)
-        .map_err(|e| anyhow::anyhow!("binding the {what} address {requested}: {e}"))
+        .map_err(|e| Error::io(format!("binding the {what} address {requested}"), e))
 }
 
 /// Runs `hongbao serve` until `stop`. Prints one "ready" line on stdout with the bound
 /// addresses once every worker has connected.
-pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
+pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
     let nofile = limits::raise_nofile_limit();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let worker_count = cfg.worker_count(nofile, cores)?;
     if cfg.secret == DEV_SECRET {
-        eprintln!(
-            "hongbao serve: using the built-in development secret; set `secret` for real use"
-        );
+        tracing::warn!("using the built-in development secret; set `secret` for real use");
     }
 
-    let poll = Poll::new()?;
-    let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+    let poll = Poll::new().map_err(|e| Error::io("creating the event loop", e))?;
+    let waker =
+        Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| Error::io("creating a waker", e))?);
     let wake = waker.clone();
     let wake_money: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
         let _ = wake.wake();
@@ -158,7 +158,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
                 },
                 wake_money,
             )
-            .map_err(|e| anyhow::anyhow!("cluster mode: {e}"))?;
+            .map_err(|e| e.context("cluster mode"))?;
             let reader = Some(cluster.reader());
             (Box::new(cluster), reader, 0, Duration::from_millis(10))
         } else {
@@ -179,20 +179,21 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
             )?;
             let reader = Reader::open(money.ledger_path())
                 .map(|r| Box::new(r) as Box<dyn LedgerRead>)
-                .map_err(|e| eprintln!("hongbao serve: no ledger reader for the admin API: {e}"))
+                .map_err(|e| tracing::error!(error = %e, "no ledger reader for the admin API"))
                 .ok();
             let tick = Duration::from_millis(money.tick_interval_ms());
             (Box::new(money), reader, replayed, tick)
         };
 
     let client_placeholder = placeholder(&cfg.listen, "client")?;
-    let client_addr = client_placeholder.local_addr()?;
+    let bound = |e| Error::io("reading a bound address", e);
+    let client_addr = client_placeholder.local_addr().map_err(bound)?;
     let ws_placeholder = match cfg.ws_listen.as_str() {
         "" => None,
         addr => Some(placeholder(addr, "WebSocket")?),
     };
     let ws_addr = match &ws_placeholder {
-        Some(p) => Some(p.local_addr()?),
+        Some(p) => Some(p.local_addr().map_err(bound)?),
         None => None,
     };
     let http_placeholder = match cfg.http_listen.as_str() {
@@ -200,17 +201,22 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
         addr => Some(placeholder(addr, "HTTP")?),
     };
     let http_addr = match &http_placeholder {
-        Some(p) => Some(p.local_addr()?),
+        Some(p) => Some(p.local_addr().map_err(bound)?),
         None => None,
     };
 
     let link_name = format!("hongbao-link-{}-{}", std::process::id(), now_ms());
-    let std_listener =
-        std::os::unix::net::UnixListener::bind_addr(&net::abstract_addr(&link_name)?)?;
-    std_listener.set_nonblocking(true)?;
+    let std_listener = std::os::unix::net::UnixListener::bind_addr(
+        &net::abstract_addr(&link_name).map_err(|e| Error::io("naming the workers' link", e))?,
+    )
+    .map_err(|e| Error::io("binding the workers' link", e))?;
+    std_listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("binding the workers' link", e))?;
     let mut link_listener = UnixListener::from_std(std_listener);
     poll.registry()
-        .register(&mut link_listener, LINK_LISTENER, Interest::READABLE)?;
+        .register(&mut link_listener, LINK_LISTENER, Interest::READABLE)
+        .map_err(|e| Error::io("watching the workers' link", e))?;
 
     let (admin_tx, admin_rx) = sync_channel(256);
     let admin = admin::start(&cfg.admin, reader, admin_tx, waker.clone())?;
@@ -274,11 +280,8 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> anyhow::Result<()> {
     drop(ws_placeholder);
     drop(http_placeholder);
     result?;
-    flushed.map_err(anyhow::Error::msg)?;
-    eprintln!(
-        "hongbao serve: stopped; ledger at seq {}",
-        sup.money.snapshot().ledger_seq
-    );
+    flushed?;
+    tracing::info!(ledger_seq = sup.money.snapshot().ledger_seq, "stopped");
     Ok(())
 }
 
@@ -298,7 +301,7 @@ fn origin(worker: WorkerId, conn: ConnId, request: u32, user: UserId) -> Origin 
 }
 
 impl Supervisor {
-    fn event_loop(&mut self, admin_addr: SocketAddr, replayed: u64) -> anyhow::Result<()> {
+    fn event_loop(&mut self, admin_addr: SocketAddr, replayed: u64) -> Result<()> {
         let mut events = Events::with_capacity(256);
         let mut next_tick = Instant::now();
         // Just after each whole wall-clock second, once the workers' reports are in.
@@ -310,7 +313,7 @@ impl Supervisor {
             let timeout = next_tick.saturating_duration_since(Instant::now());
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != ErrorKind::Interrupted {
-                    return Err(e.into());
+                    return Err(Error::io("waiting for events", e));
                 }
             }
             for event in events.iter() {
@@ -360,7 +363,7 @@ impl Supervisor {
             self.route_outputs(&mut outs);
             self.flush_links();
             if let Some(why) = self.money.failure() {
-                anyhow::bail!(why);
+                return Err(money::Error::unavailable("the ledger", why).into());
             }
             if self.stop.requested() {
                 return Ok(());

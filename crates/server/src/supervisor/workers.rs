@@ -13,6 +13,7 @@ use mio::net::UnixStream;
 use mio::{Events, Interest, Token};
 
 use super::{now_ms, Supervisor, LINK_LISTENER, WAKER};
+use crate::error::{Error, Result};
 use crate::link::{self, ToCore, ToWorker};
 use crate::stats::WorkerStats;
 
@@ -61,7 +62,7 @@ impl Supervisor {
     /// it even after the file on disk was replaced or removed (a deploy, a rebuild) — a
     /// worker must speak its supervisor's link, and a restart must not fail for want of
     /// a path.
-    pub(super) fn spawn_worker(&self, w: WorkerId) -> anyhow::Result<Child> {
+    pub(super) fn spawn_worker(&self, w: WorkerId) -> Result<Child> {
         let name = std::env::args_os()
             .next()
             .unwrap_or_else(|| "hongbao".into());
@@ -86,20 +87,23 @@ impl Supervisor {
             )
             .stdin(Stdio::null())
             .spawn()
-            .map_err(|e| anyhow::anyhow!("starting worker {w}: {e}"))?;
+            .map_err(|e| Error::io(format!("starting worker {w}"), e))?;
         Ok(child)
     }
 
-    pub(super) fn accept_links(&mut self) -> anyhow::Result<()> {
+    pub(super) fn accept_links(&mut self) -> Result<()> {
         loop {
             match self.link_listener.accept() {
                 Ok((mut stream, _)) => {
                     let entry = self.links.vacant_entry();
-                    self.poll.registry().register(
-                        &mut stream,
-                        Token(entry.key()),
-                        Interest::READABLE | Interest::WRITABLE,
-                    )?;
+                    self.poll
+                        .registry()
+                        .register(
+                            &mut stream,
+                            Token(entry.key()),
+                            Interest::READABLE | Interest::WRITABLE,
+                        )
+                        .map_err(|e| Error::io("watching a worker's link", e))?;
                     entry.insert(Link {
                         stream,
                         worker: None,
@@ -109,7 +113,7 @@ impl Supervisor {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(Error::io("accepting a worker's link", e)),
             }
         }
     }
@@ -137,7 +141,7 @@ impl Supervisor {
         }
         let mut inbox = Vec::new();
         if let Err(e) = link::decode_all::<ToCore>(&mut link.inbuf, |m| inbox.push(m)) {
-            eprintln!("hongbao serve: dropping a worker link: {e}");
+            tracing::warn!(error = %e, "dropping a worker link");
             closed = true;
         }
         let now = now_ms();
@@ -206,9 +210,9 @@ impl Supervisor {
                 Err(_) => dead.push(key),
             }
             if link.outbuf.len() > MAX_LINK_BACKLOG {
-                eprintln!(
-                    "hongbao serve: worker {:?} is not reading its link; dropping it",
-                    link.worker
+                tracing::warn!(
+                    worker = ?link.worker,
+                    "a worker is not reading its link; dropping it"
                 );
                 dead.push(key);
             }
@@ -218,7 +222,7 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn check_workers(&mut self) -> anyhow::Result<()> {
+    pub(super) fn check_workers(&mut self) -> Result<()> {
         if self.shutting_down {
             return Ok(());
         }
@@ -226,10 +230,13 @@ impl Supervisor {
         for w in ids {
             let proc_ = self.workers.get_mut(&w).expect("listed");
             if let Some(child) = proc_.child.as_mut() {
-                if let Some(status) = child.try_wait()? {
-                    eprintln!(
-                        "hongbao serve: worker {w} (pid {}) exited: {status}; restarting",
-                        child.id()
+                let waited = child.try_wait();
+                if let Some(status) = waited.map_err(|e| Error::io("waiting for a worker", e))? {
+                    tracing::warn!(
+                        worker = w,
+                        pid = child.id(),
+                        %status,
+                        "a worker exited; restarting it"
                     );
                     proc_.child = None;
                     proc_.start_later();
@@ -246,8 +253,11 @@ impl Supervisor {
                     Err(e) => {
                         // The others serve on; this one is tried again, later each time.
                         let delay = self.workers.get_mut(&w).expect("listed").start_later();
-                        eprintln!(
-                            "hongbao serve: starting worker {w} again: {e:#}; trying again in {delay:?}"
+                        tracing::error!(
+                            worker = w,
+                            error = format!("{e:#}"),
+                            retry_in = ?delay,
+                            "starting a worker again failed"
                         );
                     }
                 }

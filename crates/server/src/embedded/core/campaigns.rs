@@ -250,7 +250,7 @@ impl Core {
         req: &ShakeCampaignRequest,
     ) -> AdminAnswer {
         if let Err(why) = req.check() {
-            return AdminAnswer::Refused(why);
+            return AdminAnswer::Refused(why.to_string());
         }
         let seed = self.rng.gen();
         let minted_cents = (0..req.packets)
@@ -278,7 +278,7 @@ impl Core {
         req: &SendCampaignRequest,
     ) -> AdminAnswer {
         if let Err(why) = req.check() {
-            return AdminAnswer::Refused(why);
+            return AdminAnswer::Refused(why.to_string());
         }
         let campaign = self.next_campaign;
         self.record(
