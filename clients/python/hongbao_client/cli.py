@@ -8,11 +8,11 @@
     python3 -m hongbao_client listen --server ... --user 8 --secret S [--seconds N]
 
 Credentials: `--token HEX`, or `--secret` (else `$HONGBAO_SECRET` when set, else the
-server's development secret; taken as given, an empty one too) to make the token. `me` needs the
-HTTP API: an `http://` server, or `--http http://...` beside a `tcp://` one. A refused
-connection is an error at once (the library would retry it for `connect_timeout_s`). The
-exit status is 0 when the last answer was what was asked for (a win with --until-win, `ok`,
-`opened`, ...), 1 otherwise, 2 on an error.
+server's development secret; taken as given, an empty one too) to make the token. `me`
+needs the HTTP API: an `http://` server, or `--http http://...` beside a `tcp://` one. A
+refused connection is an error at once (the library would retry it for
+`connect_timeout_s`). The exit status is 0 when the last answer was what was asked for (a
+win with --until-win, `ok`, `opened`, ...), 1 otherwise, 2 on an error.
 """
 
 from __future__ import annotations
