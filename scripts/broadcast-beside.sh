@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Broadcasts beside shakes, with the floor's C client (docs/BENCHMARKS.md, issue 28 item
-# 7): CONNS connections shaking at RATE a second for SECS seconds, and a broadcast to
+# Broadcasts beside shakes, with the floor's C client (docs/benchmarks/diary.md, issue 28
+# item 7): CONNS connections shaking at RATE a second for SECS seconds, and a broadcast to
 # 20,000 connections every 5 s from 3 s into the load (seven in all).
 #
 #   scripts/broadcast-beside.sh MODE [BINARY]      (root; release build)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU per shake (docs/BENCHMARKS.md, "CPU per shake"): `hongbao serve` and `hongbao load`
+# CPU per shake (docs/benchmarks/diary.md, "CPU per shake"): `hongbao serve` and `hongbao load`
 # at 15,000 connections and 6,000 shakes/s, against the bare-C floor at the same setting
 # and, when GO_SERVER and GO_CLIENT name them, the original Go server and client
 # (github.com/xiaojiaqi/10billionhongbaos, built elsewhere: it is not in this tree).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The HTTP sitting of docs/BENCHMARKS.md ("The HTTP API and nginx"): hongbao's HTTP shake
+# The HTTP sitting of docs/benchmarks/diary.md ("The HTTP API and nginx"): hongbao's HTTP shake
 # endpoint held against nginx serving a static 200, directly and through nginx, with
 # Debian's wrk; hongbao load against wrk as a load generator (CPU per request); latency
 # at 50% and 80% of the measured maximum; short connections with and without doctor's

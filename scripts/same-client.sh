@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The same-client sitting (docs/BENCHMARKS.md, issue 28): the floor's bare-C open-loop
+# The same-client sitting (docs/benchmarks/diary.md, issue 28): the floor's bare-C open-loop
 # client against the floor's echo server and against `hongbao serve` — without a campaign
 # and with a 200/s shake campaign — at CONNS connections and RATE shakes a second, for
 # SECS seconds, ROUNDS rounds alternated. One client, several servers: the differences are

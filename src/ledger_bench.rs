@@ -49,6 +49,16 @@ pub fn run(args: LedgerBenchArgs) -> Result<()> {
         duration: Duration::from_secs(args.secs),
         group,
     };
+    // The run is silent until its one line: say what it is doing meanwhile (on stderr, so
+    // that stdout stays that one line for scripts).
+    eprintln!(
+        "ledger-bench: committing {} wins, {} a second for {} s, through serve's ledger \
+         writer (a commit at most every {ms} ms) in {}; the result line follows",
+        u64::from(args.rate) * args.secs,
+        args.rate,
+        args.secs,
+        dir.display()
+    );
     let outcome = commit_bench::run(&dir, settings);
     let _ = std::fs::remove_dir_all(&dir);
     println!("{}", outcome?.line(&settings));

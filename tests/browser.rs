@@ -627,6 +627,16 @@ fn browser_client_logs_in_shakes_wins_and_opens_a_packet() {
         "{notice_text}"
     );
     assert_eq!(cents_in(&notice_text), sender_won, "{notice_text}");
+    // Its expiry with the date: a packet lives a day, so a time alone would not say which.
+    let expires: String = notice_text
+        .split("expires ")
+        .nth(1)
+        .unwrap_or_default()
+        .chars()
+        .take(16)
+        .map(|c| if c.is_ascii_digit() { 'N' } else { c })
+        .collect();
+    assert_eq!(expires, "NNNN-NN-NN NN:NN", "{notice_text}");
     page.click(&format!("{notice} button.open"));
     page.wait_for(
         "the packet to be opened",

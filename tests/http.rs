@@ -611,6 +611,19 @@ fn bad_requests_are_refused_with_their_status() {
         let r = conn.call("GET", "/v1/ping", None, None);
         assert_eq!((r.status, r.result()), (200, "ok"), "after HEAD {path}");
     }
+    // Without a token too: the method is refused for its form before the bearer is
+    // looked at, on the API's reads as on its POST paths (http-api.md).
+    for path in ["/v1/me", "/v1/notices", "/v1/shake"] {
+        conn.send("HEAD", path, &[], None);
+        let head = conn.read_head();
+        assert_eq!(
+            head.split_whitespace().nth(1),
+            Some("405"),
+            "HEAD {path} without a token: {head}"
+        );
+        let r = conn.call("GET", "/v1/ping", None, None);
+        assert_eq!((r.status, r.result()), (200, "ok"), "after HEAD {path}");
+    }
 
     // A client that trickles its head: 408 after the header timeout (2 s here), then the
     // connection closes; others are served meanwhile.

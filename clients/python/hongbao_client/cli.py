@@ -7,11 +7,12 @@
     python3 -m hongbao_client me     --server http://127.0.0.1:7003 --user 7 --secret S
     python3 -m hongbao_client listen --server ... --user 8 --secret S [--seconds N]
 
-Credentials: `--token HEX`, or `--secret` (else `$HONGBAO_SECRET`, else the server's
-development secret) to make the token. `me` needs the HTTP API: an `http://` server, or
-`--http http://...` beside a `tcp://` one. The exit status is 0 when the last answer was
-what was asked for (a win with --until-win, `ok`, `opened`, ...), 1 otherwise, 2 on an
-error.
+Credentials: `--token HEX`, or `--secret` (else `$HONGBAO_SECRET` when set, else the
+server's development secret; taken as given, an empty one too) to make the token. `me`
+needs the HTTP API: an `http://` server, or `--http http://...` beside a `tcp://` one. A
+refused connection is an error at once (the library would retry it for
+`connect_timeout_s`). The exit status is 0 when the last answer was what was asked for (a
+win with --until-win, `ok`, `opened`, ...), 1 otherwise, 2 on an error.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import os
 import sys
 from typing import Any
 
-from . import connect
+from . import connect, parse_url
 from .client import Client
-from .errors import HongbaoError
+from .errors import ErrorKind, ErrorSource, HongbaoError
 from .messages import ResultCode
 from .token import DEV_SECRET
 
@@ -51,8 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--server", required=True, help="tcp://HOST:PORT or http://HOST:PORT")
     common.add_argument("--user", type=int, required=True, help="user id")
-    common.add_argument("--secret", help="server secret to make the token with (default: $HONGBAO_SECRET, "
-                        "else the development secret)")
+    common.add_argument("--secret", help="server secret to make the token with, as given (default: "
+                        "$HONGBAO_SECRET, else the development secret)")
     common.add_argument("--token", help="the login token, 64 hex characters (instead of --secret)")
     common.add_argument("--http", help="the HTTP API address beside a tcp:// server, for `me`")
     common.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
@@ -78,17 +79,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _client(args: argparse.Namespace) -> Client:
+def _credentials(args: argparse.Namespace) -> dict[str, str]:
+    """`--token`, else `--secret`, else `$HONGBAO_SECRET` when set, else the development
+    secret: the secret as given, an empty one too, as `hongbao serve` takes its `--secret`
+    and `$HONGBAO_SECRET`."""
     if args.token:
-        credentials: dict[str, str] = {"token": args.token}
-    else:
-        credentials = {"secret": args.secret or os.environ.get("HONGBAO_SECRET") or DEV_SECRET}
+        return {"token": args.token}
+    secret = args.secret if args.secret is not None else os.environ.get("HONGBAO_SECRET")
+    return {"secret": DEV_SECRET if secret is None else secret}
+
+
+def _client(args: argparse.Namespace) -> Client:
+    if args.command == "me" and args.http is None and parse_url(args.server)[0] == "tcp":
+        raise HongbaoError(ErrorKind.UNSUPPORTED, "me over a tcp:// server needs the HTTP API beside it: "
+                           "give --http http://HOST:PORT", source=ErrorSource.CLIENT)
     return connect(args.server, user_id=args.user, http_url=args.http, request_timeout_s=args.timeout,
-                   **credentials)  # type: ignore[arg-type]
+                   **_credentials(args))  # type: ignore[arg-type]
 
 
 async def _run(args: argparse.Namespace) -> int:
-    async with _client(args) as client:
+    client = _client(args)
+    await client.start(retry_refused=False)
+    try:
         match args.command:
             case "shake":
                 limit = args.count if args.count is not None else (None if args.until_win else 1)
@@ -127,6 +139,8 @@ async def _run(args: argparse.Namespace) -> int:
                 except TimeoutError:
                     pass
                 return 0
+    finally:
+        await client.close()
     return 2
 
 

@@ -104,9 +104,12 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def start(self) -> None:
+    async def start(self, *, retry_refused: bool = True) -> None:
         """Connects and logs in, retrying with back-off for up to `connect_timeout_s`.
-        Raises HongbaoError BAD_TOKEN at once if the server refuses the credentials."""
+        Raises HongbaoError BAD_TOKEN at once if the server refuses the credentials, and
+        CONNECT_FAILED at once on a refused connection (nothing listens there) unless
+        `retry_refused`: an app may wait for a server that is starting, a command line
+        should not wait out the timeout for a mistyped address."""
         deadline = time.monotonic() + self.connect_timeout_s
         while True:
             try:
@@ -121,6 +124,9 @@ class Client:
                 server_wait_s = e.retry_after_s
             except (OSError, TimeoutError) as e:
                 failure, server_wait_s = e, None
+            if not retry_refused and _refused(failure):
+                raise HongbaoError(ErrorKind.CONNECT_FAILED, f"user {self.user_id} could not connect: {failure}",
+                                   source=ErrorSource.NETWORK) from failure
             delay = self._backoff.next_delay(server_wait_s)
             if time.monotonic() + delay >= deadline:
                 raise HongbaoError(ErrorKind.CONNECT_FAILED, f"user {self.user_id} could not connect within "
@@ -439,3 +445,8 @@ def _expect(reply: wire.ReplyMessage, kind: type[R]) -> R | wire.Error:
     if isinstance(reply, (kind, wire.Error)):
         return reply
     raise HongbaoError(ErrorKind.PROTOCOL, f"expected a {kind.__name__}, got {reply!r}", source=ErrorSource.SERVER)
+
+
+def _refused(failure: BaseException) -> bool:
+    """A connection the peer refused (over HTTP, wrapped in CONNECT_FAILED)."""
+    return isinstance(failure, ConnectionRefusedError) or isinstance(failure.__cause__, ConnectionRefusedError)

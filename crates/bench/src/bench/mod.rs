@@ -245,8 +245,10 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             amount_min: 100,
             amount_max: 10_000,
         };
+        // The newest progress line printed: the send campaign's wait goes on from it.
+        let mut printed = 0;
         let shake = start_campaign(&server, "shake", &shake)?;
-        let shake = wait_campaign(&server, &load, &mut broadcaster, &shake)?;
+        let shake = wait_campaign(&server, &load, &mut broadcaster, &shake, &mut printed)?;
         let send = SendCampaignRequest {
             packets: opts.send_packets,
             rate_per_sec: opts.campaign_rate,
@@ -257,7 +259,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             amount_max: 20_000,
         };
         let send = start_campaign(&server, "send", &send)?;
-        let send = wait_campaign(&server, &load, &mut broadcaster, &send)?;
+        let send = wait_campaign(&server, &load, &mut broadcaster, &send, &mut printed)?;
         // Let the clients' reports catch up with what the server has said.
         let settle = Instant::now() + Duration::from_secs(5);
         while Instant::now() < settle {
@@ -577,16 +579,17 @@ fn start_campaign(
 }
 
 /// Polls a campaign until it has run its course, printing the load's progress line each
-/// second.
+/// second; `printed` is the second of the newest line printed, so that a second is
+/// printed once however many campaigns wait through it.
 fn wait_campaign(
     server: &Server,
     load: &Load,
     broadcaster: &mut Broadcaster,
     started: &CampaignStatus,
+    printed: &mut u64,
 ) -> anyhow::Result<CampaignStatus> {
     let rate = started.rate_per_sec.max(1);
     let deadline = Instant::now() + Duration::from_secs(30 + (started.packets / rate) as u64 * 2);
-    let mut last_line = 0;
     loop {
         let c: CampaignStatus = server.get(&format!("/v1/campaigns/{}", started.id))?;
         if summary::campaign_done(&c) {
@@ -600,8 +603,8 @@ fn wait_campaign(
             return Ok(c);
         }
         if let Some(p) = load.progress() {
-            if p.second != last_line {
-                last_line = p.second;
+            if p.second != *printed {
+                *printed = p.second;
                 say(&format!("  {}", p.line()));
             }
         }

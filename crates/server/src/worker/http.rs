@@ -125,7 +125,7 @@ impl HttpCodec {
         // A HEAD is answered as its GET would be, less the body (RFC 9110 §9.3.2): its
         // client reads no body, so one sent would be read as the next answer. Answered
         // here: the API's reads go through the core and answer later, and HEAD is not
-        // worth a second path there — a ping is answered at once, the rest refused.
+        // worth a second path there — a ping is answered at once, `route` refuses the rest.
         let head = request.method == "HEAD";
         let route = match route(&request, cx) {
             Route::Request(Request::Ping { .. }, None) if head => {
@@ -137,12 +137,6 @@ impl HttpCodec {
                 let (status, body) = reply_json(&pong);
                 Route::Answer(status, "application/json", body.into_bytes())
             }
-            Route::Request(..) if head => Route::Refuse(
-                405,
-                ResultCode::BadRequest,
-                format!("HEAD is not allowed on {}", request.path),
-                vec![("Allow", "GET")],
-            ),
             other => other,
         };
         let without_body = |answer: Vec<u8>, body: &[u8]| match head {
@@ -500,6 +494,15 @@ fn route(request: &http::Request<'_>, cx: &Cx<'_>) -> Route {
         }
         ["token"] => demo_token(request.query, cx),
         ["v1", "ping"] => Route::Request(Request::Ping { client_time_us: 0 }, None),
+        // HEAD on the API's other reads (`/v1/me`, `/v1/notices`) is refused for its form,
+        // before the bearer is looked at, as a POST path's wrong method is above: the
+        // same 405 with or without a token.
+        _ if request.method == "HEAD" => Route::Refuse(
+            405,
+            ResultCode::BadRequest,
+            format!("HEAD is not allowed on {}", request.path),
+            vec![("Allow", allowed)],
+        ),
         _ => match bearer(request.authorization, &cx.cfg.secret) {
             Ok(user) => match api(&segments, request) {
                 Ok(inner) => Route::Request(inner, Some(user)),

@@ -1,0 +1,416 @@
+//! The docs held to what happens: each test reads a sample or a list from a doc and
+//! compares it with the code's default or the binary's own output, so that a doc that
+//! drifts from the code fails here. (summary.json's fields and the series' columns are
+//! held to docs/bench.md and docs/monitoring.md by their own tests.)
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{field, Admin, Hongbao};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// `hongbao ARGS`, which must succeed: (stdout, stderr).
+fn hongbao(args: &[&str], dir: &Path) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("HONGBAO_SECRET")
+        .output()
+        .unwrap_or_else(|e| panic!("hongbao {args:?}: {e}"));
+    let said = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let (stdout, stderr) = (said(&out.stdout), said(&out.stderr));
+    assert!(
+        out.status.success(),
+        "hongbao {args:?} exited with {}\n{stdout}{stderr}",
+        out.status
+    );
+    (stdout, stderr)
+}
+
+/// The text under a heading (the heading line exactly), to the next heading of its level
+/// or above.
+fn section<'a>(doc: &'a str, heading: &str) -> &'a str {
+    let level = heading.chars().take_while(|&c| c == '#').count();
+    let start = doc
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("no heading {heading:?}"))
+        + heading.len()
+        + 2;
+    let rest = &doc[start..];
+    let mut fenced = false;
+    let mut at = 0;
+    for line in rest.split_inclusive('\n') {
+        fenced ^= line.starts_with("```");
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if !fenced && hashes > 0 && hashes <= level && line[hashes..].starts_with(' ') {
+            return &rest[..at];
+        }
+        at += line.len();
+    }
+    rest
+}
+
+/// The lines of the first fenced block in `text`.
+fn first_block(text: &str) -> Vec<&str> {
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("```"));
+    lines.next().expect("a fenced block");
+    lines.take_while(|l| !l.starts_with("```")).collect()
+}
+
+/// A line with every number (digits, with a fraction) as `N`: its shape, which a sample
+/// line shares with today's output whatever was measured.
+fn shape(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            while chars
+                .peek()
+                .is_some_and(|&d| d.is_ascii_digit() || d == '.')
+            {
+                chars.next();
+            }
+            out.push('N');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The long options a subcommand's `--help` lists (but `--help`).
+fn flags(subcommand: &str) -> BTreeSet<String> {
+    let (help, _) = hongbao(&[subcommand, "--help"], &repo());
+    help.lines()
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .map(|l| format!("--{}", l.split([' ', ',', '<']).next().unwrap()))
+        .filter(|f| f != "--help")
+        .collect()
+}
+
+/// The README's sample of `hongbao bench`'s output is today's, line for line in shape, and
+/// no second's progress line is printed twice (it was, when a phase's send campaign began
+/// in the second its shake campaign ended).
+#[test]
+fn the_readme_bench_sample_is_what_the_bench_prints() {
+    let readme = read("README.md");
+    let sample: Vec<&str> = first_block(
+        readme
+            .split_once("It prints a progress line per")
+            .expect("the README's bench sample")
+            .1,
+    );
+    assert!(sample.len() >= 5, "{sample:?}");
+    let tmp = tempfile::tempdir().unwrap();
+    let (stdout, stderr) = hongbao(
+        &[
+            "bench",
+            "--connections",
+            "200",
+            "--workers",
+            "1",
+            "--procs",
+            "1",
+            "--phase-qps",
+            "500,1000",
+            "--shake-packets",
+            "20",
+            "--send-packets",
+            "10",
+            "--out",
+            "bench-out",
+        ],
+        tmp.path(),
+    );
+    let printed: BTreeSet<String> = stdout.lines().map(shape).collect();
+    for line in &sample {
+        assert!(
+            printed.contains(&shape(line)),
+            "the README's line\n{line}\nis not one the bench prints today:\n{stdout}{stderr}"
+        );
+    }
+    let seconds: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("t="))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert!(!seconds.is_empty(), "no progress lines:\n{stdout}");
+    let once: BTreeSet<&&str> = seconds.iter().collect();
+    assert_eq!(
+        once.len(),
+        seconds.len(),
+        "a second's progress line printed twice:\n{stdout}"
+    );
+}
+
+/// docs/bench.md's `ledger-bench` sample: the lines it prints today, with serve's commit
+/// interval and ledger-bench's own defaults.
+#[test]
+fn the_ledger_bench_sample_is_what_it_prints_with_the_defaults() {
+    let bench_md = read("docs/bench.md");
+    let doc = section(&bench_md, "## hongbao ledger-bench");
+    let sample = first_block(doc.split_once("prints one result line").unwrap().1);
+    let [started, result] = sample[..] else {
+        panic!("two sample lines: {sample:?}")
+    };
+    let fields = |line: &str| -> Vec<(String, String)> {
+        let words: Vec<&str> = line.split_whitespace().skip(1).collect();
+        words
+            .chunks(2)
+            .map(|kv| (kv[0].to_string(), kv[1].to_string()))
+            .collect()
+    };
+    let documented = fields(result);
+    let value = |name: &str| -> String {
+        let found = documented.iter().find(|(k, _)| k == name);
+        found
+            .unwrap_or_else(|| panic!("no {name} in {result}"))
+            .1
+            .clone()
+    };
+    let serve = hongbao_server::ServeConfig::default();
+    assert_eq!(
+        value("interval_ms"),
+        serve.commit_interval_ms.to_string(),
+        "the sample's interval is not serve's default"
+    );
+    let (help, _) = hongbao(&["ledger-bench", "--help"], &repo());
+    for (flag, name) in [("--rate", "rate"), ("--secs", "secs")] {
+        let default = help
+            .split(flag)
+            .nth(1)
+            .and_then(|h| h.split("[default: ").nth(1))
+            .and_then(|h| h.split(']').next())
+            .unwrap_or_else(|| panic!("{flag}'s default in:\n{help}"));
+        assert_eq!(
+            value(name),
+            default,
+            "the sample's {name} is not the default"
+        );
+    }
+    // Today's lines, in shape and field by field.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ledger");
+    let (stdout, stderr) = hongbao(
+        &[
+            "ledger-bench",
+            "--secs",
+            "1",
+            "--dir",
+            dir.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    let line = stdout.trim_end();
+    let names = |f: Vec<(String, String)>| f.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+    assert_eq!(names(fields(line)), names(documented.clone()), "{line}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| shape(l).split(" in ").next() == shape(started).split(" in ").next()),
+        "the start line is not documented as it is:\n{stderr}\nagainst {started}"
+    );
+}
+
+/// docs/bench.md's synopses name every option `--help` lists.
+#[test]
+fn the_bench_md_synopses_name_every_option() {
+    let bench_md = read("docs/bench.md");
+    for (subcommand, heading) in [
+        ("load", "## hongbao load"),
+        ("bench", "## hongbao bench"),
+        ("ledger-bench", "## hongbao ledger-bench"),
+    ] {
+        let synopsis = first_block(section(&bench_md, heading)).join("\n");
+        for flag in flags(subcommand) {
+            let named = synopsis.match_indices(&flag).any(|(at, _)| {
+                !synopsis[at + flag.len()..]
+                    .starts_with(|c: char| c == '-' || c.is_ascii_alphanumeric())
+            });
+            assert!(named, "docs/bench.md's {subcommand} synopsis lacks {flag}");
+        }
+    }
+}
+
+/// docs/bench.md's list of what the load's `GET /stats` answers is the progress record's
+/// fields.
+#[test]
+fn the_load_stats_fields_are_the_documented_ones() {
+    let progress = hongbao_load::coordinator::progress(
+        &hongbao_load::coordinator::Row::default(),
+        &hongbao_load::report::Counters::default(),
+        1,
+    );
+    let value = serde_json::to_value(&progress).unwrap();
+    let fields: BTreeSet<String> = value.as_object().unwrap().keys().cloned().collect();
+    let bench_md = read("docs/bench.md");
+    let listed = bench_md
+        .split_once("`GET /stats` returns the progress")
+        .and_then(|(_, rest)| rest.split_once("(`"))
+        .and_then(|(_, rest)| rest.split_once("`)"))
+        .expect("docs/bench.md's list of GET /stats fields")
+        .0;
+    let documented: BTreeSet<String> = listed
+        .split(',')
+        .map(|f| f.trim().split('{').next().unwrap().to_string())
+        .collect();
+    assert_eq!(documented, fields, "docs/bench.md's GET /stats fields");
+}
+
+/// docs/admin-api.md's metrics tables name every metric `/metrics` exposes, and its
+/// `demo_login` row names every address that answers `/token`.
+#[test]
+fn admin_api_md_names_every_metric_and_where_token_answers() {
+    let data = tempfile::tempdir().unwrap();
+    let serve = Hongbao::spawn(
+        "serve",
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--ws-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--data-dir",
+            data.path().to_str().unwrap(),
+        ],
+    );
+    let ready = serve.ready_line("hongbao serve ready: ");
+    let admin = Admin::new(field(&ready, "admin").parse().unwrap());
+    let doc = read("docs/admin-api.md");
+    let metrics = section(&doc, "## Metrics");
+
+    let (status, text) = admin.http("GET", "/metrics", None);
+    assert_eq!(status, 200, "{text}");
+    let names: BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert!(names.len() > 10, "{text}");
+    for name in names {
+        // The worker counters are listed as `…_<counter>_total` after the first in full.
+        let short = name
+            .strip_prefix("hongbao_worker")
+            .filter(|rest| rest.ends_with("_total"))
+            .map(|rest| format!("`…{rest}`"));
+        assert!(
+            metrics.contains(&format!("`{name}`"))
+                || metrics.contains(&format!("`{name}{{"))
+                || short.is_some_and(|s| metrics.contains(&s)),
+            "docs/admin-api.md's metrics do not name {name}"
+        );
+    }
+
+    let demo_login = doc
+        .lines()
+        .find(|l| l.starts_with("| `demo_login`"))
+        .expect("the demo_login row");
+    let agent = ureq::AgentBuilder::new().build();
+    let token_status = |addr: &str| match agent.get(&format!("http://{addr}/token?user=1")).call() {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(status, _)) => status,
+        Err(e) => panic!("GET /token at {addr}: {e}"),
+    };
+    for (name, address) in [("ws", "WebSocket"), ("http", "HTTP API")] {
+        assert_eq!(token_status(&field(&ready, name)), 200, "/token at {name}=");
+        assert!(
+            demo_login.contains(&format!("{address} address")),
+            "/token answers on the {address} address; the demo_login row: {demo_login}"
+        );
+    }
+    assert_eq!(token_status(&field(&ready, "admin")), 404);
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Every heading's anchor in a Markdown file (repeats numbered as GitHub does).
+fn anchors(doc: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut fenced = false;
+    for line in doc.lines() {
+        fenced ^= line.starts_with("```");
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if fenced || hashes == 0 || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let base = anchor(&line[hashes..]);
+        let mut name = base.clone();
+        let mut n = 0;
+        while seen.contains(&name) {
+            n += 1;
+            name = format!("{base}-{n}");
+        }
+        seen.insert(name);
+    }
+    seen
+}
+
+/// Every relative link of the README and the docs reaches a file, and an anchor in it
+/// (BENCHMARKS.md's table points into the diary by anchor).
+#[test]
+fn links_in_the_readme_and_the_docs_resolve() {
+    let mut docs = vec![repo().join("README.md")];
+    for dir in ["docs", "docs/benchmarks"] {
+        for entry in std::fs::read_dir(repo().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "md") {
+                docs.push(path);
+            }
+        }
+    }
+    let mut checked = 0;
+    for doc in docs {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        for (at, _) in text.match_indices("](") {
+            let link = &text[at + 2..];
+            let Some(link) = link.split(')').next() else {
+                continue;
+            };
+            if link.contains("://") || link.contains(' ') || link.starts_with("mailto:") {
+                continue;
+            }
+            let (file, fragment) = link.split_once('#').unwrap_or((link, ""));
+            let target = match file {
+                "" => doc.clone(),
+                file => doc.parent().unwrap().join(file),
+            };
+            assert!(target.exists(), "{}: {link}: no such file", doc.display());
+            if !fragment.is_empty() && target.extension().is_some_and(|e| e == "md") {
+                let there = anchors(&std::fs::read_to_string(&target).unwrap());
+                assert!(
+                    there.contains(fragment),
+                    "{}: {link}: no such heading in {}",
+                    doc.display(),
+                    target.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 50, "{checked} links");
+}
