@@ -95,7 +95,7 @@ pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAns
 /// Redis for release.
 async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAnswer, Error> {
     let pg = store.pg().await?;
-    c.started_ms = crate::now_ms();
+    c.started_ms = hongbao_sys::clock::unix_ms();
     // Its id is the row's: filled in by the same statement.
     let event = if c.send {
         Event::SendCampaign {

@@ -182,7 +182,7 @@ async fn commit_batch(
     host: &str,
     ops: &[Commit],
 ) -> Result<Vec<Option<Done>>, tokio_postgres::Error> {
-    let at = crate::now_ms() as i64;
+    let at = hongbao_sys::clock::unix_ms() as i64;
     let mut left_out = vec![false; ops.len()];
     let mut attempt = 0;
     loop {

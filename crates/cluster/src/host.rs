@@ -18,7 +18,8 @@ use crate::commit::Commit;
 use crate::mesh::Mesh;
 use crate::shared::Shared;
 use crate::store::Store;
-use crate::{admin, committer, now_ms, ClusterConfig, RELEASE_EVERY};
+use crate::{admin, committer, ClusterConfig, RELEASE_EVERY};
+use hongbao_sys::clock::unix_ms;
 
 /// What the gateway's calls become, for this host's loop.
 pub(crate) enum Cmd {
@@ -131,7 +132,7 @@ impl Host {
                     let store = self.store.clone();
                     let host = self.cfg.host.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = store.expire(now_ms(), &host).await {
+                        if let Err(e) = store.expire(unix_ms(), &host).await {
                             tracing::warn!("expiring packets: {e}");
                         }
                     });
@@ -454,7 +455,7 @@ impl Host {
             return;
         }
         let mut deal = Vec::new();
-        let now = now_ms();
+        let now = unix_ms();
         for (campaign, index) in due {
             let c = match self.campaign(campaign).await {
                 Ok(Some(c)) => c,
@@ -547,7 +548,7 @@ impl Host {
         let users: Vec<u64> = self.online.iter().copied().collect();
         let (store, shared) = (self.store.clone(), self.shared.clone());
         tokio::spawn(async move {
-            match store.waiting_notices_of(&users, now_ms()).await {
+            match store.waiting_notices_of(&users, unix_ms()).await {
                 Ok(waiting) => {
                     tracing::warn!(
                         "this host's channel was renewed; {} waiting notices told again to {} users",

@@ -82,10 +82,3 @@ pub struct ClusterConfig {
 pub const HOST_DEAD_AFTER_MS: u64 = 3000;
 /// How often a host asks Redis for the packets due (and says it is alive).
 pub const RELEASE_EVERY: Duration = Duration::from_millis(10);
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}

@@ -149,7 +149,7 @@ impl Store {
 
     pub async fn live_hosts(&self) -> Vec<String> {
         let mut redis = self.redis();
-        let since = crate::now_ms().saturating_sub(HOST_DEAD_AFTER_MS);
+        let since = hongbao_sys::clock::unix_ms().saturating_sub(HOST_DEAD_AFTER_MS);
         redis
             .zrangebyscore("{rel}:hosts", since, "+inf")
             .await
@@ -218,7 +218,7 @@ mod tests {
                 &[
                     ("packets", u64::from(packets)),
                     ("rate", u64::from(rate)),
-                    ("start", crate::now_ms() - 1000),
+                    ("start", hongbao_sys::clock::unix_ms() - 1000),
                     ("next", 0),
                 ],
             )
@@ -342,7 +342,7 @@ mod tests {
         let redis = TestRedis::start();
         let mut con = redis.connection();
         // 100 packets at 10/s, started 3.05 s ago: 30 due.
-        let start = crate::now_ms() - 3050;
+        let start = hongbao_sys::clock::unix_ms() - 3050;
         let restore = |con: &mut redis::Connection, done: &[u32]| -> i64 {
             Script::new(RESTORE)
                 .key("{rel}:c:7")

@@ -2,7 +2,9 @@
 //! a progress line a second, and the final totals as JSON; `--set-qps` for a running one.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use hongbao_sys::clock::unix_ms;
 
 use anyhow::bail;
 use hongbao_http::{json_object, Request, Response, Server};
@@ -16,13 +18,6 @@ use crate::report::{self, Counters};
 
 /// The fastest a load may be asked to fire.
 const MAX_QPS: u64 = 10_000_000;
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
 
 /// Serves `POST /qps {"qps": N}` and `GET /stats` for a running load.
 pub fn serve_control(addr: &str, load: Arc<Load>) -> anyhow::Result<Server> {

@@ -13,7 +13,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use hongbao_sys::clock::unix_ms;
 
 use anyhow::Context;
 use hongbao_http::{json_object, Request, Response, Server};
@@ -24,13 +26,6 @@ use hongbao_telemetry::Sample;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 1 << 20;
-
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
 
 /// A running monitor: its HTTP server, and a thread that closes seconds as they age.
 pub struct Monitor {

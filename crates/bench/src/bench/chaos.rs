@@ -10,7 +10,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use hongbao_sys::clock::unix_ms;
 
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -103,13 +105,6 @@ pub(crate) fn start(
         }
         done
     })
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
 }
 
 /// `summary.json`'s `chaos`: the schedule asked for and every fault done.

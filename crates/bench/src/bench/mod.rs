@@ -34,7 +34,9 @@ pub mod summary;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use hongbao_sys::clock::unix_ms;
 
 use anyhow::Context;
 use hongbao_money::rules::{SendCampaignRequest, ShakeCampaignRequest};
@@ -57,13 +59,6 @@ use summary::{
     AuditSummary, ConnectionsSummary, Discrepancy, EngineSummary, FaultSecond, FaultSummary,
     LoadSummary, NetworkSummary, OptionsSummary, Phase, Resources, SendAudit, ShakeAudit,
 };
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
 
 /// Runs the bench; returns the summary (also written to `out/summary.json`). The caller
 /// exits non-zero when `summary.audit.ok` is false.

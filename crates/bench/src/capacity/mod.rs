@@ -29,7 +29,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use hongbao_monitor::{unix_ms, Monitor};
+use hongbao_monitor::Monitor;
+use hongbao_sys::clock::unix_ms;
 
 use crate::bench::SECRET;
 use hongbao_load::coordinator::{Load, LoadOptions, Row};

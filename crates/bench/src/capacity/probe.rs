@@ -125,7 +125,7 @@ pub fn sample(watched: &[Watched]) -> Sample {
         })
         .collect();
     Sample {
-        unix_ms: hongbao_monitor::unix_ms(),
+        unix_ms: hongbao_sys::clock::unix_ms(),
         instances,
     }
 }
@@ -147,7 +147,7 @@ impl Probe {
             .spawn(move || {
                 while !halt.load(Ordering::Relaxed) {
                     out.lock().unwrap().push(sample(&watched));
-                    let ms = hongbao_monitor::unix_ms() % 1000;
+                    let ms = hongbao_sys::clock::unix_ms() % 1000;
                     std::thread::sleep(Duration::from_millis(1000 - ms));
                 }
             })?;

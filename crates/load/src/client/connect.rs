@@ -10,7 +10,9 @@ use mio::{Interest, Token};
 use rand::Rng;
 use socket2::{Domain, Socket, Type};
 
-use super::{unix_us, Client, Kind, State, CONNECT_TIMEOUT_MS, MAX_BACKOFF_MS};
+use hongbao_sys::clock::unix_us;
+
+use super::{Client, Kind, State, CONNECT_TIMEOUT_MS, MAX_BACKOFF_MS};
 
 impl Client {
     pub(super) fn start_connects(&mut self, now_ms: u64) {

@@ -23,7 +23,9 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{ErrorKind, Read, Write};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use hongbao_sys::clock::unix_us;
 
 use hdrhistogram::Histogram;
 use hongbao_proto::{ws, Frame, Message};
@@ -134,13 +136,6 @@ struct Client {
     time_wait: (u64, u64),
     stdin_buf: Vec<u8>,
     stop: bool,
-}
-
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_micros() as u64
 }
 
 /// Runs one client process until told to stop (or its stdin closes).

@@ -7,7 +7,9 @@ use std::io::{ErrorKind, Read};
 use hongbao_proto::{ws, Frame, Message, ResultCode};
 use rand::Rng;
 
-use super::{unix_us, Client, Inflight, Kind, State};
+use hongbao_sys::clock::unix_us;
+
+use super::{Client, Inflight, Kind, State};
 use crate::report::Acked;
 use crate::transport::{self, HttpConnection, Inbound};
 

@@ -17,7 +17,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use hongbao_sys::clock::unix_ms;
 
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
@@ -143,13 +145,6 @@ pub struct Load {
     schedule: Arc<Mutex<Schedule>>,
     shared: Arc<Mutex<Shared>>,
     monitor: Option<LoadMonitor>,
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
 }
 
 /// Client processes needed for `users` under an open-file limit of `nofile` (at least 2

@@ -21,7 +21,9 @@ use std::io::{ErrorKind, Write};
 use std::net::SocketAddr;
 use std::sync::mpsc::{sync_channel, Receiver, Sender};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use hongbao_sys::clock::{unix_ms, unix_us, UnixTime};
 
 use hongbao_money::seam::{AdminAnswer, AdminRequest as MoneyRequest, Op, Origin, Output};
 use hongbao_money::{error as money, ConnId, Money, UserId, WorkerId};
@@ -98,21 +100,6 @@ struct PendingBroadcast {
     deadline: Instant,
 }
 
-fn until_next_second() -> Duration {
-    Duration::from_millis(1000 - now_ms() % 1000)
-}
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_micros() as u64
-}
-
-fn now_ms() -> u64 {
-    now_us() / 1000
-}
-
 /// A bound, non-listening socket that reserves `addr` (resolving ":0") and joins the
 /// workers' SO_REUSEPORT group but never receives connections.
 fn placeholder(addr: &str, what: &str) -> Result<std::net::TcpListener> {
@@ -174,7 +161,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
                         max_batch: cfg.commit_max_batch.max(1),
                     },
                 },
-                now_ms(),
+                unix_ms(),
                 wake_money,
             )?;
             let reader = Reader::open(money.ledger_path())
@@ -205,7 +192,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         None => None,
     };
 
-    let link_name = format!("hongbao-link-{}-{}", std::process::id(), now_ms());
+    let link_name = format!("hongbao-link-{}-{}", std::process::id(), unix_ms());
     let std_listener = std::os::unix::net::UnixListener::bind_addr(
         &net::abstract_addr(&link_name).map_err(|e| Error::io("naming the workers' link", e))?,
     )
@@ -272,7 +259,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
     sup.stop_workers();
     if let Some(monitor) = sup.monitor.clone() {
         // The last second's counts, so the monitor's series adds up to the totals.
-        monitor.send_final(&sup.sample(now_ms() / 1000));
+        monitor.send_final(&sup.sample(unix_ms() / 1000));
     }
     drop(admin);
     let flushed = sup.money.finish();
@@ -305,7 +292,8 @@ impl Supervisor {
         let mut events = Events::with_capacity(256);
         let mut next_tick = Instant::now();
         // Just after each whole wall-clock second, once the workers' reports are in.
-        let mut next_second = Instant::now() + until_next_second() + SECOND_REPORT_DELAY;
+        let mut next_second =
+            Instant::now() + UnixTime::now().until_next_second() + SECOND_REPORT_DELAY;
         let mut next_check = Instant::now();
         let mut ready_said = false;
         let mut outs = Vec::new();
@@ -328,14 +316,14 @@ impl Supervisor {
             }
             let now = Instant::now();
             if now >= next_tick {
-                self.money.tick(now_ms());
+                self.money.tick(unix_ms());
                 next_tick = now + self.tick_interval;
             }
             if now >= next_second {
-                next_second = now + until_next_second() + SECOND_REPORT_DELAY;
+                next_second = now + UnixTime::now().until_next_second() + SECOND_REPORT_DELAY;
                 self.report.roll_rates(&self.replies());
                 if let Some(monitor) = self.monitor.clone() {
-                    let second = (now_ms() / 1000).saturating_sub(1);
+                    let second = (unix_ms() / 1000).saturating_sub(1);
                     monitor.send(self.sample(second));
                 }
                 self.answer_broadcasts(true);
@@ -535,7 +523,7 @@ impl Supervisor {
                     MoneyRequest::CreateShake(_) | MoneyRequest::CreateSend(_)
                 );
                 self.tickets.insert(ticket, (cmd.reply, creates));
-                self.money.admin(now_ms(), ticket, request);
+                self.money.admin(unix_ms(), ticket, request);
                 return;
             }
             AdminRequest::Broadcast(req) => return self.broadcast(req.text, cmd.reply),
@@ -552,7 +540,7 @@ impl Supervisor {
     fn broadcast(&mut self, text: String, reply: Sender<Response>) {
         let id = self.next_broadcast;
         self.next_broadcast += 1;
-        let server_time_us = now_us();
+        let server_time_us = unix_us();
         self.money.broadcast_elsewhere(server_time_us, text.clone());
         let msg = ToWorker::Broadcast {
             id,

@@ -5,12 +5,13 @@
 use std::collections::BTreeMap;
 
 use super::workers::WorkerProc;
-use super::{now_ms, Supervisor};
+use super::Supervisor;
 use crate::stats::{CoreView, Stats, Totals, WorkerCounters, WorkerStats, WorkerView};
 use hdrhistogram::Histogram;
 use hongbao_money::seam::{OpKind, ReplyCounts};
 use hongbao_money::WorkerId;
 use hongbao_proto::ResultCode;
+use hongbao_sys::clock::unix_ms;
 use hongbao_sys::usage;
 use hongbao_telemetry::prom::Page;
 use hongbao_telemetry::sample::{self, RoleSample, Sample};
@@ -210,7 +211,7 @@ impl Supervisor {
         let (rss_bytes, cpu_ms) = usage::self_usage();
         let money = self.money.snapshot();
         Stats {
-            unix_ms: now_ms(),
+            unix_ms: unix_ms(),
             connections: totals.levels.connections,
             logged_in: totals.levels.logged_in,
             online_users: self.presence.online_users() as u64,

@@ -12,10 +12,11 @@ use hongbao_sys::net;
 use mio::net::UnixStream;
 use mio::{Events, Interest, Token};
 
-use super::{now_ms, Supervisor, LINK_LISTENER, WAKER};
+use super::{Supervisor, LINK_LISTENER, WAKER};
 use crate::error::{Error, Result};
 use crate::link::{self, ToCore, ToWorker};
 use crate::stats::WorkerStats;
+use hongbao_sys::clock::unix_ms;
 
 /// A worker whose link output backs up past this is treated as dead.
 const MAX_LINK_BACKLOG: usize = 256 << 20;
@@ -144,7 +145,7 @@ impl Supervisor {
             tracing::warn!(error = %e, "dropping a worker link");
             closed = true;
         }
-        let now = now_ms();
+        let now = unix_ms();
         for msg in inbox {
             match self.links[key].worker {
                 Some(w) => self.on_worker_message(w, msg, now),
