@@ -20,6 +20,7 @@ use common::{is_closed, signal, wait_until, Serve, Server, IO_TIMEOUT, SECRET};
 use hongbao_proto::client::Client;
 use hongbao_proto::token;
 use hongbao_proto::{encode_to_vec, Frame, KickReason, Message, ResultCode};
+use hongbao_telemetry::log::{FILTER_ENV, FORMAT_ENV};
 use serde_json::{json, Value};
 
 // ----- helpers ---------------------------------------------------------------------------
@@ -1738,4 +1739,65 @@ fn a_full_disk_refuses_what_needs_the_ledger_until_there_is_room() {
         3000 - acknowledged
     );
     server.stop();
+}
+
+// ----- logs ------------------------------------------------------------------------------
+
+/// What `serve` logs when it runs with the built-in development secret.
+const DEV_SECRET_WARNING: &str = "using the built-in development secret; set `secret` for real use";
+
+/// The stderr of a `serve` with the development secret and `extra` arguments, once it has
+/// logged the dev-secret warning and stopped. The test runner's own `HONGBAO_LOG_FORMAT`
+/// and `HONGBAO_LOG` are left out: the flag, or its absence, decides.
+fn dev_secret_log(extra: &[&str]) -> String {
+    let mut server = Serve::new()
+        .dev_secret()
+        .args(extra)
+        .env_remove(FORMAT_ENV)
+        .env_remove(FILTER_ENV)
+        .start();
+    wait_until("the dev-secret warning", secs(10), || {
+        server
+            .process
+            .log()
+            .contains(DEV_SECRET_WARNING)
+            .then_some(())
+    });
+    server.stop();
+    server.process.log()
+}
+
+/// `--log-format json`: every line on stderr (the supervisor's and its workers') is one
+/// JSON object, and the dev-secret warning is one of them, at level WARN.
+#[test]
+fn log_format_json_writes_one_object_a_line() {
+    let log = dev_secret_log(&["--log-format", "json"]);
+    let records: Vec<Value> = log
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line:?}"))
+        })
+        .collect();
+    let warning = records
+        .iter()
+        .find(|r| r["fields"]["message"] == DEV_SECRET_WARNING)
+        .unwrap_or_else(|| panic!("no dev-secret warning in {log}"));
+    assert_eq!(warning["level"], "WARN", "{warning}");
+    assert!(warning["timestamp"].is_string(), "{warning}");
+}
+
+/// Without the flag the log is for people: the same warning is a plain line saying WARN.
+#[test]
+fn the_log_is_human_by_default() {
+    let log = dev_secret_log(&[]);
+    let line = log
+        .lines()
+        .find(|line| line.contains(DEV_SECRET_WARNING))
+        .unwrap_or_else(|| panic!("no dev-secret warning in {log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        serde_json::from_str::<Value>(line).is_err(),
+        "a human log line that is JSON: {line}"
+    );
 }
