@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,10 +25,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{field, start_monitor, wait_until, Hongbao, START_TIMEOUT};
+use common::{start_monitor, wait_until, Serve, Server, SECRET, START_TIMEOUT};
 use hongbao_proto::client::Client;
 use hongbao_proto::{Message, ResultCode};
-use hongbao_server::config::DEV_SECRET;
 use serde_json::{json, Value};
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::WebSocket;
@@ -37,40 +36,11 @@ use tungstenite::WebSocket;
 const CDP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the page may take to show the effect of a click or a push.
 const UI_TIMEOUT: Duration = Duration::from_secs(20);
-/// Read/write timeout of the TCP test client.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// The phone-sized viewport the client page must fit.
 const PHONE: (u32, u32) = (360, 640);
 /// The user logged in on the page, and the one on TCP who sends it a packet.
 const PAGE_USER: u64 = 1001;
 const TCP_USER: u64 = 2002;
-
-// ----- processes -------------------------------------------------------------------------
-
-/// `hongbao serve` with two workers and a WebSocket listener; with the dev secret (so the
-/// page may fetch `/token`) unless `extra` says otherwise.
-struct Serve {
-    process: Hongbao,
-    listen: SocketAddr,
-    admin: SocketAddr,
-    ws: SocketAddr,
-}
-
-fn start_serve(data_dir: &Path, extra: &[&str]) -> Serve {
-    let data_dir = data_dir.to_str().unwrap();
-    let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
-    args.extend(["--ws-listen", "127.0.0.1:0", "--workers", "2"]);
-    args.extend(["--data-dir", data_dir]);
-    args.extend(extra);
-    let process = Hongbao::spawn("serve", &args);
-    let ready = process.ready_line("hongbao serve ready: ");
-    Serve {
-        listen: field(&ready, "listen").parse().unwrap(),
-        admin: field(&ready, "admin").parse().unwrap(),
-        ws: field(&ready, "ws").parse().unwrap(),
-        process,
-    }
-}
 
 // ----- HTTP ------------------------------------------------------------------------------
 
@@ -88,16 +58,6 @@ fn get_json(url: &str) -> Value {
     response
         .into_json()
         .unwrap_or_else(|e| panic!("GET {url}: {e}"))
-}
-
-fn post_json(url: &str, body: Value) -> Value {
-    let response = http()
-        .post(url)
-        .send_json(body)
-        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
-    response
-        .into_json()
-        .unwrap_or_else(|e| panic!("POST {url}: {e}"))
 }
 
 // ----- Chromium and the DevTools protocol ------------------------------------------------
@@ -509,15 +469,6 @@ fn cents_in(text: &str) -> u64 {
 
 // ----- the client page -------------------------------------------------------------------
 
-/// A TCP client logged in with the dev secret.
-fn tcp_login(serve: &Serve, user: u64) -> Client {
-    let mut client = Client::connect(serve.listen).expect("connecting over TCP");
-    client.set_timeout(IO_TIMEOUT).unwrap();
-    let result = client.login(user, DEV_SECRET.as_bytes()).expect("login");
-    assert_eq!(result, ResultCode::Ok, "TCP login of user {user}");
-    client
-}
-
 /// Shakes until a win (bounded); returns the amount won.
 fn tcp_shake_until_won(client: &mut Client) -> u64 {
     wait_until("the TCP user to win a shake", UI_TIMEOUT, || {
@@ -543,8 +494,8 @@ fn next_non_broadcast_push(client: &mut Client) -> Message {
     }
 }
 
-fn ledger_balance(serve: &Serve, user: u64) -> u64 {
-    let view = get_json(&format!("http://{}/v1/users/{user}", serve.admin));
+fn ledger_balance(serve: &Server, user: u64) -> u64 {
+    let view = serve.get(&format!("/v1/users/{user}"));
     view["balance_cents"]
         .as_u64()
         .unwrap_or_else(|| panic!("no balance_cents in {view}"))
@@ -553,18 +504,13 @@ fn ledger_balance(serve: &Serve, user: u64) -> u64 {
 #[test]
 fn browser_client_logs_in_shakes_wins_and_opens_a_packet() {
     let started = Instant::now();
-    let data = tempfile::tempdir().unwrap();
-    let mut serve = start_serve(data.path(), &[]);
-    let admin = format!("http://{}", serve.admin);
+    let mut serve = Serve::new().dev_secret().ws().start();
     // Slow enough that the first shakes may find nothing, quick enough to win soon.
-    post_json(
-        &format!("{admin}/v1/campaigns/shake"),
-        json!({"packets": 50, "rate_per_sec": 20, "amount_min": 100, "amount_max": 500}),
-    );
+    serve.shake_campaign(50, 20, 100, 500);
 
     let chromium = Chromium::launch();
     let mut page = chromium.new_page(PHONE.0, PHONE.1, true);
-    page.navigate(&format!("http://{}/", serve.ws));
+    page.navigate(&format!("http://{}/", serve.ws_addr()));
     assert_eq!(page.eval("document.title"), json!("hongbao"));
 
     // Log in: the page fetches a token from /token and sends `login`.
@@ -601,7 +547,7 @@ fn browser_client_logs_in_shakes_wins_and_opens_a_packet() {
     assert_eq!(cents_in(&page.text("#balance")), won_on_page);
 
     // A TCP user wins money and sends the page's user a packet of two shares.
-    let mut sender = tcp_login(&serve, TCP_USER);
+    let mut sender = serve.login(TCP_USER);
     let sender_won = tcp_shake_until_won(&mut sender);
     let packet_id = match sender
         .send_packet(sender_won, 2, &[PAGE_USER, 3003])
@@ -681,7 +627,7 @@ fn browser_client_logs_in_shakes_wins_and_opens_a_packet() {
 
     // A broadcast arrives with its delay.
     let text = "新年快乐 from the browser test";
-    post_json(&format!("{admin}/v1/broadcast"), json!({"text": text}));
+    serve.post("/v1/broadcast", &json!({"text": text}));
     let shown = page.wait_for(
         "the broadcast",
         &format!(
@@ -696,7 +642,7 @@ fn browser_client_logs_in_shakes_wins_and_opens_a_packet() {
     );
 
     // Logging in as the page's user elsewhere kicks the page; it says why and reconnects.
-    let _elsewhere = tcp_login(&serve, PAGE_USER);
+    let _elsewhere = serve.login(PAGE_USER);
     page.wait_for(
         "the page to show the kick",
         "document.querySelector('#status').textContent.includes('replaced')",
@@ -730,7 +676,7 @@ fn browser_client_logs_in_shakes_wins_and_opens_a_packet() {
     save_screenshot(&png, PHONE.0, "hongbao-page.png");
 
     assert_eq!(
-        get_json(&format!("{admin}/v1/audit"))["ok"],
+        serve.get("/v1/audit")["ok"],
         true,
         "the money does not add up"
     );
@@ -744,12 +690,10 @@ fn browser_client_logs_in_shakes_wins_and_opens_a_packet() {
 fn browser_client_asks_for_a_token_when_the_server_hands_none_out() {
     // With a secret of its own the server has no `/token` (404): the page must ask for
     // the token instead, and log in with what is pasted.
-    const SECRET: &str = "browser-test-secret";
-    let data = tempfile::tempdir().unwrap();
-    let mut serve = start_serve(data.path(), &["--secret", SECRET]);
+    let mut serve = Serve::new().ws().start();
     let chromium = Chromium::launch();
     let mut page = chromium.new_page(PHONE.0, PHONE.1, true);
-    page.navigate(&format!("http://{}/", serve.ws));
+    page.navigate(&format!("http://{}/", serve.ws_addr()));
     assert_eq!(
         page.eval("document.querySelector('#token-box').hidden"),
         json!(true),
@@ -793,10 +737,13 @@ fn browser_client_asks_for_a_token_when_the_server_hands_none_out() {
 fn dashboard_renders_charts_in_chromium() {
     let started = Instant::now();
     let out = tempfile::tempdir().unwrap();
-    let data = tempfile::tempdir().unwrap();
     let (mut monitor, monitor_addr) = start_monitor(out.path());
     let monitor_arg = monitor_addr.to_string();
-    let mut serve = start_serve(data.path(), &["--monitor", &monitor_arg]);
+    let mut serve = Serve::new()
+        .dev_secret()
+        .ws()
+        .args(["--monitor", &monitor_arg])
+        .start();
     let base = format!("http://{monitor_addr}");
 
     // Rows are written a few seconds after their second ends: wait for a few of the

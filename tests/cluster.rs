@@ -11,14 +11,11 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::wait_until;
+use common::{wait_until, IO_TIMEOUT, SECRET};
 use hongbao_lab::{Lab, LabPlan};
 use hongbao_proto::client::Client;
 use hongbao_proto::{Message, ResultCode};
 use serde_json::Value;
-
-const SECRET: &str = "cluster-test-secret";
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One lab at a time: each brings up eleven namespaces, a Redis Cluster and PostgreSQL,
 /// and runs faults on a schedule; two at once on two cores slow each other's failovers
@@ -98,10 +95,7 @@ fn as_user(user: u64, method: &str, url: &str, body: Option<&str>) -> Value {
 }
 
 fn login(addr: SocketAddr, user: u64) -> Client {
-    let mut c = Client::connect(addr).expect("connecting to a gateway");
-    c.set_timeout(IO_TIMEOUT).unwrap();
-    assert_eq!(c.login(user, SECRET.as_bytes()).unwrap(), ResultCode::Ok);
-    c
+    common::login(addr, user, SECRET)
 }
 
 /// The audit as every gateway sees it: the same, and balanced.

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{field, Admin, Hongbao};
+use common::Serve;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -271,27 +271,8 @@ fn the_load_stats_fields_are_the_documented_ones() {
 /// `demo_login` row names every address that answers `/token`.
 #[test]
 fn admin_api_md_names_every_metric_and_where_token_answers() {
-    let data = tempfile::tempdir().unwrap();
-    let serve = Hongbao::spawn(
-        "serve",
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--ws-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--workers",
-            "1",
-            "--data-dir",
-            data.path().to_str().unwrap(),
-        ],
-    );
-    let ready = serve.ready_line("hongbao serve ready: ");
-    let admin = Admin::new(field(&ready, "admin").parse().unwrap());
+    let serve = Serve::new().dev_secret().ws().http().workers(1).start();
+    let admin = &serve.admin;
     let doc = read("docs/admin-api.md");
     let metrics = section(&doc, "## Metrics");
 
@@ -327,14 +308,15 @@ fn admin_api_md_names_every_metric_and_where_token_answers() {
         Err(ureq::Error::Status(status, _)) => status,
         Err(e) => panic!("GET /token at {addr}: {e}"),
     };
-    for (name, address) in [("ws", "WebSocket"), ("http", "HTTP API")] {
-        assert_eq!(token_status(&field(&ready, name)), 200, "/token at {name}=");
+    let (ws, http) = (serve.ws_addr().to_string(), serve.http_addr().to_string());
+    for (name, addr, address) in [("ws", ws, "WebSocket"), ("http", http, "HTTP API")] {
+        assert_eq!(token_status(&addr), 200, "/token at {name}=");
         assert!(
             demo_login.contains(&format!("{address} address")),
             "/token answers on the {address} address; the demo_login row: {demo_login}"
         );
     }
-    assert_eq!(token_status(&field(&ready, "admin")), 404);
+    assert_eq!(token_status(&admin.addr.to_string()), 404);
 }
 
 /// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.

@@ -5,84 +5,23 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{field, Admin, Hongbao};
-use hongbao_proto::client::Client;
+use common::{Serve, Server, IO_TIMEOUT, SECRET};
 use hongbao_proto::token;
-use hongbao_proto::{Message, ResultCode};
+use hongbao_proto::Message;
 use serde_json::{json, Value};
 
-const SECRET: &str = "http-test-secret";
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
-
-struct Server {
-    _process: Hongbao,
-    listen: SocketAddr,
-    http: SocketAddr,
-    admin: Admin,
-}
-
-impl std::ops::Deref for Server {
-    type Target = Admin;
-    fn deref(&self) -> &Admin {
-        &self.admin
-    }
-}
-
-impl Server {
-    /// `hongbao serve` with two workers, the HTTP API on an ephemeral port, and `config`
-    /// as its TOML file.
-    fn start(dir: &Path, config: &str, extra: &[&str]) -> Server {
-        let config_path = dir.join("hongbao.toml");
-        std::fs::write(&config_path, config).unwrap();
-        let data = dir.join("data");
-        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
-        args.extend(["--http-listen", "127.0.0.1:0", "--workers", "2"]);
-        args.extend(["--secret", SECRET, "--data-dir", data.to_str().unwrap()]);
-        args.extend(["--config", config_path.to_str().unwrap()]);
-        args.extend(extra);
-        let process = Hongbao::spawn("serve", &args);
-        let ready = process.ready_line("hongbao serve ready: ");
-        Server {
-            listen: field(&ready, "listen").parse().unwrap(),
-            http: field(&ready, "http").parse().unwrap(),
-            admin: Admin::new(field(&ready, "admin").parse().unwrap()),
-            _process: process,
-        }
-    }
-
-    fn conn(&self) -> Conn {
-        Conn::open(self.http)
-    }
-
-    fn shake_campaign(&self, packets: u32) {
-        let body =
-            json!({"packets": packets, "rate_per_sec": 1000, "amount_min": 100, "amount_max": 100});
-        let (status, reply) = self.http("POST", "/v1/campaigns/shake", Some(&body.to_string()));
-        assert_eq!(status, 201, "{reply}");
-    }
-
-    /// A binary-protocol client logged in as `user`.
-    fn tcp_login(&self, user: u64) -> Client {
-        let mut client = Client::connect(self.listen).unwrap();
-        client.set_timeout(IO_TIMEOUT).unwrap();
-        assert_eq!(
-            client.login(user, SECRET.as_bytes()).unwrap(),
-            ResultCode::Ok
-        );
-        client
-    }
-}
-
+/// `Authorization: Bearer …` for `user` (every server here runs with `SECRET`).
 fn bearer(user: u64) -> String {
-    format!(
-        "Bearer {user}.{}",
-        token::token_hex(SECRET.as_bytes(), user)
-    )
+    common::bearer(SECRET, user)
+}
+
+/// A raw connection to the server's HTTP API.
+fn http_conn(server: &Server) -> Conn {
+    Conn::open(server.http_addr())
 }
 
 /// One HTTP response as read off the wire.
@@ -95,10 +34,7 @@ struct Response {
 
 impl Response {
     fn header(&self, name: &str) -> Option<&str> {
-        self.head.lines().skip(1).find_map(|line| {
-            let (n, v) = line.split_once(':')?;
-            n.trim().eq_ignore_ascii_case(name).then_some(v.trim())
-        })
+        common::header(&self.head, name)
     }
 
     fn result(&self) -> &str {
@@ -220,7 +156,7 @@ impl Conn {
 fn shake_until_won(server: &Server, user: u64) -> (u64, u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let r = server.conn().call("POST", "/v1/shake", Some(user), None);
+        let r = http_conn(server).call("POST", "/v1/shake", Some(user), None);
         assert_eq!(r.status, 200, "{r:?}");
         if r.result() == "won" {
             return (
@@ -236,9 +172,8 @@ fn shake_until_won(server: &Server, user: u64) -> (u64, u64) {
 
 #[test]
 fn every_endpoint_and_every_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), "", &["--packet-ttl-secs", "2"]);
-    let mut alice = server.conn();
+    let server = Serve::new().http().args(["--packet-ttl-secs", "2"]).start();
+    let mut alice = http_conn(&server);
 
     // Ping needs no token; shaking with nothing released is `nothing`.
     let pong = alice.call("GET", "/v1/ping", None, None);
@@ -248,7 +183,7 @@ fn every_endpoint_and_every_result() {
     assert_eq!((r.status, r.result()), (200, "nothing"));
 
     // Win 1,000 cents in ten packets; the win is in the ledger before the answer.
-    server.shake_campaign(10);
+    server.shake_campaign(10, 1000, 100, 100);
     let mut won = 0;
     for _ in 0..10 {
         let (packet, amount) = shake_until_won(&server, 1);
@@ -313,7 +248,7 @@ fn every_endpoint_and_every_result() {
     assert_eq!((r.status, r.result()), (400, "bad-request"));
 
     // Notices and opens: opened, already opened, not a recipient, no such packet, empty.
-    let mut bob = server.conn();
+    let mut bob = http_conn(&server);
     let notices = bob.call("GET", "/v1/notices", Some(2), None);
     assert_eq!(
         notices.body["notices"][0]["packet_id"], packet,
@@ -368,7 +303,7 @@ fn every_endpoint_and_every_result() {
     assert_eq!((r.status, r.result()), (410, "expired"));
 
     // Chat: to a user on the binary protocol, and to nobody.
-    let mut carol = server.tcp_login(4);
+    let mut carol = server.login(4);
     let r = alice.call(
         "POST",
         "/v1/chat",
@@ -394,9 +329,8 @@ fn every_endpoint_and_every_result() {
 
 #[test]
 fn overloaded_shakes_are_429_with_a_retry_after() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), "", &["--max-shake-qps", "2"]);
-    let mut conn = server.conn();
+    let server = Serve::new().http().args(["--max-shake-qps", "2"]).start();
+    let mut conn = http_conn(&server);
     let mut overloaded = None;
     for _ in 0..10 {
         let r = conn.call("POST", "/v1/shake", Some(7), None);
@@ -419,14 +353,13 @@ fn overloaded_shakes_are_429_with_a_retry_after() {
 /// the ledger and the requests after it do not.
 #[test]
 fn pipelined_requests_are_answered_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), "", &[]);
-    server.shake_campaign(1);
+    let server = Serve::new().http().start();
+    server.shake_campaign(1, 1000, 100, 100);
     // Wait until the packet is in a pool: one shake on each connection until one wins.
     shake_until_won(&server, 8);
-    server.shake_campaign(2);
+    server.shake_campaign(2, 1000, 100, 100);
     std::thread::sleep(Duration::from_millis(100));
-    let mut conn = server.conn();
+    let mut conn = http_conn(&server);
     let auth = format!("Authorization: {}", bearer(9));
     let mut batch = Vec::new();
     for (method, path) in [
@@ -466,15 +399,17 @@ fn pipelined_requests_are_answered_in_order() {
 /// request on another connection goes on being served.
 #[test]
 fn bad_requests_are_refused_with_their_status() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), "login_timeout_secs = 2\n", &[]);
+    let server = Serve::new()
+        .http()
+        .config("login_timeout_secs = 2\n")
+        .start();
     let well_behaved = |server: &Server| {
-        let mut conn = server.conn();
+        let mut conn = http_conn(server);
         let r = conn.call("POST", "/v1/shake", Some(3), None);
         assert_eq!(r.status, 200, "a good request after a bad one: {r:?}");
     };
     let refused = |raw: &[u8], status: u16| {
-        let mut conn = server.conn();
+        let mut conn = http_conn(&server);
         conn.write(raw);
         let r = conn.read();
         assert_eq!(
@@ -490,7 +425,7 @@ fn bad_requests_are_refused_with_their_status() {
         &b"GET /v1/me HTTP/1.1 extra\r\n\r\n"[..],
         b"GET / HTTP/1.1\r\nNo-Colon\r\n\r\n",
     ] {
-        let mut conn = server.conn();
+        let mut conn = http_conn(&server);
         conn.write(raw);
         assert_eq!(conn.read().status, 400);
         assert!(conn.closed());
@@ -510,7 +445,7 @@ fn bad_requests_are_refused_with_their_status() {
     refused(huge.as_bytes(), 413);
     well_behaved(&server);
     // Bad JSON and bad values: 400 with a message; the connection stays.
-    let mut conn = server.conn();
+    let mut conn = http_conn(&server);
     for body in [
         "{",
         "[300, 1, [2]]",
@@ -627,7 +562,7 @@ fn bad_requests_are_refused_with_their_status() {
 
     // A client that trickles its head: 408 after the header timeout (2 s here), then the
     // connection closes; others are served meanwhile.
-    let mut slow = server.conn();
+    let mut slow = http_conn(&server);
     let mut writer = slow.stream.try_clone().unwrap();
     let started = Instant::now();
     let trickle = std::thread::spawn(move || {
@@ -650,19 +585,18 @@ fn bad_requests_are_refused_with_their_status() {
 
 #[test]
 fn connection_close_and_http_1_0_are_honoured() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), "", &[]);
-    let mut conn = server.conn();
+    let server = Serve::new().http().start();
+    let mut conn = http_conn(&server);
     conn.send("GET", "/v1/ping", &["Connection: close".into()], None);
     let r = conn.read();
     assert_eq!((r.status, r.header("Connection")), (200, Some("close")));
     assert!(conn.closed());
-    let mut old = server.conn();
+    let mut old = http_conn(&server);
     old.write(b"GET /v1/ping HTTP/1.0\r\n\r\n");
     assert_eq!(old.read().status, 200);
     assert!(old.closed());
     // HTTP/1.0 asking to stay open stays open.
-    let mut kept = server.conn();
+    let mut kept = http_conn(&server);
     for _ in 0..3 {
         kept.write(b"GET /v1/ping HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
         assert_eq!(kept.read().status, 200);
@@ -698,32 +632,9 @@ fn the_documented_curl_examples_run_as_written() {
     }
     assert!(examples.len() >= 9, "{} examples", examples.len());
 
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--http-listen",
-        "127.0.0.1:0",
-        "--workers",
-        "1",
-        "--secret",
-        SECRET,
-        "--data-dir",
-        data.to_str().unwrap(),
-    ];
-    let process = Hongbao::spawn("serve", &args);
-    let ready = process.ready_line("hongbao serve ready: ");
-    let (http, admin) = (field(&ready, "http"), field(&ready, "admin"));
-    let admin_api = Admin::new(admin.parse().unwrap());
-    let body = r#"{"packets": 1, "rate_per_sec": 1000, "amount_min": 1000, "amount_max": 1000}"#;
-    assert_eq!(
-        admin_api.http("POST", "/v1/campaigns/shake", Some(body)).0,
-        201
-    );
+    let server = Serve::new().http().workers(1).start();
+    let (http, admin) = (server.http_addr(), server.admin.addr);
+    server.shake_campaign(1, 1000, 1000, 1000);
     std::thread::sleep(Duration::from_millis(200));
     let bearer = bearer(42);
     let token = bearer.strip_prefix("Bearer ").unwrap();

@@ -7,52 +7,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
 
-use common::{field, start_monitor, wait_until, Hongbao};
-use hongbao_proto::client::Client;
+use common::{start_monitor, wait_until, Hongbao, Serve, IO_TIMEOUT};
 use hongbao_proto::{Message, ResultCode};
 use hongbao_telemetry::{RoleSample, Sample};
 use prometheus_parse::{HistogramCount, Scrape, Value as PromValue};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-/// Read/write timeout of test clients and HTTP requests.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const LATENCY_METRIC: &str = "hongbao_shake_latency_seconds";
-
-// ----- processes -------------------------------------------------------------------------
-
-struct Serve {
-    process: Hongbao,
-    listen: SocketAddr,
-    admin: SocketAddr,
-}
-
-/// `hongbao serve` with two workers on ephemeral ports and the dev secret.
-fn start_serve(data_dir: &Path, monitor: Option<SocketAddr>) -> Serve {
-    let data_dir = data_dir.to_str().unwrap();
-    let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
-    args.extend(["--workers", "2", "--data-dir", data_dir]);
-    let monitor = monitor.map(|m| m.to_string());
-    if let Some(m) = &monitor {
-        args.extend(["--monitor", m.as_str()]);
-    }
-    let process = Hongbao::spawn("serve", &args);
-    let ready = process.ready_line("hongbao serve ready: ");
-    let listen: SocketAddr = field(&ready, "listen").parse().unwrap();
-    let admin: SocketAddr = field(&ready, "admin").parse().unwrap();
-    assert_ne!(listen.port(), 0);
-    assert_ne!(admin.port(), 0);
-    assert_eq!(field(&ready, "workers"), "2");
-    Serve {
-        process,
-        listen,
-        admin,
-    }
-}
 
 // ----- HTTP ------------------------------------------------------------------------------
 
@@ -311,22 +276,6 @@ fn unix_second() -> u64 {
         .as_secs()
 }
 
-fn shake_campaign(admin: SocketAddr, packets: u32, rate_per_sec: u32) {
-    let body = json!({
-        "packets": packets,
-        "rate_per_sec": rate_per_sec,
-        "amount_min": 100,
-        "amount_max": 500,
-    });
-    let reply = post(admin, "/v1/campaigns/shake", &body.to_string());
-    assert_eq!(
-        reply.status, 201,
-        "creating a shake campaign: {}",
-        reply.body
-    );
-    assert_eq!(reply.json()["kind"], "shake");
-}
-
 // ----- the tests -------------------------------------------------------------------------
 
 /// A serve and a two-process load report to one monitor: its live endpoints answer while
@@ -337,8 +286,11 @@ fn monitor_merges_serve_and_load_by_second() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("monitor-out");
     let (mut monitor, monitor_addr) = start_monitor(&out);
-    let mut serve = start_serve(&dir.path().join("data"), Some(monitor_addr));
-    shake_campaign(serve.admin, 1000, 200);
+    let mut serve = Serve::new()
+        .dev_secret()
+        .args(["--monitor", &monitor_addr.to_string()])
+        .start();
+    serve.shake_campaign(1000, 200, 100, 500);
 
     let (server, monitor_arg) = (serve.listen.to_string(), monitor_addr.to_string());
     let mut load = Hongbao::spawn(
@@ -512,22 +464,14 @@ fn monitor_merges_serve_and_load_by_second() {
 /// their latency histogram.
 #[test]
 fn serve_metrics_parse_as_prometheus_text() {
-    let dir = tempfile::tempdir().unwrap();
-    let serve = start_serve(dir.path(), None);
+    let serve = Serve::new().dev_secret().start();
     // A few packets, so some shakes win (answered via the core) and the rest get nothing.
-    shake_campaign(serve.admin, 3, 1000);
-    let secret = hongbao_server::config::DEV_SECRET.as_bytes();
+    serve.shake_campaign(3, 1000, 100, 500);
     let mut shakes = 0u64;
     let mut won = 0;
     let deadline = Instant::now() + Duration::from_secs(10);
     for user in 1..=4 {
-        let mut client = Client::connect(serve.listen).expect("connecting");
-        client.set_timeout(IO_TIMEOUT).unwrap();
-        assert_eq!(
-            client.login(user, secret).unwrap(),
-            ResultCode::Ok,
-            "login {user}"
-        );
+        let mut client = serve.login(user);
         // Three shakes each, and the last user on until one has won (the packets may
         // reach the pools after the first shakes).
         let mut tries = 0;
@@ -549,7 +493,7 @@ fn serve_metrics_parse_as_prometheus_text() {
 
     // Workers report once a second; wait for the reports that carry these shakes.
     let samples = wait_until("the shakes on /metrics", Duration::from_secs(10), || {
-        let samples = scrape(serve.admin);
+        let samples = scrape(serve.admin.addr);
         let counted = worker_sum(&samples, "hongbao_worker_shakes_total")?;
         let latencies = value(&samples, &format!("{LATENCY_METRIC}_count"), &[])?;
         (counted >= shakes as f64 && latencies >= shakes as f64).then_some(samples)

@@ -13,16 +13,11 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{field, wait_until, Admin, Hongbao};
-use hongbao_proto::client::Client;
+use common::{wait_until, Admin, Hongbao, Serve, WsClient, IO_TIMEOUT, SECRET};
 use hongbao_proto::token;
-use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
 use hongbao_proto::{Message, ResultCode};
 use hongbao_server::nginx::OWN_ANSWERS;
 use serde_json::{json, Value};
-
-const SECRET: &str = "nginx-test-secret";
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A free loopback port (bound and let go: nginx binds it next).
 fn free_port() -> SocketAddr {
@@ -156,13 +151,6 @@ fn write_conf(prefix: &Path, args: &[&str]) -> PathBuf {
     conf
 }
 
-fn bearer(user: u64) -> String {
-    format!(
-        "Bearer {user}.{}",
-        token::token_hex(SECRET.as_bytes(), user)
-    )
-}
-
 /// An HTTP call through nginx on `agent` (keep-alive): (status, JSON body).
 fn call(
     agent: &ureq::Agent,
@@ -190,87 +178,6 @@ fn call(
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
-/// A WebSocket through nginx: the handshake (its accept key checked), then JSON text
-/// messages one at a time.
-struct Ws {
-    stream: TcpStream,
-    inbuf: Vec<u8>,
-    partial: Option<Box<ws::Partial>>,
-    next_id: u32,
-}
-
-impl Ws {
-    fn connect(addr: SocketAddr) -> Ws {
-        let mut stream = TcpStream::connect(addr).unwrap();
-        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-        let key = *b"nginx-test-key16";
-        stream
-            .write_all(&ws::client_request(&addr.to_string(), "/ws", &key))
-            .unwrap();
-        let mut inbuf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            match ws::check_response(&inbuf, &key) {
-                Ok(Some(n)) => {
-                    inbuf.drain(..n);
-                    break;
-                }
-                Ok(None) => {}
-                Err(e) => panic!(
-                    "handshake through nginx: {e}: {:?}",
-                    String::from_utf8_lossy(&inbuf)
-                ),
-            }
-            let n = stream.read(&mut chunk).unwrap();
-            assert!(n > 0, "nginx closed during the handshake");
-            inbuf.extend_from_slice(&chunk[..n]);
-        }
-        Ws {
-            stream,
-            inbuf,
-            partial: None,
-            next_id: 0,
-        }
-    }
-
-    /// Sends `request` (with the next `id`) and returns the reply to it.
-    fn ask(&mut self, mut request: Value) -> Value {
-        self.next_id += 1;
-        request["id"] = json!(self.next_id);
-        let mut frame = Vec::new();
-        ws::encode(
-            Role::Client,
-            Opcode::Text,
-            request.to_string().as_bytes(),
-            &mut frame,
-        );
-        self.stream.write_all(&frame).unwrap();
-        let mut chunk = [0u8; 4096];
-        loop {
-            let mut texts = Vec::new();
-            let used = ws::decode(
-                Role::Client,
-                &mut self.inbuf,
-                &mut self.partial,
-                Limits::HONGBAO,
-                |m| {
-                    if let Incoming::Text(t) = m {
-                        texts.push(serde_json::from_str::<Value>(t).unwrap());
-                    }
-                },
-            )
-            .unwrap();
-            self.inbuf.drain(..used);
-            if let Some(reply) = texts.into_iter().find(|t| t["id"] == self.next_id) {
-                return reply;
-            }
-            let n = self.stream.read(&mut chunk).expect("a WebSocket reply");
-            assert!(n > 0, "closed while waiting for a reply");
-            self.inbuf.extend_from_slice(&chunk[..n]);
-        }
-    }
-}
-
 /// The sum of one counter over every worker, from the admin API.
 fn accepted(admin: &Admin) -> u64 {
     admin.get("/v1/stats")["totals"]["accepted"]
@@ -281,33 +188,12 @@ fn accepted(admin: &Admin) -> u64 {
 #[test]
 fn money_moves_through_every_door_of_nginx_and_adds_up() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let serve = Hongbao::spawn(
-        "serve",
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--ws-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--workers",
-            "2",
-            "--secret",
-            SECRET,
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-    );
-    let ready = serve.ready_line("hongbao serve ready: ");
-    let admin = Admin::new(field(&ready, "admin").parse().unwrap());
+    let serve = Serve::new().ws().http().start();
+    let admin = &serve.admin;
     let (gw_tcp, gw_ws, gw_http) = (
-        field(&ready, "listen"),
-        field(&ready, "ws"),
-        field(&ready, "http"),
+        serve.listen.to_string(),
+        serve.ws_addr().to_string(),
+        serve.http_addr().to_string(),
     );
 
     // The configuration, written by the real subcommand.
@@ -365,8 +251,8 @@ fn money_moves_through_every_door_of_nginx_and_adds_up() {
         ),
     );
     assert_eq!(status, 201, "{reply}");
-    let auth1 = vec![("Authorization", bearer(1))];
-    let before = accepted(&admin);
+    let auth1 = vec![("Authorization", serve.bearer(1))];
+    let before = accepted(admin);
     let (mut won, mut shakes) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(20);
     while won < 200 {
@@ -383,7 +269,7 @@ fn money_moves_through_every_door_of_nginx_and_adds_up() {
     for _ in shakes..50 {
         assert_eq!(call(&agent, http, "GET", "/v1/ping", &[], None).0, 200);
     }
-    let new_upstream = accepted(&admin) - before;
+    let new_upstream = accepted(admin) - before;
     assert!(
         new_upstream <= 2,
         "{new_upstream} gateway connections for {} requests: upstream keep-alive is off",
@@ -422,22 +308,17 @@ fn money_moves_through_every_door_of_nginx_and_adds_up() {
     assert_eq!(admin.balance(1), 50);
 
     // User 2 opens over WebSocket through nginx.
-    let mut ws_user = Ws::connect(wsock);
-    let login = ws_user.ask(
+    let mut ws_user = WsClient::connect(wsock, SECRET);
+    let login = ws_user.request_json(
         json!({"type": "login", "user_id": 2, "token": token::token_hex(SECRET.as_bytes(), 2)}),
     );
     assert_eq!(login["result"], "ok", "{login}");
-    let opened = ws_user.ask(json!({"type": "open", "packet_id": packet}));
+    let opened = ws_user.request_json(json!({"type": "open", "packet_id": packet}));
     assert_eq!(opened["result"], "opened", "{opened}");
     let ws_share = opened["amount_cents"].as_u64().unwrap();
 
     // User 3 over the binary protocol through the stream proxy.
-    let mut tcp_user = Client::connect(tcp).unwrap();
-    tcp_user.set_timeout(IO_TIMEOUT).unwrap();
-    assert_eq!(
-        tcp_user.login(3, SECRET.as_bytes()).unwrap(),
-        ResultCode::Ok
-    );
+    let mut tcp_user = common::login(tcp, 3, SECRET);
     let tcp_share = match tcp_user.open(packet).unwrap() {
         Message::OpenReply {
             result: ResultCode::Opened,
@@ -448,7 +329,7 @@ fn money_moves_through_every_door_of_nginx_and_adds_up() {
     };
 
     // User 4 over HTTP; then the packet is empty.
-    let auth4 = vec![("Authorization", bearer(4))];
+    let auth4 = vec![("Authorization", serve.bearer(4))];
     let path = format!("/v1/packets/{packet}/open");
     let (status, body) = call(&agent, http, "POST", &path, &auth4, None);
     assert_eq!(
@@ -458,13 +339,13 @@ fn money_moves_through_every_door_of_nginx_and_adds_up() {
     );
     let http_share = body["amount_cents"].as_u64().unwrap();
     assert_eq!(ws_share + tcp_share + http_share, 150);
-    let auth5 = vec![("Authorization", bearer(5))];
+    let auth5 = vec![("Authorization", serve.bearer(5))];
     let (_, body) = call(&agent, http, "POST", &path, &auth5, None);
     assert_eq!(body["result"], "not-a-recipient");
 
     // What each user sees is what the ledger holds, and every cent is accounted for.
     for (user, share) in [(2, ws_share), (3, tcp_share), (4, http_share), (1, 50)] {
-        let auth = vec![("Authorization", bearer(user))];
+        let auth = vec![("Authorization", serve.bearer(user))];
         let (status, me) = call(&agent, http, "GET", "/v1/me", &auth, None);
         assert_eq!(
             (status, me["balance_cents"].as_u64()),
@@ -633,31 +514,6 @@ fn trickle_head(addr: SocketAddr) -> Duration {
     }
 }
 
-/// An HTTP-only gateway (one worker): the process and its `--http-listen` address.
-fn serve_http(data: &Path) -> (Hongbao, String) {
-    let serve = Hongbao::spawn(
-        "serve",
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--workers",
-            "1",
-            "--secret",
-            SECRET,
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-    );
-    let ready = serve.ready_line("hongbao serve ready: ");
-    let http = field(&ready, "http");
-    (serve, http)
-}
-
 /// Who answers a raw request sent through nginx.
 #[derive(Clone, Copy)]
 enum By {
@@ -702,7 +558,8 @@ impl Case {
 #[test]
 fn nginx_answers_as_the_gateway_where_it_answers_first() {
     let dir = tempfile::tempdir().unwrap();
-    let (serve, gw_http) = serve_http(&dir.path().join("data"));
+    let serve = Serve::new().http().workers(1).start();
+    let gw_http = serve.http_addr().to_string();
     // The prefix lies in a directory only its owner may enter: run as root, nginx's workers
     // (nobody) could not write a temp file there, so a body nginx tried to spool would be
     // a 500, as it once was.

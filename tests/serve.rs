@@ -16,135 +16,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
 
-use common::{field, signal, wait_until, Admin, Hongbao};
+use common::{is_closed, signal, wait_until, Serve, Server, IO_TIMEOUT, SECRET};
 use hongbao_proto::client::Client;
 use hongbao_proto::token;
 use hongbao_proto::{encode_to_vec, Frame, KickReason, Message, ResultCode};
+use hongbao_telemetry::log::{FILTER_ENV, FORMAT_ENV};
 use serde_json::{json, Value};
 
-const SECRET: &str = "serve-test-secret";
-/// Read/write timeout of every test client: long enough for a loaded machine, short
-/// enough that a missing reply fails the test rather than hanging it.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
-
-// ----- the server under test -------------------------------------------------------------
-
-/// A running `hongbao serve`; killed (SIGKILL) when dropped. Its stderr (and its workers')
-/// is collected and printed if the test fails (the `Hongbao` guard).
-struct Server {
-    process: Hongbao,
-    listen: SocketAddr,
-    admin: Admin,
-    replayed_events: u64,
-}
-
-/// `server.get(…)`, `server.audit()`…: the admin API's helpers.
-impl std::ops::Deref for Server {
-    type Target = Admin;
-    fn deref(&self) -> &Admin {
-        &self.admin
-    }
-}
-
-impl Server {
-    /// Starts `hongbao serve` with two workers on ephemeral ports, the ledger in `dir`.
-    fn start(dir: &Path, extra: &[&str]) -> Server {
-        Server::start_from(env!("CARGO_BIN_EXE_hongbao").as_ref(), dir, extra)
-    }
-
-    /// As `start`, from the binary at `exe`.
-    fn start_from(exe: &Path, dir: &Path, extra: &[&str]) -> Server {
-        let dir = dir.to_str().expect("a UTF-8 data directory");
-        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
-        args.extend(["--workers", "2", "--secret", SECRET, "--data-dir", dir]);
-        args.extend(extra);
-        let process = Hongbao::spawn_from(exe, "serve", &args);
-        let ready = process.ready_line("hongbao serve ready: ");
-        let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
-        let mut server = Server {
-            process,
-            listen: unbound,
-            admin: Admin::new(unbound),
-            replayed_events: 0,
-        };
-        let field = |name: &str| field(&ready, name);
-        server.listen = field("listen").parse().unwrap();
-        server.admin = Admin::new(field("admin").parse().unwrap());
-        server.replayed_events = field("replayed_events").parse().unwrap();
-        assert_eq!(field("workers"), "2");
-        assert_ne!(server.listen.port(), 0);
-        assert_ne!(server.admin.addr.port(), 0);
-        server
-    }
-
-    fn pid(&self) -> u32 {
-        self.process.child.id()
-    }
-
-    /// A connected client, not logged in.
-    fn connect(&self) -> Client {
-        let mut client = Client::connect(self.listen).expect("connecting to the server");
-        client.set_timeout(IO_TIMEOUT).unwrap();
-        client
-    }
-
-    /// A client logged in as `user`.
-    fn login(&self, user: u64) -> Client {
-        let mut client = self.connect();
-        let result = client.login(user, SECRET.as_bytes()).expect("login");
-        assert_eq!(result, ResultCode::Ok, "login of user {user}");
-        client
-    }
-
-    fn stats_workers(&self) -> Vec<Value> {
-        self.get("/v1/stats")["workers"]
-            .as_array()
-            .expect("stats.workers")
-            .clone()
-    }
-
-    /// The pids of both workers, once both have reported (once a second).
-    fn worker_pids(&self) -> Vec<u32> {
-        wait_until("both workers to report", secs(10), || {
-            let workers = self.stats_workers();
-            (workers.len() == 2).then_some(workers)
-        })
-        .iter()
-        .map(|w| w["pid"].as_u64().unwrap() as u32)
-        .collect()
-    }
-
-    /// Starts a shake campaign; returns its id.
-    fn shake_campaign(&self, packets: u32, rate_per_sec: u32, min: u64, max: u64) -> u32 {
-        let body = json!({
-            "packets": packets,
-            "rate_per_sec": rate_per_sec,
-            "amount_min": min,
-            "amount_max": max,
-        });
-        let (status, reply) = self.http("POST", "/v1/campaigns/shake", Some(&body.to_string()));
-        assert_eq!(status, 201, "creating a shake campaign: {reply}");
-        let status: Value = serde_json::from_str(&reply).unwrap();
-        assert_eq!(status["kind"], "shake");
-        assert_eq!(status["packets"], packets);
-        status["id"].as_u64().unwrap() as u32
-    }
-
-    /// SIGINT, then waits for a clean exit.
-    fn stop_gracefully(&mut self) {
-        signal(self.pid(), "-INT");
-        let status = wait_until("the server to stop after SIGINT", secs(15), || {
-            self.process.child.try_wait().unwrap()
-        });
-        assert!(status.success(), "hongbao serve exited with {status}");
-    }
-
-    /// SIGKILL: no chance to flush or say goodbye.
-    fn crash(&mut self) {
-        self.process.child.kill().unwrap();
-        self.process.child.wait().unwrap();
-    }
-}
+// ----- helpers ---------------------------------------------------------------------------
 
 /// Whether process `pid` has exited (gone, or a zombie nobody has reaped yet).
 fn process_gone(pid: u32) -> bool {
@@ -205,16 +84,6 @@ fn expect_closed_after_pushes(client: &mut Client) {
             other => panic!("expected the server to close the connection, got {other:?}"),
         }
     }
-}
-
-fn is_closed(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::UnexpectedEof
-            | ErrorKind::ConnectionReset
-            | ErrorKind::ConnectionAborted
-            | ErrorKind::BrokenPipe
-    )
 }
 
 fn ping(client: &mut Client, client_time_us: u64) -> std::io::Result<()> {
@@ -377,8 +246,7 @@ fn spread_over_workers(
 
 #[test]
 fn login_tokens_and_frame_violations() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
 
     // Before login: ping is answered, everything else is refused, the connection stays.
     let mut alice = server.connect();
@@ -573,8 +441,7 @@ fn login_tokens_and_frame_violations() {
 
 #[test]
 fn a_second_login_replaces_the_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     let mut friend = server.login(11);
     let mut first = server.login(10);
     let mut second = server.login(10);
@@ -607,8 +474,7 @@ fn a_second_login_replaces_the_first() {
 
 #[test]
 fn shakes_win_what_the_ledger_credits() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     let mut alice = server.login(1);
     let mut bob = server.login(2);
     assert_eq!(shake_result(&mut alice), (ResultCode::Nothing, 0, 0));
@@ -620,7 +486,7 @@ fn shakes_win_what_the_ledger_credits() {
         let won = shake_until_won(client, 3);
         for &(packet, amount) in &won {
             assert!((100..=900).contains(&amount), "won {amount}");
-            assert_eq!(packet >> 32, campaign as u64, "packet {packet:#x}");
+            assert_eq!(packet >> 32, campaign, "packet {packet:#x}");
             assert!(packets.insert(packet), "packet {packet:#x} won twice");
         }
         let sum: u64 = won.iter().map(|(_, a)| a).sum();
@@ -644,9 +510,8 @@ fn shakes_win_what_the_ledger_credits() {
 
 #[test]
 fn shakes_over_the_rate_limit_are_overloaded() {
-    let dir = tempfile::tempdir().unwrap();
     // 10 a second for the server: 5 per worker.
-    let server = Server::start(dir.path(), &["--max-shake-qps", "10"]);
+    let server = Serve::new().args(["--max-shake-qps", "10"]).start();
     let mut client = server.login(1);
     let burst = 30;
     let mut ids = Vec::new();
@@ -688,8 +553,7 @@ fn shakes_over_the_rate_limit_are_overloaded() {
 
 #[test]
 fn shakes_that_waited_too_long_are_overloaded() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--max-queue-ms", "100"]);
+    let server = Serve::new().args(["--max-queue-ms", "100"]).start();
     let mut client = server.login(1);
     assert_eq!(shake_result(&mut client).0, ResultCode::Nothing);
     let pids: Vec<u32> = server.worker_pids();
@@ -728,8 +592,7 @@ fn shakes_that_waited_too_long_are_overloaded() {
 /// write or two — not a write each (the `writes` counter).
 #[test]
 fn one_reads_requests_are_answered_in_one_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     let mut client = server.login(1);
     assert_eq!(shake_result(&mut client).0, ResultCode::Nothing);
     let totals = |shakes: u64| {
@@ -773,8 +636,7 @@ fn one_reads_requests_are_answered_in_one_write() {
 /// that keeps shaking sends, and counts the firings it skipped as backed off.
 #[test]
 fn load_users_told_overloaded_back_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--max-shake-qps", "50"]);
+    let server = Serve::new().args(["--max-shake-qps", "50"]).start();
     let run = |backoff_secs: &str| -> Value {
         let out = Command::new(env!("CARGO_BIN_EXE_hongbao"))
             .args(["load", "--server", &server.listen.to_string()])
@@ -822,11 +684,9 @@ fn a_stalled_worker_costs_its_users_about_a_second() {
 }
 
 fn stalled_worker(order: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(
-        dir.path(),
-        &["--max-queue-ms", "100", "--ready-order", order],
-    );
+    let server = Serve::new()
+        .args(["--max-queue-ms", "100", "--ready-order", order])
+        .start();
     let pid = server.worker_pids()[0];
     // 1,000 users at 2,000 a second: each fires twice a second.
     let (users, qps, duration) = (1000u64, 2000u64, 12u64);
@@ -892,8 +752,7 @@ fn stalled_worker(order: &str) {
 
 #[test]
 fn sends_debit_the_sender_and_notify_recipients() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     let mut sender = server.login(10);
     let mut online = server.login(11);
     server.shake_campaign(10, 1000, 1000, 1000);
@@ -960,8 +819,7 @@ fn sends_debit_the_sender_and_notify_recipients() {
 
 #[test]
 fn opens_give_every_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     let mut sender = server.login(20);
     server.shake_campaign(10, 1000, 1000, 1000);
     shake_until_won(&mut sender, 2);
@@ -1042,8 +900,7 @@ fn opens_give_every_result() {
 
 #[test]
 fn expired_packets_refund_the_sender() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--packet-ttl-secs", "2"]);
+    let server = Serve::new().args(["--packet-ttl-secs", "2"]).start();
     let mut sender = server.login(30);
     server.shake_campaign(10, 1000, 1000, 1000);
     shake_until_won(&mut sender, 1);
@@ -1086,8 +943,7 @@ fn expired_packets_refund_the_sender() {
 
 #[test]
 fn chat_crosses_workers() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     let (mut clients, workers) = users_on_both_workers(&server, 100);
     assert!(workers.iter().all(|w| w["logged_in"].as_u64().unwrap() > 0));
     let users: Vec<u64> = clients.keys().copied().collect();
@@ -1127,8 +983,7 @@ fn chat_crosses_workers() {
 
 #[test]
 fn campaigns_admin_api() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     assert_eq!(server.get("/v1/campaigns"), json!([]));
 
     let refused = [
@@ -1231,7 +1086,7 @@ fn campaigns_admin_api() {
     let send_id = serde_json::from_str::<Value>(&reply).unwrap()["id"]
         .as_u64()
         .unwrap();
-    assert_eq!(send_id, id as u64 + 1);
+    assert_eq!(send_id, id + 1);
     let (packet, from, amount, shares, _) = expect_notice(&mut recipient);
     assert_eq!((from, amount, shares), (0, 100, 2));
     let (result, share) = open_result(&mut recipient, packet);
@@ -1284,8 +1139,7 @@ fn campaigns_admin_api() {
 #[test]
 fn the_admin_api_answers_many_keep_alive_clients_at_once() {
     use std::io::{Read, Write};
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     let addr = server.admin.addr;
     let clients: Vec<_> = (0..30)
         .map(|_| {
@@ -1328,13 +1182,12 @@ fn the_admin_api_answers_many_keep_alive_clients_at_once() {
 /// dies afterwards is started again all the same, from the binary the supervisor runs.
 #[test]
 fn a_worker_is_restarted_after_the_binary_on_disk_is_gone() {
-    let dir = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let exe = bin.path().join("hongbao");
     std::fs::hard_link(env!("CARGO_BIN_EXE_hongbao"), &exe)
         .or_else(|_| std::fs::copy(env!("CARGO_BIN_EXE_hongbao"), &exe).map(drop))
         .unwrap();
-    let mut server = Server::start_from(&exe, dir.path(), &[]);
+    let mut server = Serve::new().exe(&exe).start();
     std::fs::remove_file(&exe).unwrap();
     let workers = wait_until("both workers to report", secs(10), || {
         let workers = server.stats_workers();
@@ -1356,8 +1209,7 @@ fn a_worker_is_restarted_after_the_binary_on_disk_is_gone() {
 
 #[test]
 fn a_killed_worker_is_restarted_and_the_others_carry_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     let campaign = server.shake_campaign(40, 1000, 100, 100);
     let (mut clients, workers) = users_on_both_workers(&server, 1);
     let victim = &workers[0];
@@ -1475,7 +1327,7 @@ fn a_killed_worker_is_restarted_and_the_others_carry_on() {
 #[test]
 fn a_crash_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path(), &[]);
+    let mut server = Serve::new().data_dir(dir.path()).start();
     assert_eq!(server.replayed_events, 0);
     let users = [1, 2, 3, 4, 5];
     let mut clients: BTreeMap<u64, Client> = users.iter().map(|&u| (u, server.login(u))).collect();
@@ -1514,7 +1366,7 @@ fn a_crash_loses_nothing_acknowledged() {
     }
     drop(clients);
 
-    let mut server = Server::start(dir.path(), &[]);
+    let mut server = Serve::new().data_dir(dir.path()).start();
     assert!(server.replayed_events > 0);
     assert_eq!(server.audit(), audit);
     let after: Vec<u64> = users.iter().map(|&u| server.balance(u)).collect();
@@ -1553,10 +1405,10 @@ fn a_crash_loses_nothing_acknowledged() {
     let audit = server.audit();
 
     // A graceful stop tells clients why, and keeps everything too.
-    server.stop_gracefully();
+    server.stop();
     expect_kick(&mut r4, KickReason::Shutdown);
     expect_closed(&mut r4);
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().data_dir(dir.path()).start();
     assert_eq!(server.audit(), audit);
     assert_eq!(server.balance(4), a + b);
     assert_eq!(server.balance(1), 300);
@@ -1566,8 +1418,7 @@ fn a_crash_loses_nothing_acknowledged() {
 /// worker down with them.
 #[test]
 fn misbehaving_clients_do_not_hurt_the_worker() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     let mut watcher = server.login(1);
     // Kicked, then keeps writing.
     let mut noisy = server.connect();
@@ -1599,13 +1450,6 @@ fn misbehaving_clients_do_not_hurt_the_worker() {
 
 // ----- clients that do not play by the rules: no login, too many, half-close -----------
 
-/// A `serve.toml` in `dir` with `lines`; the arguments that load it.
-fn config_args(dir: &Path, lines: &str) -> [String; 2] {
-    let path = dir.join("serve.toml");
-    std::fs::write(&path, lines).unwrap();
-    ["--config".into(), path.to_str().unwrap().into()]
-}
-
 /// Whether the server has sent something (or closed) on `stream`, without waiting.
 fn has_input(stream: &std::net::TcpStream) -> bool {
     stream.set_nonblocking(true).unwrap();
@@ -1630,9 +1474,7 @@ fn connect_from(server: &Server, source: [u8; 4]) -> std::net::TcpStream {
 /// a byte at a time, does not buy a connection that never logs in more time.
 #[test]
 fn a_client_that_never_logs_in_is_kicked_whatever_it_sends() {
-    let dir = tempfile::tempdir().unwrap();
-    let args = config_args(dir.path(), "login_timeout_secs = 2\n");
-    let server = Server::start(&dir.path().join("data"), &[&args[0], &args[1]]);
+    let server = Serve::new().config("login_timeout_secs = 2\n").start();
     let mut pinger = server.connect();
     let mut trickler = server.connect();
     let mut user = server.login(5);
@@ -1679,9 +1521,7 @@ fn a_client_that_never_logs_in_is_kicked_whatever_it_sends() {
 /// closed by the server after the grace.
 #[test]
 fn idle_sessions_and_lingering_kicks_are_swept() {
-    let dir = tempfile::tempdir().unwrap();
-    let args = config_args(dir.path(), "idle_timeout_secs = 2\n");
-    let server = Server::start(&dir.path().join("data"), &[&args[0], &args[1]]);
+    let server = Serve::new().config("idle_timeout_secs = 2\n").start();
     let mut silent = server.login(1);
     let mut talker = server.login(2);
     // 2 s idle, the sweep once a second: kicked by about 3 s; 20 × 300 ms is 6 s.
@@ -1697,8 +1537,7 @@ fn idle_sessions_and_lingering_kicks_are_swept() {
     ping(&mut talker, 100).unwrap();
     drop(server);
 
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     let lingering = server.login(10);
     let mut second = server.login(10);
     let connections = || server.get("/v1/stats")["connections"].as_u64();
@@ -1713,10 +1552,8 @@ fn idle_sessions_and_lingering_kicks_are_swept() {
 /// over the cap are closed at once and counted; logged-in connections are not limited.
 #[test]
 fn connections_not_logged_in_are_capped() {
-    let dir = tempfile::tempdir().unwrap();
     let config = "max_unauthenticated = 3\nmax_unauthenticated_per_source = 2\n";
-    let args = config_args(dir.path(), config);
-    let server = Server::start(&dir.path().join("data"), &[&args[0], &args[1]]);
+    let server = Serve::new().config(config).start();
     let settle = || std::thread::sleep(Duration::from_millis(500));
     let held = |streams: &[std::net::TcpStream]| streams.iter().filter(|s| !has_input(s)).count();
 
@@ -1757,8 +1594,7 @@ fn connections_not_logged_in_are_capped() {
 /// (those the core answers too), then the server closes.
 #[test]
 fn a_half_closed_client_gets_every_reply() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::new().start();
     for user in 1..=5 {
         let mut client = server.login(user);
         let mut sent = BTreeSet::new();
@@ -1841,7 +1677,7 @@ fn a_full_disk_refuses_what_needs_the_ledger_until_there_is_room() {
         eprintln!("skipped: mounting a tmpfs needs root");
         return;
     };
-    let mut server = Server::start(&data, &[]);
+    let mut server = Serve::new().data_dir(&data).start();
     server.shake_campaign(20, 1000, 1000, 1000);
     let mut winner = server.login(7);
     shake_until_won(&mut winner, 3);
@@ -1902,5 +1738,66 @@ fn a_full_disk_refuses_what_needs_the_ledger_until_there_is_room() {
         server.get("/v1/users/7")["balance_cents"],
         3000 - acknowledged
     );
-    server.stop_gracefully();
+    server.stop();
+}
+
+// ----- logs ------------------------------------------------------------------------------
+
+/// What `serve` logs when it runs with the built-in development secret.
+const DEV_SECRET_WARNING: &str = "using the built-in development secret; set `secret` for real use";
+
+/// The stderr of a `serve` with the development secret and `extra` arguments, once it has
+/// logged the dev-secret warning and stopped. The test runner's own `HONGBAO_LOG_FORMAT`
+/// and `HONGBAO_LOG` are left out: the flag, or its absence, decides.
+fn dev_secret_log(extra: &[&str]) -> String {
+    let mut server = Serve::new()
+        .dev_secret()
+        .args(extra)
+        .env_remove(FORMAT_ENV)
+        .env_remove(FILTER_ENV)
+        .start();
+    wait_until("the dev-secret warning", secs(10), || {
+        server
+            .process
+            .log()
+            .contains(DEV_SECRET_WARNING)
+            .then_some(())
+    });
+    server.stop();
+    server.process.log()
+}
+
+/// `--log-format json`: every line on stderr (the supervisor's and its workers') is one
+/// JSON object, and the dev-secret warning is one of them, at level WARN.
+#[test]
+fn log_format_json_writes_one_object_a_line() {
+    let log = dev_secret_log(&["--log-format", "json"]);
+    let records: Vec<Value> = log
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line:?}"))
+        })
+        .collect();
+    let warning = records
+        .iter()
+        .find(|r| r["fields"]["message"] == DEV_SECRET_WARNING)
+        .unwrap_or_else(|| panic!("no dev-secret warning in {log}"));
+    assert_eq!(warning["level"], "WARN", "{warning}");
+    assert!(warning["timestamp"].is_string(), "{warning}");
+}
+
+/// Without the flag the log is for people: the same warning is a plain line saying WARN.
+#[test]
+fn the_log_is_human_by_default() {
+    let log = dev_secret_log(&[]);
+    let line = log
+        .lines()
+        .find(|line| line.contains(DEV_SECRET_WARNING))
+        .unwrap_or_else(|| panic!("no dev-secret warning in {log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        serde_json::from_str::<Value>(line).is_err(),
+        "a human log line that is JSON: {line}"
+    );
 }

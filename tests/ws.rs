@@ -3,34 +3,28 @@
 //! HTTP, and a ledger in a temporary directory. Each test starts its own server (they run
 //! in parallel) and a `Server` guard SIGKILLs it when the test ends.
 //!
-//! The WebSocket client here is deliberately small and blocking, built on the codec in
-//! `hongbao_proto::ws` (handshake, masked client frames, decoding the server's frames), so
-//! what is under test is the gateway, not a third-party client. Malformed input (unmasked
-//! frames, fragments, oversized headers) goes out as raw bytes built by `raw_frame`.
+//! The WebSocket client (`common::WsClient`) is deliberately small and blocking, built on
+//! the codec in `hongbao_proto::ws`, so what is under test is the gateway, not a
+//! third-party client. Malformed input (unmasked frames, fragments, oversized headers)
+//! goes out as raw bytes built by `raw_frame`.
 //!
 //! The server runs with the development secret, so the demo log-in (`GET /token`) is on.
 
-use std::collections::VecDeque;
-use std::io::{self, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{field, wait_until, Admin, Hongbao};
+use common::{fresh_key, is_closed, wait_until, Serve, WsClient, WsEvent, IO_TIMEOUT};
 use hongbao_proto::client::Client;
-use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
-use hongbao_proto::{decode, encode_to_vec, json, token};
+use hongbao_proto::ws::{self, Opcode};
+use hongbao_proto::{decode, encode_to_vec, token};
 use hongbao_proto::{Frame, KickReason, Message, ResultCode};
 use hongbao_server::config::DEV_SECRET;
 use serde_json::{json, Value};
 
-/// Read/write timeout of every test socket: long enough for a loaded 2-core machine,
-/// short enough that a missing reply fails the test rather than hanging it.
-const IO_TIMEOUT: Duration = Duration::from_secs(8);
 /// First-byte bits and opcodes of a WebSocket frame (RFC 6455 §5.2).
 const FIN: u8 = 0x80;
 const CONTINUATION: u8 = 0x0;
@@ -45,428 +39,8 @@ const MASK: [u8; 4] = [0x5a, 0x1c, 0xe7, 0x03];
 const RFC_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 const RFC_ACCEPT: &str = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=";
 
-// ----- the server under test -------------------------------------------------------------
-
-/// A running `hongbao serve` with a WebSocket listener; killed (SIGKILL) when dropped. Its
-/// stderr (and its workers') is printed if the test fails.
-struct Server {
-    process: Hongbao,
-    listen: SocketAddr,
-    admin: Admin,
-    ws: SocketAddr,
-}
-
-/// `server.get(…)`, `server.audit()`…: the admin API's helpers.
-impl std::ops::Deref for Server {
-    type Target = Admin;
-    fn deref(&self) -> &Admin {
-        &self.admin
-    }
-}
-
-impl Server {
-    /// Starts `hongbao serve` with two workers and all three listeners on ephemeral
-    /// ports, the ledger in `dir`.
-    fn start(dir: &Path) -> Server {
-        Server::start_with(dir, &[])
-    }
-
-    /// Like `start`, with more command-line arguments.
-    fn start_with(dir: &Path, extra: &[&str]) -> Server {
-        let dir = dir.to_str().expect("a UTF-8 data directory");
-        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
-        args.extend(["--ws-listen", "127.0.0.1:0", "--workers", "2"]);
-        args.extend(["--secret", DEV_SECRET, "--data-dir", dir]);
-        args.extend(extra);
-        let process = Hongbao::spawn("serve", &args);
-        let ready = process.ready_line("hongbao serve ready: ");
-        let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
-        let mut server = Server {
-            process,
-            listen: unbound,
-            admin: Admin::new(unbound),
-            ws: unbound,
-        };
-        let field = |name: &str| field(&ready, name);
-        server.listen = field("listen").parse().unwrap();
-        server.admin = Admin::new(field("admin").parse().unwrap());
-        server.ws = field("ws").parse().unwrap();
-        assert_eq!(field("workers"), "2");
-        for addr in [server.listen, server.admin.addr, server.ws] {
-            assert_ne!(addr.port(), 0, "{ready}");
-        }
-        server
-    }
-
-    /// A raw-TCP client logged in as `user`.
-    fn tcp_login(&self, user: u64) -> Client {
-        let mut client = Client::connect(self.listen).expect("connecting over TCP");
-        client.set_timeout(IO_TIMEOUT).unwrap();
-        let result = client
-            .login(user, DEV_SECRET.as_bytes())
-            .expect("TCP login");
-        assert_eq!(result, ResultCode::Ok, "TCP login of user {user}");
-        client
-    }
-
-    /// An upgraded WebSocket client that has sent nothing yet.
-    fn ws_connect(&self) -> WsClient {
-        WsClient::connect(self.ws)
-    }
-
-    /// Starts a shake campaign; returns its id.
-    fn shake_campaign(&self, packets: u32, rate_per_sec: u32, min: u64, max: u64) -> u64 {
-        let body = json!({
-            "packets": packets,
-            "rate_per_sec": rate_per_sec,
-            "amount_min": min,
-            "amount_max": max,
-        });
-        let (status, reply) = self.http("POST", "/v1/campaigns/shake", Some(&body.to_string()));
-        assert_eq!(status, 201, "creating a shake campaign: {reply}");
-        let campaign: Value = serde_json::from_str(&reply).unwrap();
-        assert_eq!(campaign["kind"], "shake");
-        campaign["id"].as_u64().unwrap()
-    }
-
-    /// The stats' workers, once both have reported.
-    fn stats_workers(&self) -> Vec<Value> {
-        wait_until("both workers to report", secs(10), || {
-            let workers = self.get("/v1/stats")["workers"]
-                .as_array()
-                .expect("stats.workers")
-                .clone();
-            (workers.len() == 2).then_some(workers)
-        })
-    }
-}
-
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
-}
-
-fn is_closed(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::UnexpectedEof
-            | ErrorKind::ConnectionReset
-            | ErrorKind::ConnectionAborted
-            | ErrorKind::BrokenPipe
-    )
-}
-
-// ----- a small blocking WebSocket client -------------------------------------------------
-
-/// What the server sent: a whole message or a control frame, owned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum WsEvent {
-    Binary(Vec<u8>),
-    Text(String),
-    Ping(Vec<u8>),
-    Pong(Vec<u8>),
-    Close(Option<u16>, String),
-}
-
-impl From<Incoming<'_>> for WsEvent {
-    fn from(m: Incoming<'_>) -> WsEvent {
-        match m {
-            Incoming::Binary(b) => WsEvent::Binary(b.to_vec()),
-            Incoming::Text(t) => WsEvent::Text(t.to_owned()),
-            Incoming::Ping(b) => WsEvent::Ping(b.to_vec()),
-            Incoming::Pong(b) => WsEvent::Pong(b.to_vec()),
-            Incoming::Close { code, reason } => WsEvent::Close(code, reason.to_owned()),
-        }
-    }
-}
-
-/// A WebSocket client over a blocking `TcpStream`. Like `hongbao_proto::client::Client`,
-/// it keeps what arrived while it waited for something else (`skipped`), and hands that
-/// out first; nothing received is dropped.
-struct WsClient {
-    stream: TcpStream,
-    /// Bytes read that do not make a whole frame yet.
-    inbuf: Vec<u8>,
-    /// A fragmented message from the server (it never sends one; the codec allows it).
-    partial: Option<Box<ws::Partial>>,
-    /// Decoded from the wire, not yet looked at.
-    decoded: VecDeque<WsEvent>,
-    /// Looked at by `wait_for` and passed over, oldest first.
-    skipped: VecDeque<WsEvent>,
-    next_request_id: u32,
-}
-
-/// A fresh 16-byte handshake nonce; unique per call, which is all a test needs.
-fn fresh_key() -> [u8; 16] {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let mut key = [0u8; 16];
-    key[..8].copy_from_slice(&n.to_be_bytes());
-    key[8..].copy_from_slice(&t.to_be_bytes());
-    key
-}
-
-impl WsClient {
-    /// Connects and upgrades (with `client_request` / `check_response`, which checks
-    /// the `Sec-WebSocket-Accept`).
-    fn connect(addr: SocketAddr) -> WsClient {
-        let mut stream = TcpStream::connect(addr).expect("connecting to the WebSocket port");
-        stream.set_nodelay(true).unwrap();
-        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-        stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
-        let key = fresh_key();
-        stream
-            .write_all(&ws::client_request(&addr.to_string(), "/ws", &key))
-            .unwrap();
-        let mut inbuf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            match ws::check_response(&inbuf, &key) {
-                Ok(Some(n)) => {
-                    inbuf.drain(..n);
-                    break;
-                }
-                Ok(None) => {}
-                Err(e) => panic!(
-                    "WebSocket handshake failed: {e}: {:?}",
-                    String::from_utf8_lossy(&inbuf)
-                ),
-            }
-            let n = stream
-                .read(&mut chunk)
-                .expect("reading the handshake response");
-            assert!(n > 0, "the server closed during the handshake");
-            inbuf.extend_from_slice(&chunk[..n]);
-        }
-        WsClient {
-            stream,
-            inbuf,
-            partial: None,
-            decoded: VecDeque::new(),
-            skipped: VecDeque::new(),
-            next_request_id: 1,
-        }
-    }
-
-    fn set_read_timeout(&self, timeout: Duration) {
-        self.stream.set_read_timeout(Some(timeout)).unwrap();
-    }
-
-    fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.stream.write_all(bytes)
-    }
-
-    /// One masked, unfragmented message or control frame.
-    fn send(&mut self, opcode: Opcode, payload: &[u8]) -> io::Result<()> {
-        let mut out = Vec::new();
-        ws::encode(Role::Client, opcode, payload, &mut out);
-        self.send_raw(&out)
-    }
-
-    fn send_text(&mut self, text: &str) {
-        self.send(Opcode::Text, text.as_bytes())
-            .expect("sending text");
-    }
-
-    fn fresh_id(&mut self) -> u32 {
-        let id = self.next_request_id;
-        self.next_request_id += 1;
-        id
-    }
-
-    /// The next event off the wire (not from `skipped`).
-    fn read_event(&mut self) -> io::Result<WsEvent> {
-        let mut chunk = [0u8; 8192];
-        loop {
-            if let Some(event) = self.decoded.pop_front() {
-                return Ok(event);
-            }
-            let mut got = Vec::new();
-            let used = ws::decode(
-                Role::Client,
-                &mut self.inbuf,
-                &mut self.partial,
-                Limits::HONGBAO,
-                |m| got.push(WsEvent::from(m)),
-            )
-            .map_err(|v| io::Error::new(ErrorKind::InvalidData, v))?;
-            self.inbuf.drain(..used);
-            if !got.is_empty() {
-                self.decoded.extend(got);
-                continue;
-            }
-            let n = self.stream.read(&mut chunk)?;
-            if n == 0 {
-                return Err(io::Error::new(
-                    ErrorKind::UnexpectedEof,
-                    format!(
-                        "server closed the connection ({} bytes of a frame buffered)",
-                        self.inbuf.len()
-                    ),
-                ));
-            }
-            self.inbuf.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    /// The next event: one passed over earlier, or the next off the wire.
-    fn recv(&mut self) -> io::Result<WsEvent> {
-        match self.skipped.pop_front() {
-            Some(event) => Ok(event),
-            None => self.read_event(),
-        }
-    }
-
-    fn expect_event(&mut self, what: &str) -> WsEvent {
-        self.recv()
-            .unwrap_or_else(|e| panic!("waiting for {what}: {e}"))
-    }
-
-    /// The first event `wanted` accepts; the others stay queued. A close frame while
-    /// waiting is an error (nothing more is coming).
-    fn wait_for(&mut self, what: &str, wanted: impl Fn(&WsEvent) -> bool) -> WsEvent {
-        if let Some(at) = self.skipped.iter().position(&wanted) {
-            return self.skipped.remove(at).expect("position is in range");
-        }
-        loop {
-            let event = self.read_event().unwrap_or_else(|e| {
-                panic!("waiting for {what}: {e}; passed over {:?}", self.skipped)
-            });
-            if wanted(&event) {
-                return event;
-            }
-            if let WsEvent::Close(..) = event {
-                panic!(
-                    "waiting for {what}, got {event:?}; passed over {:?}",
-                    self.skipped
-                );
-            }
-            self.skipped.push_back(event);
-        }
-    }
-
-    // --- binary messages: one protocol frame each ---
-
-    /// Sends `message` as a binary message under a fresh request id; returns the id.
-    fn send_binary(&mut self, message: &Message) -> u32 {
-        let request_id = self.fresh_id();
-        let frame = Frame {
-            request_id,
-            message: message.clone(),
-        };
-        self.send(Opcode::Binary, &encode_to_vec(&frame))
-            .expect("sending a binary message");
-        request_id
-    }
-
-    /// Sends `message` as binary and waits for the binary reply with its request id.
-    fn request_binary(&mut self, message: &Message) -> Message {
-        let id = self.send_binary(message);
-        self.wait_binary(&format!("the binary reply to {message:?}"), id)
-            .message
-    }
-
-    fn wait_binary(&mut self, what: &str, request_id: u32) -> Frame {
-        let event = self.wait_for(what, |e| match e {
-            WsEvent::Binary(b) => decode(b).is_ok_and(|f| f.request_id == request_id),
-            _ => false,
-        });
-        let WsEvent::Binary(bytes) = event else {
-            unreachable!("wait_for returned what it was asked for")
-        };
-        decode(&bytes).expect("decoded before")
-    }
-
-    fn next_push_binary(&mut self) -> Message {
-        self.wait_binary("a binary push", 0).message
-    }
-
-    fn login_binary(&mut self, user_id: u64) {
-        let token = token::token(DEV_SECRET.as_bytes(), user_id).to_vec();
-        let reply = self.request_binary(&Message::Login { user_id, token });
-        assert_eq!(
-            reply,
-            Message::LoginReply {
-                result: ResultCode::Ok,
-                user_id
-            },
-            "binary login of user {user_id}"
-        );
-    }
-
-    // --- text messages: one JSON object each ---
-
-    /// Sends `request` (a JSON object without `"id"`) as a text message under a fresh
-    /// request id, and waits for the text reply carrying that id. The reply must also be
-    /// what `json::from_json` reads.
-    fn request_json(&mut self, mut request: Value) -> Value {
-        let id = self.fresh_id();
-        request["id"] = json!(id);
-        self.send_text(&request.to_string());
-        self.wait_json(&format!("the JSON reply to {request}"), id)
-    }
-
-    fn wait_json(&mut self, what: &str, id: u32) -> Value {
-        let event = self.wait_for(what, |e| match e {
-            WsEvent::Text(t) => serde_json::from_str::<Value>(t).is_ok_and(|v| v["id"] == id),
-            _ => false,
-        });
-        let WsEvent::Text(text) = event else {
-            unreachable!("wait_for returned what it was asked for")
-        };
-        if let Err(e) = json::from_json(&text) {
-            panic!("the server wrote JSON its own codec refuses: {e}: {text}");
-        }
-        serde_json::from_str(&text).expect("parsed before")
-    }
-
-    /// The JSON reply to request `id`, or a push if one comes first.
-    fn request_or_push_json(&mut self, id: u32) -> Value {
-        let event = self.wait_for("a JSON reply or push", |e| match e {
-            WsEvent::Text(t) => serde_json::from_str::<Value>(t)
-                .is_ok_and(|v| v["id"] == id || v["id"] == 0 || v.get("id").is_none()),
-            _ => false,
-        });
-        let WsEvent::Text(text) = event else {
-            unreachable!("wait_for returned what it was asked for")
-        };
-        serde_json::from_str(&text).expect("parsed before")
-    }
-
-    fn next_push_json(&mut self) -> Value {
-        self.wait_json("a JSON push", 0)
-    }
-
-    fn login_json(&mut self, user_id: u64) {
-        let reply = self.request_json(json_login(user_id));
-        assert_eq!(reply["type"], "login_reply", "{reply}");
-        assert_eq!(reply["result"], "ok", "{reply}");
-        assert_eq!(reply["user_id"], user_id, "{reply}");
-    }
-
-    // --- the end ---
-
-    /// The next event must be a close frame with `code`; returns its reason.
-    fn expect_close(&mut self, code: u16) -> String {
-        match self.expect_event(&format!("a close frame with code {code}")) {
-            WsEvent::Close(Some(got), reason) => {
-                assert_eq!(got, code, "close code (reason {reason:?})");
-                reason
-            }
-            other => panic!("expected a close frame with code {code}, got {other:?}"),
-        }
-    }
-
-    /// The server has closed the TCP connection: the next read sees its end.
-    fn expect_eof(&mut self) {
-        match self.recv() {
-            Err(e) if is_closed(&e) => {}
-            other => panic!("expected the server to close the connection, got {other:?}"),
-        }
-    }
 }
 
 /// A raw frame: first byte (FIN, RSV, opcode) as given, payload masked with `mask` if
@@ -537,10 +111,7 @@ struct HttpReply {
 
 impl HttpReply {
     fn header(&self, name: &str) -> Option<&str> {
-        self.head.lines().skip(1).find_map(|line| {
-            let (n, v) = line.split_once(':')?;
-            n.trim().eq_ignore_ascii_case(name).then_some(v.trim())
-        })
+        common::header(&self.head, name)
     }
 }
 
@@ -632,15 +203,6 @@ fn upgrade_request(key: Option<&str>, version: Option<&str>) -> String {
 
 // ----- shared steps ------------------------------------------------------------------
 
-/// A JSON login request for `user` with the right token, without an `"id"`.
-fn json_login(user: u64) -> Value {
-    json!({
-        "type": "login",
-        "user_id": user,
-        "token": token::token_hex(DEV_SECRET.as_bytes(), user),
-    })
-}
-
 /// Shakes over binary WebSocket messages until one wins; returns (packet, amount).
 fn ws_binary_shake_until_won(client: &mut WsClient) -> (u64, u64) {
     let deadline = Instant::now() + secs(20);
@@ -710,12 +272,11 @@ fn binary_ping(client: &mut WsClient, client_time_us: u64) {
 
 #[test]
 fn handshakes_refusals_and_plain_http() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Serve::new().dev_secret().ws().start();
 
     // The RFC's sample key gets the RFC's sample accept, and the socket then speaks
     // WebSocket: a ping is answered.
-    let mut raw = TcpStream::connect(server.ws).unwrap();
+    let mut raw = TcpStream::connect(server.ws_addr()).unwrap();
     raw.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     raw.write_all(upgrade_request(Some(RFC_KEY), Some("13")).as_bytes())
         .unwrap();
@@ -741,7 +302,7 @@ fn handshakes_refusals_and_plain_http() {
     expect_raw_pong(&mut raw, b"are you there");
 
     // A request that arrives in pieces, asking for compression the server ignores.
-    let mut raw = TcpStream::connect(server.ws).unwrap();
+    let mut raw = TcpStream::connect(server.ws_addr()).unwrap();
     raw.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     let request = upgrade_request(Some(RFC_KEY), Some("13")).replace(
         "\r\n\r\n",
@@ -758,7 +319,7 @@ fn handshakes_refusals_and_plain_http() {
     expect_raw_pong(&mut raw, b"in pieces");
 
     // Frames right behind the request, in the same write, are read too.
-    let mut raw = TcpStream::connect(server.ws).unwrap();
+    let mut raw = TcpStream::connect(server.ws_addr()).unwrap();
     raw.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     let mut bytes = upgrade_request(Some(RFC_KEY), Some("13")).into_bytes();
     bytes.extend(masked(FIN | PING, b"eager"));
@@ -777,11 +338,14 @@ fn handshakes_refusals_and_plain_http() {
     );
 
     // Refusals: a status, a one-line body, `Connection: close`, and the end.
-    let old = http_on_ws_port(server.ws, &upgrade_request(Some(RFC_KEY), Some("12")));
+    let old = http_on_ws_port(
+        server.ws_addr(),
+        &upgrade_request(Some(RFC_KEY), Some("12")),
+    );
     assert_eq!(old.status, 426, "{}", old.head);
     assert_eq!(old.header("Sec-WebSocket-Version"), Some("13"));
     assert_eq!(old.header("Connection"), Some("close"));
-    let keyless = http_on_ws_port(server.ws, &upgrade_request(None, Some("13")));
+    let keyless = http_on_ws_port(server.ws_addr(), &upgrade_request(None, Some("13")));
     assert_eq!(keyless.status, 400, "{}", keyless.head);
     assert_eq!(keyless.header("Connection"), Some("close"));
     assert_eq!(keyless.body, "no Sec-WebSocket-Key\n");
@@ -789,7 +353,7 @@ fn handshakes_refusals_and_plain_http() {
     // Plain HTTP: the browser page, the demo token, and nothing else (the WebSocket port
     // speaks HTTP/1.1 with keep-alive: these ask it to close).
     let page = http_on_ws_port(
-        server.ws,
+        server.ws_addr(),
         "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(page.status, 200, "{}", page.head);
@@ -802,7 +366,7 @@ fn handshakes_refusals_and_plain_http() {
     assert!(page.body.contains("<"), "not HTML: {}", page.body);
 
     let token = http_on_ws_port(
-        server.ws,
+        server.ws_addr(),
         "GET /token?user=7 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(token.status, 200, "{}", token.head);
@@ -814,11 +378,11 @@ fn handshakes_refusals_and_plain_http() {
     assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()), "{hex}");
     assert_eq!(hex, token::token_hex(DEV_SECRET.as_bytes(), 7));
 
-    let missing = http_on_ws_port(server.ws, "GET /nope HTTP/1.0\r\nHost: x\r\n\r\n");
+    let missing = http_on_ws_port(server.ws_addr(), "GET /nope HTTP/1.0\r\nHost: x\r\n\r\n");
     assert_eq!(missing.status, 404, "{}", missing.head);
 
     // Header tokens are case-insensitive lists.
-    let mut raw = TcpStream::connect(server.ws).unwrap();
+    let mut raw = TcpStream::connect(server.ws_addr()).unwrap();
     raw.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     let request = format!(
         "GET /anything HTTP/1.1\r\nhost: x\r\nupgrade: WebSocket\r\n\
@@ -829,7 +393,7 @@ fn handshakes_refusals_and_plain_http() {
     let reply = read_http_head(&mut raw);
     assert_eq!(reply.status, 101, "{}", reply.head);
     expect_raw_pong(&mut raw, b"lists");
-    let versionless = http_on_ws_port(server.ws, &upgrade_request(Some(RFC_KEY), None));
+    let versionless = http_on_ws_port(server.ws_addr(), &upgrade_request(Some(RFC_KEY), None));
     assert_eq!(versionless.status, 426, "{}", versionless.head);
 
     // More refusals: a head over 8192 bytes, an upgrade that is not a GET, a bad key;
@@ -838,18 +402,18 @@ fn handshakes_refusals_and_plain_http() {
         "\r\n\r\n",
         &format!("\r\nX-Pad: {}\r\n\r\n", "a".repeat(9000)),
     );
-    let huge = http_on_ws_port(server.ws, &padded);
+    let huge = http_on_ws_port(server.ws_addr(), &padded);
     assert_eq!(huge.status, 431, "{}", huge.head);
     let post = upgrade_request(Some(RFC_KEY), Some("13")).replacen("GET", "POST", 1);
-    assert_eq!(http_on_ws_port(server.ws, &post).status, 400);
+    assert_eq!(http_on_ws_port(server.ws_addr(), &post).status, 400);
     let short_key = upgrade_request(Some("dGhlIHNhbXBsZQ=="), Some("13"));
-    assert_eq!(http_on_ws_port(server.ws, &short_key).status, 400);
+    assert_eq!(http_on_ws_port(server.ws_addr(), &short_key).status, 400);
     let post = http_on_ws_port(
-        server.ws,
+        server.ws_addr(),
         "POST / HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(post.status, 405, "{}", post.head);
-    let nobody = http_on_ws_port(server.ws, "GET /token?user=0 HTTP/1.0\r\n\r\n");
+    let nobody = http_on_ws_port(server.ws_addr(), "GET /token?user=0 HTTP/1.0\r\n\r\n");
     assert_eq!(nobody.status, 400, "{}", nobody.head);
 
     // The upgraded connections were not disturbed by any of it.
@@ -862,8 +426,7 @@ fn handshakes_refusals_and_plain_http() {
 
 #[test]
 fn binary_messages_carry_protocol_frames() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Serve::new().dev_secret().ws().start();
     let mut client = server.ws_connect();
 
     // Before login, as over TCP: ping works, shake is refused, the connection stays.
@@ -904,8 +467,7 @@ fn binary_messages_carry_protocol_frames() {
 
 #[test]
 fn text_messages_carry_json() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Serve::new().dev_secret().ws().start();
     let mut client = server.ws_connect();
 
     client.login_json(21);
@@ -979,7 +541,7 @@ fn text_messages_carry_json() {
 
     // A wrong token over JSON: login_reply{bad-token}, a JSON kick, close 1008.
     let mut client = server.ws_connect();
-    let mut login = json_login(23);
+    let mut login = client.login_request(23);
     login["token"] = json!(token::token_hex(b"not the secret", 23));
     let reply = client.request_json(login);
     assert_eq!(reply["type"], "login_reply", "{reply}");
@@ -993,13 +555,12 @@ fn text_messages_carry_json() {
 
 #[test]
 fn fragmented_messages_are_assembled_around_pings() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Serve::new().dev_secret().ws().start();
     let mut client = server.ws_connect();
 
     // A JSON login in three fragments, each in its own write, with a ping between the
     // second and the last: the ping is answered at once, then the login.
-    let mut login = json_login(31);
+    let mut login = client.login_request(31);
     login["id"] = json!(1);
     let text = login.to_string();
     let (a, rest) = text.split_at(10);
@@ -1083,8 +644,7 @@ fn fragmented_messages_are_assembled_around_pings() {
 
 #[test]
 fn size_utf8_and_close_rules() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Serve::new().dev_secret().ws().start();
 
     // A text message announcing 40,000 bytes is refused from its header alone: 1009.
     let mut client = server.ws_connect();
@@ -1167,8 +727,7 @@ fn size_utf8_and_close_rules() {
 #[test]
 fn a_client_close_code_is_echoed() {
     // docs/protocol.md: "the gateway answers with a close frame echoing its code".
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Serve::new().dev_secret().ws().start();
     let mut client = server.ws_connect();
     client.login_json(46);
     // 1001 is what browsers send when the page goes away.
@@ -1181,9 +740,8 @@ fn a_client_close_code_is_echoed() {
 
 #[test]
 fn money_crosses_between_tcp_and_websocket() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
-    let mut tcp = server.tcp_login(61);
+    let server = Serve::new().dev_secret().ws().start();
+    let mut tcp = server.login(61);
     let mut json_user = server.ws_connect();
     json_user.login_json(62);
     server.shake_campaign(40, 500, 1000, 2000);
@@ -1221,7 +779,7 @@ fn money_crosses_between_tcp_and_websocket() {
     // The other way: a WebSocket-binary user wins, sends to a TCP user.
     let mut binary_user = server.ws_connect();
     binary_user.login_binary(63);
-    let mut tcp_receiver = server.tcp_login(64);
+    let mut tcp_receiver = server.login(64);
     let (_, won) = ws_binary_shake_until_won(&mut binary_user);
     match binary_user.request_binary(&Message::Send {
         amount_cents: 300,
@@ -1268,9 +826,8 @@ fn money_crosses_between_tcp_and_websocket() {
 
 #[test]
 fn broadcasts_reach_every_transport() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
-    let mut tcp = server.tcp_login(71);
+    let server = Serve::new().dev_secret().ws().start();
+    let mut tcp = server.login(71);
     let mut binary = server.ws_connect();
     binary.login_binary(72);
     let mut text = server.ws_connect();
@@ -1320,13 +877,12 @@ fn broadcasts_reach_every_transport() {
 
 #[test]
 fn a_websocket_that_never_upgrades_does_not_disturb_others() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Serve::new().dev_secret().ws().start();
     // Several, so both workers almost surely hold some: silent ones, and ones stuck
     // half-way through their request head.
     let mut loiterers = Vec::new();
     for i in 0..8 {
-        let mut s = TcpStream::connect(server.ws).unwrap();
+        let mut s = TcpStream::connect(server.ws_addr()).unwrap();
         if i % 2 == 1 {
             s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n")
                 .unwrap();
@@ -1359,8 +915,7 @@ fn a_websocket_that_never_upgrades_does_not_disturb_others() {
 
 #[test]
 fn a_client_that_resets_after_a_violation_does_not_crash_a_worker() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Serve::new().dev_secret().ws().start();
     // Bystanders, so both workers almost surely hold some.
     let mut bystanders: Vec<WsClient> = (0..6)
         .map(|i| {
@@ -1372,7 +927,7 @@ fn a_client_that_resets_after_a_violation_does_not_crash_a_worker() {
 
     // Errors are ignored here: once a worker has died, its connections are reset.
     for _ in 0..10 {
-        let Ok(mut s) = TcpStream::connect(server.ws) else {
+        let Ok(mut s) = TcpStream::connect(server.ws_addr()) else {
             continue;
         };
         let _ = s.write_all(&ws::client_request("x", "/ws", &fresh_key()));
@@ -1400,15 +955,14 @@ fn a_client_that_resets_after_a_violation_does_not_crash_a_worker() {
             other => panic!("bystander {i} lost its connection (a worker died?): {other:?}"),
         }
     }
-    for worker in server.stats_workers() {
+    for worker in server.workers_reported() {
         assert_eq!(worker["restarts"], 0, "worker restarted: {worker:#}");
     }
 }
 
 #[test]
 fn rfc_violations_close_the_connection() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Serve::new().dev_secret().ws().start();
     let mut top_bit = vec![FIN | BINARY, 0x80 | 127, 0x80, 0, 0, 0, 0, 0, 0, 0];
     top_bit.extend_from_slice(&MASK);
     let cases: Vec<(&str, Vec<u8>, u16)> = vec![
@@ -1471,13 +1025,12 @@ fn rfc_violations_close_the_connection() {
 
 #[test]
 fn a_second_login_replaces_a_websocket() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Serve::new().dev_secret().ws().start();
 
     // A JSON session replaced by a TCP login: a JSON kick, then close 1008 "replaced".
     let mut first = server.ws_connect();
     first.login_json(51);
-    let mut second = server.tcp_login(51);
+    let mut second = server.login(51);
     let kick = first.next_push_json();
     assert_eq!(kick["type"], "kick", "{kick}");
     assert_eq!(kick["reason"], "replaced", "{kick}");
@@ -1505,13 +1058,11 @@ fn a_second_login_replaces_a_websocket() {
 
 #[test]
 fn idle_websockets_are_closed() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("serve.toml");
-    std::fs::write(&config, "login_timeout_secs = 1\n").unwrap();
-    let server = Server::start_with(
-        &dir.path().join("data"),
-        &["--config", config.to_str().unwrap()],
-    );
+    let server = Serve::new()
+        .dev_secret()
+        .ws()
+        .config("login_timeout_secs = 1\n")
+        .start();
 
     // Upgraded but silent: nothing to push in, so only the close frame.
     let mut silent = server.ws_connect();
@@ -1523,7 +1074,7 @@ fn idle_websockets_are_closed() {
     let mut binary_user = server.ws_connect();
     binary_ping(&mut binary_user, 1);
     // Never upgraded: just closed.
-    let mut unupgraded = TcpStream::connect(server.ws).unwrap();
+    let mut unupgraded = TcpStream::connect(server.ws_addr()).unwrap();
     unupgraded.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     // Logged in: stays (no idle timeout by default).
     let mut logged_in = server.ws_connect();
@@ -1560,14 +1111,13 @@ fn idle_websockets_are_closed() {
 
 #[test]
 fn shutdown_says_going_away() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path());
+    let mut server = Serve::new().dev_secret().ws().start();
     let mut json_user = server.ws_connect();
     json_user.login_json(54);
     let mut binary_user = server.ws_connect();
     binary_user.login_binary(55);
     let mut silent = server.ws_connect();
-    let mut tcp = server.tcp_login(56);
+    let mut tcp = server.login(56);
 
     let status = Command::new("kill")
         .args(["-INT", &server.process.child.id().to_string()])
@@ -1609,13 +1159,11 @@ fn shutdown_says_going_away() {
 /// logs in is kicked all the same.
 #[test]
 fn a_websocket_that_pings_but_never_logs_in_is_kicked() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("serve.toml");
-    std::fs::write(&config, "login_timeout_secs = 1\n").unwrap();
-    let server = Server::start_with(
-        &dir.path().join("data"),
-        &["--config", config.to_str().unwrap()],
-    );
+    let server = Serve::new()
+        .dev_secret()
+        .ws()
+        .config("login_timeout_secs = 1\n")
+        .start();
     let mut pinger = server.ws_connect();
     // 1 s to log in, the sweep once a second: kicked by about 2 s; 20 × 250 ms is 5 s.
     let mut kick = None;
@@ -1638,18 +1186,16 @@ fn a_websocket_that_pings_but_never_logs_in_is_kicked() {
 /// with `Retry-After`, and counted.
 #[test]
 fn websocket_upgrades_over_the_unauthenticated_cap_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("serve.toml");
-    std::fs::write(&config, "max_unauthenticated_per_source = 1\n").unwrap();
-    let server = Server::start_with(
-        &dir.path().join("data"),
-        &["--config", config.to_str().unwrap()],
-    );
+    let server = Serve::new()
+        .dev_secret()
+        .ws()
+        .config("max_unauthenticated_per_source = 1\n")
+        .start();
     // Two workers, one each from this address: of three upgrades at least one is refused.
     let mut answers = Vec::new();
     let mut streams = Vec::new();
     for _ in 0..3 {
-        let mut stream = TcpStream::connect(server.ws).unwrap();
+        let mut stream = TcpStream::connect(server.ws_addr()).unwrap();
         stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
         let key = "dGhlIHNhbXBsZSBub25jZQ==";
         stream

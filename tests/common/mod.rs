@@ -1,20 +1,37 @@
 //! What the integration tests share: running `hongbao` subcommands, reading their output,
-//! the admin API, waiting. Each test file compiles its own copy and uses part of it.
+//! `hongbao serve` started by one builder (`Serve`), its admin API, one WebSocket client,
+//! waiting. Each test file compiles its own copy and uses part of it.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read};
+mod admin;
+mod serve;
+mod ws;
+
+use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::net::SocketAddr;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+// Each test file uses some of these.
+#[allow(unused_imports)]
+pub use admin::Admin;
+#[allow(unused_imports)]
+pub use serve::{bearer, login, Serve, Server};
+#[allow(unused_imports)]
+pub use ws::{fresh_key, WsClient, WsEvent};
 
 /// How long a process may take to print its ready line.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a process may take to exit after SIGINT (a monitor draws its report).
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Read/write timeout of every test socket and client: long enough for a loaded 2-core
+/// machine, short enough that a missing reply fails the test rather than hanging it.
+/// A test that expects silence sets a shorter timeout of its own where it waits for it.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// The secret `Serve` starts a server with, unless told another (or the built-in one).
+pub const SECRET: &str = "hongbao-test-secret";
 
 /// A running `hongbao` subcommand: SIGKILLed when dropped. Its stdout is drained line by
 /// line into a channel (so it never blocks writing), its stderr into a log that is
@@ -33,8 +50,11 @@ impl Drop for Hongbao {
             let _ = self.child.wait();
         }
         if std::thread::panicking() {
-            let log = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
-            eprintln!("----- hongbao {} stderr -----\n{log}-----", self.what);
+            eprintln!(
+                "----- hongbao {} stderr -----\n{}-----",
+                self.what,
+                self.log()
+            );
         }
     }
 }
@@ -46,8 +66,15 @@ impl Hongbao {
 
     /// As `spawn`, from the binary at `exe`.
     pub fn spawn_from(exe: &std::path::Path, what: &'static str, args: &[&str]) -> Hongbao {
-        let mut child = Command::new(exe)
-            .args(args)
+        let mut command = Command::new(exe);
+        command.args(args);
+        Hongbao::start(what, command)
+    }
+
+    /// Runs `command` (a `hongbao` command line, its environment set as the test wants)
+    /// without `HONGBAO_SECRET`, its stdin closed and its output piped.
+    pub fn start(what: &'static str, mut command: Command) -> Hongbao {
+        let mut child = command
             .env_remove("HONGBAO_SECRET")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -76,6 +103,12 @@ impl Hongbao {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// What the process (and any it started with the same stderr) wrote on stderr so far,
+    /// whole lines only.
+    pub fn log(&self) -> String {
+        self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// Waits for the process to exit by itself.
@@ -128,70 +161,21 @@ pub fn start_monitor(out: &std::path::Path) -> (Hongbao, SocketAddr) {
     (monitor, addr)
 }
 
-/// The admin HTTP API of a running `hongbao serve`.
-pub struct Admin {
-    pub addr: SocketAddr,
-    agent: ureq::Agent,
-}
-
-impl Admin {
-    pub fn new(addr: SocketAddr) -> Admin {
-        Admin {
-            addr,
-            agent: ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(15))
-                .build(),
-        }
-    }
-
-    /// Any admin request: (status, body).
-    pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        let url = format!("http://{}{path}", self.addr);
-        let request = self.agent.request(method, &url);
-        let result = match body {
-            Some(body) => request
-                .set("Content-Type", "application/json")
-                .send_string(body),
-            None => request.call(),
-        };
-        match result {
-            Ok(response) => {
-                let status = response.status();
-                (status, response.into_string().unwrap())
-            }
-            Err(ureq::Error::Status(status, response)) => {
-                (status, response.into_string().unwrap_or_default())
-            }
-            Err(e) => panic!("{method} {path}: {e}"),
-        }
-    }
-
-    pub fn get(&self, path: &str) -> Value {
-        let (status, body) = self.http("GET", path, None);
-        assert_eq!(status, 200, "GET {path}: {body}");
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
-    }
-
-    pub fn audit(&self) -> Value {
-        let audit = self.get("/v1/audit");
-        assert_eq!(audit["ok"], true, "the money does not add up: {audit:#}");
-        audit
-    }
-
-    /// A user's balance as the ledger holds it.
-    pub fn balance(&self, user: u64) -> u64 {
-        let view = self.get(&format!("/v1/users/{user}"));
-        assert_eq!(view["user"], user);
-        view["balance_cents"].as_u64().unwrap()
-    }
-}
-
 /// `name=VALUE` from a ready line.
 pub fn field(line: &str, name: &str) -> String {
     line.split_whitespace()
         .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
         .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
         .to_string()
+}
+
+/// The value of header `name` (in any case) in an HTTP response head: the status line,
+/// then `Name: value` lines.
+pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then_some(v.trim())
+    })
 }
 
 /// A pipe's lines, as they come, on a channel.
@@ -238,4 +222,15 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Optio
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Whether a read or write error says the peer closed the connection.
+pub fn is_closed(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::BrokenPipe
+    )
 }
