@@ -90,11 +90,19 @@ fn shape(line: &str) -> String {
 
 /// The long options a subcommand's `--help` lists (but `--help`).
 fn flags(subcommand: &str) -> BTreeSet<String> {
-    let (help, _) = hongbao(&[subcommand, "--help"], &repo());
-    help.lines()
-        .filter_map(|l| l.trim_start().strip_prefix("--"))
-        .map(|l| format!("--{}", l.split([' ', ',', '<']).next().unwrap()))
-        .filter(|f| f != "--help")
+    let named = |args: &[&str]| -> BTreeSet<String> {
+        let (help, _) = hongbao(args, &repo());
+        help.lines()
+            .filter_map(|l| l.trim_start().strip_prefix("--"))
+            .map(|l| format!("--{}", l.split([' ', ',', '<']).next().unwrap()))
+            .filter(|f| f != "--help" && f != "--version")
+            .collect()
+    };
+    // The global flags (`--log-format`) are documented once, not in every synopsis.
+    let global = named(&["--help"]);
+    named(&[subcommand, "--help"])
+        .difference(&global)
+        .cloned()
         .collect()
 }
 
