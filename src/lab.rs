@@ -66,14 +66,27 @@ fn up(args: LabUpArgs) -> Result<()> {
             secret: Some(args.secret),
             ..Default::default()
         },
+        monitor_key: None,
         postgres_disk: None,
     })?;
     println!("hongbao lab {} up: dir={}", args.lab, args.dir.display());
     for host in lab.hosts() {
         println!("  {:<8} {:<15} netns {}", host.name, host.addr, host.netns);
     }
-    println!("  redis    {}", lab.redis_urls());
-    println!("  postgres {}", lab.postgres_url());
+    println!(
+        "  redis    {} (password in {})",
+        lab.redis_urls(),
+        args.dir.join(hongbao_lab::REDIS_PASSWORD_FILE).display()
+    );
+    println!(
+        "  postgres {} (password in {})",
+        lab.postgres_url(),
+        args.dir.join(hongbao_lab::POSTGRES_PASSWORD_FILE).display()
+    );
+    println!(
+        "  admin key (every gateway): {}",
+        args.dir.join(hongbao_lab::ADMIN_KEY_FILE).display()
+    );
     for gw in &lab.gateways {
         println!(
             "  gateway  {}: tcp {} ws {} http {} admin {}",

@@ -34,6 +34,10 @@ pub struct LoadArgs {
     /// Change the QPS of the load running at --control, and exit
     #[arg(long, requires = "control")]
     set_qps: Option<u64>,
+    /// The control endpoint's key: made here by the load if missing, read by --set-qps
+    /// (HONGBAO_LOAD_KEY overrides)
+    #[arg(long, default_value = hongbao_load::cli::CONTROL_KEY_FILE)]
+    control_key_file: std::path::PathBuf,
     /// Client processes: N or auto
     #[arg(long, default_value = "auto")]
     procs: String,
@@ -46,12 +50,16 @@ pub struct LoadArgs {
     /// New connections per second, all processes together
     #[arg(long, default_value_t = 20_000)]
     connect_rate: u64,
-    /// Secret for login tokens (must match the server's)
-    #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_proto::token::DEV_SECRET)]
+    /// Secret for login tokens (must match the server's): HONGBAO_SECRET, or this flag
+    /// for development only (a command line is seen by every local user)
+    #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_proto::token::DEV_SECRET, hide_env_values = true)]
     secret: String,
     /// Report per-second counters to the hongbao monitor at this address
     #[arg(long)]
     monitor: Option<String>,
+    /// The monitor's key file (HONGBAO_MONITOR_KEY overrides) [default: hongbao-monitor.key]
+    #[arg(long)]
+    monitor_key_file: Option<std::path::PathBuf>,
     /// A user answered "overloaded" skips its shakes for the wait the answer names, or for
     /// this many seconds when it names none (±50%); 0 keeps shaking
     #[arg(long, default_value_t = hongbao_load::client::DEFAULT_OVERLOAD_BACKOFF_SECS)]
@@ -60,10 +68,13 @@ pub struct LoadArgs {
 
 pub fn run(args: LoadArgs) -> Result<()> {
     match (args.set_qps, &args.control) {
-        (Some(qps), Some(control)) => hongbao_load::cli::set_remote_qps(control, qps),
+        (Some(qps), Some(control)) => {
+            hongbao_load::cli::set_remote_qps(control, qps, &args.control_key_file)
+        }
         _ => hongbao_load::cli::run_cli(
             load_options(&args)?,
             args.control.clone(),
+            &args.control_key_file,
             args.duration,
             &Stop::on_signals()?,
         ),
@@ -102,6 +113,8 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         secret: args.secret.clone(),
         connect_at_epoch: false,
         monitor: args.monitor.clone(),
+        monitor_key: None,
+        monitor_key_file: args.monitor_key_file.clone(),
         overload_backoff_secs: args.overload_backoff_secs,
         http_connection: args.http_connection,
         notice_poll_secs: args.notice_poll_secs,

@@ -12,7 +12,9 @@
 //! - `nginx`: `nginx-conf`
 //! - `lab`: `lab up` and `lab down`
 //! - `doctor`: `doctor`
+//! - `admin_key`: `admin-key add|list|remove`
 
+mod admin_key;
 mod bench;
 mod capacity;
 mod doctor;
@@ -27,6 +29,7 @@ mod serve;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+use admin_key::AdminKeyCommand;
 use bench::BenchArgs;
 use capacity::CapacityArgs;
 use doctor::DoctorArgs;
@@ -65,12 +68,10 @@ enum Command {
     Worker(WorkerArgs),
     /// Simulate many users against a server at an exact, coordinated shake QPS.
     Load(LoadArgs),
-    /// One load client process (started by `load`, not by hand).
+    /// One load client process (started by `load`, not by hand): its options as JSON on
+    /// the first line of stdin, the coordinator's commands after.
     #[command(hide = true)]
-    LoadClient {
-        /// The client's options as JSON.
-        options: String,
-    },
+    LoadClient,
     /// Start a server and a load, run the seed experiment's phases, audit every cent.
     Bench(BenchArgs),
     /// The layered capacity test: each stage of PLAN.toml loaded in rising steps up to its
@@ -90,6 +91,9 @@ enum Command {
     Lab(LabCommand),
     /// Check this machine's limits for N connections (server and load co-located).
     Doctor(DoctorArgs),
+    /// Admin keys: make one (printed once), list them, remove one (docs/security.md).
+    #[command(subcommand)]
+    AdminKey(AdminKeyCommand),
     /// What a win's commit costs on this disk: wins at an even rate through the server's
     /// own group-committing ledger writer; latency percentiles and CPU per win.
     LedgerBench(LedgerBenchArgs),
@@ -102,7 +106,9 @@ fn main() -> Result<()> {
         Command::Serve(args) => serve::run(args),
         Command::Worker(args) => serve::run_worker(args),
         Command::Load(args) => load::run(args),
-        Command::LoadClient { options } => {
+        Command::LoadClient => {
+            let mut options = String::new();
+            std::io::stdin().read_line(&mut options)?;
             hongbao_load::client::run(serde_json::from_str(&options)?)
         }
         Command::Bench(args) => bench::run(args),
@@ -112,6 +118,7 @@ fn main() -> Result<()> {
         Command::NginxConf(args) => nginx::run(args),
         Command::Lab(command) => lab::run(command),
         Command::Doctor(args) => doctor::run(args),
+        Command::AdminKey(command) => admin_key::run(command),
         Command::LedgerBench(args) => ledger_bench::run(args),
     }
 }

@@ -15,8 +15,13 @@ pub struct MonitorArgs {
     /// Where series.csv (and, at the end, report.html and the charts) go
     #[arg(long, default_value = "monitor-out")]
     out: PathBuf,
+    /// The key reports must carry: read from this file, made there if it does not exist
+    /// (HONGBAO_MONITOR_KEY overrides) [default: hongbao-monitor.key]
+    #[arg(long)]
+    key_file: Option<PathBuf>,
 }
 
 pub fn run(args: MonitorArgs) -> Result<()> {
-    hongbao_monitor::run_cli(args.listen, &args.out, &Stop::on_signals()?)
+    let key_file = args.key_file.as_deref();
+    hongbao_monitor::run_cli(args.listen, &args.out, key_file, &Stop::on_signals()?)
 }

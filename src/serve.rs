@@ -16,8 +16,9 @@ pub struct ServeArgs {
 
 #[derive(Args)]
 pub struct WorkerArgs {
+    /// The descriptor of the worker's link, inherited from `serve`.
     #[arg(long)]
-    link: String,
+    link_fd: i32,
     #[arg(long)]
     index: u16,
     #[arg(long)]
@@ -38,7 +39,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 pub fn run_worker(args: WorkerArgs) -> Result<()> {
     hongbao_server::worker::run(hongbao_server::worker::WorkerOptions {
         index: args.index,
-        link: args.link,
+        link_fd: args.link_fd,
         listen: args.listen,
         ws_listen: args.ws_listen,
         http_listen: args.http_listen,

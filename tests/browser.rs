@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{start_monitor, wait_until, Serve, Server, SECRET, START_TIMEOUT};
+use common::{monitor_key_file, start_monitor, wait_until, Serve, Server, SECRET, START_TIMEOUT};
 use hongbao_proto::client::Client;
 use hongbao_proto::{Message, ResultCode};
 use serde_json::{json, Value};
@@ -739,10 +739,16 @@ fn dashboard_renders_charts_in_chromium() {
     let out = tempfile::tempdir().unwrap();
     let (mut monitor, monitor_addr) = start_monitor(out.path());
     let monitor_arg = monitor_addr.to_string();
+    let key_file = monitor_key_file(out.path());
     let mut serve = Serve::new()
         .dev_secret()
         .ws()
-        .args(["--monitor", &monitor_arg])
+        .args([
+            "--monitor",
+            &monitor_arg,
+            "--monitor-key-file",
+            key_file.to_str().unwrap(),
+        ])
         .start();
     let base = format!("http://{monitor_addr}");
 
@@ -786,4 +792,152 @@ fn dashboard_renders_charts_in_chromium() {
     serve.process.interrupt();
     monitor.interrupt();
     eprintln!("dashboard test took {:?}", started.elapsed());
+}
+
+/// The operator console at the admin address, in Chromium: a wrong key refused; the
+/// operator logs in (an HttpOnly cookie the page cannot read), sees the live stats,
+/// starts a campaign, broadcasts, looks a user up, audits, reads the admin log; a change
+/// without the session's CSRF token is refused, and so is one from another origin that
+/// carries the cookie; a viewer is offered nothing that changes anything; a key removed
+/// ends its session.
+#[test]
+fn operator_console_in_chromium() {
+    let serve = Serve::new().ws().start();
+    let admin = format!("http://{}", serve.admin.addr);
+    let viewer_key = serve.admin.make_key("watcher", "viewer");
+    let chromium = Chromium::launch();
+    let mut page = chromium.new_page(1280, 900, false);
+    page.navigate(&format!("{admin}/"));
+    assert_eq!(page.eval("document.title"), json!("hongbao console"));
+    page.wait_for(
+        "the log-in form",
+        "!document.querySelector('#login').hidden",
+    );
+
+    page.type_into("#key", "hbk_not-a-key");
+    page.click("#login-form button");
+    page.wait_for(
+        "the wrong key to be refused",
+        "document.querySelector('#login-error').textContent.includes('unknown')",
+    );
+    page.type_into("#key", &serve.admin.key());
+    page.click("#login-form button");
+    page.wait_for("the console", "!document.querySelector('#console').hidden");
+    assert!(
+        page.text("#who").contains("operator"),
+        "{}",
+        page.text("#who")
+    );
+    assert_eq!(
+        page.eval("document.cookie"),
+        json!(""),
+        "the session cookie is HttpOnly"
+    );
+    page.wait_for(
+        "the live stats",
+        "document.querySelector('#stats').textContent.includes('connections')",
+    );
+
+    // A campaign from the form, a broadcast, a user, the audit, the log.
+    page.click("#shake-form button");
+    page.wait_for(
+        "the campaign to start",
+        "document.querySelector('#campaign-result').textContent.includes('started campaign')",
+    );
+    page.wait_for(
+        "the campaign in the list, named for its key",
+        "document.querySelector('#campaigns').textContent.includes('operator')",
+    );
+    page.type_into("#broadcast-form input[name=text]", "新年快乐");
+    page.click("#broadcast-form button");
+    page.wait_for(
+        "the broadcast",
+        "document.querySelector('#broadcast-result').textContent.includes('sent to')",
+    );
+    page.click("#user-form button");
+    page.wait_for(
+        "a user's balance",
+        "document.querySelector('#user-balance')",
+    );
+    page.click("#audit-button");
+    page.wait_for(
+        "the audit",
+        "document.querySelector('#audit').textContent.includes('\"ok\": true')",
+    );
+    page.click("#log-button");
+    page.wait_for(
+        "the admin log",
+        "document.querySelector('#log').textContent.includes('/v1/campaigns/shake')",
+    );
+
+    // Forged: the same origin without the CSRF token, and another origin (the gateway's
+    // page, another port: its requests carry the cookie) with a simple POST.
+    let body = r#"{"packets":1,"rate_per_sec":1,"amount_min":1,"amount_max":1}"#;
+    let forged = page.eval(&format!(
+        "fetch('/v1/campaigns/shake', {{method: 'POST', credentials: 'same-origin', \
+         headers: {{'Content-Type': 'application/json'}}, body: {body:?}}}).then(r => r.status)"
+    ));
+    assert_eq!(forged, json!(403), "a change without the CSRF token");
+    let mut elsewhere = chromium.new_page(800, 600, false);
+    elsewhere.navigate(&format!("http://{}/", serve.ws_addr()));
+    elsewhere.eval(&format!(
+        "fetch('{admin}/v1/campaigns/shake', {{method: 'POST', mode: 'no-cors', \
+         credentials: 'include', headers: {{'Content-Type': 'text/plain'}}, body: {body:?}}})\
+         .then(() => true, () => true)"
+    ));
+    assert_eq!(
+        serve.get("/v1/campaigns").as_array().unwrap().len(),
+        1,
+        "one campaign: the form's"
+    );
+    let log = serve.get("/v1/admin-log?limit=50");
+    let refused = log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["path"] == "/v1/campaigns/shake" && e["status"] == 403)
+        .count();
+    assert!(refused >= 2, "both forgeries on the record: {log:#}");
+
+    // A viewer: nothing that changes is offered, and what it might send is refused.
+    page.click("#logout");
+    page.wait_for(
+        "the log-in form again",
+        "!document.querySelector('#login').hidden",
+    );
+    page.type_into("#key", &viewer_key);
+    page.click("#login-form button");
+    page.wait_for(
+        "the viewer's console",
+        "!document.querySelector('#console').hidden",
+    );
+    let offered = page.eval(
+        "Array.from(document.querySelectorAll('button')).filter(b => b.offsetParent !== null)\
+         .map(b => b.textContent).sort()",
+    );
+    assert_eq!(
+        offered,
+        json!(["audit now", "log out", "look up"]),
+        "a viewer's buttons"
+    );
+    assert_eq!(
+        page.eval(
+            "document.querySelector('#shake-form input, #send-form input, #broadcast-form input')"
+        ),
+        Value::Null,
+        "no form that changes anything is in the page"
+    );
+    let as_viewer = page.eval(
+        "fetch('/v1/broadcast', {method: 'POST', headers: {'Content-Type': 'application/json', \
+         'X-CSRF-Token': session.csrf}, body: '{\"text\":\"x\"}'}).then(r => r.status)",
+    );
+    assert_eq!(as_viewer, json!(403), "the viewer's role");
+
+    // The viewer's key removed: its session ends at its next request.
+    let removed = serve.admin.http("DELETE", "/v1/admin-keys/watcher", None);
+    assert_eq!(removed.0, 200, "{removed:?}");
+    page.wait_for(
+        "the session to end",
+        "!document.querySelector('#login').hidden",
+    );
 }

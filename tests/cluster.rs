@@ -26,10 +26,13 @@ fn one_lab() -> std::sync::MutexGuard<'static, ()> {
     ONE_LAB.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The admin key of the lab up now (one at a time: `one_lab`), which the lab made.
+static ADMIN_KEY: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
 fn lab(dir: &std::path::Path, gateways: usize) -> Lab {
     // Not the number a bench of this binary picks (by its own process id).
     let seed = std::process::id() ^ 0x5a5a;
-    Lab::up(LabPlan {
+    let lab = Lab::up(LabPlan {
         lab: hongbao_lab::free_lab_number(seed),
         dir: dir.to_path_buf(),
         gateways,
@@ -44,9 +47,12 @@ fn lab(dir: &std::path::Path, gateways: usize) -> Lab {
             packet_ttl_secs: Some(600),
             ..Default::default()
         },
+        monitor_key: None,
         postgres_disk: None,
     })
-    .expect("the lab comes up")
+    .expect("the lab comes up");
+    *ADMIN_KEY.lock().unwrap() = lab.admin_key.clone();
+    lab
 }
 
 fn agent() -> ureq::Agent {
@@ -73,7 +79,13 @@ fn http(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str>) -
 }
 
 fn admin(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Value {
-    let (status, v) = http(method, &format!("http://{addr}{path}"), &[], body);
+    let key = format!("Bearer {}", ADMIN_KEY.lock().unwrap());
+    let (status, v) = http(
+        method,
+        &format!("http://{addr}{path}"),
+        &[("Authorization", &key)],
+        body,
+    );
     assert!(
         (200..300).contains(&status),
         "{method} {path}: {status} {v}"
@@ -120,23 +132,15 @@ fn audit_everywhere(lab: &Lab, live: &[usize]) -> Value {
 /// The money minted, read from PostgreSQL's event log alone: the shake campaigns' own
 /// events and the packets send campaigns created (as the embedded ledger would tell it).
 fn minted_by_events(lab: &Lab) -> u64 {
-    let psql = hongbao_lab::postgres::bin_dir().unwrap().join("psql");
     let sql = "SELECT \
         (SELECT coalesce(sum((body->>'minted_cents')::bigint), 0) FROM hb_events \
           WHERE body->>'kind' = 'shake_campaign') + \
         (SELECT coalesce(sum((body->>'amount_cents')::bigint), 0) FROM hb_events \
           WHERE body->>'kind' = 'packet_sent' AND body->'sender' ? 'Campaign')";
-    let out = std::process::Command::new(psql)
-        .args(["-X", "-At", "-d", &lab.postgres_url(), "-c", sql])
-        .output()
-        .expect("running psql");
-    let said = String::from_utf8_lossy(&out.stdout);
-    said.trim().parse().unwrap_or_else(|_| {
-        panic!(
-            "psql said {said:?} {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    let said = lab.psql(sql).expect("psql on the lab's ledger");
+    said.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("psql said {said:?}"))
 }
 
 /// Every user's balance by the ledger equals what its clients were told.
@@ -442,10 +446,11 @@ fn cluster_mode_moves_money_across_hosts_and_survives_failures() {
         .expect("PostgreSQL restarts");
     let campaign = wait_until("the ledger back", Duration::from_secs(30), || {
         let body = r#"{"packets":10,"rate_per_sec":100,"amount_min":100,"amount_max":900}"#;
+        let key = format!("Bearer {}", ADMIN_KEY.lock().unwrap());
         let (status, v) = http(
             "POST",
             &format!("http://{admin1}/v1/campaigns/shake"),
-            &[],
+            &[("Authorization", &key)],
             Some(body),
         );
         (status == 201).then(|| v["id"].as_u64().unwrap())

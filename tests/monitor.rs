@@ -11,7 +11,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
 
-use common::{start_monitor, wait_until, Hongbao, Serve, IO_TIMEOUT};
+use common::{
+    monitor_key, monitor_key_file, start_monitor, wait_until, Hongbao, Serve, IO_TIMEOUT,
+};
 use hongbao_proto::{Message, ResultCode};
 use hongbao_telemetry::{RoleSample, Sample};
 use prometheus_parse::{HistogramCount, Scrape, Value as PromValue};
@@ -34,10 +36,26 @@ impl Reply {
 }
 
 fn http(method: &str, addr: SocketAddr, path: &str, body: Option<&str>) -> Reply {
+    http_as(None, method, addr, path, body)
+}
+
+/// A request with the monitor's key (`key`) when given; a body goes as JSON.
+fn http_as(
+    key: Option<&str>,
+    method: &str,
+    addr: SocketAddr,
+    path: &str,
+    body: Option<&str>,
+) -> Reply {
     let agent = ureq::AgentBuilder::new().timeout(IO_TIMEOUT).build();
-    let request = agent.request(method, &format!("http://{addr}{path}"));
+    let mut request = agent.request(method, &format!("http://{addr}{path}"));
+    if let Some(key) = key {
+        request = request.set("Authorization", &format!("Bearer {key}"));
+    }
     let result = match body {
-        Some(body) => request.send_string(body),
+        Some(body) => request
+            .set("Content-Type", "application/json")
+            .send_string(body),
         None => request.call(),
     };
     let response = match result {
@@ -57,8 +75,9 @@ fn get(addr: SocketAddr, path: &str) -> Reply {
     reply
 }
 
-fn post(addr: SocketAddr, path: &str, body: &str) -> Reply {
-    http("POST", addr, path, Some(body))
+/// A POST with the monitor's key: reports and marks need it.
+fn post(addr: SocketAddr, key: &str, path: &str, body: &str) -> Reply {
+    http_as(Some(key), "POST", addr, path, Some(body))
 }
 
 /// A 400 whose body is `{"error": "..."}`.
@@ -80,7 +99,14 @@ fn assert_refused(reply: &Reply, what: &str) {
 /// cannot read instead of failing, so every non-comment line must come back as a sample
 /// (or as one bucket of a histogram).
 fn scrape(addr: SocketAddr) -> Vec<prometheus_parse::Sample> {
-    let reply = get(addr, "/metrics");
+    scrape_as(None, addr)
+}
+
+/// `scrape`, with a key: `serve`'s admin `/metrics` needs one (a scraper's `metrics`
+/// key would do), the monitor's does not.
+fn scrape_as(key: Option<&str>, addr: SocketAddr) -> Vec<prometheus_parse::Sample> {
+    let reply = http_as(key, "GET", addr, "/metrics", None);
+    assert_eq!(reply.status, 200, "GET /metrics: {}", reply.body);
     promtool_finds_nothing(&reply.body);
     assert!(
         reply.content_type.starts_with("text/plain") && reply.content_type.contains("0.0.4"),
@@ -286,9 +312,16 @@ fn monitor_merges_serve_and_load_by_second() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("monitor-out");
     let (mut monitor, monitor_addr) = start_monitor(&out);
+    let key_file = monitor_key_file(&out);
+    let key_file = key_file.to_str().unwrap();
     let mut serve = Serve::new()
         .dev_secret()
-        .args(["--monitor", &monitor_addr.to_string()])
+        .args([
+            "--monitor",
+            &monitor_addr.to_string(),
+            "--monitor-key-file",
+            key_file,
+        ])
         .start();
     serve.shake_campaign(1000, 200, 100, 500);
 
@@ -309,6 +342,8 @@ fn monitor_merges_serve_and_load_by_second() {
             "2",
             "--monitor",
             &monitor_arg,
+            "--monitor-key-file",
+            key_file,
         ],
     );
     // While the load fires: both roles' counters and the load's latency show on /metrics.
@@ -465,6 +500,8 @@ fn monitor_merges_serve_and_load_by_second() {
 #[test]
 fn serve_metrics_parse_as_prometheus_text() {
     let serve = Serve::new().dev_secret().start();
+    // What a Prometheus scraper holds: a key of the metrics role.
+    let scraper = serve.admin.make_key("prometheus", "metrics");
     // A few packets, so some shakes win (answered via the core) and the rest get nothing.
     serve.shake_campaign(3, 1000, 100, 500);
     let mut shakes = 0u64;
@@ -493,7 +530,7 @@ fn serve_metrics_parse_as_prometheus_text() {
 
     // Workers report once a second; wait for the reports that carry these shakes.
     let samples = wait_until("the shakes on /metrics", Duration::from_secs(10), || {
-        let samples = scrape(serve.admin.addr);
+        let samples = scrape_as(Some(&scraper), serve.admin.addr);
         let counted = worker_sum(&samples, "hongbao_worker_shakes_total")?;
         let latencies = value(&samples, &format!("{LATENCY_METRIC}_count"), &[])?;
         (counted >= shakes as f64 && latencies >= shakes as f64).then_some(samples)
@@ -529,6 +566,7 @@ fn monitor_rejects_bad_reports_and_marks() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("monitor-out");
     let (mut monitor, addr) = start_monitor(&out);
+    let key = monitor_key(&out);
 
     let bad_reports = [
         "garbage{",
@@ -539,12 +577,18 @@ fn monitor_rejects_bad_reports_and_marks() {
         r#"{"instance": "x", "host": "h", "unix_second": 1, "roles": [{"role": "load"}]}"#,
     ];
     for body in bad_reports {
-        assert_refused(&post(addr, "/v1/report", body), &format!("report {body:?}"));
+        assert_refused(
+            &post(addr, &key, "/v1/report", body),
+            &format!("report {body:?}"),
+        );
     }
     for body in ["{}", "garbage", r#"{"phase": ""}"#, r#"{"phase": 7}"#] {
-        assert_refused(&post(addr, "/v1/mark", body), &format!("mark {body:?}"));
+        assert_refused(
+            &post(addr, &key, "/v1/mark", body),
+            &format!("mark {body:?}"),
+        );
     }
-    let mark = post(addr, "/v1/mark", r#"{"phase": "warmup"}"#);
+    let mark = post(addr, &key, "/v1/mark", r#"{"phase": "warmup"}"#);
     assert_eq!(mark.status, 200, "{}", mark.body);
     assert_eq!(mark.json()["phase"], "warmup");
     assert_eq!(http("GET", addr, "/v1/nothing", None).status, 404);
@@ -567,7 +611,7 @@ fn monitor_rejects_bad_reports_and_marks() {
     };
     for (second, shakes) in [(first, 10), (first + 1, 25)] {
         let body = serde_json::to_string(&report(second, shakes)).unwrap();
-        let reply = post(addr, "/v1/report", &body);
+        let reply = post(addr, &key, "/v1/report", &body);
         assert_eq!(reply.status, 200, "{}", reply.body);
     }
     // The ticker may close the first second between the two reports; the second's counts

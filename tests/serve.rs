@@ -1141,15 +1141,18 @@ fn the_admin_api_answers_many_keep_alive_clients_at_once() {
     use std::io::{Read, Write};
     let server = Serve::new().start();
     let addr = server.admin.addr;
+    let request = format!(
+        "GET /v1/audit HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\r\n",
+        server.admin.key()
+    );
     let clients: Vec<_> = (0..30)
         .map(|_| {
+            let request = request.clone();
             std::thread::spawn(move || {
                 let mut stream = std::net::TcpStream::connect(addr).unwrap();
                 stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
                 for _ in 0..2 {
-                    stream
-                        .write_all(b"GET /v1/audit HTTP/1.1\r\nHost: admin\r\n\r\n")
-                        .unwrap();
+                    stream.write_all(request.as_bytes()).unwrap();
                     let mut head = Vec::new();
                     let mut byte = [0u8];
                     while !head.ends_with(b"\r\n\r\n") {

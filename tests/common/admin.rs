@@ -1,46 +1,92 @@
-//! The admin HTTP API of a running `hongbao serve` (docs/admin-api.md), as JSON.
+//! The admin HTTP API of a running `hongbao serve` (docs/admin-api.md), as JSON, with an
+//! admin key (the operator key a fresh server writes to `DATA_DIR/admin.key`, or another).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-/// The admin HTTP API of a running `hongbao serve`.
+/// The admin HTTP API of a running `hongbao serve`, as one key.
 pub struct Admin {
     pub addr: SocketAddr,
+    /// `None`: requests carry no key.
+    key: Option<String>,
     agent: ureq::Agent,
 }
 
 impl Admin {
-    pub fn new(addr: SocketAddr) -> Admin {
+    pub fn new(addr: SocketAddr, key: Option<String>) -> Admin {
         Admin {
             addr,
+            key,
             agent: ureq::AgentBuilder::new()
                 .timeout(Duration::from_secs(15))
                 .build(),
         }
     }
 
+    /// The same API as another key.
+    pub fn with_key(&self, key: &str) -> Admin {
+        Admin::new(self.addr, Some(key.to_string()))
+    }
+
+    /// The same API with no key at all.
+    pub fn without_key(&self) -> Admin {
+        Admin::new(self.addr, None)
+    }
+
+    /// This one's key.
+    pub fn key(&self) -> String {
+        self.key.clone().expect("an admin with a key")
+    }
+
+    /// Makes a key of `role` named `name` (as this one, an operator): the key.
+    pub fn make_key(&self, name: &str, role: &str) -> String {
+        let made = self.post("/v1/admin-keys", &json!({ "name": name, "role": role }));
+        made["key"].as_str().expect("a key").to_string()
+    }
+
     /// Any admin request: (status, body).
     pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let (status, reply, _) = self.http_full(method, path, body, &[]);
+        (status, reply)
+    }
+
+    /// Any admin request, with `headers` beside (or instead of) this one's key and the
+    /// JSON content type a body gets: (status, body, the answer's headers).
+    pub fn http_full(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> (u16, String, Vec<(String, String)>) {
         let url = format!("http://{}{path}", self.addr);
-        let request = self.agent.request(method, &url);
+        let mut request = self.agent.request(method, &url);
+        if let Some(key) = &self.key {
+            request = request.set("Authorization", &format!("Bearer {key}"));
+        }
+        if body.is_some() {
+            request = request.set("Content-Type", "application/json");
+        }
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
         let result = match body {
-            Some(body) => request
-                .set("Content-Type", "application/json")
-                .send_string(body),
+            Some(body) => request.send_string(body),
             None => request.call(),
         };
-        match result {
-            Ok(response) => {
-                let status = response.status();
-                (status, response.into_string().unwrap())
-            }
-            Err(ureq::Error::Status(status, response)) => {
-                (status, response.into_string().unwrap_or_default())
-            }
+        let (status, response) = match result {
+            Ok(response) => (response.status(), response),
+            Err(ureq::Error::Status(status, response)) => (status, response),
             Err(e) => panic!("{method} {path}: {e}"),
-        }
+        };
+        let names = response.headers_names();
+        let headers = names
+            .iter()
+            .filter_map(|n| Some((n.clone(), response.header(n)?.to_string())))
+            .collect();
+        (status, response.into_string().unwrap_or_default(), headers)
     }
 
     pub fn get(&self, path: &str) -> Value {

@@ -74,8 +74,11 @@ impl Hongbao {
     /// Runs `command` (a `hongbao` command line, its environment set as the test wants)
     /// without `HONGBAO_SECRET`, its stdin closed and its output piped.
     pub fn start(what: &'static str, mut command: Command) -> Hongbao {
+        // The runner's own secret stays out, unless the test gives one.
+        if !command.get_envs().any(|(k, _)| k == "HONGBAO_SECRET") {
+            command.env_remove("HONGBAO_SECRET");
+        }
         let mut child = command
-            .env_remove("HONGBAO_SECRET")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -145,10 +148,20 @@ impl Hongbao {
 
 /// `hongbao monitor --listen 127.0.0.1:0 --out DIR`, and the address it bound.
 pub fn start_monitor(out: &std::path::Path) -> (Hongbao, SocketAddr) {
-    let out = out.to_str().unwrap();
+    let key_file = monitor_key_file(out);
+    std::fs::create_dir_all(out).unwrap();
+    let (out, key_file) = (out.to_str().unwrap(), key_file.to_str().unwrap());
     let monitor = Hongbao::spawn(
         "monitor",
-        &["monitor", "--listen", "127.0.0.1:0", "--out", out],
+        &[
+            "monitor",
+            "--listen",
+            "127.0.0.1:0",
+            "--out",
+            out,
+            "--key-file",
+            key_file,
+        ],
     );
     let ready = monitor.ready_line("hongbao monitor ready: ");
     let addr: SocketAddr = field(&ready, "listen").parse().unwrap();
@@ -158,7 +171,22 @@ pub fn start_monitor(out: &std::path::Path) -> (Hongbao, SocketAddr) {
         ready.ends_with(&format!("(dashboard http://{addr}/)")),
         "{ready}"
     );
+    assert_eq!(field(&ready, "key"), key_file);
     (monitor, addr)
+}
+
+/// Where `start_monitor` has the monitor keep its key: the file `serve --monitor` and
+/// `load --monitor` are pointed at (`--monitor-key-file`).
+pub fn monitor_key_file(out: &std::path::Path) -> std::path::PathBuf {
+    out.join("monitor.key")
+}
+
+/// The key of the monitor `start_monitor` started with `out`.
+pub fn monitor_key(out: &std::path::Path) -> String {
+    std::fs::read_to_string(monitor_key_file(out))
+        .expect("the monitor's key file")
+        .trim()
+        .to_string()
 }
 
 /// `name=VALUE` from a ready line.
@@ -233,4 +261,24 @@ pub fn is_closed(e: &std::io::Error) -> bool {
             | ErrorKind::ConnectionAborted
             | ErrorKind::BrokenPipe
     )
+}
+
+/// Every process descended from `pid` (children, their children…), from /proc.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                found.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    found
 }

@@ -128,8 +128,9 @@ impl Serve {
             command.args(["--http-listen", "127.0.0.1:0"]);
         }
         command.args(["--workers", &workers]);
+        // The secret out of sight, as a deployment gives it (not on the command line).
         if let Some(secret) = &self.secret {
-            command.args(["--secret", secret]);
+            command.env("HONGBAO_SECRET", secret);
         }
         command.arg("--data-dir").arg(&data_dir);
         if let Some(toml) = &self.config {
@@ -148,7 +149,11 @@ impl Serve {
             assert_ne!(addr.port(), 0, "{ready}");
             addr
         };
-        let (listen, admin) = (addr("listen"), Admin::new(addr("admin")));
+        // The operator key a fresh server makes for itself.
+        let key = std::fs::read_to_string(data_dir.join("admin.key"))
+            .map(|k| k.trim().to_string())
+            .ok();
+        let (listen, admin) = (addr("listen"), Admin::new(addr("admin"), key));
         let ws = self.ws.then(|| addr("ws"));
         let http = self.http.then(|| addr("http"));
         assert_eq!(field(&ready, "workers"), workers, "{ready}");

@@ -176,9 +176,13 @@ class DevServer:
         return await self._admin("POST", path, body)
 
     async def _admin(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        # The operator key a fresh server makes in its data directory.
+        assert self._dir is not None
+        key = (self._dir / "data" / "admin.key").read_text().strip()
         pool = HttpPool(*self.admin)
         try:
-            response = await pool.request(method, path, json_body=body)
+            response = await pool.request(method, path, headers={"Authorization": f"Bearer {key}"},
+                                          json_body=body)
             return response.status, response.json()
         finally:
             pool.close()

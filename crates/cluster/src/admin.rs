@@ -12,7 +12,7 @@ use crate::store::{pg_error, Store};
 /// An operator's request, answered from the ledger (and Redis for what is released).
 pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAnswer {
     let answer = match request {
-        AdminRequest::CreateShake(req) => match req.check() {
+        AdminRequest::CreateShake { request: req, by } => match req.check() {
             Err(why) => return AdminAnswer::Refused(why.to_string()),
             Ok(()) => {
                 let seed: u64 = rand::random();
@@ -37,12 +37,13 @@ pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAns
                         seed,
                         minted,
                         started_ms: 0,
+                        created_by: Some(by),
                     },
                 )
                 .await
             }
         },
-        AdminRequest::CreateSend(req) => match req.check() {
+        AdminRequest::CreateSend { request: req, by } => match req.check() {
             Err(why) => return AdminAnswer::Refused(why.to_string()),
             Ok(()) => {
                 create(
@@ -61,6 +62,7 @@ pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAns
                         seed: rand::random(),
                         minted: 0,
                         started_ms: 0,
+                        created_by: Some(by),
                     },
                 )
                 .await
@@ -107,6 +109,7 @@ async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAn
             user_max: c.user_max,
             amount_min: c.amount_min,
             amount_max: c.amount_max,
+            by: c.created_by.clone(),
         }
     } else {
         Event::ShakeCampaign {
@@ -117,12 +120,14 @@ async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAn
             amount_max: c.amount_max,
             seed: c.seed,
             minted_cents: c.minted,
+            by: c.created_by.clone(),
         }
     };
     let body = serde_json::to_value(event).expect("serializable");
     let row = pg
         .query_one(
-            "WITH c AS (INSERT INTO hb_campaigns VALUES (nextval('hb_campaign_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id), \
+            "WITH c AS (INSERT INTO hb_campaigns (id, kind, packets, rate, amount_min, amount_max, recipients, user_min, user_max, seed, minted, started_ms, created_by) \
+                   VALUES (nextval('hb_campaign_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $14) RETURNING id), \
              e AS (INSERT INTO hb_events (at_ms, host, user_id, body) \
                    SELECT $11, $12, NULL, jsonb_set($13::jsonb, '{campaign}', to_jsonb(c.id)) FROM c) \
              SELECT id FROM c",
@@ -140,6 +145,7 @@ async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAn
                 &(c.started_ms as i64),
                 &host,
                 &body,
+                &c.created_by,
             ],
         )
         .await

@@ -25,6 +25,8 @@ pub struct CampaignRow {
     pub seed: u64,
     pub minted: u64,
     pub started_ms: u64,
+    /// The admin key that started it.
+    pub created_by: Option<String>,
 }
 
 /// Packet `index` of send campaign `c`: its amount, recipients and shares all follow from
@@ -53,7 +55,7 @@ impl Store {
         let row = pg
             .query_opt(
                 "SELECT id, kind, packets, rate, amount_min, amount_max, recipients, user_min, \
-                 user_max, seed, minted, started_ms FROM hb_campaigns WHERE id = $1",
+                 user_max, seed, minted, started_ms, created_by FROM hb_campaigns WHERE id = $1",
                 &[&(id as i32)],
             )
             .await
@@ -66,7 +68,7 @@ impl Store {
         let rows = pg
             .query(
                 "SELECT id, kind, packets, rate, amount_min, amount_max, recipients, user_min, \
-                 user_max, seed, minted, started_ms FROM hb_campaigns ORDER BY id",
+                 user_max, seed, minted, started_ms, created_by FROM hb_campaigns ORDER BY id",
                 &[],
             )
             .await
@@ -105,6 +107,7 @@ impl Store {
             shares_opened: 0,
             amount_opened_cents: 0,
             refunded_cents: 0,
+            created_by: c.created_by.clone(),
         };
         if c.send {
             let r = pg
@@ -162,6 +165,7 @@ fn campaign_from(r: &tokio_postgres::Row) -> CampaignRow {
         seed: r.get::<_, i64>(9) as u64,
         minted: r.get::<_, i64>(10) as u64,
         started_ms: r.get::<_, i64>(11) as u64,
+        created_by: r.get(12),
     }
 }
 
@@ -185,6 +189,7 @@ mod tests {
             seed: 42,
             minted: 0,
             started_ms: 0,
+            created_by: Some("ops".into()),
         }
     }
 

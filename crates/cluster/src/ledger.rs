@@ -235,6 +235,21 @@ impl Store {
             .map_err(|e| pg_error("auditing", e))?;
         let n = |i: usize| r.get::<_, i64>(i) as u64;
         let shake_minted = n(0);
+        // Who minted each cent: a shake campaign's mint, a send campaign's packets.
+        let makers = pg
+            .query(
+                "SELECT coalesce(c.created_by, $1), sum(CASE WHEN c.kind = 'shake' THEN c.minted \
+                 ELSE (SELECT coalesce(sum(p.cents),0) FROM hb_packets p WHERE p.campaign = c.id) END)::bigint \
+                 FROM hb_campaigns c GROUP BY 1",
+                &[&hongbao_money::api::MAKER_UNKNOWN],
+            )
+            .await
+            .map_err(|e| pg_error("auditing who minted", e))?;
+        let minted_by = makers
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+            .filter(|(_, cents)| *cents > 0)
+            .collect();
         Ok(Audit {
             ok: false,
             minted_cents: shake_minted + n(1),
@@ -247,6 +262,7 @@ impl Store {
             unclaimed_cents: shake_minted.saturating_sub(n(8)),
             unclaimed_packets: n(10).saturating_sub(n(9)),
             ledger_seq: n(11),
+            minted_by,
         }
         .checked())
     }

@@ -35,12 +35,14 @@
 //! - `delivery`: reaching users on other hosts: routes, publishing, notices, staying
 //!   subscribed through failovers.
 //! - `mesh`: the messages hosts send each other, and each host's channel.
-//! - `store`: the connections to PostgreSQL and the Redis Cluster, shared by all of these.
+//! - `store`: the connections to PostgreSQL and the Redis Cluster, shared by all of these;
+//! - `access`: admin keys and the admin log in PostgreSQL, for the admin API's threads.
 //!
 //! This file holds what every part agrees on: the configuration, the timings and the clock.
 //!
 //! [`Money`]: hongbao_money::Money
 
+mod access;
 mod admin;
 mod campaign;
 mod cluster;
@@ -58,6 +60,7 @@ mod store;
 
 use std::time::Duration;
 
+pub use access::PgAccess;
 pub use campaign::{campaign_packet, CampaignRow};
 pub use cluster::Cluster;
 pub use commit::Commit;
@@ -66,16 +69,52 @@ pub use store::Store;
 /// What a gateway host needs to join a cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
-    /// Redis Cluster seed nodes, `redis://HOST:PORT`.
+    /// Redis Cluster seed nodes, `redis://[USER@]HOST:PORT`.
     pub redis: Vec<String>,
-    /// `postgres://USER@HOST:PORT/DB` (libpq-style key=value strings work too).
-    pub postgres: String,
+    /// The Redis ACL user's password (from a file or the environment, never the URL).
+    pub redis_password: Option<String>,
+    pub postgres: PgTarget,
     /// This host's name: unique among the hosts; its pub/sub channel and held packets.
     pub host: String,
     pub packet_ttl_ms: u64,
     /// How long a batch waits for more ops before it commits.
     pub commit_window: Duration,
     pub max_batch: usize,
+}
+
+/// Where the PostgreSQL ledger is and how to log in to it: the password is kept apart
+/// from the URL, so that the URL can be shown (`Debug` shows no password).
+#[derive(Clone, Default)]
+pub struct PgTarget {
+    /// `postgres://USER@HOST:PORT/DB` (libpq-style key=value strings work too).
+    pub url: String,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", redact(&self.url))?;
+        if self.password.is_some() {
+            f.write_str(" (with a password)")?;
+        }
+        Ok(())
+    }
+}
+
+/// A URL as it may be shown: a password in it (`scheme://user:password@host`) replaced
+/// by `***`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
 }
 
 /// A host silent for this long is dead: its held packets are released again.

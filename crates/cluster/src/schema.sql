@@ -15,6 +15,8 @@ CREATE TABLE IF NOT EXISTS hb_campaigns (
     minted bigint NOT NULL,
     started_ms bigint NOT NULL
 );
+-- The admin key that started each campaign (none for campaigns from before keys).
+ALTER TABLE hb_campaigns ADD COLUMN IF NOT EXISTS created_by text;
 CREATE TABLE IF NOT EXISTS hb_balances (
     user_id bigint PRIMARY KEY,
     cents bigint NOT NULL CHECK (cents >= 0)

@@ -14,7 +14,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio_postgres::{Client, NoTls};
 
 use crate::mesh::channel;
-use crate::ClusterConfig;
+use crate::{redact, ClusterConfig, PgTarget};
 
 const SCHEMA: &str = include_str!("schema.sql");
 pub(crate) const RELEASE: &str = include_str!("release.lua");
@@ -30,7 +30,7 @@ pub struct Store(pub(crate) Arc<Inner>);
 /// Fields another file's `impl Store` needs are `pub(crate)`: each job's Redis and
 /// PostgreSQL calls live in a file of their own.
 pub(crate) struct Inner {
-    postgres: String,
+    postgres: PgTarget,
     read: Mutex<Arc<Client>>,
     /// The cluster connection for commands (replaced when it stops answering), the one
     /// subscribed to this host's channel (never sent a command, so a push is never read
@@ -72,8 +72,16 @@ pub(crate) fn pg_error(what: &str, e: impl std::borrow::Borrow<tokio_postgres::E
     }
 }
 
-pub(crate) async fn pg_connect(url: &str) -> Result<Client, Error> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
+pub(crate) async fn pg_connect(target: &PgTarget) -> Result<Client, Error> {
+    let mut config: tokio_postgres::Config = target
+        .url
+        .parse()
+        .map_err(|e| Error::refused(format!("the PostgreSQL URL {}: {e}", redact(&target.url))))?;
+    if let Some(password) = &target.password {
+        config.password(password);
+    }
+    let (client, connection) = config
+        .connect(NoTls)
         .await
         .map_err(|e| pg_error("connecting", e))?;
     tokio::spawn(async move {
@@ -101,21 +109,26 @@ impl Store {
         created.map_err(|e| pg_error("creating the schema", e))?;
 
         let (push_tx, mut push_rx) = unbounded_channel::<PushInfo>();
-        let client = ClusterClient::builder(cfg.redis.clone())
+        let nodes: Vec<String> = cfg.redis.iter().map(|u| redact(u)).collect();
+        let mut builder = ClusterClient::builder(cfg.redis.clone());
+        if let Some(password) = &cfg.redis_password {
+            builder = builder.password(password.clone());
+        }
+        let client = builder
             .use_protocol(redis::ProtocolVersion::RESP3)
             .push_sender(push_tx)
             .connection_timeout(std::time::Duration::from_secs(2))
             .response_timeout(std::time::Duration::from_secs(2))
             .build()
-            .map_err(|e| Error::unavailable(format!("Redis Cluster {:?}", cfg.redis), e))?;
+            .map_err(|e| Error::unavailable(format!("Redis Cluster {nodes:?}"), e))?;
         let redis = client
             .get_async_connection()
             .await
-            .map_err(|e| Error::unavailable(format!("Redis Cluster {:?}", cfg.redis), e))?;
+            .map_err(|e| Error::unavailable(format!("Redis Cluster {nodes:?}"), e))?;
         let mut subscribed = client
             .get_async_connection()
             .await
-            .map_err(|e| Error::unavailable(format!("Redis Cluster {:?}", cfg.redis), e))?;
+            .map_err(|e| Error::unavailable(format!("Redis Cluster {nodes:?}"), e))?;
         subscribed
             .ssubscribe(channel(&cfg.host))
             .await

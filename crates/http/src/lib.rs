@@ -6,7 +6,10 @@
 //! The request parser underneath is `httparse`, the same the gateway workers use.
 //!
 //! Handlers are plain functions from a `Request` to a `Response`; `json_object` reads a
-//! body that must be a JSON object.
+//! body that must be a JSON object. `access` holds the checks every door makes before
+//! its handler: keys, and the browser checks.
+
+pub mod access;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -44,6 +47,8 @@ pub struct Request {
     pub query: String,
     pub headers: Vec<(String, String)>,
     pub body: Bytes,
+    /// Who sent it (the TCP peer).
+    pub peer: SocketAddr,
 }
 
 impl Request {
@@ -130,7 +135,17 @@ impl Server {
         max_body: usize,
         handler: impl Fn(Request) -> Response + Send + Sync + 'static,
     ) -> std::io::Result<Server> {
-        let listener = std::net::TcpListener::bind(addr)?;
+        Server::serve(std::net::TcpListener::bind(addr)?, name, max_body, handler)
+    }
+
+    /// As `start`, on a listener already bound (a handler that needs the address it was
+    /// bound to is made after the bind).
+    pub fn serve(
+        listener: std::net::TcpListener,
+        name: &str,
+        max_body: usize,
+        handler: impl Fn(Request) -> Response + Send + Sync + 'static,
+    ) -> std::io::Result<Server> {
         listener.set_nonblocking(true)?;
         let bound = listener.local_addr()?;
         let handler: Arc<Handler> = Arc::new(handler);
@@ -187,9 +202,9 @@ async fn serve(
         return;
     };
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, peer)) => (stream, peer),
                 // Out of files and the like: wait a moment rather than spin.
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -203,7 +218,7 @@ async fn serve(
         tokio::spawn(async move {
             let service = service_fn(move |request| {
                 let handler = handler.clone();
-                async move { Ok::<_, Infallible>(respond(&handler, request, max_body).await) }
+                async move { Ok::<_, Infallible>(respond(&handler, request, peer, max_body).await) }
             });
             let _ = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -217,6 +232,7 @@ async fn serve(
 async fn respond(
     handler: &Arc<Handler>,
     request: hyper::Request<Incoming>,
+    peer: SocketAddr,
     max_body: usize,
 ) -> hyper::Response<Full<Bytes>> {
     let (parts, body) = request.into_parts();
@@ -238,6 +254,7 @@ async fn respond(
                     .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
                     .collect(),
                 body,
+                peer,
             };
             let handler = handler.clone();
             tokio::task::spawn_blocking(move || handler(request))

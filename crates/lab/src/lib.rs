@@ -83,6 +83,9 @@ pub struct LabPlan {
     /// The `hongbao serve` settings of every gateway (its workers, secret, limits); the
     /// lab adds each one's addresses, data directory, engines and name.
     pub serve: ServeFlags,
+    /// The key of the monitor the gateways report to (`--monitor` in `serve`), given to
+    /// them in `HONGBAO_MONITOR_KEY`.
+    pub monitor_key: Option<String>,
     /// PostgreSQL's data on a tmpfs of this many bytes, for `postgres-disk-full` to fill
     /// (root; its WAL kept small to fit); `None`: on the disk under the system's
     /// temporary directory.
@@ -119,8 +122,26 @@ impl Gateway {
     }
 }
 
+/// The lab's secrets, made when it comes up and kept in files of its directory (mode
+/// 0600) that the gateways are given: never on a command line.
+pub struct LabSecrets {
+    /// The Redis ACL user's password (`redis.password`).
+    pub redis: String,
+    /// The PostgreSQL role's password (`postgres.password`).
+    pub postgres: String,
+}
+
+/// Files in the lab's directory.
+pub const REDIS_PASSWORD_FILE: &str = "redis.password";
+pub const POSTGRES_PASSWORD_FILE: &str = "postgres.password";
+pub const ADMIN_KEY_FILE: &str = "admin.key";
+
 pub struct Lab {
     pub plan: LabPlan,
+    pub secrets: LabSecrets,
+    /// An operator key for every gateway's admin API (`admin.key`): the lab makes it in
+    /// the ledger before any gateway starts.
+    pub admin_key: String,
     pub redis: Vec<(Host, Option<Proc>)>,
     pub postgres: (Host, Option<Proc>),
     pub postgres_dir: PathBuf,
@@ -142,7 +163,21 @@ impl Lab {
             .with_context(|| format!("creating {}", plan.dir.display()))?;
         netns::create_bridge(plan.lab)?;
         let postgres_dir = std::env::temp_dir().join(format!("hongbao-lab{}-postgres", plan.lab));
+        let secrets = LabSecrets {
+            redis: hongbao_http::access::new_key(),
+            postgres: hongbao_http::access::new_key(),
+        };
+        for (file, secret) in [
+            (REDIS_PASSWORD_FILE, &secrets.redis),
+            (POSTGRES_PASSWORD_FILE, &secrets.postgres),
+        ] {
+            let path = plan.dir.join(file);
+            hongbao_server::access::write_secret_file(&path, secret)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
         let mut lab = Lab {
+            secrets,
+            admin_key: String::new(),
             state: LabState {
                 lab: plan.lab,
                 postgres_dir: Some(postgres_dir.clone()),
@@ -185,15 +220,31 @@ impl Lab {
         self.postgres.0 = pg;
         self.postgres.1 = Some(self.start_postgres()?);
         self.save()?;
+        postgres::make_role(&self.postgres_dir, &self.secrets.postgres)?;
+        // The gateways' first operator key, made in the ledger before any gateway: each
+        // would otherwise make its own, known only to its host.
+        let access = hongbao_cluster::PgAccess::connect(&self.pg_target())
+            .context("the lab's PostgreSQL, for its admin key")?;
+        self.admin_key = hongbao_server::access::make_key(
+            &access,
+            "lab-operator",
+            hongbao_money::access::Role::Operator,
+            "lab",
+        )
+        .context("making the lab's admin key")?;
+        let key_file = dir.join(ADMIN_KEY_FILE);
+        hongbao_server::access::write_secret_file(&key_file, &self.admin_key)
+            .with_context(|| format!("writing {}", key_file.display()))?;
         // Redis Cluster.
         for i in 1..=6u8 {
             let host = self.host(&format!("redis{i}"), 10 + i, &[])?;
-            let proc = redis::start_node(&host, &dir.join(format!("redis{i}")))?;
+            let proc =
+                redis::start_node(&host, &dir.join(format!("redis{i}")), &self.secrets.redis)?;
             self.redis.push((host, Some(proc)));
             self.save()?;
         }
         let addrs: Vec<Ipv4Addr> = self.redis.iter().map(|(h, _)| h.addr).collect();
-        redis::create_cluster(&addrs)?;
+        redis::create_cluster(&self.secrets.redis, &addrs)?;
         // Gateways, each waited for.
         for i in 1..=self.plan.gateways {
             let host = self.host(&format!("gw{i}"), 30 + i as u8, HOST_SYSCTLS)?;
@@ -213,17 +264,39 @@ impl Lab {
         Ok(())
     }
 
-    /// The Redis Cluster's node URLs, comma-separated, for `--redis`.
+    /// The Redis Cluster's node URLs as the lab's user, comma-separated, for `--redis`
+    /// (the password is in `redis.password`).
     pub fn redis_urls(&self) -> String {
         self.redis
             .iter()
-            .map(|(h, _)| format!("redis://{}:{}", h.addr, redis::PORT))
+            .map(|(h, _)| format!("redis://{}@{}:{}", redis::USER, h.addr, redis::PORT))
             .collect::<Vec<_>>()
             .join(",")
     }
 
+    /// The ledger's URL as the gateways' role (the password is in `postgres.password`).
     pub fn postgres_url(&self) -> String {
         postgres::url(self.postgres.0.addr)
+    }
+
+    pub fn pg_target(&self) -> hongbao_cluster::PgTarget {
+        hongbao_cluster::PgTarget {
+            url: self.postgres_url(),
+            password: Some(self.secrets.postgres.clone()),
+        }
+    }
+
+    /// `psql` on the ledger as the gateways' role, running `sql`: its output, unaligned.
+    pub fn psql(&self, sql: &str) -> anyhow::Result<String> {
+        let out = Command::new(postgres::bin_dir()?.join("psql"))
+            .env("PGPASSWORD", &self.secrets.postgres)
+            .args(["-X", "-At", "-d", &self.postgres_url(), "-c", sql])
+            .output()
+            .context("running psql")?;
+        if !out.status.success() {
+            bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Starts the lab's PostgreSQL over its data; on a small disk with a small WAL.
@@ -249,12 +322,18 @@ impl Lab {
             http_listen: Some(gw.http().to_string()),
             data_dir: Some(data),
             redis: Some(redis_urls),
+            redis_password_file: Some(plan.dir.join(REDIS_PASSWORD_FILE)),
             postgres: Some(postgres_url),
+            postgres_password_file: Some(plan.dir.join(POSTGRES_PASSWORD_FILE)),
             host_name: Some(gw.host.name.clone()),
             ..plan.serve.clone()
         };
         let mut command = gw.host.command(&plan.hongbao);
-        command.arg("serve").args(flags.to_args());
+        command.arg("serve");
+        flags.apply(&mut command);
+        if let Some(key) = &plan.monitor_key {
+            command.env("HONGBAO_MONITOR_KEY", key);
+        }
         let log = plan.dir.join(format!("{}.log", gw.host.name));
         let (mut proc, stdout) =
             Proc::spawn_piped(&format!("gateway {}", gw.host.name), command, &log)?;
@@ -584,22 +663,17 @@ impl Lab {
             if !masters.contains(&host.addr) {
                 continue;
             }
-            for (name, calls) in
-                parse_commandstats(&redis::cli(host.addr, &["INFO", "commandstats"])?)
-            {
+            for (name, calls) in parse_commandstats(&redis::cli(
+                &self.secrets.redis,
+                host.addr,
+                &["INFO", "commandstats"],
+            )?) {
                 *counters.redis_calls.entry(name).or_insert(0) += calls;
             }
         }
-        let psql = postgres::bin_dir()?.join("psql");
-        let out = Command::new(psql)
-            .args(["-X", "-At", "-d", &self.postgres_url()])
-            .args(["-c", "SELECT xact_commit, tup_inserted, tup_updated FROM pg_stat_database WHERE datname = current_database()"])
-            .output()
-            .context("running psql")?;
-        if !out.status.success() {
-            bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = self.psql(
+            "SELECT xact_commit, tup_inserted, tup_updated FROM pg_stat_database WHERE datname = current_database()",
+        )?;
         let fields: Vec<u64> = text
             .trim()
             .split('|')

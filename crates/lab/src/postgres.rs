@@ -1,6 +1,10 @@
 //! The lab's PostgreSQL: Debian's PostgreSQL 15 binaries, a throwaway cluster made by
 //! `initdb` in the lab's directory and run as the `postgres` user (initdb refuses root),
-//! listening on its host's address with trust authentication on the lab's subnet.
+//! listening on its host's address. Deployed as it must be: over the network only
+//! `scram-sha-256` with a password, the gateways logging in as their own role (`USER`,
+//! owner of the `hongbao` database) with a password the lab makes; only the local
+//! `postgres` system user (peer authentication, over the socket) is trusted, to make
+//! that role.
 //! Durability as in production: fsync and synchronous commit on — the ledger's promise
 //! depends on them.
 
@@ -17,6 +21,9 @@ use crate::proc::Proc;
 use hongbao_sys::netns::Host;
 
 pub const PORT: u16 = 5432;
+/// The gateways' role, and their database.
+pub const USER: &str = "hongbao";
+pub const DATABASE: &str = "hongbao";
 
 /// Where Debian keeps PostgreSQL 15's server binaries.
 pub fn bin_dir() -> anyhow::Result<PathBuf> {
@@ -45,12 +52,12 @@ fn postgres_ids() -> anyhow::Result<(u32, u32)> {
         .context("no postgres user (it comes with Debian's postgresql package)")
 }
 
-/// The connection URL of the lab's database.
+/// The connection URL of the lab's database, as the gateways' role (its password apart).
 pub fn url(addr: Ipv4Addr) -> String {
-    format!("postgres://postgres@{addr}:{PORT}/postgres")
+    format!("postgres://{USER}@{addr}:{PORT}/{DATABASE}")
 }
 
-/// `initdb` in `dir/data` (owned by the postgres user), trusting the lab's subnet. The
+/// `initdb` in `dir/data` (owned by the postgres user), passwords over the network. The
 /// postgres user must be able to reach `dir`: the lab keeps it under the system's
 /// temporary directory rather than in a lab directory that may sit in root's home.
 pub fn init(dir: &Path, subnet: Ipv4Addr) -> anyhow::Result<()> {
@@ -64,16 +71,61 @@ pub fn init(dir: &Path, subnet: Ipv4Addr) -> anyhow::Result<()> {
         .gid(gid)
         .arg("-D")
         .arg(&data)
-        .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+        .args(["--auth-local=peer", "--auth-host=scram-sha-256"])
+        .args(["-U", "postgres", "--no-sync", "-E", "UTF8"])
         .output()
         .context("running initdb")?;
     if !out.status.success() {
         bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let hba = format!(
-        "local all all trust\nhost all all {subnet}/24 trust\nhost all all 127.0.0.1/32 trust\n"
+        "local all postgres peer\nhost all all {subnet}/24 scram-sha-256\nhost all all 127.0.0.1/32 scram-sha-256\n"
     );
     std::fs::write(data.join("pg_hba.conf"), hba)?;
+    Ok(())
+}
+
+/// Makes the gateways' role with `password` and its database, as the local `postgres`
+/// user over the socket in `dir`; the SQL goes on stdin (a password on a command line is
+/// seen by every local user).
+pub fn make_role(dir: &Path, password: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let (uid, gid) = postgres_ids()?;
+    let quoted = password.replace('\'', "''");
+    let sql = format!(
+        "CREATE ROLE {USER} LOGIN PASSWORD '{quoted}';\nCREATE DATABASE {DATABASE} OWNER {USER};\n"
+    );
+    let mut child = Command::new(bin_dir()?.join("psql"))
+        .uid(uid)
+        .gid(gid)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
+        .arg(dir)
+        .args([
+            "-p",
+            &PORT.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-f",
+            "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running psql")?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(sql.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "making the gateways' role: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     Ok(())
 }
 

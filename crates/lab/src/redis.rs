@@ -4,6 +4,11 @@
 //! PostgreSQL (docs/scale-out.md says what a lost write can and cannot cost).
 //! `cluster-node-timeout` is two seconds so that a replica takes over a killed master
 //! within a few seconds.
+//!
+//! Deployed as it must be: the default user is off, one ACL user (`USER`) with a password
+//! the lab makes, replicas authenticate to their masters as that user, and the password
+//! is in each node's `redis.conf` (mode 0600) and given to `redis-cli` in its
+//! environment — never on a command line.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -16,35 +21,45 @@ use crate::proc::Proc;
 use hongbao_sys::netns::Host;
 
 pub const PORT: u16 = 6379;
+/// The lab's Redis ACL user: the gateways and `redis-cli` log in as it.
+pub const USER: &str = "hongbao";
 /// How long a master may be unreachable before its replica is promoted.
 pub const NODE_TIMEOUT_MS: u64 = 2000;
 
 /// `redis-server` for `host`, its files in `dir`.
-pub fn start_node(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
+pub fn start_node(host: &Host, dir: &Path, password: &str) -> anyhow::Result<Proc> {
     // A fresh node: no nodes.conf of an earlier cluster, no dump.rdb (a replica writes
     // the RDB it syncs from, and would load its keys at the next start).
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
-    run_node(host, dir)
+    run_node(host, dir, password)
 }
 
 /// The node of `host` started again after it was killed: its `nodes.conf` kept, so it
 /// rejoins the cluster (as a replica of the master that took its slots), its dump.rdb
 /// dropped (the master's data is synced afresh).
-pub fn start_node_again(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
+pub fn start_node_again(host: &Host, dir: &Path, password: &str) -> anyhow::Result<Proc> {
     let _ = std::fs::remove_file(dir.join("dump.rdb"));
-    run_node(host, dir)
+    run_node(host, dir, password)
 }
 
-fn run_node(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
+fn run_node(host: &Host, dir: &Path, password: &str) -> anyhow::Result<Proc> {
+    // The users, in a file only root reads: the default user off, ours on, and what a
+    // replica logs in to its master as.
+    let conf = dir.join("redis.conf");
+    hongbao_server::access::write_secret_file(
+        &conf,
+        &format!(
+            "user default off\nuser {USER} on >{password} ~* &* +@all\nmasteruser {USER}\nmasterauth {password}"
+        ),
+    )
+    .with_context(|| format!("writing {}", conf.display()))?;
     let mut command = host.command("redis-server");
-    command.current_dir(dir).args([
+    command.current_dir(dir).arg(&conf).args([
         "--bind",
         &host.addr.to_string(),
         "--port",
         &PORT.to_string(),
-        "--protected-mode",
-        "no",
         "--cluster-enabled",
         "yes",
         "--cluster-config-file",
@@ -74,9 +89,12 @@ fn run_node(host: &Host, dir: &Path) -> anyhow::Result<Proc> {
     )
 }
 
-/// `redis-cli -h ADDR -p PORT ARGS…`, from the machine's own namespace: its output.
-pub fn cli(addr: Ipv4Addr, args: &[&str]) -> anyhow::Result<String> {
+/// `redis-cli -h ADDR -p PORT ARGS…` as the lab's user, from the machine's own
+/// namespace: its output.
+pub fn cli(password: &str, addr: Ipv4Addr, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new("redis-cli")
+        .env("REDISCLI_AUTH", password)
+        .args(["--user", USER, "--no-auth-warning"])
         .args(["-h", &addr.to_string(), "-p", &PORT.to_string()])
         .args(args)
         .output()
@@ -108,14 +126,16 @@ pub(crate) fn wait_until(
 
 /// Makes the nodes at `addrs` (first half masters, second half their replicas) one
 /// cluster and waits until every node says it is whole.
-pub fn create_cluster(addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
+pub fn create_cluster(password: &str, addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
     for &addr in addrs {
         wait_until(&format!("redis at {addr}"), Duration::from_secs(10), || {
-            cli(addr, &["PING"]).is_ok_and(|s| s.trim() == "PONG")
+            cli(password, addr, &["PING"]).is_ok_and(|s| s.trim() == "PONG")
         })?;
     }
     let nodes: Vec<String> = addrs.iter().map(|a| format!("{a}:{PORT}")).collect();
     let out = Command::new("redis-cli")
+        .env("REDISCLI_AUTH", password)
+        .args(["--user", USER, "--no-auth-warning"])
         .args(["--cluster", "create"])
         .args(&nodes)
         .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -132,7 +152,10 @@ pub fn create_cluster(addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
         wait_until(
             &format!("the cluster as {addr} sees it"),
             Duration::from_secs(30),
-            || cli(addr, &["CLUSTER", "INFO"]).is_ok_and(|s| s.contains("cluster_state:ok")),
+            || {
+                cli(password, addr, &["CLUSTER", "INFO"])
+                    .is_ok_and(|s| s.contains("cluster_state:ok"))
+            },
         )?;
     }
     Ok(())
@@ -161,8 +184,8 @@ pub fn serves(ranges: &[String], slot: u16) -> bool {
 }
 
 /// `CLUSTER NODES` as `addr` sees it.
-pub fn nodes(addr: Ipv4Addr) -> anyhow::Result<Vec<Node>> {
-    let text = cli(addr, &["CLUSTER", "NODES"])?;
+pub fn nodes(password: &str, addr: Ipv4Addr) -> anyhow::Result<Vec<Node>> {
+    let text = cli(password, addr, &["CLUSTER", "NODES"])?;
     Ok(parse_nodes(&text))
 }
 
@@ -189,6 +212,7 @@ fn parse_nodes(text: &str) -> Vec<Node> {
 /// Waits until a node other than `gone` sees every slot served by a master that is not
 /// failed (after a failover).
 pub fn wait_whole(
+    password: &str,
     addrs: &[Ipv4Addr],
     gone: Option<Ipv4Addr>,
     timeout: Duration,
@@ -199,8 +223,8 @@ pub fn wait_whole(
         .find(|a| Some(*a) != gone)
         .expect("more than one node");
     wait_until("the cluster to be whole again", timeout, || {
-        cli(witness, &["CLUSTER", "INFO"]).is_ok_and(|s| s.contains("cluster_state:ok"))
-            && nodes(witness).is_ok_and(|ns| {
+        cli(password, witness, &["CLUSTER", "INFO"]).is_ok_and(|s| s.contains("cluster_state:ok"))
+            && nodes(password, witness).is_ok_and(|ns| {
                 ns.iter()
                     .filter(|n| n.master && !n.failed && Some(n.addr) != gone)
                     .count()

@@ -1,5 +1,9 @@
 //! `hongbao load` on the command line: the control endpoint (`POST /qps`, `GET /stats`),
 //! a progress line a second, and the final totals as JSON; `--set-qps` for a running one.
+//!
+//! The control endpoint takes commands only with the load's key: `HONGBAO_LOAD_KEY`, else
+//! its key file (`hongbao-load.key` unless told), which the load makes if it is not
+//! there and `--set-qps` reads. Every request passes the browser checks.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +11,7 @@ use std::time::Duration;
 use hongbao_sys::clock::unix_ms;
 
 use anyhow::bail;
+use hongbao_http::access::{changes_state, run_key, BrowserGuard, RunKey};
 use hongbao_http::{json_object, Request, Response, Server};
 use hongbao_sys::Stop;
 use serde::Serialize;
@@ -19,10 +24,31 @@ use crate::report::{self, Counters};
 /// The fastest a load may be asked to fire.
 const MAX_QPS: u64 = 10_000_000;
 
-/// Serves `POST /qps {"qps": N}` and `GET /stats` for a running load.
-pub fn serve_control(addr: &str, load: Arc<Load>) -> anyhow::Result<Server> {
-    Server::start(addr, "load-control", 4096, move |r| control(&r, &load))
-        .map_err(|e| anyhow::anyhow!("binding control address {addr}: {e}"))
+/// The environment variable of the control endpoint's key...
+pub const CONTROL_KEY_ENV: &str = "HONGBAO_LOAD_KEY";
+/// ...and its file, unless told.
+pub const CONTROL_KEY_FILE: &str = "hongbao-load.key";
+
+/// Serves `POST /qps {"qps": N}` (with the key) and `GET /stats` for a running load.
+pub fn serve_control(addr: &str, load: Arc<Load>, key: &str) -> anyhow::Result<Server> {
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| anyhow::anyhow!("binding control address {addr}: {e}"))?;
+    let guard = BrowserGuard::new(listener.local_addr()?, &[], &[]);
+    let key = RunKey::of(key);
+    Server::serve(listener, "load-control", 4096, move |r| {
+        let checked = guard.check(&r).and_then(|()| {
+            if changes_state(&r.method) {
+                key.check(&r)
+            } else {
+                Ok(())
+            }
+        });
+        match checked {
+            Ok(()) => control(&r, &load),
+            Err(refused) => refused,
+        }
+    })
+    .map_err(|e| anyhow::anyhow!("serving control address {addr}: {e}"))
 }
 
 /// `POST /qps`.
@@ -57,6 +83,7 @@ fn control(request: &Request, load: &Load) -> Response {
 pub fn run_cli(
     opts: LoadOptions,
     control: Option<String>,
+    key_file: &std::path::Path,
     duration: Option<u64>,
     stop: &Stop,
 ) -> anyhow::Result<()> {
@@ -70,10 +97,14 @@ pub fn run_cli(
     );
     let control = match control {
         Some(addr) => {
-            let server = serve_control(&addr, load.clone())?;
+            let key = run_key(CONTROL_KEY_ENV, key_file, true)
+                .map_err(|e| anyhow::anyhow!("the control key file {}: {e}", key_file.display()))?
+                .expect("made when missing");
+            let server = serve_control(&addr, load.clone(), &key)?;
             let bound = server.addr();
             println!(
-                "hongbao load: control on http://{bound} (POST /qps {{\"qps\": N}}, GET /stats)"
+                "hongbao load: control on http://{bound} (POST /qps {{\"qps\": N}} with the key in {}, GET /stats)",
+                key_file.display()
             );
             Some(server)
         }
@@ -164,10 +195,18 @@ struct BroadcastLine {
     max_ms: f64,
 }
 
-/// `hongbao load --control ADDR --set-qps N`: changes the QPS of a running load.
-pub fn set_remote_qps(control: &str, qps: u64) -> anyhow::Result<()> {
+/// `hongbao load --control ADDR --set-qps N`: changes the QPS of a running load, with
+/// its key (`HONGBAO_LOAD_KEY`, else `key_file`).
+pub fn set_remote_qps(control: &str, qps: u64, key_file: &std::path::Path) -> anyhow::Result<()> {
     let url = format!("http://{control}/qps");
+    let Some(key) = run_key(CONTROL_KEY_ENV, key_file, false)? else {
+        bail!(
+            "no control key: {CONTROL_KEY_ENV} is not set and {} does not exist (the running load makes it)",
+            key_file.display()
+        );
+    };
     match ureq::post(&url)
+        .set("Authorization", &format!("Bearer {key}"))
         .timeout(Duration::from_secs(5))
         .send_json(json!({ "qps": qps }))
     {

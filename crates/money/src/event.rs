@@ -55,6 +55,9 @@ pub enum Event {
         amount_max: u64,
         seed: u64,
         minted_cents: u64,
+        /// The admin key that started it (absent in ledgers from before admin keys).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     },
     /// Packet `index` of a shake campaign was won by `user`.
     ShakeWon {
@@ -74,6 +77,9 @@ pub enum Event {
         user_max: u64,
         amount_min: u64,
         amount_max: u64,
+        /// The admin key that started it (absent in ledgers from before admin keys).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     },
     /// A packet was sent. From a user it debits the user; from a campaign it is minted.
     PacketSent {

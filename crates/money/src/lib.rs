@@ -10,8 +10,11 @@
 //! - `gateway`: what the gateways and the money side say to each other, free of any
 //!   transport (requests, replies, pushes);
 //! - `seam`: the one interface the gateways reach money through;
-//! - `error`: what kind of failure (refused, unavailable, a bug), and its cause.
+//! - `error`: what kind of failure (refused, unavailable, a bug), and its cause;
+//! - `access`: admin keys and the admin log as the ledger keeps them, and the store
+//!   each backend gives them.
 
+pub mod access;
 pub mod api;
 pub mod error;
 pub mod event;

@@ -60,8 +60,16 @@ pub enum Op {
 /// What an operator asks of the money side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminRequest {
-    CreateShake(ShakeCampaignRequest),
-    CreateSend(SendCampaignRequest),
+    /// A shake campaign, started by the admin key named `by`.
+    CreateShake {
+        request: ShakeCampaignRequest,
+        by: String,
+    },
+    /// A send campaign, started by the admin key named `by`.
+    CreateSend {
+        request: SendCampaignRequest,
+        by: String,
+    },
     Campaign(u32),
     Campaigns,
     Audit,

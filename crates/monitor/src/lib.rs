@@ -18,7 +18,9 @@ use std::time::Duration;
 use hongbao_sys::clock::unix_ms;
 
 use anyhow::Context;
+use hongbao_http::access::{changes_state, run_key, BrowserGuard, RunKey};
 use hongbao_http::{json_object, Request, Response, Server};
+use hongbao_telemetry::reporter::{MONITOR_KEY_ENV, MONITOR_KEY_FILE};
 use serde_json::{json, Value};
 
 pub use collector::Collector;
@@ -30,6 +32,8 @@ const MAX_BODY: usize = 1 << 20;
 /// A running monitor: its HTTP server, and a thread that closes seconds as they age.
 pub struct Monitor {
     addr: SocketAddr,
+    /// The key reports and marks must carry.
+    key: String,
     dir: Option<PathBuf>,
     collector: Arc<Mutex<Collector>>,
     server: Server,
@@ -41,20 +45,42 @@ struct Shared {
     collector: Arc<Mutex<Collector>>,
     dir: Option<PathBuf>,
     title: String,
+    /// Reports and marks need this run's key; every request passes the browser checks.
+    key: RunKey,
+    guard: BrowserGuard,
 }
 
 impl Monitor {
     /// Listens on `listen` and writes `dir/series.csv` (and reads `dir/broadcasts.json` for
-    /// the dashboard) when `dir` is given.
+    /// the dashboard) when `dir` is given. Reports and marks must carry a key made for
+    /// this run (`key`: hand it to the processes that report, out of sight).
     pub fn start(listen: SocketAddr, dir: Option<&Path>, title: &str) -> anyhow::Result<Monitor> {
+        Monitor::start_with_key(listen, dir, title, &hongbao_http::access::new_key())
+    }
+
+    /// As `start`, with the key given.
+    pub fn start_with_key(
+        listen: SocketAddr,
+        dir: Option<&Path>,
+        title: &str,
+        key: &str,
+    ) -> anyhow::Result<Monitor> {
         let collector = Arc::new(Mutex::new(Collector::new(dir)?));
+        let listener = std::net::TcpListener::bind(listen)
+            .with_context(|| format!("monitor cannot listen on {listen}"))?;
         let shared = Shared {
             collector: collector.clone(),
             dir: dir.map(Path::to_path_buf),
             title: title.to_string(),
+            key: RunKey::of(key),
+            guard: BrowserGuard::new(listener.local_addr()?, &[], &[]),
         };
-        let server = Server::start(&listen.to_string(), "monitor-http", MAX_BODY, move |r| {
-            route(&shared, &r).with_header("Cache-Control", "no-store")
+        let server = Server::serve(listener, "monitor-http", MAX_BODY, move |r| {
+            let answer = match shared.guard.check(&r) {
+                Ok(()) => route(&shared, &r),
+                Err(refused) => refused,
+            };
+            answer.with_header("Cache-Control", "no-store")
         })
         .with_context(|| format!("monitor cannot listen on {listen}"))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -74,6 +100,7 @@ impl Monitor {
         );
         Ok(Monitor {
             addr: server.addr(),
+            key: key.to_string(),
             dir: dir.map(Path::to_path_buf),
             collector,
             server,
@@ -84,6 +111,12 @@ impl Monitor {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The key reports must carry (give it to reporting processes in
+    /// `HONGBAO_MONITOR_KEY`).
+    pub fn key(&self) -> &str {
+        &self.key
     }
 
     pub fn dir(&self) -> Option<&Path> {
@@ -144,6 +177,11 @@ fn broadcasts(dir: Option<&Path>) -> Vec<hongbao_report::Broadcast> {
 
 fn route(shared: &Shared, request: &Request) -> Response {
     let path = request.path.as_str();
+    if changes_state(&request.method) {
+        if let Err(refused) = shared.key.check(request) {
+            return refused;
+        }
+    }
     match (request.method.as_str(), path) {
         ("POST", "/v1/report") => match json_object::<Sample>(&request.body) {
             Ok(sample) => {
@@ -223,12 +261,24 @@ fn route(shared: &Shared, request: &Request) -> Response {
 
 /// `hongbao monitor --listen ADDR --out DIR`: runs until SIGINT/SIGTERM, then writes the
 /// last rows and the report.
-pub fn run_cli(listen: SocketAddr, out: &Path, stop: &hongbao_sys::Stop) -> anyhow::Result<()> {
-    let monitor = Monitor::start(listen, Some(out), "hongbao monitor")?;
+/// `hongbao monitor`: its key from `HONGBAO_MONITOR_KEY`, else `key_file` (made there if
+/// absent, for the instances that report to read).
+pub fn run_cli(
+    listen: SocketAddr,
+    out: &Path,
+    key_file: Option<&Path>,
+    stop: &hongbao_sys::Stop,
+) -> anyhow::Result<()> {
+    let key_file = key_file.unwrap_or(Path::new(MONITOR_KEY_FILE));
+    let key = run_key(MONITOR_KEY_ENV, key_file, true)
+        .with_context(|| format!("the monitor's key file {}", key_file.display()))?
+        .expect("made when missing");
+    let monitor = Monitor::start_with_key(listen, Some(out), "hongbao monitor", &key)?;
     println!(
-        "hongbao monitor ready: listen={} out={} (dashboard http://{}/)",
+        "hongbao monitor ready: listen={} out={} key={} (dashboard http://{}/)",
         monitor.addr(),
         out.display(),
+        key_file.display(),
         monitor.addr()
     );
     while !stop.requested() {

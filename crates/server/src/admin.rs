@@ -1,4 +1,6 @@
-//! The admin HTTP API (JSON; see docs/admin-api.md), on hongbao's HTTP server stack.
+//! The admin HTTP API (JSON; see docs/admin-api.md), on hongbao's HTTP server stack,
+//! behind its door (`access.rs`: keys with roles, the browser checks, the admin log) —
+//! and the operator console, a page at `/` that logs in with a key.
 //!
 //! Requests that touch money state or the workers are handed to the supervisor's loop as
 //! `AdminRequest`s and answered from there (campaign creation only after its event is
@@ -6,14 +8,19 @@
 //! beside the writer through the money seam's `LedgerRead`, so they show exactly what is
 //! durable.
 
+use std::net::SocketAddr;
 use std::sync::mpsc::{channel, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hongbao_http::access::changes_state;
 use hongbao_http::{json_object, Request, Response, Server};
+use hongbao_money::access::Role;
 use hongbao_money::error as money;
 use hongbao_money::seam::{AdminRequest as MoneyRequest, LedgerRead, OpsCursor};
 use mio::Waker;
+
+use crate::access::{self, console, error_text, Caller, Door};
 
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -39,31 +46,297 @@ pub struct BroadcastRequest {
     pub text: String,
 }
 
+/// `POST /v1/admin-keys`.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewKey {
+    name: String,
+    role: Role,
+}
+
 pub struct AdminCommand {
     pub request: AdminRequest,
     pub reply: Sender<Response>,
 }
 
-/// Binds the admin address and serves it until the returned server is dropped.
+/// Binds the admin address and serves it until the returned server is dropped. `door`
+/// is made for the address bound (its browser checks name it).
 pub fn start(
     addr: &str,
+    door: impl FnOnce(SocketAddr) -> Door,
     reader: Option<Box<dyn LedgerRead>>,
     to_core: SyncSender<AdminCommand>,
     waker: Arc<Waker>,
 ) -> crate::error::Result<Server> {
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| crate::error::Error::io(format!("binding the admin address {addr}"), e))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| crate::error::Error::io("reading the admin address", e))?;
+    let door = door(bound);
     let reader = Mutex::new(reader);
     let to_core = Mutex::new(to_core);
-    Server::start(addr, "admin", MAX_BODY, move |request| {
+    Server::serve(listener, "admin", MAX_BODY, move |request| {
         let ask = |r: AdminRequest| ask_core(r, &to_core, &waker);
-        route(&request, &reader, ask)
+        handle(&request, &door, &reader, ask)
     })
-    .map_err(|e| crate::error::Error::io(format!("binding the admin address {addr}"), e))
+    .map_err(|e| crate::error::Error::io(format!("serving the admin address {addr}"), e))
 }
 
-fn route(
+/// What the admin log records of an endpoint's use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    /// A change: campaigns, broadcasts, keys.
+    Change,
+    /// A read of a user's data.
+    UserRead,
+    No,
+}
+
+/// The role an endpoint needs and what is recorded of its use; `None`: no such endpoint
+/// (404 or 405, answered without a key: nothing is there to guard).
+fn needs(method: &str, segments: &[&str]) -> Option<(Role, Record)> {
+    use Record::*;
+    use Role::*;
+    Some(match (method, segments) {
+        ("GET", ["metrics"] | ["v1", "stats"]) => (Metrics, No),
+        ("GET", ["v1", "campaigns"] | ["v1", "campaigns", _] | ["v1", "audit"]) => (Viewer, No),
+        ("GET", ["v1", "users", _] | ["v1", "balances"] | ["v1", "ledger", "ops"]) => {
+            (Viewer, UserRead)
+        }
+        ("POST", ["v1", "campaigns", "shake" | "send"] | ["v1", "broadcast"]) => (Operator, Change),
+        ("GET", ["v1", "admin-keys"] | ["v1", "admin-log"]) => (Operator, No),
+        ("POST", ["v1", "admin-keys"]) | ("DELETE", ["v1", "admin-keys", _]) => (Operator, Change),
+        _ => return None,
+    })
+}
+
+/// The admin API behind its door: the console's page and sessions; then, for every
+/// endpoint, the browser checks, the key and its role, the endpoint, and the record of
+/// it before the answer.
+fn handle(
     request: &Request,
+    door: &Door,
     reader: &Mutex<Option<Box<dyn LedgerRead>>>,
     ask: impl Fn(AdminRequest) -> Response,
+) -> Response {
+    let segments = request.segments();
+    match (request.method.as_str(), segments.as_slice()) {
+        ("GET", []) => {
+            return match door.guard(request) {
+                Ok(()) => Response::new(200, "text/html; charset=utf-8", console::PAGE)
+                    .with_header("cache-control", "no-store"),
+                Err(refused) => refused,
+            }
+        }
+        ("POST", ["console", "login"]) => {
+            if let Err(refused) = door.guard(request) {
+                return refused;
+            }
+            let (answer, caller) = door.sessions.login(request, door);
+            if answer.status != 200 {
+                door.refused(request, None, &answer);
+                return answer;
+            }
+            return recorded(door, request, caller.as_ref(), answer, "console log-in");
+        }
+        ("POST", ["console", "logout"]) => {
+            return match door.guard(request) {
+                Ok(()) => door.sessions.logout(request),
+                Err(refused) => refused,
+            }
+        }
+        ("GET", ["console", "session"]) => {
+            return match door.admit(request, Role::Metrics) {
+                Ok(caller) => door.sessions.describe(request, &caller),
+                Err(refused) => refused,
+            }
+        }
+        _ => {}
+    }
+    let Some((role, record)) = needs(&request.method, &segments) else {
+        return serve(request, "", door, reader, &ask);
+    };
+    let caller = match door.admit(request, role) {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
+    };
+    let answer = serve(request, &caller.key, door, reader, &ask);
+    match record {
+        Record::No => answer,
+        Record::Change | Record::UserRead => {
+            let result = if answer.status < 300 {
+                summary(request, &answer)
+            } else {
+                error_text(&answer)
+            };
+            recorded(door, request, Some(&caller), answer, &result)
+        }
+    }
+}
+
+/// `answer`, once the admin log holds its record; if it cannot be written, the answer is
+/// withheld (a 503 that says whether a change was made all the same).
+fn recorded(
+    door: &Door,
+    request: &Request,
+    caller: Option<&Caller>,
+    answer: Response,
+    result: &str,
+) -> Response {
+    match door.record(request, caller, &answer, result) {
+        Ok(_) => answer,
+        Err(e) => {
+            tracing::error!(error = %e, path = %request.path, "writing the admin log failed");
+            let done = if changes_state(&request.method) && answer.status < 300 {
+                " (the change was made: look before trying again)"
+            } else {
+                ""
+            };
+            Response::error(
+                503,
+                format!("the admin log could not be written{done}: {e}"),
+            )
+        }
+    }
+}
+
+/// What an accepted request made, in a few words, for the admin log.
+fn summary(request: &Request, answer: &Response) -> String {
+    let body: serde_json::Value = serde_json::from_slice(&answer.body).unwrap_or_default();
+    match request.segments().as_slice() {
+        ["v1", "campaigns", kind] => format!(
+            "{kind} campaign {} started by {}",
+            body["id"],
+            body["created_by"].as_str().unwrap_or("?")
+        ),
+        ["v1", "broadcast"] => format!("broadcast to {} connections", body["connections"]),
+        ["v1", "admin-keys"] => format!("key {} made, role {}", body["name"], body["role"]),
+        ["v1", "admin-keys", name] => format!("key {name:?} removed"),
+        _ => format!("answered {}", answer.status),
+    }
+}
+
+/// An endpoint's answer, for `caller` (a key's name; empty for the 404 and 405 answers
+/// of paths that need no key).
+fn serve(
+    request: &Request,
+    caller: &str,
+    door: &Door,
+    reader: &Mutex<Option<Box<dyn LedgerRead>>>,
+    ask: &dyn Fn(AdminRequest) -> Response,
+) -> Response {
+    let failed = |e: money::Error| Response::error(e.kind().http_status(), e.to_string());
+    match (request.method.as_str(), request.segments().as_slice()) {
+        ("GET", ["v1", "admin-keys"]) => match door.store().keys() {
+            Ok(keys) => {
+                let keys: Vec<_> = keys
+                    .into_iter()
+                    .map(|k| {
+                        serde_json::json!({
+                            "name": k.name, "role": k.role,
+                            "created_ms": k.created_ms, "created_by": k.created_by,
+                        })
+                    })
+                    .collect();
+                Response::json(200, &keys)
+            }
+            Err(e) => failed(e),
+        },
+        ("POST", ["v1", "admin-keys"]) => match json_object::<NewKey>(&request.body) {
+            Ok(new) => match access::make_key(door.store().as_ref(), &new.name, new.role, caller) {
+                Ok(key) => {
+                    door.keys_changed();
+                    let made =
+                        serde_json::json!({ "name": new.name, "role": new.role, "key": key });
+                    Response::json(201, &made)
+                }
+                Err(e) => failed(e),
+            },
+            Err(bad) => bad,
+        },
+        ("DELETE", ["v1", "admin-keys", name]) => remove_key(door, name),
+        ("GET", ["v1", "admin-log"]) => match log_query(&request.query) {
+            Ok((before, limit)) => match door.store().log(before, limit) {
+                Ok(entries) => {
+                    let next = entries
+                        .last()
+                        .filter(|_| entries.len() == limit)
+                        .map(|e| e.id);
+                    Response::json(
+                        200,
+                        &serde_json::json!({ "entries": entries, "next": next }),
+                    )
+                }
+                Err(e) => failed(e),
+            },
+            Err(e) => Response::error(400, e),
+        },
+        _ => route(request, caller, reader, ask),
+    }
+}
+
+/// `DELETE /v1/admin-keys/NAME`: the last operator key stays (no one would be left who
+/// may change anything).
+fn remove_key(door: &Door, name: &str) -> Response {
+    let keys = match door.store().keys() {
+        Ok(keys) => keys,
+        Err(e) => return Response::error(e.kind().http_status(), e.to_string()),
+    };
+    let Some(key) = keys.iter().find(|k| k.name == name) else {
+        return Response::error(404, format!("no key named {name:?}"));
+    };
+    let operators = keys.iter().filter(|k| k.role == Role::Operator).count();
+    if key.role == Role::Operator && operators == 1 {
+        return Response::error(
+            409,
+            "the last operator key cannot be removed; add another first",
+        );
+    }
+    match door.store().remove_key(name) {
+        Ok(_) => {
+            door.keys_changed();
+            Response::json(200, &serde_json::json!({ "removed": name }))
+        }
+        Err(e) => Response::error(e.kind().http_status(), e.to_string()),
+    }
+}
+
+/// `GET /v1/admin-log`'s query: `before` (a page's `next`) and `limit` (1..=1000, 100).
+fn log_query(query: &str) -> Result<(Option<u64>, usize), String> {
+    let (mut before, mut limit) = (None, 100);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("before", v)) => {
+                let id = v
+                    .parse()
+                    .map_err(|_| format!("before {v:?} is not an entry id"))?;
+                before = Some(id);
+            }
+            Some(("limit", v)) => {
+                limit = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or("limit must be 1..=1000")?;
+            }
+            _ => {
+                return Err(format!(
+                    "unknown query parameter {pair:?}: only before and limit"
+                ))
+            }
+        }
+    }
+    Ok((before, limit))
+}
+
+/// The endpoints of money and the workers, for `caller` (who a campaign names as its
+/// maker).
+fn route(
+    request: &Request,
+    caller: &str,
+    reader: &Mutex<Option<Box<dyn LedgerRead>>>,
+    ask: &dyn Fn(AdminRequest) -> Response,
 ) -> Response {
     // What a read's failure says decides its answer: a refusal 400, a ledger out of
     // reach 503 (try again), ours 500.
@@ -78,13 +351,14 @@ fn route(
         None => Response::error(503, "the ledger reader is unavailable"),
     };
     let money = |r: MoneyRequest| ask(AdminRequest::Money(r));
+    let by = caller.to_string();
     match (request.method.as_str(), request.segments().as_slice()) {
         ("POST", ["v1", "campaigns", "shake"]) => match json_object(&request.body) {
-            Ok(req) => money(MoneyRequest::CreateShake(req)),
+            Ok(request) => money(MoneyRequest::CreateShake { request, by }),
             Err(e) => e,
         },
         ("POST", ["v1", "campaigns", "send"]) => match json_object(&request.body) {
-            Ok(req) => money(MoneyRequest::CreateSend(req)),
+            Ok(request) => money(MoneyRequest::CreateSend { request, by }),
             Err(e) => e,
         },
         ("POST", ["v1", "broadcast"]) => match json_object::<BroadcastRequest>(&request.body) {
@@ -123,6 +397,9 @@ fn route(
             | ["v1", "users", _]
             | ["v1", "stats" | "audit" | "broadcast" | "balances"]
             | ["v1", "ledger", "ops"]
+            | ["v1", "admin-keys" | "admin-log"]
+            | ["v1", "admin-keys", _]
+            | ["console", ..]
             | ["metrics"],
         ) => Response::error(405, format!("{method} is not allowed on {}", request.path)),
         _ => Response::error(404, format!("no such endpoint: {}", request.path)),
@@ -221,9 +498,11 @@ mod tests {
             query: query.into(),
             headers: Vec::new(),
             body: Default::default(),
+            peer: "127.0.0.1:9".parse().unwrap(),
         };
         let reader: Mutex<Option<Box<dyn LedgerRead>>> = Mutex::new(Some(Box::new(Wins(ledger))));
-        let response = route(&request, &reader, |_| Response::error(500, "no core here"));
+        let no_core = |_| Response::error(500, "no core here");
+        let response = route(&request, "viewer", &reader, &no_core);
         let body = serde_json::from_slice(&response.body).unwrap();
         (response.status, body)
     }

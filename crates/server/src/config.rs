@@ -52,14 +52,23 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub packet_ttl_secs: Option<u64>,
-    /// Secret for login tokens (HMAC-SHA256(secret, user id))
-    #[arg(long, env = "HONGBAO_SECRET")]
+    /// Secret for login tokens, for development only: a command line is seen by every
+    /// local user (ps). Give it in HONGBAO_SECRET or --secret-file instead
+    #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
+    /// A file holding the secret for login tokens (HMAC-SHA256(secret, user id))
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
     /// Report per-second counters to the hongbao monitor at this address
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub monitor: Option<String>,
+    /// The monitor's key file (HONGBAO_MONITOR_KEY overrides) [default: hongbao-monitor.key]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub monitor_key_file: Option<PathBuf>,
     /// Answer "overloaded" to a shake that waited in the kernel longer than this (a share, all past twice it); 0 never [default: 0]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -76,10 +85,20 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis: Option<String>,
-    /// Cluster mode: the PostgreSQL ledger, postgres://USER@HOST:PORT/DB
+    /// Cluster mode: the PostgreSQL ledger, postgres://USER@HOST:PORT/DB (no password:
+    /// that comes from HONGBAO_POSTGRES_PASSWORD or --postgres-password-file)
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub postgres: Option<String>,
+    /// Cluster mode: a file holding the PostgreSQL password
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postgres_password_file: Option<PathBuf>,
+    /// Cluster mode: a file holding the Redis ACL user's password (the user is the URL's,
+    /// redis://USER@HOST:PORT); or HONGBAO_REDIS_PASSWORD
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_password_file: Option<PathBuf>,
     /// Cluster mode: this host's name, unique among the gateways
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -109,6 +128,20 @@ impl ServeFlags {
         args
     }
 
+    /// Puts these flags on `command` (a `hongbao … serve`), all but the login secret,
+    /// which goes in its environment (`HONGBAO_SECRET`): a command line is seen by every
+    /// local user.
+    pub fn apply(&self, command: &mut std::process::Command) {
+        let shown = ServeFlags {
+            secret: None,
+            ..self.clone()
+        };
+        command.args(shown.to_args());
+        if let Some(secret) = &self.secret {
+            command.env("HONGBAO_SECRET", secret);
+        }
+    }
+
     /// The flags given, as a TOML table of `ServeConfig` fields.
     fn table(&self) -> Result<toml::Table> {
         toml::Table::try_from(self).map_err(|e| Error::config(format!("flags: {e}")))
@@ -116,13 +149,20 @@ impl ServeFlags {
 }
 
 /// Every option of `hongbao serve`; each can be given in the TOML file under the same name.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServeConfig {
     /// Where clients connect (raw TCP, binary frames).
     pub listen: String,
     /// Where the admin HTTP API listens.
     pub admin: String,
+    /// More names the admin address answers to in `Host` (a DNS name, a proxy's), with
+    /// or without a port: any other name is refused (DNS rebinding). Address literals and,
+    /// on loopback, `localhost` always pass.
+    pub admin_hosts: Vec<String>,
+    /// Origins (`https://console.example`) whose pages may call the admin API, beside
+    /// the admin address's own.
+    pub admin_origins: Vec<String>,
     /// Where WebSocket clients connect ("" for none); `GET /` there is the browser page.
     pub ws_listen: String,
     /// Where the HTTP API listens ("" for none); it also upgrades WebSockets and serves
@@ -137,8 +177,22 @@ pub struct ServeConfig {
     pub workers: String,
     /// Connections the server should be able to hold (sizes `workers = "auto"`).
     pub connections: u64,
-    /// Login tokens are HMAC-SHA256(secret, user id).
+    /// Login tokens are HMAC-SHA256(secret, user id). Taken, first found, from
+    /// `--secret` (development only: it warns), `HONGBAO_SECRET`, `secret_file`, this.
     pub secret: String,
+    /// A file holding `secret` ("" for none).
+    pub secret_file: PathBuf,
+    /// A file holding the PostgreSQL password ("" for none: `HONGBAO_POSTGRES_PASSWORD`,
+    /// or none at all).
+    pub postgres_password_file: PathBuf,
+    /// A file holding the Redis ACL user's password ("" for none:
+    /// `HONGBAO_REDIS_PASSWORD`, or none at all).
+    pub redis_password_file: PathBuf,
+    /// The engines' passwords, as read from their files or the environment.
+    #[serde(skip)]
+    pub postgres_password: Option<String>,
+    #[serde(skip)]
+    pub redis_password: Option<String>,
     /// Shakes per second the whole server admits; above it shakes get "overloaded".
     pub max_shake_qps: u32,
     /// How long a sent packet stays openable.
@@ -166,6 +220,9 @@ pub struct ServeConfig {
     pub commit_interval_ms: u64,
     /// Report per-second counters to the `hongbao monitor` at this address ("" for none).
     pub monitor: String,
+    /// The monitor's key: `HONGBAO_MONITOR_KEY`, else this file's (`hongbao monitor`
+    /// makes it).
+    pub monitor_key_file: PathBuf,
     /// A shake that waited in the kernel (arrival to read) longer than this may be
     /// answered "overloaded" — a share rising from none at this wait to all at twice it:
     /// the machine is behind, and well-behaved clients back off. 0 never (the default;
@@ -226,6 +283,8 @@ impl Default for ServeConfig {
         ServeConfig {
             listen: "127.0.0.1:7000".into(),
             admin: "127.0.0.1:7001".into(),
+            admin_hosts: Vec::new(),
+            admin_origins: Vec::new(),
             ws_listen: String::new(),
             http_listen: String::new(),
             demo_login: None,
@@ -233,6 +292,11 @@ impl Default for ServeConfig {
             workers: "auto".into(),
             connections: 20_000,
             secret: DEV_SECRET.into(),
+            secret_file: PathBuf::new(),
+            postgres_password_file: PathBuf::new(),
+            redis_password_file: PathBuf::new(),
+            postgres_password: None,
+            redis_password: None,
             max_shake_qps: 100_000,
             packet_ttl_secs: 24 * 3600,
             login_timeout_secs: 10,
@@ -245,6 +309,7 @@ impl Default for ServeConfig {
             commit_max_batch: 4096,
             commit_interval_ms: 20,
             monitor: String::new(),
+            monitor_key_file: PathBuf::from("hongbao-monitor.key"),
             max_queue_ms: 0,
             ready_order: ReadyOrder::Adaptive,
             broadcast_yield_ms: 0,
@@ -252,6 +317,28 @@ impl Default for ServeConfig {
             postgres: String::new(),
             host_name: String::new(),
         }
+    }
+}
+
+/// `None` for an empty path (a file not given).
+fn file(path: &Path) -> Option<&Path> {
+    (!path.as_os_str().is_empty()).then_some(path)
+}
+
+/// A secret from the environment variable `env`, else from `file` (its first line,
+/// trimmed), else none. The variable wins, so a deployment can override a file.
+pub fn secret_from(env: &str, file: Option<&Path>) -> Result<Option<String>> {
+    if let Some(value) = std::env::var_os(env) {
+        let value = value
+            .into_string()
+            .map_err(|_| Error::config(format!("{env} is not UTF-8")))?;
+        return Ok(Some(value));
+    }
+    match file {
+        Some(path) => crate::access::read_secret_file(path)
+            .map(Some)
+            .map_err(|e| Error::config(format!("reading {}: {e}", path.display()))),
+        None => Ok(None),
     }
 }
 
@@ -272,9 +359,32 @@ impl ServeConfig {
         let what = flags.config.as_ref().map_or("flags".to_string(), |f| {
             format!("{} and flags", f.display())
         });
-        table
+        let mut cfg: ServeConfig = table
             .try_into()
-            .map_err(|e| Error::config(format!("{what}: {e}")))
+            .map_err(|e| Error::config(format!("{what}: {e}")))?;
+        cfg.read_secrets(flags.secret.is_some())?;
+        Ok(cfg)
+    }
+
+    /// The secrets, from where they are kept out of sight: the login secret from
+    /// `HONGBAO_SECRET` or `secret_file` (unless `--secret` gave it, which warns), the
+    /// engines' passwords from their files or the environment.
+    fn read_secrets(&mut self, from_flag: bool) -> Result<()> {
+        if from_flag {
+            tracing::warn!(
+                "--secret puts the login secret on a command line every local user can read \
+                 (ps): for development only; use HONGBAO_SECRET or secret_file"
+            );
+        } else if let Some(secret) = secret_from("HONGBAO_SECRET", file(&self.secret_file))? {
+            self.secret = secret;
+        }
+        self.postgres_password = secret_from(
+            "HONGBAO_POSTGRES_PASSWORD",
+            file(&self.postgres_password_file),
+        )?;
+        self.redis_password =
+            secret_from("HONGBAO_REDIS_PASSWORD", file(&self.redis_password_file))?;
+        Ok(())
     }
 
     /// The defaults overlaid with TOML file `file`.

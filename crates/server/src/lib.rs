@@ -7,11 +7,14 @@
 //! - `presence`: who is connected where; logins, chat, notice delivery;
 //! - `link`: worker ↔ supervisor messages, length-prefixed on one Unix stream each;
 //! - `admin`: the admin HTTP API (JSON), answered from the supervisor's loop;
+//! - `access`: the admin door — keys with roles, the browser checks, the admin log, the
+//!   operator console's sessions;
 //! - `stats`: what workers count, as fields, and the report each sends once a second;
 //! - `config`: `hongbao serve` settings — defaults, then the TOML file, then flags;
 //! - `nginx`: `hongbao nginx-conf`, nginx in front of the gateways;
 //! - `error`: the crate's error — what kind of failure, and what we were doing.
 
+pub mod access;
 pub mod admin;
 pub mod config;
 pub mod embedded;

@@ -35,6 +35,75 @@ pub fn reuseport_listener(
     Ok(socket.into())
 }
 
+/// Whether no process listens on `addr` now. SO_REUSEPORT lets any process of the same
+/// user join a listening port, and the kernel then splits connections between them
+/// without a word: a server makes sure the port is free (a bind without SO_REUSEPORT
+/// fails where anyone listens) before it makes its own group. The error names the
+/// process that holds it, when /proc tells.
+pub fn ensure_free(addr: SocketAddr) -> std::io::Result<()> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    match probe.bind(&addr.into()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AddrInUse => {
+            let who = holder(addr)
+                .map(|(pid, name)| format!(" by process {pid} ({name})"))
+                .unwrap_or_default();
+            Err(std::io::Error::new(
+                ErrorKind::AddrInUse,
+                format!("{addr} is in use{who}: another server listens there"),
+            ))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The process (id, name) holding a listening socket on `addr`, from /proc/net/tcp{,6}
+/// and the processes' descriptors (those of other users are not readable: `None`).
+fn holder(addr: SocketAddr) -> Option<(u32, String)> {
+    let table = if addr.is_ipv4() {
+        "/proc/net/tcp"
+    } else {
+        "/proc/net/tcp6"
+    };
+    let port = format!(":{:04X}", addr.port());
+    let inode = std::fs::read_to_string(table)
+        .ok()?
+        .lines()
+        .skip(1)
+        .find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // local_address "0100007F:1B58", state 0A = LISTEN, inode field 9.
+            (f.len() > 9 && f[1].ends_with(&port) && f[3] == "0A").then(|| f[9].to_string())
+        })?;
+    let target = format!("socket:[{inode}]");
+    for proc_dir in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = proc_dir.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(proc_dir.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == target) {
+                // Its command line's first words (a worker's comm is "exe").
+                let cmdline = std::fs::read(proc_dir.path().join("cmdline")).unwrap_or_default();
+                let words: Vec<String> = cmdline
+                    .split(|&b| b == 0)
+                    .filter(|w| !w.is_empty())
+                    .take(2)
+                    .map(|w| String::from_utf8_lossy(w).into_owned())
+                    .collect();
+                return Some((pid, words.join(" ")));
+            }
+        }
+    }
+    None
+}
+
 /// Turns on receive timestamps (SO_TIMESTAMPNS) for a connection, or for the connections
 /// a listener accepts from now on (those whose handshake finishes later), so
 /// `read_stamped` can tell how long their bytes waited. It costs a clock read per packet

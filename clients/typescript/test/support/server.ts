@@ -87,6 +87,8 @@ export async function startServer(options: ServeOptions = {}): Promise<Server> {
     return m[1]!;
   };
   const admin = `http://${address("admin")}`;
+  // The operator key a fresh server makes in its data directory: the admin API needs it.
+  const adminKey = readFileSync(join(dataDir, "admin.key"), "utf8").trim();
   const server: Server = {
     pid: child.pid!,
     ws: `ws://${address("ws")}/ws`,
@@ -95,8 +97,8 @@ export async function startServer(options: ServeOptions = {}): Promise<Server> {
     listen: address("listen"),
     output: () => output,
     workerPids: () => childrenOf(child.pid!),
-    adminGet: (path) => adminCall(admin, "GET", path),
-    adminPost: (path, body) => adminCall(admin, "POST", path, body),
+    adminGet: (path) => adminCall(admin, adminKey, "GET", path),
+    adminPost: (path, body) => adminCall(admin, adminKey, "POST", path, body),
     stop: async () => {
       const workers = childrenOf(child.pid!);
       await stopProcess(child);
@@ -173,9 +175,18 @@ async function stopProcess(child: ChildProcess): Promise<void> {
   clearTimeout(timer);
 }
 
-async function adminCall(admin: string, method: string, path: string, body?: unknown): Promise<any> {
+async function adminCall(
+  admin: string,
+  key: string,
+  method: string,
+  path: string,
+  body?: unknown,
+): Promise<any> {
+  const headers: Record<string, string> = { authorization: `Bearer ${key}` };
+  if (body !== undefined) headers["content-type"] = "application/json";
   const response = await fetch(admin + path, {
     method,
+    headers,
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   const text = await response.text();

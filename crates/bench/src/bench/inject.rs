@@ -14,6 +14,7 @@ use serde_json::Value;
 use super::disk;
 use super::local::Local;
 use super::options::{Fault, RedisAim, DISK_FULL_HOLD, WORKER_STALL};
+use super::server::admin_request;
 
 /// How long a killed gateway host stays down before chaos starts it again.
 const GATEWAY_DOWN: Duration = Duration::from_secs(5);
@@ -28,6 +29,8 @@ pub(crate) struct Injector {
     pub(super) lab: Option<Arc<Mutex<hongbao_lab::Lab>>>,
     pub(super) local: Option<Arc<Local>>,
     pub(super) admin: SocketAddr,
+    /// The server's admin key.
+    pub(super) key: String,
 }
 
 impl Injector {
@@ -56,7 +59,7 @@ impl Injector {
     /// The ids of the server's workers (`/v1/stats`), in their order.
     fn worker_pids(&self) -> Vec<u64> {
         let url = format!("http://{}/v1/stats", self.admin);
-        let stats: Option<Value> = ureq::get(&url)
+        let stats: Option<Value> = admin_request("GET", &url, &self.key)
             .timeout(Duration::from_secs(5))
             .call()
             .ok()
@@ -127,7 +130,7 @@ impl Injector {
         let t = Instant::now();
         let url = format!("http://{}/v1/stats", self.admin);
         while t.elapsed() < HEAL_TIMEOUT {
-            if ureq::get(&url)
+            if admin_request("GET", &url, &self.key)
                 .timeout(Duration::from_secs(5))
                 .call()
                 .is_ok()

@@ -16,6 +16,7 @@ use anyhow::{bail, Context};
 use super::options::{BenchOptions, SECRET};
 use hongbao_load::transport::Transport;
 use hongbao_server::config::ServeFlags;
+use hongbao_telemetry::reporter::MONITOR_KEY_ENV;
 
 /// How long a `hongbao serve` child has to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -39,6 +40,8 @@ pub(crate) struct Local {
     nice: i32,
     /// Its flags but the addresses.
     flags: ServeFlags,
+    /// The bench's monitor's key, in its environment.
+    monitor_key: String,
     /// The addresses it bound the first time, asked for again by every restart.
     pub addrs: Addrs,
     pub data_dir: PathBuf,
@@ -55,6 +58,7 @@ impl Local {
         opts: &BenchOptions,
         data_dir: &Path,
         monitor: SocketAddr,
+        monitor_key: &str,
     ) -> anyhow::Result<Local> {
         let any: SocketAddr = "127.0.0.1:0".parse()?;
         let flags = ServeFlags {
@@ -67,6 +71,7 @@ impl Local {
             child: Mutex::new(None),
             exe: std::env::current_exe()?,
             nice: opts.server_nice,
+            monitor_key: monitor_key.to_string(),
             flags,
             addrs: Addrs {
                 listen: any,
@@ -104,7 +109,9 @@ impl Local {
             http_listen: a.http.map(|http| http.to_string()),
             ..self.flags.clone()
         };
-        command.arg("serve").args(flags.to_args());
+        command.arg("serve");
+        flags.apply(&mut command);
+        command.env(MONITOR_KEY_ENV, &self.monitor_key);
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -103,7 +103,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             data_dir.display()
         )
     });
-    let server = Server::start(&opts, &data_dir, monitor.addr())?;
+    let server = Server::start(&opts, &data_dir, monitor.addr(), monitor.key())?;
     std::thread::sleep(Duration::from_millis(1500));
     let server_baseline = server.sample()?;
 
@@ -111,11 +111,15 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     let samples: Arc<Mutex<Vec<ServerSample>>> = Arc::default();
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
-        let (samples, sampling, admins) =
-            (samples.clone(), sampling.clone(), server.admins.clone());
+        let (samples, sampling, admins, key) = (
+            samples.clone(),
+            sampling.clone(),
+            server.admins.clone(),
+            server.key.clone(),
+        );
         std::thread::spawn(move || {
             while sampling.load(Ordering::Relaxed) {
-                if let Some(s) = server::sample_all(&admins) {
+                if let Some(s) = server::sample_all(&admins, &key) {
                     samples.lock().unwrap().push(s);
                 }
                 let ms = unix_ms() % 1000;
@@ -141,6 +145,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         secret: SECRET.into(),
         connect_at_epoch: true,
         monitor: Some(monitor.addr().to_string()),
+        monitor_key: Some(monitor.key().to_string()),
+        monitor_key_file: None,
         overload_backoff_secs: DEFAULT_OVERLOAD_BACKOFF_SECS,
         http_connection: opts.http_connection,
         notice_poll_secs: opts.notice_poll_secs,

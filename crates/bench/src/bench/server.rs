@@ -28,6 +28,8 @@ pub(crate) struct Server {
     pub admin: SocketAddr,
     /// Every gateway's admin address, for the server side of the series.
     pub admins: Vec<SocketAddr>,
+    /// The operator key the server made (`DATA_DIR/admin.key`) or the lab did.
+    pub key: String,
     pub listen: SocketAddr,
     /// The WebSocket listener, when asked for.
     pub ws: Option<SocketAddr>,
@@ -70,13 +72,18 @@ impl Server {
         opts: &BenchOptions,
         data_dir: &Path,
         monitor: SocketAddr,
+        monitor_key: &str,
     ) -> anyhow::Result<Server> {
         if opts.hosts > 0 {
-            return Server::start_lab(opts, monitor);
+            return Server::start_lab(opts, monitor, monitor_key);
         }
-        let local = Local::start(opts, data_dir, monitor)?;
+        let local = Local::start(opts, data_dir, monitor, monitor_key)?;
         let a = local.addrs.clone();
+        let key_file = data_dir.join(hongbao_server::access::FIRST_KEY_FILE);
+        let key = hongbao_server::access::read_secret_file(&key_file)
+            .with_context(|| format!("reading the server's admin key {}", key_file.display()))?;
         Ok(Server {
+            key,
             local: Some(Arc::new(local)),
             lab: None,
             lab_dir: None,
@@ -93,7 +100,11 @@ impl Server {
     /// `opts.hosts` gateways in cluster mode on a lab's hosts, nginx in front: the load
     /// goes to nginx; the audit and campaigns to the first gateway. The gateways report
     /// to the bench's `monitor` through a relay on the lab's bridge.
-    fn start_lab(opts: &BenchOptions, monitor: SocketAddr) -> anyhow::Result<Server> {
+    fn start_lab(
+        opts: &BenchOptions,
+        monitor: SocketAddr,
+        monitor_key: &str,
+    ) -> anyhow::Result<Server> {
         let number = hongbao_lab::free_lab_number(std::process::id());
         let monitor_there =
             SocketAddr::from((hongbao_lab::netns::bridge_addr(number), monitor.port()));
@@ -112,6 +123,7 @@ impl Server {
                 monitor: Some(monitor_there.to_string()),
                 ..opts.serve_settings()
             },
+            monitor_key: Some(monitor_key.to_string()),
             postgres_disk: opts
                 .faults()
                 .any(Fault::needs_postgres_disk)
@@ -139,6 +151,7 @@ impl Server {
         let load_hosts = lab.loads.clone();
         let relay = hongbao_lab::Relay::start(monitor_there, monitor)?;
         Ok(Server {
+            key: lab.admin_key.clone(),
             load_hosts,
             _monitor_relay: Some(relay),
             local: None,
@@ -172,6 +185,7 @@ impl Server {
     /// What can do faults to this server, for a thread of its own.
     pub fn injector(&self) -> Injector {
         Injector {
+            key: self.key.clone(),
             lab: self.lab.clone(),
             local: self.local.clone(),
             admin: self.admin,
@@ -204,7 +218,7 @@ impl Server {
 
     /// One sample over every gateway: rates, memory and CPU summed.
     pub fn sample(&self) -> anyhow::Result<ServerSample> {
-        sample_all(&self.admins).context("no /v1/stats from the gateways")
+        sample_all(&self.admins, &self.key).context("no /v1/stats from the gateways")
     }
 
     /// `GET path` of the admin API. Asked again for up to 30 s while the answer is 503
@@ -212,7 +226,7 @@ impl Server {
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         let url = format!("http://{}{path}", self.admin);
         self.retrying(path, || {
-            ureq::get(&url)
+            admin_request("GET", &url, &self.key)
                 .timeout(Duration::from_secs(15))
                 .call()
                 .map_err(Box::new)
@@ -227,7 +241,7 @@ impl Server {
         let url = format!("http://{}{path}", self.admin);
         let body = serde_json::to_value(body)?;
         self.retrying(path, || {
-            ureq::post(&url)
+            admin_request("POST", &url, &self.key)
                 .timeout(Duration::from_secs(15))
                 .send_json(body.clone())
                 .map_err(Box::new)
@@ -270,13 +284,18 @@ impl Server {
     }
 }
 
+/// A request to an admin API with the bench's admin key.
+pub(crate) fn admin_request(method: &str, url: &str, key: &str) -> ureq::Request {
+    ureq::request(method, url).set("Authorization", &format!("Bearer {key}"))
+}
+
 /// `/v1/stats` of every gateway in `admins` that answers, summed into one sample.
-pub(super) fn sample_all(admins: &[SocketAddr]) -> Option<ServerSample> {
+pub(super) fn sample_all(admins: &[SocketAddr], key: &str) -> Option<ServerSample> {
     let mut total: Option<ServerSample> = None;
     for admin in admins {
         let url = format!("http://{admin}/v1/stats");
         // A gateway that does not answer (killed on purpose) is left out.
-        let Some(v) = ureq::get(&url)
+        let Some(v) = admin_request("GET", &url, key)
             .timeout(Duration::from_secs(5))
             .call()
             .ok()

@@ -266,7 +266,7 @@ fn run_stage(cx: &Run, dir: &Path, run: &mut RunRecord) -> anyhow::Result<()> {
         plan.load.procs,
         campaign_secs,
         dir,
-        monitor.addr(),
+        (monitor.addr(), monitor.key()),
     )?;
     let result = drive(cx, &stack, run);
     let down = stack.down();
@@ -294,6 +294,8 @@ fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> anyhow::Result<()> {
         secret: SECRET.into(),
         connect_at_epoch: false,
         monitor: Some(monitor.addr().to_string()),
+        monitor_key: Some(monitor.key().to_string()),
+        monitor_key_file: None,
         // Capacity is measured with every request offered: nobody backs off.
         overload_backoff_secs: 0,
         http_connection: plan.load.http_connection,

@@ -42,7 +42,7 @@ impl Stack {
         load_procs: u32,
         campaign_secs: u64,
         dir: &Path,
-        monitor: SocketAddr,
+        (monitor, monitor_key): (SocketAddr, &str),
     ) -> anyhow::Result<Stack> {
         std::fs::create_dir_all(dir)?;
         let scaled = stage.scaled_layer();
@@ -67,7 +67,7 @@ impl Stack {
             opts.max_shake_qps = stage.max_shake_qps.unwrap_or(opts.max_shake_qps);
             let data = dir.join("data");
             let _ = std::fs::remove_dir_all(&data);
-            Server::start(&opts, &data, monitor)
+            Server::start(&opts, &data, monitor, monitor_key)
         };
         let mut stack = Stack {
             target: SocketAddr::from(([127, 0, 0, 1], 0)),

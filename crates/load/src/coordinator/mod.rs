@@ -56,8 +56,12 @@ pub struct LoadOptions {
     /// Hold connecting until the epoch (the bench reads an idle memory baseline first);
     /// otherwise connecting starts at once and firing at the epoch.
     pub connect_at_epoch: bool,
-    /// Report each second to the `hongbao monitor` at this address.
+    /// Report each second to the `hongbao monitor` at this address...
     pub monitor: Option<String>,
+    /// ...with this key; none: `HONGBAO_MONITOR_KEY`, else the monitor's key file...
+    pub monitor_key: Option<String>,
+    /// ...this one (none: `hongbao-monitor.key`).
+    pub monitor_key_file: Option<std::path::PathBuf>,
     /// See `ClientOptions::overload_backoff_secs`.
     pub overload_backoff_secs: u32,
     /// See `ClientOptions::http_connection`.
@@ -231,12 +235,17 @@ impl Load {
             };
             let mut child = command
                 .arg("load-client")
-                .arg(serde_json::to_string(&client_opts)?)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
                 .context("starting a load client process")?;
-            stdins.push(child.stdin.take().expect("piped"));
+            // Its options (the login secret among them) as the first line on its stdin:
+            // a command line is seen by every local user.
+            let mut stdin = child.stdin.take().expect("piped");
+            stdin
+                .write_all((serde_json::to_string(&client_opts)? + "\n").as_bytes())
+                .context("giving a load client its options")?;
+            stdins.push(stdin);
             let stdout = child.stdout.take().expect("piped");
             let shared = shared.clone();
             let plan = Arc::clone(&schedule);
@@ -256,6 +265,8 @@ impl Load {
         let monitor = match &opts.monitor {
             Some(addr) => Some(LoadMonitor::start(
                 addr,
+                opts.monitor_key.clone(),
+                opts.monitor_key_file.clone(),
                 shared.clone(),
                 procs,
                 epoch_ms / 1000,

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hongbao_telemetry::reporter::MONITOR_KEY_FILE;
 use hongbao_telemetry::sample::{self, RoleSample, Sample};
 use hongbao_telemetry::Reporter;
 
@@ -22,12 +23,18 @@ pub(super) struct LoadMonitor {
 impl LoadMonitor {
     pub(super) fn start(
         addr: &str,
+        key: Option<String>,
+        key_file: Option<std::path::PathBuf>,
         shared: Arc<Mutex<Shared>>,
         procs: u32,
         epoch_s: u64,
         server: SocketAddr,
     ) -> anyhow::Result<LoadMonitor> {
-        let reporter = Reporter::start(addr);
+        let key = match key {
+            Some(k) => Box::new(move || Some(k.clone())),
+            None => Reporter::key_from(key_file.unwrap_or_else(|| MONITOR_KEY_FILE.into())),
+        };
+        let reporter = Reporter::start(addr, key);
         let stop = Arc::new(AtomicBool::new(false));
         let net_interface = sample::interface_for(server.ip());
         let (r, st, iface) = (reporter.clone(), stop.clone(), net_interface.clone());

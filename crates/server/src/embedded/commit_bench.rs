@@ -121,6 +121,7 @@ fn campaign(packets: u64) -> Record {
             amount_max: 100,
             seed: 0,
             minted_cents: packets * 100,
+            by: Some("ledger-bench".into()),
         },
     }
 }

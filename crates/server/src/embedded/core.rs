@@ -28,7 +28,7 @@ mod campaigns;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use hongbao_money::api::Notice;
+use hongbao_money::api::{Notice, MAKER_UNKNOWN};
 use hongbao_money::event::{Account, Event, Record};
 use hongbao_money::rules::{check_send, shake_packet_parts};
 use hongbao_money::seam::{AdminAnswer, AdminRequest, MoneySnapshot, Op, OpKind, Origin, Output};
@@ -291,9 +291,14 @@ impl Core {
                 audit.unopened_shares += p.remaining_shares() as u64;
             }
         }
+        let maker = |by: &Option<String>| by.as_deref().unwrap_or(MAKER_UNKNOWN).to_string();
         for c in self.shake.values() {
             audit.unclaimed_cents += c.minted_cents - c.won_cents;
             audit.unclaimed_packets += (c.packets - c.won) as u64;
+            *audit.minted_by.entry(maker(&c.by)).or_default() += c.minted_cents;
+        }
+        for c in self.send.values().filter(|c| c.amount_sent_cents > 0) {
+            *audit.minted_by.entry(maker(&c.by)).or_default() += c.amount_sent_cents;
         }
         audit.checked()
     }
@@ -579,8 +584,12 @@ impl Core {
     /// An operator's request, answered once what it saw (or made) is durable.
     pub fn admin(&mut self, now_ms: u64, ticket: u64, request: AdminRequest) {
         let answer = match request {
-            AdminRequest::CreateShake(req) => self.create_shake_campaign(now_ms, &req),
-            AdminRequest::CreateSend(req) => self.create_send_campaign(now_ms, &req),
+            AdminRequest::CreateShake { request, by } => {
+                self.create_shake_campaign(now_ms, &request, &by)
+            }
+            AdminRequest::CreateSend { request, by } => {
+                self.create_send_campaign(now_ms, &request, &by)
+            }
             AdminRequest::Campaign(id) => match self.campaign(id) {
                 Some(status) => AdminAnswer::Campaign(status),
                 None => AdminAnswer::NoCampaign(id),

@@ -4,8 +4,10 @@
 //!
 //! - `core`: the money state machine (plain code, no I/O);
 //! - `ledger`: SQLite — events plus derived balances, the group-commit writer, readers;
-//! - `commit_bench`: `hongbao ledger-bench`, what a win's commit costs on this disk.
+//! - `commit_bench`: `hongbao ledger-bench`, what a win's commit costs on this disk;
+//! - `access`: admin keys and the admin log, in the ledger's file.
 
+pub mod access;
 pub mod commit_bench;
 pub mod core;
 pub mod ledger;
@@ -167,7 +169,7 @@ impl Money for Embedded {
     fn admin(&mut self, now_ms: u64, ticket: u64, request: AdminRequest) {
         let creates = matches!(
             request,
-            AdminRequest::CreateShake(_) | AdminRequest::CreateSend(_)
+            AdminRequest::CreateShake { .. } | AdminRequest::CreateSend { .. }
         );
         if creates && self.ledger.failing() {
             let answer = AdminAnswer::Unavailable(CANNOT_COMMIT.into());

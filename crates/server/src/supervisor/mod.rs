@@ -30,26 +30,29 @@ use hongbao_money::{error as money, ConnId, Money, UserId, WorkerId};
 use hongbao_sys::{limits, net, Stop};
 use hongbao_telemetry::sample;
 use hongbao_telemetry::Reporter;
-use mio::net::UnixListener;
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Poll, Token, Waker};
 use serde_json::json;
 use slab::Slab;
 
 use hongbao_http::Response;
 use hongbao_money::seam::LedgerRead;
 
+use crate::access::{self, Door};
 use crate::admin::{self, AdminCommand, AdminRequest};
 use crate::config::{ServeConfig, DEV_SECRET};
+use crate::embedded::access::SqliteAccess;
 use crate::embedded::core::CoreConfig;
 use crate::embedded::ledger::{GroupCommit, Reader};
 use crate::embedded::{Embedded, EmbeddedConfig};
 use crate::error::{Error, Result};
 use crate::link::{self, ToCore, ToWorker, WorkerConfig};
 use crate::presence::{Delivery, Presence};
+use hongbao_cluster::PgAccess;
+use hongbao_http::access::BrowserGuard;
+use hongbao_money::access::AccessStore;
 
 use workers::{Link, WorkerProc};
 
-const LINK_LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
 
 /// How long a broadcast's admin answer waits for the workers' counts.
@@ -65,8 +68,6 @@ struct Supervisor {
     tick_interval: Duration,
     presence: Presence,
     poll: Poll,
-    link_listener: UnixListener,
-    link_name: String,
     links: Slab<Link>,
     worker_links: HashMap<WorkerId, usize>,
     workers: BTreeMap<WorkerId, WorkerProc>,
@@ -106,6 +107,10 @@ fn placeholder(addr: &str, what: &str) -> Result<std::net::TcpListener> {
     let requested: SocketAddr = addr
         .parse()
         .map_err(|e| Error::config(format!("the {what} address {addr:?}: {e}")))?;
+    // A port another process listens on is refused, saying which: SO_REUSEPORT would
+    // let this server join it, and the kernel split clients between two ledgers.
+    net::ensure_free(requested)
+        .map_err(|e| Error::io(format!("the {what} address {requested}"), e))?;
     net::reuseport_listener(requested, false)
         .map_err(|e| Error::io(format!("binding the {what} address {requested}"), e))
 }
@@ -113,6 +118,16 @@ fn placeholder(addr: &str, what: &str) -> Result<std::net::TcpListener> {
 /// Runs `hongbao serve` until `stop`. Prints one "ready" line on stdout with the bound
 /// addresses once every worker has connected.
 pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
+    // Before anything is made: a port another server holds is refused (`placeholder`).
+    for (addr, what) in [
+        (&cfg.listen, "client"),
+        (&cfg.ws_listen, "WebSocket"),
+        (&cfg.http_listen, "HTTP"),
+    ] {
+        if let Ok(addr) = addr.parse::<SocketAddr>() {
+            net::ensure_free(addr).map_err(|e| Error::io(format!("the {what} address"), e))?;
+        }
+    }
     let nofile = limits::raise_nofile_limit();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let worker_count = cfg.worker_count(nofile, cores)?;
@@ -137,7 +152,8 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
             let cluster = hongbao_cluster::Cluster::open(
                 hongbao_cluster::ClusterConfig {
                     redis: cfg.redis.split(',').map(|s| s.trim().to_string()).collect(),
-                    postgres: cfg.postgres.clone(),
+                    redis_password: cfg.redis_password.clone(),
+                    postgres: pg_target(&cfg),
                     host,
                     packet_ttl_ms: cfg.packet_ttl_secs * 1000,
                     commit_window: Duration::from_millis(cfg.commit_window_ms),
@@ -172,6 +188,20 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
             (Box::new(money), reader, replayed, tick)
         };
 
+    // Who may speak for the server: keys and their log beside the money.
+    let access: Arc<dyn AccessStore> = if cfg.cluster()? {
+        Arc::new(PgAccess::connect(&pg_target(&cfg)).map_err(|e| e.context("cluster mode"))?)
+    } else {
+        Arc::new(SqliteAccess::open(&cfg.data_dir)?)
+    };
+    if let Some(path) = access::ensure_first_key(access.as_ref(), &cfg.data_dir)? {
+        tracing::warn!(
+            file = %path.display(),
+            "no admin key existed: made an operator key; the admin API and console take it \
+             (Authorization: Bearer $(cat FILE)); hongbao admin-key makes more"
+        );
+    }
+
     let client_placeholder = placeholder(&cfg.listen, "client")?;
     let bound = |e| Error::io("reading a bound address", e);
     let client_addr = client_placeholder.local_addr().map_err(bound)?;
@@ -192,21 +222,10 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         None => None,
     };
 
-    let link_name = format!("hongbao-link-{}-{}", std::process::id(), unix_ms());
-    let std_listener = std::os::unix::net::UnixListener::bind_addr(
-        &net::abstract_addr(&link_name).map_err(|e| Error::io("naming the workers' link", e))?,
-    )
-    .map_err(|e| Error::io("binding the workers' link", e))?;
-    std_listener
-        .set_nonblocking(true)
-        .map_err(|e| Error::io("binding the workers' link", e))?;
-    let mut link_listener = UnixListener::from_std(std_listener);
-    poll.registry()
-        .register(&mut link_listener, LINK_LISTENER, Interest::READABLE)
-        .map_err(|e| Error::io("watching the workers' link", e))?;
-
     let (admin_tx, admin_rx) = sync_channel(256);
-    let admin = admin::start(&cfg.admin, reader, admin_tx, waker.clone())?;
+    let (hosts, origins) = (cfg.admin_hosts.clone(), cfg.admin_origins.clone());
+    let door = |bound| Door::new(access, BrowserGuard::new(bound, &hosts, &origins), false);
+    let admin = admin::start(&cfg.admin, door, reader, admin_tx, waker.clone())?;
     let admin_addr = admin.addr();
 
     let worker_cfg = WorkerConfig {
@@ -224,15 +243,18 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         ready_order: cfg.ready_order,
         broadcast_yield_ms: cfg.broadcast_yield_ms,
     };
-    let monitor = (!cfg.monitor.is_empty()).then(|| Reporter::start(&cfg.monitor));
+    let monitor = (!cfg.monitor.is_empty()).then(|| {
+        Reporter::start(
+            &cfg.monitor,
+            Reporter::key_from(cfg.monitor_key_file.clone()),
+        )
+    });
     let mut sup = Supervisor {
         cfg,
         money,
         tick_interval,
         presence: Presence::default(),
         poll,
-        link_listener,
-        link_name,
         links: Slab::new(),
         worker_links: HashMap::new(),
         workers: BTreeMap::new(),
@@ -272,6 +294,13 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
     Ok(())
 }
 
+fn pg_target(cfg: &ServeConfig) -> hongbao_cluster::PgTarget {
+    hongbao_cluster::PgTarget {
+        url: cfg.postgres.clone(),
+        password: cfg.postgres_password.clone(),
+    }
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -306,7 +335,6 @@ impl Supervisor {
             }
             for event in events.iter() {
                 match event.token() {
-                    LINK_LISTENER => self.accept_links()?,
                     WAKER => {}
                     Token(key) => self.read_link(key),
                 }
@@ -520,7 +548,7 @@ impl Supervisor {
                 self.next_ticket += 1;
                 let creates = matches!(
                     request,
-                    MoneyRequest::CreateShake(_) | MoneyRequest::CreateSend(_)
+                    MoneyRequest::CreateShake { .. } | MoneyRequest::CreateSend { .. }
                 );
                 self.tickets.insert(ticket, (cmd.reply, creates));
                 self.money.admin(unix_ms(), ticket, request);

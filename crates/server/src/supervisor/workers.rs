@@ -3,6 +3,7 @@
 //! ways), restarting a worker that dies, and stopping them all in order.
 
 use std::io::{ErrorKind, Read};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,18 +13,24 @@ use hongbao_sys::net;
 use mio::net::UnixStream;
 use mio::{Events, Interest, Token};
 
-use super::{Supervisor, LINK_LISTENER, WAKER};
+use super::{Supervisor, WAKER};
 use crate::error::{Error, Result};
 use crate::link::{self, ToCore, ToWorker};
 use crate::stats::WorkerStats;
 use hongbao_sys::clock::unix_ms;
+
+/// The descriptor a worker finds its link on (`hongbao worker --link-fd`).
+pub const LINK_FD: i32 = 3;
 
 /// A worker whose link output backs up past this is treated as dead.
 const MAX_LINK_BACKLOG: usize = 256 << 20;
 
 pub(super) struct Link {
     stream: UnixStream,
+    /// Set once the worker said hello.
     worker: Option<WorkerId>,
+    /// The worker this link was made for.
+    expected: WorkerId,
     inbuf: Vec<u8>,
     pub(super) outbuf: Vec<u8>,
 }
@@ -63,15 +70,23 @@ impl Supervisor {
     /// it even after the file on disk was replaced or removed (a deploy, a rebuild) — a
     /// worker must speak its supervisor's link, and a restart must not fail for want of
     /// a path.
-    pub(super) fn spawn_worker(&self, w: WorkerId) -> Result<Child> {
+    ///
+    /// Its link is one end of a socketpair made for it, inherited as descriptor
+    /// `LINK_FD`: there is no address a stranger could connect to, so only this worker
+    /// is ever welcomed (and told the login secret).
+    pub(super) fn spawn_worker(&mut self, w: WorkerId) -> Result<Child> {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| Error::io(format!("making worker {w}'s link"), e))?;
+        let theirs_fd = theirs.as_raw_fd();
         let name = std::env::args_os()
             .next()
             .unwrap_or_else(|| "hongbao".into());
-        let child = Command::new("/proc/self/exe")
+        let mut command = Command::new("/proc/self/exe");
+        command
             .arg0(name)
             .arg("worker")
-            .arg("--link")
-            .arg(&self.link_name)
+            .arg("--link-fd")
+            .arg(LINK_FD.to_string())
             .arg("--index")
             .arg(w.to_string())
             .arg("--listen")
@@ -86,37 +101,50 @@ impl Supervisor {
                     .iter()
                     .flat_map(|a| ["--http-listen".to_string(), a.to_string()]),
             )
-            .stdin(Stdio::null())
+            .stdin(Stdio::null());
+        // SAFETY: runs in the forked child before exec and only calls dup2(2) and
+        // fcntl(2), which are async-signal-safe. dup2 leaves the new descriptor without
+        // FD_CLOEXEC, so it survives the exec; if it already is LINK_FD, the flag is
+        // cleared instead.
+        unsafe {
+            command.pre_exec(move || {
+                if theirs_fd == LINK_FD {
+                    let flags = libc::fcntl(LINK_FD, libc::F_GETFD);
+                    if flags < 0
+                        || libc::fcntl(LINK_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(theirs_fd, LINK_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
             .spawn()
             .map_err(|e| Error::io(format!("starting worker {w}"), e))?;
+        drop(theirs);
+        ours.set_nonblocking(true)
+            .map_err(|e| Error::io(format!("worker {w}'s link"), e))?;
+        let mut stream = UnixStream::from_std(ours);
+        let entry = self.links.vacant_entry();
+        self.poll
+            .registry()
+            .register(
+                &mut stream,
+                Token(entry.key()),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .map_err(|e| Error::io("watching a worker's link", e))?;
+        entry.insert(Link {
+            stream,
+            worker: None,
+            expected: w,
+            inbuf: Vec::new(),
+            outbuf: Vec::new(),
+        });
         Ok(child)
-    }
-
-    pub(super) fn accept_links(&mut self) -> Result<()> {
-        loop {
-            match self.link_listener.accept() {
-                Ok((mut stream, _)) => {
-                    let entry = self.links.vacant_entry();
-                    self.poll
-                        .registry()
-                        .register(
-                            &mut stream,
-                            Token(entry.key()),
-                            Interest::READABLE | Interest::WRITABLE,
-                        )
-                        .map_err(|e| Error::io("watching a worker's link", e))?;
-                    entry.insert(Link {
-                        stream,
-                        worker: None,
-                        inbuf: Vec::new(),
-                        outbuf: Vec::new(),
-                    });
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::io("accepting a worker's link", e)),
-            }
-        }
     }
 
     pub(super) fn read_link(&mut self, key: usize) {
@@ -157,11 +185,21 @@ impl Supervisor {
         }
     }
 
-    /// A new link's first message names its worker.
+    /// A new link's first message names its worker: the one it was made for, or the link
+    /// is dropped.
     fn hello(&mut self, key: usize, msg: ToCore) {
         let ToCore::Hello { worker: w, .. } = msg else {
             return;
         };
+        if w != self.links[key].expected {
+            tracing::warn!(
+                said = w,
+                made_for = self.links[key].expected,
+                "a worker named another's index; dropping its link"
+            );
+            self.drop_link(key);
+            return;
+        }
         // A worker index can have one link: an older one (a worker that was replaced
         // before its link closed) goes down first, returning its pool.
         if let Some(old) = self.worker_links.get(&w).copied() {
@@ -281,7 +319,7 @@ impl Supervisor {
             let _ = self.poll.poll(&mut events, Some(Duration::from_millis(10)));
             for event in events.iter() {
                 let Token(key) = event.token();
-                if key != LINK_LISTENER.0 && key != WAKER.0 {
+                if key != WAKER.0 {
                     self.read_link(key);
                 }
             }

@@ -47,7 +47,7 @@ mod wire;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -83,7 +83,8 @@ const READS_PER_TURN: usize = 4;
 
 pub struct WorkerOptions {
     pub index: WorkerId,
-    pub link: String,
+    /// The descriptor of this worker's end of its link, inherited from the supervisor.
+    pub link_fd: RawFd,
     pub listen: SocketAddr,
     pub ws_listen: Option<SocketAddr>,
     pub http_listen: Option<SocketAddr>,
@@ -154,9 +155,17 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
             true,
         ));
     }
-    let addr = net::abstract_addr(&opts.link)?;
-    let std_link = std::os::unix::net::UnixStream::connect_addr(&addr)
-        .map_err(|e| anyhow::anyhow!("worker {}: connecting to the core: {e}", opts.index))?;
+    // SAFETY: the supervisor made this descriptor for this process alone (one end of a
+    // socketpair, inherited at exec) and nothing else here owns or closes it.
+    let std_link = unsafe { std::os::unix::net::UnixStream::from_raw_fd(opts.link_fd) };
+    // Make sure it is a socket before trusting it with anything.
+    std_link.peer_addr().map_err(|e| {
+        anyhow::anyhow!(
+            "worker {}: descriptor {} is not a link: {e}",
+            opts.index,
+            opts.link_fd
+        )
+    })?;
     let mut hello = Vec::new();
     link::encode(
         &ToCore::Hello {

@@ -52,6 +52,8 @@ pub(super) struct ShakeCampaign {
     pub(super) returned: Vec<u32>,
     /// The sequence number of the campaign's own event: its deals wait for that commit.
     pub(super) created_seq: u64,
+    /// The admin key that started it.
+    pub(super) by: Option<String>,
 }
 
 impl ShakeCampaign {
@@ -63,12 +65,14 @@ impl ShakeCampaign {
             amount_max,
             seed,
             minted_cents,
+            by,
             ..
         } = event
         else {
             return None;
         };
         Some(ShakeCampaign {
+            by: by.clone(),
             packets: *packets,
             amount_min: *amount_min,
             amount_max: *amount_max,
@@ -138,6 +142,7 @@ impl ShakeCampaign {
             shares_opened: 0,
             amount_opened_cents: 0,
             refunded_cents: 0,
+            created_by: self.by.clone(),
         }
     }
 }
@@ -156,9 +161,11 @@ pub(super) struct SendCampaign {
     started_ms: u64,
     shares: u64,
     shares_opened: u64,
-    amount_sent_cents: u64,
+    pub(super) amount_sent_cents: u64,
     amount_opened_cents: u64,
     pub(super) refunded_cents: u64,
+    /// The admin key that started it.
+    pub(super) by: Option<String>,
 }
 
 impl SendCampaign {
@@ -171,12 +178,14 @@ impl SendCampaign {
             user_max,
             amount_min,
             amount_max,
+            by,
             ..
         } = event
         else {
             return None;
         };
         Some(SendCampaign {
+            by: by.clone(),
             packets: *packets,
             recipients: *recipients,
             user_min: *user_min,
@@ -239,6 +248,7 @@ impl SendCampaign {
             shares_opened: self.shares_opened,
             amount_opened_cents: self.amount_opened_cents,
             refunded_cents: self.refunded_cents,
+            created_by: self.by.clone(),
         }
     }
 }
@@ -248,6 +258,7 @@ impl Core {
         &mut self,
         now_ms: u64,
         req: &ShakeCampaignRequest,
+        by: &str,
     ) -> AdminAnswer {
         if let Err(why) = req.check() {
             return AdminAnswer::Refused(why.to_string());
@@ -267,6 +278,7 @@ impl Core {
                 amount_max: req.amount_max,
                 seed,
                 minted_cents,
+                by: Some(by.to_string()),
             },
         );
         AdminAnswer::Campaign(self.campaign(campaign).expect("just created"))
@@ -276,6 +288,7 @@ impl Core {
         &mut self,
         now_ms: u64,
         req: &SendCampaignRequest,
+        by: &str,
     ) -> AdminAnswer {
         if let Err(why) = req.check() {
             return AdminAnswer::Refused(why.to_string());
@@ -292,6 +305,7 @@ impl Core {
                 user_max: req.user_max,
                 amount_min: req.amount_min,
                 amount_max: req.amount_max,
+                by: Some(by.to_string()),
             },
         );
         AdminAnswer::Campaign(self.campaign(campaign).expect("just created"))

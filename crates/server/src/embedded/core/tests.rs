@@ -403,14 +403,22 @@ impl Sim {
     }
 
     fn shake_campaign(&mut self, req: &ShakeCampaignRequest) -> u32 {
-        match self.admin(AdminRequest::CreateShake(req.clone())) {
+        let by = "test-operator".to_string();
+        match self.admin(AdminRequest::CreateShake {
+            request: req.clone(),
+            by,
+        }) {
             AdminAnswer::Campaign(status) => status.id,
             other => panic!("a valid campaign: {other:?}"),
         }
     }
 
     fn send_campaign(&mut self, req: &SendCampaignRequest) -> u32 {
-        match self.admin(AdminRequest::CreateSend(req.clone())) {
+        let by = "test-operator".to_string();
+        match self.admin(AdminRequest::CreateSend {
+            request: req.clone(),
+            by,
+        }) {
             AdminAnswer::Campaign(status) => status.id,
             other => panic!("a valid campaign: {other:?}"),
         }
@@ -1055,7 +1063,7 @@ fn campaigns_with_bad_shapes_are_refused_and_write_nothing() {
     for req in &shakes {
         assert!(
             matches!(
-                core.create_shake_campaign(START_MS, req),
+                core.create_shake_campaign(START_MS, req, "test-operator"),
                 AdminAnswer::Refused(_)
             ),
             "{req:?}"
@@ -1107,7 +1115,7 @@ fn campaigns_with_bad_shapes_are_refused_and_write_nothing() {
     for req in &sends {
         assert!(
             matches!(
-                core.create_send_campaign(START_MS, req),
+                core.create_send_campaign(START_MS, req, "test-operator"),
                 AdminAnswer::Refused(_)
             ),
             "{req:?}"
@@ -1115,7 +1123,8 @@ fn campaigns_with_bad_shapes_are_refused_and_write_nothing() {
     }
     assert!(core.take_records().is_empty());
     assert_eq!(core.seq(), 0);
-    let AdminAnswer::Campaign(status) = core.create_send_campaign(START_MS, &good) else {
+    let AdminAnswer::Campaign(status) = core.create_send_campaign(START_MS, &good, "test-operator")
+    else {
         panic!("a good campaign")
     };
     assert_eq!(
@@ -1123,7 +1132,7 @@ fn campaigns_with_bad_shapes_are_refused_and_write_nothing() {
         (1, CampaignKind::Send, CampaignState::Running)
     );
     let AdminAnswer::Campaign(status) =
-        core.create_shake_campaign(START_MS, &shake_request(3, 1, 7, 7))
+        core.create_shake_campaign(START_MS, &shake_request(3, 1, 7, 7), "test-operator")
     else {
         panic!("a good campaign")
     };
@@ -1141,7 +1150,7 @@ fn outputs_wait_until_the_ledger_has_committed_them() {
     core.drain_ready(0, &mut outs);
     assert!(outs.is_empty(), "a fresh core has nothing to say");
     let AdminAnswer::Campaign(status) =
-        core.create_shake_campaign(START_MS, &shake_request(1, 1000, 50, 50))
+        core.create_shake_campaign(START_MS, &shake_request(1, 1000, 50, 50), "test-operator")
     else {
         panic!("a good campaign")
     };
@@ -1197,7 +1206,7 @@ fn a_deal_waits_for_its_campaign_and_not_for_the_wins_before_it() {
     core.worker_up(0);
     core.worker_up(1);
     let AdminAnswer::Campaign(status) =
-        core.create_shake_campaign(START_MS, &shake_request(10, 1000, 50, 50))
+        core.create_shake_campaign(START_MS, &shake_request(10, 1000, 50, 50), "test-operator")
     else {
         panic!("a good campaign")
     };
@@ -1237,9 +1246,11 @@ fn a_deal_waits_for_its_campaign_and_not_for_the_wins_before_it() {
     );
 
     // A deal still held when its worker goes is dropped with the worker's pool.
-    let AdminAnswer::Campaign(second) =
-        core.create_shake_campaign(START_MS + 3, &shake_request(10, 1000, 50, 50))
-    else {
+    let AdminAnswer::Campaign(second) = core.create_shake_campaign(
+        START_MS + 3,
+        &shake_request(10, 1000, 50, 50),
+        "test-operator",
+    ) else {
         panic!("a good campaign")
     };
     core.tick(START_MS + 4);
