@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::admin::admin_request;
 use super::disk;
 use super::local::Local;
 use super::options::{Fault, RedisAim, DISK_FULL_HOLD, WORKER_STALL};
-use super::server::admin_request;
 
 /// How long a killed gateway host stays down before chaos starts it again.
 const GATEWAY_DOWN: Duration = Duration::from_secs(5);

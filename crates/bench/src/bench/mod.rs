@@ -11,6 +11,7 @@
 //! deliveries (`broadcast.rs`; `broadcasts.json`).
 //!
 //! - `options`: what the bench is asked to do, its presets and faults;
+//! - `admin`: requests to the server's admin API, with its key;
 //! - `inject`: the faults done to the server, and their heals;
 //! - `disk`: the small tmpfs for the ledger that `disk-full` fills;
 //! - `chaos`: `--chaos`, faults at random moments, and what each cost;
@@ -20,6 +21,7 @@
 //! - `ledger`: the audit's third witness, the ledger's balances user by user;
 //! - `history`: the per-operation check of what each client was told against the ledger.
 
+mod admin;
 mod broadcaster;
 pub mod chaos;
 mod disk;

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::admin::admin_request;
 use super::inject::Injector;
 use super::local::Local;
 use super::options::{BenchOptions, Fault, SECRET};
@@ -282,11 +283,6 @@ impl Server {
             None => Ok(()),
         }
     }
-}
-
-/// A request to an admin API with the bench's admin key.
-pub(crate) fn admin_request(method: &str, url: &str, key: &str) -> ureq::Request {
-    ureq::request(method, url).set("Authorization", &format!("Bearer {key}"))
 }
 
 /// `/v1/stats` of every gateway in `admins` that answers, summed into one sample.
