@@ -59,9 +59,16 @@ impl Ledger {
                     "HONGBAO_POSTGRES_PASSWORD",
                     self.postgres_password_file.as_deref(),
                 )?;
+                let ca = match std::env::var_os(hongbao_http::tls::CA_ENV) {
+                    Some(file) => Some(std::fs::read(&file).map_err(|e| {
+                        anyhow::anyhow!("reading {}: {e}", std::path::Path::new(&file).display())
+                    })?),
+                    None => None,
+                };
                 let target = hongbao_cluster::PgTarget {
                     url: url.clone(),
                     password,
+                    ca,
                 };
                 Arc::new(hongbao_cluster::PgAccess::connect(&target)?)
             }

@@ -84,6 +84,10 @@ fn up(args: LabUpArgs) -> Result<()> {
         args.dir.join(hongbao_lab::POSTGRES_PASSWORD_FILE).display()
     );
     println!(
+        "  TLS: the engines' CA {} (Redis and PostgreSQL speak TLS only)",
+        lab.tls_dir().join("ca.pem").display()
+    );
+    println!(
         "  admin key (every gateway): {}",
         args.dir.join(hongbao_lab::ADMIN_KEY_FILE).display()
     );

@@ -54,6 +54,22 @@ pub struct LoadArgs {
     /// for development only (a command line is seen by every local user)
     #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_proto::token::DEV_SECRET, hide_env_values = true)]
     secret: String,
+    /// The kid the users' tokens name (the server's key for it must verify them)
+    #[arg(long, default_value = hongbao_proto::token::DEFAULT_KID)]
+    login_kid: String,
+    /// The tokens' algorithm: HS256 (signed with the secret), ES256 or EdDSA (signed
+    /// with --login-key-file)
+    #[arg(long, default_value = "HS256")]
+    login_alg: hongbao_proto::token::Alg,
+    /// ES256 or EdDSA: the private key (PEM, PKCS#8) the users' tokens are signed with
+    #[arg(long)]
+    login_key_file: Option<std::path::PathBuf>,
+    /// How long each user's token lives; the server asks for a fresh one before it ends
+    #[arg(long, default_value_t = 3600)]
+    token_ttl_secs: u64,
+    /// Speak TLS to the server (tcp transport), trusting this CA (PEM)
+    #[arg(long)]
+    tls_ca: Option<std::path::PathBuf>,
     /// Report per-second counters to the hongbao monitor at this address
     #[arg(long)]
     monitor: Option<String>,
@@ -91,6 +107,29 @@ pub fn procs(value: &str) -> Result<u32> {
     }
 }
 
+/// How the users' tokens are signed, from the flags.
+fn signer(args: &LoadArgs) -> Result<hongbao_load::client::Signer> {
+    use hongbao_proto::token::Alg;
+    let private_key_pem = match (args.login_alg, &args.login_key_file) {
+        (Alg::HS256, None) => String::new(),
+        (Alg::HS256, Some(_)) => {
+            anyhow::bail!("HS256 tokens are signed with the secret, not --login-key-file")
+        }
+        (_, Some(file)) => std::fs::read_to_string(file)
+            .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?,
+        (alg, None) => anyhow::bail!("{} tokens need --login-key-file", alg.name()),
+    };
+    let signer = hongbao_load::client::Signer {
+        kid: args.login_kid.clone(),
+        alg: args.login_alg,
+        private_key_pem,
+        ttl_secs: args.token_ttl_secs,
+    };
+    // A key that cannot sign is said now, not in each client process.
+    signer.minter(&args.secret)?;
+    Ok(signer)
+}
+
 fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOptions> {
     let source_ips = match &args.source_ips {
         None => None,
@@ -111,6 +150,14 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         source_ips,
         connect_rate: args.connect_rate,
         secret: args.secret.clone(),
+        signer: signer(args)?,
+        tls_ca: match &args.tls_ca {
+            Some(file) => Some(
+                std::fs::read_to_string(file)
+                    .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?,
+            ),
+            None => None,
+        },
         connect_at_epoch: false,
         monitor: args.monitor.clone(),
         monitor_key: None,

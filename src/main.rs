@@ -97,11 +97,40 @@ enum Command {
     /// What a win's commit costs on this disk: wins at an even rate through the server's
     /// own group-committing ledger writer; latency percentiles and CPU per win.
     LedgerBench(LedgerBenchArgs),
+    /// Make a throwaway CA and a certificate it signed (ECDSA P-256), for trying TLS out
+    /// and for tests: OUT/ca.pem, OUT/cert.pem, OUT/key.pem. Real deployments bring their own.
+    DevCert(DevCertArgs),
+}
+
+#[derive(clap::Args)]
+struct DevCertArgs {
+    /// The directory to write them into
+    #[arg(long, default_value = "hongbao-tls")]
+    out: std::path::PathBuf,
+    /// Names the certificate is for (IP addresses or DNS names)
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1,localhost")]
+    names: Vec<String>,
+}
+
+fn dev_cert(args: DevCertArgs) -> Result<()> {
+    let names: Vec<&str> = args.names.iter().map(String::as_str).collect();
+    let certs = hongbao_http::tls::DevCerts::make(&names).map_err(anyhow::Error::msg)?;
+    let files = certs.write(&args.out)?;
+    println!(
+        "hongbao dev-cert: CA {} certificate {} key {} for {}",
+        args.out.join("ca.pem").display(),
+        files.cert.display(),
+        files.key.display(),
+        args.names.join(",")
+    );
+    Ok(())
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     hongbao_telemetry::log::init(cli.log_format);
+    // Every TLS of ours is rustls on aws-lc-rs, the libraries' too (Redis's).
+    hongbao_http::tls::install_provider();
     match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Worker(args) => serve::run_worker(args),
@@ -116,6 +145,7 @@ fn main() -> Result<()> {
         Command::Monitor(args) => monitor::run(args),
         Command::Report(args) => report::run(args),
         Command::NginxConf(args) => nginx::run(args),
+        Command::DevCert(args) => dev_cert(args),
         Command::Lab(command) => lab::run(command),
         Command::Doctor(args) => doctor::run(args),
         Command::AdminKey(command) => admin_key::run(command),

@@ -19,9 +19,26 @@ pub struct MonitorArgs {
     /// (HONGBAO_MONITOR_KEY overrides) [default: hongbao-monitor.key]
     #[arg(long)]
     key_file: Option<PathBuf>,
+    /// Speak TLS: the certificate chain (PEM); its reporters then name the monitor
+    /// https://HOST:PORT and trust its CA through HONGBAO_TLS_CA
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// ...and its private key (PEM)
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 pub fn run(args: MonitorArgs) -> Result<()> {
     let key_file = args.key_file.as_deref();
-    hongbao_monitor::run_cli(args.listen, &args.out, key_file, &Stop::on_signals()?)
+    let tls = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => Some(hongbao_http::tls::TlsFiles { cert, key }),
+        _ => None,
+    };
+    hongbao_monitor::run_cli(
+        args.listen,
+        &args.out,
+        key_file,
+        tls.as_ref(),
+        &Stop::on_signals()?,
+    )
 }

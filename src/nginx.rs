@@ -44,6 +44,16 @@ pub struct NginxArgs {
     /// The user nginx's workers run as when it starts as root
     #[arg(long)]
     user: Option<String>,
+    /// Terminate TLS on every address but --static-listen: the certificate chain (PEM)
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// ...and its private key (PEM)
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Pass each binary-protocol client's address to the gateways in a PROXY protocol
+    /// header (the gateways must list nginx's address in trusted_proxies)
+    #[arg(long)]
+    proxy_protocol: bool,
     /// Write the configuration here [default: standard output]
     #[arg(long)]
     out: Option<PathBuf>,
@@ -84,6 +94,13 @@ pub fn run(args: NginxArgs) -> Result<()> {
             debian.exists().then_some(debian)
         }),
         user: args.user,
+        tls: match (args.tls_cert, args.tls_key) {
+            (Some(cert), Some(key)) => {
+                Some((std::path::absolute(cert)?, std::path::absolute(key)?))
+            }
+            _ => None,
+        },
+        proxy_protocol: args.proxy_protocol,
     };
     let conf = render(&plan);
     match args.out {

@@ -113,10 +113,16 @@ impl Drop for Chromium {
 
 impl Chromium {
     fn launch() -> Chromium {
+        Chromium::launch_with(&[])
+    }
+
+    /// A Chromium given `extra` arguments too.
+    fn launch_with(extra: &[String]) -> Chromium {
         let binary = chromium_binary();
         let profile = tempfile::tempdir().unwrap();
         let mut child = Command::new(&binary)
             .args(["--headless", "--no-sandbox", "--disable-gpu"])
+            .args(extra)
             .args(["--no-first-run", "--no-default-browser-check"])
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg("--remote-debugging-port=0")
@@ -504,7 +510,7 @@ fn ledger_balance(serve: &Server, user: u64) -> u64 {
 #[test]
 fn browser_client_logs_in_shakes_wins_and_opens_a_packet() {
     let started = Instant::now();
-    let mut serve = Serve::new().dev_secret().ws().start();
+    let mut serve = Serve::new().dev_secret().demo_login().ws().start();
     // Slow enough that the first shakes may find nothing, quick enough to win soon.
     serve.shake_campaign(50, 20, 100, 500);
 
@@ -714,7 +720,7 @@ fn browser_client_asks_for_a_token_when_the_server_hands_none_out() {
         "the page to show the refused login",
         "document.querySelector('#status').textContent.includes('bad-token')",
     );
-    let token = hongbao_proto::token::token_hex(SECRET.as_bytes(), 42);
+    let token = common::token(SECRET, 42);
     page.type_into("#token", &token);
     page.click("#login");
     page.wait_for(
@@ -940,4 +946,47 @@ fn operator_console_in_chromium() {
         "the session to end",
         "!document.querySelector('#login').hidden",
     );
+}
+
+/// The page over https and wss (issue 44): served by a TLS gateway with a certificate of
+/// its own CA, which this Chromium is told to take (by its public key), it fetches a demo
+/// token, logs in over wss and shakes.
+#[test]
+fn browser_client_works_over_https_and_wss() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = hongbao_http::tls::DevCerts::make(&["127.0.0.1"]).unwrap();
+    let files = certs.write(dir.path()).unwrap();
+    let mut serve = Serve::new()
+        .dev_secret()
+        .demo_login()
+        .ws()
+        .args([
+            "--tls-cert".to_string(),
+            files.cert.display().to_string(),
+            "--tls-key".to_string(),
+            files.key.display().to_string(),
+        ])
+        .start();
+    let chromium = Chromium::launch_with(&[format!(
+        "--ignore-certificate-errors-spki-list={}",
+        certs.spki_sha256
+    )]);
+    let mut page = chromium.new_page(PHONE.0, PHONE.1, true);
+    page.navigate(&format!("https://{}/", serve.ws_addr()));
+    assert_eq!(page.eval("document.title"), json!("hongbao"));
+    assert_eq!(page.eval("location.protocol"), json!("https:"));
+    page.type_into("#user", "77");
+    page.click("#login");
+    page.wait_for(
+        "the page to log in over wss",
+        "document.querySelector('#status').textContent.includes('logged in as 77')",
+    );
+    page.click("#shake");
+    page.wait_for(
+        "a shake result over wss (no campaign: nothing)",
+        "document.querySelector('#last-result').textContent.includes('nothing')",
+    );
+    drop(page);
+    drop(chromium);
+    serve.process.interrupt();
 }

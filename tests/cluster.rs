@@ -14,7 +14,7 @@ mod common;
 use common::{wait_until, IO_TIMEOUT, SECRET};
 use hongbao_lab::{Lab, LabPlan};
 use hongbao_proto::client::Client;
-use hongbao_proto::{Message, ResultCode};
+use hongbao_proto::{KickReason, Message, ResultCode};
 use serde_json::Value;
 
 /// One lab at a time: each brings up eleven namespaces, a Redis Cluster and PostgreSQL,
@@ -94,10 +94,7 @@ fn admin(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Valu
 }
 
 fn bearer(user: u64) -> String {
-    format!(
-        "{user}.{}",
-        hongbao_proto::token::token_hex(SECRET.as_bytes(), user)
-    )
+    common::token(SECRET, user)
 }
 
 /// An HTTP request as `user`.
@@ -388,6 +385,29 @@ fn cluster_mode_moves_money_across_hosts_and_survives_failures() {
         }
     }
     audit_everywhere(&lab, &[0, 1]);
+
+    // A revocation on one host reaches a session on another within about a second: user
+    // 6, logged in on gw2, revoked through gw1's admin API, is kicked there, and its
+    // tokens from before are refused on every host.
+    let before = common::token(SECRET, 6);
+    let revoked = admin(admin1, "POST", "/v1/users/6/revoke", Some("{}"));
+    assert_eq!(revoked["kicked"], 0, "user 6 is on gw2, not gw1: {revoked}");
+    {
+        let (_, c6) = clients.iter_mut().find(|(u, _)| *u == 6).unwrap();
+        let reason = loop {
+            match c6.recv().expect("a kick from gw2").message {
+                Message::Kick { reason, .. } => break reason,
+                _ => continue,
+            }
+        };
+        assert_eq!(reason, KickReason::Revoked);
+    }
+    clients.retain(|(u, _)| *u != 6);
+    for gw in [gw1, gw2] {
+        let mut thief = Client::connect(gw).unwrap();
+        thief.set_timeout(IO_TIMEOUT).unwrap();
+        assert_eq!(thief.login(&before).unwrap(), ResultCode::BadToken);
+    }
 
     // A gateway host dies mid-campaign: the packets it held go back, the other host's
     // users win them all, and nothing is lost.

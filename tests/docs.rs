@@ -279,7 +279,13 @@ fn the_load_stats_fields_are_the_documented_ones() {
 /// `demo_login` row names every address that answers `/token`.
 #[test]
 fn admin_api_md_names_every_metric_and_where_token_answers() {
-    let serve = Serve::new().dev_secret().ws().http().workers(1).start();
+    let serve = Serve::new()
+        .dev_secret()
+        .demo_login()
+        .ws()
+        .http()
+        .workers(1)
+        .start();
     let admin = &serve.admin;
     let doc = read("docs/admin-api.md");
     let metrics = section(&doc, "## Metrics");

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{wait_until, Admin, Hongbao, Serve, WsClient, IO_TIMEOUT, SECRET};
-use hongbao_proto::token;
+use common::{token, wait_until, Admin, Hongbao, Serve, WsClient, IO_TIMEOUT, SECRET};
 use hongbao_proto::{Message, ResultCode};
 use hongbao_server::nginx::OWN_ANSWERS;
 use serde_json::{json, Value};
@@ -309,9 +308,8 @@ fn money_moves_through_every_door_of_nginx_and_adds_up() {
 
     // User 2 opens over WebSocket through nginx.
     let mut ws_user = WsClient::connect(wsock, SECRET);
-    let login = ws_user.request_json(
-        json!({"type": "login", "user_id": 2, "token": token::token_hex(SECRET.as_bytes(), 2)}),
-    );
+    let login =
+        ws_user.request_json(json!({"type": "login", "user_id": 2, "token": token(SECRET, 2)}));
     assert_eq!(login["result"], "ok", "{login}");
     let opened = ws_user.request_json(json!({"type": "open", "packet_id": packet}));
     assert_eq!(opened["result"], "opened", "{opened}");
@@ -785,4 +783,104 @@ fn nginx_md_lists_every_answer_nginx_gives_itself() {
             answer.error
         );
     }
+}
+
+/// A TLS connection to `addr` from source address `source`, trusting `ca_pem`.
+fn tls_from(
+    source: &str,
+    addr: SocketAddr,
+    ca_pem: &str,
+) -> std::io::Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    let from: SocketAddr = format!("{source}:0").parse().unwrap();
+    socket.bind(&from.into())?;
+    socket.connect(&addr.into())?;
+    let tcp: TcpStream = socket.into();
+    tcp.set_read_timeout(Some(IO_TIMEOUT))?;
+    let config =
+        hongbao_http::tls::client_config(ca_pem.as_bytes(), &[hongbao_http::tls::ALPN_FRAMES])
+            .unwrap();
+    let session = rustls::ClientConnection::new(config, "127.0.0.1".try_into().unwrap()).unwrap();
+    let mut tls = rustls::StreamOwned::new(session, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock)?;
+    }
+    Ok(tls)
+}
+
+/// nginx terminating TLS in front, passing each binary-protocol client's address in a
+/// PROXY protocol header: the gateway counts its limits per source on the clients, not
+/// on nginx. Two connections not logged in from one client address are one too many
+/// (`max_unauthenticated_per_source = 1`); one from another address is not.
+#[test]
+fn nginx_terminates_tls_and_passes_the_clients_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = hongbao_http::tls::DevCerts::make(&["127.0.0.1"]).unwrap();
+    let files = certs.write(&dir.path().join("tls")).unwrap();
+    let serve = Serve::new()
+        .workers(1)
+        .config("trusted_proxies = [\"127.0.0.1\"]\nmax_unauthenticated_per_source = 1\n")
+        .start();
+    let prefix = dir.path().join("nginx");
+    let tcp = free_port();
+    let conf = write_conf(
+        &prefix,
+        &[
+            "--tcp-listen",
+            &tcp.to_string(),
+            "--tcp-upstream",
+            &serve.listen.to_string(),
+            "--tls-cert",
+            files.cert.to_str().unwrap(),
+            "--tls-key",
+            files.key.to_str().unwrap(),
+            "--proxy-protocol",
+        ],
+    );
+    let mut nginx = Nginx::start(&prefix, &conf);
+    nginx.wait_listening(&[tcp]);
+    let ca = certs.ca_pem.as_str();
+
+    // A client through nginx's TLS logs in and shakes.
+    let mut client =
+        hongbao_proto::client::Client::connect_tls(tcp, "127.0.0.1", ca.as_bytes()).unwrap();
+    client.set_timeout(IO_TIMEOUT).unwrap();
+    assert_eq!(client.login(&token(SECRET, 1)).unwrap(), ResultCode::Ok);
+    assert!(matches!(
+        client.shake().unwrap(),
+        Message::ShakeReply {
+            result: ResultCode::Nothing,
+            ..
+        }
+    ));
+
+    // Per source, as the clients are: 127.0.0.2 may hold one connection not logged in,
+    // not two; 127.0.0.3 one of its own.
+    let _first = tls_from("127.0.0.2", tcp, ca).unwrap();
+    wait_until(
+        "the gateway to count the first",
+        Duration::from_secs(5),
+        || (serve.stats()["totals"]["accepted"].as_u64()? >= 2).then_some(()),
+    );
+    let mut second = tls_from("127.0.0.2", tcp, ca).unwrap();
+    let mut byte = [0u8; 1];
+    let closed = matches!(second.read(&mut byte), Ok(0) | Err(_));
+    assert!(
+        closed,
+        "a second connection not logged in from one client is closed"
+    );
+    let mut other = tls_from("127.0.0.3", tcp, ca).unwrap();
+    other
+        .write_all(&hongbao_proto::encode_to_vec(&hongbao_proto::Frame {
+            request_id: 1,
+            message: Message::Ping { client_time_us: 1 },
+        }))
+        .unwrap();
+    other
+        .read_exact(&mut byte)
+        .expect("another client's connection is served");
+    wait_until("the refusal counted", Duration::from_secs(5), || {
+        (serve.stats()["totals"]["rejected_unauthenticated"].as_u64()? >= 1).then_some(())
+    });
+    drop(nginx);
 }

@@ -16,9 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
 
-use common::{is_closed, signal, wait_until, Serve, Server, IO_TIMEOUT, SECRET};
+use common::{is_closed, signal, token, wait_until, Serve, Server, IO_TIMEOUT, SECRET};
 use hongbao_proto::client::Client;
-use hongbao_proto::token;
 use hongbao_proto::{encode_to_vec, Frame, KickReason, Message, ResultCode};
 use hongbao_telemetry::log::{FILTER_ENV, FORMAT_ENV};
 use serde_json::{json, Value};
@@ -270,16 +269,15 @@ fn login_tokens_and_frame_violations() {
             other => panic!("{message:?} before login got {other:?}"),
         }
     }
-    assert_eq!(alice.login(1, SECRET.as_bytes()).unwrap(), ResultCode::Ok);
+    assert_eq!(alice.login(&token(SECRET, 1)).unwrap(), ResultCode::Ok);
     assert_eq!(shake_result(&mut alice), (ResultCode::Nothing, 0, 0));
 
-    // The hex form of the token is accepted too.
+    // The frame may name the token's user too.
     let mut bob = server.connect();
-    let hex = token::token_hex(SECRET.as_bytes(), 2).into_bytes();
     let reply = bob
         .request(&Message::Login {
             user_id: 2,
-            token: hex,
+            token: token(SECRET, 2).into_bytes(),
         })
         .unwrap();
     assert_eq!(
@@ -290,13 +288,14 @@ fn login_tokens_and_frame_violations() {
         }
     );
 
-    // A bad token: login-reply{bad-token}, kick{bad-token}, closed.
-    for (user, secret) in [(3, b"wrong secret".as_slice()), (0, SECRET.as_bytes())] {
+    // A bad token: login-reply{bad-token}, kick{bad-token}, closed. (Every token form
+    // an attacker would try is in tests/sessions.rs.)
+    for (user, secret) in [(3, "wrong secret"), (0, SECRET)] {
         let mut mallory = server.connect();
         let reply = mallory
             .request(&Message::Login {
                 user_id: user,
-                token: token::token(secret, user).to_vec(),
+                token: token(secret, user).into_bytes(),
             })
             .unwrap();
         assert_eq!(
@@ -311,7 +310,7 @@ fn login_tokens_and_frame_violations() {
     }
     // Someone else's token.
     let mut eve = server.connect();
-    let stolen = token::token(SECRET.as_bytes(), 1).to_vec();
+    let stolen = token(SECRET, 1).into_bytes();
     let reply = eve
         .request(&Message::Login {
             user_id: 4,
@@ -344,7 +343,7 @@ fn login_tokens_and_frame_violations() {
             raw_frame(16 * 1024 + 1, 1, 6, 1, &[]),
         ),
         ("length under the header", raw_frame(5, 1, 6, 1, &[])),
-        ("version 2", raw_frame(14, 2, 6, 1, &[0; 8])),
+        ("version 3", raw_frame(14, 3, 6, 1, &[0; 8])),
     ];
     for (i, (what, bytes)) in fatal.iter().enumerate() {
         let mut client = if i == 0 {
@@ -458,12 +457,12 @@ fn a_second_login_replaces_the_first() {
     // A connection is one user's: logging in on it as another is refused, and it stays
     // the first user's.
     assert_eq!(
-        second.login(12, SECRET.as_bytes()).unwrap(),
+        second.login(&token(SECRET, 12)).unwrap(),
         ResultCode::BadRequest
     );
     assert_eq!(chat_result(&mut friend, 12, "?"), ResultCode::Offline);
     // Logging in again on the same connection is not a replacement.
-    assert_eq!(second.login(10, SECRET.as_bytes()).unwrap(), ResultCode::Ok);
+    assert_eq!(second.login(&token(SECRET, 10)).unwrap(), ResultCode::Ok);
     ping(&mut second, 4).unwrap();
     assert_eq!(
         chat_result(&mut friend, 10, "same conn"),
@@ -1713,6 +1712,7 @@ fn a_full_disk_refuses_what_needs_the_ledger_until_there_is_room() {
             Message::Error {
                 result: ResultCode::Unavailable,
                 text,
+                ..
             } => assert!(text.contains("cannot commit"), "{text}"),
             m => panic!("a send while the ledger cannot commit: {m:?}"),
         }
@@ -1747,7 +1747,8 @@ fn a_full_disk_refuses_what_needs_the_ledger_until_there_is_room() {
 // ----- logs ------------------------------------------------------------------------------
 
 /// What `serve` logs when it runs with the built-in development secret.
-const DEV_SECRET_WARNING: &str = "using the built-in development secret; set `secret` for real use";
+const DEV_SECRET_WARNING: &str =
+    "login tokens are signed with the built-in development secret: listening on loopback only";
 
 /// The stderr of a `serve` with the development secret and `extra` arguments, once it has
 /// logged the dev-secret warning and stopped. The test runner's own `HONGBAO_LOG_FORMAT`
@@ -1784,7 +1785,11 @@ fn log_format_json_writes_one_object_a_line() {
         .collect();
     let warning = records
         .iter()
-        .find(|r| r["fields"]["message"] == DEV_SECRET_WARNING)
+        .find(|r| {
+            r["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(DEV_SECRET_WARNING))
+        })
         .unwrap_or_else(|| panic!("no dev-secret warning in {log}"));
     assert_eq!(warning["level"], "WARN", "{warning}");
     assert!(warning["timestamp"].is_string(), "{warning}");

@@ -8,7 +8,8 @@
 //! third-party client. Malformed input (unmasked frames, fragments, oversized headers)
 //! goes out as raw bytes built by `raw_frame`.
 //!
-//! The server runs with the development secret, so the demo log-in (`GET /token`) is on.
+//! The server runs with the development secret (on loopback, where it may); the test of
+//! plain HTTP turns the demo log-in (`GET /token`) on.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -20,9 +21,8 @@ mod common;
 use common::{fresh_key, is_closed, wait_until, Serve, WsClient, WsEvent, IO_TIMEOUT};
 use hongbao_proto::client::Client;
 use hongbao_proto::ws::{self, Opcode};
-use hongbao_proto::{decode, encode_to_vec, token};
+use hongbao_proto::{decode, encode_to_vec};
 use hongbao_proto::{Frame, KickReason, Message, ResultCode};
-use hongbao_server::config::DEV_SECRET;
 use serde_json::{json, Value};
 
 /// First-byte bits and opcodes of a WebSocket frame (RFC 6455 §5.2).
@@ -272,7 +272,7 @@ fn binary_ping(client: &mut WsClient, client_time_us: u64) {
 
 #[test]
 fn handshakes_refusals_and_plain_http() {
-    let server = Serve::new().dev_secret().ws().start();
+    let server = Serve::new().dev_secret().demo_login().ws().start();
 
     // The RFC's sample key gets the RFC's sample accept, and the socket then speaks
     // WebSocket: a ping is answered.
@@ -373,10 +373,17 @@ fn handshakes_refusals_and_plain_http() {
     assert_eq!(token.header("Content-Type"), Some("application/json"));
     let body: Value = serde_json::from_str(&token.body).unwrap();
     assert_eq!(body["user_id"], 7);
-    let hex = body["token"].as_str().expect("a token string");
-    assert_eq!(hex.len(), 64);
-    assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()), "{hex}");
-    assert_eq!(hex, token::token_hex(DEV_SECRET.as_bytes(), 7));
+    let jwt = body["token"].as_str().expect("a token string");
+    assert_eq!(jwt.split('.').count(), 3, "a JWT: {jwt}");
+    // It is user 7's: it logs in as 7.
+    let mut client = server.ws_connect();
+    let mut login = client.login_request(7);
+    login["token"] = json!(jwt);
+    let reply = client.request_json(login);
+    assert_eq!(
+        (reply["result"].as_str(), reply["user_id"].as_u64()),
+        (Some("ok"), Some(7))
+    );
 
     let missing = http_on_ws_port(server.ws_addr(), "GET /nope HTTP/1.0\r\nHost: x\r\n\r\n");
     assert_eq!(missing.status, 404, "{}", missing.head);
@@ -542,7 +549,7 @@ fn text_messages_carry_json() {
     // A wrong token over JSON: login_reply{bad-token}, a JSON kick, close 1008.
     let mut client = server.ws_connect();
     let mut login = client.login_request(23);
-    login["token"] = json!(token::token_hex(b"not the secret", 23));
+    login["token"] = json!(common::token("not the secret", 23));
     let reply = client.request_json(login);
     assert_eq!(reply["type"], "login_reply", "{reply}");
     assert_eq!(reply["result"], "bad-token", "{reply}");

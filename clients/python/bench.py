@@ -1,7 +1,11 @@
 """Throughput sanity: one Python process, many TCP users shaking on a fixed schedule.
 
     python3 clients/python/bench.py                      # starts its own server (target/…/hongbao)
-    python3 clients/python/bench.py --server tcp://127.0.0.1:7000 --admin http://127.0.0.1:7001
+    python3 clients/python/bench.py --server tcp://127.0.0.1:7000 --admin http://127.0.0.1:7001 \
+        --admin-key-file DATA_DIR/admin.key
+
+Users log in with JWTs minted here from the server's secret (`--secret`, else
+$HONGBAO_SECRET, else the development secret), as an app server would mint them.
 
 Each of `--users` users logs in over its own connection, then shakes every
 users/rate seconds, the users' phases spread evenly over that interval, so that the
@@ -117,18 +121,19 @@ async def shake_on_schedule(client: hb.Client, start: float, offset_s: float, in
         results.results[shake.result.wire_name] += 1
 
 
-async def admin(url: str, method: str, path: str, body: dict[str, object] | None = None) -> object:
+async def admin(url: str, key: str, method: str, path: str, body: dict[str, object] | None = None) -> object:
     _, host, port = hb.parse_url(url)
     pool = HttpPool(host, port)
     try:
-        return (await pool.request(method, path, json_body=body)).json()
+        headers = {"Authorization": f"Bearer {key}"}
+        return (await pool.request(method, path, headers=headers, json_body=body)).json()
     finally:
         pool.close()
 
 
-async def run(args: argparse.Namespace, server_url: str, admin_url: str, secret: str) -> int:
+async def run(args: argparse.Namespace, server_url: str, admin_url: str, admin_key: str, secret: str) -> int:
     if args.campaign_rate:
-        await admin(admin_url, "POST", "/v1/campaigns/shake", {
+        await admin(admin_url, admin_key, "POST", "/v1/campaigns/shake", {
             "packets": args.campaign_rate * (args.seconds + 60), "rate_per_sec": args.campaign_rate,
             "amount_min": 100, "amount_max": 500})
     started_login = time.monotonic()
@@ -156,7 +161,7 @@ async def run(args: argparse.Namespace, server_url: str, admin_url: str, secret:
     print(f"latency from intended send (won):  {results.latency_won.line()}")
     print(f"send lag in this process:          {results.send_lag.line()}")
     print(f"client CPU: {cpu_s:.1f} s over {wall_s:.1f} s ({100 * cpu_s / wall_s:.0f}% of one core)")
-    audit = await admin(admin_url, "GET", "/v1/audit")
+    audit = await admin(admin_url, admin_key, "GET", "/v1/audit")
     print(f"audit ok: {audit['ok']}")  # type: ignore[index]
     return 0 if audit["ok"] and not results.errors else 1  # type: ignore[index]
 
@@ -165,6 +170,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", help="tcp://HOST:PORT of a running server (default: start one)")
     parser.add_argument("--admin", help="http://HOST:PORT of its admin API (with --server)")
+    parser.add_argument("--admin-key-file", help="a file holding an operator key of that admin API (with --server)")
     parser.add_argument("--secret", default=os.environ.get("HONGBAO_SECRET", hb.DEV_SECRET))
     parser.add_argument("--users", type=int, default=2000)
     parser.add_argument("--rate", type=int, default=1000, help="shakes a second, all users together")
@@ -177,9 +183,10 @@ def main() -> int:
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs; "
           f"Python {platform.python_version()}", flush=True)
     if args.server:
-        if not args.admin:
-            parser.error("--server needs --admin")
-        return asyncio.run(run(args, args.server, args.admin, args.secret))
+        if not args.admin or not args.admin_key_file:
+            parser.error("--server needs --admin and --admin-key-file")
+        admin_key = Path(args.admin_key_file).read_text().strip()
+        return asyncio.run(run(args, args.server, args.admin, admin_key, args.secret))
     binary = find_binary()
     if binary is None:
         print("no hongbao binary: set $HONGBAO_BIN or build target/release/hongbao", file=sys.stderr)
@@ -189,7 +196,8 @@ def main() -> int:
     server = DevServer(binary, workers=args.workers, secret=args.secret,
                        extra_args=["--connections", str(args.users + 1000)]).start()
     try:
-        return asyncio.run(run(args, server.tcp_url, f"http://{server.admin[0]}:{server.admin[1]}", args.secret))
+        return asyncio.run(run(args, server.tcp_url, f"http://{server.admin[0]}:{server.admin[1]}",
+                               server.admin_key(), args.secret))
     finally:
         server.stop()
 

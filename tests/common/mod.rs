@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 #[allow(unused_imports)]
 pub use admin::Admin;
 #[allow(unused_imports)]
-pub use serve::{bearer, login, Serve, Server};
+pub use serve::{bearer, login, token, Serve, Server};
 #[allow(unused_imports)]
 pub use ws::{fresh_key, WsClient, WsEvent};
 

@@ -11,11 +11,23 @@ use std::process::Command;
 use std::time::Duration;
 
 use hongbao_proto::client::Client;
-use hongbao_proto::token::{self, DEV_SECRET};
+use hongbao_proto::token::{Minter, DEFAULT_KID, DEV_SECRET};
 use hongbao_proto::ResultCode;
 use serde_json::Value;
 
 use super::{field, wait_until, Admin, Hongbao, WsClient, IO_TIMEOUT, SECRET};
+
+/// The limits per user off: the tests of other things drive one user far past what a
+/// person does (a tight loop of shakes, logins, sends). tests/sessions.rs tests the limits
+/// themselves, with a `[user_limits]` of its own (a test's config with one keeps it).
+const NO_USER_LIMITS: &str = "[user_limits]
+shake = { per_sec = 0.0, burst = 0 }
+send = { per_sec = 0.0, burst = 0 }
+open = { per_sec = 0.0, burst = 0 }
+chat = { per_sec = 0.0, burst = 0 }
+login = { per_sec = 0.0, burst = 0 }
+notices_per_minute = 0
+";
 
 /// How to start `hongbao serve`; `start` starts it.
 pub struct Serve {
@@ -29,6 +41,7 @@ pub struct Serve {
     config: Option<String>,
     args: Vec<String>,
     env_remove: Vec<&'static str>,
+    env: Vec<(String, String)>,
 }
 
 impl Default for Serve {
@@ -50,6 +63,7 @@ impl Serve {
             config: None,
             args: Vec::new(),
             env_remove: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -64,10 +78,15 @@ impl Serve {
         self
     }
 
-    /// No `--secret`: the built-in development secret (and with it the demo `/token`).
+    /// No `--secret`: the built-in development secret.
     pub fn dev_secret(mut self) -> Serve {
         self.secret = None;
         self
+    }
+
+    /// The demo log-in (`--demo-login`): `GET /token?user=N` hands out any user's token.
+    pub fn demo_login(self) -> Serve {
+        self.args(["--demo-login"])
     }
 
     /// A WebSocket listener (`--ws-listen`).
@@ -108,6 +127,12 @@ impl Serve {
         self
     }
 
+    /// Sets `name` to `value` in the server's environment.
+    pub fn env(mut self, name: &str, value: &str) -> Serve {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
     /// Leaves `name` out of the server's environment.
     pub fn env_remove(mut self, name: &'static str) -> Serve {
         self.env_remove.push(name);
@@ -133,14 +158,20 @@ impl Serve {
             command.env("HONGBAO_SECRET", secret);
         }
         command.arg("--data-dir").arg(&data_dir);
-        if let Some(toml) = &self.config {
-            let path = root.path().join("serve.toml");
-            std::fs::write(&path, toml).unwrap();
-            command.arg("--config").arg(path);
-        }
+        let toml = match &self.config {
+            Some(toml) if toml.contains("[user_limits]") => toml.clone(),
+            Some(toml) => format!("{toml}\n{NO_USER_LIMITS}"),
+            None => NO_USER_LIMITS.to_string(),
+        };
+        let path = root.path().join("serve.toml");
+        std::fs::write(&path, toml).unwrap();
+        command.arg("--config").arg(path);
         command.args(&self.args);
         for name in &self.env_remove {
             command.env_remove(name);
+        }
+        for (name, value) in &self.env {
+            command.env(name, value);
         }
         let process = Hongbao::start("serve", command);
         let ready = process.ready_line("hongbao serve ready: ");
@@ -228,7 +259,7 @@ impl Server {
         login(self.listen, user, &self.secret)
     }
 
-    /// `Bearer USER.TOKEN` for the HTTP API.
+    /// `Bearer TOKEN` for the HTTP API.
     pub fn bearer(&self, user: u64) -> String {
         bearer(&self.secret, user)
     }
@@ -266,19 +297,23 @@ impl Server {
     }
 }
 
+/// A login token (a JWT) for `user`, signed as a server with `secret` and no
+/// `[[login_keys]]` verifies it (HS256, kid `hongbao`), issued now, living an hour.
+pub fn token(secret: &str, user: u64) -> String {
+    let now = hongbao_sys::clock::unix_ms() / 1000;
+    Minter::hs256(DEFAULT_KID, secret.as_bytes()).mint_for(user, now, 3600)
+}
+
 /// A binary-protocol client at `addr` logged in as `user` with a token of `secret`.
 pub fn login(addr: SocketAddr, user: u64, secret: &str) -> Client {
     let mut client = Client::connect(addr).expect("connecting over TCP");
     client.set_timeout(IO_TIMEOUT).unwrap();
-    let result = client.login(user, secret.as_bytes()).expect("login");
+    let result = client.login(&token(secret, user)).expect("login");
     assert_eq!(result, ResultCode::Ok, "login of user {user}");
     client
 }
 
-/// `Bearer USER.TOKEN`, the HTTP API's `Authorization` for `user`.
+/// `Bearer TOKEN`, the HTTP API's `Authorization` for `user`.
 pub fn bearer(secret: &str, user: u64) -> String {
-    format!(
-        "Bearer {user}.{}",
-        token::token_hex(secret.as_bytes(), user)
-    )
+    format!("Bearer {}", token(secret, user))
 }

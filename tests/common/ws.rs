@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
-use hongbao_proto::{decode, encode_to_vec, json, token};
+use hongbao_proto::{decode, encode_to_vec, json};
 use hongbao_proto::{Frame, Message, ResultCode};
 use serde_json::{json, Value};
 
@@ -248,7 +248,7 @@ impl WsClient {
     }
 
     pub fn login_binary(&mut self, user_id: u64) {
-        let token = token::token(self.secret.as_bytes(), user_id).to_vec();
+        let token = super::token(&self.secret, user_id).into_bytes();
         let reply = self.request_binary(&Message::Login { user_id, token });
         assert_eq!(
             reply,
@@ -308,7 +308,7 @@ impl WsClient {
         json!({
             "type": "login",
             "user_id": user,
-            "token": token::token_hex(self.secret.as_bytes(), user),
+            "token": super::token(&self.secret, user),
         })
     }
 

@@ -7,9 +7,12 @@
     python3 -m hongbao_client me     --server http://127.0.0.1:7003 --user 7 --secret S
     python3 -m hongbao_client listen --server ... --user 8 --secret S [--seconds N]
 
-Credentials: `--token HEX`, or `--secret` (else `$HONGBAO_SECRET` when set, else the
-server's development secret; taken as given, an empty one too) to make the token. `me`
-needs the HTTP API: an `http://` server, or `--http http://...` beside a `tcp://` one. A
+Credentials: `--token JWT` (from the app server, or `GET /token?user=N` of a server run
+with `--demo-login`; `--user` may then be left out: the token names the user), or
+`--secret` (else `$HONGBAO_SECRET` when set, else the server's development secret; taken
+as given, an empty one too) to mint a JWT for `--user` (development: see token.py). `me`
+needs the HTTP API: an `http://` server, or `--http http://...` beside a `tcp://` one.
+TLS: `tcps://` and `https://` trust the CA in `--ca FILE` (PEM), else the system's. A
 refused connection is an error at once (the library would retry it for
 `connect_timeout_s`). The exit status is 0 when the last answer was what was asked for (a
 win with --until-win, `ok`, `opened`, ...), 1 otherwise, 2 on an error.
@@ -50,12 +53,16 @@ def _print(value: Any) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", required=True, help="tcp://HOST:PORT or http://HOST:PORT")
-    common.add_argument("--user", type=int, required=True, help="user id")
-    common.add_argument("--secret", help="server secret to make the token with, as given (default: "
+    common.add_argument("--server", required=True, help="tcp://HOST:PORT or http://HOST:PORT (tcps://, https:// "
+                        "for TLS)")
+    common.add_argument("--user", type=int, help="user id (needed to mint a token; with --token, "
+                        "default: the user the token names)")
+    common.add_argument("--secret", help="server secret to mint the token with, as given (default: "
                         "$HONGBAO_SECRET, else the development secret)")
-    common.add_argument("--token", help="the login token, 64 hex characters (instead of --secret)")
+    common.add_argument("--token", help="the login token, a JWT (instead of --secret)")
     common.add_argument("--http", help="the HTTP API address beside a tcp:// server, for `me`")
+    common.add_argument("--ca", help="a PEM file of the CA to trust for tcps:// and https:// (default: the "
+                        "system's CAs)")
     common.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
 
     parser = argparse.ArgumentParser(prog="python3 -m hongbao_client", description="hongbao client")
@@ -85,16 +92,19 @@ def _credentials(args: argparse.Namespace) -> dict[str, str]:
     and `$HONGBAO_SECRET`."""
     if args.token:
         return {"token": args.token}
+    if args.user is None:
+        raise HongbaoError(ErrorKind.INVALID_ARGUMENT, "minting a token needs the user: give --user N "
+                           "(or a token with --token)", source=ErrorSource.CLIENT)
     secret = args.secret if args.secret is not None else os.environ.get("HONGBAO_SECRET")
     return {"secret": DEV_SECRET if secret is None else secret}
 
 
 def _client(args: argparse.Namespace) -> Client:
-    if args.command == "me" and args.http is None and parse_url(args.server)[0] == "tcp":
+    if args.command == "me" and args.http is None and parse_url(args.server)[0] in ("tcp", "tcps"):
         raise HongbaoError(ErrorKind.UNSUPPORTED, "me over a tcp:// server needs the HTTP API beside it: "
                            "give --http http://HOST:PORT", source=ErrorSource.CLIENT)
-    return connect(args.server, user_id=args.user, http_url=args.http, request_timeout_s=args.timeout,
-                   **_credentials(args))  # type: ignore[arg-type]
+    return connect(args.server, user_id=args.user, http_url=args.http, cafile=args.ca,
+                   request_timeout_s=args.timeout, **_credentials(args))  # type: ignore[arg-type]
 
 
 async def _run(args: argparse.Namespace) -> int:

@@ -2,9 +2,17 @@
 
 A `Client` holds one session at a time (`session.py`) and a supervisor task that, when
 the session ends, dials the next one after a jittered exponential back-off
-(`backoff.py`) — except after a kick with reason `replaced` or `bad-token`, or a refused
-token, after which the client is closed for good: coming back would only kick the newer
-login in turn, or fail again.
+(`backoff.py`) — except after a kick with reason `replaced`, `bad-token`, `expired` or
+`revoked`, or a refused token, after which the client is closed for good: coming back
+would only kick the newer login in turn, or fail again (a session that lapsed had no
+fresh token to come back with; a revoked user must sign in to the app again). So does a
+TLS failure no retry mends (an untrusted certificate, a plain URL at a TLS port: tls.py).
+
+Tokens (`credentials.py`): a session lasts as long as its token. When the server pushes
+`refresh`, the client asks the app's `refresh` callback for a fresh token and logs in
+again with it on the same connection (the session goes on, nothing is lost); when the
+callback gives none, the session lapses (`Kicked(EXPIRED)`). A fresh token the server
+took is the one every later login uses.
 
 Requests and reconnects:
 
@@ -33,6 +41,7 @@ from typing import TypeVar
 from . import events as ev
 from . import messages as wire
 from .backoff import Backoff, ShakeGate
+from .credentials import Credentials
 from .errors import ErrorKind, ErrorSource, HongbaoError
 from .events import ConnectionChanged, ConnectionState, Event, SeenPackets
 from .http_api import HttpSession
@@ -47,9 +56,15 @@ _STABLE_SESSION_S = 10.0
 
 _END_OF_EVENTS = object()
 
-#: Kicks after which the client must not reconnect: the token is wrong, or the user
-#: logged in elsewhere (coming back would kick that newer connection in turn).
-_FINAL_KICKS = (wire.KickReason.BAD_TOKEN, wire.KickReason.REPLACED)
+#: Kicks after which the client must not reconnect: the token is wrong, the user logged
+#: in elsewhere (coming back would kick that newer connection in turn), the session's
+#: token ended with no fresh one to come back with, or the user's tokens were revoked.
+_FINAL_KICKS = (wire.KickReason.BAD_TOKEN, wire.KickReason.REPLACED, wire.KickReason.EXPIRED,
+                wire.KickReason.REVOKED)
+
+#: Dialing failures after which the client must not try again: the token is refused, or
+#: TLS cannot be agreed (an untrusted certificate, a plain URL at a TLS port).
+_FINAL_ERRORS = (ErrorKind.BAD_TOKEN, ErrorKind.TLS)
 
 
 class Client:
@@ -57,7 +72,7 @@ class Client:
         self,
         dial: Dialer,
         *,
-        user_id: int,
+        credentials: Credentials,
         side_http: Callable[[], Awaitable[HttpSession]] | None = None,
         request_timeout_s: float = 10.0,
         connect_timeout_s: float = 10.0,
@@ -66,7 +81,7 @@ class Client:
         events_capacity: int = 10_000,
         notice_poll_s: float = 2.0,
     ):
-        self.user_id = user_id
+        self._credentials = credentials
         self._dial = dial
         self._side_http_factory = side_http
         self._side_http: HttpSession | None = None
@@ -83,6 +98,7 @@ class Client:
         self._connected = asyncio.Event()
         self._closed: HongbaoError | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        self._refreshing: asyncio.Task[None] | None = None
         self._events: asyncio.Queue[object] = asyncio.Queue(maxsize=events_capacity)
         self._watching_notices = False
         self._seen_packets = SeenPackets()
@@ -106,7 +122,9 @@ class Client:
 
     async def start(self, *, retry_refused: bool = True) -> None:
         """Connects and logs in, retrying with back-off for up to `connect_timeout_s`.
-        Raises HongbaoError BAD_TOKEN at once if the server refuses the credentials, and
+        Raises HongbaoError BAD_TOKEN at once if the server refuses the credentials, TLS
+        at once if TLS cannot be agreed (an untrusted certificate, a plain URL at a TLS
+        port), and
         CONNECT_FAILED at once on a refused connection (nothing listens there) unless
         `retry_refused`: an app may wait for a server that is starting, a command line
         should not wait out the timeout for a mistyped address."""
@@ -117,17 +135,17 @@ class Client:
                     session = await self._dial_session()
                 break
             except HongbaoError as e:
-                if e.kind is ErrorKind.BAD_TOKEN:
+                if e.kind in _FINAL_ERRORS:
                     self._close_for_good(str(e), error=e)
                     raise
                 failure: BaseException = e
-                server_wait_s = e.retry_after_s
+                server_wait_s, limit_s = e.retry_after_s, _limit_wait_s(e)
             except (OSError, TimeoutError) as e:
-                failure, server_wait_s = e, None
+                failure, server_wait_s, limit_s = e, None, None
             if not retry_refused and _refused(failure):
                 raise HongbaoError(ErrorKind.CONNECT_FAILED, f"user {self.user_id} could not connect: {failure}",
                                    source=ErrorSource.NETWORK) from failure
-            delay = self._backoff.next_delay(server_wait_s)
+            delay = self._backoff.next_delay(server_wait_s, at_least_s=limit_s)
             if time.monotonic() + delay >= deadline:
                 raise HongbaoError(ErrorKind.CONNECT_FAILED, f"user {self.user_id} could not connect within "
                                    f"{self.connect_timeout_s:.1f} s: {failure}",
@@ -146,6 +164,9 @@ class Client:
                 await self._supervisor
             except (asyncio.CancelledError, Exception):
                 pass
+        for session in (self._session, self._side_http):
+            if session is not None:
+                await session.wait_closed()
 
     @property
     def local_address(self) -> tuple[str, int] | None:
@@ -159,17 +180,51 @@ class Client:
     def closed(self) -> bool:
         return self._closed is not None
 
+    @property
+    def user_id(self) -> int:
+        """The user: as given to `connect`, else the token's, as the server named it at
+        login (0 before the first login when neither the caller nor the token said)."""
+        return self._credentials.user_id
+
+    @property
+    def token(self) -> str:
+        """The token the next login (or HTTP request) uses."""
+        return self._credentials.token
+
+    async def set_token(self, token: str) -> None:
+        """Swaps in a fresh token now, without waiting for the server's `refresh`. Over
+        TCP the client logs in again with it on the live connection (raises HongbaoError
+        BAD_TOKEN if the server refuses it: the session keeps its old token); over HTTP
+        the next requests carry it. Either way later logins use it."""
+        if self._closed is not None:
+            raise self._closed_error(None)
+        session = self._session
+        if session is None or not session.alive or isinstance(session, HttpSession):
+            self._credentials.adopt(token)
+            return
+        reply = await session.request(self._login(token), self.request_timeout_s)
+        if isinstance(reply, wire.LoginReply) and reply.result is wire.ResultCode.OK:
+            self._credentials.adopt(token)
+            return
+        refused = isinstance(reply, (wire.LoginReply, wire.Error)) and reply.result is wire.ResultCode.BAD_TOKEN
+        kind = ErrorKind.BAD_TOKEN if refused else ErrorKind.PROTOCOL
+        raise HongbaoError(kind, f"the fresh token of user {self.user_id} was answered {reply!r}; the session "
+                           "keeps its old one", source=ErrorSource.SERVER)
+
     # -- requests ---------------------------------------------------------------------
 
     async def shake(self) -> Shake:
         """Tries to win a share of the running shake campaign. After an `overloaded`
-        answer the next shake first waits as long as the server asked (give or take half)."""
+        answer the next shake first waits as long as the server asked (give or take half);
+        after a `rate-limited` one, exactly as long."""
         if (hold_s := self._shake_gate.wait_s()) > 0:
             await asyncio.sleep(hold_s)
         reply = _expect(await self._request(wire.Shake(), replay_safe=False), wire.ShakeReply)
         shake = Shake.from_reply(reply)
         if shake.result is wire.ResultCode.OVERLOADED:
             self._shake_gate.overloaded(shake.retry_after_ms)
+        elif shake.result is wire.ResultCode.RATE_LIMITED:
+            self._shake_gate.rate_limited(shake.retry_after_ms)
         return shake
 
     @property
@@ -257,6 +312,34 @@ class Client:
                 self._emit(ev.Broadcast(message.server_time_us, message.text))
             case wire.Kick():
                 self._emit(ev.Kicked(message.reason, message.text))
+            case wire.Refresh():
+                self._emit(ev.RefreshRequested(message.expires_at_ms))
+                if self._session is not None and (self._refreshing is None or self._refreshing.done()):
+                    self._refreshing = asyncio.create_task(self._refresh(self._session),
+                                                           name="hongbao-client-refresh")
+
+    async def _refresh(self, session: Session) -> None:
+        """Answers the server's `refresh`: a fresh token from the app, and a login with it
+        on the same connection. Without one the session lapses at its token's end, and
+        the kick `expired` ends the client (its close cause says why no token came)."""
+        fresh = await self._credentials.ask()
+        if fresh is None or not session.alive:
+            return
+        try:
+            reply = await session.request(self._login(fresh), self.request_timeout_s)
+        except HongbaoError as e:
+            self._credentials.last_failure = f"logging in with the fresh token: {e}"
+            return
+        if isinstance(reply, wire.LoginReply) and reply.result is wire.ResultCode.OK:
+            self._credentials.adopt(fresh)
+        else:
+            # The server keeps the session's old token until it ends.
+            self._credentials.last_failure = f"the fresh token was answered {reply!r}"
+
+    def _login(self, token: str) -> wire.Login:
+        """A login with `token` on a logged-in connection: the same user as before (or
+        0, whoever the token names), which the server takes as a refresh."""
+        return wire.Login(self._credentials.login_user, token.encode("utf-8"))
 
     def _emit(self, event: object) -> None:
         # Bounded: a caller that never reads events costs at most `events_capacity`;
@@ -270,6 +353,8 @@ class Client:
 
     def _install(self, session: Session) -> None:
         session.on_end = self._session_ended
+        if named := getattr(session, "user_id", 0):
+            self._credentials.user_id = named
         self._session = session
         self._session_started = time.monotonic()
         if self._watching_notices and isinstance(session, HttpSession):
@@ -285,6 +370,8 @@ class Client:
     async def _dial_session(self) -> Session:
         self._pushes_before_install = []
         try:
+            # The dialer logs in with `credentials.for_login()`: a fresh token first when
+            # the one it has has ended (a reconnect long after the last refresh).
             return await self._dial(self._on_push)
         except BaseException:
             self._pushes_before_install = None
@@ -304,7 +391,12 @@ class Client:
             if self._closed is not None:
                 return
             if end.kick in _FINAL_KICKS:
-                self._close_for_good(end.cause, kick=end.kick)
+                cause = end.cause
+                if end.kick is wire.KickReason.EXPIRED and self._credentials.last_failure:
+                    cause += f" ({self._credentials.last_failure})"
+                elif end.kick is wire.KickReason.EXPIRED and not self._credentials.can_refresh:
+                    cause += " (no refresh callback was given to connect)"
+                self._close_for_good(cause, kick=end.kick)
                 return
             if time.monotonic() - self._session_started >= _STABLE_SESSION_S:
                 self._backoff.reset()
@@ -315,9 +407,9 @@ class Client:
             self._install(session)
 
     async def _redial(self, end: SessionEnd) -> Session | None:
-        cause, server_wait_s = end.cause, end.server_wait_s
+        cause, server_wait_s, limit_s = end.cause, end.server_wait_s, None
         while self._closed is None:
-            delay = self._backoff.next_delay(server_wait_s)
+            delay = self._backoff.next_delay(server_wait_s, at_least_s=limit_s)
             self.state = ConnectionState.DISCONNECTED
             self._emit(ConnectionChanged(ConnectionState.DISCONNECTED, cause, retry_in_s=delay, kick=end.kick))
             await asyncio.sleep(delay)
@@ -325,13 +417,13 @@ class Client:
                 async with asyncio.timeout(self.connect_timeout_s):
                     session = await self._dial_session()
             except HongbaoError as e:
-                if e.kind is ErrorKind.BAD_TOKEN:
+                if e.kind in _FINAL_ERRORS:
                     self._close_for_good(str(e), error=e)
                     return None
-                cause, server_wait_s = str(e), e.retry_after_s
+                cause, server_wait_s, limit_s = str(e), e.retry_after_s, _limit_wait_s(e)
                 continue
             except (OSError, TimeoutError) as e:
-                cause, server_wait_s = f"reconnecting: {e!r}", None
+                cause, server_wait_s, limit_s = f"reconnecting: {e!r}", None, None
                 continue
             if self._closed is None:
                 return session
@@ -349,6 +441,9 @@ class Client:
                                              kick=kick)
         self.state = ConnectionState.CLOSED
         self._connected.set()  # wakes waiting requests, which now find the client closed
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+        self._credentials.close()
         if self._session is not None:
             self._session.close()
         if self._side_http is not None:
@@ -393,6 +488,12 @@ class Client:
                 if e.kind is ErrorKind.BAD_TOKEN:
                     self._close_for_good(str(e), error=e)
                     raise
+                if e.kind is ErrorKind.TLS:
+                    # Over HTTP no request would get through; a TCP client's me() fails alone.
+                    if isinstance(self._session, HttpSession):
+                        self._close_for_good(str(e), error=e)
+                    e.idempotency_key = idempotency_key
+                    raise
                 if e.kind is ErrorKind.TIMEOUT:
                     e.idempotency_key = idempotency_key
                     raise
@@ -405,7 +506,8 @@ class Client:
                 # Over TCP the dead session is gone and the next one is awaited above;
                 # over HTTP the session lives on, so pause before trying again.
                 if not needs_session or (session is not None and session.alive):
-                    pause = min(retry.next_delay(e.retry_after_s), deadline - time.monotonic())
+                    pause = min(retry.next_delay(e.retry_after_s, at_least_s=_limit_wait_s(e)),
+                                deadline - time.monotonic())
                     if pause <= 0:
                         raise self._timeout(idempotency_key) from e
                     await asyncio.sleep(pause)
@@ -445,6 +547,11 @@ def _expect(reply: wire.ReplyMessage, kind: type[R]) -> R | wire.Error:
     if isinstance(reply, (kind, wire.Error)):
         return reply
     raise HongbaoError(ErrorKind.PROTOCOL, f"expected a {kind.__name__}, got {reply!r}", source=ErrorSource.SERVER)
+
+
+def _limit_wait_s(error: HongbaoError) -> float | None:
+    """The wait a per-user limit named (a `rate-limited` login or read): waited out whole."""
+    return error.retry_after_s if error.rate_limited else None
 
 
 def _refused(failure: BaseException) -> bool:

@@ -3,8 +3,13 @@
 It starts the binary on port 0 for every listener and reads the addresses the server
 bound from its `hongbao serve ready: ...` line (printed once every worker is up), so two
 runs never fight over a port and nothing is guessed. The ledger lives in a temporary
-directory removed at `stop()`. Admin calls (campaigns, the audit) go over the package's
-own HTTP/1.1 client.
+directory removed at `stop()`. The secret that signs login tokens goes to the server in
+`HONGBAO_SECRET`, never on its command line (which every local user can read); with none
+the server uses its development secret and listens on loopback only. Settings that have
+no flag (`refresh_before_secs`, `token_leeway_secs`, ...) go in `config`, written to a
+TOML file. Admin calls (campaigns, the audit) go over the package's own HTTP/1.1 client.
+With `tls_cert` and `tls_key` the server speaks TLS on every listener and the admin
+address: its URLs are `tcps://` and `https://`, and the admin calls trust `tls_ca`.
 
 For the tests that kill a gateway worker, `worker_pids()` lists the serve process's
 children and `worker_holding()` finds the one that holds a given client connection.
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .http1 import HttpPool
+from .tls import ALPN_HTTP, client_context
 
 #: Where the package sits in the hongbao repository: clients/python/hongbao_client/.
 _REPO_FROM_HERE = Path(__file__).resolve().parents[3]
@@ -50,7 +56,16 @@ class DevServer:
     #: Extra `hongbao serve` flags, e.g. ["--max-shake-qps", "1"].
     extra_args: list[str] = field(default_factory=list)
     workers: int = 2
+    #: The secret of the server's HS256 login key (`kid` "hongbao"); None: the
+    #: development secret.
     secret: str | None = None
+    #: TOML for settings that have no flag, e.g. "refresh_before_secs = 30\n".
+    config: str | None = None
+    #: TLS on every listener (`--tls-cert`, `--tls-key`: PEM files), and the CA file that
+    #: signed the certificate, which the admin calls made here trust.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
     ready_timeout_s: float = 60.0
 
     process: subprocess.Popen[bytes] | None = None
@@ -61,12 +76,20 @@ class DevServer:
     _seen_workers: set[int] = field(default_factory=set)
 
     @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
     def tcp_url(self) -> str:
-        return f"tcp://{self.tcp[0]}:{self.tcp[1]}"
+        return f"{'tcps' if self.tls else 'tcp'}://{self.tcp[0]}:{self.tcp[1]}"
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.http[0]}:{self.http[1]}"
+        return f"{'https' if self.tls else 'http'}://{self.http[0]}:{self.http[1]}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.admin[0]}:{self.admin[1]}"
 
     @property
     def pid(self) -> int:
@@ -80,14 +103,20 @@ class DevServer:
             "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
             "--data-dir", str(self._dir / "data"), "--workers", str(self.workers),
         ]
-        if self.secret is not None:
-            args += ["--secret", self.secret]
+        if self.tls_cert is not None and self.tls_key is not None:
+            args += ["--tls-cert", str(self.tls_cert), "--tls-key", str(self.tls_key)]
+        if self.config is not None:
+            (self._dir / "hongbao.toml").write_text(self.config)
+            args += ["--config", str(self._dir / "hongbao.toml")]
         args += self.extra_args
+        env = {k: v for k, v in os.environ.items() if k != "HONGBAO_SECRET"}
+        if self.secret is not None:
+            env["HONGBAO_SECRET"] = self.secret
         stdout = open(self._dir / "stdout.txt", "wb")
         stderr = open(self._dir / "stderr.txt", "wb")
         # Its own process group, so that a test runner's Ctrl-C reaches us, not it.
         self.process = subprocess.Popen(args, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+                                        env=env, start_new_session=True)
         stdout.close()
         stderr.close()
         try:
@@ -175,17 +204,21 @@ class DevServer:
     async def admin_post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         return await self._admin("POST", path, body)
 
-    async def _admin(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
-        # The operator key a fresh server makes in its data directory.
+    def admin_key(self) -> str:
+        """The operator key a fresh server makes in its data directory."""
         assert self._dir is not None
-        key = (self._dir / "data" / "admin.key").read_text().strip()
-        pool = HttpPool(*self.admin)
+        return (self._dir / "data" / "admin.key").read_text().strip()
+
+    async def _admin(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        key = self.admin_key()
+        tls = client_context(ALPN_HTTP, cafile=self.tls_ca) if self.tls else None
+        pool = HttpPool(*self.admin, tls=tls)
         try:
             response = await pool.request(method, path, headers={"Authorization": f"Bearer {key}"},
                                           json_body=body)
             return response.status, response.json()
         finally:
-            pool.close()
+            await pool.aclose()
 
     async def start_shake_campaign(self, *, packets: int, rate_per_sec: int, amount_min: int = 100,
                                    amount_max: int = 500) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Results of requests are values (`results.py`): a `nothing`, an `insufficient-fun
 refused send is an answer, not an exception. A `HongbaoError` means no answer can be
 given: the request timed out, its connection dropped with the outcome unknown, the
 client was closed (by the caller, or by the server for good: `bad-token`, `replaced`),
-or the server spoke something this client cannot read.
+TLS could not be agreed, or the server spoke something this client cannot read.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ class ErrorKind(enum.Enum):
     CONNECT_FAILED = "connect-failed"
     #: The server refused the credentials; the client does not retry them.
     BAD_TOKEN = "bad-token"
+    #: TLS cannot be agreed with the server, and a retry would not change that: its
+    #: certificate is not trusted (give the CA as cafile= or cadata=) or names another
+    #: host, the handshake was refused, or a plain tcp:// or http:// URL points at a port
+    #: that speaks TLS. The client does not retry (tls.py).
+    TLS = "tls"
     #: The client is closed: by its owner, or by a kick it must not reconnect after.
     CLOSED = "closed"
     #: The server sent bytes this client cannot read (a frame or HTTP answer).
@@ -50,6 +55,7 @@ class HongbaoError(Exception):
         idempotency_key: str | None = None,
         kick: KickReason | None = None,
         retry_after_s: float | None = None,
+        rate_limited: bool = False,
     ):
         super().__init__(message)
         self.kind = kind
@@ -60,6 +66,9 @@ class HongbaoError(Exception):
         self.kick = kick
         #: A wait the server named before trying again (HTTP `Retry-After`), in seconds.
         self.retry_after_s = retry_after_s
+        #: True when that wait is a per-user limit's (`rate-limited`): coming back any
+        #: sooner is refused again, so it is waited out whole, not drawn from ½× to 1½×.
+        self.rate_limited = rate_limited
 
     def __repr__(self) -> str:
         return f"HongbaoError({self.kind.value}, {str(self)!r}, source={self.source.value})"

@@ -41,11 +41,21 @@ class Broadcast:
 
 @dataclass(frozen=True, slots=True)
 class Kicked:
-    """The server closed this connection, and why. After `replaced` and `bad-token` the
-    client does not reconnect; after the others it does."""
+    """The server closed this connection, and why. After `replaced`, `bad-token`,
+    `expired` and `revoked` the client does not reconnect; after the others it does."""
 
     reason: KickReason
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshRequested:
+    """The server asked for a fresh token: the session's token ends at `expires_at_ms`
+    (Unix milliseconds). The client asks the `refresh` callback given to `connect` for
+    one and logs in again with it on the same connection; with none, the session ends
+    then (`Kicked(EXPIRED)`)."""
+
+    expires_at_ms: int
 
 
 class ConnectionState(enum.Enum):
@@ -65,7 +75,7 @@ class ConnectionChanged:
     kick: KickReason | None = None
 
 
-Event = PacketNotice | ChatMessage | Broadcast | Kicked | ConnectionChanged
+Event = PacketNotice | ChatMessage | Broadcast | Kicked | RefreshRequested | ConnectionChanged
 
 
 class SeenPackets:

@@ -205,12 +205,22 @@ class _Reader:
         except UnicodeDecodeError:
             raise _PayloadError(FrameErrorKind.BAD_UTF8, "text is not valid UTF-8") from None
 
+    def retry_after_ms(self) -> int | None:
+        """The optional trailing `retry_after_ms` (shake-reply, error): present only when
+        not 0, so that every message has one encoding."""
+        if not self.rest():
+            return None
+        retry_after_ms = self.u32("retry_after_ms")
+        if retry_after_ms == 0:
+            raise _PayloadError(FrameErrorKind.ZERO_RETRY_AFTER, "retry_after_ms 0 is sent by leaving it out")
+        return retry_after_ms
+
 
 def _decode_payload(kind: int, r: _Reader) -> Message:
     message: Message
     if kind == m.Login.KIND:
         user_id = r.u64("user_id")
-        length = r.u8("token_len")
+        length = r.u16("token_len")
         if length > MAX_TOKEN_LEN:
             raise _PayloadError(FrameErrorKind.TOKEN_TOO_LONG, f"token of {length} bytes over limit {MAX_TOKEN_LEN}")
         message = m.Login(user_id, r.bytes("token", length))
@@ -242,13 +252,7 @@ def _decode_payload(kind: int, r: _Reader) -> Message:
         message = m.LoginReply(r.result(), r.u64("user_id"))
     elif kind == m.ShakeReply.KIND:
         result, packet_id, amount_cents = r.result(), r.u64("packet_id"), r.u64("amount_cents")
-        retry_after_ms = None
-        if r.rest():
-            # Present only when not 0, so that every message has one encoding.
-            retry_after_ms = r.u32("retry_after_ms")
-            if retry_after_ms == 0:
-                raise _PayloadError(FrameErrorKind.ZERO_RETRY_AFTER, "retry_after_ms 0 is sent by leaving it out")
-        message = m.ShakeReply(result, packet_id, amount_cents, retry_after_ms)
+        message = m.ShakeReply(result, packet_id, amount_cents, r.retry_after_ms())
     elif kind == m.SendReply.KIND:
         message = m.SendReply(r.result(), r.u64("packet_id"), r.u64("balance_cents"))
     elif kind == m.OpenReply.KIND:
@@ -258,7 +262,8 @@ def _decode_payload(kind: int, r: _Reader) -> Message:
     elif kind == m.Pong.KIND:
         message = m.Pong(r.u64("client_time_us"), r.u64("server_time_us"))
     elif kind == m.Error.KIND:
-        message = m.Error(r.result(), r.text())
+        result, text = r.result(), r.text()
+        message = m.Error(result, text, r.retry_after_ms())
     elif kind == m.PacketNotice.KIND:
         message = m.PacketNotice(r.u64("packet_id"), r.u64("from_user"), r.u64("amount_cents"),
                                  r.u32("shares"), r.u64("expires_at_ms"))
@@ -273,6 +278,8 @@ def _decode_payload(kind: int, r: _Reader) -> Message:
         except ValueError:
             raise _PayloadError(FrameErrorKind.UNKNOWN_KICK_REASON, f"unknown kick reason {code}") from None
         message = m.Kick(reason, r.text())
+    elif kind == m.Refresh.KIND:
+        message = m.Refresh(r.u64("expires_at_ms"))
     else:  # BY_KIND and this chain list the same codes
         raise AssertionError(f"type 0x{kind:02x} has a class but no decoder")
     if r.rest():
@@ -288,8 +295,8 @@ def _text(text: str) -> bytes:
 def _encode_payload(message: Message) -> bytes:
     match message:
         case m.Login(user_id=user_id, token=token):
-            token = token[:255]
-            return _U64.pack(user_id) + bytes((len(token),)) + token
+            token = token[:0xFFFF]
+            return _U64.pack(user_id) + _U16.pack(len(token)) + token
         case m.Shake():
             return b""
         case m.Send(amount_cents=amount_cents, shares=shares, recipients=recipients, idempotency_key=key):
@@ -318,8 +325,9 @@ def _encode_payload(message: Message) -> bytes:
             return bytes((result,))
         case m.Pong(client_time_us=client_time_us, server_time_us=server_time_us):
             return struct.pack(">QQ", client_time_us, server_time_us)
-        case m.Error(result=result, text=text):
-            return bytes((result,)) + _text(text)
+        case m.Error(result=result, text=text, retry_after_ms=retry):
+            out = bytes((result,)) + _text(text)
+            return out + _U32.pack(retry) if retry else out
         case m.PacketNotice(packet_id=p, from_user=f, amount_cents=a, shares=s, expires_at_ms=e):
             return struct.pack(">QQQIQ", p, f, a, s, e)
         case m.ChatMessage(from_user=from_user, text=text):
@@ -328,4 +336,6 @@ def _encode_payload(message: Message) -> bytes:
             return _U64.pack(server_time_us) + _text(text)
         case m.Kick(reason=reason, text=text):
             return bytes((reason,)) + _text(text)
+        case m.Refresh(expires_at_ms=expires_at_ms):
+            return _U64.pack(expires_at_ms)
     raise TypeError(f"not a protocol message: {message!r}")

@@ -8,17 +8,24 @@ lost connection lose several answers). An idle connection is dropped before the 
 would drop it (`http_keepalive_secs`, 75 s by default), so a reused connection is
 almost never one the server has already closed; when one is, and the request is safe to
 send again, it is sent again once on a fresh connection.
+
+Over TLS (`https://`) each connection is wrapped with the context given to the pool
+(tls.py: ALPN `http/1.1`, the server's name checked). A certificate the context does not
+trust raises TLS, not CONNECT_FAILED, and so does a TLS alert for an answer (a plain
+`http://` URL at a TLS port): neither is worth a retry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ErrorKind, ErrorSource, HongbaoError
+from .tls import is_tls_alert, plain_at_tls_port, tls_failure
 
 #: Largest response head and body this client reads (the server's are far smaller).
 MAX_HEAD_BYTES = 64 * 1024
@@ -52,12 +59,24 @@ class HttpConnection:
         self.idle_since = time.monotonic()
 
     @classmethod
-    async def open(cls, host: str, port: int) -> HttpConnection:
-        reader, writer = await asyncio.open_connection(host, port, limit=MAX_HEAD_BYTES)
+    async def open(cls, host: str, port: int, tls: ssl.SSLContext | None = None) -> HttpConnection:
+        reader, writer = await asyncio.open_connection(host, port, limit=MAX_HEAD_BYTES, ssl=tls,
+                                                       server_hostname=host if tls is not None else None)
         return cls(reader, writer)
 
     def close(self) -> None:
         self.writer.close()
+
+    async def wait_closed(self, timeout_s: float) -> None:
+        """Waits until the connection is closed (a TLS goodbye takes a round trip); cuts
+        it after `timeout_s`."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.writer.wait_closed()
+        except TimeoutError:
+            self.writer.transport.abort()
+        except OSError:
+            pass  # it is closed: how it ended does not matter here
 
     async def roundtrip(self, head: bytes, body: bytes) -> tuple[HttpResponse, bool]:
         """Writes one request and reads its answer; also says whether the connection may
@@ -69,6 +88,8 @@ class HttpConnection:
         except asyncio.IncompleteReadError as e:
             if not e.partial:
                 raise _NothingReceived() from None
+            if is_tls_alert(e.partial):
+                raise HongbaoError(ErrorKind.TLS, plain_at_tls_port("https://"), source=ErrorSource.NETWORK) from None
             raise
         except asyncio.LimitOverrunError:
             raise HongbaoError(ErrorKind.PROTOCOL, f"HTTP response head over {MAX_HEAD_BYTES} bytes",
@@ -139,10 +160,15 @@ def _parse_head(raw: bytes) -> tuple[int, str, dict[str, str]]:
 class HttpPool:
     """Keep-alive connections to one `host:port`."""
 
-    def __init__(self, host: str, port: int, *, max_idle: int = 8, idle_limit_s: float = 50.0):
+    def __init__(self, host: str, port: int, *, max_idle: int = 8, idle_limit_s: float = 50.0,
+                 tls: ssl.SSLContext | None = None):
         self.host = host
         self.port = port
+        #: The TLS context of `https://`; None for plain HTTP.
+        self.tls = tls
         self._idle: list[HttpConnection] = []
+        #: Closed by `close()`, perhaps not yet gone (`wait_closed`).
+        self._closing: list[HttpConnection] = []
         self._max_idle = max_idle
         # Below the server's 75 s keep-alive timeout, with room for clock and RTT.
         self._idle_limit_s = idle_limit_s
@@ -157,7 +183,8 @@ class HttpPool:
         replay_safe: bool = False,
     ) -> HttpResponse:
         """One request and its answer. Raises HongbaoError CONNECT_FAILED when the request
-        was never sent (safe to retry), CONNECTION_LOST when it was and no answer came."""
+        was never sent (safe to retry), CONNECTION_LOST when it was and no answer came,
+        TLS when TLS cannot be agreed (not worth a retry)."""
         body = b"" if json_body is None else json.dumps(json_body, separators=(",", ":")).encode()
         head = self._head(method, path, headers or {}, body, json_body is not None)
         conn = self._take_idle()
@@ -191,7 +218,20 @@ class HttpPool:
     def close(self) -> None:
         for conn in self._idle:
             conn.close()
+        self._closing += self._idle
         self._idle.clear()
+
+    async def wait_closed(self, timeout_s: float = 1.0) -> None:
+        """Waits until the connections `close()` closed are closed (`timeout_s` at most,
+        then cut): a TLS connection says goodbye (close_notify) before its socket goes,
+        which an event loop that stops right after `close()` would leave open."""
+        closing, self._closing = self._closing, []
+        for conn in closing:
+            await conn.wait_closed(timeout_s)
+
+    async def aclose(self) -> None:
+        self.close()
+        await self.wait_closed()
 
     def _take_idle(self) -> HttpConnection | None:
         now = time.monotonic()
@@ -204,8 +244,11 @@ class HttpPool:
 
     async def _connect(self) -> HttpConnection:
         try:
-            return await HttpConnection.open(self.host, self.port)
+            return await HttpConnection.open(self.host, self.port, self.tls)
         except OSError as e:
+            if (why := tls_failure(e)) is not None:
+                raise HongbaoError(ErrorKind.TLS, f"connecting to {self.host}:{self.port}: {why}",
+                                   source=ErrorSource.NETWORK) from e
             raise HongbaoError(ErrorKind.CONNECT_FAILED, f"connecting to {self.host}:{self.port}: {e}",
                                source=ErrorSource.NETWORK) from e
 

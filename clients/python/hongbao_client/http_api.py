@@ -1,13 +1,18 @@
-"""The HTTP transport: the same requests over the HTTP API (docs/http-api.md).
+"""The HTTP transport: the same requests over the HTTP API (docs/http-api.md), over TLS
+for an `https://` URL (tls.py: ALPN `http/1.1`, the server's name checked).
 
-Each request proves its user by itself (`Authorization: Bearer <user>.<token hex>`), so a
-session is no more than a pool of keep-alive connections and the credentials; it ends
-only when the client closes it. Answers are mapped to the binary protocol's reply
-messages, so the client treats both transports alike:
+Each request proves its user by itself (`Authorization: Bearer <JWT>`), so a session is
+no more than a pool of keep-alive connections and the credentials; it ends only when the
+client closes it. There is no `refresh` push over HTTP: before each request the
+credentials swap in a fresh token from the app's callback when the token is near its
+`exp` (credentials.py). Answers are mapped to the binary protocol's reply messages, so
+the client treats both transports alike:
 
-- an answer with `"error"` (a refusal: bad JSON, a reused idempotency key, ...) becomes
-  an `Error` message with its result;
-- 401 (`bad-token`) raises BAD_TOKEN: the credentials will not get better by retrying;
+- an answer with `"error"` (a refusal: bad JSON, a reused idempotency key, a
+  `rate-limited` request, ...) becomes an `Error` message with its result, and its
+  `retry_after_ms` (from the body, else `Retry-After`) when it names a wait;
+- 401 (`bad-token`: forged, expired, revoked) raises BAD_TOKEN: the credentials will
+  not get better by retrying;
 - an `overloaded` shake (429) keeps `retry_after_ms` from the body, else `Retry-After`.
 
 HTTP clients get no pushes. When the caller listens for events, the session polls
@@ -19,10 +24,12 @@ connections (TCP or WebSocket), not HTTP clients.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from typing import Any
 
 from . import messages as wire
+from .credentials import Credentials
 from .errors import ErrorKind, ErrorSource, HongbaoError
 from .http1 import HttpPool, HttpResponse
 from .messages import ClientMessage, ReplyMessage, ResultCode
@@ -31,10 +38,11 @@ from .session import EndHandler, PushHandler, SessionEnd
 
 
 class HttpSession:
-    def __init__(self, pool: HttpPool, user_id: int, token_hex: str, on_push: PushHandler | None):
+    def __init__(self, pool: HttpPool, credentials: Credentials, on_push: PushHandler | None):
         self._pool = pool
-        self._user_id = user_id
-        self._auth = {"Authorization": f"Bearer {user_id}.{token_hex}"}
+        self._credentials = credentials
+        #: The user the token names, as `GET /v1/me` answered at the dial.
+        self.user_id = credentials.user_id
         self._on_push = on_push
         self.on_end: EndHandler | None = None
         self.alive = True
@@ -42,12 +50,13 @@ class HttpSession:
         self._poll_task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def dial(cls, host: str, port: int, user_id: int, token_hex: str, on_push: PushHandler | None,
-                   timeout_s: float = 10.0) -> HttpSession:
-        """A session whose credentials the server has accepted (checked with `GET /v1/me`)."""
-        session = cls(HttpPool(host, port), user_id, token_hex, on_push)
+    async def dial(cls, host: str, port: int, credentials: Credentials, on_push: PushHandler | None,
+                   timeout_s: float = 10.0, tls: ssl.SSLContext | None = None) -> HttpSession:
+        """A session whose credentials the server has accepted (checked with `GET /v1/me`,
+        which also names the user); over TLS (`https://`) with the context `tls`."""
+        session = cls(HttpPool(host, port, tls=tls), credentials, on_push)
         try:
-            await session.me(timeout_s)
+            session.user_id = (await session.me(timeout_s)).user_id
         except BaseException:
             session.close()
             raise
@@ -65,21 +74,21 @@ class HttpSession:
                         "POST", "/v1/packets", headers=headers, replay_safe=key is not None,
                         json_body={"amount_cents": amount, "shares": shares, "recipients": list(recipients)})
                     body = _answer(response)
-                    return _error(body) or wire.SendReply(_result(body), body.get("packet_id", 0),
+                    return _error(body, response) or wire.SendReply(_result(body), body.get("packet_id", 0),
                                                           body.get("balance_cents", 0))
                 case wire.Open(packet_id=packet_id):
                     response = await self._call("POST", f"/v1/packets/{packet_id}/open", replay_safe=True)
                     body = _answer(response)
-                    return _error(body) or wire.OpenReply(_result(body), body.get("packet_id", packet_id),
+                    return _error(body, response) or wire.OpenReply(_result(body), body.get("packet_id", packet_id),
                                                           body.get("amount_cents", 0))
                 case wire.Chat(to_user=to_user, text=text):
                     response = await self._call("POST", "/v1/chat", json_body={"to_user": to_user, "text": text})
                     body = _answer(response)
-                    return _error(body) or wire.ChatReply(_result(body))
+                    return _error(body, response) or wire.ChatReply(_result(body))
                 case wire.Ping(client_time_us=client_time_us):
                     response = await self._call("GET", "/v1/ping", replay_safe=True)
                     body = _answer(response)
-                    return _error(body) or wire.Pong(client_time_us, body["server_time_us"])
+                    return _error(body, response) or wire.Pong(client_time_us, body["server_time_us"])
         raise HongbaoError(ErrorKind.UNSUPPORTED, f"{type(message).__name__} has no HTTP endpoint",
                            source=ErrorSource.CLIENT)
 
@@ -89,10 +98,12 @@ class HttpSession:
             body = _answer(response)
         if (refused := _error(body)) is not None or body["result"] != "ok":
             text = refused.text if refused is not None else body["result"]
-            # `unavailable` (503): nothing was read; try again, after the server's wait if it names one.
-            kind = ErrorKind.CONNECT_FAILED if response.status == 503 else ErrorKind.PROTOCOL
+            # `unavailable` (503) or `rate-limited` (429): nothing was read; try again, after
+            # the server's wait if it names one.
+            kind = ErrorKind.CONNECT_FAILED if response.status in (429, 503) else ErrorKind.PROTOCOL
+            wait_s = refused.retry_after_ms / 1000 if refused is not None and refused.retry_after_ms else None
             raise HongbaoError(kind, f"GET /v1/me answered {response.status}: {text}", source=ErrorSource.SERVER,
-                               retry_after_s=_retry_after_s(response))
+                               retry_after_s=wait_s or _retry_after_s(response), rate_limited=response.status == 429)
         return Me(body["user"], body["balance_cents"], list(body.get("recent_events", [])))
 
     async def notices(self, timeout_s: float) -> list[wire.PacketNotice]:
@@ -126,6 +137,10 @@ class HttpSession:
         self._end.set_result(end)
         self._pool.close()
 
+    async def wait_closed(self) -> None:
+        """Waits until the connections `close()` closed are gone (see HttpPool.wait_closed)."""
+        await self._pool.wait_closed()
+
     async def _poll_notices(self, every_s: float) -> None:
         assert self._on_push is not None
         while self.alive:
@@ -139,11 +154,14 @@ class HttpSession:
 
     async def _call(self, method: str, path: str, *, headers: dict[str, str] | None = None,
                     json_body: Any = None, replay_safe: bool = False) -> HttpResponse:
-        response = await self._pool.request(method, path, headers={**self._auth, **(headers or {})},
+        auth = {"Authorization": f"Bearer {await self._credentials.for_request()}"}
+        response = await self._pool.request(method, path, headers={**auth, **(headers or {})},
                                             json_body=json_body, replay_safe=replay_safe)
         if response.status == 401:
-            raise HongbaoError(ErrorKind.BAD_TOKEN, f"{method} {path}: the server refused user "
-                               f"{self._user_id}'s token", source=ErrorSource.SERVER)
+            whose = f"user {self.user_id}'s token" if self.user_id else "the token"
+            why = _error_text(response)
+            raise HongbaoError(ErrorKind.BAD_TOKEN, f"{method} {path}: the server refused {whose}{why}",
+                               source=ErrorSource.SERVER)
         return response
 
 
@@ -182,20 +200,34 @@ def _result(body: dict[str, Any]) -> ResultCode:
         raise HongbaoError(ErrorKind.PROTOCOL, str(e), source=ErrorSource.SERVER) from None
 
 
-def _error(body: dict[str, Any]) -> wire.Error | None:
-    """A refusal (`{"result", "error"}`) as the binary protocol's `error` message."""
+def _error(body: dict[str, Any], response: HttpResponse | None = None) -> wire.Error | None:
+    """A refusal (`{"result", "error"}`) as the binary protocol's `error` message, with
+    the wait it names (`retry_after_ms`, else `Retry-After`) if any."""
     if "error" not in body:
         return None
-    return wire.Error(_result(body), str(body["error"]))
+    retry_after_ms = body.get("retry_after_ms") or None
+    if retry_after_ms is None and response is not None and (wait_s := _retry_after_s(response)):
+        retry_after_ms = int(wait_s * 1000)
+    return wire.Error(_result(body), str(body["error"]), retry_after_ms)
+
+
+def _error_text(response: HttpResponse) -> str:
+    """`: <the server's reason>` of a refusal, or nothing."""
+    try:
+        body = response.json()
+    except HongbaoError:
+        return ""
+    return f": {body['error']}" if isinstance(body, dict) and isinstance(body.get("error"), str) else ""
 
 
 def _shake_reply(response: HttpResponse) -> wire.ShakeReply | wire.Error:
     body = _answer(response)
-    if (refused := _error(body)) is not None:
+    if (refused := _error(body, response)) is not None:
         return refused
     result = _result(body)
     retry_after_ms = body.get("retry_after_ms") or None
-    if result is ResultCode.OVERLOADED and retry_after_ms is None and (wait_s := _retry_after_s(response)):
+    waits = (ResultCode.OVERLOADED, ResultCode.RATE_LIMITED)
+    if result in waits and retry_after_ms is None and (wait_s := _retry_after_s(response)):
         retry_after_ms = int(wait_s * 1000)
     return wire.ShakeReply(result, body.get("packet_id", 0), body.get("amount_cents", 0), retry_after_ms)
 

@@ -15,8 +15,10 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-#: Version byte of every frame.
-VERSION = 1
+#: Version byte of every frame a client writes (and the only one it reads: servers write
+#: nothing else). Servers still read version 1 for the old HMAC login of the C floor
+#: client; this library speaks version 2 only.
+VERSION = 2
 #: Largest frame body (everything after the 4-byte length prefix), in bytes.
 MAX_FRAME_LEN = 16 * 1024
 #: Length prefix (u32) + version (u8) + type (u8) + request id (u32).
@@ -25,8 +27,8 @@ HEADER_LEN = 10
 MAX_RECIPIENTS = 1000
 #: Longest chat, error, broadcast or kick text, in bytes of UTF-8.
 MAX_TEXT_LEN = 4096
-#: Longest login token, in bytes (an HMAC-SHA256 is 32).
-MAX_TOKEN_LEN = 64
+#: Longest login token (a JWT's compact form), in bytes.
+MAX_TOKEN_LEN = 2048
 #: Longest idempotency key of a send, in bytes of printable ASCII.
 MAX_IDEMPOTENCY_KEY_LEN = 64
 #: The largest amount one send may move (a larger one is `bad-request`).
@@ -57,6 +59,7 @@ class ResultCode(enum.IntEnum):
     UNKNOWN_TYPE = 15
     NO_SUCH_PACKET = 16
     UNAVAILABLE = 17
+    RATE_LIMITED = 18
 
     @property
     def wire_name(self) -> str:
@@ -83,6 +86,10 @@ class KickReason(enum.IntEnum):
     IDLE = 4
     SLOW_READER = 5
     SHUTDOWN = 6
+    #: The session's token ended and no fresh one came (the `refresh` push went unanswered).
+    EXPIRED = 7
+    #: The user's tokens were revoked, or the key that signed this one was removed.
+    REVOKED = 8
 
     @property
     def wire_name(self) -> str:
@@ -110,7 +117,9 @@ def valid_idempotency_key(key: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class Login:
     KIND: ClassVar[int] = 0x01
+    #: 0: whoever the token names.
     user_id: int
+    #: A JWT's compact form, as ASCII bytes.
     token: bytes
 
 
@@ -163,8 +172,8 @@ class ShakeReply:
     result: ResultCode
     packet_id: int
     amount_cents: int
-    # Only with `overloaded`, and only when the server names a wait: on the wire it is
-    # left out rather than written as 0, so None here, never 0.
+    # Only with `overloaded` or `rate-limited`, and only when the server names a wait: on
+    # the wire it is left out rather than written as 0, so None here, never 0.
     retry_after_ms: int | None = None
 
 
@@ -204,6 +213,9 @@ class Error:
     KIND: ClassVar[int] = 0x87
     result: ResultCode
     text: str
+    # With `rate-limited`: when the request would be allowed. Left out on the wire rather
+    # than written as 0, so None here, never 0.
+    retry_after_ms: int | None = None
 
 
 # Server → client: pushes (request id 0).
@@ -240,9 +252,18 @@ class Kick:
     text: str
 
 
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    """The session's token ends at `expires_at_ms`: log in again on the same connection
+    with a fresh token of the same user, and the session goes on."""
+
+    KIND: ClassVar[int] = 0x94
+    expires_at_ms: int
+
+
 ClientMessage = Login | Shake | Send | Open | Chat | Ping
 ReplyMessage = LoginReply | ShakeReply | SendReply | OpenReply | ChatReply | Pong | Error
-PushMessage = PacketNotice | ChatMessage | Broadcast | Kick
+PushMessage = PacketNotice | ChatMessage | Broadcast | Kick | Refresh
 Message = ClientMessage | ReplyMessage | PushMessage
 
 #: Every message class by its wire type code.
@@ -251,7 +272,7 @@ BY_KIND: dict[int, type] = {
     for cls in (
         Login, Shake, Send, Open, Chat, Ping,
         LoginReply, ShakeReply, SendReply, OpenReply, ChatReply, Pong, Error,
-        PacketNotice, ChatMessage, Broadcast, Kick,
+        PacketNotice, ChatMessage, Broadcast, Kick, Refresh,
     )
 }
 

@@ -4,7 +4,8 @@ Each result carries the server's `ResultCode` and the reply's fields; a field th
 some results fill is None otherwise (the wire writes 0 there). `error` holds the
 server's explanation when it refused the request as a whole (a binary `error` frame, or
 an HTTP answer with an `"error"` field), e.g. an idempotency key reused for a different
-send; the `result` is then `bad-request`, `unavailable`, ...
+send; the `result` is then `bad-request`, `unavailable`, `rate-limited` (with
+`retry_after_ms`: when the request would be allowed), ...
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ class Shake:
     result: ResultCode
     packet_id: int | None = None
     amount_cents: int = 0
-    #: With `overloaded`: how long the server asked this user not to shake (ms); None
-    #: when it named no wait. The client already holds its next shake back accordingly.
+    #: With `overloaded` or `rate-limited`: how long the server asked this user not to
+    #: shake (ms); None when it named no wait. The client already holds its next shake
+    #: back accordingly.
     retry_after_ms: int | None = None
     error: str | None = None
 
@@ -33,7 +35,7 @@ class Shake:
     @staticmethod
     def from_reply(reply: wire.ShakeReply | wire.Error) -> Shake:
         if isinstance(reply, wire.Error):
-            return Shake(reply.result, error=reply.text)
+            return Shake(reply.result, retry_after_ms=reply.retry_after_ms, error=reply.text)
         return Shake(reply.result, reply.packet_id or None, reply.amount_cents, reply.retry_after_ms)
 
 
@@ -47,6 +49,8 @@ class Send:
     #: The key the send went under: pass it again to retry the same send.
     idempotency_key: str | None = None
     error: str | None = None
+    #: With `rate-limited`: the wait before the send would be allowed (ms).
+    retry_after_ms: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -55,7 +59,7 @@ class Send:
     @staticmethod
     def from_reply(reply: wire.SendReply | wire.Error, key: str | None) -> Send:
         if isinstance(reply, wire.Error):
-            return Send(reply.result, idempotency_key=key, error=reply.text)
+            return Send(reply.result, idempotency_key=key, error=reply.text, retry_after_ms=reply.retry_after_ms)
         balance = reply.balance_cents if reply.result in (ResultCode.OK, ResultCode.INSUFFICIENT_FUNDS) else None
         return Send(reply.result, reply.packet_id or None, balance, key)
 
@@ -67,6 +71,8 @@ class Open:
     #: My share: credited now (`opened`) or at the first open (`already-opened`).
     amount_cents: int = 0
     error: str | None = None
+    #: With `rate-limited`: the wait before the open would be allowed (ms).
+    retry_after_ms: int | None = None
 
     @property
     def credited(self) -> bool:
@@ -76,7 +82,7 @@ class Open:
     @staticmethod
     def from_reply(reply: wire.OpenReply | wire.Error, packet_id: int) -> Open:
         if isinstance(reply, wire.Error):
-            return Open(reply.result, packet_id, error=reply.text)
+            return Open(reply.result, packet_id, error=reply.text, retry_after_ms=reply.retry_after_ms)
         return Open(reply.result, reply.packet_id, reply.amount_cents)
 
 
@@ -84,6 +90,8 @@ class Open:
 class Chat:
     result: ResultCode
     error: str | None = None
+    #: With `rate-limited`: the wait before the chat would be allowed (ms).
+    retry_after_ms: int | None = None
 
     @property
     def delivered(self) -> bool:
@@ -92,7 +100,7 @@ class Chat:
     @staticmethod
     def from_reply(reply: wire.ChatReply | wire.Error) -> Chat:
         if isinstance(reply, wire.Error):
-            return Chat(reply.result, error=reply.text)
+            return Chat(reply.result, error=reply.text, retry_after_ms=reply.retry_after_ms)
         return Chat(reply.result)
 
 

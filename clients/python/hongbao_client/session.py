@@ -24,6 +24,9 @@ class SessionEnd:
     kick: KickReason | None = None
     #: A wait the server asked for before coming back (HTTP `Retry-After`), in seconds.
     server_wait_s: float | None = None
+    #: Set when the session ended on a TLS failure no retry mends (a TLS alert answering
+    #: a plain client): its requests fail with TLS, not CONNECTION_LOST.
+    tls_failure: bool = False
 
 
 #: Called, in order of arrival, with every push the server sends.
@@ -39,7 +42,7 @@ class Session(Protocol):
 
     async def request(self, message: ClientMessage, timeout_s: float) -> ReplyMessage:
         """The reply to `message`. Raises HongbaoError: TIMEOUT, CONNECTION_LOST (sent, the
-        outcome unknown), CONNECT_FAILED (not sent), BAD_TOKEN."""
+        outcome unknown), CONNECT_FAILED (not sent), BAD_TOKEN, TLS."""
         ...
 
     async def ended(self) -> SessionEnd:
@@ -49,7 +52,12 @@ class Session(Protocol):
     def close(self) -> None:
         ...
 
+    async def wait_closed(self) -> None:
+        """After `close()`: waits (briefly) until the connection is gone, so that a TLS
+        goodbye is not cut off by an event loop that stops right after."""
+        ...
 
-#: Makes a new logged-in session; raises HongbaoError (BAD_TOKEN: do not try again;
+
+#: Makes a new logged-in session; raises HongbaoError (BAD_TOKEN, TLS: do not try again;
 #: CONNECT_FAILED: try again later) or OSError.
 Dialer = Callable[[PushHandler], Awaitable[Session]]

@@ -1,4 +1,5 @@
-"""The TCP transport: one connection of binary frames (docs/protocol.md), logged in.
+"""The TCP transport: one connection of binary frames (docs/protocol.md), logged in,
+over TLS for a `tcps://` URL (tls.py: ALPN `hongbao/2`, the server's name checked).
 
 The session owns the socket and its buffers. One reader task cuts the byte stream into
 frames (`frame.check`, then `frame.decode`) and hands each on: a reply to the request
@@ -16,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 
 from . import frame as codec
 from . import messages as wire
 from .errors import ErrorKind, ErrorSource, HongbaoError
 from .messages import ClientMessage, Frame, ReplyMessage, ResultCode
 from .session import EndHandler, PushHandler, SessionEnd
+from .tls import is_tls_alert, plain_at_tls_port, tls_failure
 
 #: Bytes asked of the socket per read: many frames at once under load.
 _READ_CHUNK = 64 * 1024
@@ -34,6 +37,8 @@ class TcpSession:
         self._on_push = on_push
         self.on_end: EndHandler | None = None
         self.alive = True
+        #: The user the login reply named.
+        self.user_id = 0
         self._pending: dict[int, asyncio.Future[ReplyMessage]] = {}
         self._next_request_id = 1
         self._kick: wire.Kick | None = None
@@ -41,28 +46,43 @@ class TcpSession:
         self._read_task = asyncio.create_task(self._read_loop(), name="hongbao-tcp-reader")
 
     @classmethod
-    async def dial(cls, host: str, port: int, user_id: int, token: bytes, on_push: PushHandler) -> TcpSession:
-        """Connects and logs in. Raises HongbaoError BAD_TOKEN (the server refused the
-        token: do not retry) or CONNECT_FAILED, or OSError."""
-        reader, writer = await asyncio.open_connection(host, port, limit=_READ_CHUNK)
+    async def dial(cls, host: str, port: int, user_id: int, token: str, on_push: PushHandler,
+                   tls: ssl.SSLContext | None = None) -> TcpSession:
+        """Connects (over TLS with the context `tls`) and logs in with the JWT `token` as
+        `user_id` (0: whoever the token names). Raises HongbaoError BAD_TOKEN (the server
+        refused the token: do not retry), TLS (nor then), or CONNECT_FAILED, or OSError."""
+        try:
+            reader, writer = await asyncio.open_connection(host, port, limit=_READ_CHUNK, ssl=tls,
+                                                           server_hostname=host if tls is not None else None)
+        except ssl.SSLError as e:
+            if (why := tls_failure(e)) is None:
+                raise
+            raise HongbaoError(ErrorKind.TLS, f"connecting to {host}:{port}: {why}", source=ErrorSource.NETWORK) from e
         sock = writer.get_extra_info("socket")
         if sock is not None:
             # Requests are small and latency matters more than packing them.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         session = cls(reader, writer, on_push)
         try:
-            reply = await session.request(wire.Login(user_id, token), timeout_s=30.0)
+            reply = await session.request(wire.Login(user_id, token.encode("utf-8")), timeout_s=30.0)
         except BaseException:
             session.close()
             raise
         if isinstance(reply, wire.LoginReply) and reply.result is ResultCode.OK:
+            session.user_id = reply.user_id
             return session
         session.close()
+        whose = f"user {user_id}'s token" if user_id else "the token"
         if isinstance(reply, (wire.LoginReply, wire.Error)) and reply.result is ResultCode.BAD_TOKEN:
-            raise HongbaoError(ErrorKind.BAD_TOKEN, f"the server refused user {user_id}'s token",
-                               source=ErrorSource.SERVER)
+            raise HongbaoError(ErrorKind.BAD_TOKEN, f"the server refused {whose}", source=ErrorSource.SERVER)
+        if isinstance(reply, wire.Error) and reply.result is ResultCode.RATE_LIMITED:
+            # Over the user's login limit (a bot reconnecting to refill its shakes): come
+            # back once the wait is over, not before.
+            wait_s = (reply.retry_after_ms or 0) / 1000 or None
+            raise HongbaoError(ErrorKind.CONNECT_FAILED, f"the login with {whose} was refused: {reply.text}",
+                               source=ErrorSource.SERVER, retry_after_s=wait_s, rate_limited=True)
         # `unavailable` (the core could not be reached): worth another try later.
-        raise HongbaoError(ErrorKind.CONNECT_FAILED, f"login of user {user_id} answered {reply!r}",
+        raise HongbaoError(ErrorKind.CONNECT_FAILED, f"the login with {whose} was answered {reply!r}",
                            source=ErrorSource.SERVER)
 
     async def request(self, message: ClientMessage, timeout_s: float) -> ReplyMessage:
@@ -101,6 +121,17 @@ class TcpSession:
         self._finish(SessionEnd("closed by the client"))
         self._read_task.cancel()
 
+    async def wait_closed(self, timeout_s: float = 1.0) -> None:
+        """Waits until the socket is closed after `close()` (a TLS goodbye takes a round
+        trip; a loop that stopped first would leave it open); cuts it after `timeout_s`."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._writer.wait_closed()
+        except TimeoutError:
+            self._writer.transport.abort()
+        except OSError:
+            pass  # it is closed: how it ended does not matter here
+
     def _take_request_id(self) -> int:
         # Counts from 1 and skips 0 on wrap: 0 marks pushes.
         while True:
@@ -112,6 +143,7 @@ class TcpSession:
     async def _read_loop(self) -> None:
         buf = bytearray()
         end = SessionEnd("the server closed the connection")
+        read_a_frame = False
         try:
             while True:
                 chunk = await self._reader.read(_READ_CHUNK)
@@ -120,6 +152,7 @@ class TcpSession:
                 buf += chunk
                 used = self._take_frames(buf)
                 if used:
+                    read_a_frame = True
                     del buf[:used]
         except codec.FrameError as e:
             end = SessionEnd(f"unreadable stream from the server: {e}")
@@ -127,6 +160,9 @@ class TcpSession:
             end = SessionEnd(f"reading: {e}")
         except asyncio.CancelledError:
             end = SessionEnd("closed by the client")
+        if not read_a_frame and is_tls_alert(buf):
+            # The answer of a TLS port to a plain client (a frame's length starts 0x00).
+            end = SessionEnd(plain_at_tls_port("tcps://"), tls_failure=True)
         if self._kick is not None:
             end = SessionEnd(f"kicked: {self._kick.reason.wire_name}", kick=self._kick.reason)
         self._finish(end)
@@ -151,7 +187,7 @@ class TcpSession:
     def _dispatch(self, frame: Frame) -> None:
         message = frame.message
         if frame.request_id == 0 and isinstance(message, (wire.PacketNotice, wire.ChatMessage,
-                                                          wire.Broadcast, wire.Kick)):
+                                                          wire.Broadcast, wire.Kick, wire.Refresh)):
             if isinstance(message, wire.Kick):
                 self._kick = message
             self._on_push(message)
@@ -175,8 +211,11 @@ class TcpSession:
         if self.on_end is not None:
             self.on_end(end)
         self._end.set_result(end)
-        lost = HongbaoError(ErrorKind.CONNECTION_LOST, f"connection lost before the answer came ({end.cause})",
-                            source=ErrorSource.NETWORK, kick=end.kick)
+        if end.tls_failure:
+            lost = HongbaoError(ErrorKind.TLS, end.cause, source=ErrorSource.NETWORK)
+        else:
+            lost = HongbaoError(ErrorKind.CONNECTION_LOST, f"connection lost before the answer came ({end.cause})",
+                                source=ErrorSource.NETWORK, kick=end.kick)
         for waiting in self._pending.values():
             if not waiting.done():
                 waiting.set_exception(lost)

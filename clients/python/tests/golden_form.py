@@ -15,13 +15,14 @@ from hongbao_client.messages import Frame, KickReason, ResultCode
 REPO_ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = REPO_ROOT / "crates" / "proto" / "testdata" / "golden.txt"
 
-_TYPE_NAMES = {
+TYPE_NAMES = {
     m.Login: "login", m.Shake: "shake", m.Send: "send", m.Open: "open", m.Chat: "chat", m.Ping: "ping",
     m.LoginReply: "login-reply", m.ShakeReply: "shake-reply", m.SendReply: "send-reply",
     m.OpenReply: "open-reply", m.ChatReply: "chat-reply", m.Pong: "pong", m.Error: "error",
     m.PacketNotice: "packet-notice", m.ChatMessage: "chat-message", m.Broadcast: "broadcast", m.Kick: "kick",
+    m.Refresh: "refresh",
 }
-_BY_TYPE_NAME = {name: cls for cls, name in _TYPE_NAMES.items()}
+BY_TYPE_NAME = {name: cls for cls, name in TYPE_NAMES.items()}
 
 
 def _escape_text(text: str) -> str:
@@ -42,7 +43,7 @@ def _unescape_text(text: str) -> str:
 def describe(frame: Frame) -> str:
     """The frame in golden.txt's decoded form: fields in wire order."""
     message = frame.message
-    pairs = [f"type={_TYPE_NAMES[type(message)]}", f"request_id={frame.request_id}"]
+    pairs = [f"type={TYPE_NAMES[type(message)]}", f"request_id={frame.request_id}"]
     for field in dataclasses.fields(message):
         value = getattr(message, field.name)
         if value is None:  # optional trailing fields (idempotency_key, retry_after_ms): absent
@@ -68,7 +69,7 @@ def parse(form: str) -> Frame:
         assert sep, f"not key=value: {pair!r}"
         assert key not in values, f"key {key} twice"
         values[key] = value
-    cls = _BY_TYPE_NAME[values.pop("type")]
+    cls = BY_TYPE_NAME[values.pop("type")]
     request_id = int(values.pop("request_id"))
     kwargs: dict[str, object] = {}
     for field in dataclasses.fields(cls):

@@ -14,7 +14,7 @@ import unittest
 from unittest import mock
 
 from hongbao_client import cli
-from hongbao_client.token import DEV_SECRET
+from hongbao_client.token import DEV_SECRET, make_token
 
 
 def run(*argv: str) -> tuple[int, dict[str, object]]:
@@ -50,7 +50,15 @@ class Credentials(unittest.TestCase):
         self.assertEqual(self.credentials(), {"secret": DEV_SECRET})
 
     def test_a_token_wins(self) -> None:
-        self.assertEqual(self.credentials("--token", "ab" * 32, "--secret", "x"), {"token": "ab" * 32})
+        jwt = make_token("x", 7)
+        self.assertEqual(self.credentials("--token", jwt, "--secret", "x"), {"token": jwt})
+
+    def test_a_token_names_its_user_a_secret_needs_one(self) -> None:
+        args = cli._parser().parse_args(["shake", "--server", "tcp://127.0.0.1:7000", "--token", "a.b.c"])
+        self.assertEqual(cli._credentials(args), {"token": "a.b.c"})
+        status, error = run("shake", "--server", f"tcp://127.0.0.1:{closed_port()}", "--secret", "x")
+        self.assertEqual((status, error["error"]), (2, "invalid-argument"))
+        self.assertIn("--user", str(error["message"]))
 
 
 class Errors(unittest.TestCase):

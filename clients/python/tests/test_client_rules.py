@@ -6,6 +6,10 @@ The live server tests (test_live_server.py) check the same flows end to end."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
+import json
 import random
 import time
 import unittest
@@ -21,7 +25,10 @@ from hongbao_client.messages import Frame, KickReason, ResultCode
 def client(server: FakeServer, **kwargs: object) -> hb.Client:
     # Fast, seeded back-off so the tests are quick and repeatable.
     kwargs.setdefault("backoff", Backoff(base_s=0.02, cap_s=0.2, rng=random.Random(1)))
-    return hb.connect(server.url, user_id=7, secret="test-secret", **kwargs)  # type: ignore[arg-type]
+    kwargs.setdefault("user_id", 7)
+    if "token" not in kwargs:
+        kwargs.setdefault("secret", "test-secret")
+    return hb.connect(server.url, **kwargs)  # type: ignore[arg-type]
 
 
 async def next_event(c: hb.Client, kind: type, timeout_s: float = 5.0) -> object:
@@ -44,20 +51,48 @@ async def collect(c: hb.Client, seconds: float) -> list[object]:
     return got
 
 
-class Token(unittest.TestCase):
-    def test_matches_the_rust_vectors(self) -> None:
-        # crates/proto/src/token.rs, known_vectors
-        self.assertEqual(hb.make_token_hex("secret", 42),
-                         "93c121e7aa437a1e01e3c512c6f0ce3c821a839025dca4408f85616de4aaee70")
-        self.assertEqual(hb.make_token_hex("", 0), "9979e4c3ee19965f9ecc6dca6b3954b10c18c1bfa105c512cc3ae58be85db71c")
-        self.assertEqual(hb.make_token_hex(b"k", 2**64 - 1),
-                         "ce4b782bd2451af0e0ba523cabb2b5b585eaa7c4f1afc53d89cb4ac4db192ea9")
+#: golden.txt's login token, less its (made-up) signature: the header and claims a
+#: minter writes for user 42, issued at 1,800,000,000 for an hour.
+GOLDEN_SIGNING_INPUT = ("eyJhbGciOiJIUzI1NiIsImtpZCI6ImhvbmdiYW8iLCJ0eXAiOiJKV1QifQ"
+                        ".eyJzdWIiOiI0MiIsImV4cCI6MTgwMDAwMzYwMCwiaWF0IjoxODAwMDAwMDAwfQ")
 
-    def test_hex_and_raw_forms_are_one_token(self) -> None:
-        raw = hb.make_token("secret", 42)
-        self.assertEqual(hb.raw_token(raw.hex()), raw)
-        self.assertEqual(hb.raw_token(raw.hex().upper()), raw)
-        self.assertEqual(hb.raw_token(raw), raw)
+
+def b64url_json(part: str) -> object:
+    return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+
+
+class Token(unittest.TestCase):
+    def test_the_golden_login_token_header_and_claims(self) -> None:
+        token = hb.make_token(hb.DEV_SECRET, 42, now=1_800_000_000)
+        self.assertEqual(token.rsplit(".", 1)[0], GOLDEN_SIGNING_INPUT)
+        # The signature, as `openssl dgst -sha256 -hmac hongbao-dev-secret` makes it
+        # (base64url, no padding); the TypeScript suite pins the same token.
+        self.assertEqual(token.rsplit(".", 1)[1], "q_oSwQVlYQsKlNWFypNI9SvATV5SlMzQyDliLrgFenw")
+
+    def test_hs256_over_header_dot_claims_base64url_without_padding(self) -> None:
+        token = hb.make_token(b"k", 2**64 - 1, ttl_s=60, now=1_700_000_000, kid="app-2", audience="hongbao")
+        header, claims, signature = token.split(".")
+        self.assertEqual(b64url_json(header), {"alg": "HS256", "kid": "app-2", "typ": "JWT"})
+        self.assertEqual(b64url_json(claims), {"sub": "18446744073709551615", "exp": 1_700_000_060,
+                                               "iat": 1_700_000_000, "aud": "hongbao"})
+        expected = hmac.new(b"k", f"{header}.{claims}".encode(), hashlib.sha256).digest()
+        self.assertEqual(base64.urlsafe_b64decode(signature + "="), expected)
+        self.assertNotIn("=", token)
+        self.assertTrue(token.isascii())
+
+    def test_claims_are_read_without_the_key(self) -> None:
+        token = hb.make_token("secret", 42, ttl_s=600, now=1_800_000_000)
+        self.assertEqual(hb.token_user(token), 42)
+        self.assertEqual(hb.token_expiry_s(token), 1_800_000_600)
+        # The old HMAC token (hex) and other non-JWTs: nothing to read, no user, no end.
+        for not_a_jwt in ("", "abc", "a.b.c", "93c121e7aa437a1e01e3c512c6f0ce3c821a839025dca4408f85616de4aaee70"):
+            self.assertIsNone(hb.claims(not_a_jwt), not_a_jwt)
+            self.assertIsNone(hb.token_user(not_a_jwt), not_a_jwt)
+            self.assertIsNone(hb.token_expiry_s(not_a_jwt), not_a_jwt)
+
+    def test_user_zero_has_no_token(self) -> None:
+        with self.assertRaises(ValueError):
+            hb.make_token("s", 0)
 
 
 class Backoffs(unittest.TestCase):
@@ -266,6 +301,192 @@ class Overload(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(first.retry_after_ms, 400)
         self.assertEqual(second.result, ResultCode.NOTHING)
         self.assertGreaterEqual(second_sent - answered, 0.2)  # at least half the wait asked
+
+
+class Tokens(unittest.IsolatedAsyncioTestCase):
+    """The session's token: logins with a JWT, the server's `refresh` answered through the
+    app's callback on the same connection, a lapse, a revocation."""
+
+    async def test_a_token_alone_logs_in_as_whoever_it_names(self) -> None:
+        token = hb.make_token("s", 42)
+        async with FakeServer() as server, hb.connect(server.url, token=token) as c:
+            self.assertEqual(c.user_id, 42)  # the token's sub, then the login reply's
+        ((_, frame),) = server.frames(m.Login)
+        self.assertEqual(frame.message, m.Login(0, token.encode()))
+
+    async def test_a_refresh_logs_in_again_on_the_same_connection(self) -> None:
+        asked: list[int] = []
+
+        async def fresh(user_id: int) -> str:
+            asked.append(user_id)
+            await asyncio.sleep(0.01)  # an app server's round trip
+            return f"fresh.{len(asked)}.token"
+
+        async def script(conn: Conn, frame: Frame) -> object:
+            if isinstance(frame.message, m.Ping):
+                return [m.Refresh(1_800_000_060_000), m.Pong(frame.message.client_time_us, 1)]
+            return None
+
+        async with FakeServer(script) as server, hb.connect(server.url, token="first.jwt.x", user_id=7,
+                                                            refresh=fresh) as c:
+            await c.ping()
+            told = await next_event(c, hb.RefreshRequested)
+            # The fresh token is the client's once the server's answer to its login is back.
+            for _ in range(200):
+                if len(server.frames(m.Login)) == 2 and c.token != "first.jwt.x":
+                    break
+                await asyncio.sleep(0.01)
+            self.assertEqual(c.token, "fresh.1.token")
+        self.assertEqual(told, hb.RefreshRequested(1_800_000_060_000))
+        self.assertEqual(asked, [7])
+        logins = [(f.message.user_id, f.message.token) for _, f in server.frames(m.Login)]  # type: ignore[union-attr]
+        self.assertEqual(logins, [(7, b"first.jwt.x"), (7, b"fresh.1.token")])
+        self.assertEqual(len(server.conns), 1)  # no reconnect
+        self.assertEqual(c.reconnects, 0)
+
+    async def test_a_reconnect_logs_in_with_the_fresh_token(self) -> None:
+        def script(conn: Conn, frame: Frame) -> object:
+            if isinstance(frame.message, m.Login) and frame.message.token == b"first.jwt.x":
+                return [m.LoginReply(ResultCode.OK, 7), m.Refresh(1)]
+            if isinstance(frame.message, m.Ping) and conn.index == 0:
+                return CLOSE
+            if isinstance(frame.message, m.Ping):
+                return m.Pong(frame.message.client_time_us, 1)
+            return None
+
+        async with FakeServer(script) as server, client(server, token="first.jwt.x",
+                                                        refresh=lambda user: "fresh.jwt.x") as c:
+            for _ in range(100):
+                if c.token == "fresh.jwt.x":
+                    break
+                await asyncio.sleep(0.01)
+            await c.ping()  # lost with its connection, and sent again on the next
+        tokens = [(i, f.message.token) for i, conn in enumerate(server.conns)  # type: ignore[union-attr]
+                  for _, f in conn.received if isinstance(f.message, m.Login)]
+        self.assertEqual(tokens, [(0, b"first.jwt.x"), (0, b"fresh.jwt.x"), (1, b"fresh.jwt.x")])
+
+    async def test_a_token_that_ended_is_refreshed_before_a_login(self) -> None:
+        # A reconnect long after the last refresh (here, a token given when it had ended):
+        # the client asks for a fresh one before it dials, and logs in with that.
+        old = hb.make_token("s", 7, ttl_s=30, now=int(time.time()) - 60)
+
+        async def script(conn: Conn, frame: Frame) -> object:
+            if isinstance(frame.message, m.Ping) and conn.index == 0:
+                return CLOSE
+            if isinstance(frame.message, m.Ping):
+                return m.Pong(frame.message.client_time_us, 1)
+            return None
+
+        async with FakeServer(script) as server, client(server, token=old,
+                                                        refresh=lambda user: f"fresh-for-{user}") as c:
+            await c.ping()  # lost with its connection, and sent again on the next
+        tokens = [f.message.token for _, f in server.frames(m.Login)]  # type: ignore[union-attr]
+        self.assertEqual(tokens, [b"fresh-for-7", b"fresh-for-7"])
+
+    async def test_no_fresh_token_lets_the_session_lapse_for_good(self) -> None:
+        async def script(conn: Conn, frame: Frame) -> object:
+            if isinstance(frame.message, m.Ping):
+                conn.push(m.Refresh(1))
+                await conn.writer.drain()
+                await asyncio.sleep(0.1)
+                conn.push(m.Kick(KickReason.EXPIRED, "the session's token expired"))
+                await conn.writer.drain()
+                return CLOSE
+            return None
+
+        for refresh in (lambda user: None, None, self._raising):
+            async with FakeServer(script) as server:
+                c = client(server, token="only.jwt.x", refresh=refresh)
+                await c.start()
+                with self.assertRaises(hb.HongbaoError):
+                    await c.ping()
+                events = await collect(c, 0.5)
+                await c.close()
+            with self.subTest(refresh=refresh):
+                self.assertIn(hb.RefreshRequested(1), events)
+                self.assertIn(hb.Kicked(KickReason.EXPIRED, "the session's token expired"), events)
+                closed = events[-1]
+                self.assertEqual((closed.state, closed.kick), (hb.ConnectionState.CLOSED, KickReason.EXPIRED))
+                why = {None: "no refresh callback", self._raising: "raised"}.get(refresh, "gave no token")
+                self.assertIn(why, closed.cause)
+                self.assertEqual(len(server.frames(m.Login)), 1)  # no login without a token
+                self.assertEqual(len(server.conns), 1)  # and no reconnect
+
+    @staticmethod
+    def _raising(user: int) -> str:
+        raise RuntimeError("the app server is down")
+
+    async def test_revoked_closes_for_good(self) -> None:
+        async def script(conn: Conn, frame: Frame) -> object:
+            if isinstance(frame.message, m.Ping):
+                conn.push(m.Kick(KickReason.REVOKED, "this user's sessions were revoked"))
+                await conn.writer.drain()
+                return CLOSE
+            return None
+
+        async with FakeServer(script) as server, client(server) as c:
+            with self.assertRaises(hb.HongbaoError):
+                await c.ping()
+            await asyncio.sleep(0.3)
+            with self.assertRaises(hb.HongbaoError) as caught:
+                await c.ping()
+        self.assertEqual((caught.exception.kind, caught.exception.kick), (hb.ErrorKind.CLOSED, KickReason.REVOKED))
+        self.assertEqual(len(server.conns), 1)
+
+    async def test_set_token_logs_in_on_the_live_connection(self) -> None:
+        def script(conn: Conn, frame: Frame) -> object:
+            if isinstance(frame.message, m.Login) and frame.message.token == b"forged":
+                return m.LoginReply(ResultCode.BAD_TOKEN, 7)
+            return None
+
+        async with FakeServer(script) as server, client(server) as c:
+            # A token that is alive is not refreshed before the login (the server asks).
+            ((_, login),) = server.frames(m.Login)
+            self.assertEqual(login.message, m.Login(7, c.token.encode()))
+            await c.set_token("fresh.jwt.x")
+            self.assertEqual(c.token, "fresh.jwt.x")
+            with self.assertRaises(hb.HongbaoError) as caught:
+                await c.set_token("forged")
+            self.assertEqual(caught.exception.kind, hb.ErrorKind.BAD_TOKEN)
+            self.assertEqual(c.token, "fresh.jwt.x")  # the session keeps the token it had
+            self.assertFalse(c.closed)
+        self.assertEqual(len(server.conns), 1)
+
+
+class RateLimits(unittest.IsolatedAsyncioTestCase):
+    async def test_rate_limited_answers_name_their_wait(self) -> None:
+        def script(conn: Conn, frame: Frame) -> object:
+            if isinstance(frame.message, m.Shake):
+                if len(server.frames(m.Shake)) == 1:
+                    return m.ShakeReply(ResultCode.RATE_LIMITED, 0, 0, retry_after_ms=300)
+                return m.ShakeReply(ResultCode.NOTHING, 0, 0)
+            if isinstance(frame.message, m.Send):
+                return m.Error(ResultCode.RATE_LIMITED, "over 1 send a second", retry_after_ms=700)
+            return None
+
+        async with FakeServer(script) as server, client(server) as c:
+            limited = await c.shake()
+            answered = time.monotonic()
+            self.assertGreater(c.shake_wait_s, 0.25)  # exactly the wait: no jitter below it
+            await c.shake()
+            sent = await c.send(amount_cents=1, shares=1, recipients=[8], idempotency_key="k")
+        (_, _), (second_sent, _) = server.frames(m.Shake)
+        self.assertEqual((limited.result, limited.retry_after_ms), (ResultCode.RATE_LIMITED, 300))
+        self.assertGreaterEqual(second_sent - answered, 0.29)
+        self.assertEqual((sent.result, sent.retry_after_ms, sent.error),
+                         (ResultCode.RATE_LIMITED, 700, "over 1 send a second"))
+
+
+    async def test_a_rate_limited_login_waits_out_the_whole_wait(self) -> None:
+        def script(conn: Conn, frame: Frame) -> object:
+            if isinstance(frame.message, m.Login) and conn.index == 0:
+                return m.Error(ResultCode.RATE_LIMITED, "over this user's limit of logins", retry_after_ms=300)
+            return None
+
+        async with FakeServer(script) as server, client(server) as c:  # back-off: 20 ms
+            self.assertEqual(c.state, hb.ConnectionState.CONNECTED)
+        (first, _), (second, _) = server.frames(m.Login)
+        self.assertGreaterEqual(second - first, 0.3)
 
 
 class Notices(unittest.IsolatedAsyncioTestCase):

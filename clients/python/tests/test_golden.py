@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import unittest
 
-from golden_form import GOLDEN, describe, parse, vectors
+from golden_form import GOLDEN, TYPE_NAMES, describe, parse, vectors
 
 from hongbao_client import frame as codec
+from hongbao_client import messages as m
 
 
 class GoldenVectors(unittest.TestCase):
@@ -20,6 +21,11 @@ class GoldenVectors(unittest.TestCase):
         all_vectors = vectors()
         self.assertGreater(sum(v.name != "invalid" for v in all_vectors), 40)
         self.assertGreater(sum(v.name == "invalid" for v in all_vectors), 20)
+
+    def test_every_message_type_has_a_vector(self) -> None:
+        self.assertEqual(set(TYPE_NAMES), set(m.BY_KIND.values()))
+        covered = {v.expected.split(" ", 1)[0].removeprefix("type=") for v in vectors() if v.name != "invalid"}
+        self.assertEqual(covered, set(TYPE_NAMES.values()))
 
     def test_valid_vectors_decode_and_encode_exactly(self) -> None:
         for v in vectors():

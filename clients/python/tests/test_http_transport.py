@@ -1,5 +1,6 @@
 """The HTTP transport against a scripted HTTP/1.1 server: keep-alive reuse, chunked
-bodies, the bearer and idempotency headers, and the server's waits (`Retry-After`)."""
+bodies, the bearer (a JWT, swapped for a fresh one near its end) and idempotency headers,
+and the server's waits (`Retry-After`, `rate-limited`)."""
 
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ class HttpTransport(unittest.IsolatedAsyncioTestCase):
                 method, path, headers, body = server.requests[2]
                 self.assertEqual((method, path), ("POST", "/v1/packets"))
                 self.assertEqual(headers["idempotency-key"], "order-1")
-                self.assertEqual(headers["authorization"], f"Bearer 7.{hb.make_token_hex('s', 7)}")
+                self.assertEqual(headers["authorization"], f"Bearer {c.token}")
+                self.assertEqual(hb.token_user(c.token), 7)
                 self.assertEqual(body, {"amount_cents": 300, "shares": 2, "recipients": [8, 9]})
 
     async def test_429_without_a_body_wait_takes_retry_after(self) -> None:
@@ -108,6 +110,50 @@ class HttpTransport(unittest.IsolatedAsyncioTestCase):
             shake = await c.shake()
             self.assertEqual((shake.result, shake.retry_after_ms), (ResultCode.OVERLOADED, 2000))
             self.assertGreaterEqual(c.shake_wait_s, 0.9)
+
+    async def test_rate_limited_is_a_result_with_its_wait(self) -> None:
+        def script(method: str, path: str, headers: dict[str, str], body: Any) -> Answer:
+            if path == "/v1/packets":
+                return 429, {"Retry-After": "1"}, {"result": "rate-limited", "error": "over 1 send a second",
+                                                   "retry_after_ms": 700}
+            if path == "/v1/chat":
+                return 429, {"Retry-After": "2"}, {"result": "rate-limited", "error": "over 1 chat a second"}
+            if path == "/v1/shake":
+                return 429, {"Retry-After": "1"}, {"result": "rate-limited", "error": "slow down",
+                                                   "retry_after_ms": 250}
+            return 200, {}, ME
+
+        async with FakeHttpServer(script) as server, client(server) as c:
+            sent = await c.send(amount_cents=1, shares=1, recipients=[8], idempotency_key="k")
+            said = await c.chat(8, "hi")
+            shake = await c.shake()
+            self.assertGreater(c.shake_wait_s, 0.2)
+        self.assertEqual((sent.result, sent.retry_after_ms, sent.error),
+                         (ResultCode.RATE_LIMITED, 700, "over 1 send a second"))
+        self.assertEqual((said.result, said.retry_after_ms), (ResultCode.RATE_LIMITED, 2000))  # from Retry-After
+        self.assertEqual((shake.result, shake.retry_after_ms), (ResultCode.RATE_LIMITED, 250))
+
+    async def test_a_token_near_its_end_is_swapped_before_the_request(self) -> None:
+        asked: list[int] = []
+
+        async def fresh(user_id: int) -> str:
+            asked.append(user_id)
+            return hb.make_token("s", user_id, ttl_s=3600)
+
+        def script(method: str, path: str, headers: dict[str, str], body: Any) -> Answer:
+            return 200, {}, {"result": "ok", "server_time_us": 1} if path == "/v1/ping" else ME
+
+        ending = hb.make_token("s", 7, ttl_s=20)  # inside the 60 s margin
+        async with FakeHttpServer(script) as server, hb.connect(server.url, token=ending, refresh=fresh) as c:
+            await c.ping()
+            await c.me()
+            fresh_token = c.token
+            await c.set_token("set.by.the-app")
+            await c.ping()
+        self.assertEqual(asked, [7])  # once: the fresh token is far from its end
+        bearers = [h["authorization"] for _, _, h, _ in server.requests]
+        self.assertNotEqual(fresh_token, ending)
+        self.assertEqual(bearers, [f"Bearer {fresh_token}"] * 3 + ["Bearer set.by.the-app"])
 
     async def test_a_refusal_is_a_result_with_its_reason(self) -> None:
         def script(method: str, path: str, headers: dict[str, str], body: Any) -> Answer:
@@ -135,13 +181,15 @@ class HttpTransport(unittest.IsolatedAsyncioTestCase):
 
     async def test_401_is_bad_token_and_final(self) -> None:
         def script(method: str, path: str, headers: dict[str, str], body: Any) -> Answer:
-            return 401, {"WWW-Authenticate": "Bearer"}, {"result": "bad-token", "error": "no"}
+            return 401, {"WWW-Authenticate": "Bearer"}, {"result": "bad-token",
+                                                         "error": "the bearer token is refused (expired)"}
 
         async with FakeHttpServer(script) as server:
             with self.assertRaises(hb.HongbaoError) as caught:
                 async with client(server):
                     pass
         self.assertEqual(caught.exception.kind, hb.ErrorKind.BAD_TOKEN)
+        self.assertIn("(expired)", str(caught.exception))
         self.assertEqual(len(server.requests), 1)
 
 

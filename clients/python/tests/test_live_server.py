@@ -4,6 +4,11 @@ The binary is `$HONGBAO_BIN`, else the newest of target/release/hongbao and
 target/debug/hongbao; with none the tests are skipped, saying so (CI builds
 target/debug/hongbao first). Every flow ends by checking the money audit, and the
 class checks it once more before stopping the server.
+
+Logins are JWTs minted here with the server's secret (`make_token`, as an app server
+would); `LiveTokens` runs a server whose sessions end within seconds of their token
+(`refresh_before_secs = 30`, `token_leeway_secs = 0`), for the refresh, lapse and
+revocation flows.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import hongbao_client as hb
+from hongbao_client import frame as codec
+from hongbao_client import messages as m
 from hongbao_client.backoff import Backoff
 from hongbao_client.devserver import DevServer, find_binary
+from hongbao_client.http1 import HttpPool
 from hongbao_client.messages import KickReason, ResultCode
 
 SECRET = "python-client-test-secret"
@@ -68,12 +76,14 @@ class ServerTest(unittest.IsolatedAsyncioTestCase):
     server: ClassVar[DevServer]
     extra_args: ClassVar[list[str]] = []
     workers: ClassVar[int] = 2
+    config: ClassVar[str | None] = None
 
     @classmethod
     def setUpClass(cls) -> None:
         if BINARY is None:
             raise unittest.SkipTest(NO_BINARY)
-        cls.server = DevServer(BINARY, extra_args=cls.extra_args, workers=cls.workers, secret=SECRET).start()
+        cls.server = DevServer(BINARY, extra_args=cls.extra_args, workers=cls.workers, secret=SECRET,
+                               config=cls.config).start()
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -307,6 +317,228 @@ class LiveFlows(ServerTest):
         _, pushes = await listener
         self.assertIn(sent["packet_id"], [p.get("packet_id") for p in pushes if p["type"] == "PacketNotice"])
         await self.assert_audit_ok()
+
+
+async def raw_login(address: tuple[str, int], user_id: int, token: str) -> list[m.Message]:
+    """Logs in over a bare TCP connection with the package's codec: every frame the
+    server sends until it closes (or goes quiet for a second)."""
+    reader, writer = await asyncio.open_connection(*address)
+    writer.write(codec.encode(m.Frame(1, m.Login(user_id, token.encode()))))
+    got: list[m.Message] = []
+    buf = b""
+    try:
+        while True:
+            try:
+                chunk = await asyncio.wait_for(reader.read(4096), 1.0)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+            while (size := codec.check(buf)) is not None:
+                got.append(codec.decode(buf[:size]).message)
+                buf = buf[size:]
+    finally:
+        writer.close()
+    return got
+
+
+@unittest.skipIf(BINARY is None, NO_BINARY)
+class LiveTokens(ServerTest):
+    """Sessions end with their tokens: a server that asks for a fresh token 30 s before
+    the end, with no leeway, so a token minted to live 5 s is asked about within a
+    second of the login (the server's timers tick once a second). It also hands out demo
+    tokens (`GET /token?user=N`)."""
+
+    config = "refresh_before_secs = 30\ntoken_leeway_secs = 0\n"
+    extra_args = ["--demo-login"]
+    workers = 1
+
+    async def test_a_jwt_logs_in_as_the_user_it_names(self) -> None:
+        token = hb.make_token(SECRET, 301)
+        # user_id left out (0 on the wire: whoever the token names), then given as the sub.
+        for given in (None, 301):
+            async with hb.connect(self.server.tcp_url, token=token, user_id=given) as c:
+                self.assertEqual(c.user_id, 301)
+                self.assertGreater((await c.ping()).server_time_us, 0)
+        async with hb.connect(self.server.http_url, token=token) as c:
+            self.assertEqual(c.user_id, 301)
+            self.assertEqual((await c.me()).user_id, 301)
+        # The frame's user must be the token's.
+        got = await raw_login(self.server.tcp, 302, token)
+        self.assertEqual(got[:2], [m.LoginReply(ResultCode.BAD_TOKEN, 302), m.Kick(KickReason.BAD_TOKEN, "bad token")])
+        self.assertEqual(await raw_login(self.server.tcp, 0, token), [m.LoginReply(ResultCode.OK, 301)])
+
+    async def test_forged_and_expired_tokens_are_refused(self) -> None:
+        now = int(time.time())
+        refused = {
+            "forged": hb.make_token("not-the-secret", 311),
+            "expired": hb.make_token(SECRET, 311, ttl_s=60, now=now - 120),
+            "another kid": hb.make_token(SECRET, 311, kid="elsewhere"),
+            "too long-lived": hb.make_token(SECRET, 311, ttl_s=2 * 86400),
+            "not a JWT": "93c121e7aa437a1e01e3c512c6f0ce3c821a839025dca4408f85616de4aaee70",
+        }
+        for why, token in refused.items():
+            with self.subTest(why):
+                # On the wire: login-reply bad-token, then kick bad-token, then the close.
+                got = await raw_login(self.server.tcp, 0, token)
+                self.assertEqual(got, [m.LoginReply(ResultCode.BAD_TOKEN, 0),
+                                       m.Kick(KickReason.BAD_TOKEN, "bad token")])
+                for url in (self.server.tcp_url, self.server.http_url):
+                    started = time.monotonic()
+                    with self.assertRaises(hb.HongbaoError) as caught:
+                        async with hb.connect(url, token=token):
+                            pass
+                    self.assertEqual(caught.exception.kind, hb.ErrorKind.BAD_TOKEN, url)
+                    self.assertLess(time.monotonic() - started, 3.0)  # at once, not retried
+        # Over HTTP: 401, `WWW-Authenticate: Bearer`, and the reason in the body.
+        pool = HttpPool(*self.server.http)
+        try:
+            response = await pool.request("GET", "/v1/me", headers={"Authorization": f"Bearer {refused['expired']}"})
+        finally:
+            pool.close()
+        self.assertEqual((response.status, response.headers.get("www-authenticate")), (401, "Bearer"))
+        self.assertEqual(response.json()["result"], "bad-token")
+
+    async def test_a_refresh_keeps_the_session_going_past_its_first_token(self) -> None:
+        asked: list[float] = []
+
+        async def fresh(user_id: int) -> str:
+            asked.append(time.monotonic())
+            await asyncio.sleep(0.05)  # the app server's round trip
+            return hb.make_token(SECRET, user_id)  # an hour: no second refresh in this test
+
+        first = hb.make_token(SECRET, 321, ttl_s=5)
+        async with hb.connect(self.server.tcp_url, token=first, refresh=fresh) as c:
+            started = time.monotonic()
+            told = await next_event(c, hb.RefreshRequested, timeout_s=4)
+            self.assertAlmostEqual(told.expires_at_ms / 1000, hb.token_expiry_s(first), delta=1)
+            # Past the first token's end (5 s, no leeway) the session still answers.
+            events = await collect(c, max(0.0, 7.0 - (time.monotonic() - started)))
+            self.assertGreater((await c.ping()).rtt_us, 0)
+            self.assertIn((await c.shake()).result, (ResultCode.NOTHING, ResultCode.WON))
+            self.assertEqual(len(asked), 1)
+            self.assertNotEqual(c.token, first)
+            self.assertEqual(c.reconnects, 0)
+            self.assertFalse([e for e in events if isinstance(e, (hb.Kicked, hb.ConnectionChanged))], events)
+        await self.assert_audit_ok()
+
+    async def test_with_no_fresh_token_the_session_lapses(self) -> None:
+        asked: list[int] = []
+
+        def none(user_id: int) -> None:
+            asked.append(user_id)
+            return None
+
+        async with hb.connect(self.server.tcp_url, token=hb.make_token(SECRET, 331, ttl_s=3), refresh=none) as c:
+            await next_event(c, hb.RefreshRequested, timeout_s=4)
+            kicked = await next_event(c, hb.Kicked, timeout_s=6)
+            self.assertEqual(kicked.reason, KickReason.EXPIRED)
+            closed = await next_event(c, lambda e: isinstance(e, hb.ConnectionChanged)
+                                      and e.state is hb.ConnectionState.CLOSED)
+            self.assertEqual(closed.kick, KickReason.EXPIRED)
+            self.assertIn("gave no token", closed.cause)
+            with self.assertRaises(hb.HongbaoError) as caught:
+                await c.ping()
+            self.assertEqual((caught.exception.kind, caught.exception.kick), (hb.ErrorKind.CLOSED, KickReason.EXPIRED))
+        self.assertEqual(asked, [331])
+
+    async def test_http_swaps_in_a_fresh_bearer_before_its_token_ends(self) -> None:
+        asked: list[int] = []
+
+        def fresh(user_id: int) -> str:
+            asked.append(user_id)
+            return hb.make_token(SECRET, user_id)
+
+        first = hb.make_token(SECRET, 341, ttl_s=4)
+        async with hb.connect(self.server.http_url, token=first, refresh=fresh, refresh_before_s=1.5) as c:
+            self.assertEqual((await c.me()).user_id, 341)
+            self.assertEqual(asked, [])  # the first token is still good for a while
+            await asyncio.sleep(5.0)  # past its end
+            self.assertEqual((await c.me()).user_id, 341)
+            self.assertEqual(asked, [341])
+        # Without a way to a fresh token, the first request after the end is refused.
+        async with hb.connect(self.server.http_url, token=hb.make_token(SECRET, 342, ttl_s=2)) as c:
+            await asyncio.sleep(3.0)
+            with self.assertRaises(hb.HongbaoError) as caught:
+                await c.me()
+            self.assertEqual(caught.exception.kind, hb.ErrorKind.BAD_TOKEN)
+            self.assertTrue(c.closed)
+
+    async def test_a_revocation_kicks_the_session_for_good(self) -> None:
+        async with hb.connect(self.server.tcp_url, token=hb.make_token(SECRET, 351)) as c:
+            await c.ping()
+            status, body = await self.server.admin_post("/v1/users/351/revoke", {})
+            self.assertEqual((status, body["kicked"]), (200, 1), body)
+            kicked = await next_event(c, hb.Kicked)
+            self.assertEqual(kicked.reason, KickReason.REVOKED)
+            await next_event(c, lambda e: isinstance(e, hb.ConnectionChanged) and e.state is hb.ConnectionState.CLOSED)
+            with self.assertRaises(hb.HongbaoError) as caught:
+                await c.ping()
+            self.assertEqual(caught.exception.kick, KickReason.REVOKED)
+        # Tokens issued before it are refused from now on (one of its very second too);
+        # one issued from it on logs in.
+        issued_before = hb.make_token(SECRET, 351, now=body["revoked_before"] - 1)
+        with self.assertRaises(hb.HongbaoError) as caught:
+            async with hb.connect(self.server.tcp_url, token=issued_before):
+                pass
+        self.assertEqual(caught.exception.kind, hb.ErrorKind.BAD_TOKEN)
+        await asyncio.sleep(max(0.0, body["revoked_before"] - time.time()))
+        async with hb.connect(self.server.tcp_url, token=hb.make_token(SECRET, 351)) as c:
+            await c.ping()
+
+    async def test_a_demo_token_logs_in(self) -> None:
+        pool = HttpPool(*self.server.http)
+        try:
+            response = await pool.request("GET", "/token?user=361")
+        finally:
+            pool.close()
+        self.assertEqual(response.status, 200)
+        demo = response.json()
+        self.assertEqual(set(demo), {"user_id", "token"})
+        self.assertEqual((demo["user_id"], hb.token_user(demo["token"])), (361, 361))
+        for url in (self.server.tcp_url, self.server.http_url):
+            async with hb.connect(url, token=demo["token"]) as c:
+                self.assertEqual(c.user_id, 361)
+                await c.ping()
+
+
+@unittest.skipIf(BINARY is None, NO_BINARY)
+class LiveLimits(ServerTest):
+    """Per-user limits (`[user_limits]`) tight enough to meet: a shake a second, a chat a
+    second, a login every two seconds, each with a burst of one."""
+
+    config = ("[user_limits]\nshake = { per_sec = 1, burst = 1 }\nchat = { per_sec = 1, burst = 1 }\n"
+              "login = { per_sec = 0.5, burst = 1 }\n")
+    workers = 1
+
+    async def test_rate_limited_answers_carry_their_wait(self) -> None:
+        for url, user in ((self.server.tcp_url, 401), (self.server.http_url, 402)):
+            async with hb.connect(url, user_id=user, secret=SECRET) as c:
+                self.assertIn((await c.shake()).result, (ResultCode.NOTHING, ResultCode.WON))
+                limited = await c.shake()
+                self.assertEqual(limited.result, ResultCode.RATE_LIMITED, url)
+                assert limited.retry_after_ms is not None
+                self.assertTrue(0 < limited.retry_after_ms <= 1000, limited)
+                # The next shake waits out exactly that, and is allowed.
+                self.assertGreater(c.shake_wait_s, limited.retry_after_ms / 1000 - 0.1)
+                started = time.monotonic()
+                self.assertIn((await c.shake()).result, (ResultCode.NOTHING, ResultCode.WON))
+                self.assertGreaterEqual(time.monotonic() - started, limited.retry_after_ms / 1000 - 0.05)
+                self.assertEqual((await c.chat(499, "one")).result, ResultCode.OFFLINE)
+                chat = await c.chat(499, "two")
+                self.assertEqual(chat.result, ResultCode.RATE_LIMITED, url)
+                self.assertTrue(chat.retry_after_ms and 0 < chat.retry_after_ms <= 1000, chat)
+                self.assertIn("limit", chat.error or "")
+
+    async def test_a_rate_limited_login_is_tried_again_after_its_wait(self) -> None:
+        async with hb.connect(self.server.tcp_url, user_id=411, secret=SECRET):
+            pass
+        started = time.monotonic()
+        async with hb.connect(self.server.tcp_url, user_id=411, secret=SECRET) as again:
+            # Refused `rate-limited` at first (a login every 2 s), then let in.
+            self.assertEqual(again.state, hb.ConnectionState.CONNECTED)
+        self.assertGreaterEqual(time.monotonic() - started, 1.0)
 
 
 @unittest.skipIf(BINARY is None, NO_BINARY)

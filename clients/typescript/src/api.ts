@@ -6,6 +6,7 @@
 
 export { Client, type ConnectOptions, type SendRequest } from "./client.js";
 export type { Connect } from "./connect.js";
+export type { HttpFetch, HttpInit, HttpAnswerLike } from "./client.js";
 export { HongbaoError, type HongbaoErrorKind, type ErrorSource } from "./errors.js";
 export type { ClientEvents, ClientState, Listener } from "./events.js";
 export { Backoff, ShakeGate, jittered, DEFAULT_OVERLOADED_WAIT_MS } from "./backoff.js";
@@ -14,6 +15,7 @@ export { JsonFormError, fromJson, toJson, parseJson, stringifyJson, hex, unhex, 
 export type { U64Input } from "./numbers.js";
 export * as protocol from "./protocol.js";
 export type { Frame, Message, ResultName, KickReason } from "./protocol.js";
+export type { RefreshToken } from "./credentials.js";
 export type {
   ShakeResult,
   SendResult,
@@ -24,9 +26,10 @@ export type {
   PacketNotice,
   LedgerEvent,
   Refused,
+  RateLimited,
   Unavailable,
   BadRequest,
 } from "./results.js";
 export type { SocketFactory, WireSocket, SocketEvents, CloseInfo } from "./socket.js";
-export { DEV_SECRET, devToken, tokenBytes } from "./token.js";
+export { DEFAULT_KID, DEV_SECRET, devToken, tokenClaims, type DevTokenOptions, type TokenClaims } from "./token.js";
 export { newIdempotencyKey } from "./platform.js";

@@ -27,11 +27,14 @@ export class Backoff {
     private readonly random: Random = Math.random,
   ) {}
 
-  /** The delay before the next attempt; counts the attempt. */
-  next(serverAskedMs?: number): number {
+  /**
+   * The delay before the next attempt, never under `atLeastMs` (a per-user limit's wait:
+   * coming back sooner is refused again); counts the attempt.
+   */
+  next(serverAskedMs?: number, atLeastMs?: number): number {
     const mean = Math.min(this.maxMs, this.baseMs * 2 ** Math.min(this.attempt, 30));
     this.attempt++;
-    return jittered(Math.max(mean, serverAskedMs ?? 0), this.random);
+    return Math.max(jittered(Math.max(mean, serverAskedMs ?? 0), this.random), atLeastMs ?? 0);
   }
 
   reset(): void {
@@ -44,11 +47,15 @@ export const DEFAULT_OVERLOADED_WAIT_MS = 30_000;
 
 /**
  * When shaking may resume after an `overloaded` answer: the server's `retry_after_ms`
- * (or {@link DEFAULT_OVERLOADED_WAIT_MS} when it named none), jittered. Until then the
- * client answers a shake itself, sending nothing.
+ * (or {@link DEFAULT_OVERLOADED_WAIT_MS} when it named none), jittered; after a
+ * `rate-limited` one (the user's own limit: no crowd to spread, and an early shake would
+ * be refused again), exactly the wait named. Until then the client answers a shake
+ * itself, sending nothing.
  */
 export class ShakeGate {
   private notBeforeMs = 0;
+  /** The answer that set the wait now running. */
+  heldBy: "overloaded" | "rate-limited" = "overloaded";
 
   constructor(private readonly random: Random = Math.random) {}
 
@@ -59,7 +66,17 @@ export class ShakeGate {
 
   /** An `overloaded` answer came at `nowMs`, asking for `retryAfterMs` (null: no wait named). */
   overloaded(retryAfterMs: number | null, nowMs: number): void {
-    const wait = jittered(retryAfterMs ?? DEFAULT_OVERLOADED_WAIT_MS, this.random);
-    this.notBeforeMs = Math.max(this.notBeforeMs, nowMs + wait);
+    this.hold(nowMs + jittered(retryAfterMs ?? DEFAULT_OVERLOADED_WAIT_MS, this.random), "overloaded");
+  }
+
+  /** A `rate-limited` answer came at `nowMs`, asking for `retryAfterMs` (null: none named, no wait). */
+  rateLimited(retryAfterMs: number | null, nowMs: number): void {
+    this.hold(nowMs + (retryAfterMs ?? 0), "rate-limited");
+  }
+
+  private hold(untilMs: number, by: "overloaded" | "rate-limited"): void {
+    if (untilMs <= this.notBeforeMs) return;
+    this.notBeforeMs = untilMs;
+    this.heldBy = by;
   }
 }

@@ -4,6 +4,11 @@
  * `https://` an {@link HttpClient} (the HTTP API) — and resolves once the user is logged
  * in (over HTTP: once the token has been accepted).
  *
+ * The login token is a JWT from the app server; a session lasts as long as its token,
+ * and the `refresh` option is how it outlives it (`credentials.ts`): asked for a fresh
+ * token when the server pushes `refresh` (WebSocket) or before an HTTP request near the
+ * token's end.
+ *
  * What both share lives here: argument checks, idempotency keys, the shake gate, the
  * memory of announced packets, events, and HTTP calls (a WebSocket client reads `me()`
  * and `notices()` over HTTP from the same gateway: the protocol has no request for them).
@@ -18,15 +23,22 @@
  *   `retry_after_ms` (or HTTP `Retry-After`), drawn from ½× to 1½×, has passed; a shake
  *   meanwhile is answered by the client itself (`heldBack: true`).
  * - A packet's notice is delivered once, however often the server repeats it.
+ * - After a `rate-limited` shake the client holds shakes for exactly the wait the server
+ *   named (the limit is the user's own: coming back early would be refused again).
+ * - A TLS failure no retry mends (an untrusted certificate, a refused handshake, a plain
+ *   URL at a TLS port: `tls-failure.ts`) ends the client with kind `tls`; it is not
+ *   retried as a lost connection would be.
  */
 
 import { Backoff, ShakeGate, type Random } from "./backoff.js";
+import { Credentials, type RefreshToken } from "./credentials.js";
 import { HongbaoError } from "./errors.js";
 import { Emitter, SeenPackets, type ClientEvents, type ClientState, type Listener } from "./events.js";
-import { Fields, JsonFormError, hex, parseJson, stringifyJson, unhex, type JsonValue } from "./json.js";
+import { Fields, JsonFormError, parseJson, stringifyJson, type JsonValue } from "./json.js";
 import { toU32, toU64, type U64Input } from "./numbers.js";
 import { newIdempotencyKey } from "./platform.js";
 import { MAX_RECIPIENTS, validIdempotencyKey } from "./protocol.js";
+import { tlsFailureOf } from "./tls-failure.js";
 import {
   meFromHttp,
   noticesFromHttp,
@@ -43,9 +55,24 @@ import {
 export interface ConnectOptions {
   /** `ws://host:port` (the path defaults to `/ws`), `wss://…`, `http://host:port` or `https://…`. */
   url: string;
-  userId: U64Input;
-  /** The login token: 64 hex characters (see `devToken`) or its 32 raw bytes. */
-  token: string | Uint8Array;
+  /**
+   * The login token: a JWT (its compact form) from the app server — or, in development
+   * and tests, from `devToken`.
+   */
+  token: string;
+  /** The user the token must name; left out (or 0): whoever the token names (`client.userId` says who). */
+  userId?: U64Input;
+  /**
+   * How a session outlives its token: called with the user id when the server asks for a
+   * fresh token (its `refresh` push, over WebSocket), before a reconnect whose token has
+   * ended, and over HTTP before a request when the token is within `refreshBeforeMs` of
+   * its `exp`. Resolves to a fresh JWT of the same user (an async function is fine), or to
+   * null/undefined to let the session lapse (it is then kicked `expired`, and the client
+   * closes). Without it a session ends with its token.
+   */
+  refresh?: RefreshToken;
+  /** HTTP only: ask `refresh` this long before the token's `exp` (default 60 s). */
+  refreshBeforeMs?: number;
   /** WebSocket only: binary frames (default) or the JSON form in text messages. */
   form?: "binary" | "json";
   /** How long a request may wait for its answer, reconnects included (default 10 s). */
@@ -66,7 +93,14 @@ export interface ConnectOptions {
   httpUrl?: string;
   /** The random source for jitter (tests pin it). */
   random?: Random;
-  /** The `fetch` to use (default: the global one). */
+  /**
+   * Node only: the CA to trust for `wss://` and `https://` (PEM text, or its bytes; a list
+   * for several), instead of Node's own list — a private CA, or a test's throwaway one.
+   * The server's certificate must still name the URL's host or IP address. A browser
+   * trusts what the browser trusts: there `ca` is refused (`TypeError`).
+   */
+  ca?: string | Uint8Array | (string | Uint8Array)[];
+  /** The `fetch` to use (default: the global one; in Node with `ca`, one over `node:https` that trusts it). */
   fetch?: typeof fetch;
   /**
    * Listeners registered before the first login, so that nothing pushed at login (the
@@ -83,10 +117,27 @@ export interface SendRequest {
   idempotencyKey?: string;
 }
 
+/** What the client hands `fetch`. */
+export interface HttpInit {
+  method: string;
+  headers: Record<string, string>;
+  body?: string | undefined;
+  signal?: AbortSignal;
+}
+
+/** What the client reads of an answer: the part of `Response` it uses. */
+export interface HttpAnswerLike {
+  status: number;
+  headers: { get(name: string): string | null };
+  text(): Promise<string>;
+}
+
+/** The part of `fetch` the client uses: the global one fits, and so does `node-http.ts`'s. */
+export type HttpFetch = (url: string, init: HttpInit) => Promise<HttpAnswerLike>;
+
 /** Options after defaults, as the transports read them. */
 export interface Settings {
-  userId: bigint;
-  token: Uint8Array;
+  credentials: Credentials;
   requestTimeoutMs: number;
   connectTimeoutMs: number;
   reconnectBaseMs: number;
@@ -96,14 +147,14 @@ export interface Settings {
   pollNoticesMs: number;
   httpBase: string;
   random: Random;
-  fetch: typeof fetch;
+  fetch: HttpFetch;
 }
 
 /** What the transports have in common; see the module header for the rules. */
 export abstract class Client {
   abstract readonly transport: "websocket" | "http";
-  readonly userId: bigint;
   protected readonly settings: Settings;
+  protected readonly credentials: Credentials;
   protected readonly events = new Emitter<ClientEvents>();
   protected readonly gate: ShakeGate;
   private readonly seen: SeenPackets;
@@ -111,7 +162,7 @@ export abstract class Client {
 
   protected constructor(settings: Settings, noticeMemory: number) {
     this.settings = settings;
-    this.userId = settings.userId;
+    this.credentials = settings.credentials;
     this.gate = new ShakeGate(settings.random);
     this.seen = new SeenPackets(noticeMemory);
   }
@@ -120,7 +171,28 @@ export abstract class Client {
     return this.current;
   }
 
-  /** Listens to `packet-notice`, `chat`, `broadcast`, `kick` or `state`; returns the unsubscribe. */
+  /**
+   * The user: as given to `connect`, else the one the token names (as the server named
+   * it at login); 0 only while neither the caller nor the token has said.
+   */
+  get userId(): bigint {
+    return this.credentials.userId;
+  }
+
+  /** The token the next login (or HTTP request) uses: the last fresh one the server took. */
+  get token(): string {
+    return this.credentials.token;
+  }
+
+  /**
+   * Swaps in a fresh token now, without waiting for the server's `refresh`. Over
+   * WebSocket the client logs in again with it on the live connection (rejects with
+   * `bad-token` if the server refuses it: the session keeps its old token); over HTTP the
+   * next requests carry it. Either way later logins use it.
+   */
+  abstract setToken(token: string): Promise<void>;
+
+  /** Listens to `packet-notice`, `chat`, `broadcast`, `kick`, `refresh` or `state`; returns the unsubscribe. */
   on<K extends keyof ClientEvents>(event: K, listener: Listener<ClientEvents[K]>): () => void {
     return this.events.on(event, listener);
   }
@@ -137,9 +209,14 @@ export abstract class Client {
   /** Tries to win a share of the running shake campaign. */
   async shake(): Promise<ShakeResult> {
     const held = this.gate.heldForMs(Date.now());
-    if (held > 0) return { result: "overloaded", retryAfterMs: held, heldBack: true };
+    if (held > 0) {
+      return this.gate.heldBy === "rate-limited"
+        ? { result: "rate-limited", retryAfterMs: held, heldBack: true, text: "" }
+        : { result: "overloaded", retryAfterMs: held, heldBack: true };
+    }
     const result = await this.shakeOnce();
     if (result.result === "overloaded") this.gate.overloaded(result.retryAfterMs, Date.now());
+    if (result.result === "rate-limited") this.gate.rateLimited(result.retryAfterMs, Date.now());
     return result;
   }
 
@@ -215,8 +292,14 @@ export abstract class Client {
     if (this.seen.firstTime(notice.packetId)) this.events.emit("packet-notice", notice);
   }
 
-  protected bearer(): string {
-    return `Bearer ${this.userId}.${hex(this.settings.token)}`;
+  /** "user 42's token", or "the token" while the user is not known yet. */
+  protected whoseToken(): string {
+    return this.userId !== 0n ? `user ${this.userId}'s token` : "the token";
+  }
+
+  /** `Bearer <JWT>`, with a fresh token first when this one is near its end. */
+  protected async bearer(): Promise<string> {
+    return `Bearer ${await this.credentials.forRequest()}`;
   }
 
   /**
@@ -230,7 +313,7 @@ export abstract class Client {
     options: { body?: JsonValue; headers?: Record<string, string>; idempotent: boolean },
   ): Promise<HttpAnswer> {
     const deadline = Date.now() + this.settings.requestTimeoutMs;
-    const headers: Record<string, string> = { Authorization: this.bearer(), ...options.headers };
+    const headers: Record<string, string> = { Authorization: await this.bearer(), ...options.headers };
     if (options.body !== undefined) headers["Content-Type"] = "application/json";
     const body = options.body === undefined ? undefined : stringifyJson(options.body);
     const backoff = new Backoff(this.settings.reconnectBaseMs, this.settings.reconnectMaxMs, this.settings.random);
@@ -238,7 +321,7 @@ export abstract class Client {
       if (this.current === "closed") throw new HongbaoError("closed", "client", "the client is closed");
       const left = deadline - Date.now();
       if (left <= 0) throw new HongbaoError("timeout", "network", `${method} ${path}: no answer in ${this.settings.requestTimeoutMs} ms`);
-      let response: Response;
+      let response: HttpAnswerLike;
       let text: string;
       try {
         response = await this.settings.fetch(this.settings.httpBase + path, {
@@ -250,6 +333,12 @@ export abstract class Client {
         text = await response.text();
       } catch (e) {
         const name = (e as Error).name;
+        const tls = tlsFailureOf(e, "https://");
+        if (tls !== undefined) {
+          const error = new HongbaoError("tls", "network", `${method} ${path}: ${tls}`, { cause: e });
+          this.tlsFailed(error);
+          throw error;
+        }
         if (name === "TimeoutError" || name === "AbortError") {
           throw new HongbaoError("timeout", "network", `${method} ${path}: no answer in ${this.settings.requestTimeoutMs} ms`, { cause: e });
         }
@@ -264,6 +353,9 @@ export abstract class Client {
       return { status: response.status, body: answerFields(text, response.status), retryAfterMs: retryAfterMs(response) };
     }
   }
+
+  /** TLS with the HTTP API failed for good (the HTTP transport closes: no call would get through). */
+  protected tlsFailed(_error: HongbaoError): void {}
 
   /** An HTTP call could not reach the server (the HTTP transport reports a state change). */
   protected httpFailed(_error: Error): void {}
@@ -283,7 +375,7 @@ function answerFields(text: string, status: number): Fields {
   return new Fields({ result: status >= 500 ? "unavailable" : "bad-request", error: `HTTP ${status}: ${text.slice(0, 200)}` });
 }
 
-function retryAfterMs(response: Response): number | undefined {
+function retryAfterMs(response: HttpAnswerLike): number | undefined {
   const header = response.headers.get("retry-after");
   if (header === null) return undefined;
   const secs = Number(header);
@@ -294,13 +386,17 @@ export function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-/** Options with their defaults filled in. */
-export function settingsOf(options: ConnectOptions, url: URL): Settings {
-  const fetchFn = options.fetch ?? (globalThis as { fetch?: typeof fetch }).fetch;
+/** Options with their defaults filled in; `platformFetch` is the entry's (Node's with `ca`). */
+export function settingsOf(options: ConnectOptions, url: URL, platformFetch?: HttpFetch): Settings {
+  const globalFetch = (globalThis as { fetch?: typeof fetch }).fetch?.bind(globalThis);
+  const fetchFn: HttpFetch | undefined = options.fetch?.bind(globalThis) ?? platformFetch ?? globalFetch;
   if (fetchFn === undefined) throw new Error("this platform has no fetch");
+  if (typeof options.token !== "string" || options.token === "") {
+    throw new TypeError("token: a JWT's compact form (a non-empty string)");
+  }
+  const userId = toU64(options.userId ?? 0, "userId");
   return {
-    userId: toU64(options.userId, "userId"),
-    token: tokenOf(options.token),
+    credentials: new Credentials(options.token, userId, options.refresh, options.refreshBeforeMs ?? 60_000),
     requestTimeoutMs: options.requestTimeoutMs ?? 10_000,
     connectTimeoutMs: options.connectTimeoutMs ?? 15_000,
     reconnectBaseMs: options.reconnect?.baseMs ?? 250,
@@ -310,7 +406,7 @@ export function settingsOf(options: ConnectOptions, url: URL): Settings {
     pollNoticesMs: options.pollNoticesMs ?? 0,
     httpBase: (options.httpUrl ?? httpBaseOf(url)).replace(/\/+$/, ""),
     random: options.random ?? Math.random,
-    fetch: fetchFn.bind(globalThis),
+    fetch: fetchFn,
   };
 }
 
@@ -320,14 +416,3 @@ function httpBaseOf(url: URL): string {
   return `${scheme}//${url.host}`;
 }
 
-function tokenOf(token: string | Uint8Array): Uint8Array {
-  if (token instanceof Uint8Array) return token;
-  if (typeof token === "string") {
-    try {
-      return unhex(token);
-    } catch {
-      // fall through
-    }
-  }
-  throw new TypeError("token: 64 hex characters or the raw bytes");
-}

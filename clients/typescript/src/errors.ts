@@ -15,7 +15,18 @@ export type HongbaoErrorKind =
   | "bad-token"
   /** The same user logged in on another connection (kick `replaced`); the client does not reconnect. */
   | "replaced"
-  /** The client was closed (by `close()`, or after `bad-token` / `replaced`). */
+  /** The session's token ended with no fresh one (kick `expired`); the client does not reconnect. */
+  | "expired"
+  /** The user's tokens were revoked, or their key removed (kick `revoked`); the client does not reconnect. */
+  | "revoked"
+  /**
+   * TLS cannot be agreed with the server, and trying again would not change that: its
+   * certificate is not trusted (the `ca` option names the CA to trust) or names another
+   * host, the handshake was refused, or a `ws://`/`http://` URL points at a port that
+   * speaks TLS. The client does not reconnect.
+   */
+  | "tls"
+  /** The client was closed (by `close()`, or after `bad-token`, `replaced`, `expired`, `revoked`, `tls`). */
   | "closed"
   /** More requests waiting for a connection than `maxQueued`. */
   | "queue-full"

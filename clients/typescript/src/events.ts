@@ -16,7 +16,7 @@ export type ClientState =
   | "open"
   /** The connection was lost; waiting out the back-off, then connecting again. */
   | "reconnecting"
-  /** For good: `close()`, a refused token or a `replaced` kick. */
+  /** For good: `close()`, a refused token, or a kick `replaced`, `expired` or `revoked`. */
   | "closed";
 
 export interface ClientEvents {
@@ -24,6 +24,12 @@ export interface ClientEvents {
   chat: { fromUser: bigint; text: string };
   broadcast: { serverTimeUs: bigint; text: string };
   kick: { reason: KickReason; text: string };
+  /**
+   * The server asked for a fresh token: the session's token ends at `expiresAtMs` (Unix
+   * ms). The client asks the `refresh` option for one and logs in again with it on the
+   * same connection; with none, the session ends then (kick `expired`).
+   */
+  refresh: { expiresAtMs: bigint };
   state: { state: ClientState; reason: string };
 }
 

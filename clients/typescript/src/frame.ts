@@ -137,7 +137,7 @@ function decodePayload(type: Message["type"], r: Reader): Message {
   switch (type) {
     case "login": {
       const userId = r.u64("user_id");
-      const len = r.u8("token_len");
+      const len = r.u16("token_len");
       if (len > MAX_TOKEN_LEN) throw new PayloadError("token-too-long", `token of ${len} bytes over limit ${MAX_TOKEN_LEN}`);
       message = { type, userId, token: r.bytes("token", len).slice() };
       break;
@@ -182,12 +182,8 @@ function decodePayload(type: Message["type"], r: Reader): Message {
       break;
     case "shake-reply": {
       const reply: Message = { type, result: r.result(), packetId: r.u64("packet_id"), amountCents: r.u64("amount_cents") };
-      // Present only when not 0, so that every message has exactly one encoding.
-      if (!r.done) {
-        const retryAfterMs = r.u32("retry_after_ms");
-        if (retryAfterMs === 0) throw new PayloadError("zero-retry-after", "retry_after_ms written as 0");
-        reply.retryAfterMs = retryAfterMs;
-      }
+      const retryAfterMs = r.retryAfterMs();
+      if (retryAfterMs !== undefined) reply.retryAfterMs = retryAfterMs;
       message = reply;
       break;
     }
@@ -203,9 +199,13 @@ function decodePayload(type: Message["type"], r: Reader): Message {
     case "pong":
       message = { type, clientTimeUs: r.u64("client_time_us"), serverTimeUs: r.u64("server_time_us") };
       break;
-    case "error":
-      message = { type, result: r.result(), text: r.text() };
+    case "error": {
+      const reply: Message = { type, result: r.result(), text: r.text() };
+      const retryAfterMs = r.retryAfterMs();
+      if (retryAfterMs !== undefined) reply.retryAfterMs = retryAfterMs;
+      message = reply;
       break;
+    }
     case "packet-notice":
       message = {
         type,
@@ -229,6 +229,9 @@ function decodePayload(type: Message["type"], r: Reader): Message {
       message = { type, reason, text: r.text() };
       break;
     }
+    case "refresh":
+      message = { type, expiresAtMs: r.u64("expires_at_ms") };
+      break;
   }
   if (!r.done) throw new PayloadError("trailing-payload", `${r.left} bytes after the payload`);
   return message;
@@ -285,6 +288,14 @@ class Reader {
     return name;
   }
 
+  /** The optional trailing `retry_after_ms` (shake-reply, error): present only when not 0, so that every message has one encoding. */
+  retryAfterMs(): number | undefined {
+    if (this.done) return undefined;
+    const ms = this.u32("retry_after_ms");
+    if (ms === 0) throw new PayloadError("zero-retry-after", "retry_after_ms written as 0");
+    return ms;
+  }
+
   text(): string {
     const len = this.u16("text_len");
     if (len > MAX_TEXT_LEN) throw new PayloadError("text-too-long", `text of ${len} bytes over limit ${MAX_TEXT_LEN}`);
@@ -319,7 +330,7 @@ function readU64(buf: Uint8Array, at: number): bigint {
 /**
  * The bytes of one frame. Like the Rust encoder it clamps what would not fit a length
  * field — a text over `MAX_TEXT_LEN` bytes is cut at the last UTF-8 character boundary
- * at or before it, a token over 255 bytes to 255, a recipient list over 65,535 to 65,535 —
+ * at or before it, a token or a recipient list over 65,535 to 65,535 —
  * and writes tokens over `MAX_TOKEN_LEN` and lists over `MAX_RECIPIENTS` as given (they
  * will not decode). Throws a `RangeError` for a number outside its field's type.
  */
@@ -338,9 +349,9 @@ export function encode(frame: Frame): Uint8Array {
 function encodePayload(m: Message, w: Writer): void {
   switch (m.type) {
     case "login": {
-      const token = m.token.subarray(0, 255);
+      const token = m.token.subarray(0, 0xffff);
       w.u64(m.userId, "user_id");
-      w.u8(token.length);
+      w.u16(token.length);
       w.bytes(token);
       return;
     }
@@ -401,6 +412,7 @@ function encodePayload(m: Message, w: Writer): void {
     case "error":
       w.u8(resultCode(m.result));
       w.text(m.text);
+      if (m.retryAfterMs) w.u32(m.retryAfterMs, "retry_after_ms");
       return;
     case "packet-notice":
       w.u64(m.packetId, "packet_id");
@@ -420,6 +432,9 @@ function encodePayload(m: Message, w: Writer): void {
     case "kick":
       w.u8(kickReasonCode(m.reason));
       w.text(m.text);
+      return;
+    case "refresh":
+      w.u64(m.expiresAtMs, "expires_at_ms");
       return;
   }
 }

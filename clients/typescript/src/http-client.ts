@@ -1,13 +1,19 @@
 /**
  * The HTTP transport (docs/http-api.md): every request proves its user with a bearer
- * token, so there is no connection to keep and nothing to log in to. `start()` checks
- * the token with `GET /v1/notices` and announces what it lists — HTTP clients get no
- * pushes, so notices come from there (at start, from `notices()`, and every
- * `pollNoticesMs` if set) and `chat`, `broadcast` and `kick` events never come.
+ * token (`Authorization: Bearer <JWT>`), so there is no connection to keep and nothing
+ * to log in to. `start()` checks the token with `GET /v1/notices` and announces what it
+ * lists — HTTP clients get no pushes, so notices come from there (at start, from
+ * `notices()`, and every `pollNoticesMs` if set) and `chat`, `broadcast`, `kick` and
+ * `refresh` events never come. A token near its `exp` is swapped for a fresh one from the
+ * `refresh` option before a request (`credentials.ts`); a refused one (401: forged,
+ * expired, revoked) ends the client at start, and is a `refused` answer with code
+ * `bad-token` after.
  *
  * A call that cannot reach the server is tried again, after a back-off, only where that
  * is safe: a send (with its `Idempotency-Key`), an open, a read. The state goes
- * `reconnecting` while calls fail and `open` again at the next answer.
+ * `reconnecting` while calls fail and `open` again at the next answer. A TLS failure no
+ * retry mends (an untrusted certificate, `http://` at a TLS port) closes the client: the
+ * call rejects with kind `tls`, later ones with `closed`.
  */
 
 import { Backoff } from "./backoff.js";
@@ -38,18 +44,30 @@ export class HttpClient extends Client {
     const deadline = Date.now() + this.settings.connectTimeoutMs;
     const backoff = new Backoff(this.settings.reconnectBaseMs, this.settings.reconnectMaxMs, this.settings.random);
     for (;;) {
+      let serverAskedMs: number | undefined;
+      let limitMs: number | undefined;
       try {
         const answer = await this.http("GET", "/v1/notices", { idempotent: true });
+        // `unavailable` (503) or `rate-limited` (429): after the wait the server names,
+        // the whole of it for a per-user limit.
+        serverAskedMs = answer.retryAfterMs;
+        if (answer.status === 429) limitMs = answer.retryAfterMs;
         if (answer.status === 401) {
+          const why = answer.body.has("error") ? `: ${answer.body.string("error")}` : "";
           this.setState("closed", "token refused");
-          throw new HongbaoError("bad-token", "server", `user ${this.userId}'s token was refused`);
+          throw new HongbaoError("bad-token", "server", `${this.whoseToken()} was refused${why}`);
         }
         if (answer.status === 200) break;
       } catch (e) {
         if (!(e instanceof HongbaoError) || e.kind !== "timeout" || Date.now() >= deadline) throw e;
       }
       if (Date.now() >= deadline) throw new HongbaoError("timeout", "network", `no answer within ${this.settings.connectTimeoutMs} ms`);
-      await sleep(Math.min(Math.max(0, deadline - Date.now()), backoff.next()));
+      await sleep(Math.min(Math.max(0, deadline - Date.now()), backoff.next(serverAskedMs, limitMs)));
+    }
+    if (this.userId === 0n) {
+      // A token whose user this client cannot read: the server names it.
+      const me = await this.me();
+      if (me.result === "ok") this.credentials.userId = me.userId;
     }
     this.setState("open", "token accepted");
     await this.notices();
@@ -73,6 +91,11 @@ export class HttpClient extends Client {
     this.setState("closed", "closed by the client");
   }
 
+  async setToken(token: string): Promise<void> {
+    if (this.state === "closed") throw new HongbaoError("closed", "client", "the client is closed");
+    this.credentials.token = token;
+  }
+
   protected async shakeOnce(): Promise<ShakeResult> {
     return shakeFromHttp(await this.http("POST", "/v1/shake", { idempotent: false }));
   }
@@ -92,6 +115,11 @@ export class HttpClient extends Client {
 
   protected async chatOnce(toUser: bigint, text: string): Promise<ChatResult> {
     return chatFromHttp(await this.http("POST", "/v1/chat", { body: { to_user: toUser, text }, idempotent: false }));
+  }
+
+  protected override tlsFailed(error: HongbaoError): void {
+    clearInterval(this.pollTimer);
+    this.setState("closed", error.message);
   }
 
   protected override httpFailed(error: Error): void {

@@ -185,6 +185,7 @@ const TYPES_BY_JSON_NAME = new Map<string, MessageType>(
     [
       "login", "shake", "send", "open", "chat", "ping", "login-reply", "shake-reply", "send-reply",
       "open-reply", "chat-reply", "pong", "error", "packet-notice", "chat-message", "broadcast", "kick",
+      "refresh",
     ] as const
   ).map((t) => [jsonTypeName(t), t]),
 );
@@ -200,7 +201,8 @@ export function toJson(frame: Frame): string {
   switch (m.type) {
     case "login":
       put("user_id", m.userId);
-      put("token", hex(m.token));
+      // The JWT as it is (its bytes are ASCII); the server writes it so too.
+      put("token", utf8Decoder.decode(m.token));
       break;
     case "shake":
       break;
@@ -250,6 +252,7 @@ export function toJson(frame: Frame): string {
     case "error":
       put("result", m.result);
       put("text", text(m.text));
+      if (m.retryAfterMs) put("retry_after_ms", m.retryAfterMs);
       break;
     case "packet-notice":
       put("packet_id", m.packetId);
@@ -269,6 +272,9 @@ export function toJson(frame: Frame): string {
     case "kick":
       put("reason", m.reason);
       put("text", text(m.text));
+      break;
+    case "refresh":
+      put("expires_at_ms", m.expiresAtMs);
       break;
   }
   return out + "}";
@@ -297,7 +303,8 @@ export function fromJson(text: string): Frame {
 function readMessage(type: MessageType, f: Fields): Message {
   switch (type) {
     case "login":
-      return { type, userId: f.u64("user_id"), token: f.token("token") };
+      // `user_id` may be left out: 0, whoever the token names.
+      return { type, userId: f.has("user_id") ? f.u64("user_id") : 0n, token: f.token("token") };
     case "shake":
       return { type };
     case "send": {
@@ -319,10 +326,8 @@ function readMessage(type: MessageType, f: Fields): Message {
       return { type, result: f.result(), userId: f.u64("user_id") };
     case "shake-reply": {
       const reply: Message = { type, result: f.result(), packetId: f.u64("packet_id"), amountCents: f.u64("amount_cents") };
-      if (f.has("retry_after_ms")) {
-        const ms = f.u32("retry_after_ms");
-        if (ms !== 0) reply.retryAfterMs = ms;
-      }
+      const ms = f.retryAfterMs();
+      if (ms !== undefined) reply.retryAfterMs = ms;
       return reply;
     }
     case "send-reply":
@@ -333,8 +338,12 @@ function readMessage(type: MessageType, f: Fields): Message {
       return { type, result: f.result() };
     case "pong":
       return { type, clientTimeUs: f.u64("client_time_us"), serverTimeUs: f.u64("server_time_us") };
-    case "error":
-      return { type, result: f.result(), text: f.text("text") };
+    case "error": {
+      const reply: Message = { type, result: f.result(), text: f.text("text") };
+      const ms = f.retryAfterMs();
+      if (ms !== undefined) reply.retryAfterMs = ms;
+      return reply;
+    }
     case "packet-notice":
       return {
         type,
@@ -350,6 +359,8 @@ function readMessage(type: MessageType, f: Fields): Message {
       return { type, serverTimeUs: f.u64("server_time_us"), text: f.text("text") };
     case "kick":
       return { type, reason: f.kickReason(), text: f.text("text") };
+    case "refresh":
+      return { type, expiresAtMs: f.u64("expires_at_ms") };
   }
 }
 
@@ -402,11 +413,18 @@ export class Fields {
     return s;
   }
 
+  /** A login token: the JWT's compact form as it is, at most `MAX_TOKEN_LEN` bytes. */
   token(key: string): Uint8Array {
-    const s = this.string(key);
-    if (s.length % 2 !== 0 || !/^[0-9a-fA-F]*$/.test(s)) this.fail(`field \`${key}\` is not hex`);
-    if (s.length / 2 > MAX_TOKEN_LEN) this.fail(`token of ${s.length / 2} bytes over limit ${MAX_TOKEN_LEN}`);
-    return unhex(s);
+    const bytes = utf8Encoder.encode(this.string(key));
+    if (bytes.length > MAX_TOKEN_LEN) this.fail(`token of ${bytes.length} bytes over limit ${MAX_TOKEN_LEN}`);
+    return bytes;
+  }
+
+  /** The optional `retry_after_ms` (absent, null or 0: none). */
+  retryAfterMs(): number | undefined {
+    if (!this.has("retry_after_ms")) return undefined;
+    const ms = this.u32("retry_after_ms");
+    return ms === 0 ? undefined : ms;
   }
 
   ids(key: string): bigint[] {

@@ -1,6 +1,7 @@
 /**
- * A minimal WebSocket client (RFC 6455) over `node:net` / `node:tls`, for Node versions
- * without a global `WebSocket` (Node < 22). Only the Node entry imports it.
+ * A minimal WebSocket client (RFC 6455) over `node:net` / `node:tls`, for Node: every
+ * `wss://` URL, and `ws://` where Node has no global `WebSocket` (Node < 22). Only the
+ * Node entry imports it.
  *
  * It does what the hongbao client needs and what the RFC requires of a client: the
  * opening handshake (with the `Sec-WebSocket-Accept` check), masked frames out, text and
@@ -8,6 +9,12 @@
  * handshake. It also reports what a browser's WebSocket hides: the status and
  * `Retry-After` of a refused upgrade (the gateway answers `503` with `Retry-After: 1` when
  * it holds too many connections not yet logged in), so the client can wait as told.
+ *
+ * Over TLS (`wss://`) it trusts the CA given as `ca` (else Node's own list), checks the
+ * certificate names the URL's host (or IP address), and offers ALPN `http/1.1`, as the
+ * gateway's WebSocket listeners say. A failure no retry mends — an untrusted
+ * certificate, a refused handshake, or a TLS alert answering a plain `ws://` handshake —
+ * is reported as such (`CloseInfo.tls`), so the client stops instead of retrying.
  */
 
 import { createHash, randomBytes, randomFillSync } from "node:crypto";
@@ -15,6 +22,7 @@ import * as net from "node:net";
 import * as tls from "node:tls";
 
 import type { CloseInfo, SocketEvents, SocketFactory, WireSocket } from "./socket.js";
+import { isTlsAlert, plainAtTlsPort, tlsFailureOf } from "./tls-failure.js";
 
 const GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 /** Largest handshake answer we read. */
@@ -31,7 +39,27 @@ const OP_CLOSE = 0x8;
 const OP_PING = 0x9;
 const OP_PONG = 0xa;
 
-export const nodeSocket: SocketFactory = (url, events) => new NodeWebSocket(url, events);
+/** A CA to trust, as PEM (one or several certificates), for `wss://`. */
+export type TrustedCa = string | Uint8Array | (string | Uint8Array)[];
+
+export interface NodeSocketOptions {
+  /** The CA(s) that sign the server's certificate; without it, Node's own list. */
+  ca?: TrustedCa;
+}
+
+/** Sockets that trust `options.ca` over `wss://`. */
+export function nodeSocketWith(options: NodeSocketOptions): SocketFactory {
+  return (url, events) => new NodeWebSocket(url, events, options);
+}
+
+/** Sockets that trust Node's own list of CAs over `wss://`. */
+export const nodeSocket: SocketFactory = nodeSocketWith({});
+
+/** `ca` as `node:tls` takes it. */
+export function tlsCa(ca: TrustedCa): string | Buffer | (string | Buffer)[] {
+  const one = (c: string | Uint8Array) => (typeof c === "string" ? c : Buffer.from(c.buffer, c.byteOffset, c.byteLength));
+  return Array.isArray(ca) ? ca.map(one) : one(ca);
+}
 
 type Phase = "handshake" | "open" | "closing" | "closed";
 
@@ -50,14 +78,23 @@ class NodeWebSocket implements WireSocket {
   constructor(
     url: string,
     private readonly events: SocketEvents,
+    options: NodeSocketOptions,
   ) {
     const u = new URL(url);
     if (u.protocol !== "ws:" && u.protocol !== "wss:") throw new Error(`not a WebSocket URL: ${url}`);
     const secure = u.protocol === "wss:";
     const host = u.hostname.replace(/^\[|\]$/g, "");
     const port = Number(u.port || (secure ? 443 : 80));
+    // An IP address gets no SNI (RFC 6066), and is checked against the certificate's
+    // IP addresses.
     this.socket = secure
-      ? tls.connect({ host, port, servername: net.isIP(host) ? undefined : host })
+      ? tls.connect({
+          host,
+          port,
+          servername: net.isIP(host) ? undefined : host,
+          ALPNProtocols: ["http/1.1"],
+          ...(options.ca !== undefined ? { ca: tlsCa(options.ca) } : {}),
+        })
       : net.connect({ host, port });
     this.socket.setNoDelay(true);
     const path = (u.pathname || "/") + u.search;
@@ -68,7 +105,11 @@ class NodeWebSocket implements WireSocket {
       );
     });
     this.socket.on("data", (chunk: Buffer) => this.onData(chunk));
-    this.socket.on("error", () => {}); // "close" follows
+    this.socket.on("error", (e) => {
+      // "close" follows; a TLS failure no retry mends is kept for it to report.
+      const why = this.phase === "handshake" ? tlsFailureOf(e, "wss://") : undefined;
+      if (why !== undefined) this.closeInfo = { code: 1006, reason: why, tls: why };
+    });
     this.socket.on("close", () => this.finish({ code: 1006, reason: "connection lost" }));
   }
 
@@ -130,6 +171,12 @@ class NodeWebSocket implements WireSocket {
 
   /** Reads the upgrade answer; false while it is not whole (or it was refused). */
   private readHandshake(): boolean {
+    if (isTlsAlert(this.input)) {
+      const why = plainAtTlsPort("wss://");
+      this.closeInfo = { code: 1006, reason: why, tls: why };
+      this.finish(this.closeInfo);
+      return false;
+    }
     const end = this.input.indexOf("\r\n\r\n");
     if (end < 0) {
       if (this.input.length > MAX_HEAD_BYTES) this.refused(0, undefined, "handshake answer too long");

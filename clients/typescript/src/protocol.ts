@@ -11,8 +11,12 @@
  * (request ids, shares, `retryAfterMs`) are `number`s, which hold them exactly.
  */
 
-/** Version byte of every frame. */
-export const VERSION = 1;
+/**
+ * Version byte of every frame a client writes, and the only one a client reads: servers
+ * write nothing else. (A server still reads version 1 for the old HMAC login of the C
+ * floor client; this library speaks version 2 only.)
+ */
+export const VERSION = 2;
 /** Largest frame body (everything after the 4-byte length prefix), in bytes. */
 export const MAX_FRAME_LEN = 16 * 1024;
 /** Length prefix + version + type + request id. */
@@ -21,8 +25,8 @@ export const HEADER_LEN = 10;
 export const MAX_RECIPIENTS = 1000;
 /** Longest chat, error, broadcast or kick text, in bytes of UTF-8. */
 export const MAX_TEXT_LEN = 4096;
-/** Longest login token, in bytes. */
-export const MAX_TOKEN_LEN = 64;
+/** Longest login token (a JWT's compact form), in bytes. */
+export const MAX_TOKEN_LEN = 2048;
 /** Longest idempotency key of a send, in bytes of printable ASCII. */
 export const MAX_IDEMPOTENCY_KEY_LEN = 64;
 /** Largest JSON text message the gateway reads, in bytes. */
@@ -50,6 +54,7 @@ export const RESULT_NAMES = [
   "unknown-type",
   "no-such-packet",
   "unavailable",
+  "rate-limited",
 ] as const;
 export type ResultName = (typeof RESULT_NAMES)[number];
 
@@ -61,6 +66,8 @@ export const KICK_REASONS = [
   "idle",
   "slow-reader",
   "shutdown",
+  "expired",
+  "revoked",
 ] as const;
 export type KickReason = (typeof KICK_REASONS)[number];
 
@@ -97,7 +104,13 @@ export function validIdempotencyKey(key: string): boolean {
 // Properties are declared, and built by the decoders, in wire order: the conformance test
 // relies on it to write the golden file's decoded form.
 
-export type Login = { type: "login"; userId: bigint; token: Uint8Array };
+export type Login = {
+  type: "login";
+  /** 0: whoever the token names. */
+  userId: bigint;
+  /** A JWT's compact form, as its ASCII bytes. */
+  token: Uint8Array;
+};
 export type Shake = { type: "shake" };
 export type Send = {
   type: "send";
@@ -117,14 +130,20 @@ export type ShakeReply = {
   result: ResultName;
   packetId: bigint;
   amountCents: bigint;
-  /** Only on `overloaded`, and never 0: absent when the server names no wait. */
+  /** Only on `overloaded` or `rate-limited`, and never 0: absent when the server names no wait. */
   retryAfterMs?: number;
 };
 export type SendReply = { type: "send-reply"; result: ResultName; packetId: bigint; balanceCents: bigint };
 export type OpenReply = { type: "open-reply"; result: ResultName; packetId: bigint; amountCents: bigint };
 export type ChatReply = { type: "chat-reply"; result: ResultName };
 export type Pong = { type: "pong"; clientTimeUs: bigint; serverTimeUs: bigint };
-export type ErrorReply = { type: "error"; result: ResultName; text: string };
+export type ErrorReply = {
+  type: "error";
+  result: ResultName;
+  text: string;
+  /** Only on `rate-limited`, and never 0: when the request would be allowed. */
+  retryAfterMs?: number;
+};
 
 export type PacketNotice = {
   type: "packet-notice";
@@ -138,10 +157,12 @@ export type PacketNotice = {
 export type ChatMessage = { type: "chat-message"; fromUser: bigint; text: string };
 export type Broadcast = { type: "broadcast"; serverTimeUs: bigint; text: string };
 export type Kick = { type: "kick"; reason: KickReason; text: string };
+/** The session's token ends at `expiresAtMs`: log in again on the same connection with a fresh one. */
+export type Refresh = { type: "refresh"; expiresAtMs: bigint };
 
 export type ClientMessage = Login | Shake | Send | Open | Chat | Ping;
 export type Reply = LoginReply | ShakeReply | SendReply | OpenReply | ChatReply | Pong | ErrorReply;
-export type Push = PacketNotice | ChatMessage | Broadcast | Kick;
+export type Push = PacketNotice | ChatMessage | Broadcast | Kick | Refresh;
 export type Message = ClientMessage | Reply | Push;
 export type MessageType = Message["type"];
 
@@ -170,6 +191,7 @@ export const TYPE_CODES: Readonly<Record<MessageType, number>> = {
   "chat-message": 0x91,
   broadcast: 0x92,
   kick: 0x93,
+  refresh: 0x94,
 };
 
 const TYPES_BY_CODE = new Map<number, MessageType>(

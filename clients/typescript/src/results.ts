@@ -4,15 +4,24 @@
  * HTTP answers into them.
  *
  * Every union has `unavailable` (the server could not reach its core; nothing was done,
- * the request may be retried) and `refused` (the server answered with a result that does
- * not belong to this request — its `error` reply, or an HTTP error answer — `code` names
- * it). `bad-request` carries the server's text when it gave one.
+ * the request may be retried), `rate-limited` (over one of the user's limits; nothing was
+ * done; `retryAfterMs` says when it would be allowed) and `refused` (the server answered
+ * with a result that does not belong to this request — its `error` reply, or an HTTP
+ * error answer — `code` names it). `bad-request` carries the server's text when it gave
+ * one.
  */
 
 import { Fields, type JsonValue } from "./json.js";
 import { isResultName, type Reply, type ResultName } from "./protocol.js";
 
 export type Unavailable = { result: "unavailable" };
+/** Over one of the user's limits (docs/security.md); nothing was done. */
+export type RateLimited = {
+  result: "rate-limited";
+  /** When the request would be allowed (null: the server named no wait). */
+  retryAfterMs: number | null;
+  text: string;
+};
 export type Refused = { result: "refused"; code: ResultName; text: string };
 export type BadRequest = { result: "bad-request"; text: string };
 
@@ -26,6 +35,10 @@ export type ShakeResult =
       /** True when the client answered itself: the server's wait had not passed, nothing was sent. */
       heldBack: boolean;
     }
+  | (RateLimited & {
+      /** True when the client answered itself: the server's wait had not passed, nothing was sent. */
+      heldBack: boolean;
+    })
   | Unavailable
   | Refused;
 
@@ -33,6 +46,7 @@ export type SendResult =
   | { result: "ok"; packetId: bigint; balanceCents: bigint; idempotencyKey: string }
   | { result: "insufficient-funds"; balanceCents: bigint; idempotencyKey: string }
   | BadRequest
+  | RateLimited
   | Unavailable
   | Refused;
 
@@ -40,10 +54,11 @@ export type OpenResult =
   | { result: "opened" | "already-opened"; packetId: bigint; amountCents: bigint }
   | { result: "empty" | "not-a-recipient" | "expired" | "no-such-packet"; packetId: bigint }
   | BadRequest
+  | RateLimited
   | Unavailable
   | Refused;
 
-export type ChatResult = { result: "delivered" | "offline" } | BadRequest | Unavailable | Refused;
+export type ChatResult = { result: "delivered" | "offline" } | BadRequest | RateLimited | Unavailable | Refused;
 
 export type PingResult =
   | {
@@ -52,6 +67,7 @@ export type PingResult =
       rttMs: number;
       serverTimeUs: bigint;
     }
+  | RateLimited
   | Unavailable
   | Refused;
 
@@ -60,6 +76,7 @@ export type LedgerEvent = { [key: string]: JsonValue };
 
 export type MeResult =
   | { result: "ok"; userId: bigint; balanceCents: bigint; recentEvents: LedgerEvent[] }
+  | RateLimited
   | Unavailable
   | Refused;
 
@@ -78,9 +95,13 @@ export interface PacketNotice {
 /** Replies that carry a result (all but `pong`). */
 type ResultReply = Exclude<Reply, { type: "pong" }>;
 
-function refusedOrUnavailable(reply: ResultReply): Unavailable | Refused | BadRequest {
+function refusedOrUnavailable(reply: ResultReply): Unavailable | RateLimited | Refused | BadRequest {
   if (reply.result === "unavailable") return { result: "unavailable" };
   const text = reply.type === "error" ? reply.text : "";
+  if (reply.result === "rate-limited") {
+    const retryAfterMs = reply.type === "error" || reply.type === "shake-reply" ? reply.retryAfterMs : undefined;
+    return { result: "rate-limited", retryAfterMs: retryAfterMs ?? null, text };
+  }
   if (reply.result === "bad-request") return { result: "bad-request", text };
   return { result: "refused", code: reply.result, text };
 }
@@ -102,8 +123,14 @@ export function shakeFromReply(reply: Reply): ShakeResult {
     }
   }
   if (reply.type !== "shake-reply" && reply.type !== "error") return unexpected(reply, "shake");
-  const other = refusedOrUnavailable(reply);
-  return other.result === "bad-request" ? { result: "refused", code: "bad-request", text: other.text } : other;
+  return shakeOther(refusedOrUnavailable(reply));
+}
+
+/** A shake's answer that is not a shake's outcome: a bad-request is a refusal, a rate limit not held back. */
+function shakeOther(other: Unavailable | RateLimited | Refused | BadRequest): ShakeResult {
+  if (other.result === "bad-request") return { result: "refused", code: "bad-request", text: other.text };
+  if (other.result === "rate-limited") return { ...other, heldBack: false };
+  return other;
 }
 
 export function sendFromReply(reply: Reply, idempotencyKey: string): SendResult {
@@ -156,9 +183,14 @@ export interface HttpAnswer {
   retryAfterMs: number | undefined;
 }
 
-function httpOther(answer: HttpAnswer, result: string): Unavailable | Refused | BadRequest {
+function httpOther(answer: HttpAnswer, result: string): Unavailable | RateLimited | Refused | BadRequest {
   const text = answer.body.has("error") ? answer.body.string("error") : "";
   if (result === "unavailable") return { result: "unavailable" };
+  if (result === "rate-limited") {
+    // The body's milliseconds are finer than the header's whole seconds.
+    const ms = answer.body.has("retry_after_ms") ? answer.body.u32("retry_after_ms") : answer.retryAfterMs;
+    return { result, retryAfterMs: ms ?? null, text };
+  }
   if (result === "bad-request") return { result: "bad-request", text };
   const code = isResultName(result) ? result : "bad-request";
   return { result: "refused", code, text: text || `HTTP ${answer.status}` };
@@ -181,8 +213,7 @@ export function shakeFromHttp(answer: HttpAnswer): ShakeResult {
       return { result, retryAfterMs: ms ?? null, heldBack: false };
     }
   }
-  const other = httpOther(answer, result);
-  return other.result === "bad-request" ? { result: "refused", code: "bad-request", text: other.text } : other;
+  return shakeOther(httpOther(answer, result));
 }
 
 export function sendFromHttp(answer: HttpAnswer, idempotencyKey: string): SendResult {

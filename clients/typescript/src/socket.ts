@@ -3,8 +3,9 @@
  *
  * The client needs little of a WebSocket: open, send a message, hear messages and one
  * close. {@link platformSocket} adapts the platform's `WebSocket` (browsers, Node ≥ 22);
- * `node-ws.ts` is a small RFC 6455 client over `node:net` for Node versions without one,
- * and only the Node entry imports it, so the browser build stays platform-only.
+ * `node-ws.ts` is a small RFC 6455 client over `node:net` and `node:tls` for Node (versions
+ * without one, and every `wss://` URL: it takes a CA to trust), and only the Node entry
+ * imports it, so the browser build stays platform-only.
  */
 
 /** How a connection ended. */
@@ -18,6 +19,13 @@ export interface CloseInfo {
    */
   status?: number;
   retryAfterMs?: number;
+  /**
+   * Set when TLS failed in a way no retry mends (an untrusted certificate, a refused
+   * handshake, a plain URL at a TLS port), saying why; the client then stops. Only a
+   * client that can see why (the Node one) fills it in: a browser's WebSocket reports any
+   * failure as a bare 1006.
+   */
+  tls?: string;
 }
 
 export interface SocketEvents {

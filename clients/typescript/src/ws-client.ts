@@ -11,8 +11,16 @@
  * request has its own deadline, reconnects included.
  *
  * Reconnecting: after a jittered back-off that doubles per failed attempt and is never
- * below a refused upgrade's `Retry-After`; never after a refused token or a `replaced`
- * kick (another connection of this user is the one that counts now).
+ * below a refused upgrade's `Retry-After`; never after a refused token, a `replaced` kick
+ * (another connection of this user is the one that counts now), an `expired` one (the app
+ * gave no fresh token to come back with) or a `revoked` one (the user must sign in to the
+ * app again), nor after a TLS failure no retry mends (an untrusted certificate, a plain
+ * `ws://` at a TLS port: the socket says so, `CloseInfo.tls`).
+ *
+ * Tokens: when the server pushes `refresh`, the client asks the app's `refresh` callback
+ * (`credentials.ts`) for a fresh token and logs in with it on the same connection — the
+ * session goes on, nothing is lost. The token the server took is the one every later
+ * login uses.
  */
 
 import { Backoff } from "./backoff.js";
@@ -52,6 +60,8 @@ interface Connection {
   /** The kick that preceded the close, if any. */
   kick: KickReason | undefined;
   loginRefused: boolean;
+  /** A `rate-limited` login's wait: the next connection waits it out whole. */
+  loginLimitMs: number | undefined;
 }
 
 export class WsClient extends Client {
@@ -74,6 +84,21 @@ export class WsClient extends Client {
   ) {
     super(settings, noticeMemory);
     this.backoff = new Backoff(settings.reconnectBaseMs, settings.reconnectMaxMs, settings.random);
+  }
+
+  async setToken(token: string): Promise<void> {
+    if (this.state === "closed") throw new HongbaoError("closed", "client", "the client is closed");
+    if (!this.conn?.loggedIn) {
+      this.credentials.token = token;
+      return;
+    }
+    const reply = await this.login(token);
+    if (reply.type === "login-reply" && reply.result === "ok") {
+      this.credentials.token = token;
+      return;
+    }
+    const kind = reply.type === "login-reply" && reply.result === "bad-token" ? "bad-token" : "protocol";
+    throw new HongbaoError(kind, "server", `the fresh token was answered ${describe(reply)}; the session keeps its old one`);
   }
 
   /** Connects and logs in; resolves at the first login, retrying lost connections meanwhile. */
@@ -198,14 +223,42 @@ export class WsClient extends Client {
       message: (data) => conn && this.received(conn, data),
       close: (info) => conn && this.lost(conn, info),
     });
-    conn = { socket, loginId: 0, loggedIn: false, kick: undefined, loginRefused: false };
+    conn = { socket, loginId: 0, loggedIn: false, kick: undefined, loginRefused: false, loginLimitMs: undefined };
     this.conn = conn;
   }
 
   private opened(conn: Connection): void {
     if (conn !== this.conn) return;
     conn.loginId = this.allocateId();
-    this.write(conn, { requestId: conn.loginId, message: { type: "login", userId: this.userId, token: this.settings.token } });
+    // A token that has ended is swapped for a fresh one first (a reconnect long after the
+    // last refresh); one still alive logs in as it is, and the server asks in time.
+    this.credentials.forLogin().then((token) => {
+      if (conn !== this.conn) return;
+      this.write(conn, { requestId: conn.loginId, message: { type: "login", userId: this.credentials.loginUserId, token: utf8.encode(token) } });
+    });
+  }
+
+  /** A login on the logged-in connection with `token`: the server's answer. */
+  private login(token: string): Promise<Reply> {
+    return this.request({ type: "login", userId: this.credentials.loginUserId, token: utf8.encode(token) }, false);
+  }
+
+  /**
+   * Answers the server's `refresh`: a fresh token from the app, and a login with it on
+   * the same connection. Without one the session lapses at its token's end, and the kick
+   * `expired` ends the client (the close reason says why no token came).
+   */
+  private async refreshSession(conn: Connection): Promise<void> {
+    const fresh = await this.credentials.ask();
+    if (fresh === undefined || conn !== this.conn) return;
+    try {
+      const reply = await this.login(fresh);
+      if (reply.type === "login-reply" && reply.result === "ok") this.credentials.token = fresh;
+      // Else the server keeps the session's old token until it ends.
+      else this.credentials.lastFailure = `the fresh token was answered ${describe(reply)}`;
+    } catch (e) {
+      this.credentials.lastFailure = `logging in with the fresh token: ${(e as Error).message}`;
+    }
   }
 
   private received(conn: Connection, data: string | Uint8Array): void {
@@ -257,6 +310,7 @@ export class WsClient extends Client {
   private loginAnswered(conn: Connection, reply: Reply): void {
     if (reply.type === "login-reply" && reply.result === "ok") {
       conn.loggedIn = true;
+      this.credentials.userId = reply.userId;
       this.backoff.reset();
       this.setState("open", "logged in");
       this.firstLogin?.resolve();
@@ -272,6 +326,9 @@ export class WsClient extends Client {
       conn.loginRefused = true;
       return;
     }
+    // Over the user's login limit (a bot reconnecting to refill its shakes): come back
+    // once the wait is over, not before.
+    if (reply.type === "error" && reply.result === "rate-limited") conn.loginLimitMs = reply.retryAfterMs;
     // `unavailable` (the core could not be reached) or anything else: try another connection.
     conn.socket.close(1000, "login failed");
   }
@@ -297,6 +354,10 @@ export class WsClient extends Client {
         // The close follows; `lost` decides from the reason whether to come back.
         conn.kick = push.reason;
         this.events.emit("kick", { reason: push.reason, text: push.text });
+        return;
+      case "refresh":
+        this.events.emit("refresh", { expiresAtMs: push.expiresAtMs });
+        void this.refreshSession(conn);
         return;
     }
   }
@@ -335,22 +396,39 @@ export class WsClient extends Client {
     this.inFlight.clear();
     this.queued = again.concat(this.queued);
     if (this.state === "closed") return;
+    if (info.tls !== undefined) {
+      this.finish("tls", `${this.url}: ${info.tls}`, "network");
+      return;
+    }
     if (conn.loginRefused || conn.kick === "bad-token") {
-      this.finish("bad-token", `user ${this.userId}'s token was refused`, "server");
+      this.finish("bad-token", `${this.whoseToken()} was refused`, "server");
       return;
     }
     if (conn.kick === "replaced") {
       this.finish("replaced", `user ${this.userId} logged in on another connection`, "server");
       return;
     }
+    if (conn.kick === "expired") {
+      const why = this.credentials.lastFailure ?? (this.credentials.canRefresh ? "no fresh token came" : "no refresh option was given to connect");
+      this.finish("expired", `user ${this.userId}'s session ended with its token (${why})`, "server");
+      return;
+    }
+    if (conn.kick === "revoked") {
+      this.finish("revoked", `user ${this.userId}'s tokens were revoked`, "server");
+      return;
+    }
     const why = conn.kick ? `kicked: ${conn.kick}` : `closed ${info.code}${info.reason ? " " + info.reason : ""}`;
     if (this.state !== "connecting") this.setState("reconnecting", why);
-    const delay = this.backoff.next(info.retryAfterMs);
+    const delay = this.backoff.next(info.retryAfterMs, conn.loginLimitMs);
     this.reconnectTimer = setTimeout(() => this.dial(), delay);
   }
 
   /** Ends the client for good: every request waiting rejects with `kind`. */
-  private finish(kind: "closed" | "bad-token" | "replaced" | "timeout", why: string, source: "client" | "server" | "network"): void {
+  private finish(
+    kind: "closed" | "bad-token" | "replaced" | "expired" | "revoked" | "tls" | "timeout",
+    why: string,
+    source: "client" | "server" | "network",
+  ): void {
     if (this.state === "closed") return;
     this.setState("closed", why);
     clearTimeout(this.reconnectTimer);
@@ -369,4 +447,11 @@ export class WsClient extends Client {
       this.firstLogin = undefined;
     }
   }
+}
+
+const utf8 = new TextEncoder();
+
+/** A reply in a few words, for messages: `login-reply bad-token`. */
+function describe(reply: Reply): string {
+  return "result" in reply ? `${reply.type} ${reply.result}` : reply.type;
 }

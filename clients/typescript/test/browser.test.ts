@@ -1,11 +1,12 @@
 /**
  * The browser bundle (dist/browser/hongbao-client.js) in headless Chromium, against a
- * live `hongbao serve`: a page served from loopback imports the bundle, makes its tokens
- * with WebCrypto, and runs the main flow — login (binary and JSON forms), shake until a
- * win, send with a key and retry it, the recipient's notice and open; then a login and a
- * shake with the classic-script build — and posts what happened back to the test's own
- * HTTP server. Skipped with a message when Chromium or
- * the hongbao binary is missing.
+ * live `hongbao serve`: a page served from loopback imports the bundle, mints its JWTs
+ * with WebCrypto (`devToken`, standing in for the app server), and runs the main flow —
+ * login (the binary form naming the user; the JSON form with the token alone and a
+ * `refresh` callback), shake until a win, send with a key and retry it, the recipient's
+ * notice and open; then a login and a shake with the classic-script build — and posts
+ * what happened back to the test's own HTTP server. Skipped with a message when Chromium
+ * or the hongbao binary is missing.
  */
 
 import assert from "node:assert/strict";
@@ -47,9 +48,11 @@ try {
   const notices = [];
   const a = await connect({ url: ws, userId: sender, token: await devToken(secret, sender) });
   const b = await connect({
-    url: ws, form: "json", userId: recipient, token: await devToken(secret, recipient),
+    url: ws, form: "json", token: await devToken(secret, recipient),
+    refresh: (user) => devToken(secret, user),
     on: { "packet-notice": (n) => notices.push(n) },
   });
+  const recipientUserId = b.userId;
   let won;
   for (let i = 0; i < 400 && !won; i++) {
     const r = await a.shake();
@@ -69,7 +72,7 @@ try {
   const c = await hongbao.connect({ url: ws, userId: 9003, token: await hongbao.devToken(secret, 9003) });
   const iife = { shake: (await c.shake()).result, state: c.state };
   await c.close();
-  await report({ ok: true, won, sent, again, notice, opened, pong: pong.result, iife, isSecure: isSecureContext });
+  await report({ ok: true, won, sent, again, notice, opened, pong: pong.result, iife, recipientUserId, isSecure: isSecureContext });
 } catch (e) {
   await report({ ok: false, error: String(e && e.stack || e) });
 }
@@ -136,6 +139,7 @@ describe("the browser bundle in headless Chromium", { skip }, () => {
       assert.equal(r.notice.fromUser, "9001");
       assert.deepEqual(r.opened, { result: "opened", packetId: r.sent.packetId, amountCents: "10" });
       assert.equal(r.pong, "ok");
+      assert.equal(r.recipientUserId, "9002", "the user the token named");
       assert.ok(["won", "nothing"].includes(r.iife.shake), JSON.stringify(r.iife));
       assert.equal(r.iife.state, "open");
       const me = await server.adminGet("/v1/users/9001");

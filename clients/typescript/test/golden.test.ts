@@ -13,6 +13,7 @@ import { describe, test } from "node:test";
 
 import { FrameError, check, decode, encode } from "../src/frame.js";
 import { fromJson, hex, toJson, unhex } from "../src/json.js";
+import { TYPE_CODES } from "../src/protocol.js";
 import { formatFrame, parseDecoded, parseGolden } from "./support/golden.js";
 import { repoRoot } from "./support/repo.js";
 
@@ -52,6 +53,11 @@ describe("golden.txt", () => {
       });
     }
   }
+
+  test("every message type has a vector", () => {
+    const covered = new Set(vectors.flatMap((v) => (v.valid ? [parseDecoded(v.decoded).message.type] : [])));
+    assert.deepEqual([...covered].sort(), Object.keys(TYPE_CODES).sort());
+  });
 
   test("fatal errors are known from the header alone", () => {
     for (const v of vectors) {

@@ -1,8 +1,8 @@
 /**
  * The Node WebSocket client against a scripted RFC 6455 server on loopback: the
  * handshake and its accept check, masked client frames of each length form, fragmented
- * and control frames from the server, the closing handshake, and a refused upgrade's
- * status and Retry-After.
+ * and control frames from the server, the closing handshake, a refused upgrade's status
+ * and Retry-After, and a TLS alert for an answer (a plain client at a TLS port).
  */
 
 import assert from "node:assert/strict";
@@ -148,5 +148,14 @@ describe("node-ws", () => {
     server.close();
     assert.equal(info.status, 101);
     assert.match(info.reason, /bad upgrade answer/);
+  });
+
+  test("a TLS alert answering the handshake (a TLS port) is reported as a TLS failure", async () => {
+    // What rustls answers bytes that are not TLS: a fatal decode_error alert, then the close.
+    const server = await serve((socket) => socket.end(Buffer.from([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32])));
+    const info = await new Promise<CloseInfo>((resolve) => nodeSocket(server.url, { open: () => assert.fail("opened"), message: () => {}, close: resolve }));
+    server.close();
+    assert.equal(info.code, 1006);
+    assert.match(info.tls ?? "", /speaks TLS on this address \(use wss:\/\/\)/);
   });
 });

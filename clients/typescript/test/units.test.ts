@@ -1,6 +1,8 @@
 /**
  * The pure pieces: the JSON form against docs/protocol.md's examples, the exact JSON
- * reader, tokens against token.rs's vectors, back-off arithmetic, notice memory.
+ * reader, the JWT minter against golden.txt's login token (and an HMAC computed apart),
+ * the credentials' refresh rules, back-off arithmetic, notice memory, which errors are TLS
+ * failures no retry mends.
  */
 
 import assert from "node:assert/strict";
@@ -8,14 +10,19 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 
+import { createHmac } from "node:crypto";
+
 import { Backoff, ShakeGate, jittered } from "../src/backoff.js";
+import { Credentials } from "../src/credentials.js";
 import { SeenPackets } from "../src/events.js";
 import { decode, encode } from "../src/frame.js";
 import { JsonFormError, fromJson, parseJson, stringifyJson, toJson } from "../src/json.js";
 import { toU64 } from "../src/numbers.js";
 import { newIdempotencyKey } from "../src/platform.js";
 import { validIdempotencyKey } from "../src/protocol.js";
-import { devToken } from "../src/token.js";
+import { connect as browserConnect } from "../src/index.js";
+import { isTlsAlert, tlsFailureOf } from "../src/tls-failure.js";
+import { DEV_SECRET, base64url, devToken, tokenClaims, unbase64url } from "../src/token.js";
 import { repoRoot } from "./support/repo.js";
 
 /** The JSON lines of protocol.md's "Examples, one of each type" block. */
@@ -30,7 +37,7 @@ function protocolJsonExamples(): string[] {
 describe("JSON form", () => {
   test("every example in docs/protocol.md reads and writes back byte for byte", () => {
     const examples = protocolJsonExamples();
-    assert.ok(examples.length >= 17);
+    assert.ok(examples.length >= 18);
     const types = new Set<string>();
     for (const line of examples) {
       const frame = fromJson(line);
@@ -39,7 +46,7 @@ describe("JSON form", () => {
       // And the binary form carries the same message.
       assert.deepEqual(decode(encode(frame)), frame);
     }
-    assert.equal(types.size, 17, "one of each type");
+    assert.equal(types.size, 18, "one of each type");
   });
 
   test("u64s above 2^53 are exact", () => {
@@ -79,11 +86,102 @@ describe("JSON form", () => {
   });
 });
 
-describe("tokens (token.rs's vectors)", () => {
-  test("HMAC-SHA256 of the decimal user id", async () => {
-    assert.equal(await devToken("secret", 42), "93c121e7aa437a1e01e3c512c6f0ce3c821a839025dca4408f85616de4aaee70");
-    assert.equal(await devToken("", 0), "9979e4c3ee19965f9ecc6dca6b3954b10c18c1bfa105c512cc3ae58be85db71c");
-    assert.equal(await devToken("k", 18446744073709551615n), "ce4b782bd2451af0e0ba523cabb2b5b585eaa7c4f1afc53d89cb4ac4db192ea9");
+/** golden.txt's login token, less its (made-up) signature: user 42, issued at 1,800,000,000 for an hour. */
+const GOLDEN_SIGNING_INPUT =
+  "eyJhbGciOiJIUzI1NiIsImtpZCI6ImhvbmdiYW8iLCJ0eXAiOiJKV1QifQ" + ".eyJzdWIiOiI0MiIsImV4cCI6MTgwMDAwMzYwMCwiaWF0IjoxODAwMDAwMDAwfQ";
+
+const b64json = (part: string) => JSON.parse(new TextDecoder().decode(unbase64url(part)));
+
+describe("tokens: HS256 JWTs", () => {
+  test("golden.txt's login token: its header and claims, and the signature openssl gives", async () => {
+    const token = await devToken(DEV_SECRET, 42, { nowSecs: 1_800_000_000 });
+    // `openssl dgst -sha256 -hmac hongbao-dev-secret`, base64url; the Python suite pins the same token.
+    assert.equal(token, `${GOLDEN_SIGNING_INPUT}.q_oSwQVlYQsKlNWFypNI9SvATV5SlMzQyDliLrgFenw`);
+  });
+
+  test("HMAC-SHA256 over header.claims, base64url without padding", async () => {
+    const token = await devToken("k", 18446744073709551615n, { ttlSecs: 60, nowSecs: 1_700_000_000, kid: "app-2", audience: "hongbao" });
+    const [header, claims, signature] = token.split(".") as [string, string, string];
+    assert.deepEqual(b64json(header), { alg: "HS256", kid: "app-2", typ: "JWT" });
+    assert.deepEqual(b64json(claims), { sub: "18446744073709551615", exp: 1_700_000_060, iat: 1_700_000_000, aud: "hongbao" });
+    const expected = createHmac("sha256", "k").update(`${header}.${claims}`).digest("base64url");
+    assert.equal(signature, expected);
+    assert.ok(!token.includes("=") && /^[\x21-\x7e]+$/.test(token));
+    // WebCrypto refuses an empty key: one zero byte is the same HMAC key.
+    const empty = await devToken("", 1, { nowSecs: 1 });
+    const [h, c, sig] = empty.split(".") as [string, string, string];
+    assert.equal(sig, createHmac("sha256", "").update(`${h}.${c}`).digest("base64url"));
+    await assert.rejects(devToken("k", 0), RangeError);
+  });
+
+  test("base64url both ways, every length", () => {
+    for (let n = 0; n < 40; n++) {
+      const bytes = Uint8Array.from({ length: n }, (_, i) => (i * 89 + n * 7) & 0xff);
+      assert.equal(base64url(bytes), Buffer.from(bytes).toString("base64url"), `${n} bytes`);
+      assert.deepEqual(unbase64url(base64url(bytes)), bytes, `${n} bytes`);
+    }
+    assert.throws(() => unbase64url("a+b"), SyntaxError);
+  });
+
+  test("claims are read without the key; anything else is no token", async () => {
+    const token = await devToken("s", 42, { ttlSecs: 600, nowSecs: 1_800_000_000 });
+    const claims = tokenClaims(token);
+    assert.equal(claims?.userId, 42n);
+    assert.equal(claims?.expiresAtMs, 1_800_000_600_000);
+    for (const notJwt of ["", "abc", "a.b.c", "93c121e7aa437a1e01e3c512c6f0ce3c821a839025dca4408f85616de4aaee70"]) {
+      assert.equal(tokenClaims(notJwt), undefined, notJwt);
+    }
+  });
+});
+
+describe("credentials", () => {
+  const nowSecs = () => Math.floor(Date.now() / 1000);
+
+  test("the user: as given, else the token's", async () => {
+    const token = await devToken("s", 42);
+    assert.equal(new Credentials(token, 0n, undefined, 60_000).userId, 42n);
+    assert.equal(new Credentials(token, 0n, undefined, 60_000).loginUserId, 0n);
+    assert.equal(new Credentials(token, 42n, undefined, 60_000).loginUserId, 42n);
+    assert.equal(new Credentials("opaque", 0n, undefined, 60_000).userId, 0n);
+  });
+
+  test("a login swaps a token only once it has ended; a request once it is near its end", async () => {
+    const asked: bigint[] = [];
+    const refresh = async (user: bigint) => {
+      asked.push(user);
+      return `fresh-${asked.length}`;
+    };
+    const ending = await devToken("s", 7, { ttlSecs: 30 });
+    const c = new Credentials(ending, 0n, refresh, 60_000);
+    assert.equal(await c.forLogin(), ending);
+    assert.deepEqual(asked, []);
+    assert.equal(await c.forRequest(), "fresh-1"); // 30 s left, under the 60 s margin
+    assert.deepEqual(asked, [7n]);
+    const ended = new Credentials(await devToken("s", 8, { ttlSecs: 60, nowSecs: nowSecs() - 120 }), 0n, refresh, 0);
+    assert.equal(await ended.forLogin(), "fresh-2");
+    assert.equal(ended.token, "fresh-2");
+    // A token with no readable end is used as it is.
+    assert.equal(await new Credentials("opaque", 9n, refresh, 60_000).forRequest(), "opaque");
+  });
+
+  test("callers asking together share one call; a callback that gives nothing says why", async () => {
+    let calls = 0;
+    const c = new Credentials("t", 1n, async () => {
+      calls++;
+      await new Promise((r) => setTimeout(r, 10));
+      return "fresh";
+    }, 0);
+    assert.deepEqual(await Promise.all([c.ask(), c.ask(), c.ask()]), ["fresh", "fresh", "fresh"]);
+    assert.equal(calls, 1);
+    const none = new Credentials("t", 1n, () => undefined, 0);
+    assert.equal(await none.ask(), undefined);
+    assert.match(none.lastFailure ?? "", /gave no token/);
+    const failing = new Credentials("t", 1n, () => {
+      throw new Error("the app server is down");
+    }, 0);
+    assert.equal(await failing.ask(), undefined);
+    assert.match(failing.lastFailure ?? "", /the app server is down/);
+    assert.equal(await new Credentials("t", 1n, undefined, 0).ask(), undefined);
   });
 });
 
@@ -115,6 +213,9 @@ describe("back-off", () => {
     const b = new Backoff(250, 2000, () => 0.5);
     assert.deepEqual([b.next(), b.next(), b.next(), b.next(), b.next()], [250, 500, 1000, 2000, 2000]);
     assert.equal(b.next(5000), 5000);
+    // A per-user limit's wait is a floor, whatever the jitter draws.
+    assert.equal(new Backoff(250, 2000, () => 0).next(undefined, 900), 900);
+    assert.equal(new Backoff(250, 2000, () => 0).next(4000, 4000), 4000);
     b.reset();
     assert.equal(b.next(), 250);
   });
@@ -128,6 +229,17 @@ describe("back-off", () => {
     assert.equal(gate.heldForMs(3000), 0);
     gate.overloaded(null, 10_000);
     assert.equal(gate.heldForMs(10_000), 30_000);
+    assert.equal(gate.heldBy, "overloaded");
+  });
+
+  test("a rate-limited shake holds shakes for exactly the wait named", () => {
+    const gate = new ShakeGate(() => 0); // a jittered wait would be half
+    gate.rateLimited(700, 1000);
+    assert.equal(gate.heldForMs(1000), 700);
+    assert.equal(gate.heldBy, "rate-limited");
+    gate.overloaded(100, 1000); // shorter: the longer wait stands
+    assert.equal(gate.heldForMs(1000), 700);
+    assert.equal(gate.heldBy, "rate-limited");
   });
 });
 
@@ -138,5 +250,54 @@ describe("notice memory", () => {
     seen.firstTime(4n); // forgets 1
     assert.equal(seen.firstTime(1n), true);
     assert.equal(seen.firstTime(4n), false);
+  });
+});
+
+describe("TLS failures", () => {
+  const coded = (code: string, message: string, extra: object = {}) => Object.assign(new Error(message), { code, ...extra });
+
+  test("certificate and handshake failures are TLS failures, in the error or its cause", () => {
+    const leaf = coded("UNABLE_TO_VERIFY_LEAF_SIGNATURE", "unable to verify the first certificate");
+    assert.match(tlsFailureOf(leaf, "wss://")!, /certificate is not trusted \(UNABLE_TO_VERIFY_LEAF_SIGNATURE: unable to verify/);
+    // undici's fetch: TypeError("fetch failed") with the socket's error as its cause.
+    const wrapped = new TypeError("fetch failed", { cause: coded("ERR_TLS_CERT_ALTNAME_INVALID", "Hostname/IP does not match") });
+    assert.match(tlsFailureOf(wrapped, "https://")!, /certificate is not trusted \(ERR_TLS_CERT_ALTNAME_INVALID/);
+    const alpn = coded("ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL", "80DC:error:0A000460:SSL routines\nmore", {
+      reason: "tlsv1 alert no application protocol",
+    });
+    assert.equal(tlsFailureOf(alpn, "wss://"), "the TLS handshake failed (ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL: tlsv1 alert no application protocol)");
+    // node:https at a plain port: OpenSSL's refusal as a write error.
+    const eproto = coded("EPROTO", "write EPROTO 808C:error:0A00010B:SSL routines:ssl3_get_record:wrong version number:../ssl3_record.c:350:");
+    assert.equal(tlsFailureOf(eproto, "https://"), "the TLS handshake failed (EPROTO: wrong version number)");
+    assert.equal(tlsFailureOf(coded("EPROTO", "read EPROTO"), "https://"), undefined);
+  });
+
+  test("an HTTP parser choking on a TLS alert is a plain client at a TLS port", () => {
+    const undici = new TypeError("fetch failed", { cause: coded("HPE_INVALID_CONSTANT", "Expected HTTP/", { data: "\x15\x03\x03\x00\x02\x022" }) });
+    assert.match(tlsFailureOf(undici, "https://")!, /speaks TLS on this address \(use https:\/\/\)/);
+    const nodeHttp = coded("HPE_INVALID_CONSTANT", "Parse Error", { rawPacket: Buffer.from([0x15, 0x03, 0x03, 0, 2, 2, 0x32]) });
+    assert.match(tlsFailureOf(nodeHttp, "https://")!, /speaks TLS/);
+    // Another answer that is not HTTP is not a TLS failure: a retry may find the server.
+    assert.equal(tlsFailureOf(coded("HPE_INVALID_CONSTANT", "Expected HTTP/", { data: "SSH-2.0" }), "https://"), undefined);
+  });
+
+  test("lost connections are not TLS failures", () => {
+    for (const code of ["ECONNRESET", "ECONNREFUSED", "EPIPE", "UND_ERR_SOCKET"]) {
+      assert.equal(tlsFailureOf(new TypeError("fetch failed", { cause: coded(code, "gone") }), "https://"), undefined, code);
+    }
+    assert.equal(tlsFailureOf(new Error("Client network socket disconnected before secure TLS connection was established"), "wss://"), undefined);
+    assert.equal(tlsFailureOf(undefined, "wss://"), undefined);
+  });
+
+  test("a TLS alert record, and nothing else, is recognised", () => {
+    assert.ok(isTlsAlert(new Uint8Array([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32])));
+    assert.ok(!isTlsAlert(new Uint8Array([0x00, 0x00, 0x00, 0x0a, 0x02])), "a frame's length prefix");
+    assert.ok(!isTlsAlert("HTTP/1.1 101"));
+    assert.ok(!isTlsAlert(new Uint8Array([0x15])));
+  });
+
+  test("the browser entry refuses a ca: a browser trusts what it trusts", async () => {
+    await assert.rejects(browserConnect({ url: "wss://127.0.0.1:1/ws", token: "t", ca: "PEM" }), TypeError);
+    await assert.rejects(browserConnect({ url: "https://127.0.0.1:1", token: "t", ca: "PEM" }), /Node only/);
   });
 });

@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex};
 
 use hongbao_money::access::{
-    is_refusal, logged_body, AccessStore, KeyRecord, LogEntry, Role, MAX_REFUSED_KEPT,
+    is_refusal, logged_body, AccessStore, KeyRecord, LogEntry, Revocation, Role, MAX_REFUSED_KEPT,
 };
 use hongbao_money::error::{Error, Result};
 use tokio_postgres::Client;
@@ -40,6 +40,12 @@ CREATE TABLE IF NOT EXISTS hb_admin_log (
     refused boolean NOT NULL
 );
 CREATE INDEX IF NOT EXISTS hb_admin_log_refused ON hb_admin_log (refused, id);
+CREATE TABLE IF NOT EXISTS hb_revocations (
+    id      bigserial PRIMARY KEY,
+    user_id bigint NOT NULL,
+    at      bigint NOT NULL,
+    by      text NOT NULL
+);
 ";
 
 /// Refused entries are trimmed to `MAX_REFUSED_KEPT` every this many of them.
@@ -225,6 +231,42 @@ impl AccessStore for PgAccess {
                     })
                 })
                 .collect()
+        })
+    }
+
+    fn revoke(&self, r: &Revocation) -> Result<u64> {
+        let r = r.clone();
+        self.with(|pg| async move {
+            let row = pg
+                .query_one(
+                    "INSERT INTO hb_revocations (user_id, at, by) VALUES ($1, $2, $3) RETURNING id",
+                    &[&(r.user as i64), &(r.at as i64), &r.by],
+                )
+                .await
+                .map_err(|e| pg_error("writing a revocation", e))?;
+            Ok(row.get::<_, i64>(0) as u64)
+        })
+    }
+
+    fn revocations(&self, after: u64, since: u64) -> Result<Vec<Revocation>> {
+        self.with(|pg| async move {
+            let rows = pg
+                .query(
+                    "SELECT id, user_id, at, by FROM hb_revocations \
+                     WHERE id > $1 AND at >= $2 ORDER BY id",
+                    &[&(after as i64), &(since as i64)],
+                )
+                .await
+                .map_err(|e| pg_error("reading revocations", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| Revocation {
+                    id: r.get::<_, i64>(0) as u64,
+                    user: r.get::<_, i64>(1) as u64,
+                    at: r.get::<_, i64>(2) as u64,
+                    by: r.get(3),
+                })
+                .collect())
         })
     }
 }

@@ -69,7 +69,8 @@ pub use store::Store;
 /// What a gateway host needs to join a cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
-    /// Redis Cluster seed nodes, `redis://[USER@]HOST:PORT`.
+    /// Redis Cluster seed nodes, `redis://[USER@]HOST:PORT`, or `rediss://…` for TLS
+    /// (trusting `PgTarget::ca`, the one CA file of the engines).
     pub redis: Vec<String>,
     /// The Redis ACL user's password (from a file or the environment, never the URL).
     pub redis_password: Option<String>,
@@ -86,9 +87,13 @@ pub struct ClusterConfig {
 /// from the URL, so that the URL can be shown (`Debug` shows no password).
 #[derive(Clone, Default)]
 pub struct PgTarget {
-    /// `postgres://USER@HOST:PORT/DB` (libpq-style key=value strings work too).
+    /// `postgres://USER@HOST:PORT/DB` (libpq-style key=value strings work too);
+    /// `sslmode=verify-full` (or `require`, `verify-ca`: each verifies fully here) for TLS.
     pub url: String,
     pub password: Option<String>,
+    /// The CA certificates (PEM) the engines' TLS is trusted by: PostgreSQL's with an
+    /// `sslmode` asking for TLS, Redis's with `rediss://`.
+    pub ca: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for PgTarget {

@@ -7,9 +7,12 @@
 //!
 //! Handlers are plain functions from a `Request` to a `Response`; `json_object` reads a
 //! body that must be a JSON object. `access` holds the checks every door makes before
-//! its handler: keys, and the browser checks.
+//! its handler: keys, and the browser checks. With a TLS config (`tls.rs`), a server
+//! speaks only TLS: a client that does not is refused in its handshake, and the refusal
+//! goes to the server's `on_refused` for the record.
 
 pub mod access;
+pub mod tls;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -119,6 +122,17 @@ pub fn json_object<T: DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
 
 type Handler = dyn Fn(Request) -> Response + Send + Sync;
 
+/// What a TLS server does with a client refused in its handshake (a plain client, a
+/// stranger to its certificate): its address and why.
+pub type OnRefused = dyn Fn(SocketAddr, String) + Send + Sync;
+
+/// A server's TLS: the config new connections take, and who hears of refusals.
+#[derive(Clone)]
+pub struct ServeTls {
+    pub config: tls::Reloadable,
+    pub on_refused: Arc<OnRefused>,
+}
+
 /// A running server; stopped when dropped.
 pub struct Server {
     addr: SocketAddr,
@@ -146,6 +160,17 @@ impl Server {
         max_body: usize,
         handler: impl Fn(Request) -> Response + Send + Sync + 'static,
     ) -> std::io::Result<Server> {
+        Server::serve_tls(listener, name, max_body, None, handler)
+    }
+
+    /// As `serve`, speaking TLS only when `tls` is given.
+    pub fn serve_tls(
+        listener: std::net::TcpListener,
+        name: &str,
+        max_body: usize,
+        tls: Option<ServeTls>,
+        handler: impl Fn(Request) -> Response + Send + Sync + 'static,
+    ) -> std::io::Result<Server> {
         listener.set_nonblocking(true)?;
         let bound = listener.local_addr()?;
         let handler: Arc<Handler> = Arc::new(handler);
@@ -157,7 +182,7 @@ impl Server {
         let thread = std::thread::Builder::new()
             .name(name.to_string())
             .spawn(move || {
-                runtime.block_on(serve(listener, handler, max_body, stopped));
+                runtime.block_on(serve(listener, handler, max_body, tls, stopped));
                 runtime.shutdown_timeout(STOP_GRACE);
             })?;
         Ok(Server {
@@ -196,6 +221,7 @@ async fn serve(
     listener: std::net::TcpListener,
     handler: Arc<Handler>,
     max_body: usize,
+    tls: Option<ServeTls>,
     mut stopped: oneshot::Receiver<()>,
 ) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
@@ -215,18 +241,35 @@ async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let handler = handler.clone();
-                async move { Ok::<_, Infallible>(respond(&handler, request, peer, max_body).await) }
-            });
-            let _ = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let Some(tls) = tls else {
+                return serve_connection(stream, handler, peer, max_body).await;
+            };
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.get());
+            match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => serve_connection(stream, handler, peer, max_body).await,
+                Ok(Err(e)) => (tls.on_refused)(peer, format!("TLS handshake failed: {e}")),
+                Err(_) => (tls.on_refused)(peer, "TLS handshake not done in time".into()),
+            }
         });
     }
+}
+
+/// HTTP/1.1 on one connection (plain or TLS) until it closes.
+async fn serve_connection<S>(stream: S, handler: Arc<Handler>, peer: SocketAddr, max_body: usize)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |request| {
+        let handler = handler.clone();
+        async move { Ok::<_, Infallible>(respond(&handler, request, peer, max_body).await) }
+    });
+    let _ = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
 async fn respond(

@@ -41,7 +41,7 @@ impl Lab {
         let (first, _) = &self.redis[0];
         let live = self.live_redis();
         let witness = live.first().copied().unwrap_or(first.addr);
-        redis::nodes(&self.secrets.redis, witness)?
+        redis::nodes(&self.redis_auth(), witness)?
             .into_iter()
             .find(|n| n.master && !n.failed && live.contains(&n.addr))
             .map(|n| n.addr)
@@ -54,7 +54,7 @@ impl Lab {
     pub fn wipe_redis(&self) -> anyhow::Result<Vec<Ipv4Addr>> {
         let masters = self.live_masters()?;
         for &addr in &masters {
-            redis::cli(&self.secrets.redis, addr, &["FLUSHALL"])?;
+            redis::cli(&self.redis_auth(), addr, &["FLUSHALL"])?;
         }
         Ok(masters)
     }
@@ -63,7 +63,7 @@ impl Lab {
     pub(crate) fn live_masters(&self) -> anyhow::Result<Vec<Ipv4Addr>> {
         let live = self.live_redis();
         let witness = *live.first().context("no live Redis node")?;
-        Ok(redis::nodes(&self.secrets.redis, witness)?
+        Ok(redis::nodes(&self.redis_auth(), witness)?
             .into_iter()
             .filter(|n| n.master && !n.failed && live.contains(&n.addr))
             .map(|n| n.addr)
@@ -76,11 +76,11 @@ impl Lab {
         let (first, _) = &self.redis[0];
         let live = self.live_redis();
         let witness = live.first().copied().unwrap_or(first.addr);
-        let slot: u16 = redis::cli(&self.secrets.redis, witness, &["CLUSTER", "KEYSLOT", key])?
+        let slot: u16 = redis::cli(&self.redis_auth(), witness, &["CLUSTER", "KEYSLOT", key])?
             .trim()
             .parse()
             .with_context(|| format!("the slot of {key:?}"))?;
-        redis::nodes(&self.secrets.redis, witness)?
+        redis::nodes(&self.redis_auth(), witness)?
             .into_iter()
             .find(|n| {
                 n.master && !n.failed && live.contains(&n.addr) && redis::serves(&n.slots, slot)
@@ -105,7 +105,7 @@ impl Lab {
     /// its master's data (until then it is no replica to fail over to).
     pub fn restart_redis(&mut self, addr: Ipv4Addr, timeout: Duration) -> anyhow::Result<()> {
         let dir = self.plan.dir.clone();
-        let password = self.secrets.redis.clone();
+        let auth = self.redis_auth();
         let (i, (host, proc)) = self
             .redis
             .iter_mut()
@@ -116,15 +116,15 @@ impl Lab {
             *proc = Some(redis::start_node_again(
                 host,
                 &dir.join(format!("redis{}", i + 1)),
-                &password,
+                &auth,
             )?);
             self.save()?;
         }
         let addrs: Vec<Ipv4Addr> = self.redis.iter().map(|(h, _)| h.addr).collect();
-        redis::wait_whole(&self.secrets.redis, &addrs, None, timeout)?;
+        redis::wait_whole(&self.redis_auth(), &addrs, None, timeout)?;
         let total = addrs.len();
         redis::wait_until("every Redis node to be connected", timeout, || {
-            redis::nodes(&self.secrets.redis, addr)
+            redis::nodes(&self.redis_auth(), addr)
                 .is_ok_and(|ns| ns.len() == total && ns.iter().all(|n| !n.failed))
         })?;
         self.wait_synced(addr, timeout)
@@ -134,7 +134,7 @@ impl Lab {
     /// it is no replica to fail over to (promoted, it would serve its slots empty).
     pub fn wait_synced(&self, addr: Ipv4Addr, timeout: Duration) -> anyhow::Result<()> {
         redis::wait_until("the node to sync from its master", timeout, || {
-            redis::cli(&self.secrets.redis, addr, &["INFO", "replication"]).is_ok_and(|info| {
+            redis::cli(&self.redis_auth(), addr, &["INFO", "replication"]).is_ok_and(|info| {
                 info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0")
             })
         })
@@ -165,7 +165,7 @@ impl Lab {
         timeout: Duration,
     ) -> anyhow::Result<()> {
         let live = self.live_redis();
-        redis::wait_whole(&self.secrets.redis, &live, gone, timeout)
+        redis::wait_whole(&self.redis_auth(), &live, gone, timeout)
     }
 
     /// Stops PostgreSQL (fast shutdown: SIGINT aborts open transactions, as a crash

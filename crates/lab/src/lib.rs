@@ -135,6 +135,12 @@ pub struct LabSecrets {
 pub const REDIS_PASSWORD_FILE: &str = "redis.password";
 pub const POSTGRES_PASSWORD_FILE: &str = "postgres.password";
 pub const ADMIN_KEY_FILE: &str = "admin.key";
+/// The lab's CA (`ca.pem`), and the certificate of its engines (`cert.pem`, `key.pem`).
+pub const TLS_DIR: &str = "tls";
+
+/// The last byte of the engine hosts' addresses: PostgreSQL's, the Redis nodes'.
+const PG_LAST: u8 = 20;
+const REDIS_LAST: std::ops::RangeInclusive<u8> = 11..=16;
 
 pub struct Lab {
     pub plan: LabPlan,
@@ -175,6 +181,17 @@ impl Lab {
             hongbao_server::access::write_secret_file(&path, secret)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
+        // The engines speak TLS only: a CA of the lab's own, and one certificate naming
+        // every engine host (PostgreSQL's, the Redis nodes').
+        let engines: Vec<String> = std::iter::once(PG_LAST)
+            .chain(REDIS_LAST)
+            .map(|last| Ipv4Addr::new(198, 18, plan.lab, last).to_string())
+            .collect();
+        let names: Vec<&str> = engines.iter().map(String::as_str).collect();
+        hongbao_http::tls::DevCerts::make(&names)
+            .map_err(anyhow::Error::msg)?
+            .write(&plan.dir.join(TLS_DIR))
+            .context("writing the lab's certificates")?;
         let mut lab = Lab {
             secrets,
             admin_key: String::new(),
@@ -210,13 +227,17 @@ impl Lab {
     fn bring_up(&mut self) -> anyhow::Result<()> {
         let dir = self.plan.dir.clone();
         // PostgreSQL.
-        let pg = self.host("pg", 20, &[])?;
+        let pg = self.host("pg", PG_LAST, &[])?;
         disk::SmallDisk::clear_stale(&self.postgres_dir);
         let _ = std::fs::remove_dir_all(&self.postgres_dir);
         if let Some(bytes) = self.plan.postgres_disk {
             self.postgres_disk = Some(disk::SmallDisk::mount(&self.postgres_dir, bytes)?);
         }
-        postgres::init(&self.postgres_dir, netns::bridge_addr(self.plan.lab))?;
+        postgres::init(
+            &self.postgres_dir,
+            netns::bridge_addr(self.plan.lab),
+            &self.tls_dir(),
+        )?;
         self.postgres.0 = pg;
         self.postgres.1 = Some(self.start_postgres()?);
         self.save()?;
@@ -236,15 +257,15 @@ impl Lab {
         hongbao_server::access::write_secret_file(&key_file, &self.admin_key)
             .with_context(|| format!("writing {}", key_file.display()))?;
         // Redis Cluster.
-        for i in 1..=6u8 {
-            let host = self.host(&format!("redis{i}"), 10 + i, &[])?;
+        for (i, last) in (1..=6u8).zip(REDIS_LAST) {
+            let host = self.host(&format!("redis{i}"), last, &[])?;
             let proc =
-                redis::start_node(&host, &dir.join(format!("redis{i}")), &self.secrets.redis)?;
+                redis::start_node(&host, &dir.join(format!("redis{i}")), &self.redis_auth())?;
             self.redis.push((host, Some(proc)));
             self.save()?;
         }
         let addrs: Vec<Ipv4Addr> = self.redis.iter().map(|(h, _)| h.addr).collect();
-        redis::create_cluster(&self.secrets.redis, &addrs)?;
+        redis::create_cluster(&self.redis_auth(), &addrs)?;
         // Gateways, each waited for.
         for i in 1..=self.plan.gateways {
             let host = self.host(&format!("gw{i}"), 30 + i as u8, HOST_SYSCTLS)?;
@@ -269,20 +290,41 @@ impl Lab {
     pub fn redis_urls(&self) -> String {
         self.redis
             .iter()
-            .map(|(h, _)| format!("redis://{}@{}:{}", redis::USER, h.addr, redis::PORT))
+            .map(|(h, _)| format!("rediss://{}@{}:{}", redis::USER, h.addr, redis::PORT))
             .collect::<Vec<_>>()
             .join(",")
     }
 
-    /// The ledger's URL as the gateways' role (the password is in `postgres.password`).
+    /// The ledger's URL as the gateways' role, over TLS verified against the lab's CA
+    /// (the password is in `postgres.password`).
     pub fn postgres_url(&self) -> String {
-        postgres::url(self.postgres.0.addr)
+        format!(
+            "{}?sslmode=verify-full",
+            postgres::url(self.postgres.0.addr)
+        )
     }
 
     pub fn pg_target(&self) -> hongbao_cluster::PgTarget {
         hongbao_cluster::PgTarget {
             url: self.postgres_url(),
             password: Some(self.secrets.postgres.clone()),
+            ca: std::fs::read(self.tls_dir().join("ca.pem")).ok(),
+        }
+    }
+
+    /// Where the lab keeps its CA and the engines' certificate and key.
+    pub fn tls_dir(&self) -> PathBuf {
+        self.plan.dir.join(TLS_DIR)
+    }
+
+    /// How the lab's tools log in to its Redis.
+    pub fn redis_auth(&self) -> redis::Auth {
+        let tls = self.tls_dir();
+        redis::Auth {
+            password: self.secrets.redis.clone(),
+            cert: tls.join("cert.pem"),
+            key: tls.join("key.pem"),
+            ca: tls.join("ca.pem"),
         }
     }
 
@@ -290,6 +332,7 @@ impl Lab {
     pub fn psql(&self, sql: &str) -> anyhow::Result<String> {
         let out = Command::new(postgres::bin_dir()?.join("psql"))
             .env("PGPASSWORD", &self.secrets.postgres)
+            .env("PGSSLROOTCERT", self.tls_dir().join("ca.pem"))
             .args(["-X", "-At", "-d", &self.postgres_url(), "-c", sql])
             .output()
             .context("running psql")?;
@@ -325,6 +368,7 @@ impl Lab {
             redis_password_file: Some(plan.dir.join(REDIS_PASSWORD_FILE)),
             postgres: Some(postgres_url),
             postgres_password_file: Some(plan.dir.join(POSTGRES_PASSWORD_FILE)),
+            tls_ca: Some(plan.dir.join(TLS_DIR).join("ca.pem")),
             host_name: Some(gw.host.name.clone()),
             ..plan.serve.clone()
         };
@@ -664,7 +708,7 @@ impl Lab {
                 continue;
             }
             for (name, calls) in parse_commandstats(&redis::cli(
-                &self.secrets.redis,
+                &self.redis_auth(),
                 host.addr,
                 &["INFO", "commandstats"],
             )?) {

@@ -6,7 +6,8 @@
 //! `postgres` system user (peer authentication, over the socket) is trusted, to make
 //! that role.
 //! Durability as in production: fsync and synchronous commit on — the ledger's promise
-//! depends on them.
+//! depends on them. Over the network TLS only (`hostssl`): the gateways connect with
+//! `sslmode=verify-full`, trusting the lab's CA.
 
 use std::net::Ipv4Addr;
 use std::os::unix::fs::{chown, PermissionsExt};
@@ -60,7 +61,7 @@ pub fn url(addr: Ipv4Addr) -> String {
 /// `initdb` in `dir/data` (owned by the postgres user), passwords over the network. The
 /// postgres user must be able to reach `dir`: the lab keeps it under the system's
 /// temporary directory rather than in a lab directory that may sit in root's home.
-pub fn init(dir: &Path, subnet: Ipv4Addr) -> anyhow::Result<()> {
+pub fn init(dir: &Path, subnet: Ipv4Addr, tls: &Path) -> anyhow::Result<()> {
     let (uid, gid) = postgres_ids()?;
     std::fs::create_dir_all(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
@@ -79,9 +80,17 @@ pub fn init(dir: &Path, subnet: Ipv4Addr) -> anyhow::Result<()> {
         bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let hba = format!(
-        "local all postgres peer\nhost all all {subnet}/24 scram-sha-256\nhost all all 127.0.0.1/32 scram-sha-256\n"
+        "local all postgres peer\nhostssl all all {subnet}/24 scram-sha-256\nhostssl all all 127.0.0.1/32 scram-sha-256\n"
     );
     std::fs::write(data.join("pg_hba.conf"), hba)?;
+    // The server's certificate and key, the postgres user's alone (it refuses a key
+    // others may read).
+    for (from, to) in [("cert.pem", "server.crt"), ("key.pem", "server.key")] {
+        let path = data.join(to);
+        std::fs::copy(tls.join(from), &path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        chown(&path, Some(uid), Some(gid))?;
+    }
     Ok(())
 }
 
@@ -141,7 +150,9 @@ pub fn start(host: &Host, dir: &Path, small_disk: bool) -> anyhow::Result<Proc> 
         .args(["-c", &format!("port={PORT}")])
         .args(["-c", &format!("unix_socket_directories={}", dir.display())])
         .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"])
-        .args(["-c", "fsync=on", "-c", "synchronous_commit=on"]);
+        .args(["-c", "fsync=on", "-c", "synchronous_commit=on"])
+        .args(["-c", "ssl=on", "-c", "ssl_cert_file=server.crt"])
+        .args(["-c", "ssl_key_file=server.key"]);
     if small_disk {
         command.args(["-c", "max_wal_size=64MB", "-c", "min_wal_size=32MB"]);
     }

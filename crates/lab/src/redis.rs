@@ -8,10 +8,12 @@
 //! Deployed as it must be: the default user is off, one ACL user (`USER`) with a password
 //! the lab makes, replicas authenticate to their masters as that user, and the password
 //! is in each node's `redis.conf` (mode 0600) and given to `redis-cli` in its
-//! environment — never on a command line.
+//! environment — never on a command line. Every connection is TLS: clients (the gateways
+//! with `rediss://`, `redis-cli --tls`), the cluster bus and replication, with a
+//! certificate of the lab's own CA; no plain port is open.
 
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -26,31 +28,57 @@ pub const USER: &str = "hongbao";
 /// How long a master may be unreachable before its replica is promoted.
 pub const NODE_TIMEOUT_MS: u64 = 2000;
 
+/// How the lab logs in to its Redis: the ACL user's password, and the TLS files (the
+/// nodes' certificate and key, the CA clients trust).
+#[derive(Debug, Clone)]
+pub struct Auth {
+    pub password: String,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// `redis-cli` as the lab's user, over TLS.
+fn redis_cli(auth: &Auth) -> Command {
+    let mut command = Command::new("redis-cli");
+    command
+        .env("REDISCLI_AUTH", &auth.password)
+        .args(["--user", USER, "--no-auth-warning", "--tls", "--cacert"])
+        .arg(&auth.ca);
+    command
+}
+
 /// `redis-server` for `host`, its files in `dir`.
-pub fn start_node(host: &Host, dir: &Path, password: &str) -> anyhow::Result<Proc> {
+pub fn start_node(host: &Host, dir: &Path, auth: &Auth) -> anyhow::Result<Proc> {
     // A fresh node: no nodes.conf of an earlier cluster, no dump.rdb (a replica writes
     // the RDB it syncs from, and would load its keys at the next start).
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
-    run_node(host, dir, password)
+    run_node(host, dir, auth)
 }
 
 /// The node of `host` started again after it was killed: its `nodes.conf` kept, so it
 /// rejoins the cluster (as a replica of the master that took its slots), its dump.rdb
 /// dropped (the master's data is synced afresh).
-pub fn start_node_again(host: &Host, dir: &Path, password: &str) -> anyhow::Result<Proc> {
+pub fn start_node_again(host: &Host, dir: &Path, auth: &Auth) -> anyhow::Result<Proc> {
     let _ = std::fs::remove_file(dir.join("dump.rdb"));
-    run_node(host, dir, password)
+    run_node(host, dir, auth)
 }
 
-fn run_node(host: &Host, dir: &Path, password: &str) -> anyhow::Result<Proc> {
+fn run_node(host: &Host, dir: &Path, auth: &Auth) -> anyhow::Result<Proc> {
+    let password = &auth.password;
     // The users, in a file only root reads: the default user off, ours on, and what a
     // replica logs in to its master as.
     let conf = dir.join("redis.conf");
     hongbao_server::access::write_secret_file(
         &conf,
         &format!(
-            "user default off\nuser {USER} on >{password} ~* &* +@all\nmasteruser {USER}\nmasterauth {password}"
+            "user default off\nuser {USER} on >{password} ~* &* +@all\nmasteruser {USER}\nmasterauth {password}\n\
+             tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+             tls-auth-clients no\ntls-cluster yes\ntls-replication yes\n",
+            auth.cert.display(),
+            auth.key.display(),
+            auth.ca.display()
         ),
     )
     .with_context(|| format!("writing {}", conf.display()))?;
@@ -58,7 +86,10 @@ fn run_node(host: &Host, dir: &Path, password: &str) -> anyhow::Result<Proc> {
     command.current_dir(dir).arg(&conf).args([
         "--bind",
         &host.addr.to_string(),
+        // TLS only: no plain port.
         "--port",
+        "0",
+        "--tls-port",
         &PORT.to_string(),
         "--cluster-enabled",
         "yes",
@@ -91,10 +122,8 @@ fn run_node(host: &Host, dir: &Path, password: &str) -> anyhow::Result<Proc> {
 
 /// `redis-cli -h ADDR -p PORT ARGS…` as the lab's user, from the machine's own
 /// namespace: its output.
-pub fn cli(password: &str, addr: Ipv4Addr, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("redis-cli")
-        .env("REDISCLI_AUTH", password)
-        .args(["--user", USER, "--no-auth-warning"])
+pub fn cli(auth: &Auth, addr: Ipv4Addr, args: &[&str]) -> anyhow::Result<String> {
+    let out = redis_cli(auth)
         .args(["-h", &addr.to_string(), "-p", &PORT.to_string()])
         .args(args)
         .output()
@@ -126,16 +155,14 @@ pub(crate) fn wait_until(
 
 /// Makes the nodes at `addrs` (first half masters, second half their replicas) one
 /// cluster and waits until every node says it is whole.
-pub fn create_cluster(password: &str, addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
+pub fn create_cluster(auth: &Auth, addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
     for &addr in addrs {
         wait_until(&format!("redis at {addr}"), Duration::from_secs(10), || {
-            cli(password, addr, &["PING"]).is_ok_and(|s| s.trim() == "PONG")
+            cli(auth, addr, &["PING"]).is_ok_and(|s| s.trim() == "PONG")
         })?;
     }
     let nodes: Vec<String> = addrs.iter().map(|a| format!("{a}:{PORT}")).collect();
-    let out = Command::new("redis-cli")
-        .env("REDISCLI_AUTH", password)
-        .args(["--user", USER, "--no-auth-warning"])
+    let out = redis_cli(auth)
         .args(["--cluster", "create"])
         .args(&nodes)
         .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -152,10 +179,7 @@ pub fn create_cluster(password: &str, addrs: &[Ipv4Addr]) -> anyhow::Result<()> 
         wait_until(
             &format!("the cluster as {addr} sees it"),
             Duration::from_secs(30),
-            || {
-                cli(password, addr, &["CLUSTER", "INFO"])
-                    .is_ok_and(|s| s.contains("cluster_state:ok"))
-            },
+            || cli(auth, addr, &["CLUSTER", "INFO"]).is_ok_and(|s| s.contains("cluster_state:ok")),
         )?;
     }
     Ok(())
@@ -184,8 +208,8 @@ pub fn serves(ranges: &[String], slot: u16) -> bool {
 }
 
 /// `CLUSTER NODES` as `addr` sees it.
-pub fn nodes(password: &str, addr: Ipv4Addr) -> anyhow::Result<Vec<Node>> {
-    let text = cli(password, addr, &["CLUSTER", "NODES"])?;
+pub fn nodes(auth: &Auth, addr: Ipv4Addr) -> anyhow::Result<Vec<Node>> {
+    let text = cli(auth, addr, &["CLUSTER", "NODES"])?;
     Ok(parse_nodes(&text))
 }
 
@@ -212,7 +236,7 @@ fn parse_nodes(text: &str) -> Vec<Node> {
 /// Waits until a node other than `gone` sees every slot served by a master that is not
 /// failed (after a failover).
 pub fn wait_whole(
-    password: &str,
+    auth: &Auth,
     addrs: &[Ipv4Addr],
     gone: Option<Ipv4Addr>,
     timeout: Duration,
@@ -223,8 +247,8 @@ pub fn wait_whole(
         .find(|a| Some(*a) != gone)
         .expect("more than one node");
     wait_until("the cluster to be whole again", timeout, || {
-        cli(password, witness, &["CLUSTER", "INFO"]).is_ok_and(|s| s.contains("cluster_state:ok"))
-            && nodes(password, witness).is_ok_and(|ns| {
+        cli(auth, witness, &["CLUSTER", "INFO"]).is_ok_and(|s| s.contains("cluster_state:ok"))
+            && nodes(auth, witness).is_ok_and(|ns| {
                 ns.iter()
                     .filter(|n| n.master && !n.failed && Some(n.addr) != gone)
                     .count()

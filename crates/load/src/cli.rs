@@ -205,7 +205,9 @@ pub fn set_remote_qps(control: &str, qps: u64, key_file: &std::path::Path) -> an
             key_file.display()
         );
     };
-    match ureq::post(&url)
+    match hongbao_http::tls::agent_builder()
+        .build()
+        .post(&url)
         .set("Authorization", &format!("Bearer {key}"))
         .timeout(Duration::from_secs(5))
         .send_json(json!({ "qps": qps }))

@@ -18,6 +18,10 @@ pub struct Counters {
     pub connects: u64,
     pub logins: u64,
     pub login_failures: u64,
+    /// Sessions the server asked for a fresh token, and logged in again on the same
+    /// connection (the refreshes the server answered `ok`).
+    #[serde(default)]
+    pub refreshes: u64,
     pub failed_refused: u64,
     pub failed_timeout: u64,
     pub failed_reset: u64,
@@ -69,6 +73,7 @@ macro_rules! counter_fields {
             connects,
             logins,
             login_failures,
+            refreshes,
             failed_refused,
             failed_timeout,
             failed_reset,

@@ -106,7 +106,7 @@ pub enum HttpAsk {
     Notices,
 }
 
-/// Appends the HTTP request for `ask`, authenticated by `bearer` (`<user>.<token hex>`);
+/// Appends the HTTP request for `ask`, authenticated by `bearer` (the user's JWT);
 /// `Connection: close` when the server is to close after its answer.
 pub fn http_request(ask: HttpAsk, bearer: &str, server_closes: bool, out: &mut Vec<u8>) {
     use std::io::Write;
@@ -128,7 +128,7 @@ pub fn http_request(ask: HttpAsk, bearer: &str, server_closes: bool, out: &mut V
 /// A request of the user's own, sent for each firing instead of `POST /v1/shake`: how
 /// `hongbao capacity` loads nginx's static answer or an external HTTP target with the
 /// load's schedule and intended-time latency. `{user}` (the user id) and `{bearer}`
-/// (`<user>.<token hex>`) are replaced in the path, the header values and the body. An
+/// (the user's JWT) are replaced in the path, the header values and the body. An
 /// answer 2xx or 3xx counts as a reply (`nothing`), 429 or 503 as `overloaded`, any other
 /// status as an error reply. Answers must be `Content-Length` framed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

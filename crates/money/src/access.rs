@@ -108,6 +108,18 @@ pub fn logged_body(text: &str) -> &str {
 /// bad keys cannot fill the disk.
 pub const MAX_REFUSED_KEPT: u64 = 10_000;
 
+/// A user's login tokens revoked: every one issued before `at` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revocation {
+    /// Given by the store, in the order written: how hosts read on from where they were.
+    pub id: u64,
+    pub user: u64,
+    /// Unix seconds: tokens whose `iat` is before it are refused.
+    pub at: u64,
+    /// The key that revoked them.
+    pub by: String,
+}
+
 /// Where admin keys and the admin log are kept: the ledger's database.
 pub trait AccessStore: Send + Sync {
     /// Every key (the door caches them, and reads again at least every second).
@@ -122,6 +134,12 @@ pub trait AccessStore: Send + Sync {
     fn record(&self, entry: &LogEntry) -> Result<u64>;
     /// Up to `limit` entries, newest first, older than id `before` when given.
     fn log(&self, before: Option<u64>, limit: usize) -> Result<Vec<LogEntry>>;
+    /// Writes a revocation durably (its id is given by the store) before returning.
+    fn revoke(&self, revocation: &Revocation) -> Result<u64>;
+    /// The revocations written after id `after` whose instant is at or after `since`
+    /// (older ones refuse no token alive), oldest first: every host reads on from the
+    /// last it saw.
+    fn revocations(&self, after: u64, since: u64) -> Result<Vec<Revocation>>;
 }
 
 /// Whether an entry records a refused attempt (kept only up to `MAX_REFUSED_KEPT`).

@@ -84,6 +84,12 @@ pub enum Reply {
         result: ResultCode,
         text: String,
     },
+    /// Over one of the user's limits (`rate-limited`): try again after `retry_after_ms`.
+    /// A shake's is a `Shake` reply instead, as its other refusals are.
+    RateLimited {
+        retry_after_ms: u32,
+        text: String,
+    },
 }
 
 impl Reply {
@@ -96,6 +102,7 @@ impl Reply {
             | Reply::Open { result, .. }
             | Reply::Chat { result }
             | Reply::Error { result, .. } => *result,
+            Reply::RateLimited { .. } => ResultCode::RateLimited,
             Reply::Pong { .. } | Reply::Me(_) | Reply::Notices(_) => ResultCode::Ok,
         }
     }
@@ -117,6 +124,10 @@ pub enum Push {
     Kick {
         reason: KickReason,
         text: String,
+    },
+    /// The session's token expires at `expires_at_ms`: send a fresh one.
+    Refresh {
+        expires_at_ms: u64,
     },
 }
 

@@ -65,6 +65,33 @@ impl Monitor {
         title: &str,
         key: &str,
     ) -> anyhow::Result<Monitor> {
+        Monitor::start_tls(listen, dir, title, key, None)
+    }
+
+    /// As `start_with_key`, speaking TLS only when `tls` (a certificate and its key) is
+    /// given: a client refused in its handshake is logged.
+    pub fn start_tls(
+        listen: SocketAddr,
+        dir: Option<&Path>,
+        title: &str,
+        key: &str,
+        tls: Option<&hongbao_http::tls::TlsFiles>,
+    ) -> anyhow::Result<Monitor> {
+        let tls = match tls {
+            Some(files) => {
+                let (cert, key) = files.read().map_err(anyhow::Error::msg)?;
+                let config =
+                    hongbao_http::tls::server_config(&cert, &key, &[hongbao_http::tls::ALPN_HTTP])
+                        .map_err(anyhow::Error::msg)?;
+                Some(hongbao_http::ServeTls {
+                    config: hongbao_http::tls::Reloadable::new(config),
+                    on_refused: Arc::new(
+                        |peer, why| tracing::warn!(%peer, why, "the monitor refused a client in its TLS handshake"),
+                    ),
+                })
+            }
+            None => None,
+        };
         let collector = Arc::new(Mutex::new(Collector::new(dir)?));
         let listener = std::net::TcpListener::bind(listen)
             .with_context(|| format!("monitor cannot listen on {listen}"))?;
@@ -75,7 +102,7 @@ impl Monitor {
             key: RunKey::of(key),
             guard: BrowserGuard::new(listener.local_addr()?, &[], &[]),
         };
-        let server = Server::serve(listener, "monitor-http", MAX_BODY, move |r| {
+        let server = Server::serve_tls(listener, "monitor-http", MAX_BODY, tls, move |r| {
             let answer = match shared.guard.check(&r) {
                 Ok(()) => route(&shared, &r),
                 Err(refused) => refused,
@@ -267,15 +294,17 @@ pub fn run_cli(
     listen: SocketAddr,
     out: &Path,
     key_file: Option<&Path>,
+    tls: Option<&hongbao_http::tls::TlsFiles>,
     stop: &hongbao_sys::Stop,
 ) -> anyhow::Result<()> {
     let key_file = key_file.unwrap_or(Path::new(MONITOR_KEY_FILE));
     let key = run_key(MONITOR_KEY_ENV, key_file, true)
         .with_context(|| format!("the monitor's key file {}", key_file.display()))?
         .expect("made when missing");
-    let monitor = Monitor::start_with_key(listen, Some(out), "hongbao monitor", &key)?;
+    let monitor = Monitor::start_tls(listen, Some(out), "hongbao monitor", &key, tls)?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     println!(
-        "hongbao monitor ready: listen={} out={} key={} (dashboard http://{}/)",
+        "hongbao monitor ready: listen={} out={} key={} (dashboard {scheme}://{}/)",
         monitor.addr(),
         out.display(),
         key_file.display(),

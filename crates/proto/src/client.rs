@@ -14,28 +14,76 @@ use std::time::Duration;
 
 use crate::frame::{check, decode, encode};
 use crate::message::{Frame, Message, ResultCode};
-use crate::token;
+
+/// What a client reads and writes: the TCP stream, or TLS over it.
+trait Io: Read + Write + Send {}
+impl<T: Read + Write + Send> Io for T {}
+
+/// The app's callback for a fresh login token: called with the session's expiry (ms
+/// since the Unix epoch) when the server asks for one; `None` lets the session lapse.
+pub type Refresher = Box<dyn FnMut(u64) -> Option<String> + Send>;
 
 pub struct Client {
+    /// The socket (for timeouts and shutdown)...
     stream: TcpStream,
+    /// ...and what the frames go through: the socket itself, or a TLS session over it.
+    io: Box<dyn Io>,
     /// Bytes read from the socket that do not make a whole frame yet.
     inbuf: Vec<u8>,
     /// Frames received but not yet returned to the caller, oldest first.
     queued: VecDeque<Frame>,
     next_request_id: u32,
+    refresher: Option<Refresher>,
 }
 
 impl Client {
     pub fn connect(addr: impl ToSocketAddrs) -> io::Result<Client> {
         let stream = TcpStream::connect(addr)?;
+        let io = Box::new(stream.try_clone()?);
+        Client::over(stream, io)
+    }
+
+    /// Connects over TLS, trusting the CA certificates in `ca_pem` (only them), to a
+    /// server whose certificate names `server_name` (a DNS name or an IP address). The
+    /// handshake is done before this returns (a failed one is its error).
+    pub fn connect_tls(
+        addr: impl ToSocketAddrs,
+        server_name: &str,
+        ca_pem: &[u8],
+    ) -> io::Result<Client> {
+        let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
+        let config =
+            crate::tls::client_config(ca_pem, &[crate::tls::ALPN_FRAMES]).map_err(invalid)?;
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
+            .map_err(|e| invalid(format!("server name {server_name:?}: {e}")))?;
+        let stream = TcpStream::connect(addr)?;
+        let session = rustls::ClientConnection::new(config, name).map_err(io::Error::other)?;
+        let mut tls = rustls::StreamOwned::new(session, stream.try_clone()?);
+        while tls.conn.is_handshaking() {
+            tls.conn.complete_io(&mut tls.sock)?;
+        }
+        Client::over(stream, Box::new(tls))
+    }
+
+    fn over(stream: TcpStream, io: Box<dyn Io>) -> io::Result<Client> {
         // Requests are small and latency matters more than packing them.
         stream.set_nodelay(true)?;
         Ok(Client {
             stream,
+            io,
             inbuf: Vec::with_capacity(4096),
             queued: VecDeque::new(),
             next_request_id: 1,
+            refresher: None,
         })
+    }
+
+    /// When the server asks for a fresh token (a `refresh` push), call `refresher` and
+    /// log in again with what it returns, on this connection: the session goes on with
+    /// nothing lost. The push and the login's reply are still handed out like any other
+    /// frames.
+    pub fn on_refresh(&mut self, refresher: impl FnMut(u64) -> Option<String> + Send + 'static) {
+        self.refresher = Some(Box::new(refresher));
     }
 
     /// Read and write timeout; a `recv` that times out fails with `WouldBlock` or
@@ -71,7 +119,8 @@ impl Client {
 
     /// Sends bytes as given, for tests that feed the server garbage.
     pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.stream.write_all(bytes)
+        self.io.write_all(bytes)?;
+        self.io.flush()
     }
 
     /// The next frame received: queued ones first, then from the socket. Fails with
@@ -97,10 +146,15 @@ impl Client {
         self.wait_for(|f| f.request_id == 0)
     }
 
-    /// Logs in with a token minted from `secret` and returns the result (from the
+    /// Logs in with `token` (a JWT naming the user) and returns the result (from the
     /// `LoginReply`, or from an `Error` reply).
-    pub fn login(&mut self, user_id: u64, secret: &[u8]) -> io::Result<ResultCode> {
-        let token = token::token(secret, user_id).to_vec();
+    pub fn login(&mut self, token: &str) -> io::Result<ResultCode> {
+        self.login_as(0, token)
+    }
+
+    /// Logs in as `user_id`, which must be the token's `sub` (0: whoever it names).
+    pub fn login_as(&mut self, user_id: u64, token: &str) -> io::Result<ResultCode> {
+        let token = token.as_bytes().to_vec();
         match self.request(&Message::Login { user_id, token })?.message {
             Message::LoginReply { result, .. } | Message::Error { result, .. } => Ok(result),
             other => Err(unexpected(other)),
@@ -178,12 +232,17 @@ impl Client {
                     // Drop the frame's bytes even if it did not decode: its end is known,
                     // so the next `recv` starts at the next frame.
                     self.inbuf.drain(..n);
-                    return decoded.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e));
+                    let frame =
+                        decoded.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    if let Message::Refresh { expires_at_ms } = frame.message {
+                        self.refresh(expires_at_ms)?;
+                    }
+                    return Ok(frame);
                 }
                 Ok(None) => {}
                 Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
             }
-            let n = self.stream.read(&mut chunk)?;
+            let n = self.io.read(&mut chunk)?;
             if n == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -195,6 +254,20 @@ impl Client {
             }
             self.inbuf.extend_from_slice(&chunk[..n]);
         }
+    }
+}
+
+impl Client {
+    /// Answers a `refresh` push with the app's fresh token, if it gives one.
+    fn refresh(&mut self, expires_at_ms: u64) -> io::Result<()> {
+        let Some(token) = self.refresher.as_mut().and_then(|f| f(expires_at_ms)) else {
+            return Ok(());
+        };
+        let login = Message::Login {
+            user_id: 0,
+            token: token.into_bytes(),
+        };
+        self.send(&login).map(|_| ())
     }
 }
 
@@ -314,15 +387,63 @@ mod tests {
 
         let mut client = Client::connect(addr).unwrap();
         client.set_timeout(Duration::from_secs(5)).unwrap();
-        assert_eq!(client.login(42, b"secret").unwrap(), ResultCode::Ok);
+        assert_eq!(client.login_as(42, "a.b.c").unwrap(), ResultCode::Ok);
         let err = client.recv().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
 
         let got = server.join().unwrap();
-        let Message::Login { user_id, token } = &got[0].message else {
-            panic!("not a login: {got:?}");
+        let want = Message::Login {
+            user_id: 42,
+            token: b"a.b.c".to_vec(),
         };
-        assert_eq!(*user_id, 42);
-        assert!(token::verify(b"secret", 42, token));
+        assert_eq!(got[0].message, want);
+    }
+
+    /// A `refresh` push is answered with the app's fresh token on the same connection.
+    #[test]
+    fn a_refresh_push_logs_in_again_with_the_apps_token() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = thread::spawn(move || {
+            let (mut sock, _) = listener.accept().unwrap();
+            let refresh = push(Message::Refresh {
+                expires_at_ms: 1_800_000_000_000,
+            });
+            sock.write_all(&encode_to_vec(&refresh)).unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 1024];
+            loop {
+                if let Some(n) = check(&buf).unwrap() {
+                    return decode(&buf[..n]).unwrap();
+                }
+                let n = sock.read(&mut chunk).unwrap();
+                assert!(n > 0, "client closed early");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        });
+        let mut client = Client::connect(addr).unwrap();
+        client.set_timeout(Duration::from_secs(5)).unwrap();
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        client.on_refresh(move |expires| {
+            seen.lock().unwrap().push(expires);
+            Some("fresh.token.here".into())
+        });
+        let got = client.next_push().unwrap();
+        assert_eq!(
+            got.message,
+            Message::Refresh {
+                expires_at_ms: 1_800_000_000_000
+            }
+        );
+        let login = server.join().unwrap();
+        assert_eq!(
+            login.message,
+            Message::Login {
+                user_id: 0,
+                token: b"fresh.token.here".to_vec()
+            }
+        );
+        assert_eq!(*asked.lock().unwrap(), [1_800_000_000_000]);
     }
 }

@@ -21,7 +21,7 @@
 
 use crate::message::{
     kind, valid_idempotency_key, Frame, KickReason, Message, ResultCode, HEADER_LEN, MAX_FRAME_LEN,
-    MAX_IDEMPOTENCY_KEY_LEN, MAX_RECIPIENTS, MAX_TEXT_LEN, MAX_TOKEN_LEN, VERSION,
+    MAX_IDEMPOTENCY_KEY_LEN, MAX_RECIPIENTS, MAX_TEXT_LEN, MAX_TOKEN_LEN, MIN_VERSION, VERSION,
 };
 
 /// Bytes of the length prefix.
@@ -39,8 +39,8 @@ pub enum FrameError {
     /// The length field is too small to hold the header.
     #[error("frame length {len} under the {MIN_BODY_LEN}-byte minimum")]
     TooShort { len: usize },
-    /// The version byte is not [`VERSION`].
-    #[error("frame version {version}, expected {VERSION}")]
+    /// The version byte is not one this side reads ([`MIN_VERSION`]..=[`VERSION`]).
+    #[error("frame version {version}, expected {MIN_VERSION} to {VERSION}")]
     BadVersion { version: u8 },
     /// `decode` was handed fewer bytes than the frame announces (a caller bug: use
     /// `check` first).
@@ -172,7 +172,7 @@ pub fn check(buf: &[u8]) -> Result<Option<usize>, FrameError> {
         return Err(FrameError::TooShort { len });
     }
     if let Some(&version) = buf.get(PREFIX_LEN) {
-        if version != VERSION {
+        if !(MIN_VERSION..=VERSION).contains(&version) {
             return Err(FrameError::BadVersion { version });
         }
     }
@@ -212,10 +212,16 @@ pub fn decode(frame: &[u8]) -> Result<Frame, FrameError> {
             extra: frame.len() - total,
         });
     }
+    let version = frame[PREFIX_LEN];
     let kind = frame[PREFIX_LEN + 1];
     let request_id = request_id_of(frame);
     let payload = &frame[HEADER_LEN..];
-    match decode_message(kind, payload) {
+    let decoded = if version == 1 && kind == kind::LOGIN {
+        decode_v1_login(payload).map(Some)
+    } else {
+        decode_message(kind, payload)
+    };
+    match decoded {
         Ok(Some(message)) => Ok(Frame {
             request_id,
             message,
@@ -229,14 +235,29 @@ pub fn decode(frame: &[u8]) -> Result<Frame, FrameError> {
     }
 }
 
-/// Decodes one payload of type `kind`; `Ok(None)` if the type is unknown.
+/// A version-1 `Login`: user_id u64, token_len u8, token (≤ [`crate::message::MAX_V1_TOKEN_LEN`]). What
+/// old clients send (the HMAC token); the server decides whether it accepts such a token.
+fn decode_v1_login(payload: &[u8]) -> Result<Message, PayloadError> {
+    let mut r = Reader { rest: payload };
+    let user_id = r.u64("user_id")?;
+    let len = r.u8("token_len")? as usize;
+    let token = r.bytes("token", len)?.to_vec();
+    if !r.rest.is_empty() {
+        return Err(PayloadError::Trailing {
+            extra: r.rest.len(),
+        });
+    }
+    Ok(Message::Login { user_id, token })
+}
+
+/// Decodes one payload of type `kind` (version 2); `Ok(None)` if the type is unknown.
 ///
 /// Layouts (big-endian; `text` is `text_len: u16` then that many bytes of UTF-8, at most
 /// [`MAX_TEXT_LEN`]):
 ///
 /// | message      | payload                                                             |
 /// |--------------|---------------------------------------------------------------------|
-/// | Login        | user_id u64, token_len u8, token (≤ [`MAX_TOKEN_LEN`])              |
+/// | Login        | user_id u64, token_len u16, token (≤ [`MAX_TOKEN_LEN`]; version 1: token_len u8) |
 /// | Shake        | (empty)                                                             |
 /// | Send         | amount_cents u64, shares u32, count u16 (≤ [`MAX_RECIPIENTS`]), count × u64, then optionally key_len u8 + key (an idempotency key, [`valid_idempotency_key`]) |
 /// | Open         | packet_id u64                                                       |
@@ -248,17 +269,18 @@ pub fn decode(frame: &[u8]) -> Result<Frame, FrameError> {
 /// | OpenReply    | result u8, packet_id u64, amount_cents u64                          |
 /// | ChatReply    | result u8                                                           |
 /// | Pong         | client_time_us u64, server_time_us u64                              |
-/// | Error        | result u8, text                                                     |
+/// | Error        | result u8, text, then retry_after_ms u32 when it is not 0           |
 /// | PacketNotice | packet_id u64, from_user u64, amount_cents u64, shares u32, expires_at_ms u64 |
 /// | ChatMessage  | from_user u64, text                                                 |
 /// | Broadcast    | server_time_us u64, text                                            |
 /// | Kick         | reason u8, text                                                     |
+/// | Refresh      | expires_at_ms u64                                                   |
 pub fn decode_message(kind: u8, payload: &[u8]) -> Result<Option<Message>, PayloadError> {
     let mut r = Reader { rest: payload };
     let message = match kind {
         kind::LOGIN => {
             let user_id = r.u64("user_id")?;
-            let len = r.u8("token_len")? as usize;
+            let len = r.u16("token_len")? as usize;
             if len > MAX_TOKEN_LEN {
                 return Err(PayloadError::TokenTooLong { len });
             }
@@ -310,26 +332,12 @@ pub fn decode_message(kind: u8, payload: &[u8]) -> Result<Option<Message>, Paylo
             result: r.result()?,
             user_id: r.u64("user_id")?,
         },
-        kind::SHAKE_REPLY => {
-            let result = r.result()?;
-            let packet_id = r.u64("packet_id")?;
-            let amount_cents = r.u64("amount_cents")?;
-            // Present only when not 0, so every message has one encoding.
-            let retry_after_ms = if r.rest.is_empty() {
-                0
-            } else {
-                match r.u32("retry_after_ms")? {
-                    0 => return Err(PayloadError::ZeroRetryAfter),
-                    ms => ms,
-                }
-            };
-            Message::ShakeReply {
-                result,
-                packet_id,
-                amount_cents,
-                retry_after_ms,
-            }
-        }
+        kind::SHAKE_REPLY => Message::ShakeReply {
+            result: r.result()?,
+            packet_id: r.u64("packet_id")?,
+            amount_cents: r.u64("amount_cents")?,
+            retry_after_ms: r.retry_after()?,
+        },
         kind::SEND_REPLY => Message::SendReply {
             result: r.result()?,
             packet_id: r.u64("packet_id")?,
@@ -350,6 +358,7 @@ pub fn decode_message(kind: u8, payload: &[u8]) -> Result<Option<Message>, Paylo
         kind::ERROR => Message::Error {
             result: r.result()?,
             text: r.text()?,
+            retry_after_ms: r.retry_after()?,
         },
         kind::PACKET_NOTICE => Message::PacketNotice {
             packet_id: r.u64("packet_id")?,
@@ -375,6 +384,9 @@ pub fn decode_message(kind: u8, payload: &[u8]) -> Result<Option<Message>, Paylo
                 text: r.text()?,
             }
         }
+        kind::REFRESH => Message::Refresh {
+            expires_at_ms: r.u64("expires_at_ms")?,
+        },
         _ => return Ok(None),
     };
     if !r.rest.is_empty() {
@@ -424,6 +436,18 @@ impl<'a> Reader<'a> {
         self.array(field).map(u64::from_be_bytes)
     }
 
+    /// A trailing `retry_after_ms`: present only when not 0, so every message has one
+    /// encoding.
+    fn retry_after(&mut self) -> Result<u32, PayloadError> {
+        if self.rest.is_empty() {
+            return Ok(0);
+        }
+        match self.u32("retry_after_ms")? {
+            0 => Err(PayloadError::ZeroRetryAfter),
+            ms => Ok(ms),
+        }
+    }
+
     fn result(&mut self) -> Result<ResultCode, PayloadError> {
         let code = self.u8("result")?;
         ResultCode::from_u8(code).ok_or(PayloadError::UnknownResult { code })
@@ -446,7 +470,7 @@ impl<'a> Reader<'a> {
 ///
 /// Never panics, and clamps what would not fit its length field: a text longer than
 /// [`MAX_TEXT_LEN`] bytes is cut at the last char boundary at or before the limit (see
-/// [`truncate_text`]); a token longer than 255 bytes is cut to 255; a recipient list
+/// [`truncate_text`]); a token longer than 65535 bytes is cut to 65535; a recipient list
 /// longer than 65535 is cut to 65535. Tokens over [`MAX_TOKEN_LEN`] and recipient lists
 /// over [`MAX_RECIPIENTS`] are written as given (so tests can check the server refuses
 /// them) and will not decode; neither will a frame whose body ends up over
@@ -488,8 +512,8 @@ fn encode_payload(message: &Message, out: &mut Vec<u8>) {
     match message {
         Login { user_id, token } => {
             out.extend_from_slice(&user_id.to_be_bytes());
-            let token = &token[..token.len().min(u8::MAX as usize)];
-            out.push(token.len() as u8);
+            let token = &token[..token.len().min(u16::MAX as usize)];
+            out.extend_from_slice(&(token.len() as u16).to_be_bytes());
             out.extend_from_slice(token);
         }
         Shake => {}
@@ -531,9 +555,7 @@ fn encode_payload(message: &Message, out: &mut Vec<u8>) {
             out.push(*result as u8);
             out.extend_from_slice(&packet_id.to_be_bytes());
             out.extend_from_slice(&amount_cents.to_be_bytes());
-            if *retry_after_ms != 0 {
-                out.extend_from_slice(&retry_after_ms.to_be_bytes());
-            }
+            put_retry_after(out, *retry_after_ms);
         }
         OpenReply {
             result,
@@ -561,9 +583,14 @@ fn encode_payload(message: &Message, out: &mut Vec<u8>) {
             out.extend_from_slice(&client_time_us.to_be_bytes());
             out.extend_from_slice(&server_time_us.to_be_bytes());
         }
-        Error { result, text } => {
+        Error {
+            result,
+            text,
+            retry_after_ms,
+        } => {
             out.push(*result as u8);
             put_text(out, text);
+            put_retry_after(out, *retry_after_ms);
         }
         PacketNotice {
             packet_id,
@@ -593,6 +620,13 @@ fn encode_payload(message: &Message, out: &mut Vec<u8>) {
             out.push(*reason as u8);
             put_text(out, text);
         }
+        Refresh { expires_at_ms } => out.extend_from_slice(&expires_at_ms.to_be_bytes()),
+    }
+}
+
+fn put_retry_after(out: &mut Vec<u8>, retry_after_ms: u32) {
+    if retry_after_ms != 0 {
+        out.extend_from_slice(&retry_after_ms.to_be_bytes());
     }
 }
 
@@ -621,7 +655,7 @@ pub(crate) mod tests {
                 1,
                 Message::Login {
                     user_id: 42,
-                    token: vec![0xab; 32],
+                    token: b"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI0MiJ9.c2ln".to_vec(),
                 },
             ),
             frame(2, Message::Shake),
@@ -716,6 +750,15 @@ pub(crate) mod tests {
                 Message::Error {
                     result: ResultCode::UnknownType,
                     text: "unknown message type 0x7f".into(),
+                    retry_after_ms: 0,
+                },
+            ),
+            frame(
+                8,
+                Message::Error {
+                    result: ResultCode::RateLimited,
+                    text: "over 1 send a second".into(),
+                    retry_after_ms: 700,
                 },
             ),
             frame(
@@ -749,6 +792,12 @@ pub(crate) mod tests {
                     text: "logged in elsewhere".into(),
                 },
             ),
+            frame(
+                0,
+                Message::Refresh {
+                    expires_at_ms: 1_700_000_600_000,
+                },
+            ),
         ]
     }
 
@@ -774,7 +823,7 @@ pub(crate) mod tests {
         let samples = samples();
         let mut kinds: Vec<u8> = samples.iter().map(|f| f.message.kind()).collect();
         kinds.dedup();
-        assert_eq!(kinds.len(), 17, "a sample of every kind");
+        assert_eq!(kinds.len(), kind::ALL.len(), "a sample of every kind");
         for f in samples {
             let bytes = encode_to_vec(&f);
             assert_eq!(check(&bytes), Ok(Some(bytes.len())));
@@ -790,7 +839,7 @@ pub(crate) mod tests {
         encode(&f, &mut out);
         assert_eq!(out[0], 0xee);
         assert_eq!(&out[1..11], &out[11..]);
-        assert_eq!(&out[1..11], &[0, 0, 0, 6, 1, 2, 0, 0, 0, 9]);
+        assert_eq!(&out[1..11], &[0, 0, 0, 6, VERSION, 2, 0, 0, 0, 9]);
     }
 
     #[test]
@@ -798,7 +847,7 @@ pub(crate) mod tests {
         let bytes = encode_to_vec(&frame(0x01020304, Message::Open { packet_id: 5 }));
         assert_eq!(
             bytes,
-            [0, 0, 0, 14, 1, 0x04, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 5]
+            [0, 0, 0, 14, VERSION, 0x04, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 5]
         );
         assert_eq!(request_id_of(&bytes), 0x01020304);
         assert_eq!(request_id_of(&bytes[..9]), 0);
@@ -883,10 +932,45 @@ pub(crate) mod tests {
     #[test]
     fn bad_version_as_soon_as_seen() {
         assert_eq!(check(&[0, 0, 0, 6]), Ok(None));
-        let err = check(&[0, 0, 0, 6, 2]).unwrap_err();
-        assert_eq!(err, FrameError::BadVersion { version: 2 });
+        let err = check(&[0, 0, 0, 6, 3]).unwrap_err();
+        assert_eq!(err, FrameError::BadVersion { version: 3 });
         assert!(err.is_fatal());
-        assert_eq!(err.to_string(), "frame version 2, expected 1");
+        assert_eq!(err.to_string(), "frame version 3, expected 1 to 2");
+        assert!(check(&[0, 0, 0, 6, 0]).is_err());
+        assert_eq!(check(&[0, 0, 0, 6, 1]), Ok(None), "version 1 still reads");
+    }
+
+    /// A version-1 frame reads as version 2, but for `Login`, whose token has a `u8`
+    /// length there: what the old clients (and the C floor's) send.
+    #[test]
+    fn version_1_frames_read_with_their_login() {
+        let mut shake = raw(kind::SHAKE, 7, &[]);
+        shake[4] = 1;
+        assert_eq!(decode(&shake), Ok(frame(7, Message::Shake)));
+        let mut payload = 42u64.to_be_bytes().to_vec();
+        payload.push(32);
+        payload.extend_from_slice(&[0xab; 32]);
+        let mut login = raw(kind::LOGIN, 1, &payload);
+        login[4] = 1;
+        let want = frame(
+            1,
+            Message::Login {
+                user_id: 42,
+                token: vec![0xab; 32],
+            },
+        );
+        assert_eq!(decode(&login), Ok(want.clone()));
+        // The same payload as version 2 is short: its length is two bytes there.
+        assert!(decode(&raw(kind::LOGIN, 1, &payload)).is_err());
+        // What this side writes is always the current version.
+        assert_eq!(encode_to_vec(&want)[4], VERSION);
+        payload.push(0);
+        let mut trailing = raw(kind::LOGIN, 1, &payload);
+        trailing[4] = 1;
+        assert_eq!(
+            payload_error(&trailing),
+            PayloadError::Trailing { extra: 1 }
+        );
     }
 
     #[test]
@@ -933,11 +1017,16 @@ pub(crate) mod tests {
                     idempotency_key: Some(_),
                     ..
                 } => Some(14 + 8 * recipients.len()),
-                // So is a shake reply's wait.
+                // So is a shake reply's wait, and an error's.
                 Message::ShakeReply {
                     retry_after_ms: 1..,
                     ..
                 } => Some(17),
+                Message::Error {
+                    retry_after_ms: 1..,
+                    text,
+                    ..
+                } => Some(3 + text.len()),
                 _ => None,
             };
             for cut in 0..payload.len() {
@@ -976,8 +1065,12 @@ pub(crate) mod tests {
                     idempotency_key: None,
                     ..
                 } => PayloadError::BadIdempotencyKey,
-                // After a shake reply without a wait, a byte begins one (cut short).
+                // After a shake reply or an error without a wait, a byte begins one
+                // (cut short).
                 Message::ShakeReply {
+                    retry_after_ms: 0, ..
+                }
+                | Message::Error {
                     retry_after_ms: 0, ..
                 } => PayloadError::Short {
                     field: "retry_after_ms",
@@ -1002,11 +1095,11 @@ pub(crate) mod tests {
 
     #[test]
     fn unknown_codes() {
-        let mut payload = vec![18];
+        let mut payload = vec![19];
         payload.extend_from_slice(&0u64.to_be_bytes());
         assert_eq!(
             payload_error(&raw(kind::LOGIN_REPLY, 1, &payload)),
-            PayloadError::UnknownResult { code: 18 }
+            PayloadError::UnknownResult { code: 19 }
         );
         assert_eq!(
             payload_error(&raw(kind::KICK, 0, &[0, 0, 0])),
@@ -1122,9 +1215,9 @@ pub(crate) mod tests {
             1,
             Message::Login {
                 user_id: 1,
-                token: vec![1; 300],
+                token: vec![1; 70_000],
             },
         );
-        assert_eq!(encode_to_vec(&f).len(), HEADER_LEN + 9 + 255);
+        assert_eq!(encode_to_vec(&f).len(), HEADER_LEN + 10 + 65_535);
     }
 }

@@ -44,6 +44,8 @@ pub struct Request<'a> {
     pub websocket: bool,
     pub authorization: Option<&'a str>,
     pub idempotency_key: Option<&'a str>,
+    /// `X-Real-IP`: the client a proxy in front names (believed only from a trusted one).
+    pub real_ip: Option<&'a str>,
     pub body: Cow<'a, [u8]>,
     /// Bytes of the buffer the request took, head, body and chunk framing included.
     pub len: usize,
@@ -112,6 +114,7 @@ pub fn parse(buf: &[u8], max_body: usize) -> Result<Option<Request<'_>>, HttpErr
     let mut chunked = false;
     let mut authorization = None;
     let mut idempotency_key = None;
+    let mut real_ip = None;
     for h in head.headers.iter() {
         let name = h.name;
         let text = || std::str::from_utf8(h.value).map(str::trim);
@@ -149,6 +152,8 @@ pub fn parse(buf: &[u8], max_body: usize) -> Result<Option<Request<'_>>, HttpErr
         } else if name.eq_ignore_ascii_case("idempotency-key") {
             idempotency_key =
                 Some(text().map_err(|_| HttpError::Malformed("Idempotency-Key is not text"))?);
+        } else if name.eq_ignore_ascii_case("x-real-ip") {
+            real_ip = text().ok();
         }
     }
     if chunked && content_length.is_some() {
@@ -188,6 +193,7 @@ pub fn parse(buf: &[u8], max_body: usize) -> Result<Option<Request<'_>>, HttpErr
         websocket,
         authorization,
         idempotency_key,
+        real_ip,
         body,
         len,
     }))

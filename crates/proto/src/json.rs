@@ -4,8 +4,8 @@
 //! message is one JSON object standing for one [`Frame`]. `"type"` names the message
 //! (`"login"`, `"shake_reply"`, ...), `"id"` is the request id (0 on pushes), and the
 //! other keys are the message's fields under their Rust names. Results and kick reasons
-//! are their names from `message.rs` (`"won"`, `"already-opened"`), login tokens
-//! lowercase hex, and every integer a JSON number.
+//! are their names from `message.rs` (`"won"`, `"already-opened"`), a login token is
+//! its compact JWT string as it is, and every integer a JSON number.
 //!
 //! The binary codec's limits hold here too (text and token lengths, recipients); a
 //! message the binary decoder would refuse is refused here, with a [`JsonError`] that
@@ -48,6 +48,7 @@ pub fn type_name(message: &Message) -> &'static str {
         ChatMessage { .. } => "chat_message",
         Broadcast { .. } => "broadcast",
         Kick { .. } => "kick",
+        Refresh { .. } => "refresh",
     }
 }
 
@@ -87,8 +88,6 @@ pub enum JsonErrorKind {
     },
     #[error("field `{field}` out of range")]
     OutOfRange { field: &'static str },
-    #[error("field `{field}` is not hex")]
-    BadHex { field: &'static str },
     #[error("unknown result {0:?}")]
     UnknownResult(String),
     #[error("unknown kick reason {0:?}")]
@@ -121,7 +120,7 @@ pub fn to_json(frame: &Frame) -> String {
     match &frame.message {
         Login { user_id, token } => {
             w.num("user_id", *user_id);
-            w.str("token", &hex::encode(token));
+            w.str("token", &String::from_utf8_lossy(token));
         }
         Shake => {}
         Send {
@@ -194,9 +193,16 @@ pub fn to_json(frame: &Frame) -> String {
             w.num("client_time_us", *client_time_us);
             w.num("server_time_us", *server_time_us);
         }
-        Error { result, text } => {
+        Error {
+            result,
+            text,
+            retry_after_ms,
+        } => {
             w.result(*result);
             w.text(text);
+            if *retry_after_ms != 0 {
+                w.num("retry_after_ms", u64::from(*retry_after_ms));
+            }
         }
         PacketNotice {
             packet_id,
@@ -226,6 +232,7 @@ pub fn to_json(frame: &Frame) -> String {
             w.str("reason", reason.name());
             w.text(text);
         }
+        Refresh { expires_at_ms } => w.num("expires_at_ms", *expires_at_ms),
     }
     w.out.push('}');
     w.out
@@ -351,7 +358,7 @@ pub fn from_json(text: &str) -> Result<Frame, JsonError> {
     f.request_id = Some(request_id);
     let message = match f.str("type")? {
         "login" => Message::Login {
-            user_id: f.num("user_id")?,
+            user_id: f.num_or_zero("user_id")?,
             token: f.token()?,
         },
         "shake" => Message::Shake,
@@ -401,6 +408,7 @@ pub fn from_json(text: &str) -> Result<Frame, JsonError> {
         "error" => Message::Error {
             result: f.result()?,
             text: f.text()?,
+            retry_after_ms: f.retry_after_ms()?,
         },
         "packet_notice" => Message::PacketNotice {
             packet_id: f.num("packet_id")?,
@@ -426,6 +434,9 @@ pub fn from_json(text: &str) -> Result<Frame, JsonError> {
                 text: f.text()?,
             }
         }
+        "refresh" => Message::Refresh {
+            expires_at_ms: f.num("expires_at_ms")?,
+        },
         other => return Err(f.err(JsonErrorKind::UnknownType(clip(other)))),
     };
     Ok(Frame {
@@ -493,6 +504,14 @@ impl<'a> Fields<'a> {
     }
 
     /// The optional `retry_after_ms` of a shake reply (absent means 0).
+    /// An optional unsigned integer, 0 when absent (a login's `user_id`).
+    fn num_or_zero(&self, field: &'static str) -> Result<u64, JsonError> {
+        match self.object.get(field) {
+            None | Some(Value::Null) => Ok(0),
+            Some(_) => self.num(field),
+        }
+    }
+
     fn retry_after_ms(&self) -> Result<u32, JsonError> {
         match self.object.get("retry_after_ms") {
             None | Some(Value::Null) => Ok(0),
@@ -519,13 +538,13 @@ impl<'a> Fields<'a> {
         Ok(text.to_owned())
     }
 
+    /// The token, its string's bytes as they are (a JWT is ASCII).
     fn token(&self) -> Result<Vec<u8>, JsonError> {
-        let hex = self.str("token")?;
-        // Check the length before decoding, so a long string is not decoded for nothing.
-        if hex.len() > 2 * MAX_TOKEN_LEN {
-            return Err(self.err(JsonErrorKind::TokenTooLong { len: hex.len() / 2 }));
+        let token = self.str("token")?;
+        if token.len() > MAX_TOKEN_LEN {
+            return Err(self.err(JsonErrorKind::TokenTooLong { len: token.len() }));
         }
-        hex::decode(hex).map_err(|_| self.err(JsonErrorKind::BadHex { field: "token" }))
+        Ok(token.as_bytes().to_vec())
     }
 
     fn result(&self) -> Result<ResultCode, JsonError> {
@@ -573,7 +592,7 @@ mod tests {
         let samples = crate::frame::tests::samples();
         let mut types: Vec<&str> = samples.iter().map(|f| type_name(&f.message)).collect();
         types.dedup();
-        assert_eq!(types.len(), 17);
+        assert_eq!(types.len(), crate::message::kind::ALL.len());
         for f in samples {
             let from_wire = decode(&encode_to_vec(&f)).expect("a valid frame");
             let json = to_json(&from_wire);
@@ -622,6 +641,7 @@ mod tests {
             Message::Error {
                 result: ResultCode::NotARecipient,
                 text: "\u{1}".repeat(MAX_TEXT_LEN),
+                retry_after_ms: u32::MAX,
             },
         );
         assert!(to_json(&worst).len() <= MAX_JSON_LEN);
@@ -645,12 +665,12 @@ mod tests {
     fn golden_strings() {
         let cases = [
             (
-                r#"{"type":"login","id":1,"user_id":42,"token":"93c121e7aa437a1e01e3c512c6f0ce3c821a839025dca4408f85616de4aaee70"}"#,
+                r#"{"type":"login","id":1,"user_id":42,"token":"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI0MiJ9.c2ln"}"#,
                 frame(
                     1,
                     Message::Login {
                         user_id: 42,
-                        token: crate::token::token(b"secret", 42).to_vec(),
+                        token: b"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI0MiJ9.c2ln".to_vec(),
                     },
                 ),
             ),
@@ -693,17 +713,18 @@ mod tests {
             assert_eq!(to_json(&want), json);
         }
         // Whitespace, key order, upper-case hex and unknown keys are all fine.
-        let loose = r#" { "token": "ABCD", "user_id": 5, "extra": [1, {"x": null}],
+        let loose = r#" { "token": "a.b.c", "extra": [1, {"x": null}],
                           "id": 3, "type": "login" } "#;
         assert_eq!(
             from_json(loose),
             Ok(frame(
                 3,
                 Message::Login {
-                    user_id: 5,
-                    token: vec![0xab, 0xcd]
+                    user_id: 0,
+                    token: b"a.b.c".to_vec()
                 }
-            ))
+            )),
+            "user_id may be left out: the token names the user"
         );
         // Escapes in texts.
         assert_eq!(
@@ -780,9 +801,12 @@ mod tests {
                 },
             ),
             (
-                r#"{"type":"login","id":7,"user_id":1,"token":"xyz"}"#,
+                r#"{"type":"login","id":7,"user_id":1,"token":7}"#,
                 Some(7),
-                BadHex { field: "token" },
+                WrongType {
+                    field: "token",
+                    expected: "a string",
+                },
             ),
             (
                 r#"{"type":"chat_reply","id":7,"result":"meh"}"#,
@@ -824,6 +848,7 @@ mod tests {
             message: Message::Error {
                 result: bad.result_code(),
                 text: bad.to_string(),
+                retry_after_ms: 0,
             },
         };
         assert_eq!(
@@ -860,7 +885,7 @@ mod tests {
         );
         let login = format!(
             r#"{{"type":"login","id":1,"user_id":2,"token":"{}"}}"#,
-            "ab".repeat(MAX_TOKEN_LEN + 1)
+            "a".repeat(MAX_TOKEN_LEN + 1)
         );
         assert_eq!(
             error_of(&login).kind,
@@ -871,7 +896,7 @@ mod tests {
         // At the limits, fine.
         let at_limit = format!(
             r#"{{"type":"login","id":1,"user_id":2,"token":"{}"}}"#,
-            "ab".repeat(MAX_TOKEN_LEN)
+            "a".repeat(MAX_TOKEN_LEN)
         );
         assert!(from_json(&at_limit).is_ok());
         // An unknown type name from the peer is clipped before it goes into a reply.

@@ -15,6 +15,7 @@ pub mod frame;
 pub mod http;
 pub mod json;
 pub mod message;
+pub mod tls;
 pub mod token;
 pub mod ws;
 

@@ -4,8 +4,15 @@
 //! every message is written down in `docs/protocol.md`, and `testdata/golden.txt` holds
 //! one encoded example of each so clients in other languages can check themselves.
 
-/// Protocol version carried in every frame header.
-pub const VERSION: u8 = 1;
+/// Protocol version carried in every frame header. Version 2 (issue 44) made the login
+/// token a JWT of up to [`MAX_TOKEN_LEN`] bytes (a `u16` length), and added `refresh`,
+/// `rate-limited` and `retry_after_ms` on `error`.
+pub const VERSION: u8 = 2;
+
+/// The oldest version a server still reads: a version-1 `Login` carries its token with
+/// a `u8` length (the HMAC token of old clients, accepted only where the server is told
+/// to: `hmac_login`); every other version-1 frame reads as in version 2.
+pub const MIN_VERSION: u8 = 1;
 
 /// Largest frame body (everything after the 4-byte length prefix), in bytes.
 /// A peer announcing more is cut off before anything is allocated.
@@ -20,8 +27,12 @@ pub const MAX_RECIPIENTS: usize = 1000;
 /// Longest chat, broadcast or kick text, in bytes of UTF-8.
 pub const MAX_TEXT_LEN: usize = 4096;
 
-/// Longest login token, in bytes (an HMAC-SHA256 is 32).
-pub const MAX_TOKEN_LEN: usize = 64;
+/// Longest login token, in bytes: a JWT's compact form (an HS256 one with a handful of
+/// claims is about 200 bytes, an ES256 one about 250).
+pub const MAX_TOKEN_LEN: usize = 2048;
+
+/// Longest token a version-1 `Login` carries (its length is a `u8`).
+pub const MAX_V1_TOKEN_LEN: usize = 255;
 
 /// Longest idempotency key of a send, in bytes (printable ASCII; a UUID is 36).
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 64;
@@ -45,7 +56,9 @@ pub struct Frame {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     // client → server
-    /// Prove who we are: `token` is HMAC-SHA256(server secret, user id as decimal ASCII).
+    /// Prove who we are: `token` is a JWT's compact form (`docs/protocol.md`, Login
+    /// tokens); `user_id` is the token's `sub`, or 0 for "whoever the token names".
+    /// Sent again on a logged-in connection (same user), it refreshes the session.
     Login {
         user_id: u64,
         token: Vec<u8>,
@@ -104,10 +117,13 @@ pub enum Message {
         client_time_us: u64,
         server_time_us: u64,
     },
-    /// A frame the server could not act on (unknown type, bad payload, not logged in).
+    /// A frame the server could not act on (unknown type, bad payload, not logged in),
+    /// or a request refused before it was looked at (`rate-limited`: `retry_after_ms`
+    /// says when to try again; 0 with every other result).
     Error {
         result: ResultCode,
         text: String,
+        retry_after_ms: u32,
     },
 
     // server → client: pushes (request id 0)
@@ -133,6 +149,12 @@ pub enum Message {
         reason: KickReason,
         text: String,
     },
+    /// The session's token expires at `expires_at_ms` (ms since the Unix epoch): send a
+    /// `Login` with a fresh token on this connection before then, or be kicked
+    /// `expired`.
+    Refresh {
+        expires_at_ms: u64,
+    },
 }
 
 /// Type codes on the wire, one per `Message` variant.
@@ -154,9 +176,10 @@ pub mod kind {
     pub const CHAT_MESSAGE: u8 = 0x91;
     pub const BROADCAST: u8 = 0x92;
     pub const KICK: u8 = 0x93;
+    pub const REFRESH: u8 = 0x94;
 
     /// Every type code, in the order above.
-    pub const ALL: [u8; 17] = [
+    pub const ALL: [u8; 18] = [
         LOGIN,
         SHAKE,
         SEND,
@@ -174,6 +197,7 @@ pub mod kind {
         CHAT_MESSAGE,
         BROADCAST,
         KICK,
+        REFRESH,
     ];
 }
 
@@ -199,6 +223,7 @@ impl Message {
             ChatMessage { .. } => kind::CHAT_MESSAGE,
             Broadcast { .. } => kind::BROADCAST,
             Kick { .. } => kind::KICK,
+            Refresh { .. } => kind::REFRESH,
         }
     }
 
@@ -232,10 +257,12 @@ pub enum ResultCode {
     UnknownType = 15,
     NoSuchPacket = 16,
     Unavailable = 17,
+    /// Over a per-user limit: the reply says how long to wait (`retry_after_ms`).
+    RateLimited = 18,
 }
 
 impl ResultCode {
-    pub const ALL: [ResultCode; 18] = [
+    pub const ALL: [ResultCode; 19] = [
         ResultCode::Ok,
         ResultCode::Won,
         ResultCode::Nothing,
@@ -254,6 +281,7 @@ impl ResultCode {
         ResultCode::UnknownType,
         ResultCode::NoSuchPacket,
         ResultCode::Unavailable,
+        ResultCode::RateLimited,
     ];
 
     pub fn from_u8(b: u8) -> Option<ResultCode> {
@@ -282,6 +310,7 @@ impl ResultCode {
             UnknownType => "unknown-type",
             NoSuchPacket => "no-such-packet",
             Unavailable => "unavailable",
+            RateLimited => "rate-limited",
         }
     }
 
@@ -312,16 +341,22 @@ pub enum KickReason {
     SlowReader = 5,
     /// The server is shutting down.
     Shutdown = 6,
+    /// The session's token expired and no fresh one came.
+    Expired = 7,
+    /// The user's tokens were revoked, or the key that signed this one was removed.
+    Revoked = 8,
 }
 
 impl KickReason {
-    pub const ALL: [KickReason; 6] = [
+    pub const ALL: [KickReason; 8] = [
         KickReason::Replaced,
         KickReason::BadToken,
         KickReason::BadFrame,
         KickReason::Idle,
         KickReason::SlowReader,
         KickReason::Shutdown,
+        KickReason::Expired,
+        KickReason::Revoked,
     ];
 
     pub fn from_u8(b: u8) -> Option<KickReason> {
@@ -336,6 +371,8 @@ impl KickReason {
             KickReason::Idle => "idle",
             KickReason::SlowReader => "slow-reader",
             KickReason::Shutdown => "shutdown",
+            KickReason::Expired => "expired",
+            KickReason::Revoked => "revoked",
         }
     }
 

@@ -185,7 +185,13 @@ fn message() -> impl Strategy<Value = Message> {
                 server_time_us,
             }
         }),
-        (result(), text()).prop_map(|(result, text)| Message::Error { result, text }),
+        (result(), text(), any::<u32>()).prop_map(|(result, text, retry_after_ms)| {
+            Message::Error {
+                result,
+                text,
+                retry_after_ms,
+            }
+        }),
         (
             any::<u64>(),
             any::<u64>(),
@@ -212,6 +218,7 @@ fn message() -> impl Strategy<Value = Message> {
         }),
         (prop::sample::select(KickReason::ALL.to_vec()), text())
             .prop_map(|(reason, text)| Message::Kick { reason, text }),
+        any::<u64>().prop_map(|expires_at_ms| Message::Refresh { expires_at_ms }),
     ]
 }
 

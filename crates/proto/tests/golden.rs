@@ -168,6 +168,13 @@ fn parse_form(form: &str) -> Frame {
         "error" => Message::Error {
             result: f.result(),
             text: f.text(),
+            retry_after_ms: f
+                .map
+                .remove("retry_after_ms")
+                .map_or(0, |v| v.parse().expect("retry_after_ms")),
+        },
+        "refresh" => Message::Refresh {
+            expires_at_ms: f.num("expires_at_ms"),
         },
         "packet-notice" => Message::PacketNotice {
             packet_id: f.num("packet_id"),
@@ -271,7 +278,11 @@ fn coverage() {
     let mut kinds: Vec<u8> = frames.iter().map(|f| f.message.kind()).collect();
     kinds.sort();
     kinds.dedup();
-    assert_eq!(kinds.len(), 17, "message types covered: {kinds:02x?}");
+    assert_eq!(
+        kinds.len(),
+        hongbao_proto::message::kind::ALL.len(),
+        "message types covered: {kinds:02x?}"
+    );
 
     for code in ResultCode::ALL {
         assert!(

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use hongbao_http::access::changes_state;
 use hongbao_http::{json_object, Request, Response, Server};
-use hongbao_money::access::Role;
+use hongbao_money::access::{AccessStore, Revocation, Role};
 use hongbao_money::error as money;
 use hongbao_money::seam::{AdminRequest as MoneyRequest, LedgerRead, OpsCursor};
 use mio::Waker;
@@ -37,6 +37,13 @@ pub enum AdminRequest {
     Stats,
     Metrics,
     Broadcast(BroadcastRequest),
+    /// A revocation, durable already: the core refuses the user's older tokens from now
+    /// on and kicks its connection here (from the API, or read from the store, where
+    /// another host wrote it).
+    Revoked {
+        user: u64,
+        at: u64,
+    },
 }
 
 /// `POST /v1/broadcast`.
@@ -64,6 +71,7 @@ pub struct AdminCommand {
 pub fn start(
     addr: &str,
     door: impl FnOnce(SocketAddr) -> Door,
+    tls: Option<hongbao_http::tls::Reloadable>,
     reader: Option<Box<dyn LedgerRead>>,
     to_core: SyncSender<AdminCommand>,
     waker: Arc<Waker>,
@@ -73,10 +81,18 @@ pub fn start(
     let bound = listener
         .local_addr()
         .map_err(|e| crate::error::Error::io("reading the admin address", e))?;
-    let door = door(bound);
+    let door = Arc::new(door(bound));
     let reader = Mutex::new(reader);
     let to_core = Mutex::new(to_core);
-    Server::serve(listener, "admin", MAX_BODY, move |request| {
+    // Over TLS, a client refused in its handshake is on the admin log too.
+    let tls = tls.map(|config| {
+        let door = door.clone();
+        hongbao_http::ServeTls {
+            config,
+            on_refused: Arc::new(move |peer, why| door.refused_handshake(peer, why)),
+        }
+    });
+    Server::serve_tls(listener, "admin", MAX_BODY, tls, move |request| {
         let ask = |r: AdminRequest| ask_core(r, &to_core, &waker);
         handle(&request, &door, &reader, ask)
     })
@@ -107,6 +123,7 @@ fn needs(method: &str, segments: &[&str]) -> Option<(Role, Record)> {
         ("POST", ["v1", "campaigns", "shake" | "send"] | ["v1", "broadcast"]) => (Operator, Change),
         ("GET", ["v1", "admin-keys"] | ["v1", "admin-log"]) => (Operator, No),
         ("POST", ["v1", "admin-keys"]) | ("DELETE", ["v1", "admin-keys", _]) => (Operator, Change),
+        ("POST", ["v1", "users", _, "revoke"]) => (Operator, Change),
         _ => return None,
     })
 }
@@ -213,6 +230,10 @@ fn summary(request: &Request, answer: &Response) -> String {
         ["v1", "broadcast"] => format!("broadcast to {} connections", body["connections"]),
         ["v1", "admin-keys"] => format!("key {} made, role {}", body["name"], body["role"]),
         ["v1", "admin-keys", name] => format!("key {name:?} removed"),
+        ["v1", "users", user, "revoke"] => format!(
+            "user {user}'s tokens issued before {} revoked; {} connection(s) kicked here",
+            body["revoked_before"], body["kicked"]
+        ),
         _ => format!("answered {}", answer.status),
     }
 }
@@ -256,6 +277,7 @@ fn serve(
             Err(bad) => bad,
         },
         ("DELETE", ["v1", "admin-keys", name]) => remove_key(door, name),
+        ("POST", ["v1", "users", user, "revoke"]) => revoke(door, user, caller, ask),
         ("GET", ["v1", "admin-log"]) => match log_query(&request.query) {
             Ok((before, limit)) => match door.store().log(before, limit) {
                 Ok(entries) => {
@@ -300,6 +322,80 @@ fn remove_key(door: &Door, name: &str) -> Response {
         }
         Err(e) => Response::error(e.kind().http_status(), e.to_string()),
     }
+}
+
+/// `POST /v1/users/ID/revoke`: every token of the user issued before now is refused,
+/// on every host, from now on. Written to the store first (it outlives a restart, and
+/// the other hosts read it from there within a second), then the core here is told.
+fn revoke(
+    door: &Door,
+    user: &str,
+    caller: &str,
+    ask: &dyn Fn(AdminRequest) -> Response,
+) -> Response {
+    let Some(user) = user.parse::<u64>().ok().filter(|&u| u > 0) else {
+        return Response::error(400, format!("user id {user:?} is not a positive integer"));
+    };
+    // Tokens carry whole seconds: one issued in this second counts as before it.
+    let at = hongbao_sys::clock::unix_ms().div_ceil(1000);
+    let revocation = Revocation {
+        id: 0,
+        user,
+        at,
+        by: caller.to_string(),
+    };
+    if let Err(e) = door.store().revoke(&revocation) {
+        return Response::error(e.kind().http_status(), e.to_string());
+    }
+    ask(AdminRequest::Revoked { user, at })
+}
+
+/// Reads the revocations other hosts (and `hongbao` tools) wrote, once a second, and
+/// hands each to the core: a revocation on one host reaches every host within about a
+/// second. Starts from the revocations still in force (`horizon` seconds: the longest a
+/// token lives), so a restarted server refuses what was revoked before.
+pub fn watch_revocations(
+    store: Arc<dyn AccessStore>,
+    horizon: u64,
+    to_core: SyncSender<AdminCommand>,
+    waker: Arc<Waker>,
+    stop: hongbao_sys::Stop,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("revocations".into())
+        .spawn(move || {
+            let mut after = 0;
+            while !stop.requested() {
+                let since = (hongbao_sys::clock::unix_ms() / 1000).saturating_sub(horizon);
+                match store.revocations(after, since) {
+                    Ok(found) => {
+                        for r in found {
+                            after = after.max(r.id);
+                            let (reply, _) = std::sync::mpsc::channel();
+                            let request = AdminRequest::Revoked {
+                                user: r.user,
+                                at: r.at,
+                            };
+                            if to_core.send(AdminCommand { request, reply }).is_err() {
+                                return;
+                            }
+                            let _ = waker.wake();
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading revocations failed; trying again")
+                    }
+                }
+                // A second between reads, looking at the stop every 100 ms.
+                for _ in 0..10 {
+                    if stop.requested() {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            }
+        })
+        .expect("starting the revocations thread")
 }
 
 /// `GET /v1/admin-log`'s query: `before` (a page's `next`) and `limit` (1..=1000, 100).

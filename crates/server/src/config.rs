@@ -8,9 +8,11 @@
 
 use std::path::{Path, PathBuf};
 
+use hongbao_proto::token::{Alg, KeySpec, Rules, DEFAULT_KID};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits::UserLimits;
 
 /// The flags of `hongbao serve`: each a field of `ServeConfig` under the same name, given
 /// when set. Flags win over the config file, which wins over the defaults.
@@ -57,10 +59,29 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
-    /// A file holding the secret for login tokens (HMAC-SHA256(secret, user id))
+    /// A file holding the secret for login tokens (the HS256 key `hongbao` when no
+    /// [[login_keys]] are configured)
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret_file: Option<PathBuf>,
+    /// Answer GET /token?user=N on the WebSocket and HTTP addresses with any user's token
+    /// (a demo: loopback addresses only)
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub demo_login: Option<bool>,
+    /// TLS on the client listeners and the admin address: the certificate chain (PEM)
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// ...and its private key (PEM); both are read again on SIGHUP
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Cluster mode: the CA (PEM) the engines' TLS is trusted by (rediss://, PostgreSQL's
+    /// sslmode=verify-full) [default: HONGBAO_TLS_CA's file]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
     /// Report per-second counters to the hongbao monitor at this address
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -168,18 +189,50 @@ pub struct ServeConfig {
     /// Where the HTTP API listens ("" for none); it also upgrades WebSockets and serves
     /// the browser page, like `ws_listen`.
     pub http_listen: String,
-    /// Answer `GET /token?user=N` on the WebSocket address so the browser page can log
-    /// in as anyone: a demo, on by default only with the development secret.
-    pub demo_login: Option<bool>,
+    /// Answer `GET /token?user=N` on the WebSocket and HTTP addresses so the browser page
+    /// can log in as anyone: a demo, only when asked for, only on loopback addresses.
+    pub demo_login: bool,
     /// Holds `ledger.sqlite`.
     pub data_dir: PathBuf,
+    /// TLS on every client listener and the admin address: the certificate chain (PEM,
+    /// leaf first) and its key; "" for none (plain TCP).
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
+    /// Cluster mode: the CA certificates (PEM) the engines' TLS is trusted by; "" for
+    /// `HONGBAO_TLS_CA`'s file, or none.
+    pub tls_ca: PathBuf,
+    /// `tls_ca` read.
+    #[serde(skip)]
+    pub engines_ca: Option<Vec<u8>>,
     /// Gateway worker processes: a number, or "auto".
     pub workers: String,
     /// Connections the server should be able to hold (sizes `workers = "auto"`).
     pub connections: u64,
-    /// Login tokens are HMAC-SHA256(secret, user id). Taken, first found, from
-    /// `--secret` (development only: it warns), `HONGBAO_SECRET`, `secret_file`, this.
+    /// With no `login_keys`, login tokens are JWTs signed HS256 with this secret (kid
+    /// `hongbao`). Taken, first found, from `--secret` (development only: it warns),
+    /// `HONGBAO_SECRET`, `secret_file`, this.
     pub secret: String,
+    /// The keys login tokens are verified with, by `kid` (`[[login_keys]]`); none: the
+    /// secret, as HS256 key `hongbao`.
+    pub login_keys: Vec<LoginKeyConfig>,
+    /// Clock skew allowed on a token's `exp`, `nbf` and `iat`.
+    pub token_leeway_secs: u64,
+    /// When set, a token's `aud` must name it.
+    pub token_audience: String,
+    /// The longest a token may live (`exp - iat`); longer ones are refused.
+    pub max_token_lifetime_secs: u64,
+    /// A session is asked for a fresh token this long before its own expires.
+    pub refresh_before_secs: u32,
+    /// Accept the old login token, HMAC-SHA256(secret, user id), in a protocol-version-1
+    /// login (the shared C floor client's); such a session lasts `max_token_lifetime_secs`.
+    pub hmac_login: bool,
+    /// Addresses of the proxies in front (nginx): a connection from one of them names
+    /// its client — a PROXY protocol header first on the binary-frame address, `X-Real-IP`
+    /// on the HTTP and WebSocket ones — and the limits per source count that client.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// Limits per user (`[user_limits]`: `shake`, `send`, `open`, `chat`, `login` as
+    /// `{ per_sec, burst }`, and `notices_per_minute`); docs/security.md says the defaults.
+    pub user_limits: UserLimits,
     /// A file holding `secret` ("" for none).
     pub secret_file: PathBuf,
     /// A file holding the PostgreSQL password ("" for none: `HONGBAO_POSTGRES_PASSWORD`,
@@ -247,6 +300,9 @@ pub struct ServeConfig {
     /// Cluster mode: this host's name, unique among the gateways [default: the hostname
     /// and the client port].
     pub host_name: String,
+    /// The flags this was loaded with: a reload (SIGHUP) reads the file again under them.
+    #[serde(skip)]
+    pub flags: Option<ServeFlags>,
 }
 
 /// The order a gateway worker reads the connections epoll reported readable.
@@ -278,6 +334,66 @@ impl std::str::FromStr for ReadyOrder {
 
 pub use hongbao_proto::token::DEV_SECRET;
 
+/// One `[[login_keys]]` entry: a key login tokens may be signed with, by `kid`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoginKeyConfig {
+    pub kid: String,
+    /// `HS256`, `ES256` or `EdDSA`: the only algorithm this key verifies.
+    pub alg: String,
+    /// HS256: a file holding the secret (its first line).
+    #[serde(default)]
+    pub secret_file: PathBuf,
+    /// ES256 and EdDSA: a file holding the public key (PEM, SubjectPublicKeyInfo).
+    #[serde(default)]
+    pub public_key_file: PathBuf,
+}
+
+impl LoginKeyConfig {
+    /// The key as the verifier takes it, read from its file.
+    pub fn spec(&self) -> Result<KeySpec> {
+        let alg: Alg = self
+            .alg
+            .parse()
+            .map_err(|e| Error::config(format!("login key {:?}: {e}", self.kid)))?;
+        if self.kid.is_empty() {
+            return Err(Error::config("a login key with no kid".to_string()));
+        }
+        let (file, wrong) = match alg {
+            Alg::HS256 => (&self.secret_file, &self.public_key_file),
+            Alg::ES256 | Alg::EdDSA => (&self.public_key_file, &self.secret_file),
+        };
+        let wanted = if alg == Alg::HS256 {
+            "secret_file"
+        } else {
+            "public_key_file"
+        };
+        if file.as_os_str().is_empty() || !wrong.as_os_str().is_empty() {
+            return Err(Error::config(format!(
+                "login key {:?} ({}) takes {wanted} and nothing else",
+                self.kid,
+                alg.name()
+            )));
+        }
+        let material = match alg {
+            Alg::HS256 => crate::access::read_secret_file(file).map(String::into_bytes),
+            Alg::ES256 | Alg::EdDSA => std::fs::read(file),
+        }
+        .map_err(|e| {
+            Error::config(format!(
+                "login key {:?}: reading {}: {e}",
+                self.kid,
+                file.display()
+            ))
+        })?;
+        Ok(KeySpec {
+            kid: self.kid.clone(),
+            alg,
+            material,
+        })
+    }
+}
+
 impl Default for ServeConfig {
     fn default() -> Self {
         ServeConfig {
@@ -287,12 +403,24 @@ impl Default for ServeConfig {
             admin_origins: Vec::new(),
             ws_listen: String::new(),
             http_listen: String::new(),
-            demo_login: None,
+            demo_login: false,
             data_dir: PathBuf::from("hongbao-data"),
+            tls_cert: PathBuf::new(),
+            tls_key: PathBuf::new(),
+            tls_ca: PathBuf::new(),
+            engines_ca: None,
             workers: "auto".into(),
             connections: 20_000,
             secret: DEV_SECRET.into(),
             secret_file: PathBuf::new(),
+            login_keys: Vec::new(),
+            token_leeway_secs: 30,
+            token_audience: String::new(),
+            max_token_lifetime_secs: 24 * 3600,
+            refresh_before_secs: 60,
+            hmac_login: false,
+            user_limits: UserLimits::default(),
+            trusted_proxies: Vec::new(),
             postgres_password_file: PathBuf::new(),
             redis_password_file: PathBuf::new(),
             postgres_password: None,
@@ -316,6 +444,7 @@ impl Default for ServeConfig {
             redis: String::new(),
             postgres: String::new(),
             host_name: String::new(),
+            flags: None,
         }
     }
 }
@@ -363,6 +492,7 @@ impl ServeConfig {
             .try_into()
             .map_err(|e| Error::config(format!("{what}: {e}")))?;
         cfg.read_secrets(flags.secret.is_some())?;
+        cfg.flags = Some(flags.clone());
         Ok(cfg)
     }
 
@@ -384,6 +514,16 @@ impl ServeConfig {
         )?;
         self.redis_password =
             secret_from("HONGBAO_REDIS_PASSWORD", file(&self.redis_password_file))?;
+        let ca = match file(&self.tls_ca) {
+            Some(path) => Some(path.to_path_buf()),
+            None => std::env::var_os(hongbao_http::tls::CA_ENV).map(PathBuf::from),
+        };
+        self.engines_ca = match ca {
+            Some(path) => Some(std::fs::read(&path).map_err(|e| {
+                Error::config(format!("reading the CA file {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
         Ok(())
     }
 
@@ -406,8 +546,95 @@ impl ServeConfig {
         }
     }
 
-    pub fn demo_login(&self) -> bool {
-        self.demo_login.unwrap_or(self.secret == DEV_SECRET)
+    /// The login keys, read from their files: `login_keys`, or with none the secret as
+    /// HS256 key `hongbao`. Each is checked usable (a verifier is made of them).
+    pub fn login_specs(&self) -> Result<Vec<KeySpec>> {
+        let specs = if self.login_keys.is_empty() {
+            vec![KeySpec {
+                kid: DEFAULT_KID.into(),
+                alg: Alg::HS256,
+                material: self.secret.as_bytes().to_vec(),
+            }]
+        } else {
+            self.login_keys
+                .iter()
+                .map(LoginKeyConfig::spec)
+                .collect::<Result<_>>()?
+        };
+        hongbao_proto::token::Verifier::new(&specs, self.token_rules()).map_err(Error::config)?;
+        Ok(specs)
+    }
+
+    /// The TLS certificate and key, when both are given (one alone is a mistake).
+    pub fn tls_files(&self) -> Result<Option<hongbao_http::tls::TlsFiles>> {
+        match (file(&self.tls_cert), file(&self.tls_key)) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => Ok(Some(hongbao_http::tls::TlsFiles {
+                cert: cert.to_path_buf(),
+                key: key.to_path_buf(),
+            })),
+            _ => Err(Error::config(
+                "TLS needs both tls_cert and tls_key".to_string(),
+            )),
+        }
+    }
+
+    /// The TLS certificate and key read (and checked usable), when TLS is on.
+    pub fn tls_pem(&self) -> Result<Option<crate::link::TlsPem>> {
+        let Some(files) = self.tls_files()? else {
+            return Ok(None);
+        };
+        let (cert, key) = files.read().map_err(Error::config)?;
+        hongbao_http::tls::server_config(&cert, &key, &[]).map_err(Error::config)?;
+        Ok(Some(crate::link::TlsPem {
+            cert,
+            key,
+            ticket_key: hongbao_http::tls::new_ticket_key(),
+        }))
+    }
+
+    /// What a token must satisfy beyond its signature.
+    pub fn token_rules(&self) -> Rules {
+        Rules {
+            leeway_secs: self.token_leeway_secs,
+            audience: (!self.token_audience.is_empty()).then(|| self.token_audience.clone()),
+            max_lifetime_secs: self.max_token_lifetime_secs,
+        }
+    }
+
+    /// Whether the built-in development secret signs anything here: the login key made
+    /// of it, or the old HMAC tokens.
+    pub fn dev_secret_in_use(&self) -> bool {
+        self.secret == DEV_SECRET && (self.login_keys.is_empty() || self.hmac_login)
+    }
+
+    /// Refuses what would hand out logins to the network: the development secret (which
+    /// anyone can read in our source) on a listener beyond loopback, and the demo
+    /// login (any user's token for the asking) beyond loopback.
+    pub fn check_exposure(&self) -> Result<()> {
+        let listeners = [
+            ("listen", &self.listen, false),
+            ("ws_listen", &self.ws_listen, true),
+            ("http_listen", &self.http_listen, true),
+            ("admin", &self.admin, false),
+        ];
+        for (name, addr, serves_demo) in listeners {
+            if addr.is_empty() {
+                continue;
+            }
+            let local = hongbao_sys::net::is_loopback_address(addr);
+            if !local && self.dev_secret_in_use() {
+                return Err(Error::config(format!(
+                    "{name} = {addr:?} is not a loopback address, and login tokens are                      signed with the built-in development secret, which anyone can read:                      give a secret (HONGBAO_SECRET or secret_file) or [[login_keys]], or                      listen on 127.0.0.1"
+                )));
+            }
+            if !local && serves_demo && self.demo_login {
+                return Err(Error::config(format!(
+                    "demo_login hands anyone any user's token: {name} = {addr:?} must be a                      loopback address for it"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The worker count: as given, or for "auto" enough workers to hold `connections`

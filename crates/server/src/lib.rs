@@ -19,6 +19,7 @@ pub mod admin;
 pub mod config;
 pub mod embedded;
 pub mod error;
+pub mod limits;
 pub mod link;
 pub mod nginx;
 pub mod presence;

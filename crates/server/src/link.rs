@@ -8,6 +8,7 @@ use hongbao_money::{ConnId, Push, Reply, UserId, WorkerId};
 
 use crate::config::ReadyOrder;
 use crate::stats::WorkerStats;
+use hongbao_proto::token::{KeySpec, Rules};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -22,14 +23,24 @@ pub enum ToCore {
     },
     /// `user`'s token checked out on `conn`; presence answers the login (`req`) once the
     /// route is its, so that of two logins the one answered first is the one replaced.
+    /// `issued`: the token's `iat`, checked once more against the revocations (one may
+    /// have reached the core before the worker).
     Online {
         conn: ConnId,
         req: u32,
         user: UserId,
+        issued: u64,
     },
     Offline {
         conn: ConnId,
         user: UserId,
+    },
+    /// The session on `conn` took a fresh token, issued at `issued`: a revocation
+    /// between the two kicks it only if it is older than that.
+    Refreshed {
+        conn: ConnId,
+        user: UserId,
+        issued: u64,
     },
     /// A request for the money side, answered with `ToWorker::Reply`.
     Op {
@@ -56,7 +67,7 @@ pub enum ToCore {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ToWorker {
-    Welcome(WorkerConfig),
+    Welcome(Box<WorkerConfig>),
     Deal {
         packets: Vec<(u64, u64)>,
     },
@@ -78,14 +89,66 @@ pub enum ToWorker {
         server_time_us: u64,
         text: String,
     },
+    /// The login on `conn` was refused after the worker let it in (over the user's limit
+    /// of logins): the connection is not logged in any more, and may try again.
+    LoginRefused {
+        conn: ConnId,
+    },
+    /// Tokens of `user` issued before `at` (Unix seconds) are refused from now on.
+    Revoke {
+        user: UserId,
+        at: u64,
+    },
     Shutdown,
+}
+
+/// A certificate chain and its key (PEM), for the client listeners' TLS: read by the
+/// supervisor (at start, and again on SIGHUP) and handed to the workers over their links.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsPem {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    /// The key every worker seals its TLS 1.3 tickets with (a client resumes on any).
+    pub ticket_key: [u8; 32],
+}
+
+impl std::fmt::Debug for TlsPem {
+    /// Never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsPem")
+            .field("cert_bytes", &self.cert.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a worker checks logins: the keys by `kid`, the rules, and the rest. Sent in the
+/// welcome, and again (in a new welcome) when the configuration is reloaded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoginSetup {
+    pub keys: Vec<KeySpec>,
+    pub rules: Rules,
+    /// A session is asked for a fresh token this long before its own ends.
+    pub refresh_before_secs: u32,
+    /// The secret of the old HMAC tokens, when version-1 logins may use them.
+    pub hmac_secret: Option<Vec<u8>>,
+    /// The HS256 key demo tokens are minted with (`GET /token`), when that is on.
+    pub demo_key: Option<KeySpec>,
+    /// Revocations still in force: (user, Unix second before which its tokens are
+    /// refused).
+    pub revoked: Vec<(u64, u64)>,
 }
 
 /// What a worker needs to know, sent by the core on connect so that restarts pick up the
 /// same settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkerConfig {
-    pub secret: Vec<u8>,
+    pub login: LoginSetup,
+    /// TLS on every client listener, when given.
+    pub tls: Option<TlsPem>,
+    /// Each user's shakes (on a session, or over HTTP with its bearer).
+    pub shake_limit: crate::limits::Rate,
+    /// Proxies whose connections name their clients (`ServeConfig::trusted_proxies`).
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     /// This worker's share of the server's `max_shake_qps`.
     pub max_shakes_per_sec: u32,
     pub max_connections: u32,
@@ -100,8 +163,6 @@ pub struct WorkerConfig {
     /// An HTTP connection with no request under way is closed after this; 0 never.
     pub http_keepalive_secs: u32,
     pub max_output_bytes: u32,
-    /// Answer `GET /token?user=N` on the WebSocket address (the browser page's log-in).
-    pub demo_login: bool,
     /// See `ServeConfig::max_queue_ms`.
     pub max_queue_ms: u32,
     /// See `ServeConfig::ready_order`.
@@ -164,7 +225,15 @@ mod tests {
             generation: 1,
         };
         let user = UserId::new(9).unwrap();
-        encode(&ToCore::Online { conn, req: 1, user }, &mut bytes);
+        encode(
+            &ToCore::Online {
+                conn,
+                req: 1,
+                user,
+                issued: 0,
+            },
+            &mut bytes,
+        );
         encode(
             &ToCore::Chat {
                 conn,

@@ -46,6 +46,42 @@ pub struct Plan {
     pub stream_module: Option<PathBuf>,
     /// `user` for the workers when nginx starts as root.
     pub user: Option<String>,
+    /// TLS termination on every address but the static one: the certificate chain and
+    /// key (PEM), with session resumption (a shared cache and tickets).
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// The binary protocol's client address goes to the gateways in a PROXY protocol
+    /// header (they must name nginx in `trusted_proxies`). HTTP and WebSocket always pass
+    /// it in `X-Real-IP`, which gateways believe only from a trusted proxy.
+    pub proxy_protocol: bool,
+}
+
+/// nginx's TLS settings for a server block, as `name` (its session cache's).
+fn ssl(out: &mut String, tls: &Option<(PathBuf, PathBuf)>, name: &str) {
+    let Some((cert, key)) = tls else {
+        return;
+    };
+    let _ = write!(
+        out,
+        "        ssl_certificate {};
+        ssl_certificate_key {};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        # Resumption: a cache shared by nginx's workers, and tickets.
+        ssl_session_cache shared:hongbao_{name}:10m;
+        ssl_session_timeout 1h;
+        ssl_session_tickets on;
+",
+        cert.display(),
+        key.display()
+    );
+}
+
+/// A `listen` directive's flags: `ssl` when nginx terminates TLS.
+fn listen_flags(tls: &Option<(PathBuf, PathBuf)>) -> &'static str {
+    if tls.is_some() {
+        " ssl"
+    } else {
+        ""
+    }
 }
 
 /// The gateway's largest request body (`MAX_BODY` in `worker/http.rs`).
@@ -166,7 +202,7 @@ impl OwnAnswer {
 
 /// The HTTP API's server block: the gateway's limits, nginx's own answers in the gateway's
 /// form, and the proxy to the gateways with upstream keep-alive.
-fn http_server(out: &mut String, listen: SocketAddr) {
+fn http_server(out: &mut String, listen: SocketAddr, tls: &Option<(PathBuf, PathBuf)>) {
     let header_secs = ServeConfig::default().login_timeout_secs;
     let body_secs = header_secs + BODY_STALL_GRACE_SECS;
     let (body_k, head_k) = (MAX_BODY_BYTES / 1024, MAX_HEAD_LEN / 1024);
@@ -174,7 +210,7 @@ fn http_server(out: &mut String, listen: SocketAddr) {
     let _ = write!(
         out,
         "    server {{
-        listen {listen} reuseport;
+        listen {listen}{} reuseport;
         # The gateway's limits (docs/http-api.md): nginx refuses first what the gateway
         # would refuse, and answers in its form (docs/nginx.md).
         client_max_body_size {body_k}k;
@@ -191,8 +227,10 @@ fn http_server(out: &mut String, listen: SocketAddr) {
         client_header_timeout {header_secs}s;
         # After the gateway's 408 for a request not whole in {header_secs} s.
         client_body_timeout {body_secs}s;
-"
+",
+        listen_flags(tls)
     );
+    ssl(out, tls, "http");
     for answer in OWN_ANSWERS {
         let statuses: Vec<String> = answer.nginx_statuses.iter().map(u16::to_string).collect();
         let _ = writeln!(
@@ -214,6 +252,9 @@ fn http_server(out: &mut String, listen: SocketAddr) {
             # Upstream keep-alive: the connection is nginx's, not the client's.
             proxy_set_header Connection \"\";
             proxy_set_header Host $host;
+            # Who the client is, for the gateway's limits per source (believed only
+            # from an address in its trusted_proxies).
+            proxy_set_header X-Real-IP $remote_addr;
             # HTTP/0.9 (a request line without a version) is malformed to the gateway;
             # nginx answers it without a head, as HTTP/0.9 has none.
             if ($server_protocol = \"\") {{
@@ -284,15 +325,18 @@ pub fn render(plan: &Plan) -> String {
         out.push_str("    keepalive_requests 1000000;\n    keepalive_timeout 75s;\n");
         if let Some((listen, servers)) = &plan.http {
             upstream(&mut out, "hongbao_http", servers, Some(plan.keepalive));
-            http_server(&mut out, *listen);
+            http_server(&mut out, *listen, &plan.tls);
         }
         if let Some((listen, servers)) = &plan.ws {
             upstream(&mut out, "hongbao_ws", servers, None);
             out.push_str("    map $http_upgrade $connection_upgrade {\n        default upgrade;\n        '' close;\n    }\n");
             let _ = writeln!(
                 out,
-                "    server {{\n        listen {listen} reuseport;\n        location / {{\n            proxy_pass http://hongbao_ws;\n            proxy_http_version 1.1;\n            proxy_set_header Upgrade $http_upgrade;\n            proxy_set_header Connection $connection_upgrade;\n            proxy_set_header Host $host;\n            # Long beyond any ping interval: a quiet WebSocket is not a dead one.\n            proxy_read_timeout 3600s;\n            proxy_send_timeout 3600s;\n        }}\n    }}"
+                "    server {{\n        listen {listen}{} reuseport;",
+                listen_flags(&plan.tls)
             );
+            ssl(&mut out, &plan.tls, "ws");
+            out.push_str("        location / {\n            proxy_pass http://hongbao_ws;\n            proxy_http_version 1.1;\n            proxy_set_header Upgrade $http_upgrade;\n            proxy_set_header Connection $connection_upgrade;\n            proxy_set_header Host $host;\n            proxy_set_header X-Real-IP $remote_addr;\n            # Long beyond any ping interval: a quiet WebSocket is not a dead one.\n            proxy_read_timeout 3600s;\n            proxy_send_timeout 3600s;\n        }\n    }\n");
         }
         if let Some(listen) = &plan.static_200 {
             let _ = writeln!(
@@ -307,8 +351,14 @@ pub fn render(plan: &Plan) -> String {
         upstream(&mut out, "hongbao_tcp", servers, None);
         let _ = writeln!(
             out,
-            "    server {{\n        listen {listen} reuseport;\n        proxy_pass hongbao_tcp;\n        proxy_timeout 3600s;\n    }}\n}}"
+            "    server {{\n        listen {listen}{} reuseport;",
+            listen_flags(&plan.tls)
         );
+        ssl(&mut out, &plan.tls, "tcp");
+        if plan.proxy_protocol {
+            out.push_str("        # The client's address, first on each connection to a gateway.\n        proxy_protocol on;\n");
+        }
+        out.push_str("        proxy_pass hongbao_tcp;\n        proxy_timeout 3600s;\n    }\n}\n");
     }
     out
 }
@@ -336,6 +386,8 @@ mod tests {
             prefix: "/tmp/ngx".into(),
             stream_module: Some(DEBIAN_STREAM_MODULE.into()),
             user: None,
+            tls: None,
+            proxy_protocol: false,
         };
         let conf = render(&plan);
         for needle in [
@@ -369,6 +421,44 @@ mod tests {
             ..plan
         });
         assert!(!only_http.contains("stream {") && !only_http.contains("load_module"));
+    }
+
+    #[test]
+    fn tls_and_the_clients_address_are_written_when_asked() {
+        let plan = Plan {
+            http: Some((a("127.0.0.1:8443"), vec![a("127.0.0.1:7003")])),
+            ws: Some((a("127.0.0.1:8444"), vec![a("127.0.0.1:7002")])),
+            tcp: Some((a("127.0.0.1:8445"), vec![a("127.0.0.1:7000")])),
+            static_200: Some(a("127.0.0.1:8090")),
+            keepalive: 8,
+            worker_processes: "1".into(),
+            prefix: "/tmp/ngx".into(),
+            stream_module: None,
+            user: None,
+            tls: Some(("/etc/hb/cert.pem".into(), "/etc/hb/key.pem".into())),
+            proxy_protocol: true,
+        };
+        let conf = render(&plan);
+        for needle in [
+            "listen 127.0.0.1:8443 ssl reuseport;",
+            "listen 127.0.0.1:8444 ssl reuseport;",
+            "listen 127.0.0.1:8445 ssl reuseport;",
+            "listen 127.0.0.1:8090 reuseport;",
+            "ssl_certificate /etc/hb/cert.pem;",
+            "ssl_certificate_key /etc/hb/key.pem;",
+            "ssl_session_cache shared:hongbao_tcp:10m;",
+            "ssl_session_tickets on;",
+            "proxy_protocol on;",
+            "proxy_set_header X-Real-IP $remote_addr;",
+        ] {
+            assert!(conf.contains(needle), "{needle} missing from\n{conf}");
+        }
+        assert_eq!(
+            conf.matches("ssl_certificate ").count(),
+            3,
+            "not the static one"
+        );
+        assert_eq!(conf.matches('{').count(), conf.matches('}').count());
     }
 
     #[test]

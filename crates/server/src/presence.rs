@@ -33,6 +33,10 @@ pub enum Delivery {
 pub struct PresenceCounters {
     pub logins: u64,
     pub kicks_replaced: u64,
+    /// Logins refused here by a revocation the worker had not heard of yet.
+    pub logins_revoked: u64,
+    /// Connections kicked by a revocation.
+    pub kicks_revoked: u64,
     /// Notices delivered to a connection.
     pub notices: u64,
     /// Chat replies by result.
@@ -42,20 +46,41 @@ pub struct PresenceCounters {
 #[derive(Default)]
 pub struct Presence {
     routes: HashMap<UserId, Route>,
+    /// When the token of each routed session was issued (its latest refresh's).
+    issued: HashMap<UserId, u64>,
+    /// Tokens of these users issued before (Unix seconds) are refused.
+    revoked: HashMap<UserId, u64>,
     pub counters: PresenceCounters,
 }
 
 impl Presence {
-    /// A worker checked the user's token on `origin`'s connection: take the route and
-    /// answer the login; an older connection of the same user is kicked. Answering here,
-    /// not in the worker, orders logins as clients see them: of two, the one answered
-    /// first is the one replaced.
-    pub fn login(&mut self, origin: Origin) -> Vec<Delivery> {
-        self.counters.logins += 1;
+    /// A worker checked the user's token (issued at `issued`, Unix seconds) on
+    /// `origin`'s connection: take the route and answer the login; an older connection
+    /// of the same user is kicked. Answering here, not in the worker, orders logins as
+    /// clients see them: of two, the one answered first is the one replaced. A token a
+    /// revocation refuses (one the worker had not heard of yet) is refused, and its
+    /// connection kicked (the deliveries of that are the error).
+    pub fn login(&mut self, origin: Origin, issued: u64) -> Result<Vec<Delivery>, Vec<Delivery>> {
         let route = Route {
             worker: origin.worker,
             conn: origin.conn,
         };
+        if self.is_revoked(origin.user, issued) {
+            self.counters.logins_revoked += 1;
+            return Err(vec![
+                Delivery::Reply {
+                    to: route,
+                    request: origin.request,
+                    reply: Reply::Login {
+                        result: ResultCode::BadToken,
+                        user_id: origin.user.get(),
+                    },
+                },
+                revoked(route),
+            ]);
+        }
+        self.counters.logins += 1;
+        self.issued.insert(origin.user, issued);
         let mut out = vec![Delivery::Reply {
             to: route,
             request: origin.request,
@@ -77,13 +102,53 @@ impl Presence {
                 });
             }
         }
-        out
+        Ok(out)
+    }
+
+    fn is_revoked(&self, user: UserId, issued: u64) -> bool {
+        self.revoked.get(&user).is_some_and(|&at| issued < at)
+    }
+
+    /// The session on `conn` of `worker` took a fresh token, issued at `issued`.
+    pub fn refreshed(&mut self, worker: WorkerId, conn: ConnId, user: UserId, issued: u64) {
+        if self.routes.get(&user) == Some(&Route { worker, conn }) {
+            self.issued.insert(user, issued);
+        }
+    }
+
+    /// Tokens of `user` issued before `at` (Unix seconds) are refused from now on; its
+    /// connection here is kicked if its token is one of them (and its route gone: the
+    /// user is offline). The same revocation heard again kicks nothing new: a session
+    /// begun since with a fresh token stays.
+    pub fn revoke(&mut self, user: UserId, at: u64) -> Option<Delivery> {
+        let entry = self.revoked.entry(user).or_insert(at);
+        *entry = (*entry).max(at);
+        if self.issued.get(&user).is_none_or(|&issued| issued >= at) {
+            return None;
+        }
+        let to = self.routes.remove(&user)?;
+        self.issued.remove(&user);
+        self.counters.kicks_revoked += 1;
+        Some(revoked(to))
+    }
+
+    /// The revocations in force: (user, Unix second).
+    pub fn revocations(&self) -> Vec<(u64, u64)> {
+        self.revoked.iter().map(|(u, at)| (u.get(), *at)).collect()
+    }
+
+    /// Forgets revocations older than `horizon` seconds at Unix second `now`: every
+    /// token they refuse has expired.
+    pub fn forget_revocations(&mut self, now: u64, horizon: u64) {
+        self.revoked
+            .retain(|_, at| at.saturating_add(horizon) > now);
     }
 
     /// The connection closed or logged in as someone else.
     pub fn offline(&mut self, worker: WorkerId, conn: ConnId, user: UserId) {
         if self.routes.get(&user) == Some(&Route { worker, conn }) {
             self.routes.remove(&user);
+            self.issued.remove(&user);
         }
     }
 
@@ -98,6 +163,7 @@ impl Presence {
             .collect();
         for user in &gone {
             self.routes.remove(user);
+            self.issued.remove(user);
         }
         gone
     }
@@ -152,6 +218,18 @@ impl Presence {
     }
 }
 
+/// The kick of a revoked session.
+fn revoked(to: Route) -> Delivery {
+    Delivery::Push {
+        to,
+        push: Push::Kick {
+            reason: KickReason::Revoked,
+            text: "this user's sessions were revoked".into(),
+        },
+        close: true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,9 +250,9 @@ mod tests {
     #[test]
     fn a_second_login_kicks_the_first_connection() {
         let mut p = Presence::default();
-        let first = p.login(origin(0, 1, 5));
+        let first = p.login(origin(0, 1, 5), 0).unwrap();
         assert_eq!(first.len(), 1);
-        let second = p.login(origin(1, 2, 5));
+        let second = p.login(origin(1, 2, 5), 0).unwrap();
         assert!(matches!(
             &second[1],
             Delivery::Push { to, push: Push::Kick { reason: KickReason::Replaced, .. }, close: true }
@@ -192,14 +270,14 @@ mod tests {
         );
         assert_eq!(p.online_users(), 1);
         // A login again on the same connection replaces nothing.
-        assert_eq!(p.login(origin(1, 2, 5)).len(), 1);
+        assert_eq!(p.login(origin(1, 2, 5), 0).unwrap().len(), 1);
         assert_eq!(p.counters.kicks_replaced, 1);
     }
 
     #[test]
     fn chat_is_delivered_to_online_users_only() {
         let mut p = Presence::default();
-        p.login(origin(0, 1, 5));
+        p.login(origin(0, 1, 5), 0).unwrap();
         let sent = p.chat(origin(1, 9, 6), 5, "hi".into());
         assert!(
             matches!(&sent[0], Delivery::Push { push: Push::Chat { from_user, text }, .. }
@@ -244,10 +322,71 @@ mod tests {
             expires_at_ms: 0,
         };
         assert_eq!(p.notice(user(5), notice), None);
-        p.login(origin(2, 4, 5));
+        p.login(origin(2, 4, 5), 0).unwrap();
         assert!(
             matches!(p.notice(user(5), notice), Some(Delivery::Push { to, .. }) if to.worker == 2)
         );
         assert_eq!(p.counters.notices, 1);
+    }
+
+    #[test]
+    fn a_revocation_kicks_the_route_and_refuses_older_tokens() {
+        let mut p = Presence::default();
+        p.login(origin(2, 4, 5), 100).unwrap();
+        let kick = p.revoke(user(5), 200).unwrap();
+        assert!(matches!(
+            kick,
+            Delivery::Push { to, push: Push::Kick { reason: KickReason::Revoked, .. }, close: true }
+                if to.worker == 2 && to.conn.key == 4
+        ));
+        assert_eq!(p.route(user(5)), None, "offline");
+        assert_eq!(
+            p.revoke(user(5), 150),
+            None,
+            "nobody to kick; the later instant kept"
+        );
+        let refused = p.login(origin(1, 3, 5), 199).unwrap_err();
+        assert!(matches!(
+            &refused[0],
+            Delivery::Reply {
+                reply: Reply::Login {
+                    result: ResultCode::BadToken,
+                    ..
+                },
+                ..
+            }
+        ));
+        assert!(matches!(&refused[1], Delivery::Push { close: true, .. }));
+        assert_eq!(p.route(user(5)), None);
+        assert!(
+            p.login(origin(1, 3, 5), 200).is_ok(),
+            "issued at the revocation or after"
+        );
+        assert_eq!(
+            p.revoke(user(5), 200),
+            None,
+            "heard again: the fresh session stays"
+        );
+        assert!(p.route(user(5)).is_some());
+        p.refreshed(
+            1,
+            ConnId {
+                key: 3,
+                generation: 1,
+            },
+            user(5),
+            250,
+        );
+        assert_eq!(p.revoke(user(5), 240), None, "its refreshed token is newer");
+        assert!(p.revoke(user(5), 260).is_some());
+        p.forget_revocations(260 + 86_400, 86_400);
+        assert!(
+            p.login(origin(1, 3, 5), 0).is_ok(),
+            "forgotten once no token outlives it"
+        );
+        assert_eq!(
+            (p.counters.logins_revoked, p.counters.kicks_revoked),
+            (1, 2)
+        );
     }
 }

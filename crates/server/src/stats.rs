@@ -52,7 +52,12 @@ counters!(
     rejected_unauthenticated,
     closed,
     logins,
+    /// Logins refused (each kind of refusal is counted in `token_refusals`).
     login_failures,
+    /// Logins on a logged-in connection that moved its session's end (a fresh token).
+    refreshes,
+    /// `refresh` pushes: sessions asked for a fresh token.
+    refresh_asked,
     shakes,
     shakes_won_claimed,
     shakes_nothing,
@@ -73,6 +78,12 @@ counters!(
     not_logged_in,
     kicks_idle,
     kicks_slow_reader,
+    /// Sessions whose token ended with no fresh one.
+    kicks_expired,
+    /// Sessions of a revoked user, or signed by a key no longer configured.
+    kicks_revoked,
+    /// Requests refused over a per-user limit (`rate-limited`).
+    rate_limited,
     bytes_in,
     bytes_out,
     /// `write` calls to connections: one for all the answers to one read's requests
@@ -80,6 +91,9 @@ counters!(
     writes,
     ws_upgrades,
     ws_rejected,
+    /// TLS handshakes refused: a client that does not speak TLS on a TLS listener, or
+    /// none of its versions, names or ciphers.
+    tls_refused,
     http_requests,
     broadcasts,
     broadcast_delivered,
@@ -117,9 +131,23 @@ pub struct WorkerStats {
     /// CPU time since the worker started (ms).
     pub cpu_ms: u64,
     pub counters: WorkerCounters,
+    /// Tokens refused, by refusal (`hongbao_proto::token::Refusal::index`): cumulative.
+    #[serde(default)]
+    pub token_refusals: Vec<u64>,
     /// Shake latency of the second just ended, from reading the shake to writing its
     /// reply: sparse HDR buckets (µs, count).
     pub shake_latency_us: Vec<(u64, u64)>,
+}
+
+impl WorkerStats {
+    /// Counts a refused token under its refusal.
+    pub fn count_refusal(&mut self, refusal: hongbao_proto::token::Refusal) {
+        let all = hongbao_proto::token::Refusal::ALL.len();
+        if self.token_refusals.len() < all {
+            self.token_refusals.resize(all, 0);
+        }
+        self.token_refusals[refusal.index()] += 1;
+    }
 }
 
 /// `GET /v1/stats`: totals are counters, levels and CPU together in one flat object.

@@ -20,4 +20,4 @@ pub mod netns;
 pub mod stop;
 pub mod usage;
 
-pub use stop::Stop;
+pub use stop::{Reload, Stop};

@@ -3,7 +3,7 @@
 //! addresses, and loopback in a new network namespace.
 
 use std::io::{ErrorKind, Write};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::time::Duration;
@@ -33,6 +33,48 @@ pub fn reuseport_listener(
         socket.listen(65535)?;
     }
     Ok(socket.into())
+}
+
+/// Whether `addr` (`IP:PORT`) is a loopback address, 127.0.0.0/8 or ::1: reachable from
+/// this machine only. A name (`localhost:7000`) or anything else unparsed is not: only an
+/// address says for sure where a socket listens.
+pub fn is_loopback_address(addr: &str) -> bool {
+    addr.parse::<SocketAddr>()
+        .is_ok_and(|a| a.ip().is_loopback())
+}
+
+/// The PROXY protocol's version-1 header (HAProxy's text form, what nginx's stream
+/// module sends with `proxy_protocol on`) at the front of `buf`: the client's address and
+/// the header's length; `Ok(None)` when the line is not whole yet; an error when it is not
+/// one. `PROXY UNKNOWN` names no address (`None` in the first place).
+pub fn proxy_header(buf: &[u8]) -> Result<Option<(Option<IpAddr>, usize)>, &'static str> {
+    /// The longest a version-1 header may be, its CRLF included.
+    const MAX: usize = 107;
+    const PREFIX: &[u8] = b"PROXY ";
+    let seen = buf.len().min(PREFIX.len());
+    if buf[..seen] != PREFIX[..seen] {
+        return Err("not a PROXY protocol header");
+    }
+    let Some(end) = buf.windows(2).take(MAX).position(|w| w == b"\r\n") else {
+        return if buf.len() >= MAX {
+            Err("a PROXY header over 107 bytes")
+        } else {
+            Ok(None)
+        };
+    };
+    let line =
+        std::str::from_utf8(&buf[PREFIX.len()..end]).map_err(|_| "a PROXY header not ASCII")?;
+    let fields: Vec<&str> = line.split(' ').collect();
+    let client = match fields.as_slice() {
+        ["UNKNOWN", ..] => None,
+        ["TCP4" | "TCP6", source, _dest, _sport, _dport] => Some(
+            source
+                .parse::<IpAddr>()
+                .map_err(|_| "a PROXY header's source is not an address")?,
+        ),
+        _ => return Err("a PROXY header of an unknown form"),
+    };
+    Ok(Some((client, end + 2)))
 }
 
 /// Whether no process listens on `addr` now. SO_REUSEPORT lets any process of the same
@@ -224,6 +266,45 @@ pub fn bring_loopback_up() -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_headers_name_the_client() {
+        let line = b"PROXY TCP4 203.0.113.7 127.0.0.1 51234 7000\r\nrest";
+        assert_eq!(
+            proxy_header(line),
+            Ok(Some((Some("203.0.113.7".parse().unwrap()), line.len() - 4)))
+        );
+        let v6 = b"PROXY TCP6 2001:db8::1 ::1 1 2\r\n";
+        assert_eq!(
+            proxy_header(v6).unwrap().unwrap().0,
+            Some("2001:db8::1".parse().unwrap())
+        );
+        assert_eq!(proxy_header(b"PROXY UNKNOWN\r\n"), Ok(Some((None, 15))));
+        assert_eq!(proxy_header(b"PROXY TCP4 1.2"), Ok(None), "not whole yet");
+        assert_eq!(proxy_header(b"PRO"), Ok(None));
+        assert!(proxy_header(b"\0\0\0\x06\x02\x02").is_err(), "a frame");
+        assert!(proxy_header(b"PROXY TCP4 nope 1.1.1.1 1 2\r\n").is_err());
+        assert!(proxy_header(&[b'P'; 200]).is_err());
+        let long = [b"PROXY ".as_slice(), &[b'1'; 150]].concat();
+        assert!(proxy_header(&long).is_err());
+    }
+
+    #[test]
+    fn loopback_is_127_slash_8_and_v6_one_only() {
+        for yes in ["127.0.0.1:7000", "127.9.8.7:0", "[::1]:80"] {
+            assert!(is_loopback_address(yes), "{yes}");
+        }
+        for no in [
+            "0.0.0.0:7000",
+            "10.0.0.1:1",
+            "[::]:80",
+            "localhost:7000",
+            "",
+            "x",
+        ] {
+            assert!(!is_loopback_address(no), "{no}");
+        }
+    }
 
     /// Connections accepted from a listener with timestamps on carry them: a read tells how
     /// long its bytes waited, which is what shedding late shakes relies on.

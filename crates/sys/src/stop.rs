@@ -33,9 +33,38 @@ impl Stop {
     }
 }
 
+/// A reload asked for: SIGHUP sets it, the loop that owns the configuration takes it
+/// (`take`) and reads its files again.
+#[derive(Debug, Clone, Default)]
+pub struct Reload(Arc<AtomicBool>);
+
+impl Reload {
+    /// A reload SIGHUP asks for (from now on; the signal no longer kills).
+    pub fn on_sighup() -> std::io::Result<Reload> {
+        let reload = Reload::default();
+        signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.0.clone())?;
+        Ok(reload)
+    }
+
+    /// Whether a reload was asked for since the last `take`.
+    pub fn take(&self) -> bool {
+        self.0.swap(false, Ordering::SeqCst)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sighup_asks_for_one_reload() {
+        let reload = Reload::on_sighup().unwrap();
+        assert!(!reload.take());
+        // SAFETY: raising a signal this process handles (registered just above).
+        unsafe { libc::raise(libc::SIGHUP) };
+        assert!(reload.take());
+        assert!(!reload.take(), "taken");
+    }
 
     #[test]
     fn clones_share_one_stop() {

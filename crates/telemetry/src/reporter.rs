@@ -28,15 +28,19 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    /// Starts the sending thread for the monitor at `addr` (`host:port`), whose key
-    /// `key` gives.
+    /// Starts the sending thread for the monitor at `addr` (`host:port`, or
+    /// `https://host:port` for a monitor speaking TLS: the CA in `HONGBAO_TLS_CA`), whose
+    /// key `key` gives.
     pub fn start(addr: &str, key: KeySource) -> Reporter {
         let (tx, rx) = sync_channel::<Sample>(QUEUE);
-        let url = format!("http://{addr}/v1/report");
+        let url = match addr.starts_with("https://") || addr.starts_with("http://") {
+            true => format!("{addr}/v1/report"),
+            false => format!("http://{addr}/v1/report"),
+        };
         let thread_url = url.clone();
         let key = std::sync::Arc::new(key);
         let thread_key = key.clone();
-        let agent = ureq::AgentBuilder::new()
+        let agent = hongbao_http::tls::agent_builder()
             .timeout(Duration::from_secs(2))
             .build();
         std::thread::Builder::new()
@@ -72,7 +76,7 @@ impl Reporter {
     /// Sends a sample and waits (up to a few seconds) until it is delivered, for the last
     /// report of a run.
     pub fn send_final(&self, sample: &Sample) {
-        let mut post = ureq::AgentBuilder::new()
+        let mut post = hongbao_http::tls::agent_builder()
             .timeout(Duration::from_secs(3))
             .build()
             .post(&self.url);

@@ -3,8 +3,17 @@
  * port 0 (the kernel picks free ports; the server's ready line says which), a temporary
  * data dir, stopped by pid at the end. Also the admin API calls the tests make.
  *
+ * Its login key is the HS256 secret {@link TEST_SECRET}, handed over in `HONGBAO_SECRET`
+ * (never on the command line, which every local user can read); tokens for it come from
+ * `devToken(TEST_SECRET, user)`.
+ *
  * The binary: `$HONGBAO_BIN` if set, else the newer of `<repo>/target/release/hongbao`
  * and `<repo>/target/debug/hongbao`; none → the tests that need it are skipped.
+ *
+ * With `tls` the server speaks TLS on every listener and the admin address
+ * (`--tls-cert`, `--tls-key`): its URLs are `wss://` and `https://`, and the admin calls
+ * here trust the given CA (over the library's `node:https` fetch: the global one takes
+ * no CA).
  */
 
 import { spawn, type ChildProcess } from "node:child_process";
@@ -12,6 +21,8 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, w
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
+import type { HttpFetch } from "../../src/client.js";
+import { nodeHttpsFetch } from "../../src/node-http.js";
 import { repoRoot } from "./repo.js";
 
 export const TEST_SECRET = "hongbao-ts-client-test";
@@ -31,11 +42,11 @@ export const NO_BINARY_MESSAGE =
 
 export interface Server {
   pid: number;
-  /** ws://127.0.0.1:PORT/ws */
+  /** ws://127.0.0.1:PORT/ws (wss:// with TLS) */
   ws: string;
-  /** http://127.0.0.1:PORT (the HTTP API) */
+  /** http://127.0.0.1:PORT (the HTTP API; https:// with TLS) */
   http: string;
-  /** http://127.0.0.1:PORT (the admin API) */
+  /** http://127.0.0.1:PORT (the admin API; https:// with TLS) */
   admin: string;
   /** 127.0.0.1:PORT of the binary-frame listener */
   listen: string;
@@ -54,6 +65,8 @@ export interface ServeOptions {
   args?: string[];
   /** TOML settings that have no flag (e.g. `max_unauthenticated = 1`). */
   config?: string;
+  /** TLS on every listener: the certificate and key files, and the CA (PEM) that signed them. */
+  tls?: { certPath: string; keyPath: string; caPem: string };
 }
 
 export async function startServer(options: ServeOptions = {}): Promise<Server> {
@@ -68,7 +81,7 @@ export async function startServer(options: ServeOptions = {}): Promise<Server> {
     "--http-listen", "127.0.0.1:0",
     "--data-dir", dataDir,
     "--workers", String(options.workers ?? 1),
-    "--secret", TEST_SECRET,
+    ...(options.tls ? ["--tls-cert", options.tls.certPath, "--tls-key", options.tls.keyPath] : []),
     ...(options.args ?? []),
   ];
   if (options.config !== undefined) {
@@ -76,7 +89,7 @@ export async function startServer(options: ServeOptions = {}): Promise<Server> {
     writeFileSync(configPath, options.config);
     args.push("--config", configPath);
   }
-  const child = spawn(binary, args, { stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn(binary, args, { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, HONGBAO_SECRET: TEST_SECRET } });
   let output = "";
   child.stdout!.on("data", (b: Buffer) => (output += b.toString()));
   child.stderr!.on("data", (b: Buffer) => (output += b.toString()));
@@ -86,19 +99,22 @@ export async function startServer(options: ServeOptions = {}): Promise<Server> {
     if (!m) throw new Error(`no ${key}= in the ready line: ${ready}`);
     return m[1]!;
   };
-  const admin = `http://${address("admin")}`;
+  const [plain, secure] = options.tls ? ["https", "wss"] : ["http", "ws"];
+  const globalFetch: HttpFetch = fetch;
+  const fetchFn = options.tls ? nodeHttpsFetch(options.tls.caPem, globalFetch) : globalFetch;
+  const admin = `${plain}://${address("admin")}`;
   // The operator key a fresh server makes in its data directory: the admin API needs it.
   const adminKey = readFileSync(join(dataDir, "admin.key"), "utf8").trim();
   const server: Server = {
     pid: child.pid!,
-    ws: `ws://${address("ws")}/ws`,
-    http: `http://${address("http")}`,
+    ws: `${secure}://${address("ws")}/ws`,
+    http: `${plain}://${address("http")}`,
     admin,
     listen: address("listen"),
     output: () => output,
     workerPids: () => childrenOf(child.pid!),
-    adminGet: (path) => adminCall(admin, adminKey, "GET", path),
-    adminPost: (path, body) => adminCall(admin, adminKey, "POST", path, body),
+    adminGet: (path) => adminCall(fetchFn, admin, adminKey, "GET", path),
+    adminPost: (path, body) => adminCall(fetchFn, admin, adminKey, "POST", path, body),
     stop: async () => {
       const workers = childrenOf(child.pid!);
       await stopProcess(child);
@@ -113,7 +129,7 @@ export async function startServer(options: ServeOptions = {}): Promise<Server> {
       rmSync(dataDir, { recursive: true, force: true });
     },
   };
-  await waitUntilAnswering(server);
+  await waitUntilAnswering(server, fetchFn);
   return server;
 }
 
@@ -139,11 +155,11 @@ function waitForReady(child: ChildProcess, output: () => string, timeoutMs: numb
 }
 
 /** The ready line comes once every worker has connected; check the HTTP API answers too. */
-async function waitUntilAnswering(server: Server): Promise<void> {
+async function waitUntilAnswering(server: Server, fetchFn: HttpFetch): Promise<void> {
   for (let i = 0; i < 100; i++) {
     try {
-      const r = await fetch(`${server.http}/v1/ping`);
-      if (r.ok) return;
+      const r = await fetchFn(`${server.http}/v1/ping`, { method: "GET", headers: {} });
+      if (r.status === 200) return;
     } catch {
       // not yet
     }
@@ -176,6 +192,7 @@ async function stopProcess(child: ChildProcess): Promise<void> {
 }
 
 async function adminCall(
+  fetchFn: HttpFetch,
   admin: string,
   key: string,
   method: string,
@@ -184,12 +201,12 @@ async function adminCall(
 ): Promise<any> {
   const headers: Record<string, string> = { authorization: `Bearer ${key}` };
   if (body !== undefined) headers["content-type"] = "application/json";
-  const response = await fetch(admin + path, {
+  const response = await fetchFn(admin + path, {
     method,
     headers,
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   const text = await response.text();
-  if (!response.ok) throw new Error(`admin ${method} ${path}: ${response.status} ${text}`);
+  if (response.status < 200 || response.status > 299) throw new Error(`admin ${method} ${path}: ${response.status} ${text}`);
   return JSON.parse(text);
 }

@@ -3,5 +3,8 @@
 
 /// A request to an admin API with the bench's admin key.
 pub(crate) fn admin_request(method: &str, url: &str, key: &str) -> ureq::Request {
-    ureq::request(method, url).set("Authorization", &format!("Bearer {key}"))
+    hongbao_http::tls::agent_builder()
+        .build()
+        .request(method, url)
+        .set("Authorization", &format!("Bearer {key}"))
 }

@@ -145,6 +145,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         source_ips: None,
         connect_rate: opts.connect_rate,
         secret: SECRET.into(),
+        signer: Default::default(),
+        tls_ca: None,
         connect_at_epoch: true,
         monitor: Some(monitor.addr().to_string()),
         monitor_key: Some(monitor.key().to_string()),

@@ -292,6 +292,8 @@ fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> anyhow::Result<()> {
         source_ips: None,
         connect_rate: 20_000,
         secret: SECRET.into(),
+        signer: Default::default(),
+        tls_ca: None,
         connect_at_epoch: false,
         monitor: Some(monitor.addr().to_string()),
         monitor_key: Some(monitor.key().to_string()),

@@ -102,8 +102,10 @@ impl Client {
             for i in 0..self.users.len() {
                 let u = &self.users[i];
                 let age_ms = now_ms.saturating_sub(u.since_ms);
-                if matches!(u.state, State::Connecting | State::Upgrading)
-                    && age_ms > CONNECT_TIMEOUT_MS
+                if matches!(
+                    u.state,
+                    State::Connecting | State::Upgrading | State::Handshaking
+                ) && age_ms > CONNECT_TIMEOUT_MS
                 {
                     self.counters.failed_timeout += 1;
                     self.drop_stream(i);
@@ -135,7 +137,7 @@ impl Client {
     /// The connection failed: before the upgrade completed that is a failed handshake,
     /// after it a disconnect.
     pub(super) fn lost(&mut self, i: usize) {
-        if self.users[i].state == State::Upgrading {
+        if matches!(self.users[i].state, State::Upgrading | State::Handshaking) {
             self.handshake_failed(i);
         } else {
             self.disconnect(i);
@@ -181,6 +183,7 @@ impl Client {
         }
         let on_demand = self.on_demand();
         let user = &mut self.users[i];
+        user.tls = None;
         if let Some(mut stream) = user.stream.take() {
             let _ = self.poll.registry().deregister(&mut stream);
         }
@@ -195,7 +198,7 @@ impl Client {
             State::Upgrading => {
                 self.handshakes.remove(&(i as u32));
             }
-            State::Idle | State::Connecting => {}
+            State::Idle | State::Connecting | State::Handshaking => {}
         }
         user.state = State::Idle;
         user.partial = Vec::new();

@@ -39,7 +39,7 @@ mod options;
 mod receive;
 
 pub use options::{
-    ClientOptions, Command, DEFAULT_NOTICE_POLL_SECS, DEFAULT_OVERLOAD_BACKOFF_SECS,
+    ClientOptions, Command, Signer, DEFAULT_NOTICE_POLL_SECS, DEFAULT_OVERLOAD_BACKOFF_SECS,
 };
 
 use crate::broadcast::Receipts;
@@ -59,6 +59,8 @@ enum State {
     Connecting,
     /// WebSocket only: connected, the upgrade request sent, waiting for the 101.
     Upgrading,
+    /// TLS: connected, the handshake under way.
+    Handshaking,
     LoggingIn,
     Ready,
     /// HTTP with `Connection: close`: the answer is in; reading on to the server's close,
@@ -98,6 +100,8 @@ struct User {
     inflight: Vec<Inflight>,
     /// A fragmented WebSocket message being assembled (the gateway never fragments).
     fragment: Option<Box<ws::Partial>>,
+    /// The connection's TLS session, when the run speaks TLS.
+    tls: Option<Box<rustls::ClientConnection>>,
 }
 
 struct Client {
@@ -111,7 +115,13 @@ struct Client {
     connect_tokens: f64,
     last_refill_ms: u64,
     source_cursor: usize,
-    token_cache: HashMap<u64, [u8; 32]>,
+    /// Signs the users' login tokens.
+    minter: hongbao_proto::token::Minter,
+    /// TLS to the server, when the run speaks it.
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// HTTP: each user's bearer token and the Unix second it was made, made again once
+    /// half its life is gone.
+    token_cache: HashMap<u64, (String, u64)>,
     /// Opens asked for, per (user, packet): the amount once the open is counted (an
     /// `already-opened` with another amount is told again in `history`).
     opens: HashMap<(u64, u64), Option<u64>>,
@@ -155,11 +165,20 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
             out: Vec::new(),
             inflight: Vec::new(),
             fragment: None,
+            tls: None,
         })
         .collect();
     set_nonblocking(0);
     poll.registry()
         .register(&mut SourceFd(&0), STDIN, Interest::READABLE)?;
+    let minter = opts.signer.minter(&opts.secret)?;
+    let tls = match &opts.tls_ca {
+        Some(ca) => Some(
+            hongbao_proto::tls::client_config(ca.as_bytes(), &[hongbao_proto::tls::ALPN_FRAMES])
+                .map_err(anyhow::Error::msg)?,
+        ),
+        None => None,
+    };
     let mut client = Client {
         schedule: Schedule::new(opts.users, opts.qps),
         first_index: range.start,
@@ -171,6 +190,8 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
         connect_tokens: 0.0,
         last_refill_ms: unix_us() / 1000,
         source_cursor: 0,
+        minter,
+        tls,
         token_cache: HashMap::new(),
         opens: HashMap::new(),
         totals: HashMap::new(),
@@ -414,14 +435,13 @@ impl Client {
     /// The HTTP request for an ask, with the user's bearer token.
     pub(super) fn send_http(&mut self, i: usize, kind: Kind, packet: u64) {
         let user_id = self.user_id(i);
-        let token = hongbao_proto::token::token_hex(self.opts.secret.as_bytes(), user_id);
+        let bearer = self.bearer(user_id);
         let ask = match kind {
             Kind::Shake => transport::HttpAsk::Shake,
             Kind::Open => transport::HttpAsk::Open(packet),
             Kind::Poll => transport::HttpAsk::Notices,
         };
-        let mut bytes = Vec::with_capacity(192);
-        let bearer = format!("{user_id}.{token}");
+        let mut bytes = Vec::with_capacity(384);
         let server_closes = self.opts.http_connection == HttpConnection::Close;
         match (&self.opts.request, ask) {
             (Some(template), transport::HttpAsk::Shake) => {
@@ -466,7 +486,23 @@ impl Client {
         self.write(i, &bytes);
     }
 
+    /// Writes `bytes` to user `i`'s connection: sealed first over TLS.
     pub(super) fn write(&mut self, i: usize, bytes: &[u8]) {
+        if let Some(session) = self.users[i].tls.as_mut() {
+            use std::io::Write as _;
+            let _ = session.writer().write_all(bytes);
+            let mut sealed = Vec::with_capacity(bytes.len() + 64);
+            while session.wants_write() {
+                if session.write_tls(&mut sealed).is_err() {
+                    break;
+                }
+            }
+            return self.write_raw(i, &sealed);
+        }
+        self.write_raw(i, bytes);
+    }
+
+    fn write_raw(&mut self, i: usize, bytes: &[u8]) {
         let user = &mut self.users[i];
         let Some(stream) = user.stream.as_mut() else {
             return;
@@ -492,6 +528,9 @@ impl Client {
         if user.state == State::Connecting {
             let stream = user.stream.as_ref().expect("connecting has a stream");
             match stream.take_error() {
+                Ok(None) if stream.peer_addr().is_ok() && self.tls.is_some() => {
+                    self.start_tls(i);
+                }
                 Ok(None) if stream.peer_addr().is_ok() => match self.opts.transport {
                     Transport::Tcp | Transport::Http => self.established(i, now_ms),
                     Transport::Ws => {
@@ -518,6 +557,20 @@ impl Client {
         if user.out.is_empty() {
             user.out = Vec::new();
         }
+    }
+
+    /// Connected: the TLS handshake begins (the connect timeout covers it too).
+    fn start_tls(&mut self, i: usize) {
+        let config = self.tls.clone().expect("a TLS run");
+        let name = rustls::pki_types::ServerName::IpAddress(self.opts.server.ip().into());
+        let Ok(session) = rustls::ClientConnection::new(config, name) else {
+            return self.handshake_failed(i);
+        };
+        let user = &mut self.users[i];
+        user.state = State::Handshaking;
+        user.tls = Some(Box::new(session));
+        // Its ClientHello, sealed from nothing.
+        self.write(i, &[]);
     }
 
     /// The connection is ready for the protocol (TCP connected, or WebSocket upgraded):
@@ -550,16 +603,17 @@ impl Client {
         let user = &mut self.users[i];
         user.state = State::LoggingIn;
         user.since_ms = now_ms;
+        self.log_in(i);
+    }
+
+    /// Sends user `i` a login with a fresh token: its first, or a refresh the server
+    /// asked for (on the same connection).
+    pub(super) fn log_in(&mut self, i: usize) {
         let user_id = self.user_id(i);
-        let secret = self.opts.secret.as_bytes();
-        let token = *self
-            .token_cache
-            .entry(user_id)
-            .or_insert_with(|| hongbao_proto::token::token(secret, user_id));
-        self.token_cache.remove(&user_id);
+        let token = self.mint(user_id);
         let login = Message::Login {
             user_id,
-            token: token.to_vec(),
+            token: token.into_bytes(),
         };
         self.send(
             i,
@@ -568,6 +622,26 @@ impl Client {
                 message: login,
             },
         );
+    }
+
+    fn mint(&self, user_id: u64) -> String {
+        let now = unix_us() / 1_000_000;
+        self.minter
+            .mint_for(user_id, now, self.opts.signer.ttl_secs)
+    }
+
+    /// HTTP: the user's bearer token, made again once half its life is gone.
+    fn bearer(&mut self, user_id: u64) -> String {
+        let now = unix_us() / 1_000_000;
+        let ttl = self.opts.signer.ttl_secs;
+        if let Some((token, made)) = self.token_cache.get(&user_id) {
+            if now < made + ttl / 2 {
+                return token.clone();
+            }
+        }
+        let token = self.mint(user_id);
+        self.token_cache.insert(user_id, (token.clone(), now));
+        token
     }
 
     // ----- coordinator -----------------------------------------------------------------
@@ -697,10 +771,12 @@ mod tests {
         assert!(polls.is_empty());
     }
 
+    /// 112 before issue 44; a TLS session's box, 8 more (the session itself only on a
+    /// TLS run).
     #[test]
     pub(super) fn an_idle_user_is_small() {
         assert!(
-            std::mem::size_of::<User>() <= 112,
+            std::mem::size_of::<User>() <= 120,
             "{}",
             std::mem::size_of::<User>()
         );

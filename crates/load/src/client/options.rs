@@ -30,6 +30,12 @@ pub struct ClientOptions {
     /// New connections per second for this process.
     pub connect_rate: u64,
     pub secret: String,
+    /// How its users' login tokens are signed (the secret's HS256 key by default).
+    #[serde(default)]
+    pub signer: Signer,
+    /// TLS to the server (binary frames), trusting this CA (PEM); none: plain TCP.
+    #[serde(default)]
+    pub tls_ca: Option<String>,
     /// Unix ms from which to start connecting (0: at once).
     pub connect_from_ms: u64,
     /// Raw TCP, or WebSocket to the server's `--ws-listen` address.
@@ -51,6 +57,41 @@ pub struct ClientOptions {
     /// (`hongbao capacity` against nginx's static answer or an external target).
     #[serde(default)]
     pub request: Option<transport::RequestTemplate>,
+}
+
+/// The key a load process signs its users' login tokens with: the run's secret as HS256
+/// key `hongbao` (what `serve` makes of the same secret), or a private key (PEM) of the
+/// app server's, by `kid`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Signer {
+    pub kid: String,
+    pub alg: hongbao_proto::token::Alg,
+    /// ES256 and EdDSA: the private key's PEM (PKCS#8). HS256: empty, the secret.
+    pub private_key_pem: String,
+    /// How long each token lives; the server asks for a fresh one before it ends.
+    pub ttl_secs: u64,
+}
+
+impl Default for Signer {
+    fn default() -> Signer {
+        Signer {
+            kid: hongbao_proto::token::DEFAULT_KID.into(),
+            alg: hongbao_proto::token::Alg::HS256,
+            private_key_pem: String::new(),
+            ttl_secs: 3600,
+        }
+    }
+}
+
+impl Signer {
+    /// The minter of these tokens, with `secret` for HS256.
+    pub fn minter(&self, secret: &str) -> anyhow::Result<hongbao_proto::token::Minter> {
+        let material = match self.alg {
+            hongbao_proto::token::Alg::HS256 => secret.as_bytes(),
+            _ => self.private_key_pem.as_bytes(),
+        };
+        hongbao_proto::token::Minter::new(&self.kid, self.alg, material).map_err(anyhow::Error::msg)
+    }
 }
 
 /// Commands from the coordinator, one JSON object per stdin line.

@@ -41,7 +41,20 @@ impl Client {
                 Err(_) => return self.lost(i),
             };
             let mut data = std::mem::take(&mut self.users[i].partial);
-            data.extend_from_slice(&buf[..n]);
+            if self.users[i].tls.is_some() {
+                if self.tls_read(i, &buf[..n], &mut data).is_none() {
+                    return;
+                }
+                if self.users[i].state == State::Handshaking {
+                    self.users[i].partial = data;
+                    if n < buf.len() && !closing {
+                        return;
+                    }
+                    continue;
+                }
+            } else {
+                data.extend_from_slice(&buf[..n]);
+            }
             let mut at = 0;
             if self.users[i].state == State::Upgrading {
                 match self.on_upgrade_answer(i, &data) {
@@ -81,6 +94,38 @@ impl Client {
                 return;
             }
         }
+    }
+
+    /// Reads `cipher` through user `i`'s TLS session, appending the plaintext to `plain`
+    /// and sending what the session has to send; the handshake done, the user is
+    /// established. `None`: the session failed (the user is dropped, to retry).
+    fn tls_read(&mut self, i: usize, mut cipher: &[u8], plain: &mut Vec<u8>) -> Option<()> {
+        use std::io::Read as _;
+        let session = self.users[i].tls.as_mut()?;
+        while !cipher.is_empty() {
+            if session.read_tls(&mut cipher).is_err() {
+                break;
+            }
+            match session.process_new_packets() {
+                Ok(state) => {
+                    let n = state.plaintext_bytes_to_read();
+                    let start = plain.len();
+                    plain.resize(start + n, 0);
+                    let _ = session.reader().read_exact(&mut plain[start..]);
+                }
+                Err(_) => {
+                    self.write(i, &[]); // its alert
+                    self.handshake_failed(i);
+                    return None;
+                }
+            }
+        }
+        let handshaking = session.is_handshaking();
+        self.write(i, &[]);
+        if !handshaking && self.users[i].state == State::Handshaking {
+            self.established(i, unix_us() / 1000);
+        }
+        Some(())
     }
 
     /// Reads the server's answer to the upgrade request: `Some(head length)` once it is a
@@ -148,6 +193,7 @@ impl Client {
                 None => Message::Error {
                     result: ResultCode::BadRequest,
                     text: format!("HTTP {status}"),
+                    retry_after_ms: 0,
                 },
             };
             let request_id = asked.request_id;
@@ -200,6 +246,7 @@ impl Client {
             _ => Message::Error {
                 result: result.unwrap_or(ResultCode::BadRequest),
                 text: format!("HTTP {status}"),
+                retry_after_ms: 0,
             },
         };
         let frame = Frame {
@@ -253,6 +300,10 @@ impl Client {
             Message::LoginReply {
                 result: ResultCode::Ok,
                 ..
+            } if self.users[i].state == State::Ready => self.counters.refreshes += 1,
+            Message::LoginReply {
+                result: ResultCode::Ok,
+                ..
             } => {
                 let user = &mut self.users[i];
                 user.state = State::Ready;
@@ -260,6 +311,8 @@ impl Client {
                 self.logged_in += 1;
                 self.counters.logins += 1;
             }
+            // The session's token ends soon: a fresh one, on this connection.
+            Message::Refresh { .. } => self.log_in(i),
             Message::LoginReply { .. } => self.counters.login_failures += 1,
             Message::ShakeReply {
                 result,

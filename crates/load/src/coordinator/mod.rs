@@ -53,6 +53,10 @@ pub struct LoadOptions {
     /// New connections per second, all processes together.
     pub connect_rate: u64,
     pub secret: String,
+    /// How the users' login tokens are signed.
+    pub signer: crate::client::Signer,
+    /// TLS to the server (binary frames), trusting this CA (PEM).
+    pub tls_ca: Option<String>,
     /// Hold connecting until the epoch (the bench reads an idle memory baseline first);
     /// otherwise connecting starts at once and firing at the epoch.
     pub connect_at_epoch: bool,
@@ -222,6 +226,8 @@ impl Load {
                 source_ips: rotate(&source_ips, p as usize),
                 connect_rate: opts.connect_rate.div_ceil(procs as u64).max(1),
                 secret: opts.secret.clone(),
+                signer: opts.signer.clone(),
+                tls_ca: opts.tls_ca.clone(),
                 connect_from_ms: if opts.connect_at_epoch { epoch_ms } else { 0 },
                 transport: opts.transport,
                 overload_backoff_secs: opts.overload_backoff_secs,

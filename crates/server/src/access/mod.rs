@@ -216,6 +216,21 @@ impl Door {
         self.record_refusal(request, caller, answer);
     }
 
+    /// Records a client refused in its TLS handshake (a plain client on the TLS admin
+    /// address, a stranger to the certificate): method `TLS`, status 421, like any
+    /// refusal (at most `REFUSALS_PER_SEC` a second).
+    pub fn refused_handshake(&self, peer: std::net::SocketAddr, why: String) {
+        let request = Request {
+            method: "TLS".into(),
+            path: "(handshake)".into(),
+            query: String::new(),
+            headers: Vec::new(),
+            body: Default::default(),
+            peer,
+        };
+        self.record_refusal(&request, None, &Response::error(421, why));
+    }
+
     fn record_refusal(&self, request: &Request, caller: Option<&Caller>, answer: &Response) {
         if answer.status >= 500 {
             return; // the keys (and the log) cannot be read or written now

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use hongbao_money::access::{
-    is_refusal, logged_body, AccessStore, KeyRecord, LogEntry, Role, MAX_REFUSED_KEPT,
+    is_refusal, logged_body, AccessStore, KeyRecord, LogEntry, Revocation, Role, MAX_REFUSED_KEPT,
 };
 use hongbao_money::error::{Error, Result};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -35,6 +35,12 @@ CREATE TABLE IF NOT EXISTS admin_log (
     refused INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS admin_log_refused ON admin_log (refused, id);
+CREATE TABLE IF NOT EXISTS revocations (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    user_id INTEGER NOT NULL,
+    at      INTEGER NOT NULL,
+    by      TEXT NOT NULL
+);
 ";
 
 /// Refused entries are trimmed to `MAX_REFUSED_KEPT` every this many of them.
@@ -207,6 +213,37 @@ impl AccessStore for SqliteAccess {
             entries.push(entry);
         }
         Ok(entries)
+    }
+
+    fn revoke(&self, r: &Revocation) -> Result<u64> {
+        let conn = self.conn.lock().expect("the access connection");
+        conn.execute(
+            "INSERT INTO revocations (user_id, at, by) VALUES (?1, ?2, ?3)",
+            params![r.user as i64, r.at as i64, r.by],
+        )
+        .map_err(sqlite("writing a revocation"))?;
+        Ok(conn.last_insert_rowid() as u64)
+    }
+
+    fn revocations(&self, after: u64, since: u64) -> Result<Vec<Revocation>> {
+        let conn = self.conn.lock().expect("the access connection");
+        let mut stmt = conn
+            .prepare(
+                "SELECT id, user_id, at, by FROM revocations WHERE id > ?1 AND at >= ?2 ORDER BY id",
+            )
+            .map_err(sqlite("reading revocations"))?;
+        let rows = stmt
+            .query_map(params![after as i64, since as i64], |r| {
+                Ok(Revocation {
+                    id: r.get::<_, i64>(0)? as u64,
+                    user: r.get::<_, i64>(1)? as u64,
+                    at: r.get::<_, i64>(2)? as u64,
+                    by: r.get(3)?,
+                })
+            })
+            .map_err(sqlite("reading revocations"))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sqlite("reading revocations"))
     }
 }
 

@@ -27,7 +27,7 @@ use hongbao_sys::clock::{unix_ms, unix_us, UnixTime};
 
 use hongbao_money::seam::{AdminAnswer, AdminRequest as MoneyRequest, Op, Origin, Output};
 use hongbao_money::{error as money, ConnId, Money, UserId, WorkerId};
-use hongbao_sys::{limits, net, Stop};
+use hongbao_sys::{limits, net, Reload, Stop};
 use hongbao_telemetry::sample;
 use hongbao_telemetry::Reporter;
 use mio::{Events, Poll, Token, Waker};
@@ -39,17 +39,19 @@ use hongbao_money::seam::LedgerRead;
 
 use crate::access::{self, Door};
 use crate::admin::{self, AdminCommand, AdminRequest};
-use crate::config::{ServeConfig, DEV_SECRET};
+use crate::config::ServeConfig;
 use crate::embedded::access::SqliteAccess;
 use crate::embedded::core::CoreConfig;
 use crate::embedded::ledger::{GroupCommit, Reader};
 use crate::embedded::{Embedded, EmbeddedConfig};
 use crate::error::{Error, Result};
-use crate::link::{self, ToCore, ToWorker, WorkerConfig};
+use crate::limits::{Action, Users};
+use crate::link::{self, LoginSetup, ToCore, ToWorker, WorkerConfig};
 use crate::presence::{Delivery, Presence};
 use hongbao_cluster::PgAccess;
 use hongbao_http::access::BrowserGuard;
 use hongbao_money::access::AccessStore;
+use hongbao_proto::token::Alg;
 
 use workers::{Link, WorkerProc};
 
@@ -67,6 +69,8 @@ struct Supervisor {
     money: Box<dyn Money>,
     tick_interval: Duration,
     presence: Presence,
+    /// Each user's sends, opens, chats, notices and logins (`limits.rs`).
+    users: Users,
     poll: Poll,
     links: Slab<Link>,
     worker_links: HashMap<WorkerId, usize>,
@@ -88,6 +92,9 @@ struct Supervisor {
     broadcasts: BTreeMap<u64, PendingBroadcast>,
     shutting_down: bool,
     stop: Stop,
+    reload: Reload,
+    /// The admin address's TLS config, replaced on reload.
+    admin_tls: Option<hongbao_http::tls::Reloadable>,
 }
 
 /// A broadcast handed to the workers, answered once each has said how many connections
@@ -128,11 +135,26 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
             net::ensure_free(addr).map_err(|e| Error::io(format!("the {what} address"), e))?;
         }
     }
+    cfg.check_exposure()?;
+    let login = login_setup(&cfg)?;
+    let tls = cfg.tls_pem()?;
+    // The admin address speaks TLS with the same certificate, reloaded with it.
+    let admin_tls = match &tls {
+        Some(pem) => Some(hongbao_http::tls::Reloadable::new(
+            hongbao_http::tls::server_config(&pem.cert, &pem.key, &[hongbao_http::tls::ALPN_HTTP])
+                .map_err(Error::config)?,
+        )),
+        None => None,
+    };
     let nofile = limits::raise_nofile_limit();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let worker_count = cfg.worker_count(nofile, cores)?;
-    if cfg.secret == DEV_SECRET {
-        tracing::warn!("using the built-in development secret; set `secret` for real use");
+    if cfg.dev_secret_in_use() {
+        tracing::warn!(
+            "login tokens are signed with the built-in development secret: listening on \
+             loopback only; give a secret (HONGBAO_SECRET or secret_file) or [[login_keys]] \
+             for real use"
+        );
     }
 
     let poll = Poll::new().map_err(|e| Error::io("creating the event loop", e))?;
@@ -224,12 +246,30 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
 
     let (admin_tx, admin_rx) = sync_channel(256);
     let (hosts, origins) = (cfg.admin_hosts.clone(), cfg.admin_origins.clone());
+    let horizon = revocation_horizon(&cfg);
+    let revocations = admin::watch_revocations(
+        access.clone(),
+        horizon,
+        admin_tx.clone(),
+        waker.clone(),
+        stop.clone(),
+    );
     let door = |bound| Door::new(access, BrowserGuard::new(bound, &hosts, &origins), false);
-    let admin = admin::start(&cfg.admin, door, reader, admin_tx, waker.clone())?;
+    let admin = admin::start(
+        &cfg.admin,
+        door,
+        admin_tls.clone(),
+        reader,
+        admin_tx,
+        waker.clone(),
+    )?;
     let admin_addr = admin.addr();
 
     let worker_cfg = WorkerConfig {
-        secret: cfg.secret.as_bytes().to_vec(),
+        login,
+        tls,
+        shake_limit: cfg.user_limits.shake,
+        trusted_proxies: cfg.trusted_proxies.clone(),
         max_shakes_per_sec: cfg.max_shake_qps.div_ceil(worker_count as u32),
         max_connections: limits::sockets_per_process(nofile) as u32,
         max_unauthenticated: cfg.max_unauthenticated,
@@ -238,7 +278,6 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         idle_timeout_secs: cfg.idle_timeout_secs,
         http_keepalive_secs: cfg.http_keepalive_secs,
         max_output_bytes: cfg.max_output_bytes,
-        demo_login: cfg.demo_login(),
         max_queue_ms: cfg.max_queue_ms,
         ready_order: cfg.ready_order,
         broadcast_yield_ms: cfg.broadcast_yield_ms,
@@ -249,11 +288,13 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
             Reporter::key_from(cfg.monitor_key_file.clone()),
         )
     });
+    let users = Users::new(cfg.user_limits.clone());
     let mut sup = Supervisor {
         cfg,
         money,
         tick_interval,
         presence: Presence::default(),
+        users,
         poll,
         links: Slab::new(),
         worker_links: HashMap::new(),
@@ -272,6 +313,8 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         broadcasts: BTreeMap::new(),
         shutting_down: false,
         stop,
+        reload: Reload::on_sighup().map_err(|e| Error::io("handling SIGHUP", e))?,
+        admin_tls,
     };
     for w in 0..worker_count as WorkerId {
         let child = sup.spawn_worker(w)?;
@@ -284,6 +327,8 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         monitor.send_final(&sup.sample(unix_ms() / 1000));
     }
     drop(admin);
+    sup.stop.request();
+    let _ = revocations.join();
     let flushed = sup.money.finish();
     drop(client_placeholder);
     drop(ws_placeholder);
@@ -294,10 +339,43 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
     Ok(())
 }
 
+/// How workers check logins under `cfg`: its keys (read from their files), rules, the
+/// old HMAC secret when allowed, the demo key when on. Revocations are added as each
+/// welcome is sent (`Supervisor::welcome`).
+fn login_setup(cfg: &ServeConfig) -> Result<LoginSetup> {
+    let keys = cfg.login_specs()?;
+    let demo_key = if cfg.demo_login {
+        let key = keys.iter().find(|k| k.alg == Alg::HS256).cloned();
+        if key.is_none() {
+            return Err(Error::config(
+                "demo_login mints tokens, which takes an HS256 login key".to_string(),
+            ));
+        }
+        key
+    } else {
+        None
+    };
+    Ok(LoginSetup {
+        keys,
+        rules: cfg.token_rules(),
+        refresh_before_secs: cfg.refresh_before_secs,
+        hmac_secret: cfg.hmac_login.then(|| cfg.secret.as_bytes().to_vec()),
+        demo_key,
+        revoked: Vec::new(),
+    })
+}
+
+/// How long a revocation matters: past the longest a token lives (and the leeways on
+/// both ends), every token it refuses has expired.
+fn revocation_horizon(cfg: &ServeConfig) -> u64 {
+    cfg.max_token_lifetime_secs + 2 * cfg.token_leeway_secs
+}
+
 fn pg_target(cfg: &ServeConfig) -> hongbao_cluster::PgTarget {
     hongbao_cluster::PgTarget {
         url: cfg.postgres.clone(),
         password: cfg.postgres_password.clone(),
+        ca: cfg.engines_ca.clone(),
     }
 }
 
@@ -342,6 +420,9 @@ impl Supervisor {
             while let Ok(cmd) = self.admin_rx.try_recv() {
                 self.admin(cmd);
             }
+            if self.reload.take() {
+                self.reload_config();
+            }
             let now = Instant::now();
             if now >= next_tick {
                 self.money.tick(unix_ms());
@@ -350,6 +431,9 @@ impl Supervisor {
             if now >= next_second {
                 next_second = now + UnixTime::now().until_next_second() + SECOND_REPORT_DELAY;
                 self.report.roll_rates(&self.replies());
+                let horizon = revocation_horizon(&self.cfg);
+                self.presence.forget_revocations(unix_ms() / 1000, horizon);
+                self.users.forget_full(unix_us());
                 if let Some(monitor) = self.monitor.clone() {
                     let second = (unix_ms() / 1000).saturating_sub(1);
                     monitor.send(self.sample(second));
@@ -484,13 +568,36 @@ impl Supervisor {
     fn on_worker_message(&mut self, w: WorkerId, msg: ToCore, now: u64) {
         match msg {
             ToCore::Hello { .. } => {}
-            ToCore::Online { conn, req, user } => {
+            ToCore::Online {
+                conn,
+                req,
+                user,
+                issued,
+            } => {
                 let origin = origin(w, conn, req, user);
-                for delivery in self.presence.login(origin) {
-                    self.deliver(delivery);
+                if let Err(refused) = self.users.take(user, Action::Login, unix_us()) {
+                    // Its worker let it in: it is not logged in after all.
+                    self.refuse(origin, refused);
+                    self.tell_worker(w, &ToWorker::LoginRefused { conn });
+                    return;
                 }
-                self.money.online(user);
-                self.money.submit(now, origin, Op::LoggedIn);
+                match self.presence.login(origin, issued) {
+                    Ok(deliveries) => {
+                        for delivery in deliveries {
+                            self.deliver(delivery);
+                        }
+                        self.money.online(user);
+                        self.money.submit(now, origin, Op::LoggedIn);
+                    }
+                    Err(refused) => {
+                        for delivery in refused {
+                            self.deliver(delivery);
+                        }
+                    }
+                }
+            }
+            ToCore::Refreshed { conn, user, issued } => {
+                self.presence.refreshed(w, conn, user, issued);
             }
             ToCore::Offline { conn, user } => {
                 self.presence.offline(w, conn, user);
@@ -504,7 +611,20 @@ impl Supervisor {
                 user,
                 op,
             } => {
-                self.money.submit(now, origin(w, conn, req, user), op);
+                let origin = origin(w, conn, req, user);
+                let action = match &op {
+                    Op::Send { recipients, .. } => Some(Action::Send {
+                        recipients: recipients.len() as u32,
+                    }),
+                    Op::Open { .. } => Some(Action::Open),
+                    _ => None,
+                };
+                if let Some(action) = action {
+                    if let Err(refused) = self.users.take(user, action, unix_us()) {
+                        return self.refuse(origin, refused);
+                    }
+                }
+                self.money.submit(now, origin, op);
             }
             ToCore::Chat {
                 conn,
@@ -514,6 +634,9 @@ impl Supervisor {
                 text,
             } => {
                 let from = origin(w, conn, req, user);
+                if let Err(refused) = self.users.take(user, Action::Chat, unix_us()) {
+                    return self.refuse(from, refused);
+                }
                 let here = UserId::new(to_user).and_then(|u| self.presence.route(u));
                 if here.is_none() && self.money.chat_elsewhere(from, to_user, text.clone()) {
                     return; // answered through the money side's outputs
@@ -555,6 +678,7 @@ impl Supervisor {
                 return;
             }
             AdminRequest::Broadcast(req) => return self.broadcast(req.text, cmd.reply),
+            AdminRequest::Revoked { user, at } => self.revoked(user, at),
             AdminRequest::Stats => Response::json(200, &self.stats()),
             AdminRequest::Metrics => {
                 Response::new(200, hongbao_telemetry::prom::CONTENT_TYPE, self.metrics())
@@ -563,6 +687,112 @@ impl Supervisor {
         // Reads are answered once what they saw is durable, like everything else.
         let seq = self.money.snapshot().ledger_seq;
         self.deferred_admin.push_back((seq, cmd.reply, response));
+    }
+
+    /// Tokens of `user` issued before `at` are refused from now on: presence refuses
+    /// them at login and kicks the user's connection here; every worker refuses them
+    /// (logins, bearers) from its next read of the link. Applied twice (the API, then
+    /// the store's watcher), it kicks once.
+    fn revoked(&mut self, user: u64, at: u64) -> Response {
+        let Some(user_id) = UserId::new(user) else {
+            return Response::error(400, "user 0 has no tokens");
+        };
+        let mut kicked = 0;
+        if let Some(kick) = self.presence.revoke(user_id, at) {
+            kicked += 1;
+            self.deliver(kick);
+            self.money.offline(user_id);
+        }
+        let msg = ToWorker::Revoke { user: user_id, at };
+        for &key in self.worker_links.values() {
+            link::encode(&msg, &mut self.links[key].outbuf);
+        }
+        tracing::info!(user, revoked_before = at, kicked, "tokens revoked");
+        Response::json(
+            200,
+            &json!({"user": user, "revoked_before": at, "kicked": kicked}),
+        )
+    }
+
+    /// SIGHUP: the configuration file and the key files are read again, and the login
+    /// setup (keys, rules) goes to every worker in a new welcome. Sessions whose key is
+    /// gone are kicked there. A configuration that does not load, or would expose the
+    /// development secret, is refused whole: the running one stays.
+    fn reload_config(&mut self) {
+        let Some(flags) = self.cfg.flags.clone() else {
+            tracing::warn!("SIGHUP: this server was not started from flags; nothing to reload");
+            return;
+        };
+        let loaded = ServeConfig::load(&flags).and_then(|cfg| {
+            cfg.check_exposure()?;
+            let login = login_setup(&cfg)?;
+            let tls = cfg.tls_pem()?;
+            if tls.is_some() != self.worker_cfg.tls.is_some() {
+                return Err(Error::config(
+                    "TLS cannot be turned on or off by a reload: restart".to_string(),
+                ));
+            }
+            Ok((cfg, login, tls))
+        });
+        let (cfg, login, tls) = match loaded {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: the configuration does not load; the running one stays");
+                return;
+            }
+        };
+        let kids: Vec<&str> = login.keys.iter().map(|k| k.kid.as_str()).collect();
+        tracing::info!(?kids, "SIGHUP: login keys reloaded");
+        self.worker_cfg.login = login;
+        if let (Some(pem), Some(admin)) = (&tls, &self.admin_tls) {
+            match hongbao_http::tls::server_config(
+                &pem.cert,
+                &pem.key,
+                &[hongbao_http::tls::ALPN_HTTP],
+            ) {
+                Ok(config) => admin.set(config),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: the admin address kept its certificate")
+                }
+            }
+            tracing::info!("SIGHUP: TLS certificate reloaded");
+        }
+        // The ticket key stays: sessions resume across a new certificate.
+        let keep = self.worker_cfg.tls.as_ref().map(|t| t.ticket_key);
+        self.worker_cfg.tls = tls.map(|mut t| {
+            t.ticket_key = keep.unwrap_or(t.ticket_key);
+            t
+        });
+        self.worker_cfg.idle_timeout_secs = cfg.idle_timeout_secs;
+        self.worker_cfg.shake_limit = cfg.user_limits.shake;
+        self.users.set_limits(cfg.user_limits.clone());
+        self.cfg.login_keys = cfg.login_keys;
+        self.cfg.token_leeway_secs = cfg.token_leeway_secs;
+        self.cfg.max_token_lifetime_secs = cfg.max_token_lifetime_secs;
+        let welcome = ToWorker::Welcome(Box::new(self.welcome()));
+        for &key in self.worker_links.values() {
+            link::encode(&welcome, &mut self.links[key].outbuf);
+        }
+    }
+
+    /// Answers `origin`'s request `rate-limited`: over one of its user's limits.
+    fn refuse(&mut self, origin: Origin, refused: crate::limits::Refused) {
+        let reply = ToWorker::Reply {
+            conn: origin.conn,
+            req: origin.request,
+            reply: hongbao_money::Reply::RateLimited {
+                retry_after_ms: refused.retry_after_ms,
+                text: refused.text,
+            },
+        };
+        self.tell_worker(origin.worker, &reply);
+    }
+
+    /// The welcome a worker gets: the configuration, with the revocations in force.
+    fn welcome(&self) -> WorkerConfig {
+        let mut cfg = self.worker_cfg.clone();
+        cfg.login.revoked = self.presence.revocations();
+        cfg
     }
 
     fn broadcast(&mut self, text: String, reply: Sender<Response>) {

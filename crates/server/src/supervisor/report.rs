@@ -10,6 +10,7 @@ use crate::stats::{CoreView, Stats, Totals, WorkerCounters, WorkerStats, WorkerV
 use hdrhistogram::Histogram;
 use hongbao_money::seam::{OpKind, ReplyCounts};
 use hongbao_money::WorkerId;
+use hongbao_proto::token::Refusal;
 use hongbao_proto::ResultCode;
 use hongbao_sys::clock::unix_ms;
 use hongbao_sys::usage;
@@ -306,6 +307,42 @@ impl Supervisor {
                 v as f64,
             );
         }
+        // Sessions: tokens refused (by why), requests over a user's limit (by what),
+        // revocations.
+        let mut refusals = vec![0u64; Refusal::ALL.len()];
+        for (_, _, latest) in self.live_stats() {
+            for (total, n) in refusals.iter_mut().zip(&latest.token_refusals) {
+                *total += n;
+            }
+        }
+        for (refusal, n) in Refusal::ALL.iter().zip(refusals) {
+            m.counter(
+                "hongbao_token_refusals_total",
+                "Login and bearer tokens refused by the live workers, by why",
+                &[("reason", refusal.name().to_string())],
+                n as f64,
+            );
+        }
+        for (action, n) in &self.users.refused {
+            m.counter(
+                "hongbao_user_limited_total",
+                "Requests refused rate-limited by the core, by what (shakes: the workers' rate_limited)",
+                &[("action", action.to_string())],
+                *n as f64,
+            );
+        }
+        m.counter(
+            "hongbao_revoked_kicks_total",
+            "Sessions kicked by a revocation",
+            &[],
+            self.presence.counters.kicks_revoked as f64,
+        );
+        m.counter(
+            "hongbao_revoked_logins_total",
+            "Logins refused by a revocation the worker had not heard of yet",
+            &[],
+            self.presence.counters.logins_revoked as f64,
+        );
         m.histogram(
             "hongbao_shake_latency_seconds",
             "Shake latency in the workers: from reading the shake to writing its reply",

@@ -208,10 +208,8 @@ impl Supervisor {
         self.worker_links.insert(w, key);
         self.links[key].worker = Some(w);
         self.money.worker_up(w);
-        link::encode(
-            &ToWorker::Welcome(self.worker_cfg.clone()),
-            &mut self.links[key].outbuf,
-        );
+        let welcome = ToWorker::Welcome(Box::new(self.welcome()));
+        link::encode(&welcome, &mut self.links[key].outbuf);
     }
 
     pub(super) fn drop_link(&mut self, key: usize) {

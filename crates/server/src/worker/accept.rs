@@ -119,7 +119,17 @@ impl Worker {
                         continue; // dropped: closes at once
                     }
                     let http = self.listeners.sockets[i].http;
-                    if !http && !self.may_hold_unauthenticated(peer.ip()) {
+                    // A trusted proxy's connection is counted as its client's once its
+                    // PROXY header names it (`proxy_read`): here only in all.
+                    let proxied = !http && self.cfg.trusted_proxies.contains(&peer.ip());
+                    let allowed = match proxied {
+                        true => {
+                            self.listeners.unauthenticated.len()
+                                < self.cfg.max_unauthenticated as usize
+                        }
+                        false => http || self.may_hold_unauthenticated(peer.ip()),
+                    };
+                    if !allowed {
                         self.stats.counters.rejected_unauthenticated += 1;
                         continue; // dropped: closes at once
                     }
@@ -134,6 +144,7 @@ impl Worker {
                     } else {
                         Codec::Frames
                     };
+                    let tls = self.tls.as_ref().map(|t| t.session(http));
                     let entry = self.conns.vacant_entry();
                     let interest = Interest::READABLE | Interest::WRITABLE;
                     if self
@@ -147,7 +158,10 @@ impl Worker {
                     let generation = self.next_generation;
                     self.next_generation = self.next_generation.wrapping_add(1).max(1);
                     let key = entry.key();
-                    entry.insert(Conn::new(stream, generation, now, codec));
+                    let mut conn = Conn::new(stream, generation, now, codec);
+                    conn.tls = tls;
+                    conn.proxied = proxied;
+                    entry.insert(conn);
                     let first = self.first_visit(http, now);
                     self.timers.file(first, conn_id(key, generation));
                     if !http {
@@ -189,11 +203,44 @@ impl Worker {
         )
     }
 
+    /// Whether one more connection not yet logged in may come from `source` (the limit
+    /// per source only; the total was looked at when it connected or upgraded).
+    pub(super) fn may_hold_source(&self, source: IpAddr) -> bool {
+        self.listeners.per_source.get(&source).copied().unwrap_or(0)
+            < self.cfg.max_unauthenticated_per_source
+    }
+
+    /// Whether connection `key` comes from a trusted proxy (which names its client).
+    pub(super) fn is_from_trusted_proxy(&self, key: usize) -> bool {
+        !self.cfg.trusted_proxies.is_empty()
+            && (self.conns[key].stream.peer_addr())
+                .is_ok_and(|p| self.cfg.trusted_proxies.contains(&p.ip()))
+    }
+
+    /// A trusted proxy's connection named its client (PROXY header): counted as the
+    /// client's from now on; false when the client is over its limit.
+    pub(super) fn proxied_client(&mut self, key: usize, client: Option<IpAddr>) -> bool {
+        let Some(client) = client else {
+            return true; // `PROXY UNKNOWN`: the proxy's own (a health check)
+        };
+        // Counted under the proxy's address until now: that count is let go first.
+        self.listeners.release(key);
+        if !self.may_hold_source(client) {
+            return false;
+        }
+        self.listeners.hold(key, client);
+        true
+    }
+
     /// Whether HTTP connection `key` may upgrade to a WebSocket not yet logged in (its
-    /// source address is looked up only when some source holds any).
+    /// source address is looked up only when some source holds any; a trusted proxy's
+    /// client is looked at once the upgrade names it).
     pub(super) fn may_upgrade(&self, key: usize) -> bool {
         if self.listeners.unauthenticated.len() >= self.cfg.max_unauthenticated as usize {
             return false;
+        }
+        if self.is_from_trusted_proxy(key) {
+            return true;
         }
         self.listeners.per_source.is_empty()
             || (self.conns[key].stream.peer_addr())

@@ -361,11 +361,24 @@ pub(super) fn reply_message(reply: &Reply) -> Message {
             amount_cents,
         },
         Reply::Chat { result } => Message::ChatReply { result },
-        Reply::Error { result, text } => Message::Error { result, text },
+        Reply::Error { result, text } => Message::Error {
+            result,
+            text,
+            retry_after_ms: 0,
+        },
+        Reply::RateLimited {
+            retry_after_ms,
+            text,
+        } => Message::Error {
+            result: ResultCode::RateLimited,
+            text,
+            retry_after_ms,
+        },
         // The binary protocol has no way to ask for these.
         Reply::Me(_) | Reply::Notices(_) => Message::Error {
             result: ResultCode::BadRequest,
             text: "not available over this transport".into(),
+            retry_after_ms: 0,
         },
     }
 }
@@ -392,6 +405,7 @@ pub(super) fn push_message(push: &Push) -> Message {
             text,
         },
         Push::Kick { reason, text } => Message::Kick { reason, text },
+        Push::Refresh { expires_at_ms } => Message::Refresh { expires_at_ms },
     }
 }
 
@@ -417,6 +431,7 @@ mod tests {
     use super::*;
     use crate::link::WorkerConfig;
     use crate::stats::WorkerCounters;
+    use crate::worker::session::Sessions;
 
     /// A million connections each hold one: it must stay a few words.
     #[test]
@@ -430,7 +445,17 @@ mod tests {
 
     fn cfg() -> WorkerConfig {
         WorkerConfig {
-            secret: b"s".to_vec(),
+            login: crate::link::LoginSetup {
+                keys: Vec::new(),
+                rules: Default::default(),
+                refresh_before_secs: 60,
+                hmac_secret: None,
+                demo_key: None,
+                revoked: Vec::new(),
+            },
+            shake_limit: crate::limits::Rate::UNLIMITED,
+            tls: None,
+            trusted_proxies: Vec::new(),
             max_shakes_per_sec: 10,
             max_connections: 10,
             max_unauthenticated: 10,
@@ -439,7 +464,6 @@ mod tests {
             idle_timeout_secs: 0,
             http_keepalive_secs: 75,
             max_output_bytes: 1 << 16,
-            demo_login: false,
             max_queue_ms: 0,
             ready_order: crate::config::ReadyOrder::Adaptive,
             broadcast_yield_ms: 0,
@@ -454,6 +478,7 @@ mod tests {
             let mut got = Vec::new();
             let mut buf = Vec::new();
             let (mut stats, cfg, mut out) = (WorkerCounters::default(), cfg(), Vec::new());
+            let sessions = Sessions::new(cfg.login.clone()).unwrap();
             for piece in [&stream[..cut], &stream[cut..]] {
                 buf.extend_from_slice(piece);
                 loop {
@@ -461,8 +486,11 @@ mod tests {
                         out: &mut out,
                         stats: &mut stats,
                         cfg: &cfg,
+                        sessions: &sessions,
                         now: UptimeSecs(0),
                         may_upgrade: true,
+                        trusted_peer: false,
+                        client: None,
                     };
                     let step = codec.decode(&mut buf, &mut cx);
                     buf.drain(..step.used);
@@ -536,12 +564,16 @@ mod tests {
             &mut stream,
         );
         let (mut stats, cfg) = (WorkerCounters::default(), cfg());
+        let sessions = Sessions::new(cfg.login.clone()).unwrap();
         let mut cx = Cx {
             out: &mut out,
             stats: &mut stats,
             cfg: &cfg,
+            sessions: &sessions,
             now: UptimeSecs(0),
             may_upgrade: true,
+            trusted_peer: false,
+            client: None,
         };
         let step = ws.decode(&mut stream, &mut cx);
         assert!(matches!(

@@ -15,6 +15,8 @@ use hongbao_sys::net;
 use mio::net::TcpStream;
 
 use super::codec::Codec;
+use super::session::Checked;
+use super::tls::{self, Opened};
 use super::Worker;
 use crate::link::ToCore;
 
@@ -54,8 +56,39 @@ pub(super) struct Conn {
     /// connect (or the WebSocket upgrade) only.
     pub last_seen: UptimeSecs,
     pub user: Option<UserId>,
+    /// The logged-in session's token: when it ends, its key.
+    pub session: Session,
+    /// The connection's TLS session, on a TLS listener (`tls.rs`).
+    pub tls: Option<Box<rustls::ServerConnection>>,
+    /// From a trusted proxy, its PROXY header not read yet (it comes first, whole).
+    pub proxied: bool,
     pub codec: Codec,
     pub buffers: Option<Box<Buffers>>,
+}
+
+/// What a connection keeps of its session (`session.rs`): eleven bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Session {
+    /// When the session ends, in Unix seconds (good to 2106); 0 before a login.
+    pub ends: u32,
+    /// The user's shake bucket (`limits.rs`): when it is full again, in ms of the
+    /// worker's uptime, modulo 2^32.
+    pub shakes: u32,
+    /// The key its token was signed with (`Sessions::kids`).
+    pub kid: u16,
+    /// A fresh token was asked for (a `refresh` push) and has not come.
+    pub asked: bool,
+}
+
+impl Session {
+    pub(super) fn of(checked: &Checked) -> Session {
+        Session {
+            ends: checked.ends.min(u64::from(u32::MAX)) as u32,
+            shakes: 0,
+            kid: checked.kid,
+            asked: false,
+        }
+    }
 }
 
 impl Conn {
@@ -67,6 +100,9 @@ impl Conn {
             awaiting: 0,
             last_seen: now,
             user: None,
+            session: Session::default(),
+            tls: None,
+            proxied: false,
             codec,
             buffers: None,
         }
@@ -194,15 +230,28 @@ impl Worker {
         }
     }
 
-    /// Writes at once when nothing is queued; queues what the kernel will not take;
-    /// closes a connection whose queue grows past the limit (a client that does not read).
-    /// While `key` is corked (its read is being answered), only adds to what `uncork`
-    /// writes.
+    /// Writes `bytes` to connection `key`: sealed first over TLS (`tls.rs`), then as
+    /// `write_raw` writes. While `key` is corked (its read is being answered), only adds
+    /// to what `uncork` writes.
     pub(super) fn write(&mut self, key: usize, bytes: &[u8]) {
         if self.output.cork == Some(key) {
             self.output.corked.extend_from_slice(bytes);
             return;
         }
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        if let Some(session) = conn.tls.as_mut() {
+            let mut sealed = Vec::with_capacity(bytes.len() + 64);
+            tls::seal(session, bytes, &mut sealed);
+            return self.write_raw(key, &sealed);
+        }
+        self.write_raw(key, bytes);
+    }
+
+    /// Writes at once when nothing is queued; queues what the kernel will not take;
+    /// closes a connection whose queue grows past the limit (a client that does not read).
+    pub(super) fn write_raw(&mut self, key: usize, bytes: &[u8]) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -221,6 +270,39 @@ impl Worker {
             if buffers.out.len() > self.cfg.max_output_bytes as usize {
                 self.stats.counters.kicks_slow_reader += 1;
                 self.close(key);
+            }
+        }
+    }
+
+    /// Reads `cipher` (bytes read from TLS connection `key`) through its session: the
+    /// plaintext, or none when the connection is done with — refused (not TLS, a bad
+    /// record: counted, sent rustls's alert and closed) or said goodbye (close_notify).
+    /// Writing what the session answers may find the peer gone and close the connection
+    /// too: the caller looks before it goes on.
+    pub(super) fn tls_read(&mut self, key: usize, cipher: &[u8]) -> Option<Vec<u8>> {
+        let session = self.conns.get_mut(key)?.tls.as_mut()?;
+        let handshaking = session.is_handshaking();
+        let (mut plain, mut out) = (Vec::new(), Vec::new());
+        let opened = tls::open(session, cipher, &mut plain, &mut out);
+        if !out.is_empty() {
+            self.write_raw(key, &out);
+        }
+        match opened {
+            Ok(Opened::Data) => Some(plain),
+            Ok(Opened::PeerClosed) if !plain.is_empty() => Some(plain),
+            Ok(Opened::PeerClosed) => {
+                self.peer_done(key);
+                None
+            }
+            Err(e) => {
+                if handshaking {
+                    self.stats.counters.tls_refused += 1;
+                    tracing::debug!(error = %e, "a TLS handshake refused");
+                } else {
+                    self.stats.counters.bad_frames += 1;
+                }
+                self.close(key);
+                None
             }
         }
     }
@@ -304,6 +386,15 @@ impl Worker {
         };
         conn.state = State::Closing;
         conn.last_seen = now;
+        // Over TLS, its goodbye (close_notify) is the last it is sent.
+        if let Some(session) = conn.tls.as_mut() {
+            let mut bye = Vec::new();
+            tls::close(session, &mut bye);
+            self.write_raw(key, &bye);
+        }
+        let Some(conn) = self.conns.get_mut(key) else {
+            return; // the write closed it
+        };
         if let Some(b) = conn.buffers.as_mut() {
             b.partial = Vec::new();
         }
@@ -350,10 +441,12 @@ mod tests {
     /// What a million idle connections cost in the worker, beyond the kernel's share:
     /// our part of the record (the socket handle is 4 bytes in a release build, more in
     /// a debug one, where mio adds a selector id). It was 76 before the wire seam (80
-    /// with the handle).
+    /// with the handle), 48 before sessions ended (issue 44: their end, key and shake
+    /// bucket, 11 bytes, cost 8 with the alignment; a TLS session's box, 8 more: the
+    /// session itself is measured in docs/BENCHMARKS.md).
     #[test]
     fn an_idle_connection_is_small() {
         let ours = std::mem::size_of::<Conn>() - std::mem::size_of::<TcpStream>();
-        assert!(ours <= 48, "{ours}");
+        assert!(ours <= 64, "{ours}");
     }
 }

@@ -58,7 +58,7 @@ pub(super) fn read_welcome(
         }
         buf.extend_from_slice(&chunk[..n]);
         link::decode_all::<ToWorker>(&mut buf, |m| match m {
-            ToWorker::Welcome(cfg) if welcome.is_none() => welcome = Some(cfg),
+            ToWorker::Welcome(cfg) if welcome.is_none() => welcome = Some(*cfg),
             other => early.push(other),
         })
         .map_err(anyhow::Error::msg)?;
@@ -134,14 +134,20 @@ impl Worker {
                     self.goodbye(key, reason);
                 }
             }
-            ToWorker::Welcome(cfg) => {
-                self.cfg = cfg;
-                // An idle timeout set now applies to the logged-in sessions too.
-                if self.cfg.idle_timeout_secs > 0 {
-                    let keys: Vec<usize> = self.conns.iter().map(|(key, _)| key).collect();
-                    for key in keys {
-                        self.visit_soon(key);
-                    }
+            ToWorker::Welcome(cfg) => self.reconfigure(*cfg),
+            ToWorker::Revoke { user, at } => self.sessions.note_revoked(user, at),
+            ToWorker::LoginRefused { conn } => {
+                let Some(key) = self.key_of(conn) else {
+                    return;
+                };
+                // Its reply (`rate-limited`) comes as any reply does.
+                let c = &mut self.conns[key];
+                if c.user.take().is_some() {
+                    self.stats.levels.logged_in -= 1;
+                    c.session = Default::default();
+                    // It must log in again within the login deadline, from now.
+                    c.last_seen = self.time.polled.secs();
+                    self.visit_soon(key);
                 }
             }
             ToWorker::Broadcast {
@@ -161,6 +167,40 @@ impl Worker {
                     self.kick(key, KickReason::Shutdown, "server shutting down");
                 }
                 self.shutdown = true;
+            }
+        }
+    }
+
+    /// A new welcome: the configuration reloaded. Sessions whose key is gone are kicked
+    /// `revoked`; every connection's deadlines are looked at again (an idle timeout or a
+    /// refresh lead set now applies to the sessions already logged in).
+    fn reconfigure(&mut self, cfg: WorkerConfig) {
+        let gone = match self.sessions.reload(cfg.login.clone()) {
+            Ok(gone) => gone,
+            Err(e) => {
+                // The supervisor checked these keys before sending them.
+                tracing::error!(error = %e, "a reloaded login setup is unusable; kept the old");
+                Vec::new()
+            }
+        };
+        // New certificates: for the connections that come after.
+        match cfg.tls.as_ref().map(super::tls::Tls::new).transpose() {
+            Ok(tls) => self.tls = tls,
+            Err(e) => tracing::error!(error = %e, "reloaded TLS files are unusable; kept the old"),
+        }
+        self.cfg = cfg;
+        let keys: Vec<usize> = self.conns.iter().map(|(key, _)| key).collect();
+        for key in keys {
+            let c = &self.conns[key];
+            if c.user.is_some() && gone.contains(&c.session.kid) {
+                self.stats.counters.kicks_revoked += 1;
+                self.kick(
+                    key,
+                    KickReason::Revoked,
+                    "the key that signed this session's token was removed",
+                );
+            } else {
+                self.visit_soon(key);
             }
         }
     }

@@ -13,7 +13,7 @@ use hongbao_proto::{KickReason, ResultCode};
 use hongbao_sys::clock::{UnixTime, Uptime};
 
 use super::codec::Sent;
-use super::conn::conn_id;
+use super::conn::{conn_id, Session};
 use super::overload::{Limits, Overload, Shed, Verdict};
 use super::wire::{Auth, Inbound};
 use super::Worker;
@@ -28,6 +28,9 @@ pub(super) struct Shakes {
     pub pool: VecDeque<(u64, u64)>,
     /// When each shake waiting on the core for a win was read, by (connection, request).
     pub claims: HashMap<(ConnId, u32), Uptime>,
+    /// The shake buckets of users shaking over HTTP (their bearer's), by user: a session
+    /// keeps its own on its connection (`limits.rs`). Emptied of full ones each second.
+    pub bearers: HashMap<UserId, u32>,
     pub overload: Overload,
 }
 
@@ -36,6 +39,13 @@ impl Shakes {
     /// are never answered.
     pub(super) fn forget_claims(&mut self, now: Uptime, after: Duration) {
         self.claims.retain(|_, read_at| now.since(*read_at) < after);
+    }
+
+    /// Forgets the HTTP users' shake buckets that are full again at `now`.
+    pub(super) fn forget_full_bearers(&mut self, now: Uptime) {
+        let now = (now.as_micros() / 1000) as u32;
+        self.bearers
+            .retain(|_, tat| (tat.wrapping_sub(now) as i32) > 0);
     }
 }
 
@@ -64,8 +74,20 @@ impl Worker {
             Request::Login { user_id, token } => return self.login(key, id, user_id, &token),
             request => request,
         };
+        let bearer = matches!(auth, Auth::Bearer(_));
         let user = match auth {
-            Auth::Bearer(user) => Some(user),
+            Auth::Bearer(token) => match self.sessions.bearer(&token, self.time.read_unix()) {
+                Ok(user) => Some(user),
+                Err(refusal) => {
+                    self.stats.counters.login_failures += 1;
+                    self.stats.count_refusal(refusal);
+                    let error = Reply::Error {
+                        result: ResultCode::BadToken,
+                        text: format!("the bearer token is refused ({})", refusal.name()),
+                    };
+                    return self.reply(key, id, &error);
+                }
+            },
             Auth::Connection => self.conns[key].user,
         };
         let Some(user) = user else {
@@ -78,7 +100,7 @@ impl Worker {
         };
         let conn = conn_id(key, self.conns[key].generation);
         let op = match request {
-            Request::Shake => return self.shake(key, id, user),
+            Request::Shake => return self.shake(key, id, user, bearer),
             Request::Chat { to_user, text } => {
                 self.stats.counters.chats += 1;
                 let chat = ToCore::Chat {
@@ -131,18 +153,29 @@ impl Worker {
         self.tell_core(msg);
     }
 
+    /// A login: the first of a connection takes the user's route (the core answers it);
+    /// another on a logged-in connection, for the same user, refreshes its session (its
+    /// end moves to the new token's) and is answered here.
     fn login(&mut self, key: usize, id: u32, user_id: u64, token: &[u8]) {
-        let user = UserId::new(user_id)
-            .filter(|_| hongbao_proto::token::verify(&self.cfg.secret, user_id, token));
-        let Some(user) = user else {
-            self.stats.counters.login_failures += 1;
-            let reply = Reply::Login {
-                result: ResultCode::BadToken,
-                user_id,
-            };
-            self.reply(key, id, &reply);
-            return self.kick(key, KickReason::BadToken, "bad token");
+        let now = self.time.read_unix();
+        let checked = match self.sessions.check(user_id, token, now) {
+            Ok(checked) => checked,
+            Err(refusal) => {
+                self.stats.counters.login_failures += 1;
+                self.stats.count_refusal(refusal);
+                let reply = Reply::Login {
+                    result: ResultCode::BadToken,
+                    user_id,
+                };
+                self.reply(key, id, &reply);
+                // A session keeps its token until that ends: a bad refresh ends nothing.
+                if self.conns.get(key).is_some_and(|c| c.user.is_none()) {
+                    self.kick(key, KickReason::BadToken, "bad token");
+                }
+                return;
+            }
         };
+        let user = checked.user;
         let conn = &mut self.conns[key];
         match conn.user {
             // One user per connection: logging in as another is refused, and the
@@ -155,18 +188,35 @@ impl Worker {
                 };
                 return self.reply(key, id, &refused);
             }
-            Some(_) => {}
+            Some(_) => {
+                let shakes = conn.session.shakes;
+                conn.session = Session {
+                    shakes,
+                    ..Session::of(&checked)
+                };
+                let refreshed = ToCore::Refreshed {
+                    conn: conn_id(key, conn.generation),
+                    user,
+                    issued: checked.issued,
+                };
+                self.tell_core(&refreshed);
+                self.stats.counters.refreshes += 1;
+                let ok = Reply::Login {
+                    result: ResultCode::Ok,
+                    user_id: user.get(),
+                };
+                return self.reply(key, id, &ok);
+            }
             None => {
                 conn.user = Some(user);
+                conn.session = Session::of(&checked);
                 let now = self.time.clock.now().secs();
                 conn.last_seen = now;
                 self.stats.levels.logged_in += 1;
                 self.authenticated(key);
-                // From now on the idle timeout, if any, is its deadline (else none).
-                if self.cfg.idle_timeout_secs > 0 {
-                    let id = conn_id(key, self.conns[key].generation);
-                    self.timers.file(now.after(self.cfg.idle_timeout_secs), id);
-                }
+                // From now on its deadlines are the session's: the token's, the idle
+                // timeout's.
+                self.visit_soon(key);
             }
         }
         self.stats.counters.logins += 1;
@@ -179,14 +229,19 @@ impl Worker {
                 conn,
                 req: id,
                 user,
+                issued: checked.issued,
             },
         );
     }
 
-    fn shake(&mut self, key: usize, id: u32, user: UserId) {
+    fn shake(&mut self, key: usize, id: u32, user: UserId, bearer: bool) {
         // The read's clock, not another reading of it.
         let read_at = self.time.read;
         self.stats.counters.shakes += 1;
+        if let Err(wait) = self.take_shake(key, user, bearer) {
+            self.stats.counters.rate_limited += 1;
+            return self.answer_shake(key, id, ResultCode::RateLimited, wait, read_at);
+        }
         let now = self.time.read_unix();
         let waited = self.time.received.map_or(Duration::ZERO, |r| now.since(r));
         self.broadcasts.shake_waited(waited);
@@ -232,6 +287,23 @@ impl Worker {
                 self.answer_shake(key, id, ResultCode::Nothing, 0, read_at);
             }
         }
+    }
+
+    /// Takes one shake from `user`'s bucket (`limits.rs`): its session's, or over HTTP
+    /// the worker's bucket for its bearer; the wait (ms) when it is empty.
+    fn take_shake(&mut self, key: usize, user: UserId, bearer: bool) -> Result<(), u32> {
+        let limit = self.cfg.shake_limit;
+        if limit.is_unlimited() {
+            return Ok(());
+        }
+        let now_ms = self.time.read.as_micros() / 1000;
+        let bucket = if bearer {
+            self.shakes.bearers.entry(user).or_insert(now_ms as u32)
+        } else {
+            &mut self.conns[key].session.shakes
+        };
+        *bucket = limit.take_compact(*bucket, now_ms)?;
+        Ok(())
     }
 
     fn answer_shake(

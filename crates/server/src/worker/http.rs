@@ -17,12 +17,12 @@
 
 use std::collections::BTreeMap;
 
-use hongbao_money::{Reply, Request, UserId};
+use hongbao_money::{Reply, Request};
 use hongbao_proto::http;
-use hongbao_proto::message::{valid_idempotency_key, MAX_RECIPIENTS, MAX_TEXT_LEN};
+use hongbao_proto::message::{valid_idempotency_key, MAX_RECIPIENTS, MAX_TEXT_LEN, MAX_TOKEN_LEN};
 use hongbao_proto::ws::{self, Handshake};
 use hongbao_proto::{KickReason, ResultCode};
-use hongbao_sys::clock::UptimeSecs;
+use hongbao_sys::clock::{UnixTime, UptimeSecs};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -118,6 +118,9 @@ impl HttpCodec {
         self.request_begun = false;
         cx.stats.http_requests += 1;
         if request.websocket && !self.answers_due() {
+            if cx.trusted_peer {
+                cx.client = request.real_ip.and_then(|ip| ip.parse().ok());
+            }
             return self.upgrade(data, cx);
         }
         let used = request.len;
@@ -144,11 +147,11 @@ impl HttpCodec {
             false => answer,
         };
         match route {
-            Route::Request(inner, user) => {
+            Route::Request(inner, bearer) => {
                 let inbound = Inbound::Request {
                     id,
                     request: inner,
-                    auth: user.map_or(Auth::Connection, Auth::Bearer),
+                    auth: bearer.map_or(Auth::Connection, Auth::Bearer),
                 };
                 (step(used, Some(inbound), Then::Read), false)
             }
@@ -293,6 +296,7 @@ impl HttpCodec {
         let retry_after = retry_after_secs(reply);
         let extra: &[(&str, &str)] = match &retry_after {
             Some(secs) => &[("Retry-After", secs)],
+            None if status == 401 => &[("WWW-Authenticate", "Bearer")],
             None => &[],
         };
         let bytes = answer_bytes(
@@ -350,7 +354,7 @@ pub(super) fn status_of(result: ResultCode) -> u16 {
     use ResultCode::*;
     match result {
         Ok | Won | Nothing | Opened | AlreadyOpened | Delivered | Offline => 200,
-        Overloaded => 429,
+        Overloaded | RateLimited => 429,
         Empty => 409,
         NotARecipient => 403,
         Expired => 410,
@@ -362,14 +366,19 @@ pub(super) fn status_of(result: ResultCode) -> u16 {
     }
 }
 
-/// An `overloaded` answer's `Retry-After`: whole seconds (HTTP has no finer unit),
-/// rounded up from the reply's `retry_after_ms`, at least 1.
+/// An `overloaded` or `rate-limited` answer's `Retry-After`: whole seconds (HTTP has no
+/// finer unit), rounded up from the reply's `retry_after_ms`, at least 1.
 fn retry_after_secs(reply: &Reply) -> Option<String> {
-    if reply.result() != ResultCode::Overloaded {
+    if !matches!(
+        reply.result(),
+        ResultCode::Overloaded | ResultCode::RateLimited
+    ) {
         return None;
     }
     let ms = match reply {
-        Reply::Shake { retry_after_ms, .. } => *retry_after_ms,
+        Reply::Shake { retry_after_ms, .. } | Reply::RateLimited { retry_after_ms, .. } => {
+            *retry_after_ms
+        }
         _ => 0,
     };
     Some(ms.div_ceil(1000).max(1).to_string())
@@ -428,14 +437,23 @@ fn reply_json(reply: &Reply) -> (u16, String) {
         }),
         Reply::Notices(notices) => json!({"result": "ok", "notices": notices}),
         Reply::Error { result, text } => json!({"result": result.name(), "error": text}),
+        Reply::RateLimited {
+            retry_after_ms,
+            text,
+        } => json!({
+            "result": ResultCode::RateLimited.name(),
+            "error": text,
+            "retry_after_ms": retry_after_ms,
+        }),
     };
     (status, body.to_string())
 }
 
 /// What a request is.
 enum Route {
-    /// For the handlers, acting for the bearer's user (`None`: needs no user).
-    Request(Request, Option<UserId>),
+    /// For the handlers, acting for the user the bearer token names (`None`: needs no
+    /// user); the worker checks the token (`session.rs`).
+    Request(Request, Option<Box<[u8]>>),
     /// Answered here: status, content type, body.
     Answer(u16, &'static str, Vec<u8>),
     /// Refused here: status, result, why, extra headers.
@@ -503,9 +521,9 @@ fn route(request: &http::Request<'_>, cx: &Cx<'_>) -> Route {
             format!("HEAD is not allowed on {}", request.path),
             vec![("Allow", allowed)],
         ),
-        _ => match bearer(request.authorization, &cx.cfg.secret) {
-            Ok(user) => match api(&segments, request) {
-                Ok(inner) => Route::Request(inner, Some(user)),
+        _ => match bearer(request.authorization) {
+            Ok(token) => match api(&segments, request) {
+                Ok(inner) => Route::Request(inner, Some(token.as_bytes().into())),
                 Err(route) => route,
             },
             Err(why) => Route::Refuse(
@@ -581,32 +599,23 @@ fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Route> 
     serde_json::from_value(value).map_err(|e| refuse(400, format!("bad JSON: {e}")))
 }
 
-/// The user an `Authorization: Bearer <user id>.<token hex>` header proves.
-fn bearer(header: Option<&str>, secret: &[u8]) -> Result<UserId, &'static str> {
-    let header =
-        header.ok_or("no Authorization header: send `Authorization: Bearer <user>.<token>`")?;
-    let credentials = header
+/// The token of an `Authorization: Bearer <JWT>` header (checked by the worker).
+fn bearer(header: Option<&str>) -> Result<&str, &'static str> {
+    let header = header.ok_or("no Authorization header: send `Authorization: Bearer <token>`")?;
+    let token = header
         .strip_prefix("Bearer ")
         .or_else(|| header.strip_prefix("bearer "))
-        .ok_or("the Authorization header is not a Bearer token")?;
-    let (user, token) = credentials
-        .trim()
-        .split_once('.')
-        .ok_or("a bearer token is <user>.<token hex>")?;
-    let user_id: u64 = user
-        .parse()
-        .map_err(|_| "the bearer token's user is not a number")?;
-    let user = UserId::new(user_id).ok_or("user 0 cannot log in")?;
-    if hongbao_proto::token::verify(secret, user_id, token.as_bytes()) {
-        Ok(user)
-    } else {
-        Err("the bearer token does not match its user")
+        .ok_or("the Authorization header is not a Bearer token")?
+        .trim();
+    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+        return Err("the bearer token is empty or too long");
     }
+    Ok(token)
 }
 
 /// `GET /token?user=N`: a demo token, when the server hands them out.
 fn demo_token(query: &str, cx: &Cx<'_>) -> Route {
-    if !cx.cfg.demo_login {
+    if cx.cfg.login.demo_key.is_none() {
         return refuse(404, "no such endpoint: /token (demo tokens are off)");
     }
     let user = query
@@ -615,12 +624,18 @@ fn demo_token(query: &str, cx: &Cx<'_>) -> Route {
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|&u| u > 0);
     match user {
-        Some(user) => {
-            let token = hongbao_proto::token::token_hex(&cx.cfg.secret, user);
-            let body =
-                json!({"user_id": user, "token": token, "bearer": format!("{user}.{token}")});
-            Route::Answer(200, "application/json", body.to_string().into_bytes())
-        }
+        Some(user) => match cx.sessions.demo_token(user, UnixTime::now()) {
+            Some(token) => {
+                let body = json!({"user_id": user, "token": token});
+                Route::Answer(200, "application/json", body.to_string().into_bytes())
+            }
+            None => Route::Refuse(
+                503,
+                ResultCode::Unavailable,
+                "the demo key cannot sign".into(),
+                Vec::new(),
+            ),
+        },
         None => refuse(400, "user must be a positive integer"),
     }
 }

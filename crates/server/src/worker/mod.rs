@@ -19,7 +19,9 @@
 //! - `codec`: the wire seam — binary frames, WebSocket;
 //! - `http`: HTTP on the listener — the API, the browser page, WebSocket upgrades;
 //! - `wire`: what a decode step is made of, shared by `codec` and `http`;
+//! - `tls`: TLS under the codecs, on every client listener when it is on;
 //! - `handler`: requests → logins, the shake pool, the link;
+//! - `session`: who a connection is and until when — tokens, revocations, refreshes;
 //! - `overload`: a shake's way through overload — late, back-off, cap, rate — in one gate;
 //! - `broadcast`: operator broadcasts, a slice of connections per turn, paced;
 //! - `core_link`: this worker's end of the link — the welcome, the core's messages, ours;
@@ -41,8 +43,10 @@ mod handler;
 mod http;
 mod overload;
 mod ready;
+mod session;
 mod tick;
 mod timers;
+mod tls;
 mod wire;
 
 use std::io::{ErrorKind, Read, Write};
@@ -68,6 +72,7 @@ use conn::{Conn, Output, State};
 use core_link::{read_welcome, CoreLink};
 use handler::Shakes;
 use ready::Ready;
+use session::Sessions;
 use timers::Timers;
 use wire::{Cx, Then};
 
@@ -105,6 +110,9 @@ struct Worker {
     again: Vec<usize>,
     timers: Timers,
     link: CoreLink,
+    sessions: Sessions,
+    /// TLS on the client listeners, when it is on.
+    tls: Option<tls::Tls>,
     shakes: Shakes,
     broadcasts: Broadcasts,
     stats: WorkerStats,
@@ -176,6 +184,13 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     );
     (&std_link).write_all(&hello)?;
     let (cfg, early, link_in) = read_welcome(&std_link)?;
+    let sessions = Sessions::new(cfg.login.clone()).map_err(anyhow::Error::msg)?;
+    let tls = cfg
+        .tls
+        .as_ref()
+        .map(tls::Tls::new)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     let ready = Ready::new(cfg.ready_order);
     if cfg.stamps() {
         for l in &mut listeners {
@@ -210,6 +225,8 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         again: Vec::new(),
         timers,
         link: CoreLink::new(link, link_in),
+        sessions,
+        tls,
         shakes: Shakes::default(),
         broadcasts: Broadcasts::new(Uptime::ZERO),
         stats: WorkerStats {
@@ -403,15 +420,56 @@ impl Worker {
             if conn.user.is_some() || matches!(conn.codec, Codec::Http(_)) {
                 conn.last_seen = now.secs();
             }
+            // From a trusted proxy, its PROXY header first, naming the client (nginx
+            // writes it whole before anything of the client's).
+            let mut start = 0;
+            if conn.proxied {
+                conn.proxied = false;
+                match net::proxy_header(&buf[..n]) {
+                    Ok(Some((client, len))) => {
+                        start = len;
+                        if !self.proxied_client(key, client) {
+                            self.stats.counters.rejected_unauthenticated += 1;
+                            return self.close(key);
+                        }
+                    }
+                    _ => {
+                        self.stats.counters.bad_frames += 1;
+                        return self.close(key);
+                    }
+                }
+            }
+            let conn = &mut self.conns[key];
+            // Over TLS, what the codec reads is what the bytes read decrypt to.
+            let plain = match conn.tls.is_some() {
+                true => match self.tls_read(key, &buf[start..n]) {
+                    Some(plain) => Some(plain),
+                    None => return, // refused, or the peer said goodbye
+                },
+                false => None,
+            };
+            // Writing the handshake's answer may have found the peer gone, and closed it.
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
             let mut partial = conn.take_partial();
             // The answers to what this read brought go out in one write: after a wait
             // a read brings many requests, and a write each cost the most of each.
             self.output.cork(key);
-            let rest = if partial.is_empty() {
-                let used = self.input(key, &mut buf[..n]);
-                buf[used..n].to_vec()
+            let rest = if let Some(plain) = plain {
+                if partial.is_empty() {
+                    partial = plain;
+                } else {
+                    partial.extend_from_slice(&plain);
+                }
+                let used = self.input(key, &mut partial);
+                partial.drain(..used);
+                partial
+            } else if partial.is_empty() {
+                let used = self.input(key, &mut buf[start..n]);
+                buf[start + used..n].to_vec()
             } else {
-                partial.extend_from_slice(&buf[..n]);
+                partial.extend_from_slice(&buf[start..n]);
                 let used = self.input(key, &mut partial);
                 partial.drain(..used);
                 partial
@@ -435,20 +493,32 @@ impl Worker {
         while at < data.len() && self.is_open(key) {
             let http = matches!(self.conns[key].codec, Codec::Http(_));
             let may_upgrade = http && self.may_upgrade(key);
+            let trusted_peer = http && self.is_from_trusted_proxy(key);
             let mut out = self.output.take_scratch();
             let mut cx = Cx {
                 out: &mut out,
                 stats: &mut self.stats.counters,
                 cfg: &self.cfg,
+                sessions: &self.sessions,
                 now: self.time.read.secs(),
                 may_upgrade,
+                trusted_peer,
+                client: None,
             };
             let step = self.conns[key].codec.decode(&mut data[at..], &mut cx);
+            let client = cx.client;
             at += step.used;
             if http && matches!(self.conns[key].codec, Codec::WebSocket(_)) {
-                // Upgraded: a session, to log in from now.
-                if let Ok(peer) = self.conns[key].stream.peer_addr() {
-                    self.hold_unauthenticated(key, peer.ip());
+                // Upgraded: a session, to log in from now, counted as its client's.
+                let peer = self.conns[key].stream.peer_addr().map(|p| p.ip());
+                if let Some(source) = client.or(peer.ok()) {
+                    if client.is_some() && !self.may_hold_source(source) {
+                        self.stats.counters.rejected_unauthenticated += 1;
+                        self.output.give_scratch(out);
+                        self.close(key);
+                        return data.len();
+                    }
+                    self.hold_unauthenticated(key, source);
                 }
             }
             if !out.is_empty() {

@@ -6,7 +6,7 @@
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use hongbao_money::ConnId;
+use hongbao_money::{ConnId, Push};
 use hongbao_proto::KickReason;
 use hongbao_sys::clock::{UnixTime, UptimeSecs};
 use hongbao_sys::{net, usage};
@@ -29,7 +29,9 @@ enum Visit {
     /// Past its deadline: close it (a kicked or half-closed connection).
     Close,
     /// Past its deadline: kick it, saying why.
-    Kick(&'static str),
+    Kick(KickReason, &'static str),
+    /// Its session's token ends soon: ask for a fresh one.
+    Refresh,
 }
 
 impl Worker {
@@ -40,6 +42,7 @@ impl Worker {
             self.accept_all();
         }
         self.visit_due();
+        self.sessions.forget_old_revocations(unix);
         self.stats.unix_second = unix.second();
         self.stats.levels.connections = self.conns.len() as u64;
         self.stats.levels.pool_packets = self.shakes.pool.len() as u64;
@@ -51,6 +54,7 @@ impl Worker {
         self.latency.reset();
         // A claim whose connection went away is never answered.
         self.shakes.forget_claims(self.time.polled, CLAIM_FORGET);
+        self.shakes.forget_full_bearers(self.time.polled);
         let stats = ToCore::Stats(Box::new(self.stats.clone()));
         self.tell_core(&stats);
     }
@@ -79,17 +83,33 @@ impl Worker {
     /// again under the deadline its state gives now.
     fn visit_due(&mut self) {
         let now = self.time.polled.secs();
+        let unix = self.time.clock.unix(self.time.polled).second();
         for id in self.timers.due(now) {
             let Some(key) = self.live(id) else {
                 continue; // closed meanwhile; its slot may hold another
             };
-            match self.visit(&self.conns[key], now) {
+            match self.visit(&self.conns[key], now, unix) {
                 Visit::Again(at) => self.timers.file(at, id),
                 Visit::Never => {}
                 Visit::Close => self.close(key),
-                Visit::Kick(text) => {
-                    self.stats.counters.kicks_idle += 1;
-                    self.kick(key, KickReason::Idle, text);
+                Visit::Kick(reason, text) => {
+                    let counters = &mut self.stats.counters;
+                    match reason {
+                        KickReason::Expired => counters.kicks_expired += 1,
+                        _ => counters.kicks_idle += 1,
+                    }
+                    self.kick(key, reason, text);
+                }
+                Visit::Refresh => {
+                    let conn = &mut self.conns[key];
+                    conn.session.asked = true;
+                    let ends = u64::from(conn.session.ends);
+                    self.stats.counters.refresh_asked += 1;
+                    let push = Push::Refresh {
+                        expires_at_ms: ends * 1000,
+                    };
+                    self.push(key, &push);
+                    self.timers.file(now.after(secs_until(unix, ends)), id);
                 }
             }
         }
@@ -107,7 +127,7 @@ impl Worker {
     /// What `c`'s deadlines say at `now`: a connection that never logged in, went silent,
     /// took too long with an HTTP request, or was kicked and lingers, is past its
     /// deadline; else, when to look again.
-    fn visit(&self, c: &Conn, now: UptimeSecs) -> Visit {
+    fn visit(&self, c: &Conn, now: UptimeSecs, unix: u64) -> Visit {
         let cfg = &self.cfg;
         let quiet = now.since(c.last_seen);
         let past = |secs: u32| {
@@ -137,18 +157,19 @@ impl Worker {
                 let timeout = cfg.login_timeout_secs;
                 match past(timeout) {
                     Some(again) => again,
-                    None if quiet >= 2 * timeout || !unread() => Visit::Kick("no login"),
+                    None if quiet >= 2 * timeout || !unread() => {
+                        Visit::Kick(KickReason::Idle, "no login")
+                    }
                     None => next,
                 }
             }
-            Idle::Session if cfg.idle_timeout_secs == 0 => Visit::Never,
-            Idle::Session => past(cfg.idle_timeout_secs).unwrap_or(Visit::Kick("idle")),
+            Idle::Session => self.session_visit(c, now, unix),
             Idle::Http {
                 request_since: Some(since),
                 ..
             } => {
                 if now.since(since) >= cfg.login_timeout_secs && !unread() {
-                    Visit::Kick("request not complete in time")
+                    Visit::Kick(KickReason::Idle, "request not complete in time")
                 } else {
                     next
                 }
@@ -159,11 +180,45 @@ impl Worker {
             } => {
                 let keepalive = cfg.http_keepalive_secs;
                 if !answers_due && keepalive > 0 && quiet >= keepalive {
-                    Visit::Kick("idle")
+                    Visit::Kick(KickReason::Idle, "idle")
                 } else {
                     next
                 }
             }
         }
     }
+
+    /// A logged-in session's deadlines at `now` (Unix second `unix`): its token's end,
+    /// the refresh asked for before it, and the idle timeout if any; none of them, never.
+    fn session_visit(&self, c: &Conn, now: UptimeSecs, unix: u64) -> Visit {
+        let mut next: Option<UptimeSecs> = None;
+        let session = c.session;
+        if session.ends != 0 {
+            let ends = u64::from(session.ends);
+            if unix >= ends {
+                return Visit::Kick(KickReason::Expired, "the session's token expired");
+            }
+            let refresh_at = ends.saturating_sub(self.sessions.refresh_before_secs().into());
+            if !session.asked && unix >= refresh_at {
+                return Visit::Refresh;
+            }
+            let due = if session.asked { ends } else { refresh_at };
+            next = Some(now.after(secs_until(unix, due)));
+        }
+        let idle = self.cfg.idle_timeout_secs;
+        if idle > 0 {
+            if now.since(c.last_seen) >= idle {
+                return Visit::Kick(KickReason::Idle, "idle");
+            }
+            let at = c.last_seen.after(idle);
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+        next.map_or(Visit::Never, Visit::Again)
+    }
+}
+
+/// Whole seconds from Unix second `unix` to `at` (at least 1: a visit is never filed
+/// for the second being visited).
+fn secs_until(unix: u64, at: u64) -> u32 {
+    at.saturating_sub(unix).clamp(1, u64::from(u32::MAX)) as u32
 }

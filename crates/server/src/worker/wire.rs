@@ -4,20 +4,21 @@
 //! (binary frames, WebSocket) and `http.rs` — and this file imports from neither, so the
 //! imports run one way: codec → http → wire.
 
-use hongbao_money::{Request, UserId};
+use hongbao_money::Request;
 use hongbao_proto::{KickReason, ResultCode};
 use hongbao_sys::clock::UptimeSecs;
 
+use super::session::Sessions;
 use crate::link::WorkerConfig;
 use crate::stats::WorkerCounters;
 
 /// Who a request acts for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Auth {
     /// The connection's login.
     Connection,
-    /// The request proved it by itself (an HTTP bearer token).
-    Bearer(UserId),
+    /// The request carries its own token (an HTTP bearer), for the worker to check.
+    Bearer(Box<[u8]>),
 }
 
 pub(super) enum Inbound {
@@ -67,9 +68,15 @@ pub(super) struct Cx<'a> {
     pub out: &'a mut Vec<u8>,
     pub stats: &'a mut WorkerCounters,
     pub cfg: &'a WorkerConfig,
+    /// The demo log-in mints with it (`GET /token`).
+    pub sessions: &'a Sessions,
     /// The read's time, in whole seconds.
     pub now: UptimeSecs,
     /// Whether a WebSocket upgrade may be accepted now: not when the worker already
     /// holds as many connections not yet logged in as it may (from this source).
     pub may_upgrade: bool,
+    /// The connection comes from a trusted proxy, whose `X-Real-IP` names its client.
+    pub trusted_peer: bool,
+    /// Set by an upgrade from a trusted proxy: the client it named.
+    pub client: Option<std::net::IpAddr>,
 }

@@ -285,7 +285,7 @@ impl Sim {
     /// waits for the user.
     fn online(&mut self, worker: WorkerId, conn: u64, user: u64) {
         let origin = origin(worker, conn, 0, user);
-        for delivery in self.presence.login(origin) {
+        for delivery in self.presence.login(origin, 0).expect("no revocations here") {
             self.delivered(delivery);
         }
         self.core.submit(self.now_ms, origin, Op::LoggedIn);
@@ -1300,7 +1300,7 @@ fn a_login_while_a_notice_is_uncommitted_hears_of_the_packet_once() {
     sim.core.submit(sim.now_ms, origin(0, 1, 77, 1), op);
     let mark = sim.sent.len();
     let login = origin(0, 20, 0, 2);
-    for delivery in sim.presence.login(login) {
+    for delivery in sim.presence.login(login, 0).expect("no revocations here") {
         sim.delivered(delivery);
     }
     sim.core.submit(sim.now_ms, login, Op::LoggedIn);

@@ -1,0 +1,47 @@
+//! The client side of TLS, for every hongbao client in Rust (the client library, the
+//! load generator, the tools): rustls on aws-lc-rs, TLS 1.3 and 1.2, trusting only the
+//! CA certificates given (a deployment's own CA, or a public one's chain).
+
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use rustls::{ClientConfig, RootCertStore};
+
+/// ALPN names: what each listener says it speaks.
+pub const ALPN_HTTP: &[u8] = b"http/1.1";
+/// The binary protocol (version 2).
+pub const ALPN_FRAMES: &[u8] = b"hongbao/2";
+
+/// The certificates in `pem`, in order (leaf first).
+pub fn certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("reading the certificates: {e}"))?;
+    if certs.is_empty() {
+        return Err("no certificate in the PEM".into());
+    }
+    Ok(certs)
+}
+
+/// The provider every hongbao TLS config uses.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// A client config trusting the CA certificates in `ca_pem` (only them), saying `alpn`.
+pub fn client_config(ca_pem: &[u8], alpn: &[&[u8]]) -> Result<Arc<ClientConfig>, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in certificates(ca_pem)? {
+        roots
+            .add(cert)
+            .map_err(|e| format!("a CA certificate rustls cannot use: {e}"))?;
+    }
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+    Ok(Arc::new(config))
+}

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# TLS and login tokens, measured (issue 44; docs/BENCHMARKS.md, "TLS and tokens"). One
+# sitting, plain and TLS alternated round by round, on this machine's release build:
+#
+#   shakes     `hongbao serve` and `hongbao load` at 20,000 connections and 30,000
+#              shakes/s, plain TCP against TLS: the server's CPU per shake (its process
+#              tree's utime+stime over a 20 s window) and the load's p99.
+#   idle       N connections logged in and idle (`load --qps 0`): the server's workers'
+#              RSS over the connections, plain against TLS; and nginx's, holding the same
+#              TLS connections in front of the gateway (stream, the same certificate).
+#   handshake  `openssl s_time`, two clients, 10 s: full TLS 1.3 handshakes a second,
+#              and resumed ones, against the gateway's TLS port and against nginx's (an
+#              https server answering 200, the same ECDSA P-256 certificate).
+#   logins     N users connecting and logging in at once (`load --qps 0`, connect rate
+#              N/s): seconds until all are logged in, plain + HS256 against TLS + HS256;
+#              with BASE (an older binary, HMAC logins) also that binary, plain.
+#
+#   scripts/tls-sitting.sh [ROUNDS] [WHAT...]      (root; release build; nginx installed)
+#
+# WHAT: any of shakes idle handshake logins (default: all). IDLE_CONNS (200000) and
+# STORM_USERS (200000) size the idle and logins parts. Prints one line a measurement.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+shift || true
+what=${*:-shakes idle handshake logins}
+hb=$PWD/target/release/hongbao
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+"$hb" dev-cert --out "$work/tls" > /dev/null
+ca=$work/tls/ca.pem
+tls_args=(--tls-cert "$work/tls/cert.pem" --tls-key "$work/tls/key.pem")
+export HONGBAO_SECRET=tls-sitting-secret-of-32-bytes-and-more
+echo 1024 65535 > /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+echo 65535 > /proc/sys/net/core/somaxconn 2>/dev/null || true
+
+tree() { echo "$1"; for c in $(ps -o pid= --ppid "$1"); do tree "$c"; done; }
+ticks() { local t=0; for p in "$@"; do
+  [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$p/stat")))
+done; echo "$t"; }
+rss_kb() { local t=0; for p in "$@"; do
+  [ -r "/proc/$p/status" ] && t=$((t + $(awk '/^VmRSS/ {print $2}' "/proc/$p/status")))
+done; echo "$t"; }
+# serve DIR [ARGS...]: a server on 127.0.0.1:7290 (admin 7291); its pid once ready.
+serve() {
+  local dir=$1; shift
+  "$hb" serve --listen 127.0.0.1:7290 --admin 127.0.0.1:7291 --data-dir "$dir/data" \
+    --connections "${CONNS:-20000}" --max-shake-qps 1000000 "$@" > "$dir/serve.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 150); do grep -q "hongbao serve ready" "$dir/serve.log" && break; sleep 0.2; done
+  echo "$pid"
+}
+stop() { kill "$1" 2>/dev/null || true; while kill -0 "$1" 2>/dev/null; do sleep 0.2; done; }
+workers_of() { ps -o pid= --ppid "$1"; }
+
+shakes() { # ROUND plain|tls
+  local dir="$work/shakes-$1-$2"; mkdir -p "$dir"
+  local extra=() load_extra=()
+  [ "$2" = tls ] && extra=("${tls_args[@]}") && load_extra=(--tls-ca "$ca")
+  local s; s=$(CONNS=20000 serve "$dir" --workers 2 "${extra[@]}")
+  "$hb" load --server 127.0.0.1:7290 --users 20000 --qps 30000 --duration 40 \
+    --connect-rate 20000 "${load_extra[@]}" > "$dir/load.log" 2>&1 &
+  local l=$!
+  sleep 15
+  local s0 t0 s1 t1; s0=$(ticks $(tree "$s")); t0=$(date +%s.%N)
+  sleep 20
+  s1=$(ticks $(tree "$s")); t1=$(date +%s.%N)
+  wait $l || true
+  # The load's summary: the JSON object after its progress lines.
+  local p99; p99=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); print(json.loads(t[t.rindex("\n{")+1:])["latency_ms"]["p99"])' "$dir/load.log")
+  echo "$s0 $s1 $t0 $t1" | awk -v r=30000 -v who="$2" -v round="$1" -v p99="$p99" '{ n = ($4 - $3) * r;
+    printf "shakes %s round %s server_us_per_shake %.2f load_p99_ms %s\n", who, round, ($2 - $1) * 10000 / n, p99 }'
+  stop "$s"
+}
+
+idle() { # ROUND plain|tls|nginx
+  local n=${IDLE_CONNS:-200000} dir="$work/idle-$1-$2"; mkdir -p "$dir"
+  local extra=() load_extra=() target=127.0.0.1:7290
+  [ "$2" = tls ] && extra=("${tls_args[@]}") && load_extra=(--tls-ca "$ca")
+  local s; s=$(CONNS=$n serve "$dir" "${extra[@]}")
+  local ngx=""
+  if [ "$2" = nginx ]; then
+    "$hb" nginx-conf --prefix "$dir/nginx" --out "$dir/nginx/nginx.conf" --worker-processes 2 \
+      --tcp-listen 127.0.0.1:7295 --tcp-upstream 127.0.0.1:7290 \
+      --tls-cert "$work/tls/cert.pem" --tls-key "$work/tls/key.pem" > /dev/null
+    nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" -g 'daemon off;' 2> "$dir/nginx.log" &
+    ngx=$!; sleep 1
+    target=127.0.0.1:7295; load_extra=(--tls-ca "$ca")
+  fi
+  sleep 2
+  local before; before=$(rss_kb $(workers_of "$s"))
+  local nbefore=0; [ -n "$ngx" ] && nbefore=$(rss_kb $(tree "$ngx"))
+  "$hb" load --server "$target" --users "$n" --qps 0 --duration 1000 --connect-rate 20000 \
+    "${load_extra[@]}" > "$dir/load.log" 2>&1 &
+  local l=$!
+  # Until every user is logged in (the load's progress line), then a moment to settle.
+  for _ in $(seq 600); do
+    grep -q "conns=$n/$n" "$dir/load.log" 2>/dev/null && break; sleep 1
+  done
+  sleep 5
+  local after; after=$(rss_kb $(workers_of "$s"))
+  local nafter=0; [ -n "$ngx" ] && nafter=$(rss_kb $(tree "$ngx"))
+  local load_kb; load_kb=$(rss_kb $(tree "$l"))
+  echo "idle $2 round $1 conns $n gateway_bytes_per_conn $(( (after - before) * 1024 / n )) nginx_bytes_per_conn $(( (nafter - nbefore) * 1024 / n )) load_bytes_per_conn $(( load_kb * 1024 / n ))"
+  kill $l 2>/dev/null || true; wait $l 2>/dev/null || true
+  [ -n "$ngx" ] && stop "$ngx"
+  stop "$s"
+}
+
+handshake() { # ROUND hongbao|nginx new|reuse
+  local dir="$work/hs-$1-$2-$3"; mkdir -p "$dir"
+  local s="" ngx="" port
+  if [ "$2" = hongbao ]; then
+    s=$(serve "$dir" --workers 2 "${tls_args[@]}"); port=7290
+  else
+    mkdir -p "$dir/nginx"
+    cat > "$dir/nginx/nginx.conf" <<EOF
+worker_processes 2;
+pid $dir/nginx/nginx.pid;
+error_log $dir/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:7296 ssl reuseport;
+        ssl_certificate $work/tls/cert.pem;
+        ssl_certificate_key $work/tls/key.pem;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_session_cache shared:sitting:10m;
+        ssl_session_tickets on;
+        location / { return 200 ok; }
+    }
+}
+EOF
+    nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" -g 'daemon off;' 2> "$dir/nginx.log" &
+    ngx=$!; sleep 1; port=7296
+  fi
+  local flag=-new; [ "$3" = reuse ] && flag=-reuse
+  for c in 1 2; do
+    openssl s_time -connect 127.0.0.1:$port $flag -time 10 -tls1_3 > "$dir/s_time.$c" 2>&1 &
+  done
+  wait $(jobs -p | grep -v -e "^${s:-x}$" -e "^${ngx:-x}$") 2>/dev/null || true
+  local rate; rate=$(cat "$dir"/s_time.* | awk '/connections in .* real seconds/ {n += $1; t += $4} END { if (t > 0) printf "%.0f", n / (t / 2) }')
+  echo "handshake $2 $3 round $1 per_sec $rate"
+  [ -n "$s" ] && stop "$s"
+  [ -n "$ngx" ] && stop "$ngx"
+}
+
+logins() { # ROUND plain|tls|base
+  local n=${STORM_USERS:-200000} dir="$work/logins-$1-$2"; mkdir -p "$dir"
+  local bin=$hb extra=() load_extra=()
+  [ "$2" = tls ] && extra=("${tls_args[@]}") && load_extra=(--tls-ca "$ca")
+  [ "$2" = base ] && bin=$BASE
+  local s; s=$(CONNS=$n hb=$bin serve "$dir" "${extra[@]}")
+  local t0; t0=$(date +%s.%N)
+  "$bin" load --server 127.0.0.1:7290 --users "$n" --qps 0 --duration 1000 \
+    --connect-rate $((n * 10)) "${load_extra[@]}" > "$dir/load.log" 2>&1 &
+  local l=$!
+  for _ in $(seq 1200); do
+    grep -q "conns=$n/$n" "$dir/load.log" 2>/dev/null && break; sleep 0.5
+  done
+  local t1; t1=$(date +%s.%N)
+  echo "logins $2 round $1 users $n all_logged_in_after_s $(echo "$t1 - $t0" | bc -l | xargs printf '%.1f')"
+  kill $l 2>/dev/null || true; wait $l 2>/dev/null || true
+  stop "$s"
+}
+
+for r in $(seq "$rounds"); do
+  for w in $what; do
+    case $w in
+      shakes) shakes "$r" plain; shakes "$r" tls ;;
+      idle) idle "$r" plain; idle "$r" tls; idle "$r" nginx ;;
+      handshake) for k in new reuse; do handshake "$r" hongbao $k; handshake "$r" nginx $k; done ;;
+      logins) logins "$r" plain; logins "$r" tls; [ -n "${BASE:-}" ] && logins "$r" base ;;
+    esac
+  done
+done
