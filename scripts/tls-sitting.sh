@@ -3,14 +3,15 @@
 # sitting, plain and TLS alternated round by round, on this machine's release build:
 #
 #   shakes     `hongbao serve` and `hongbao load` at 20,000 connections and 30,000
-#              shakes/s, plain TCP against TLS: the server's CPU per shake (its process
-#              tree's utime+stime over a 20 s window) and the load's p99.
+#              shakes/s (SHAKE_QPS), plain TCP against TLS: the server's CPU per shake
+#              (its process tree's utime+stime over a 20 s window) and the load's p99
+#              (the median of its per-second p99s over the window).
 #   idle       N connections logged in and idle (`load --qps 0`): the server's workers'
 #              RSS over the connections, plain against TLS; and nginx's, holding the same
 #              TLS connections in front of the gateway (stream, the same certificate).
 #   handshake  `openssl s_time`, two clients, 10 s: full TLS 1.3 handshakes a second,
-#              and resumed ones, against the gateway's TLS port and against nginx's (an
-#              https server answering 200, the same ECDSA P-256 certificate).
+#              and resumed TLS 1.2 ones, against the gateway's TLS port and against
+#              nginx's (an https server answering 200, the same ECDSA P-256 certificate).
 #   logins     N users connecting and logging in at once (`load --qps 0`, connect rate
 #              N/s): seconds until all are logged in, plain + HS256 against TLS + HS256;
 #              with BASE (an older binary, HMAC logins) also that binary, plain.
@@ -58,7 +59,8 @@ shakes() { # ROUND plain|tls
   local extra=() load_extra=()
   [ "$2" = tls ] && extra=("${tls_args[@]}") && load_extra=(--tls-ca "$ca")
   local s; s=$(CONNS=20000 serve "$dir" --workers 2 "${extra[@]}")
-  "$hb" load --server 127.0.0.1:7290 --users 20000 --qps 30000 --duration 40 \
+  local qps=${SHAKE_QPS:-30000}
+  "$hb" load --server 127.0.0.1:7290 --users 20000 --qps "$qps" --duration 40 \
     --connect-rate 20000 "${load_extra[@]}" > "$dir/load.log" 2>&1 &
   local l=$!
   sleep 15
@@ -66,10 +68,16 @@ shakes() { # ROUND plain|tls
   sleep 20
   s1=$(ticks $(tree "$s")); t1=$(date +%s.%N)
   wait $l || true
-  # The load's summary: the JSON object after its progress lines.
-  local p99; p99=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); print(json.loads(t[t.rindex("\n{")+1:])["latency_ms"]["p99"])' "$dir/load.log")
-  echo "$s0 $s1 $t0 $t1" | awk -v r=30000 -v who="$2" -v round="$1" -v p99="$p99" '{ n = ($4 - $3) * r;
-    printf "shakes %s round %s server_us_per_shake %.2f load_p99_ms %s\n", who, round, ($2 - $1) * 10000 / n, p99 }'
+  # The median of the load's per-second p99 over the window (the progress lines of
+  # seconds 16 to 35): the steady state, not the connecting (TLS handshakes) before it.
+  local p99; p99=$(python3 - "$dir/load.log" <<'PY'
+import re, statistics, sys
+p99s = [float(m.group(2)) for m in (re.search(r"t=(\d+)s .* p99=([0-9.]+)ms", l) for l in open(sys.argv[1])) if m and 16 <= int(m.group(1)) <= 35]
+print(f"{statistics.median(p99s):.2f}" if p99s else "none")
+PY
+)
+  echo "$s0 $s1 $t0 $t1" | awk -v r="$qps" -v who="$2" -v round="$1" -v p99="$p99" '{ n = ($4 - $3) * r;
+    printf "shakes %s qps %d round %s server_us_per_shake %.2f load_p99_ms %s\n", who, r, round, ($2 - $1) * 10000 / n, p99 }'
   stop "$s"
 }
 
@@ -89,7 +97,7 @@ idle() { # ROUND plain|tls|nginx
   fi
   sleep 2
   local before; before=$(rss_kb $(workers_of "$s"))
-  local nbefore=0; [ -n "$ngx" ] && nbefore=$(rss_kb $(tree "$ngx"))
+  local nbefore=0; if [ -n "$ngx" ]; then nbefore=$(rss_kb $(tree "$ngx")); fi
   "$hb" load --server "$target" --users "$n" --qps 0 --duration 1000 --connect-rate 20000 \
     "${load_extra[@]}" > "$dir/load.log" 2>&1 &
   local l=$!
@@ -99,11 +107,11 @@ idle() { # ROUND plain|tls|nginx
   done
   sleep 5
   local after; after=$(rss_kb $(workers_of "$s"))
-  local nafter=0; [ -n "$ngx" ] && nafter=$(rss_kb $(tree "$ngx"))
+  local nafter=0; if [ -n "$ngx" ]; then nafter=$(rss_kb $(tree "$ngx")); fi
   local load_kb; load_kb=$(rss_kb $(tree "$l"))
   echo "idle $2 round $1 conns $n gateway_bytes_per_conn $(( (after - before) * 1024 / n )) nginx_bytes_per_conn $(( (nafter - nbefore) * 1024 / n )) load_bytes_per_conn $(( load_kb * 1024 / n ))"
   kill $l 2>/dev/null || true; wait $l 2>/dev/null || true
-  [ -n "$ngx" ] && stop "$ngx"
+  if [ -n "$ngx" ]; then stop "$ngx"; fi
   stop "$s"
 }
 
@@ -135,15 +143,17 @@ EOF
     nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" -g 'daemon off;' 2> "$dir/nginx.log" &
     ngx=$!; sleep 1; port=7296
   fi
-  local flag=-new; [ "$3" = reuse ] && flag=-reuse
+  # Full: TLS 1.3. Resumed: TLS 1.2, where s_time resumes (a TLS 1.3 ticket comes after
+  # the handshake, and s_time reads nothing to get it).
+  local flags=(-new -tls1_3); [ "$3" = reuse ] && flags=(-reuse -tls1_2)
   for c in 1 2; do
-    openssl s_time -connect 127.0.0.1:$port $flag -time 10 -tls1_3 > "$dir/s_time.$c" 2>&1 &
+    openssl s_time -connect 127.0.0.1:$port "${flags[@]}" -time 10 > "$dir/s_time.$c" 2>&1 &
   done
   wait $(jobs -p | grep -v -e "^${s:-x}$" -e "^${ngx:-x}$") 2>/dev/null || true
   local rate; rate=$(cat "$dir"/s_time.* | awk '/connections in .* real seconds/ {n += $1; t += $4} END { if (t > 0) printf "%.0f", n / (t / 2) }')
   echo "handshake $2 $3 round $1 per_sec $rate"
-  [ -n "$s" ] && stop "$s"
-  [ -n "$ngx" ] && stop "$ngx"
+  if [ -n "$s" ]; then stop "$s"; fi
+  if [ -n "$ngx" ]; then stop "$ngx"; fi
 }
 
 logins() { # ROUND plain|tls|base
@@ -171,7 +181,7 @@ for r in $(seq "$rounds"); do
       shakes) shakes "$r" plain; shakes "$r" tls ;;
       idle) idle "$r" plain; idle "$r" tls; idle "$r" nginx ;;
       handshake) for k in new reuse; do handshake "$r" hongbao $k; handshake "$r" nginx $k; done ;;
-      logins) logins "$r" plain; logins "$r" tls; [ -n "${BASE:-}" ] && logins "$r" base ;;
+      logins) logins "$r" plain; logins "$r" tls; if [ -n "${BASE:-}" ]; then logins "$r" base; fi ;;
     esac
   done
 done
