@@ -8,7 +8,9 @@
 //!   says trailing bytes;
 //! - `decode` of the `n` bytes `check` delimited never allocates more than
 //!   `MAX_FRAME_LEN` at once, and either gives a frame whose re-encoding (`frame::encode`)
-//!   is the very same bytes (decoding is strict, so the encoding is canonical) and whose
+//!   is the very same bytes (decoding is strict, so the encoding is canonical; a frame of
+//!   an older version re-encodes as the current one, where a version-1 login's raw token
+//!   is refused) and whose
 //!   JSON form fits `MAX_JSON_LEN` and reads back to the same frame, or a non-fatal error
 //!   naming the frame's request id;
 //! - a buffer holding several frames is cut the way a connection cuts it, with the same
@@ -18,16 +20,18 @@
 #![no_main]
 
 use hongbao_fuzz::limited;
+use hongbao_proto::frame::PayloadError;
 use hongbao_proto::frame::{check, decode, decode_message, encode_to_vec, request_id_of};
 use hongbao_proto::json::{from_json, to_json, MAX_JSON_LEN};
-use hongbao_proto::message::{kind, Frame, HEADER_LEN, MAX_FRAME_LEN};
+use hongbao_proto::message::{
+    kind, valid_token_bytes, Frame, Message, HEADER_LEN, MAX_FRAME_LEN, VERSION,
+};
 use hongbao_proto::FrameError;
 use libfuzzer_sys::fuzz_target;
 
 /// The largest single allocation `decode` may make: a frame's body is at most
 /// `MAX_FRAME_LEN` bytes and no field is bigger than the body.
 const DECODE_LIMIT: usize = MAX_FRAME_LEN;
-
 
 fuzz_target!(|data: &[u8]| {
     // `check` reads the header only: no allocation at all.
@@ -98,7 +102,10 @@ fuzz_target!(|data: &[u8]| {
             }
             Ok(None) => assert!(!kind::ALL.contains(&k), "kind 0x{k:02x} unknown"),
             Err(why) => {
-                assert!(kind::ALL.contains(&k), "payload error for unknown kind: {why}");
+                assert!(
+                    kind::ALL.contains(&k),
+                    "payload error for unknown kind: {why}"
+                );
                 assert!(!why.name().is_empty());
             }
         }
@@ -113,13 +120,48 @@ fn one_frame(bytes: &[u8], decoded: Result<Frame, FrameError>) {
             assert_eq!(frame.request_id, request_id_of(bytes));
             assert_eq!(frame.message.kind(), bytes[5]);
             let again = encode_to_vec(&frame);
-            assert_eq!(again, bytes, "{frame:?} re-encodes differently");
-            assert_eq!(decode(&again).as_ref(), Ok(&frame));
+            if bytes[4] == VERSION {
+                assert_eq!(again, bytes, "{frame:?} re-encodes differently");
+            } else {
+                // An older version reads as the current one; what this side writes is
+                // always the current version: the same bytes but for the version byte
+                // (and a login's token length, one byte wide before version 2).
+                assert_eq!(again[4], VERSION);
+                if frame.message.kind() != kind::LOGIN {
+                    assert_eq!(again[5..], bytes[5..], "{frame:?} re-encodes differently");
+                }
+            }
+            let raw_token =
+                matches!(&frame.message, Message::Login { token, .. } if !valid_token_bytes(token));
+            if raw_token {
+                // A version-1 login's raw token (the old HMAC) is not a version-2 token.
+                assert_eq!(
+                    bytes[4], 1,
+                    "a version-2 token that is not ASCII: {frame:?}"
+                );
+                assert!(
+                    matches!(
+                        decode(&again),
+                        Err(FrameError::BadPayload {
+                            why: PayloadError::TokenNotAscii,
+                            ..
+                        })
+                    ),
+                    "{frame:?}"
+                );
+            } else {
+                assert_eq!(decode(&again).as_ref(), Ok(&frame));
+            }
             // The JSON form of any frame the binary codec takes: fits what the gateway
-            // reads from a WebSocket text message, and reads back the same.
+            // reads from a WebSocket text message, and reads back the same; but a
+            // version-1 login's raw token, not printable ASCII, has none: refused.
             let json = to_json(&frame);
             assert!(json.len() <= MAX_JSON_LEN, "JSON of {} bytes", json.len());
-            assert_eq!(from_json(&json).as_ref(), Ok(&frame), "{json}");
+            if raw_token {
+                assert!(from_json(&json).is_err(), "{json}");
+            } else {
+                assert_eq!(from_json(&json).as_ref(), Ok(&frame), "{json}");
+            }
         }
         Err(e) => {
             // Well delimited: recoverable, answered with an error naming the request.

@@ -63,6 +63,7 @@ class FrameErrorKind(enum.Enum):
     TOO_MANY_RECIPIENTS = "too-many-recipients"
     TEXT_TOO_LONG = "text-too-long"
     TOKEN_TOO_LONG = "token-too-long"
+    TOKEN_NOT_ASCII = "token-not-ascii"
     BAD_IDEMPOTENCY_KEY = "bad-idempotency-key"
     ZERO_RETRY_AFTER = "zero-retry-after"
 
@@ -223,7 +224,11 @@ def _decode_payload(kind: int, r: _Reader) -> Message:
         length = r.u16("token_len")
         if length > MAX_TOKEN_LEN:
             raise _PayloadError(FrameErrorKind.TOKEN_TOO_LONG, f"token of {length} bytes over limit {MAX_TOKEN_LEN}")
-        message = m.Login(user_id, r.bytes("token", length))
+        token = r.bytes("token", length)
+        # A JWT's compact form: printable ASCII only.
+        if not all(0x20 < b < 0x7F for b in token):
+            raise _PayloadError(FrameErrorKind.TOKEN_NOT_ASCII, "token is not printable ASCII (a JWT's compact form)")
+        message = m.Login(user_id, token)
     elif kind == m.Shake.KIND:
         message = m.Shake()
     elif kind == m.Send.KIND:

@@ -49,6 +49,7 @@ export type PayloadErrorKind =
   | "too-many-recipients"
   | "text-too-long"
   | "token-too-long"
+  | "token-not-ascii"
   | "bad-idempotency-key"
   | "zero-retry-after";
 export type FrameErrorKind =
@@ -139,7 +140,10 @@ function decodePayload(type: Message["type"], r: Reader): Message {
       const userId = r.u64("user_id");
       const len = r.u16("token_len");
       if (len > MAX_TOKEN_LEN) throw new PayloadError("token-too-long", `token of ${len} bytes over limit ${MAX_TOKEN_LEN}`);
-      message = { type, userId, token: r.bytes("token", len).slice() };
+      const token = r.bytes("token", len).slice();
+      // A JWT's compact form: printable ASCII only.
+      if (!token.every((b) => b > 0x20 && b < 0x7f)) throw new PayloadError("token-not-ascii", "token is not printable ASCII (a JWT's compact form)");
+      message = { type, userId, token };
       break;
     }
     case "shake":

@@ -20,8 +20,9 @@
 //! Payload layouts are listed on [`decode_message`] and in `docs/protocol.md`.
 
 use crate::message::{
-    kind, valid_idempotency_key, Frame, KickReason, Message, ResultCode, HEADER_LEN, MAX_FRAME_LEN,
-    MAX_IDEMPOTENCY_KEY_LEN, MAX_RECIPIENTS, MAX_TEXT_LEN, MAX_TOKEN_LEN, MIN_VERSION, VERSION,
+    kind, valid_idempotency_key, valid_token_bytes, Frame, KickReason, Message, ResultCode,
+    HEADER_LEN, MAX_FRAME_LEN, MAX_IDEMPOTENCY_KEY_LEN, MAX_RECIPIENTS, MAX_TEXT_LEN,
+    MAX_TOKEN_LEN, MIN_VERSION, VERSION,
 };
 
 /// Bytes of the length prefix.
@@ -85,6 +86,8 @@ pub enum PayloadError {
     TextTooLong { len: usize },
     #[error("token of {len} bytes over limit {MAX_TOKEN_LEN}")]
     TokenTooLong { len: usize },
+    #[error("token is not printable ASCII (a JWT's compact form)")]
+    TokenNotAscii,
     #[error("idempotency key is not 1..={MAX_IDEMPOTENCY_KEY_LEN} bytes of printable ASCII")]
     BadIdempotencyKey,
     #[error("retry_after_ms 0 is sent by leaving it out")]
@@ -148,6 +151,7 @@ impl PayloadError {
             PayloadError::TooManyRecipients { .. } => "too-many-recipients",
             PayloadError::TextTooLong { .. } => "text-too-long",
             PayloadError::TokenTooLong { .. } => "token-too-long",
+            PayloadError::TokenNotAscii => "token-not-ascii",
             PayloadError::BadIdempotencyKey => "bad-idempotency-key",
             PayloadError::ZeroRetryAfter => "zero-retry-after",
         }
@@ -284,8 +288,14 @@ pub fn decode_message(kind: u8, payload: &[u8]) -> Result<Option<Message>, Paylo
             if len > MAX_TOKEN_LEN {
                 return Err(PayloadError::TokenTooLong { len });
             }
-            let token = r.bytes("token", len)?.to_vec();
-            Message::Login { user_id, token }
+            let token = r.bytes("token", len)?;
+            if !valid_token_bytes(token) {
+                return Err(PayloadError::TokenNotAscii);
+            }
+            Message::Login {
+                user_id,
+                token: token.to_vec(),
+            }
         }
         kind::SHAKE => Message::Shake,
         kind::SEND => {
@@ -1160,10 +1170,32 @@ pub(crate) mod tests {
             1,
             Message::Login {
                 user_id: 1,
-                token: vec![1; MAX_TOKEN_LEN],
+                token: vec![b'a'; MAX_TOKEN_LEN],
             },
         );
         assert_eq!(decode(&encode_to_vec(&at_limit)), Ok(at_limit));
+
+        // A JWT's compact form is printable ASCII: a space, a control byte or a byte
+        // over 0x7e is refused, an empty token is the server's to refuse.
+        for token in [&b"a b"[..], b"a\x01", b"\xffab", "红".as_bytes()] {
+            let login = Message::Login {
+                user_id: 1,
+                token: token.to_vec(),
+            };
+            assert_eq!(
+                payload_error(&encode_to_vec(&frame(1, login))),
+                PayloadError::TokenNotAscii,
+                "{token:?}"
+            );
+        }
+        let empty = frame(
+            1,
+            Message::Login {
+                user_id: 1,
+                token: vec![],
+            },
+        );
+        assert_eq!(decode(&encode_to_vec(&empty)), Ok(empty));
     }
 
     #[test]

@@ -17,8 +17,8 @@ use serde_json::{Map, Value};
 
 use crate::frame::truncate_text;
 use crate::message::{
-    valid_idempotency_key, Frame, KickReason, Message, ResultCode, MAX_RECIPIENTS, MAX_TEXT_LEN,
-    MAX_TOKEN_LEN,
+    valid_idempotency_key, valid_token_bytes, Frame, KickReason, Message, ResultCode,
+    MAX_RECIPIENTS, MAX_TEXT_LEN, MAX_TOKEN_LEN,
 };
 
 /// Largest text message the gateway reads, in bytes. Room for the largest message the
@@ -98,6 +98,8 @@ pub enum JsonErrorKind {
     TextTooLong { len: usize },
     #[error("token of {len} bytes over limit {MAX_TOKEN_LEN}")]
     TokenTooLong { len: usize },
+    #[error("token is not printable ASCII (a JWT's compact form)")]
+    TokenNotAscii,
 }
 
 impl JsonError {
@@ -113,7 +115,9 @@ impl JsonError {
 
 /// The JSON form of `frame`: one line, `"type"` and `"id"` first, then the fields in
 /// declaration order. Texts are cut to [`MAX_TEXT_LEN`] bytes as the binary encoder
-/// does, so what this writes [`from_json`] reads back.
+/// does, so what this writes [`from_json`] reads back; but for a version-1 login's raw
+/// token, which is not printable ASCII: it has no JSON form (written lossily here, refused
+/// by [`from_json`]).
 pub fn to_json(frame: &Frame) -> String {
     use Message::*;
     let mut w = Writer::new(type_name(&frame.message), frame.request_id);
@@ -544,6 +548,9 @@ impl<'a> Fields<'a> {
         if token.len() > MAX_TOKEN_LEN {
             return Err(self.err(JsonErrorKind::TokenTooLong { len: token.len() }));
         }
+        if !valid_token_bytes(token.as_bytes()) {
+            return Err(self.err(JsonErrorKind::TokenNotAscii));
+        }
         Ok(token.as_bytes().to_vec())
     }
 
@@ -899,6 +906,15 @@ mod tests {
             "a".repeat(MAX_TOKEN_LEN)
         );
         assert!(from_json(&at_limit).is_ok());
+        // A JWT's compact form is printable ASCII, as the binary codec insists.
+        for token in ["a b", "a\\u0001", "红"] {
+            let login = format!(r#"{{"type":"login","id":1,"user_id":2,"token":"{token}"}}"#);
+            assert_eq!(
+                error_of(&login).kind,
+                JsonErrorKind::TokenNotAscii,
+                "{login}"
+            );
+        }
         // An unknown type name from the peer is clipped before it goes into a reply.
         let long_type = format!(r#"{{"type":"{}","id":1}}"#, "x".repeat(1000));
         assert_eq!(

@@ -31,6 +31,13 @@ pub const MAX_TEXT_LEN: usize = 4096;
 /// claims is about 200 bytes, an ES256 one about 250).
 pub const MAX_TOKEN_LEN: usize = 2048;
 
+/// Whether `token` may be a version-2 login token: printable ASCII only (no spaces), as a
+/// JWT's compact form is (base64url and dots). It may be empty (the server refuses it as
+/// `bad-token`); what it is signed with is the server's to check, not the codec's.
+pub fn valid_token_bytes(token: &[u8]) -> bool {
+    token.iter().all(|b| b.is_ascii_graphic())
+}
+
 /// Longest token a version-1 `Login` carries (its length is a `u8`).
 pub const MAX_V1_TOKEN_LEN: usize = 255;
 
