@@ -59,7 +59,7 @@ pub(super) struct Conn {
     /// The logged-in session's token: when it ends, its key.
     pub session: Session,
     /// The connection's TLS session, on a TLS listener (`tls.rs`).
-    pub tls: Option<Box<rustls::ServerConnection>>,
+    pub tls: Option<Box<tls::Session>>,
     /// From a trusted proxy, its PROXY header not read yet (it comes first, whole).
     pub proxied: bool,
     pub codec: Codec,
