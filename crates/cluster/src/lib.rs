@@ -107,15 +107,16 @@ impl std::fmt::Debug for PgTarget {
 }
 
 /// A URL as it may be shown: a password in it (`scheme://user:password@host`) replaced
-/// by `***`.
+/// by `***`. The user info ends at the last `@` before the query, so a password holding
+/// `@`, `:` or `/` (written unescaped) is hidden whole.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+    let before_query = rest.find(['?', '#']).unwrap_or(rest.len());
+    match rest[..before_query].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
             None => url.to_string(),
         },
         None => url.to_string(),
@@ -126,3 +127,42 @@ pub fn redact(url: &str) -> String {
 pub const HOST_DEAD_AFTER_MS: u64 = 3000;
 /// How often a host asks Redis for the packets due (and says it is alive).
 pub const RELEASE_EVERY: Duration = Duration::from_millis(10);
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn a_url_is_printed_without_its_password() {
+        for (url, shown) in [
+            (
+                "redis://hongbao:s3cret@127.0.0.1:6379/0",
+                "redis://hongbao:***@127.0.0.1:6379/0",
+            ),
+            (
+                "rediss://:s3cret@10.0.0.1:6380",
+                "rediss://:***@10.0.0.1:6380",
+            ),
+            // A password holding '@' and ':' is hidden whole: the host is after the last '@'.
+            (
+                "postgres://hongbao:p@ss:w@rd@db.example:5432/hongbao?sslmode=verify-full",
+                "postgres://hongbao:***@db.example:5432/hongbao?sslmode=verify-full",
+            ),
+            // Unescaped '/' in a password: still hidden.
+            (
+                "postgres://hongbao:s3cret/x@db:5432/hongbao",
+                "postgres://hongbao:***@db:5432/hongbao",
+            ),
+            // No password: nothing to hide.
+            (
+                "redis://hongbao@127.0.0.1:6379",
+                "redis://hongbao@127.0.0.1:6379",
+            ),
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+            assert!(!redact(url).contains("s3cret") && !redact(url).contains("w@rd"));
+        }
+    }
+}
