@@ -12,22 +12,27 @@
 #   handshake  `openssl s_time`, two clients, 10 s: full TLS 1.3 handshakes a second,
 #              and resumed TLS 1.2 ones, against the gateway's TLS port and against
 #              nginx's (an https server answering 200, the same ECDSA P-256 certificate).
+#   refresh    20,000 idle sessions whose tokens last an hour, against tokens of 60 s that
+#              are refreshed on their connections: the server's CPU a second, refreshes.
 #   logins     N users connecting and logging in at once (`load --qps 0`, connect rate
-#              N/s): seconds until all are logged in, plain + HS256 against TLS + HS256;
-#              with BASE (an older binary, HMAC logins) also that binary, plain.
+#              STORM_RATE, 10 N/s by default): seconds until all are logged in, plain +
+#              HS256 against TLS + HS256; with BASE (an older binary, HMAC logins) also
+#              that binary, plain. LOGINS picks among plain, tls and base.
 #
 #   scripts/tls-sitting.sh [ROUNDS] [WHAT...]      (root; release build; nginx installed)
 #
-# WHAT: any of shakes idle handshake logins (default: all). IDLE_CONNS (200000) and
-# STORM_USERS (200000) size the idle and logins parts. Prints one line a measurement.
+# WHAT: any of shakes idle handshake refresh logins (default: all). IDLE_CONNS (200000) and
+# STORM_USERS (200000) size the idle and logins parts, IDLE_CONNECT_RATE (3000/s) is how
+# fast the idle part connects. Prints one line a measurement.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 shift || true
-what=${*:-shakes idle handshake logins}
+what=${*:-shakes idle handshake refresh logins}
 hb=$PWD/target/release/hongbao
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+# Servers and nginx are started in subshells: their pids go in a file for the way out.
+trap 'kill $(jobs -p) $(cat "$work/pids" 2>/dev/null) 2>/dev/null || true; sleep 1; rm -rf "$work"' EXIT
 "$hb" dev-cert --out "$work/tls" > /dev/null
 ca=$work/tls/ca.pem
 tls_args=(--tls-cert "$work/tls/cert.pem" --tls-key "$work/tls/key.pem")
@@ -48,6 +53,7 @@ serve() {
   "$hb" serve --listen 127.0.0.1:7290 --admin 127.0.0.1:7291 --data-dir "$dir/data" \
     --connections "${CONNS:-20000}" --max-shake-qps 1000000 "$@" > "$dir/serve.log" 2>&1 &
   local pid=$!
+  echo "$pid" >> "$work/pids"
   for _ in $(seq 150); do grep -q "hongbao serve ready" "$dir/serve.log" && break; sleep 0.2; done
   echo "$pid"
 }
@@ -88,17 +94,27 @@ idle() { # ROUND plain|tls|nginx
   local s; s=$(CONNS=$n serve "$dir" "${extra[@]}")
   local ngx=""
   if [ "$2" = nginx ]; then
-    "$hb" nginx-conf --prefix "$dir/nginx" --out "$dir/nginx/nginx.conf" --worker-processes 2 \
+    # A worker holds 19,000 connections (the open-file limit), two a client: enough of them.
+    "$hb" nginx-conf --prefix "$dir/nginx" --out "$dir/nginx/nginx.conf" \
+      --worker-processes $(( (2 * n + 18999) / 19000 + 2 )) \
       --tcp-listen 127.0.0.1:7295 --tcp-upstream 127.0.0.1:7290 \
       --tls-cert "$work/tls/cert.pem" --tls-key "$work/tls/key.pem" > /dev/null
+    # nginx's connections to the gateway all go from one address to one address:port, and
+    # the kernel gives connect() about half the port range (~32,000): spread them over 8
+    # source addresses of 127.0.0.0/8.
+    sed -i -e 's|^    upstream hongbao_tcp {|    split_clients "$remote_port" $hb_src { 12.5% 127.0.0.11; 12.5% 127.0.0.12; 12.5% 127.0.0.13; 12.5% 127.0.0.14; 12.5% 127.0.0.15; 12.5% 127.0.0.16; 12.5% 127.0.0.17; * 127.0.0.18; }\n&|' \
+      -e 's|^        proxy_pass hongbao_tcp;|&\n        proxy_bind $hb_src;|' "$dir/nginx/nginx.conf"
     nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" -g 'daemon off;' 2> "$dir/nginx.log" &
-    ngx=$!; sleep 1
+    ngx=$!; echo "$ngx" >> "$work/pids"; sleep 1
     target=127.0.0.1:7295; load_extra=(--tls-ca "$ca")
   fi
   sleep 2
   local before; before=$(rss_kb $(workers_of "$s"))
   local nbefore=0; if [ -n "$ngx" ]; then nbefore=$(rss_kb $(tree "$ngx")); fi
-  "$hb" load --server "$target" --users "$n" --qps 0 --duration 1000 --connect-rate 20000 \
+  # One connect rate for all three, slow enough for nginx's handshakes (at 20,000/s its
+  # clients time out and retry, and the handshakes of those it gave up pile up).
+  "$hb" load --server "$target" --users "$n" --qps 0 --duration 1000 \
+    --connect-rate "${IDLE_CONNECT_RATE:-3000}" \
     "${load_extra[@]}" > "$dir/load.log" 2>&1 &
   local l=$!
   # Until every user is logged in (the load's progress line), then a moment to settle.
@@ -141,7 +157,7 @@ http {
 }
 EOF
     nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" -g 'daemon off;' 2> "$dir/nginx.log" &
-    ngx=$!; sleep 1; port=7296
+    ngx=$!; echo "$ngx" >> "$work/pids"; sleep 1; port=7296
   fi
   # Full: TLS 1.3. Resumed: TLS 1.2, where s_time resumes (a TLS 1.3 ticket comes after
   # the handshake, and s_time reads nothing to get it).
@@ -156,6 +172,31 @@ EOF
   if [ -n "$ngx" ]; then stop "$ngx"; fi
 }
 
+refresh() { # ROUND long|short
+  # 20,000 idle sessions (REFRESH_CONNS), tokens of an hour against tokens of 60 s: with
+  # the default refresh_before_secs (60) and leeway (30 s) a 60 s token is asked for a
+  # fresh one 30 s after it is issued (and the next at its old end, 60 s later). The
+  # server's CPU over a 90 s window (two waves), less the hour-long tokens', over the
+  # refreshes counted, is what a refresh costs (a push, a fresh token checked, two visits
+  # of the timer table).
+  local n=${REFRESH_CONNS:-20000} dir="$work/refresh-$1-$2"; mkdir -p "$dir"
+  local ttl=3600; [ "$2" = short ] && ttl=60
+  local s; s=$(CONNS=$n serve "$dir" --workers 2)
+  "$hb" load --server 127.0.0.1:7290 --users "$n" --qps 0 --duration 1000 \
+    --connect-rate 20000 --token-ttl-secs "$ttl" > "$dir/load.log" 2>&1 &
+  local l=$!
+  # A counter of the server's, summed over its workers (the admin API's /metrics).
+  counter() { curl -s -H "Authorization: Bearer $(cat "$dir/data/admin.key")" \
+    http://127.0.0.1:7291/metrics | awk -v m="hongbao_worker_$1_total" '$1 ~ "^"m"[{ ]" || $1 == m { n += $2 } END { print n + 0 }'; }
+  sleep 20
+  local s0 r0; s0=$(ticks $(tree "$s")); r0=$(counter refreshes)
+  sleep 90
+  local s1 r1; s1=$(ticks $(tree "$s")); r1=$(counter refreshes)
+  echo "refresh $2 round $1 conns $n token_ttl_s $ttl server_cpu_ms_per_s $(( (s1 - s0) * 10 / 90 )) refreshes $(( r1 - r0 )) kicked_expired $(counter kicks_expired)"
+  kill $l 2>/dev/null || true; wait $l 2>/dev/null || true
+  stop "$s"
+}
+
 logins() { # ROUND plain|tls|base
   local n=${STORM_USERS:-200000} dir="$work/logins-$1-$2"; mkdir -p "$dir"
   local bin=$hb extra=() load_extra=()
@@ -164,7 +205,7 @@ logins() { # ROUND plain|tls|base
   local s; s=$(CONNS=$n hb=$bin serve "$dir" "${extra[@]}")
   local t0; t0=$(date +%s.%N)
   "$bin" load --server 127.0.0.1:7290 --users "$n" --qps 0 --duration 1000 \
-    --connect-rate $((n * 10)) "${load_extra[@]}" > "$dir/load.log" 2>&1 &
+    --connect-rate "${STORM_RATE:-$((n * 10))}" "${load_extra[@]}" > "$dir/load.log" 2>&1 &
   local l=$!
   for _ in $(seq 1200); do
     grep -q "conns=$n/$n" "$dir/load.log" 2>/dev/null && break; sleep 0.5
@@ -181,7 +222,10 @@ for r in $(seq "$rounds"); do
       shakes) shakes "$r" plain; shakes "$r" tls ;;
       idle) idle "$r" plain; idle "$r" tls; idle "$r" nginx ;;
       handshake) for k in new reuse; do handshake "$r" hongbao $k; handshake "$r" nginx $k; done ;;
-      logins) logins "$r" plain; logins "$r" tls; if [ -n "${BASE:-}" ]; then logins "$r" base; fi ;;
+      refresh) refresh "$r" long; refresh "$r" short ;;
+      logins) for m in ${LOGINS:-plain tls base}; do
+          if [ "$m" != base ] || [ -n "${BASE:-}" ]; then logins "$r" "$m"; fi
+        done ;;
     esac
   done
 done
