@@ -282,20 +282,26 @@ mod tests {
     use rustls::ClientConnection;
     use std::io::{Read, Write};
 
-    /// A client and a worker's session, joined by `open` and `seal` alone: the
-    /// handshake, data both ways, a plain client refused.
-    #[test]
-    fn a_session_opens_and_seals_through_the_worker_functions() {
+    /// A worker's session (an HTTP listener's or not) and a client offering `alpn`, with
+    /// a throwaway certificate the client trusts; nothing sent yet.
+    fn joined(http: bool, alpn: &[u8]) -> (Box<Session>, ClientConnection) {
         let certs = DevCerts::make(&["127.0.0.1"]).unwrap();
         let pem = TlsPem {
             cert: certs.cert_pem.clone().into_bytes(),
             key: certs.key_pem.clone().into_bytes(),
             ticket_key: hongbao_http::tls::new_ticket_key(),
         };
-        let tls = Tls::new(&pem).unwrap();
-        let mut server = tls.session(false);
-        let config = client_config(certs.ca_pem.as_bytes(), &[ALPN_FRAMES]).unwrap();
-        let mut client = ClientConnection::new(config, "127.0.0.1".try_into().unwrap()).unwrap();
+        let server = Tls::new(&pem).unwrap().session(http);
+        let config = client_config(certs.ca_pem.as_bytes(), &[alpn]).unwrap();
+        let client = ClientConnection::new(config, "127.0.0.1".try_into().unwrap()).unwrap();
+        (server, client)
+    }
+
+    /// A client and a worker's session, joined by `open` and `seal` alone: the
+    /// handshake, data both ways, a plain client refused.
+    #[test]
+    fn a_session_opens_and_seals_through_the_worker_functions() {
+        let (mut server, mut client) = joined(false, ALPN_FRAMES);
         let (mut to_server, mut plain, mut to_client) = (Vec::new(), Vec::new(), Vec::new());
         client.writer().write_all(b"shake").unwrap();
         // Round trips until the handshake is done and the data is through.
@@ -330,7 +336,7 @@ mod tests {
         assert!(client.process_new_packets().unwrap().peer_has_closed());
 
         // A plain client's login frame is not TLS: refused, with an alert to send.
-        let mut server = tls.session(false);
+        let (mut server, _) = joined(false, ALPN_FRAMES);
         let frame = [0, 0, 0, 6, 2, 2, 0, 0, 0, 1];
         let (mut plain, mut alert) = (Vec::new(), Vec::new());
         assert!(open(&mut server, &frame, &mut plain, &mut alert).is_err());
@@ -343,16 +349,7 @@ mod tests {
     /// is; an idle session holds nothing of its own.
     #[test]
     fn cut_records_are_held_and_early_writes_wait_for_the_handshake() {
-        let certs = DevCerts::make(&["127.0.0.1"]).unwrap();
-        let pem = TlsPem {
-            cert: certs.cert_pem.clone().into_bytes(),
-            key: certs.key_pem.clone().into_bytes(),
-            ticket_key: hongbao_http::tls::new_ticket_key(),
-        };
-        let tls = Tls::new(&pem).unwrap();
-        let mut server = tls.session(true);
-        let config = client_config(certs.ca_pem.as_bytes(), &[ALPN_HTTP]).unwrap();
-        let mut client = ClientConnection::new(config, "127.0.0.1".try_into().unwrap()).unwrap();
+        let (mut server, mut client) = joined(true, ALPN_HTTP);
         let mut early = Vec::new();
         seal(&mut server, b"hello before the handshake", &mut early);
         assert!(early.is_empty(), "nothing can be encrypted yet");
