@@ -960,12 +960,7 @@ fn browser_client_works_over_https_and_wss() {
         .dev_secret()
         .demo_login()
         .ws()
-        .args([
-            "--tls-cert".to_string(),
-            files.cert.display().to_string(),
-            "--tls-key".to_string(),
-            files.key.display().to_string(),
-        ])
+        .tls(&files)
         .start();
     let chromium = Chromium::launch_with(&[format!(
         "--ignore-certificate-errors-spki-list={}",

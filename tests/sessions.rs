@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{signal, wait_until, Serve, Server, IO_TIMEOUT};
+use common::{pings, signal, wait_until, Serve, Server, IO_TIMEOUT};
 use hongbao_proto::client::Client;
 use hongbao_proto::token::{Alg, Claims, Minter};
 use hongbao_proto::{KickReason, Message, ResultCode};
@@ -147,15 +147,6 @@ fn kick_of(client: &mut Client) -> KickReason {
     }
 }
 
-fn ping(client: &mut Client) -> bool {
-    matches!(
-        client
-            .request(&Message::Ping { client_time_us: 1 })
-            .map(|f| f.message),
-        Ok(Message::Pong { .. })
-    )
-}
-
 #[test]
 fn every_forged_token_is_refused_and_each_key_verifies_its_own() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,7 +159,7 @@ fn every_forged_token_is_refused_and_each_key_verifies_its_own() {
             ResultCode::Ok,
             "{kid}"
         );
-        assert!(ping(&mut client));
+        assert!(pings(&mut client));
     }
     let exp = now() + 600;
     let es_public = std::fs::read(key_file("es256.pub.pem")).unwrap();
@@ -363,9 +354,9 @@ fn a_session_is_refreshed_on_its_connection_or_kicked_when_its_token_ends() {
     ));
     // Past the first token's end: the refreshed session goes on, the other is kicked.
     std::thread::sleep(Duration::from_secs(6));
-    assert!(ping(&mut kept), "the refreshed session still answers");
+    assert!(pings(&mut kept), "the refreshed session still answers");
     assert_eq!(kick_of(&mut lapsed), KickReason::Expired);
-    assert!(ping(&mut kept));
+    assert!(pings(&mut kept));
     let stats = server.stats();
     assert!(stats["totals"]["refreshes"].as_u64() >= Some(1), "{stats}");
     assert!(
@@ -383,7 +374,7 @@ fn a_session_is_refreshed_on_its_connection_or_kicked_when_its_token_ends() {
         kept.login(&jwt("hs", 43, 600)).unwrap(),
         ResultCode::BadRequest
     );
-    assert!(ping(&mut kept));
+    assert!(pings(&mut kept));
 }
 
 #[test]
@@ -472,7 +463,7 @@ fn a_removed_key_refuses_its_tokens_and_kicks_its_sessions_on_reload() {
         let mut client = connect(&server);
         (client.login(&jwt("ed", 63, 600)).ok()? == ResultCode::Ok).then_some(())
     });
-    assert!(ping(&mut on_new), "a session of a key kept stays");
+    assert!(pings(&mut on_new), "a session of a key kept stays");
     assert_refused(&server, jwt("hs-old", 61, 600).as_bytes(), "a removed key");
     // A configuration that does not load is refused whole: the running one stays.
     std::fs::write(&config, "[[login_keys]]\nkid = \"x\"\nalg = \"none\"\n").unwrap();
@@ -596,7 +587,7 @@ fn logins_past_the_users_limit_leave_it_logged_out() {
         } => {}
         other => panic!("{other:?}"),
     }
-    assert!(ping(&mut third));
+    assert!(pings(&mut third));
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{fresh_key, signal, token, wait_until, Serve, Server, IO_TIMEOUT, SECRET};
+use common::{fresh_key, pings, signal, token, wait_until, Serve, Server, IO_TIMEOUT, SECRET};
 use hongbao_http::tls::{client_config, DevCerts, ALPN_FRAMES, ALPN_HTTP};
 use hongbao_proto::client::Client;
 use hongbao_proto::{Message, ResultCode};
@@ -20,16 +20,7 @@ use hongbao_proto::{Message, ResultCode};
 fn tls_serve(dir: &Path) -> (Server, DevCerts) {
     let certs = DevCerts::make(&["127.0.0.1", "localhost"]).unwrap();
     let files = certs.write(dir).unwrap();
-    let server = Serve::new()
-        .ws()
-        .http()
-        .args([
-            "--tls-cert".to_string(),
-            files.cert.display().to_string(),
-            "--tls-key".to_string(),
-            files.key.display().to_string(),
-        ])
-        .start();
+    let server = Serve::new().ws().http().tls(&files).start();
     (server, certs)
 }
 
@@ -77,15 +68,6 @@ fn login_tls(server: &Server, ca_pem: &str, user: u64) -> Client {
     client.set_timeout(IO_TIMEOUT).unwrap();
     assert_eq!(client.login(&token(SECRET, user)).unwrap(), ResultCode::Ok);
     client
-}
-
-fn ping(client: &mut Client) -> bool {
-    matches!(
-        client
-            .request(&Message::Ping { client_time_us: 1 })
-            .map(|f| f.message),
-        Ok(Message::Pong { .. })
-    )
 }
 
 /// Whether a plain client's bytes on a TLS port get a protocol answer: they must not.
@@ -147,7 +129,7 @@ fn every_listener_speaks_tls_and_a_plain_client_is_refused() {
     let stranger = DevCerts::make(&["127.0.0.1"]).unwrap();
     assert!(tls_connect(server.listen, &stranger.ca_pem).is_err());
     // Nobody else noticed.
-    assert!(ping(&mut alice) && ping(&mut bob));
+    assert!(pings(&mut alice) && pings(&mut bob));
 
     // The HTTP API and the browser page over TLS.
     let bearer = token(SECRET, 4);
@@ -263,9 +245,12 @@ fn a_new_certificate_takes_over_on_sighup_and_open_connections_stay() {
         tls_connect(server.listen, &old.ca_pem).is_err(),
         "the old one is gone"
     );
-    assert!(ping(&mut open), "a connection of the old certificate stays");
+    assert!(
+        pings(&mut open),
+        "a connection of the old certificate stays"
+    );
     let mut fresh = login_tls(&server, &new.ca_pem, 12);
-    assert!(ping(&mut fresh));
+    assert!(pings(&mut fresh));
     // The admin address too.
     wait_until(
         "the admin address's new certificate",
@@ -355,7 +340,7 @@ fn clients_leaving_mid_handshake_do_not_disturb_a_worker() {
         drop(tcp); // a reset
     }
     let mut client = login_tls(&server, &certs.ca_pem, 21);
-    assert!(ping(&mut client));
+    assert!(pings(&mut client));
     // No worker restarted (each reports its restarts; give them a report's time).
     std::thread::sleep(Duration::from_millis(1500));
     let key = server.admin.key();

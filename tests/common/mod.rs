@@ -282,3 +282,14 @@ pub fn descendants(pid: u32) -> Vec<u32> {
     }
     found
 }
+
+/// Whether `client`'s connection still answers a ping with a pong (it is open and its
+/// session stands).
+pub fn pings(client: &mut hongbao_proto::client::Client) -> bool {
+    matches!(
+        client
+            .request(&hongbao_proto::Message::Ping { client_time_us: 1 })
+            .map(|f| f.message),
+        Ok(hongbao_proto::Message::Pong { .. })
+    )
+}

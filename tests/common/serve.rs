@@ -95,6 +95,16 @@ impl Serve {
         self
     }
 
+    /// TLS on every listener, with the certificate and key in `files`.
+    pub fn tls(self, files: &hongbao_http::tls::TlsFiles) -> Serve {
+        self.args([
+            "--tls-cert".to_string(),
+            files.cert.display().to_string(),
+            "--tls-key".to_string(),
+            files.key.display().to_string(),
+        ])
+    }
+
     /// The HTTP API (`--http-listen`).
     pub fn http(mut self) -> Serve {
         self.http = true;

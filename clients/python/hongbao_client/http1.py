@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ErrorKind, ErrorSource, HongbaoError
-from .tls import is_tls_alert, plain_at_tls_port, tls_failure
+from .tls import is_tls_alert, plain_at_tls_port, tls_failure, wait_until_closed
 
 #: Largest response head and body this client reads (the server's are far smaller).
 MAX_HEAD_BYTES = 64 * 1024
@@ -70,13 +70,7 @@ class HttpConnection:
     async def wait_closed(self, timeout_s: float) -> None:
         """Waits until the connection is closed (a TLS goodbye takes a round trip); cuts
         it after `timeout_s`."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self.writer.wait_closed()
-        except TimeoutError:
-            self.writer.transport.abort()
-        except OSError:
-            pass  # it is closed: how it ended does not matter here
+        await wait_until_closed(self.writer, timeout_s)
 
     async def roundtrip(self, head: bytes, body: bytes) -> tuple[HttpResponse, bool]:
         """Writes one request and reads its answer; also says whether the connection may

@@ -24,7 +24,7 @@ from . import messages as wire
 from .errors import ErrorKind, ErrorSource, HongbaoError
 from .messages import ClientMessage, Frame, ReplyMessage, ResultCode
 from .session import EndHandler, PushHandler, SessionEnd
-from .tls import is_tls_alert, plain_at_tls_port, tls_failure
+from .tls import is_tls_alert, plain_at_tls_port, tls_failure, wait_until_closed
 
 #: Bytes asked of the socket per read: many frames at once under load.
 _READ_CHUNK = 64 * 1024
@@ -124,13 +124,7 @@ class TcpSession:
     async def wait_closed(self, timeout_s: float = 1.0) -> None:
         """Waits until the socket is closed after `close()` (a TLS goodbye takes a round
         trip; a loop that stopped first would leave it open); cuts it after `timeout_s`."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._writer.wait_closed()
-        except TimeoutError:
-            self._writer.transport.abort()
-        except OSError:
-            pass  # it is closed: how it ended does not matter here
+        await wait_until_closed(self._writer, timeout_s)
 
     def _take_request_id(self) -> int:
         # Counts from 1 and skips 0 on wrap: 0 marks pushes.

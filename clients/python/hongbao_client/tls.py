@@ -16,6 +16,7 @@ timeout. A handshake cut off halfway (EOF, a reset) is a lost connection, retrie
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 
@@ -62,3 +63,15 @@ def is_tls_alert(data: bytes | bytearray | memoryview) -> bool:
 def plain_at_tls_port(scheme: str) -> str:
     """Why a plain client failed at a TLS port; `scheme` is the URL scheme to use instead."""
     return f"the server answered with a TLS alert: it speaks TLS on this address (use {scheme})"
+
+
+async def wait_until_closed(writer: asyncio.StreamWriter, timeout_s: float) -> None:
+    """Waits until a connection `close()`d is closed (a TLS goodbye takes a round trip);
+    cuts it after `timeout_s`."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await writer.wait_closed()
+    except TimeoutError:
+        writer.transport.abort()
+    except OSError:
+        pass  # it is closed: how it ended does not matter here
