@@ -53,6 +53,7 @@ const ENDPOINTS: &[(&str, &str, Option<&str>, &str)] = &[
     ),
     ("DELETE", "/v1/admin-keys/operator", None, "operator"),
     ("GET", "/v1/admin-log", None, "operator"),
+    ("POST", "/v1/users/31337/revoke", Some("{}"), "operator"),
 ];
 
 fn rank(role: &str) -> u8 {
@@ -181,18 +182,24 @@ fn the_cross_site_simple_post_that_minted_a_million_is_refused_and_recorded() {
     let op = &server.admin;
     let send = r#"{"packets":1,"rate_per_sec":1,"recipients":1,"user_min":31337,"user_max":31337,"amount_min":100000000,"amount_max":100000000}"#;
     // As a page on another site sends it: text/plain, its Origin — no key, of course,
-    // and here even with one: the browser checks come first.
-    for admin in [op.without_key(), op.with_key(&op.key())] {
-        let (status, reply, _) = admin.http_full(
-            "POST",
-            "/v1/campaigns/send",
-            Some(send),
-            &[
-                ("Content-Type", "text/plain"),
-                ("Origin", "http://evil.example"),
-            ],
-        );
-        assert_eq!(status, 403, "{reply}");
+    // and here even with one: the browser checks come first. A revocation (issue 44's
+    // door) the same.
+    for (path, body) in [
+        ("/v1/campaigns/send", send),
+        ("/v1/users/31337/revoke", "{}"),
+    ] {
+        for admin in [op.without_key(), op.with_key(&op.key())] {
+            let (status, reply, _) = admin.http_full(
+                "POST",
+                path,
+                Some(body),
+                &[
+                    ("Content-Type", "text/plain"),
+                    ("Origin", "http://evil.example"),
+                ],
+            );
+            assert_eq!(status, 403, "{path}: {reply}");
+        }
     }
     // Without the Origin (a browser that hides it): text/plain is still refused.
     let (status, reply, _) = op.http_full(
