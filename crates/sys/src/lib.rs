@@ -10,6 +10,7 @@
 //!   load runs its clients in one);
 //! - `usage`: memory and CPU of a process, from /proc;
 //! - `stop`: the stop value every loop is handed;
+//! - `notify`: telling systemd a service is ready, reloading, stopping;
 //! - `doctor`: the machine's limits for N connections, and `--netns`.
 
 pub mod clock;
@@ -17,6 +18,7 @@ pub mod doctor;
 pub mod limits;
 pub mod net;
 pub mod netns;
+pub mod notify;
 pub mod stop;
 pub mod usage;
 
