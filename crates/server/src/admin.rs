@@ -1,6 +1,8 @@
 //! The admin HTTP API (JSON; see docs/admin-api.md), on hongbao's HTTP server stack,
 //! behind its door (`access.rs`: keys with roles, the browser checks, the admin log) —
-//! and the operator console, a page at `/` that logs in with a key.
+//! and the operator console, a page at `/` that logs in with a key. `GET /healthz` and
+//! `GET /readyz` answer an orchestrator's probes without a key (`health.rs`): they pass
+//! the browser checks and say nothing but whether the server lives and takes shakes.
 //!
 //! Requests that touch money state or the workers are handed to the supervisor's loop as
 //! `AdminRequest`s and answered from there (campaign creation only after its event is
@@ -21,6 +23,7 @@ use hongbao_money::seam::{AdminRequest as MoneyRequest, LedgerRead, OpsCursor};
 use mio::Waker;
 
 use crate::access::{self, console, error_text, Caller, Door};
+use crate::health::{self, Health};
 
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -67,10 +70,12 @@ pub struct AdminCommand {
 }
 
 /// Binds the admin address and serves it until the returned server is dropped. `door`
-/// is made for the address bound (its browser checks name it).
+/// is made for the address bound (its browser checks name it); `health` is what the
+/// probes are told.
 pub fn start(
     addr: &str,
     door: impl FnOnce(SocketAddr) -> Door,
+    health: Arc<Health>,
     tls: Option<hongbao_http::tls::Reloadable>,
     reader: Option<Box<dyn LedgerRead>>,
     to_core: SyncSender<AdminCommand>,
@@ -94,7 +99,7 @@ pub fn start(
     });
     Server::serve_tls(listener, "admin", MAX_BODY, tls, move |request| {
         let ask = |r: AdminRequest| ask_core(r, &to_core, &waker);
-        handle(&request, &door, &reader, ask)
+        handle(&request, &door, &health, &reader, ask)
     })
     .map_err(|e| crate::error::Error::io(format!("serving the admin address {addr}"), e))
 }
@@ -128,17 +133,29 @@ fn needs(method: &str, segments: &[&str]) -> Option<(Role, Record)> {
     })
 }
 
-/// The admin API behind its door: the console's page and sessions; then, for every
-/// endpoint, the browser checks, the key and its role, the endpoint, and the record of
-/// it before the answer.
+/// The admin API behind its door: the probes and the console's page and sessions; then,
+/// for every endpoint, the browser checks, the key and its role, the endpoint, and the
+/// record of it before the answer.
 fn handle(
     request: &Request,
     door: &Door,
+    health: &Health,
     reader: &Mutex<Option<Box<dyn LedgerRead>>>,
     ask: impl Fn(AdminRequest) -> Response,
 ) -> Response {
     let segments = request.segments();
     match (request.method.as_str(), segments.as_slice()) {
+        // A probe has no key to give, and is told nothing a key would guard.
+        ("GET", ["healthz"]) => {
+            return door
+                .guard(request)
+                .map_or_else(|refused| refused, |()| health::healthz())
+        }
+        ("GET", ["readyz"]) => {
+            return door
+                .guard(request)
+                .map_or_else(|refused| refused, |()| health::readyz(health))
+        }
         ("GET", []) => {
             return match door.guard(request) {
                 Ok(()) => Response::new(200, "text/html; charset=utf-8", console::PAGE)
@@ -496,7 +513,7 @@ fn route(
             | ["v1", "admin-keys" | "admin-log"]
             | ["v1", "admin-keys", _]
             | ["console", ..]
-            | ["metrics"],
+            | ["metrics" | "healthz" | "readyz"],
         ) => Response::error(405, format!("{method} is not allowed on {}", request.path)),
         _ => Response::error(404, format!("no such endpoint: {}", request.path)),
     }
@@ -601,6 +618,104 @@ mod tests {
         let response = route(&request, "viewer", &reader, &no_core);
         let body = serde_json::from_slice(&response.body).unwrap();
         (response.status, body)
+    }
+
+    /// A request to the whole admin door (`handle`) of a server whose admin address is
+    /// 127.0.0.1:7001, with `headers`; no core behind it.
+    fn ask_door(
+        door: &Door,
+        health: &Health,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Response {
+        let request = Request {
+            method: method.into(),
+            path: path.into(),
+            query: String::new(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            body: Default::default(),
+            peer: "127.0.0.1:9".parse().unwrap(),
+        };
+        let reader: Mutex<Option<Box<dyn LedgerRead>>> = Mutex::new(None);
+        let no_core = |_| Response::error(500, "no core here");
+        handle(&request, door, health, &reader, no_core)
+    }
+
+    #[test]
+    fn the_probes_need_no_key_pass_the_browser_checks_and_are_not_logged() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn AccessStore> =
+            Arc::new(crate::embedded::access::SqliteAccess::open(dir.path()).unwrap());
+        let bound = "127.0.0.1:7001".parse().unwrap();
+        let door = Door::new(
+            store.clone(),
+            hongbao_http::access::BrowserGuard::new(bound, &[], &[]),
+            false,
+        );
+        let health = Health::new();
+        // A kubelet's probe names the pod's address and port.
+        let probe = [
+            ("host", "127.0.0.1:7001"),
+            ("user-agent", "kube-probe/1.31"),
+        ];
+
+        let live = ask_door(&door, &health, "GET", "/healthz", &probe);
+        assert_eq!((live.status, live.body.as_slice()), (200, &b"ok\n"[..]));
+        let starting = ask_door(&door, &health, "GET", "/readyz", &probe);
+        assert_eq!(starting.status, 503);
+        assert!(starting.body.starts_with(b"not ready: starting"));
+        health.turn(std::time::Instant::now(), 2, 2);
+        health.serving();
+        let ready = ask_door(&door, &health, "GET", "/readyz/", &probe);
+        assert_eq!(
+            (ready.status, ready.body.as_slice()),
+            (200, &b"ready\n"[..])
+        );
+        assert!(
+            store.log(None, 100).unwrap().is_empty(),
+            "a probe is not recorded"
+        );
+
+        // The browser checks stand: a rebound name, a foreign page.
+        let rebound = [("host", "evil.example:7001")];
+        assert_eq!(
+            ask_door(&door, &health, "GET", "/readyz", &rebound).status,
+            403
+        );
+        let foreign = [
+            ("host", "127.0.0.1:7001"),
+            ("origin", "https://evil.example"),
+        ];
+        assert_eq!(
+            ask_door(&door, &health, "GET", "/healthz", &foreign).status,
+            403
+        );
+        // GET only (another method is 405, as on every known path); everything else
+        // still needs its key.
+        assert_eq!(
+            ask_door(&door, &health, "POST", "/healthz", &probe).status,
+            405
+        );
+        assert_eq!(
+            ask_door(&door, &health, "PUT", "/readyz", &probe).status,
+            405
+        );
+        assert_eq!(
+            ask_door(&door, &health, "DELETE", "/healthz", &probe).status,
+            405
+        );
+        assert_eq!(
+            ask_door(&door, &health, "GET", "/v1/stats", &probe).status,
+            401
+        );
+        assert_eq!(
+            ask_door(&door, &health, "GET", "/healthz/x", &probe).status,
+            404
+        );
     }
 
     #[test]

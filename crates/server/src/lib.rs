@@ -7,6 +7,7 @@
 //! - `presence`: who is connected where; logins, chat, notice delivery;
 //! - `link`: worker ↔ supervisor messages, length-prefixed on one Unix stream each;
 //! - `admin`: the admin HTTP API (JSON), answered from the supervisor's loop;
+//! - `health`: what the probes (`/healthz`, `/readyz`) and systemd are told;
 //! - `access`: the admin door — keys with roles, the browser checks, the admin log, the
 //!   operator console's sessions;
 //! - `stats`: what workers count, as fields, and the report each sends once a second;
@@ -19,6 +20,7 @@ pub mod admin;
 pub mod config;
 pub mod embedded;
 pub mod error;
+pub mod health;
 pub mod limits;
 pub mod link;
 pub mod nginx;

@@ -27,6 +27,7 @@ use hongbao_sys::clock::{unix_ms, unix_us, UnixTime};
 
 use hongbao_money::seam::{AdminAnswer, AdminRequest as MoneyRequest, Op, Origin, Output};
 use hongbao_money::{error as money, ConnId, Money, UserId, WorkerId};
+use hongbao_sys::notify::Notifier;
 use hongbao_sys::{limits, net, Reload, Stop};
 use hongbao_telemetry::sample;
 use hongbao_telemetry::Reporter;
@@ -45,6 +46,7 @@ use crate::embedded::core::CoreConfig;
 use crate::embedded::ledger::{GroupCommit, Reader};
 use crate::embedded::{Embedded, EmbeddedConfig};
 use crate::error::{Error, Result};
+use crate::health::Health;
 use crate::limits::{Action, Users};
 use crate::link::{self, LoginSetup, ToCore, ToWorker, WorkerConfig};
 use crate::presence::{Delivery, Presence};
@@ -95,6 +97,12 @@ struct Supervisor {
     reload: Reload,
     /// The admin address's TLS config, replaced on reload.
     admin_tls: Option<hongbao_http::tls::Reloadable>,
+    /// What the probes on the admin address are told, kept by the loop.
+    health: Arc<Health>,
+    /// systemd's notify socket, when it started us (`Type=notify`).
+    notifier: Option<Notifier>,
+    /// The workers linked when systemd was last told, once ready.
+    told_linked: Option<usize>,
 }
 
 /// A broadcast handed to the workers, answered once each has said how many connections
@@ -125,6 +133,12 @@ fn placeholder(addr: &str, what: &str) -> Result<std::net::TcpListener> {
 /// Runs `hongbao serve` until `stop`. Prints one "ready" line on stdout with the bound
 /// addresses once every worker has connected.
 pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
+    // systemd is told when this serves and when it stops (`health.rs`); a variable that
+    // names nothing reachable is logged, not fatal.
+    let notifier = Notifier::from_env().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "NOTIFY_SOCKET cannot be used; systemd will not be told");
+        None
+    });
     // Before anything is made: a port another server holds is refused (`placeholder`).
     for (addr, what) in [
         (&cfg.listen, "client"),
@@ -255,9 +269,11 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         stop.clone(),
     );
     let door = |bound| Door::new(access, BrowserGuard::new(bound, &hosts, &origins), false);
+    let health = Arc::new(Health::new());
     let admin = admin::start(
         &cfg.admin,
         door,
+        health.clone(),
         admin_tls.clone(),
         reader,
         admin_tx,
@@ -315,12 +331,17 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         stop,
         reload: Reload::on_sighup().map_err(|e| Error::io("handling SIGHUP", e))?,
         admin_tls,
+        health,
+        notifier,
+        told_linked: None,
     };
     for w in 0..worker_count as WorkerId {
         let child = sup.spawn_worker(w)?;
         sup.workers.insert(w, WorkerProc::new(child));
     }
     let result = sup.event_loop(admin_addr, replayed);
+    sup.health.stopping(result.is_err());
+    sup.tell_systemd(|n| n.stopping("stopping"));
     sup.stop_workers();
     if let Some(monitor) = sup.monitor.clone() {
         // The last second's counts, so the monitor's series adds up to the totals.
@@ -421,7 +442,10 @@ impl Supervisor {
                 self.admin(cmd);
             }
             if self.reload.take() {
+                self.tell_systemd(|n| n.reloading());
                 self.reload_config();
+                let status = self.status_line();
+                self.tell_systemd(|n| n.ready(&status));
             }
             let now = Instant::now();
             if now >= next_tick {
@@ -444,8 +468,11 @@ impl Supervisor {
                 next_check = now + Duration::from_millis(100);
                 self.check_workers()?;
             }
+            self.health
+                .turn(now, self.worker_links.len(), self.workers.len());
             if !ready_said && self.worker_links.len() == self.workers.len() {
                 ready_said = true;
+                self.health.serving();
                 let ws = self.ws_addr.map_or(String::new(), |a| format!(" ws={a}"));
                 let http = self
                     .http_addr
@@ -459,6 +486,18 @@ impl Supervisor {
                     replayed
                 );
                 let _ = std::io::stdout().flush();
+                // Every worker has bound its listeners and was welcomed: systemd may start
+                // what is ordered after us.
+                let status = self.status_line();
+                self.tell_systemd(|n| n.ready(&status));
+                self.told_linked = Some(self.worker_links.len());
+            } else if self
+                .told_linked
+                .is_some_and(|told| told != self.worker_links.len())
+            {
+                self.told_linked = Some(self.worker_links.len());
+                let status = self.status_line();
+                self.tell_systemd(|n| n.status(&status));
             }
             self.route_outputs(&mut outs);
             self.flush_links();
@@ -467,6 +506,26 @@ impl Supervisor {
             }
             if self.stop.requested() {
                 return Ok(());
+            }
+        }
+    }
+
+    /// What `systemctl status` shows while serving: where, and the workers up.
+    fn status_line(&self) -> String {
+        format!(
+            "serving: listen={} workers {} of {} up",
+            self.client_addr,
+            self.worker_links.len(),
+            self.workers.len()
+        )
+    }
+
+    /// Sends systemd what `say` says, when it is listening; a failure is logged (a
+    /// manager that cannot be told is no reason to stop serving).
+    fn tell_systemd(&self, say: impl FnOnce(&Notifier) -> std::io::Result<()>) {
+        if let Some(notifier) = &self.notifier {
+            if let Err(e) = say(notifier) {
+                tracing::warn!(socket = notifier.address(), error = %e, "telling systemd failed");
             }
         }
     }

@@ -101,7 +101,9 @@ impl Supervisor {
                     .iter()
                     .flat_map(|a| ["--http-listen".to_string(), a.to_string()]),
             )
-            .stdin(Stdio::null());
+            .stdin(Stdio::null())
+            // The supervisor alone speaks for the service to systemd.
+            .env_remove(hongbao_sys::notify::NOTIFY_SOCKET);
         // SAFETY: runs in the forked child before exec and only calls dup2(2) and
         // fcntl(2), which are async-signal-safe. dup2 leaves the new descriptor without
         // FD_CLOEXEC, so it survives the exec; if it already is LINK_FD, the flag is
