@@ -1,7 +1,7 @@
 //! `hongbao bench`: the flags laid over a preset into `BenchOptions`, checked for
 //! combinations that cannot run, then the bench itself and its audit verdict.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::load::procs;
@@ -100,6 +100,48 @@ pub struct BenchArgs {
     /// server as the bench would (scripts/lib.sh)
     #[arg(long)]
     print_serve_args: bool,
+    /// Run the load on N load agents (`hongbao load-agent` on any machine) instead of
+    /// local client processes; each takes one slice of the users and the rate (docs/agents.md)
+    #[arg(long, value_name = "N")]
+    agents: Option<u32>,
+    /// Where the agents dial in [default: 127.0.0.1, any port; with --hosts the lab's
+    /// bridge address]
+    #[arg(long, requires = "agents")]
+    agent_listen: Option<std::net::SocketAddr>,
+    /// The agent link's key (agent.key) and TLS files (ca.pem, cert.pem, key.pem): used
+    /// when there, made when not [default: OUT/agents]
+    #[arg(long, requires = "agents")]
+    agent_dir: Option<std::path::PathBuf>,
+    /// More names for the certificate the coordinator makes (the names the agents dial)
+    #[arg(long, value_delimiter = ',', requires = "agents")]
+    agent_names: Vec<String>,
+    /// Seconds to wait for every agent to join
+    #[arg(long, default_value_t = 120, requires = "agents")]
+    agent_join_secs: u64,
+    /// Start the agents here (on the lab's load hosts with --hosts), instead of waiting for
+    /// agents started elsewhere
+    #[arg(long, requires = "agents")]
+    spawn_agents: bool,
+    /// Load a running deployment instead of starting a server: the address its clients
+    /// connect to (a gateway or nginx; for the transport asked for)
+    #[arg(long, requires_all = ["target_admin", "target_admin_key_file"])]
+    target_clients: Option<std::net::SocketAddr>,
+    /// The deployment's admin API: http://HOST:PORT or https://HOST:PORT
+    #[arg(long, requires = "target_clients")]
+    target_admin: Option<String>,
+    /// A file holding an operator key of the deployment's admin API
+    #[arg(long, requires = "target_clients")]
+    target_admin_key_file: Option<std::path::PathBuf>,
+    /// The login secret the deployment's tokens are signed with (HS256)
+    #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_proto::token::DEV_SECRET, hide_env_values = true)]
+    target_secret: String,
+    /// The CA (PEM) the deployment's certificates are signed by: trusted for an https
+    /// admin API, and by the clients with --target-client-tls
+    #[arg(long, requires = "target_clients")]
+    target_ca: Option<std::path::PathBuf>,
+    /// The clients speak TLS to --target-clients (binary frames), trusting --target-ca
+    #[arg(long, requires = "target_ca")]
+    target_client_tls: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -115,6 +157,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         // Before the bench starts any thread: only the calling thread moves.
         for line in hongbao_sys::doctor::enter_network_namespace(opts.connections)? {
             println!("bench: {line}");
+        }
+    }
+    if let Some(ca) = opts.target.as_ref().and_then(|t| t.ca.as_ref()) {
+        // The bench's admin calls trust it for an https:// admin API (before any thread).
+        if std::env::var_os(hongbao_http::tls::CA_ENV).is_none() {
+            std::env::set_var(hongbao_http::tls::CA_ENV, ca);
         }
     }
     let summary = hongbao_bench::bench::run(opts)?;
@@ -247,6 +295,43 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
     }
     if opts.hosts > 0 && opts.netns {
         anyhow::bail!("--hosts runs on lab hosts of their own; it does not take --netns");
+    }
+    if let Some(count) = args.agents {
+        if count == 0 {
+            anyhow::bail!("--agents must be at least 1");
+        }
+        opts.agents = Some(hongbao_bench::bench::AgentsChoice {
+            count,
+            listen: args.agent_listen,
+            dir: args.agent_dir,
+            cert_names: args.agent_names,
+            join_timeout_secs: args.agent_join_secs,
+            spawn: args.spawn_agents,
+        });
+    }
+    if let Some(clients) = args.target_clients {
+        if opts.hosts > 0 || opts.fault.is_some() || opts.chaos.is_some() || opts.netns {
+            anyhow::bail!(
+                "--target-clients loads a deployment the bench did not start: no --hosts, --fault, --chaos or --netns"
+            );
+        }
+        let admin = args.target_admin.expect("clap requires it");
+        if !(admin.starts_with("http://") || admin.starts_with("https://")) {
+            anyhow::bail!(
+                "--target-admin must be http://HOST:PORT or https://HOST:PORT, not {admin:?}"
+            );
+        }
+        let key_file = args.target_admin_key_file.expect("clap requires it");
+        let admin_key = hongbao_http::access::read_secret_file(&key_file)
+            .with_context(|| format!("reading the admin key {}", key_file.display()))?;
+        opts.target = Some(hongbao_bench::bench::Target {
+            clients,
+            admin,
+            admin_key,
+            secret: args.target_secret,
+            ca: args.target_ca,
+            client_tls: args.target_client_tls,
+        });
     }
     Ok(opts)
 }

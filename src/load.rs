@@ -167,5 +167,50 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         notice_poll_secs: args.notice_poll_secs,
         hosts: Vec::new(),
         request: None,
+        agents: None,
     })
+}
+
+/// `hongbao load-agent`: a load client on this machine for a coordinator elsewhere
+/// (docs/agents.md).
+#[derive(clap::Args)]
+pub struct LoadAgentArgs {
+    /// The coordinator's agent address, HOST:PORT (HOST as its certificate names it)
+    #[arg(long)]
+    coordinator: String,
+    /// The CA file the coordinator's certificate is signed by (its agent directory's ca.pem)
+    #[arg(long, default_value = hongbao_load::agent::link::CA_FILE)]
+    ca: std::path::PathBuf,
+    /// The run's agent key file (unless HONGBAO_AGENT_KEY is set)
+    #[arg(long, default_value = hongbao_load::agent::link::KEY_FILE)]
+    key_file: std::path::PathBuf,
+    /// The slice to take, 0-based (a Kubernetes Indexed Job's JOB_COMPLETION_INDEX); none:
+    /// any free one
+    #[arg(long, env = "JOB_COMPLETION_INDEX")]
+    index: Option<u32>,
+    /// The agent's name in the coordinator's summary [default: the host name and pid]
+    #[arg(long)]
+    name: Option<String>,
+    /// Seconds to keep trying to reach the coordinator
+    #[arg(long, default_value_t = 120)]
+    join_timeout: u64,
+}
+
+pub fn run_agent(args: LoadAgentArgs) -> Result<()> {
+    let stop = hongbao_sys::Stop::on_signals()?;
+    let name = args.name.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    hongbao_load::agent::run(
+        hongbao_load::agent::AgentOptions {
+            coordinator: args.coordinator,
+            ca_file: args.ca,
+            key_file: args.key_file,
+            index: args.index,
+            name,
+            join_timeout: std::time::Duration::from_secs(args.join_timeout),
+        },
+        &stop,
+    )
 }

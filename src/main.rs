@@ -35,7 +35,7 @@ use capacity::CapacityArgs;
 use doctor::DoctorArgs;
 use lab::LabCommand;
 use ledger_bench::LedgerBenchArgs;
-use load::LoadArgs;
+use load::{LoadAgentArgs, LoadArgs};
 use monitor::MonitorArgs;
 use nginx::NginxArgs;
 use report::ReportArgs;
@@ -72,6 +72,9 @@ enum Command {
     /// the first line of stdin, the coordinator's commands after.
     #[command(hide = true)]
     LoadClient,
+    /// A load client on this machine for a coordinator elsewhere (`bench --agents N`): it
+    /// joins over TLS with the run's key and runs its slice (docs/agents.md).
+    LoadAgent(LoadAgentArgs),
     /// Start a server and a load, run the seed experiment's phases, audit every cent.
     Bench(BenchArgs),
     /// The layered capacity test: each stage of PLAN.toml loaded in rising steps up to its
@@ -140,6 +143,7 @@ fn main() -> Result<()> {
             std::io::stdin().read_line(&mut options)?;
             hongbao_load::client::run(serde_json::from_str(&options)?)
         }
+        Command::LoadAgent(args) => load::run_agent(args),
         Command::Bench(args) => bench::run(args),
         Command::Capacity(args) => capacity::run(args),
         Command::Monitor(args) => monitor::run(args),

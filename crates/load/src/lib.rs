@@ -7,6 +7,7 @@
 //! merges those reports and `cli` shows them; `broadcast` follows broadcasts from receipt
 //! to summary.
 //!
+//! - `agent`: `hongbao load-agent`, a client on another machine run over the agent link;
 //! - `broadcast`: broadcast delivery times, from a client's receipts to the bench's summary;
 //! - `cli`: `hongbao load` on the command line (control endpoint, progress, totals);
 //! - `client`: one client process's event loop over its slice of the users;
@@ -15,6 +16,7 @@
 //! - `schedule`: which users fire when, computed alike in every process;
 //! - `transport`: a client's bytes ↔ frames over TCP, WebSocket or HTTP.
 
+pub mod agent;
 pub mod broadcast;
 pub mod cli;
 pub mod client;

@@ -5,7 +5,7 @@
 //! after another each meet a whole system. The faults of one local server heal whether
 //! or not they are asked to: the bench cannot go on without them healed.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,7 @@ const HEAL_TIMEOUT: Duration = Duration::from_secs(60);
 pub(crate) struct Injector {
     pub(super) lab: Option<Arc<Mutex<hongbao_lab::Lab>>>,
     pub(super) local: Option<Arc<Local>>,
-    pub(super) admin: SocketAddr,
+    pub(super) admin: String,
     /// The server's admin key.
     pub(super) key: String,
 }
@@ -58,7 +58,7 @@ impl Injector {
 
     /// The ids of the server's workers (`/v1/stats`), in their order.
     fn worker_pids(&self) -> Vec<u64> {
-        let url = format!("http://{}/v1/stats", self.admin);
+        let url = format!("{}/v1/stats", self.admin);
         let stats: Option<Value> = admin_request("GET", &url, &self.key)
             .timeout(Duration::from_secs(5))
             .call()
@@ -128,7 +128,7 @@ impl Injector {
             DISK_FULL_HOLD.as_secs()
         );
         let t = Instant::now();
-        let url = format!("http://{}/v1/stats", self.admin);
+        let url = format!("{}/v1/stats", self.admin);
         while t.elapsed() < HEAL_TIMEOUT {
             if admin_request("GET", &url, &self.key)
                 .timeout(Duration::from_secs(5))

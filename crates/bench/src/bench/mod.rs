@@ -52,8 +52,9 @@ use hongbao_load::client::DEFAULT_OVERLOAD_BACKOFF_SECS;
 use hongbao_load::coordinator::{Load, LoadOptions, Row};
 use hongbao_load::transport::Transport;
 pub use options::{
-    BenchOptions, ChaosOptions, Fault, Preset, RedisAim, DEFAULT_BENCH_BROADCAST_YIELD_MS,
-    DEFAULT_BENCH_MAX_QUEUE_MS, DEFAULT_SERVER_NICE, DISK_FULL_HOLD, SECRET, WORKER_STALL,
+    AgentsChoice, BenchOptions, ChaosOptions, Fault, Preset, RedisAim, Target,
+    DEFAULT_BENCH_BROADCAST_YIELD_MS, DEFAULT_BENCH_MAX_QUEUE_MS, DEFAULT_SERVER_NICE,
+    DISK_FULL_HOLD, SECRET, WORKER_STALL,
 };
 use server::{Server, ServerSample};
 pub use summary::Summary;
@@ -91,7 +92,12 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         opts.out.join("series.csv").display()
     ));
     monitor.mark("start");
-    say(&if opts.hosts > 0 {
+    say(&if let Some(t) = &opts.target {
+        format!(
+            "bench: loading the running deployment: clients to {}, admin API at {}",
+            t.clients, t.admin
+        )
+    } else if opts.hosts > 0 {
         format!(
             "bench: bringing up a lab of {} gateway hosts (workers {}) in cluster mode, nginx in front; its files in {}",
             opts.hosts,
@@ -131,6 +137,26 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         })
     };
 
+    let agents = agent_plan(&opts, &server)?;
+    if let Some(plan) = &agents {
+        say(&format!(
+            "bench: waiting for {} agents at {} (key {}, CA {}){}",
+            plan.count,
+            plan.listen,
+            plan.dir.join(hongbao_load::agent::link::KEY_FILE).display(),
+            plan.dir.join(hongbao_load::agent::link::CA_FILE).display(),
+            if plan.spawn {
+                "; starting them here"
+            } else {
+                ""
+            }
+        ));
+    }
+    // Against a running deployment: its balances before, so the check is of this run's.
+    let balances_before: Option<Balances> = match &opts.target {
+        Some(_) => Some(server.get("/v1/balances")?),
+        None => None,
+    };
     let load = Load::start(LoadOptions {
         server: match opts.transport {
             Transport::Tcp => server.listen,
@@ -144,9 +170,12 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         procs: opts.procs,
         source_ips: None,
         connect_rate: opts.connect_rate,
-        secret: SECRET.into(),
+        secret: opts
+            .target
+            .as_ref()
+            .map_or(SECRET.to_string(), |t| t.secret.clone()),
         signer: Default::default(),
-        tls_ca: None,
+        tls_ca: target_client_ca(&opts)?,
         connect_at_epoch: true,
         monitor: Some(monitor.addr().to_string()),
         monitor_key: Some(monitor.key().to_string()),
@@ -156,6 +185,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         notice_poll_secs: opts.notice_poll_secs,
         hosts: server.load_hosts.clone(),
         request: None,
+        agents,
     })?;
     monitor.mark_at(load.epoch_ms(), "connect");
     say(&format!(
@@ -308,7 +338,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             before: &before,
             after: &after,
             campaign_rate: opts.campaign_rate,
-            fault: faulty,
+            // A lost agent's users were told things nobody heard: judged as after a fault.
+            fault: faulty || load.lost() > 0,
         };
         last_phase_end = end_second;
         if n == 0 {
@@ -401,6 +432,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     });
     let peak_connections = rows.iter().map(|r| r.logged_in).max().unwrap_or(0);
     let load_pids = load.pids();
+    let load_procs = load.procs();
+    let (agent_list, (refused, refusals)) = (load.agents(), load.agent_refusals());
     let load_peak_rss = load_peak_rss(&rows, &load_pids);
     load.set_qps(0)?;
     monitor.mark("stop");
@@ -464,10 +497,21 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     monitor.finish()?;
 
     // The ledger, user by user, against what each user's client was told.
+    let balances = match &balances_before {
+        Some(before) => ledger::since(&balances, before),
+        None => balances,
+    };
+    let (balances, users_incomplete) = ledger::without_lost(balances, &finished.lost);
+    let lost_any = !finished.lost.is_empty();
     let ledger::Checked {
         users_checked,
         unacknowledged_cents,
-    } = ledger::check(&balances, &finished.users, faulty, &mut discrepancies);
+    } = ledger::check(
+        &balances,
+        &finished.users,
+        faulty || lost_any,
+        &mut discrepancies,
+    );
     if !final_audit.ok {
         discrepancies.push(Discrepancy::new("conservation", None, 0, 0));
     }
@@ -512,8 +556,26 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             load_rss_per_connection_bytes: per_conn(load_peak_rss, load_baseline),
             load_cpu_seconds: finished.cpu_ms as f64 / 1000.0,
         },
+        agents: opts.agents.as_ref().map(|a| summary::AgentsSummary {
+            count: a.count,
+            offset_max_us: agent_list
+                .iter()
+                .map(|g| g.offset_us.unsigned_abs())
+                .max()
+                .unwrap_or(0),
+            rtt_max_us: agent_list.iter().map(|g| g.rtt_us).max().unwrap_or(0),
+            agents: agent_list,
+            lost: finished.lost.clone(),
+            users_incomplete,
+            refused,
+            refusals,
+        }),
+        target: opts
+            .target
+            .as_ref()
+            .map(|t| format!("clients {} admin {}", t.clients, t.admin)),
         load: LoadSummary {
-            procs: load_pids.len() as u64,
+            procs: load_procs as u64,
             totals: finished.totals,
         },
         options: OptionsSummary {
@@ -559,6 +621,47 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         opts.out.join("summary.json").display()
     ));
     Ok(summary)
+}
+
+/// The agents' plan of `--agents`: the coordinator's address (with a lab, on its bridge,
+/// where the lab's hosts reach it) and files (OUT/agents unless told).
+fn agent_plan(
+    opts: &BenchOptions,
+    server: &Server,
+) -> anyhow::Result<Option<hongbao_load::coordinator::AgentPlan>> {
+    let Some(a) = &opts.agents else {
+        return Ok(None);
+    };
+    let listen = match (a.listen, server.lab()) {
+        (Some(addr), _) => addr,
+        (None, Some(lab)) => {
+            let number = lab.lock().unwrap().plan.lab;
+            std::net::SocketAddr::from((hongbao_lab::netns::bridge_addr(number), 0))
+        }
+        (None, None) => std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
+    Ok(Some(hongbao_load::coordinator::AgentPlan {
+        listen,
+        count: a.count,
+        dir: a.dir.clone().unwrap_or_else(|| opts.out.join("agents")),
+        cert_names: a.cert_names.clone(),
+        join_timeout: Duration::from_secs(a.join_timeout_secs),
+        spawn: a.spawn,
+    }))
+}
+
+/// The CA (PEM) the clients trust for TLS to a target that asked for it.
+fn target_client_ca(opts: &BenchOptions) -> anyhow::Result<Option<String>> {
+    match &opts.target {
+        Some(options::Target {
+            ca: Some(ca),
+            client_tls: true,
+            ..
+        }) => Ok(Some(
+            std::fs::read_to_string(ca).with_context(|| format!("reading {}", ca.display()))?,
+        )),
+        _ => Ok(None),
+    }
 }
 
 fn say(line: &str) {

@@ -76,6 +76,39 @@ pub struct BenchOptions {
     pub http_connection: HttpConnection,
     /// HTTP: each user looks for packets to open every this many seconds.
     pub notice_poll_secs: u32,
+    /// Run the load on agents (docs/agents.md) instead of local client processes.
+    pub agents: Option<AgentsChoice>,
+    /// Load a running deployment instead of starting a server (`--target-*`).
+    pub target: Option<Target>,
+}
+
+/// `--agents N` and its settings: where the coordinator listens, its files, whether the
+/// bench starts the agents itself.
+#[derive(Debug, Clone)]
+pub struct AgentsChoice {
+    pub count: u32,
+    /// None: 127.0.0.1 (with a lab: its bridge address), any port.
+    pub listen: Option<SocketAddr>,
+    /// None: OUT/agents.
+    pub dir: Option<PathBuf>,
+    pub cert_names: Vec<String>,
+    pub join_timeout_secs: u64,
+    pub spawn: bool,
+}
+
+/// A running deployment to load (`--target-*`): where its clients connect, its admin
+/// API and key, the login secret its tokens are signed with, the CA its TLS is signed by.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub clients: SocketAddr,
+    /// `http://HOST:PORT` or `https://HOST:PORT` (then `ca` is trusted for it).
+    pub admin: String,
+    pub admin_key: String,
+    pub secret: String,
+    /// A CA file (PEM) an https admin is trusted by...
+    pub ca: Option<PathBuf>,
+    /// ...and the clients' TLS to `clients` (binary frames), when they speak it.
+    pub client_tls: bool,
 }
 
 /// A failure the bench injects into its server or a lab mid-run (docs/bench.md;
@@ -298,6 +331,8 @@ impl BenchOptions {
             broadcast_yield_ms: DEFAULT_BENCH_BROADCAST_YIELD_MS,
             server_nice: DEFAULT_SERVER_NICE,
             netns: false,
+            agents: None,
+            target: None,
             hosts: 0,
             fault: None,
             chaos: None,

@@ -1,5 +1,5 @@
-//! The bench's server: one local `hongbao serve` (`local.rs`) or a lab of gateways,
-//! talked to through its admin API, and sampled once a second for the server side of the
+//! The bench's server: one local `hongbao serve` (`local.rs`), a lab of gateways, or a
+//! running deployment it did not start (`--target-*`), talked to through its admin API, and sampled once a second for the server side of the
 //! series and the per-connection memory.
 
 use std::net::SocketAddr;
@@ -25,10 +25,11 @@ pub(crate) struct Server {
     lab: Option<Arc<Mutex<hongbao_lab::Lab>>>,
     /// The lab's directory (its lab.json), read without the lab's lock.
     lab_dir: Option<PathBuf>,
-    /// Where operators' requests go (the first gateway of a lab).
-    pub admin: SocketAddr,
-    /// Every gateway's admin address, for the server side of the series.
-    pub admins: Vec<SocketAddr>,
+    /// Where operators' requests go (the first gateway of a lab), as a URL's start:
+    /// `http://HOST:PORT`, or a target's `https://…`.
+    pub admin: String,
+    /// Every gateway's admin URL, for the server side of the series.
+    pub admins: Vec<String>,
     /// The operator key the server made (`DATA_DIR/admin.key`) or the lab did.
     pub key: String,
     pub listen: SocketAddr,
@@ -75,6 +76,9 @@ impl Server {
         monitor: SocketAddr,
         monitor_key: &str,
     ) -> anyhow::Result<Server> {
+        if let Some(target) = &opts.target {
+            return Ok(Server::target(target));
+        }
         if opts.hosts > 0 {
             return Server::start_lab(opts, monitor, monitor_key);
         }
@@ -90,8 +94,8 @@ impl Server {
             lab_dir: None,
             load_hosts: Vec::new(),
             _monitor_relay: None,
-            admins: vec![a.admin],
-            admin: a.admin,
+            admins: vec![format!("http://{}", a.admin)],
+            admin: format!("http://{}", a.admin),
             listen: a.listen,
             ws: a.ws,
             http: a.http,
@@ -148,7 +152,11 @@ impl Server {
             std::thread::sleep(Duration::from_millis(100));
         });
         let (tcp, http, ws) = lab.nginx_addrs().context("the lab has no nginx")?;
-        let admins: Vec<SocketAddr> = lab.gateways.iter().map(|g| g.admin()).collect();
+        let admins: Vec<String> = lab
+            .gateways
+            .iter()
+            .map(|g| format!("http://{}", g.admin()))
+            .collect();
         let load_hosts = lab.loads.clone();
         let relay = hongbao_lab::Relay::start(monitor_there, monitor)?;
         Ok(Server {
@@ -156,7 +164,7 @@ impl Server {
             load_hosts,
             _monitor_relay: Some(relay),
             local: None,
-            admin: admins[0],
+            admin: admins[0].clone(),
             admins,
             listen: tcp,
             ws: Some(ws),
@@ -164,6 +172,25 @@ impl Server {
             lab_dir: Some(lab.plan.dir.clone()),
             lab: Some(Arc::new(Mutex::new(lab))),
         })
+    }
+
+    /// A running deployment: nothing started, nothing to stop; its clients' address for
+    /// every transport (the one asked for is the one it has).
+    fn target(target: &super::options::Target) -> Server {
+        let admin = target.admin.trim_end_matches('/').to_string();
+        Server {
+            key: target.admin_key.clone(),
+            local: None,
+            lab: None,
+            lab_dir: None,
+            admins: vec![admin.clone()],
+            admin,
+            listen: target.clients,
+            ws: Some(target.clients),
+            http: Some(target.clients),
+            load_hosts: Vec::new(),
+            _monitor_relay: None,
+        }
     }
 
     /// Injects `fault` `after` from now, on a thread of its own; what it did comes back
@@ -189,7 +216,7 @@ impl Server {
             key: self.key.clone(),
             lab: self.lab.clone(),
             local: self.local.clone(),
-            admin: self.admin,
+            admin: self.admin.clone(),
         }
     }
 
@@ -225,7 +252,7 @@ impl Server {
     /// `GET path` of the admin API. Asked again for up to 30 s while the answer is 503
     /// or no answer (a lab's ledger restarting).
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        let url = format!("http://{}{path}", self.admin);
+        let url = format!("{}{path}", self.admin);
         self.retrying(path, || {
             admin_request("GET", &url, &self.key)
                 .timeout(Duration::from_secs(15))
@@ -239,7 +266,7 @@ impl Server {
         path: &str,
         body: &impl Serialize,
     ) -> anyhow::Result<T> {
-        let url = format!("http://{}{path}", self.admin);
+        let url = format!("{}{path}", self.admin);
         let body = serde_json::to_value(body)?;
         self.retrying(path, || {
             admin_request("POST", &url, &self.key)
@@ -286,10 +313,10 @@ impl Server {
 }
 
 /// `/v1/stats` of every gateway in `admins` that answers, summed into one sample.
-pub(super) fn sample_all(admins: &[SocketAddr], key: &str) -> Option<ServerSample> {
+pub(super) fn sample_all(admins: &[String], key: &str) -> Option<ServerSample> {
     let mut total: Option<ServerSample> = None;
     for admin in admins {
-        let url = format!("http://{admin}/v1/stats");
+        let url = format!("{admin}/v1/stats");
         // A gateway that does not answer (killed on purpose) is left out.
         let Some(v) = admin_request("GET", &url, key)
             .timeout(Duration::from_secs(5))

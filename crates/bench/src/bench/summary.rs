@@ -40,6 +40,31 @@ pub struct Summary {
     /// Every win and open the clients were told of, against the ledger's, op by op.
     #[serde(default)]
     pub history: HistorySummary,
+    /// With `--agents`: each agent, its clock, those lost, strangers refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<AgentsSummary>,
+    /// With `--target-*`: the deployment loaded (its clients' address and admin URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+/// The agents of a run (docs/agents.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentsSummary {
+    pub count: u32,
+    pub agents: Vec<hongbao_load::coordinator::AgentSummary>,
+    /// Agents lost before their last report: their counters are what they had reported,
+    /// and their users' history is incomplete (their users are left out of the balance
+    /// check and counted in `users_incomplete`).
+    pub lost: Vec<hongbao_load::coordinator::LostSlice>,
+    pub users_incomplete: u64,
+    /// Would-be agents refused at the door, and the newest of them.
+    pub refused: u64,
+    pub refusals: Vec<hongbao_load::coordinator::Refusal>,
+    /// The largest |offset| and round trip measured, µs.
+    pub offset_max_us: u64,
+    pub rtt_max_us: u64,
 }
 
 /// A fault injected mid-run, and the clients' connections around it.
@@ -637,6 +662,8 @@ mod tests {
                 reconnected_secs: Some(3),
                 ..Default::default()
             }),
+            agents: None,
+            target: None,
             chaos: Some(super::super::chaos::ChaosSummary {
                 faults: vec![super::super::chaos::ChaosFault {
                     whole_after_secs: Some(4),

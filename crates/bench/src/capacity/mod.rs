@@ -304,6 +304,7 @@ fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> anyhow::Result<()> {
         notice_poll_secs: 0,
         hosts: stack.load_hosts.clone(),
         request: stage.template()?,
+        agents: None,
     })?;
     let result = steps(cx, stack, &load, run);
     let stopped = load.stop();

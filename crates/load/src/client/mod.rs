@@ -226,11 +226,12 @@ impl Client {
         let mut next_firing = 0usize;
         let mut polls: Vec<(u64, usize)> = Vec::new();
         let mut next_poll = 0usize;
-        let epoch_us = self.opts.epoch_ms * 1000;
+        let mut epoch_us = self.epoch_us();
         // The second whose firings are loaded; the report for it goes out when it ends.
         let mut second = unix_us().saturating_sub(epoch_us) / 1_000_000;
         let mut firings_loaded = false;
         while !self.stop {
+            epoch_us = self.epoch_us();
             let now = unix_us();
             let current = now.saturating_sub(epoch_us) / 1_000_000;
             if now < epoch_us {
@@ -667,10 +668,16 @@ impl Client {
             let line: Vec<u8> = self.stdin_buf.drain(..=end).collect();
             match serde_json::from_slice::<Command>(&line) {
                 Ok(Command::SetQps { from_second, qps }) => self.schedule.set_qps(from_second, qps),
+                Ok(Command::Clock { offset_us }) => self.opts.clock_offset_us = offset_us,
                 Ok(Command::Stop) => self.stop = true,
                 Err(e) => tracing::warn!(error = %e, "a bad command from the coordinator"),
             }
         }
+    }
+
+    /// Schedule second 0 on this machine's clock, µs.
+    fn epoch_us(&self) -> u64 {
+        (self.opts.epoch_ms as i64 * 1000 - self.opts.clock_offset_us).max(0) as u64
     }
 
     pub(super) fn report(&mut self, second: u64, last: bool) {

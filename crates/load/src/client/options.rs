@@ -36,6 +36,10 @@ pub struct ClientOptions {
     /// TLS to the server (binary frames), trusting this CA (PEM); none: plain TCP.
     #[serde(default)]
     pub tls_ca: Option<String>,
+    /// The coordinator's clock minus this machine's, µs: an agent's client runs the
+    /// schedule at `epoch_ms` of the coordinator's clock (0 on the coordinator's machine).
+    #[serde(default)]
+    pub clock_offset_us: i64,
     /// Unix ms from which to start connecting (0: at once).
     pub connect_from_ms: u64,
     /// Raw TCP, or WebSocket to the server's `--ws-listen` address.
@@ -98,6 +102,13 @@ impl Signer {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Command {
-    SetQps { from_second: u64, qps: u64 },
+    SetQps {
+        from_second: u64,
+        qps: u64,
+    },
+    /// The coordinator's clock was measured again (agents): the schedule moves onto it.
+    Clock {
+        offset_us: i64,
+    },
     Stop,
 }

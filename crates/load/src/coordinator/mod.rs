@@ -8,7 +8,13 @@
 //! Broadcast receipts arrive in the same reports and are merged per broadcast, across
 //! processes and seconds (`broadcast.rs`): [`Load::broadcasts`].
 //!
+//! The clients are local processes fed through pipes, or, with [`AgentPlan`], load agents
+//! on any machine that joined over the agent link (`agents.rs`): each takes one slice, and
+//! its reports merge the same way. A slice lost before its last report (an agent cut off,
+//! a client that died) is recorded with what it had sent; the others go on.
+//!
 //! - this file: starting the clients, merging their reports, changing the QPS;
+//! - `agents`: the agents' door, their joins, clocks and links;
 //! - `monitor`: the running load's once-a-second feed to the hongbao monitor;
 //! - `rows`: the merged row of each second, and what the report readers share.
 
@@ -16,6 +22,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,17 +32,20 @@ use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+mod agents;
 mod monitor;
 mod rows;
 
+use crate::agent::link::Down;
 use crate::broadcast::BroadcastStats;
 use crate::client::{self, ClientOptions};
 use crate::report::{self, Counters, History, Report, UserTotals};
 use crate::schedule::{partition, Schedule};
 use crate::transport::{HttpConnection, Transport};
+pub use agents::{AgentHub, AgentPlan, AgentSummary, Refusal};
 use monitor::LoadMonitor;
 pub use rows::Row;
-use rows::Shared;
+use rows::{Lost, Shared};
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -77,6 +87,8 @@ pub struct LoadOptions {
     pub hosts: Vec<hongbao_sys::netns::Host>,
     /// See `ClientOptions::request`.
     pub request: Option<crate::transport::RequestTemplate>,
+    /// Run the clients on load agents (none: local client processes).
+    pub agents: Option<AgentPlan>,
 }
 
 /// The progress line and `GET /stats`: one second's rates and the totals so far.
@@ -140,6 +152,46 @@ pub struct Finished {
     pub history: History,
     pub peak_rss_bytes: u64,
     pub cpu_ms: u64,
+    /// Slices lost before their last report.
+    pub lost: Vec<LostSlice>,
+}
+
+/// A slice (an agent, a client process) lost before its last report: when, why, whose
+/// users it held, and what it had reported by then.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct LostSlice {
+    pub index: u32,
+    pub unix_ms: u64,
+    pub why: String,
+    /// Its users' ids, first and last: what they were told after its last report is not
+    /// known (their history is incomplete, not missing).
+    pub first_user: u64,
+    pub last_user: u64,
+    /// Its last second reported (none: it never reported), and its counters then.
+    pub last_second: Option<u64>,
+    pub counters: Counters,
+}
+
+/// Where a client's commands go: its stdin, or its agent's link.
+enum Input {
+    Pipe(ChildStdin),
+    Agent(Sender<Down>),
+}
+
+impl Input {
+    fn send(&mut self, command: &client::Command) -> anyhow::Result<()> {
+        match self {
+            Input::Pipe(stdin) => {
+                let line = serde_json::to_string(command)? + "\n";
+                stdin.write_all(line.as_bytes())?;
+            }
+            // An agent lost meanwhile is the merge's to report, not the command's.
+            Input::Agent(tx) => {
+                let _ = tx.send(Down::Command(command.clone()));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A running load: client processes plus the threads that read their reports.
@@ -147,8 +199,10 @@ pub struct Load {
     opts: LoadOptions,
     procs: u32,
     epoch_ms: u64,
+    /// The local client processes, or the agents started here.
     children: Mutex<Vec<Child>>,
-    stdins: Mutex<Vec<ChildStdin>>,
+    inputs: Mutex<Vec<Input>>,
+    hub: Option<AgentHub>,
     /// Shared with the report readers, so each row's target follows `set_qps`.
     schedule: Arc<Mutex<Schedule>>,
     shared: Arc<Mutex<Shared>>,
@@ -182,20 +236,20 @@ pub fn ip_range(first: Ipv4Addr, last: Ipv4Addr) -> anyhow::Result<Vec<Ipv4Addr>
 }
 
 impl Load {
-    /// Starts the client processes. Connecting begins at once; firing starts at the epoch
-    /// (about two seconds from now).
+    /// Starts the client processes (or waits for the agents to join and starts them).
+    /// Connecting begins at once; firing starts at the epoch (about two seconds from now).
     pub fn start(opts: LoadOptions) -> anyhow::Result<Load> {
         if opts.users == 0 {
             bail!("--users must be at least 1");
         }
         let nofile = hongbao_sys::limits::raise_nofile_limit();
-        let procs = if opts.procs == 0 {
-            auto_procs(opts.users, nofile)
-        } else {
-            opts.procs
+        let procs = match (&opts.agents, opts.procs) {
+            (Some(plan), _) => plan.count,
+            (None, 0) => auto_procs(opts.users, nofile),
+            (None, procs) => procs,
         };
         let per_proc = partition(opts.users, procs, 0).end;
-        if per_proc + 100 > nofile {
+        if opts.agents.is_none() && per_proc + 100 > nofile {
             bail!("{per_proc} connections per client process exceed the open-file limit {nofile}; use more --procs");
         }
         let source_ips = match opts.source_ips {
@@ -204,69 +258,106 @@ impl Load {
             None if !opts.server.ip().is_loopback() => vec![Ipv4Addr::UNSPECIFIED],
             None => default_source_ips(opts.users),
         };
-        let epoch_ms = (unix_ms() / 1000 + 2) * 1000;
-        let exe = std::env::current_exe()?;
-        let mut children = Vec::new();
-        let mut stdins = Vec::new();
         let shared = Arc::new(Mutex::new(Shared {
+            procs,
+            lost: vec![None; procs as usize],
             latest: vec![None; procs as usize],
             finals: vec![None; procs as usize],
             ..Default::default()
         }));
         let schedule = Arc::new(Mutex::new(Schedule::new(opts.users, opts.qps)));
-        for p in 0..procs {
-            let client_opts = ClientOptions {
-                proc_index: p,
-                procs,
-                server: opts.server,
-                users: opts.users,
-                first_user: opts.first_user,
-                qps: opts.qps,
-                epoch_ms,
-                source_ips: rotate(&source_ips, p as usize),
-                connect_rate: opts.connect_rate.div_ceil(procs as u64).max(1),
-                secret: opts.secret.clone(),
-                signer: opts.signer.clone(),
-                tls_ca: opts.tls_ca.clone(),
-                connect_from_ms: if opts.connect_at_epoch { epoch_ms } else { 0 },
-                transport: opts.transport,
-                overload_backoff_secs: opts.overload_backoff_secs,
-                http_connection: opts.http_connection,
-                notice_poll_secs: opts.notice_poll_secs,
-                request: opts.request.clone(),
-            };
-            let mut command = match opts.hosts.get(p as usize % opts.hosts.len().max(1)) {
-                Some(host) => host.command(&exe),
-                None => Command::new(&exe),
-            };
-            let mut child = command
-                .arg("load-client")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .context("starting a load client process")?;
-            // Its options (the login secret among them) as the first line on its stdin:
-            // a command line is seen by every local user.
-            let mut stdin = child.stdin.take().expect("piped");
-            stdin
-                .write_all((serde_json::to_string(&client_opts)? + "\n").as_bytes())
-                .context("giving a load client its options")?;
-            stdins.push(stdin);
-            let stdout = child.stdout.take().expect("piped");
-            let shared = shared.clone();
-            let plan = Arc::clone(&schedule);
-            std::thread::Builder::new()
-                .name(format!("load-client-{p}"))
-                .spawn(move || {
-                    for line in BufReader::new(stdout).lines() {
-                        let Ok(line) = line else { break };
-                        match serde_json::from_str::<Report>(&line) {
-                            Ok(report) => merge(&shared, report, &plan),
-                            Err(e) => tracing::warn!(proc = p, error = %e, "unreadable report from a load client"),
+        let exe = std::env::current_exe()?;
+        let mut children = Vec::new();
+        let hub = match &opts.agents {
+            Some(plan) => {
+                let hub = AgentHub::listen(plan)?;
+                if plan.spawn {
+                    children = spawn_agents(&exe, &hub, plan.count, &opts.hosts)?;
+                }
+                hub.wait_joined(plan.join_timeout)?;
+                Some(hub)
+            }
+            None => None,
+        };
+        let epoch_ms = (unix_ms() / 1000 + 2) * 1000;
+        let client_options = |p: u32| ClientOptions {
+            proc_index: p,
+            procs,
+            server: opts.server,
+            users: opts.users,
+            first_user: opts.first_user,
+            qps: opts.qps,
+            epoch_ms,
+            clock_offset_us: 0,
+            source_ips: rotate(&source_ips, p as usize),
+            connect_rate: opts.connect_rate.div_ceil(procs as u64).max(1),
+            secret: opts.secret.clone(),
+            signer: opts.signer.clone(),
+            tls_ca: opts.tls_ca.clone(),
+            connect_from_ms: if opts.connect_at_epoch { epoch_ms } else { 0 },
+            transport: opts.transport,
+            overload_backoff_secs: opts.overload_backoff_secs,
+            http_connection: opts.http_connection,
+            notice_poll_secs: opts.notice_poll_secs,
+            request: opts.request.clone(),
+        };
+        let mut inputs = Vec::new();
+        match &hub {
+            Some(hub) => {
+                let (senders, events) = hub.start(client_options)?;
+                inputs.extend(senders.into_iter().map(Input::Agent));
+                let (shared, plan) = (shared.clone(), Arc::clone(&schedule));
+                std::thread::Builder::new()
+                    .name("agent-reports".into())
+                    .spawn(move || {
+                        for event in events {
+                            match event {
+                                agents::Event::Report(report) => merge(&shared, *report, &plan),
+                                agents::Event::Lost { index, why } => lose(&shared, index, why),
+                            }
                         }
-                    }
-                })?;
-            children.push(child);
+                    })?;
+            }
+            None => {
+                for p in 0..procs {
+                    let mut command = match opts.hosts.get(p as usize % opts.hosts.len().max(1)) {
+                        Some(host) => host.command(&exe),
+                        None => Command::new(&exe),
+                    };
+                    let mut child = command
+                        .arg("load-client")
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::piped())
+                        .spawn()
+                        .context("starting a load client process")?;
+                    // Its options (the login secret among them) as the first line on its
+                    // stdin: a command line is seen by every local user.
+                    let mut stdin = child.stdin.take().expect("piped");
+                    stdin
+                        .write_all((serde_json::to_string(&client_options(p))? + "\n").as_bytes())
+                        .context("giving a load client its options")?;
+                    inputs.push(Input::Pipe(stdin));
+                    let stdout = child.stdout.take().expect("piped");
+                    let shared = shared.clone();
+                    let plan = Arc::clone(&schedule);
+                    std::thread::Builder::new()
+                        .name(format!("load-client-{p}"))
+                        .spawn(move || {
+                            for line in BufReader::new(stdout).lines() {
+                                let Ok(line) = line else { break };
+                                match serde_json::from_str::<Report>(&line) {
+                                    Ok(report) => merge(&shared, report, &plan),
+                                    Err(e) => tracing::warn!(proc = p, error = %e, "unreadable report from a load client"),
+                                }
+                            }
+                            let finished = shared.lock().unwrap().finals[p as usize].is_some();
+                            if !finished {
+                                lose(&shared, p, "the client process ended without its last report".into());
+                            }
+                        })?;
+                    children.push(child);
+                }
+            }
         }
         let monitor = match &opts.monitor {
             Some(addr) => Some(LoadMonitor::start(
@@ -274,7 +365,6 @@ impl Load {
                 opts.monitor_key.clone(),
                 opts.monitor_key_file.clone(),
                 shared.clone(),
-                procs,
                 epoch_ms / 1000,
                 opts.server,
             )?),
@@ -285,11 +375,28 @@ impl Load {
             procs,
             epoch_ms,
             children: Mutex::new(children),
-            stdins: Mutex::new(stdins),
+            inputs: Mutex::new(inputs),
+            hub,
             schedule,
             shared,
             monitor,
         })
+    }
+
+    /// The agents, their clocks (with agents).
+    pub fn agents(&self) -> Vec<AgentSummary> {
+        self.hub
+            .as_ref()
+            .map(AgentHub::summaries)
+            .unwrap_or_default()
+    }
+
+    /// Would-be agents refused: the count, and the newest few.
+    pub fn agent_refusals(&self) -> (u64, Vec<Refusal>) {
+        self.hub
+            .as_ref()
+            .map(AgentHub::refusals)
+            .unwrap_or_default()
     }
 
     pub fn procs(&self) -> u32 {
@@ -322,10 +429,10 @@ impl Load {
             self.current_second() + 1
         };
         self.schedule.lock().unwrap().set_qps(from_second, qps);
-        let line = serde_json::to_string(&client::Command::SetQps { from_second, qps })? + "\n";
-        for stdin in self.stdins.lock().unwrap().iter_mut() {
-            stdin
-                .write_all(line.as_bytes())
+        let command = client::Command::SetQps { from_second, qps };
+        for input in self.inputs.lock().unwrap().iter_mut() {
+            input
+                .send(&command)
                 .context("telling a load client the new QPS")?;
         }
         Ok(from_second)
@@ -341,7 +448,7 @@ impl Load {
         shared
             .rows
             .values()
-            .filter(|r| r.reports == self.procs)
+            .filter(|r| shared.complete(r))
             .cloned()
             .collect()
     }
@@ -349,11 +456,7 @@ impl Load {
     /// The newest complete second as a progress record.
     pub fn progress(&self) -> Option<Progress> {
         let shared = self.shared.lock().unwrap();
-        let mut complete = shared
-            .rows
-            .values()
-            .rev()
-            .filter(|r| r.reports == self.procs);
+        let mut complete = shared.rows.values().rev().filter(|r| shared.complete(r));
         let row = complete.next()?;
         let previous = complete
             .next()
@@ -385,6 +488,11 @@ impl Load {
         self.shared.lock().unwrap().deliveries.delivered_by_stamp()
     }
 
+    /// Slices lost so far.
+    pub fn lost(&self) -> u32 {
+        self.shared.lock().unwrap().lost.iter().flatten().count() as u32
+    }
+
     pub fn logged_in(&self) -> u64 {
         let shared = self.shared.lock().unwrap();
         shared.latest.iter().flatten().map(|r| r.logged_in).sum()
@@ -402,11 +510,11 @@ impl Load {
         false
     }
 
-    /// Stops the clients and collects their final reports.
+    /// Stops the clients and collects their final reports (a lost slice: what it had
+    /// reported).
     pub fn stop(&self) -> anyhow::Result<Finished> {
-        let line = serde_json::to_string(&client::Command::Stop)? + "\n";
-        for stdin in self.stdins.lock().unwrap().iter_mut() {
-            let _ = stdin.write_all(line.as_bytes());
+        for input in self.inputs.lock().unwrap().iter_mut() {
+            let _ = input.send(&client::Command::Stop);
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         for child in self.children.lock().unwrap().iter_mut() {
@@ -423,15 +531,17 @@ impl Load {
             }
         }
         // The reader threads finish when the pipes close; give them a moment to merge.
-        let deadline = Instant::now() + Duration::from_secs(5);
+        // Agents report over the network: their last reports may take longer.
+        let wait = if self.hub.is_some() { 30 } else { 5 };
+        let deadline = Instant::now() + Duration::from_secs(wait);
         loop {
-            let done = self
-                .shared
-                .lock()
-                .unwrap()
-                .finals
-                .iter()
-                .all(Option::is_some);
+            let done = {
+                let s = self.shared.lock().unwrap();
+                s.finals
+                    .iter()
+                    .zip(&s.lost)
+                    .all(|(fin, lost)| fin.is_some() || lost.is_some())
+            };
             if done || Instant::now() > deadline {
                 break;
             }
@@ -445,6 +555,7 @@ impl Load {
         let mut totals = Counters::default();
         let mut users = BTreeMap::new();
         let mut cpu_ms = 0;
+        let mut lost = Vec::new();
         // The last, partial second of every process: its counts, levels and latencies.
         let mut last = Row {
             reports: self.procs,
@@ -453,7 +564,32 @@ impl Load {
         };
         for (p, fin) in shared.finals.iter().enumerate() {
             let Some(fin) = fin else {
-                bail!("load client {p} ended without a final report")
+                // Lost (or silent past the wait): what it had reported stands for it.
+                let why = match &shared.lost[p] {
+                    Some(l) => l.clone(),
+                    None => Lost {
+                        unix_ms: unix_ms(),
+                        why: "no last report within the wait".into(),
+                    },
+                };
+                let latest = shared.latest[p].clone();
+                let counters = latest
+                    .as_ref()
+                    .map(|r| r.counters.clone())
+                    .unwrap_or_default();
+                totals.add(&counters);
+                cpu_ms += latest.as_ref().map_or(0, |r| r.cpu_ms);
+                let range = partition(self.opts.users, self.procs, p as u32);
+                lost.push(LostSlice {
+                    index: p as u32,
+                    unix_ms: why.unix_ms,
+                    why: why.why,
+                    first_user: self.opts.first_user + range.start,
+                    last_user: self.opts.first_user + range.end.saturating_sub(1),
+                    last_second: latest.map(|r| r.second),
+                    counters,
+                });
+                continue;
             };
             totals.add(&fin.counters);
             cpu_ms += fin.cpu_ms;
@@ -478,6 +614,7 @@ impl Load {
             history,
             peak_rss_bytes: shared.peak_rss_bytes,
             cpu_ms,
+            lost,
         })
     }
 }
@@ -497,6 +634,51 @@ fn rotate(ips: &[Ipv4Addr], by: usize) -> Vec<Ipv4Addr> {
     let mut v = ips.to_vec();
     v.rotate_left(by % ips.len().max(1));
     v
+}
+
+/// Slice `p` is lost: the seconds after its last report are complete without it.
+fn lose(shared: &Mutex<Shared>, p: u32, why: String) {
+    let mut s = shared.lock().unwrap();
+    if let Some(slot) = s.lost.get_mut(p as usize) {
+        slot.get_or_insert(Lost {
+            unix_ms: unix_ms(),
+            why,
+        });
+    }
+}
+
+/// Starts `count` agents here (on `hosts` round robin when given), each asking for its
+/// own slice.
+fn spawn_agents(
+    exe: &std::path::Path,
+    hub: &AgentHub,
+    count: u32,
+    hosts: &[hongbao_sys::netns::Host],
+) -> anyhow::Result<Vec<Child>> {
+    let mut children = Vec::new();
+    for i in 0..count {
+        let mut command = match hosts.get(i as usize % hosts.len().max(1)) {
+            Some(host) => host.command(exe),
+            None => Command::new(exe),
+        };
+        let child = command
+            .arg("load-agent")
+            .arg("--coordinator")
+            .arg(hub.addr().to_string())
+            .arg("--ca")
+            .arg(&hub.ca_file)
+            .arg("--key-file")
+            .arg(&hub.key_file)
+            .arg("--index")
+            .arg(i.to_string())
+            .arg("--name")
+            .arg(format!("agent-{i}"))
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting a load agent")?;
+        children.push(child);
+    }
+    Ok(children)
 }
 
 fn merge(shared: &Mutex<Shared>, mut report: Report, plan: &Mutex<Schedule>) {

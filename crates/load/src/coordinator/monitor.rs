@@ -26,7 +26,6 @@ impl LoadMonitor {
         key: Option<String>,
         key_file: Option<std::path::PathBuf>,
         shared: Arc<Mutex<Shared>>,
-        procs: u32,
         epoch_s: u64,
         server: SocketAddr,
     ) -> anyhow::Result<LoadMonitor> {
@@ -49,7 +48,7 @@ impl LoadMonitor {
                         s.rows
                             .range(next..)
                             .map(|(_, row)| row)
-                            .take_while(|row| row.reports == procs)
+                            .take_while(|row| s.complete(row))
                             .cloned()
                             .collect()
                     };

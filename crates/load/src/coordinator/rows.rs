@@ -33,6 +33,10 @@ pub struct Row {
 
 #[derive(Default)]
 pub(super) struct Shared {
+    /// The run's slices (client processes or agents).
+    pub(super) procs: u32,
+    /// Slices lost before their last report (an agent cut off, a client that died).
+    pub(super) lost: Vec<Option<Lost>>,
     pub(super) rows: BTreeMap<u64, Row>,
     /// Newest cumulative report per process.
     pub(super) latest: Vec<Option<Report>>,
@@ -41,4 +45,34 @@ pub(super) struct Shared {
     pub(super) deliveries: Deliveries,
     /// Every process's wins and opens told so far, as their reports brought them.
     pub(super) history: History,
+}
+
+/// A slice lost before its last report.
+#[derive(Debug, Clone)]
+pub(super) struct Lost {
+    pub(super) unix_ms: u64,
+    pub(super) why: String,
+}
+
+impl Shared {
+    /// The reports a second needs to be complete: every slice's, but those of slices
+    /// lost without reporting it.
+    pub(super) fn expected(&self, second: u64) -> u32 {
+        let gone = self
+            .lost
+            .iter()
+            .enumerate()
+            .filter(|(p, lost)| {
+                lost.is_some()
+                    && self.latest[*p]
+                        .as_ref()
+                        .is_none_or(|report| report.second < second)
+            })
+            .count() as u32;
+        self.procs - gone
+    }
+
+    pub(super) fn complete(&self, row: &Row) -> bool {
+        row.reports >= self.expected(row.second)
+    }
 }

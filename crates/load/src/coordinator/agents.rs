@@ -1,0 +1,507 @@
+//! The coordinator's end of the agent link (docs/agents.md): a TLS listener that agents
+//! join with the run's key, each given a slice index; once the run starts, each agent's
+//! reports come in on its own thread and go to the merge as a local client's would.
+//!
+//! A stranger (no TLS, a wrong key, another protocol, an index taken or out of range,
+//! a join after the start) is refused, logged, and counted in the run's refusals; it
+//! holds nothing. An agent that closes, errs or says nothing for
+//! [`link::SILENCE_LOST_MS`] before its last report is lost: the merge is told, and the
+//! others go on. Before the start a lost agent's slot is free again (a restarted pod
+//! joins in its place).
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hongbao_sys::clock::{unix_ms, unix_us};
+use serde::{Deserialize, Serialize};
+
+use crate::agent::link::{self, ClockReading, Down, Link, Up};
+use crate::client::ClientOptions;
+use crate::report::Report;
+
+/// How a run's load goes out to agents.
+#[derive(Debug, Clone)]
+pub struct AgentPlan {
+    /// Where agents dial in.
+    pub listen: SocketAddr,
+    /// Agents to wait for; each takes one slice of the users and of the rate.
+    pub count: u32,
+    /// The run's agent key and the link's TLS files, made where missing (docs/agents.md).
+    pub dir: PathBuf,
+    /// Names the coordinator's certificate is made for, besides the listen address,
+    /// `localhost` and 127.0.0.1 (when it is made here).
+    pub cert_names: Vec<String>,
+    /// How long to wait for all of them to join.
+    pub join_timeout: Duration,
+    /// Start the agents here as `hongbao load-agent` processes (on `LoadOptions::hosts`
+    /// round robin when there are some); otherwise they are started elsewhere.
+    pub spawn: bool,
+}
+
+/// What the merge hears from the agents.
+#[derive(Debug)]
+pub(super) enum Event {
+    Report(Box<Report>),
+    Lost { index: u32, why: String },
+}
+
+/// One agent as the run's summary tells it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentSummary {
+    pub index: u32,
+    pub name: String,
+    pub peer: String,
+    pub joined_unix_ms: u64,
+    /// Coordinator minus agent (µs) when the run started, and its round trip.
+    pub offset_us: i64,
+    pub rtt_us: u64,
+    /// The last offset it measured, and the farthest any measurement was from the first.
+    pub last_offset_us: i64,
+    pub drift_max_us: u64,
+    /// Times its schedule was moved to a new measurement.
+    pub clock_steps: u32,
+    pub clock_readings: u32,
+}
+
+/// A stranger refused at the door.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub unix_ms: u64,
+    pub peer: String,
+    pub reason: String,
+}
+
+/// The newest refusals kept for the summary (all are logged).
+const REFUSALS_KEPT: usize = 100;
+
+#[derive(Default)]
+struct State {
+    count: u32,
+    started: bool,
+    joined: BTreeMap<u32, Joined>,
+    refusals: Vec<Refusal>,
+    refused: u64,
+}
+
+struct Joined {
+    tx: Sender<Down>,
+    summary: AgentSummary,
+    first: Option<ClockReading>,
+}
+
+/// The agents' door and the joined agents.
+pub struct AgentHub {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    stop: Arc<AtomicBool>,
+    /// Where the started agents' reports and losses go (taken by the merge).
+    events: Mutex<Option<Receiver<Event>>>,
+    /// The CA file agents trust, and the key file.
+    pub ca_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+impl Drop for AgentHub {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl AgentHub {
+    /// Listens for agents (the key and TLS files read from `plan.dir`, made if missing).
+    pub fn listen(plan: &AgentPlan) -> anyhow::Result<AgentHub> {
+        if plan.count == 0 {
+            bail!("--agents must be at least 1");
+        }
+        let files = LinkFiles::ensure(&plan.dir, plan.listen, &plan.cert_names)?;
+        let listener = TcpListener::bind(plan.listen)
+            .with_context(|| format!("binding the agents' address {}", plan.listen))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(Mutex::new(State {
+            count: plan.count,
+            ..State::default()
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let door = Door {
+            config: files.server_config()?,
+            key_hash: hongbao_http::access::key_hash(&files.key),
+            state: state.clone(),
+            events: tx,
+        };
+        let accepting = stop.clone();
+        std::thread::Builder::new()
+            .name("agent-door".into())
+            .spawn(move || door.accept(listener, &accepting))?;
+        Ok(AgentHub {
+            addr,
+            state,
+            stop,
+            events: Mutex::new(Some(rx)),
+            ca_file: files.ca_file,
+            key_file: files.key_file,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn joined(&self) -> u32 {
+        self.state.lock().unwrap().joined.len() as u32
+    }
+
+    /// Waits until every agent has joined (and measured its clock); an error naming how
+    /// many did on timeout.
+    pub fn wait_joined(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (joined, count) = {
+                let s = self.state.lock().unwrap();
+                let ready = s.joined.values().filter(|j| j.first.is_some()).count();
+                (ready as u32, s.count)
+            };
+            if joined == count {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{joined} of {count} agents joined within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts every joined agent on its slice (`options(index)`); from now on nobody
+    /// joins. Each agent's command channel, by index.
+    pub(super) fn start(
+        &self,
+        options: impl Fn(u32) -> ClientOptions,
+    ) -> anyhow::Result<(Vec<Sender<Down>>, Receiver<Event>)> {
+        let mut s = self.state.lock().unwrap();
+        s.started = true;
+        let mut senders = Vec::new();
+        for (&index, joined) in &s.joined {
+            joined.tx.send(Down::Start(Box::new(options(index))))?;
+            senders.push(joined.tx.clone());
+        }
+        let events = self
+            .events
+            .lock()
+            .unwrap()
+            .take()
+            .context("started twice")?;
+        Ok((senders, events))
+    }
+
+    /// The agents as they stand.
+    pub fn summaries(&self) -> Vec<AgentSummary> {
+        let s = self.state.lock().unwrap();
+        s.joined.values().map(|j| j.summary.clone()).collect()
+    }
+
+    /// Strangers refused so far: the count, and the newest few.
+    pub fn refusals(&self) -> (u64, Vec<Refusal>) {
+        let s = self.state.lock().unwrap();
+        (s.refused, s.refusals.clone())
+    }
+}
+
+/// The key and TLS files of the agent link in a directory: used when there, made when
+/// not (a key of 256 bits, a throwaway CA and a certificate for the listen address).
+struct LinkFiles {
+    key: String,
+    key_file: PathBuf,
+    ca_file: PathBuf,
+    cert: Vec<u8>,
+    cert_key: Vec<u8>,
+}
+
+impl LinkFiles {
+    fn ensure(dir: &Path, listen: SocketAddr, names: &[String]) -> anyhow::Result<LinkFiles> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let key_file = dir.join(link::KEY_FILE);
+        let key = hongbao_http::access::run_key(link::KEY_ENV, &key_file, true)
+            .with_context(|| format!("the agent key {}", key_file.display()))?
+            .expect("made when missing");
+        let (ca_file, cert_file, cert_key_file) = (
+            dir.join(link::CA_FILE),
+            dir.join(link::CERT_FILE),
+            dir.join(link::CERT_KEY_FILE),
+        );
+        if !cert_file.exists() || !cert_key_file.exists() {
+            let mut all = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+            if !listen.ip().is_unspecified() {
+                all.push(listen.ip().to_string());
+            }
+            all.extend(names.iter().cloned());
+            all.dedup();
+            let names: Vec<&str> = all.iter().map(String::as_str).collect();
+            let certs = hongbao_http::tls::DevCerts::make(&names).map_err(anyhow::Error::msg)?;
+            certs.write(dir)?;
+            tracing::info!(dir = %dir.display(), names = ?all, "made the agent link's CA and certificate");
+        }
+        Ok(LinkFiles {
+            key,
+            key_file,
+            cert: std::fs::read(&cert_file)?,
+            cert_key: std::fs::read(&cert_key_file)?,
+            ca_file,
+        })
+    }
+
+    fn server_config(&self) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+        hongbao_http::tls::server_config(&self.cert, &self.cert_key, &[link::ALPN])
+            .map_err(anyhow::Error::msg)
+    }
+}
+
+/// The listener's side: every connection on a thread of its own.
+struct Door {
+    config: Arc<rustls::ServerConfig>,
+    key_hash: String,
+    state: Arc<Mutex<State>>,
+    events: Sender<Event>,
+}
+
+impl Door {
+    fn accept(self, listener: TcpListener, stop: &AtomicBool) {
+        let door = Arc::new(self);
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((tcp, peer)) => {
+                    let door = door.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("agent".into())
+                        .spawn(move || door.serve(tcp, peer));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting an agent");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    fn refuse(&self, peer: SocketAddr, reason: String) {
+        tracing::warn!(%peer, reason, "refused a would-be agent");
+        let mut s = self.state.lock().unwrap();
+        s.refused += 1;
+        if s.refusals.len() == REFUSALS_KEPT {
+            s.refusals.remove(0);
+        }
+        s.refusals.push(Refusal {
+            unix_ms: unix_ms(),
+            peer: peer.to_string(),
+            reason,
+        });
+    }
+
+    fn serve(&self, tcp: TcpStream, peer: SocketAddr) {
+        let _ = tcp.set_nonblocking(false);
+        let _ = tcp.set_nodelay(true);
+        let conn = match rustls::ServerConnection::new(self.config.clone()) {
+            Ok(conn) => conn,
+            Err(e) => return self.refuse(peer, format!("TLS: {e}")),
+        };
+        let mut link = match crate::agent::handshake(conn, tcp) {
+            Ok(link) => link,
+            Err(e) => return self.refuse(peer, format!("TLS: {e:#}")),
+        };
+        let (index, name) = match self.hello(&mut link) {
+            Ok(hello) => hello,
+            Err(reason) => {
+                let _ = link.send(&Down::Refused {
+                    reason: reason.clone(),
+                });
+                return self.refuse(peer, reason);
+            }
+        };
+        let (tx, rx) = mpsc::channel();
+        let count = {
+            let mut s = self.state.lock().unwrap();
+            let slot = s.joined.get(&index).is_none() && !s.started;
+            if !slot {
+                drop(s);
+                let reason = format!("slice {index} was taken meanwhile");
+                let _ = link.send(&Down::Refused {
+                    reason: reason.clone(),
+                });
+                return self.refuse(peer, reason);
+            }
+            s.joined.insert(
+                index,
+                Joined {
+                    tx,
+                    first: None,
+                    summary: AgentSummary {
+                        index,
+                        name: name.clone(),
+                        peer: peer.to_string(),
+                        joined_unix_ms: unix_ms(),
+                        ..AgentSummary::default()
+                    },
+                },
+            );
+            s.count
+        };
+        link.set_max_line(link::LINE_MAX);
+        tracing::info!(index, name, %peer, "an agent joined");
+        if link
+            .send(&Down::Welcome {
+                index,
+                agents: count,
+            })
+            .is_err()
+        {
+            return self.leave(index, "closed at the welcome".into());
+        }
+        let why = self.run(index, &mut link, &rx);
+        self.leave(index, why);
+    }
+
+    /// The hello: the right protocol and key, and a slice free; its index and name.
+    fn hello(&self, link: &mut Link) -> Result<(u32, String), String> {
+        let line = match link.line_within(Duration::from_secs(10)) {
+            Ok(Some(line)) => line,
+            Ok(None) => return Err("no hello within 10 s".into()),
+            Err(e) => return Err(format!("before its hello: {e}")),
+        };
+        let Ok(Up::Hello {
+            protocol,
+            key,
+            name,
+            index,
+        }) = serde_json::from_slice::<Up>(&line)
+        else {
+            return Err("the first line is not a hello".into());
+        };
+        if hongbao_http::access::key_hash(&key) != self.key_hash {
+            return Err(format!("{name:?}: a wrong agent key"));
+        }
+        if protocol != link::PROTOCOL {
+            return Err(format!(
+                "{name:?}: agent link protocol {protocol}, this coordinator speaks {}",
+                link::PROTOCOL
+            ));
+        }
+        let s = self.state.lock().unwrap();
+        if s.started {
+            return Err(format!("{name:?}: the run has started"));
+        }
+        match index {
+            Some(i) if i >= s.count => Err(format!(
+                "{name:?}: slice {i} asked for, the run has {} (0..{})",
+                s.count, s.count
+            )),
+            Some(i) if s.joined.contains_key(&i) => Err(format!("{name:?}: slice {i} is taken")),
+            Some(i) => Ok((i, name)),
+            None => match (0..s.count).find(|i| !s.joined.contains_key(i)) {
+                Some(i) => Ok((i, name)),
+                None => Err(format!("{name:?}: all {} slices are taken", s.count)),
+            },
+        }
+    }
+
+    /// A joined agent's link until it ends: pings answered, clock readings kept, reports
+    /// passed on, commands sent. Why it ended.
+    fn run(&self, index: u32, link: &mut Link, commands: &Receiver<Down>) -> String {
+        let mut heard = Instant::now();
+        loop {
+            let lines = match link.lines() {
+                Ok(lines) => lines,
+                Err(e) => return format!("the link failed: {e}"),
+            };
+            if !lines.is_empty() {
+                heard = Instant::now();
+            }
+            for line in lines {
+                match serde_json::from_slice::<Up>(&line) {
+                    Ok(Up::Ping { t0_us }) => {
+                        if link
+                            .send(&Down::Pong {
+                                t0_us,
+                                t1_us: unix_us(),
+                            })
+                            .is_err()
+                        {
+                            return "closed".into();
+                        }
+                    }
+                    Ok(Up::Clock(reading)) => self.clock(index, reading),
+                    Ok(Up::Report(mut report)) => {
+                        report.proc_index = index;
+                        let last = report.last;
+                        if self.events.send(Event::Report(report)).is_err() || last {
+                            return String::new();
+                        }
+                    }
+                    Ok(Up::Hello { .. }) => tracing::warn!(index, "a second hello"),
+                    Err(e) => tracing::warn!(index, error = %e, "a bad line from an agent"),
+                }
+            }
+            loop {
+                match commands.try_recv() {
+                    Ok(down) => {
+                        if let Err(e) = link.send(&down) {
+                            return format!("the link failed: {e}");
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return "the run ended".into(),
+                }
+            }
+            if heard.elapsed().as_millis() as u64 > link::SILENCE_LOST_MS {
+                return format!("silent for {} s", link::SILENCE_LOST_MS / 1000);
+            }
+        }
+    }
+
+    fn clock(&self, index: u32, reading: ClockReading) {
+        let mut s = self.state.lock().unwrap();
+        let Some(j) = s.joined.get_mut(&index) else {
+            return;
+        };
+        let first = *j.first.get_or_insert(reading);
+        let a = &mut j.summary;
+        if a.clock_readings > 0 && reading.applied_us != a.offset_us {
+            a.clock_steps += 1;
+        }
+        a.clock_readings += 1;
+        a.offset_us = reading.applied_us;
+        a.rtt_us = reading.rtt_us;
+        a.last_offset_us = reading.offset_us;
+        a.drift_max_us = a
+            .drift_max_us
+            .max((reading.offset_us - first.offset_us).unsigned_abs());
+    }
+
+    /// The agent's link ended: `why` empty after its last report. Before the start its
+    /// slice is free again; after, the merge hears it is lost.
+    fn leave(&self, index: u32, why: String) {
+        let mut s = self.state.lock().unwrap();
+        if !s.started {
+            s.joined.remove(&index);
+            tracing::warn!(
+                index,
+                why,
+                "an agent left before the start; its slice is free"
+            );
+            return;
+        }
+        drop(s);
+        if !why.is_empty() {
+            tracing::warn!(index, why, "an agent was lost");
+            let _ = self.events.send(Event::Lost { index, why });
+        }
+    }
+}
