@@ -7,52 +7,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// Runs `hongbao bench ARGS --out OUT` (ARGS split at whitespace), which must succeed,
-/// and returns its summary.json.
-fn run_bench(out: &std::path::Path, args: &str) -> Value {
-    let output = Command::new(env!("CARGO_BIN_EXE_hongbao"))
-        .arg("bench")
-        .args(args.split_whitespace())
-        .arg("--out")
-        .arg(out)
-        .output()
-        .expect("running hongbao bench");
-    let said = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    let (stdout, stderr) = (said(&output.stdout), said(&output.stderr));
-    print!("{stdout}");
-    eprint!("{stderr}");
-    if !output.status.success() {
-        // Repeated last, where a CI log's tail shows it, why the bench failed.
-        let tail = |text: &str| {
-            text.lines()
-                .rev()
-                .take(25)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        let audit = std::fs::read_to_string(out.join("summary.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .map_or(Value::Null, |s| s["audit"].clone());
-        // Printed, not a panic message: a backtrace would bury it.
-        println!(
-            "bench {args} exited with {}\n--- stdout (tail)\n{}\n--- stderr (tail)\n{}\n--- audit\n{audit}",
-            output.status,
-            tail(&stdout),
-            tail(&stderr)
-        );
-        std::panic::resume_unwind(Box::new("bench failed"));
-    }
-    let text = std::fs::read_to_string(out.join("summary.json")).unwrap();
-    // The schema: every field of the typed summary, and no other.
-    let typed: hongbao_bench::bench::Summary =
-        serde_json::from_str(&text).expect("summary.json has exactly the documented fields");
-    assert_eq!(typed.phases.len(), typed.options.phase_qps.len());
-    serde_json::from_str(&text).unwrap()
-}
+mod common;
+use common::run_bench;
 
 #[test]
 fn small_bench_balances_every_cent_and_matches_the_campaigns() {
@@ -428,16 +384,6 @@ fn healed(kind: &str, what: &str) -> bool {
     what.contains(said)
 }
 
-/// Whether the bench runs as root (`disk-full` mounts a tmpfs).
-fn root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|ids| ids.split_whitespace().nth(1))
-            == Some("0")
-    })
-}
-
 /// Whether anything is mounted on or under `dir`.
 fn mounted_under(dir: &std::path::Path) -> bool {
     let dir = dir.to_string_lossy().into_owned();
@@ -469,7 +415,7 @@ fn a_chaos_bench_on_one_server_balances_every_cent() {
     let chaos = &summary["chaos"];
     assert_eq!(chaos["seed"], 11);
     let mut kinds = vec!["worker-kill", "worker-stall", "supervisor-kill"];
-    if root() {
+    if common::is_root() {
         kinds.push("disk-full");
     }
     assert_eq!(chaos["kinds"], serde_json::json!(kinds));
@@ -587,7 +533,7 @@ fn core_kill_is_the_supervisors_kill_and_healed_as_it() {
 /// is — and a bench that fails after mounting it unmounts it too.
 #[test]
 fn a_full_ledger_disk_is_given_room_again_and_every_cent_balances() {
-    if !root() {
+    if !common::is_root() {
         eprintln!("skipped: disk-full mounts a tmpfs, which needs root");
         return;
     }

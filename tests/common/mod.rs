@@ -1,9 +1,10 @@
 //! What the integration tests share: running `hongbao` subcommands, reading their output,
 //! `hongbao serve` started by one builder (`Serve`), its admin API, one WebSocket client,
-//! waiting. Each test file compiles its own copy and uses part of it.
+//! `hongbao bench` run to its summary, waiting. Each test file compiles its own copy and uses part of it.
 #![allow(dead_code)]
 
 mod admin;
+mod bench;
 mod serve;
 mod ws;
 
@@ -17,6 +18,8 @@ use std::time::{Duration, Instant};
 // Each test file uses some of these.
 #[allow(unused_imports)]
 pub use admin::Admin;
+#[allow(unused_imports)]
+pub use bench::{bench_summary, run_bench};
 #[allow(unused_imports)]
 pub use serve::{bearer, login, token, Serve, Server};
 #[allow(unused_imports)]
@@ -292,4 +295,14 @@ pub fn pings(client: &mut hongbao_proto::client::Client) -> bool {
             .map(|f| f.message),
         Ok(hongbao_proto::Message::Pong { .. })
     )
+}
+
+/// Whether the tests run as root (the lab's namespaces, tmpfs mounts).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0")
+    })
 }

@@ -433,11 +433,29 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     let peak_connections = rows.iter().map(|r| r.logged_in).max().unwrap_or(0);
     let load_pids = load.pids();
     let load_procs = load.procs();
-    let (agent_list, (refused, refusals)) = (load.agents(), load.agent_refusals());
     let load_peak_rss = load_peak_rss(&rows, &load_pids);
     load.set_qps(0)?;
     monitor.mark("stop");
     let finished = load.stop()?;
+    let (agent_list, (refused, refusals)) = (load.agents(), load.agent_refusals());
+    if opts.agents.is_some() {
+        let lost: Vec<String> = finished
+            .lost
+            .iter()
+            .map(|l| {
+                format!(
+                    "agent {} (after second {:?}: {})",
+                    l.index, l.last_second, l.why
+                )
+            })
+            .collect();
+        say(&format!(
+            "bench: agents: {} ran, largest clock offset {} µs; lost: {}; strangers refused: {refused}",
+            agent_list.len(),
+            agent_list.iter().map(|a| a.offset_us.unsigned_abs()).max().unwrap_or(0),
+            if lost.is_empty() { "none".to_string() } else { lost.join(", ") }
+        ));
+    }
     let deliveries = load.broadcasts();
     drop(load);
     let broadcast_entries = broadcast::entries(&sent, &deliveries);

@@ -47,6 +47,10 @@ pub(crate) struct Server {
 /// gateways, reaches nginx over the lab's network from hosts of its own.
 const LOAD_HOSTS: usize = 2;
 
+/// With agents started by the bench: up to this many load hosts, one agent on each (more
+/// agents, round robin).
+const AGENT_HOSTS: usize = 4;
+
 /// The room of the lab PostgreSQL's tmpfs when `postgres-disk-full` may fill it: its
 /// cluster (about 40 MiB), a WAL kept to 64 MiB, and room to spare for a run's rows.
 const POSTGRES_DISK_BYTES: u64 = 512 << 20;
@@ -117,9 +121,11 @@ impl Server {
             lab: number,
             dir: std::path::absolute(opts.out.join("lab"))?,
             gateways: opts.hosts,
-            loads: match opts.procs {
-                0 => LOAD_HOSTS,
-                procs => LOAD_HOSTS.min(procs as usize),
+            loads: match (&opts.agents, opts.procs) {
+                // Agents started here: one load host each, up to four.
+                (Some(a), _) if a.spawn => (a.count as usize).clamp(1, AGENT_HOSTS),
+                (_, 0) => LOAD_HOSTS,
+                (_, procs) => LOAD_HOSTS.min(procs as usize),
             },
             nginx: true,
             hongbao: std::env::current_exe()?,

@@ -96,6 +96,9 @@ pub struct ClockReading {
     /// The best of the last samples: its offset and round trip.
     pub offset_us: i64,
     pub rtt_us: u64,
+    /// The agent process's own CPU so far (its client's is in the client's reports), ms.
+    #[serde(default)]
+    pub cpu_ms: u64,
 }
 
 /// One ping's measurement.

@@ -158,6 +158,7 @@ impl Clock {
             applied_us: self.applied_us,
             offset_us: best.offset_us,
             rtt_us: best.rtt_us,
+            cpu_ms: hongbao_sys::usage::self_usage().1,
         }
     }
 
@@ -369,4 +370,30 @@ where
         Box::new(rustls::StreamOwned::new(conn, tcp)),
         link::HELLO_MAX,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(offset_us: i64, rtt_us: u64) -> ClockSample {
+        ClockSample { offset_us, rtt_us }
+    }
+
+    /// The schedule moves only when the best measurement is more than a step away from
+    /// the offset it runs on, and then onto that measurement.
+    #[test]
+    fn the_schedule_moves_by_whole_steps_only() {
+        let mut clock = Clock::default();
+        clock.filter.add(sample(40_000, 300));
+        assert_eq!(clock.step(), Some(40_000), "the first measurement is taken");
+        clock.filter.add(sample(40_900, 200));
+        assert_eq!(clock.step(), None, "900 µs: within a step");
+        clock.filter.add(sample(43_000, 100));
+        assert_eq!(clock.step(), Some(43_000));
+        // A noisy sample of a long round trip is not believed over a short one.
+        clock.filter.add(sample(90_000, 5_000));
+        assert_eq!(clock.step(), None);
+        assert_eq!(clock.reading().applied_us, 43_000);
+    }
 }

@@ -67,6 +67,10 @@ pub struct AgentSummary {
     /// Times its schedule was moved to a new measurement.
     pub clock_steps: u32,
     pub clock_readings: u32,
+    /// The agent process's own CPU (the relay; its client's is in the load's), ms.
+    pub relay_cpu_ms: u64,
+    /// Its client's last counters (what it reported last, if it was lost).
+    pub counters: crate::report::Counters,
 }
 
 /// A stranger refused at the door.
@@ -329,7 +333,7 @@ impl Door {
         let (tx, rx) = mpsc::channel();
         let count = {
             let mut s = self.state.lock().unwrap();
-            let slot = s.joined.get(&index).is_none() && !s.started;
+            let slot = !s.joined.contains_key(&index) && !s.started;
             if !slot {
                 drop(s);
                 let reason = format!("slice {index} was taken meanwhile");
@@ -480,6 +484,7 @@ impl Door {
         a.offset_us = reading.applied_us;
         a.rtt_us = reading.rtt_us;
         a.last_offset_us = reading.offset_us;
+        a.relay_cpu_ms = reading.cpu_ms;
         a.drift_max_us = a
             .drift_max_us
             .max((reading.offset_us - first.offset_us).unsigned_abs());
@@ -503,5 +508,151 @@ impl Door {
             tracing::warn!(index, why, "an agent was lost");
             let _ = self.events.send(Event::Lost { index, why });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn hub(dir: &Path, count: u32) -> AgentHub {
+        AgentHub::listen(&AgentPlan {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            count,
+            dir: dir.into(),
+            cert_names: Vec::new(),
+            join_timeout: Duration::from_secs(5),
+            spawn: false,
+        })
+        .unwrap()
+    }
+
+    /// A TLS link to the hub, trusting `ca`.
+    fn dial(hub: &AgentHub, ca: &[u8]) -> anyhow::Result<Link> {
+        let config = hongbao_proto::tls::client_config(ca, &[link::ALPN]).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let conn = rustls::ClientConnection::new(config, name)?;
+        crate::agent::handshake(conn, TcpStream::connect(hub.addr())?)
+    }
+
+    fn hello(link: &mut Link, key: &str, index: Option<u32>) -> Down {
+        link.send(&Up::Hello {
+            protocol: link::PROTOCOL,
+            key: key.into(),
+            name: "tester".into(),
+            index,
+        })
+        .unwrap();
+        let line = link.line_within(Duration::from_secs(10)).unwrap().unwrap();
+        serde_json::from_slice(&line).unwrap()
+    }
+
+    fn refused(down: Down) -> String {
+        match down {
+            Down::Refused { reason } => reason,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    /// Every stranger an attacker could send is refused, holds no slice, and is on the
+    /// record: a plain client on the TLS port, a wrong key, a slice out of range or taken,
+    /// a client that does not trust the coordinator, a join after the start.
+    #[test]
+    fn strangers_are_refused_on_the_record_and_hold_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = hub(dir.path(), 2);
+        let ca = std::fs::read(&hub.ca_file).unwrap();
+        let key = hongbao_http::access::read_secret_file(&hub.key_file).unwrap();
+        assert!(key.len() >= 32, "a real key was made: {key:?}");
+
+        // A plain client speaking the link's JSON without TLS: cut off, nothing said.
+        let mut plain = TcpStream::connect(hub.addr()).unwrap();
+        plain
+            .set_read_timeout(Some(Duration::from_secs(15)))
+            .unwrap();
+        let line = format!(
+            "{{\"hello\":{{\"protocol\":1,\"key\":\"{key}\",\"name\":\"plain\",\"index\":null}}}}\n"
+        );
+        plain.write_all(line.as_bytes()).unwrap();
+        let mut answer = Vec::new();
+        let _ = plain.read_to_end(&mut answer);
+        assert!(
+            !String::from_utf8_lossy(&answer).contains("welcome"),
+            "a plain client is never welcomed"
+        );
+
+        let mut wrong = dial(&hub, &ca).unwrap();
+        assert!(refused(hello(&mut wrong, "hbk_not-the-key", None)).contains("wrong agent key"));
+        let mut far = dial(&hub, &ca).unwrap();
+        assert!(refused(hello(&mut far, &key, Some(2))).contains("slice 2 asked for"));
+
+        // A client trusting another CA will not finish the handshake.
+        let other = hongbao_http::tls::DevCerts::make(&["127.0.0.1"]).unwrap();
+        assert!(dial(&hub, other.ca_pem.as_bytes()).is_err());
+
+        let mut first = dial(&hub, &ca).unwrap();
+        assert!(matches!(
+            hello(&mut first, &key, Some(1)),
+            Down::Welcome {
+                index: 1,
+                agents: 2
+            }
+        ));
+        let mut twin = dial(&hub, &ca).unwrap();
+        assert!(refused(hello(&mut twin, &key, Some(1))).contains("slice 1 is taken"));
+        let mut any = dial(&hub, &ca).unwrap();
+        assert!(matches!(
+            hello(&mut any, &key, None),
+            Down::Welcome { index: 0, .. }
+        ));
+        assert_eq!(hub.joined(), 2);
+
+        hub.state.lock().unwrap().started = true;
+        let mut late = dial(&hub, &ca).unwrap();
+        assert!(refused(hello(&mut late, &key, None)).contains("the run has started"));
+
+        // Refusals are recorded as they happen (the plain one once its TLS fails).
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let (count, list) = loop {
+            let (count, list) = hub.refusals();
+            if count >= 6 || Instant::now() > deadline {
+                break (count, list);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(count, 6, "{list:#?}");
+        let reasons: Vec<&str> = list.iter().map(|r| r.reason.as_str()).collect();
+        assert_eq!(
+            reasons.iter().filter(|r| r.starts_with("TLS")).count(),
+            2,
+            "the plain client and the one of another CA: {reasons:?}"
+        );
+        assert!(list.iter().all(|r| r.peer.starts_with("127.0.0.1:")));
+        assert_eq!(hub.joined(), 2, "no stranger holds a slice");
+    }
+
+    /// An agent that leaves before the start frees its slice for the next.
+    #[test]
+    fn a_slice_left_before_the_start_is_free_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = hub(dir.path(), 1);
+        let ca = std::fs::read(&hub.ca_file).unwrap();
+        let key = hongbao_http::access::read_secret_file(&hub.key_file).unwrap();
+        let mut first = dial(&hub, &ca).unwrap();
+        assert!(matches!(
+            hello(&mut first, &key, Some(0)),
+            Down::Welcome { .. }
+        ));
+        drop(first);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while hub.joined() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut second = dial(&hub, &ca).unwrap();
+        assert!(matches!(
+            hello(&mut second, &key, Some(0)),
+            Down::Welcome { index: 0, .. }
+        ));
     }
 }

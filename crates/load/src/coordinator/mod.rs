@@ -384,11 +384,20 @@ impl Load {
     }
 
     /// The agents, their clocks (with agents).
+    /// The agents, their clocks and their clients' newest counters (with agents).
     pub fn agents(&self) -> Vec<AgentSummary> {
-        self.hub
+        let mut agents = self
+            .hub
             .as_ref()
             .map(AgentHub::summaries)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let shared = self.shared.lock().unwrap();
+        for a in &mut agents {
+            let p = a.index as usize;
+            let newest = shared.finals[p].as_ref().or(shared.latest[p].as_ref());
+            a.counters = newest.map(|r| r.counters.clone()).unwrap_or_default();
+        }
+        agents
     }
 
     /// Would-be agents refused: the count, and the newest few.
@@ -570,6 +579,8 @@ impl Load {
                     None => Lost {
                         unix_ms: unix_ms(),
                         why: "no last report within the wait".into(),
+                        last_second: None,
+                        counters: Counters::default(),
                     },
                 };
                 let latest = shared.latest[p].clone();
@@ -637,14 +648,25 @@ fn rotate(ips: &[Ipv4Addr], by: usize) -> Vec<Ipv4Addr> {
 }
 
 /// Slice `p` is lost: the seconds after its last report are complete without it.
+/// Its last cumulative counters stand in every later second's row (the rows' counters
+/// are cumulative: without them they would go backwards).
 fn lose(shared: &Mutex<Shared>, p: u32, why: String) {
     let mut s = shared.lock().unwrap();
-    if let Some(slot) = s.lost.get_mut(p as usize) {
-        slot.get_or_insert(Lost {
-            unix_ms: unix_ms(),
-            why,
-        });
+    if s.lost.get(p as usize).is_none_or(Option::is_some) {
+        return;
     }
+    let latest = s.latest[p as usize].as_ref();
+    let last_second = latest.map(|r| r.second);
+    let counters = latest.map(|r| r.counters.clone()).unwrap_or_default();
+    for (_, row) in s.rows.range_mut(last_second.map_or(0, |l| l + 1)..) {
+        row.counters.add(&counters);
+    }
+    s.lost[p as usize] = Some(Lost {
+        unix_ms: unix_ms(),
+        why,
+        last_second,
+        counters,
+    });
 }
 
 /// Starts `count` agents here (on `hosts` round robin when given), each asking for its
@@ -693,10 +715,20 @@ fn merge(shared: &Mutex<Shared>, mut report: Report, plan: &Mutex<Schedule>) {
         return;
     }
     let seen = s.deliveries.seen();
+    // A new second starts from the frozen counters of the slices lost before it.
+    let mut frozen = Counters::default();
+    if !s.rows.contains_key(&report.second) {
+        for lost in s.lost.iter().flatten() {
+            if lost.last_second.is_none_or(|l| l < report.second) {
+                frozen.add(&lost.counters);
+            }
+        }
+    }
     let row = s.rows.entry(report.second).or_insert_with(|| Row {
         second: report.second,
         unix_ms: report.unix_ms,
         target_qps,
+        counters: frozen,
         ..Row::default()
     });
     row.reports += 1;
@@ -738,7 +770,7 @@ pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
         users,
         connections: row.connected,
         logged_in: row.logged_in,
-        sent_per_sec: c.shakes_sent - previous.shakes_sent,
+        sent_per_sec: c.shakes_sent.saturating_sub(previous.shakes_sent),
         replies_per_sec: c.shake_replies - previous.shake_replies,
         won_per_sec: c.won - previous.won,
         nothing_per_sec: c.nothing - previous.nothing,
@@ -752,3 +784,6 @@ pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
         totals: c.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests;

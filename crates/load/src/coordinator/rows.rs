@@ -52,6 +52,9 @@ pub(super) struct Shared {
 pub(super) struct Lost {
     pub(super) unix_ms: u64,
     pub(super) why: String,
+    /// Its last second reported, and its cumulative counters then.
+    pub(super) last_second: Option<u64>,
+    pub(super) counters: Counters,
 }
 
 impl Shared {
