@@ -194,6 +194,10 @@ pub struct LoadAgentArgs {
     /// Seconds to keep trying to reach the coordinator
     #[arg(long, default_value_t = 120)]
     join_timeout: u64,
+    /// Runs to take part in, one after another; 0: until stopped (a service's agent, or
+    /// one for every stage of `hongbao capacity`)
+    #[arg(long, default_value_t = 1)]
+    runs: u32,
 }
 
 pub fn run_agent(args: LoadAgentArgs) -> Result<()> {
@@ -202,15 +206,29 @@ pub fn run_agent(args: LoadAgentArgs) -> Result<()> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
-    hongbao_load::agent::run(
-        hongbao_load::agent::AgentOptions {
-            coordinator: args.coordinator,
-            ca_file: args.ca,
-            key_file: args.key_file,
-            index: args.index,
-            name,
-            join_timeout: std::time::Duration::from_secs(args.join_timeout),
-        },
-        &stop,
-    )
+    let options = hongbao_load::agent::AgentOptions {
+        coordinator: args.coordinator,
+        ca_file: args.ca,
+        key_file: args.key_file,
+        index: args.index,
+        name,
+        join_timeout: std::time::Duration::from_secs(args.join_timeout),
+    };
+    let mut done = 0;
+    loop {
+        let result = hongbao_load::agent::run(options.clone(), &stop);
+        if args.runs == 1 || stop.requested() {
+            return result;
+        }
+        match result {
+            Ok(()) => done += 1,
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "a run failed; joining the next");
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+        if args.runs > 0 && done >= args.runs {
+            return Ok(());
+        }
+    }
 }

@@ -381,6 +381,24 @@ request = {{ method = "POST", body = "user={{user}}" }}
     );
     assert_eq!(step["meets_slo"], false);
     assert!(s["runs"][0]["knee"].is_null());
+    // The same stage loaded by two agents the run starts: the same answers, the load's
+    // CPU counted over the agents and their clients.
+    let plan = plan
+        .replace("nobody", "user={user}")
+        .replace("procs = 1", "agents = 2\nspawn_agents = true");
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, output) = hongbao_capacity(&plan, dir.path());
+    assert!(ok, "{output}");
+    let s = summary(dir.path());
+    check_schema(&s);
+    for step in s["runs"][0]["steps"].as_array().unwrap() {
+        assert_eq!(step["errors"]["error_replies"], 0, "{step}");
+        assert!(
+            step["achieved_qps"].as_f64().unwrap() >= step["offered_qps"].as_f64().unwrap() * 0.95,
+            "{step}"
+        );
+    }
+    assert!(dir.path().join("out/agents/agent.key").exists());
 }
 
 #[test]

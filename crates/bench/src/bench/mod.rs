@@ -650,16 +650,8 @@ fn agent_plan(
     let Some(a) = &opts.agents else {
         return Ok(None);
     };
-    let listen = match (a.listen, server.lab()) {
-        (Some(addr), _) => addr,
-        (None, Some(lab)) => {
-            let number = lab.lock().unwrap().plan.lab;
-            std::net::SocketAddr::from((hongbao_lab::netns::bridge_addr(number), 0))
-        }
-        (None, None) => std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-    };
     Ok(Some(hongbao_load::coordinator::AgentPlan {
-        listen,
+        listen: a.listen.unwrap_or_else(|| server.agent_listen()),
         count: a.count,
         dir: a.dir.clone().unwrap_or_else(|| opts.out.join("agents")),
         cert_names: a.cert_names.clone(),

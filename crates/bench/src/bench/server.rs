@@ -226,6 +226,18 @@ impl Server {
         }
     }
 
+    /// Where agents started for this server dial in unless told: with a lab, its bridge's
+    /// address (its hosts reach it); else loopback. Any port.
+    pub fn agent_listen(&self) -> SocketAddr {
+        match &self.lab {
+            Some(lab) => {
+                let number = lab.lock().unwrap().plan.lab;
+                SocketAddr::from((hongbao_lab::netns::bridge_addr(number), 0))
+            }
+            None => SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+
     /// The `hongbao serve` child's id (without a lab).
     pub fn pid(&self) -> Option<u32> {
         self.local.as_ref().and_then(|l| l.pid())

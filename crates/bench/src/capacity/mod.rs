@@ -130,6 +130,7 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
             instances,
             monitor: &monitor,
             stop: &stop,
+            out: &opts.out,
         };
         if let Err(e) = run_stage(&cx, &dir, &mut run) {
             tracing::error!(
@@ -245,6 +246,8 @@ struct Run<'a> {
     instances: u32,
     monitor: &'a Monitor,
     stop: &'a hongbao_sys::Stop,
+    /// The run's directory (the agents' files, unless the plan names theirs).
+    out: &'a Path,
 }
 
 fn run_stage(cx: &Run, dir: &Path, run: &mut RunRecord) -> anyhow::Result<()> {
@@ -304,7 +307,21 @@ fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> anyhow::Result<()> {
         notice_poll_secs: 0,
         hosts: stack.load_hosts.clone(),
         request: stage.template()?,
-        agents: None,
+        agents: (plan.load.agents > 0).then(|| hongbao_load::coordinator::AgentPlan {
+            listen: plan
+                .load
+                .agent_listen
+                .unwrap_or_else(|| stack.agent_listen()),
+            count: plan.load.agents,
+            dir: plan
+                .load
+                .agent_dir
+                .clone()
+                .unwrap_or_else(|| cx.out.join("agents")),
+            cert_names: Vec::new(),
+            join_timeout: std::time::Duration::from_secs(120),
+            spawn: plan.load.spawn_agents,
+        }),
     })?;
     let result = steps(cx, stack, &load, run);
     let stopped = load.stop();
@@ -319,6 +336,7 @@ fn steps(cx: &Run, stack: &Stack, load: &Load, run: &mut RunRecord) -> anyhow::R
         instances,
         monitor,
         stop,
+        ..
     } = *cx;
     let users = plan.load.users;
     let per_request = plan.load.http_connection.per_request();

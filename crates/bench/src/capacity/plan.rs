@@ -70,6 +70,20 @@ pub struct LoadPlan {
     pub settle_secs: u64,
     #[serde(default)]
     pub http_connection: HttpConnection,
+    /// Each stage's load on this many agents (docs/agents.md); 0: local client processes.
+    #[serde(default)]
+    pub agents: u32,
+    /// Start the agents here (on the lab's load hosts in cluster stages), or wait for
+    /// agents started elsewhere (`hongbao load-agent --runs 0`, which join every stage).
+    #[serde(default)]
+    pub spawn_agents: bool,
+    /// Where agents dial in [default: 127.0.0.1 (a cluster stage: the lab's bridge), any
+    /// port]; agents started elsewhere need a fixed one.
+    #[serde(default)]
+    pub agent_listen: Option<std::net::SocketAddr>,
+    /// The agent link's key and TLS files [default: OUT/agents].
+    #[serde(default)]
+    pub agent_dir: Option<std::path::PathBuf>,
 }
 
 fn default_users() -> u64 {
@@ -90,6 +104,10 @@ impl Default for LoadPlan {
             step_secs: default_step_secs(),
             settle_secs: default_settle_secs(),
             http_connection: HttpConnection::KeepAlive,
+            agents: 0,
+            spawn_agents: false,
+            agent_listen: None,
+            agent_dir: None,
         }
     }
 }

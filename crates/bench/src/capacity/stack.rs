@@ -30,6 +30,15 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// Where agents dial in unless the plan says: the lab's bridge (cluster stages), else
+    /// loopback.
+    pub fn agent_listen(&self) -> SocketAddr {
+        match &self.server {
+            Some(server) => server.agent_listen(),
+            None => SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+
     /// The lab, for the engines' counters (cluster stages).
     pub fn engine_counters(&self) -> Option<hongbao_lab::EngineCounters> {
         self.server.as_ref()?.engine_counters()

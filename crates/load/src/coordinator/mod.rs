@@ -412,13 +412,21 @@ impl Load {
         self.procs
     }
 
+    /// The load's processes on this machine: the client processes, or the agents started
+    /// here and their clients.
     pub fn pids(&self) -> Vec<u32> {
-        self.children
+        let mut pids: Vec<u32> = self
+            .children
             .lock()
             .unwrap()
             .iter()
             .map(|c| c.id())
-            .collect()
+            .collect();
+        if self.hub.is_some() {
+            let clients: Vec<u32> = pids.iter().flat_map(|&p| children_of(p)).collect();
+            pids.extend(clients);
+        }
+        pids
     }
 
     pub fn epoch_ms(&self) -> u64 {
@@ -639,6 +647,15 @@ impl Drop for Load {
             }
         }
     }
+}
+
+/// A process's children (Linux's `/proc/PID/task/PID/children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
 }
 
 fn rotate(ips: &[Ipv4Addr], by: usize) -> Vec<Ipv4Addr> {
