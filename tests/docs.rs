@@ -230,22 +230,23 @@ fn the_ledger_bench_sample_is_what_it_prints_with_the_defaults() {
     );
 }
 
-/// docs/bench.md's synopses name every option `--help` lists.
+/// docs/bench.md's synopses (and docs/agents.md's) name every option `--help` lists.
 #[test]
 fn the_bench_md_synopses_name_every_option() {
-    let bench_md = read("docs/bench.md");
-    for (subcommand, heading) in [
-        ("load", "## hongbao load"),
-        ("bench", "## hongbao bench"),
-        ("ledger-bench", "## hongbao ledger-bench"),
+    let (bench_md, agents_md) = (read("docs/bench.md"), read("docs/agents.md"));
+    for (subcommand, doc, heading) in [
+        ("load", &bench_md, "## hongbao load"),
+        ("bench", &bench_md, "## hongbao bench"),
+        ("ledger-bench", &bench_md, "## hongbao ledger-bench"),
+        ("load-agent", &agents_md, "## hongbao load-agent"),
     ] {
-        let synopsis = first_block(section(&bench_md, heading)).join("\n");
+        let synopsis = first_block(section(doc, heading)).join("\n");
         for flag in flags(subcommand) {
             let named = synopsis.match_indices(&flag).any(|(at, _)| {
                 !synopsis[at + flag.len()..]
                     .starts_with(|c: char| c == '-' || c.is_ascii_alphanumeric())
             });
-            assert!(named, "docs/bench.md's {subcommand} synopsis lacks {flag}");
+            assert!(named, "the {subcommand} synopsis lacks {flag}");
         }
     }
 }

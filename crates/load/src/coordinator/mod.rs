@@ -261,6 +261,7 @@ impl Load {
         let shared = Arc::new(Mutex::new(Shared {
             procs,
             lost: vec![None; procs as usize],
+            gone: vec![None; procs as usize],
             latest: vec![None; procs as usize],
             finals: vec![None; procs as usize],
             ..Default::default()
@@ -587,8 +588,6 @@ impl Load {
                     None => Lost {
                         unix_ms: unix_ms(),
                         why: "no last report within the wait".into(),
-                        last_second: None,
-                        counters: Counters::default(),
                     },
                 };
                 let latest = shared.latest[p].clone();
@@ -665,24 +664,15 @@ fn rotate(ips: &[Ipv4Addr], by: usize) -> Vec<Ipv4Addr> {
 }
 
 /// Slice `p` is lost: the seconds after its last report are complete without it.
-/// Its last cumulative counters stand in every later second's row (the rows' counters
-/// are cumulative: without them they would go backwards).
 fn lose(shared: &Mutex<Shared>, p: u32, why: String) {
     let mut s = shared.lock().unwrap();
     if s.lost.get(p as usize).is_none_or(Option::is_some) {
         return;
     }
-    let latest = s.latest[p as usize].as_ref();
-    let last_second = latest.map(|r| r.second);
-    let counters = latest.map(|r| r.counters.clone()).unwrap_or_default();
-    for (_, row) in s.rows.range_mut(last_second.map_or(0, |l| l + 1)..) {
-        row.counters.add(&counters);
-    }
+    s.retire(p as usize);
     s.lost[p as usize] = Some(Lost {
         unix_ms: unix_ms(),
         why,
-        last_second,
-        counters,
     });
 }
 
@@ -729,18 +719,17 @@ fn merge(shared: &Mutex<Shared>, mut report: Report, plan: &Mutex<Schedule>) {
     s.history.append(&mut report.history);
     if report.last {
         s.finals[p] = Some(report);
+        // An agent stopped before the others: the seconds after are complete without it.
+        s.retire(p);
         return;
     }
     let seen = s.deliveries.seen();
-    // A new second starts from the frozen counters of the slices lost before it.
-    let mut frozen = Counters::default();
-    if !s.rows.contains_key(&report.second) {
-        for lost in s.lost.iter().flatten() {
-            if lost.last_second.is_none_or(|l| l < report.second) {
-                frozen.add(&lost.counters);
-            }
-        }
-    }
+    // A new second starts from the counters of the slices gone before it.
+    let frozen = if s.rows.contains_key(&report.second) {
+        Counters::default()
+    } else {
+        s.frozen(report.second)
+    };
     let row = s.rows.entry(report.second).or_insert_with(|| Row {
         second: report.second,
         unix_ms: report.unix_ms,

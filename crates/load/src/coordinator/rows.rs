@@ -37,6 +37,9 @@ pub(super) struct Shared {
     pub(super) procs: u32,
     /// Slices lost before their last report (an agent cut off, a client that died).
     pub(super) lost: Vec<Option<Lost>>,
+    /// Slices that report no more (lost, or their last report came: an agent stopped
+    /// early), with their last second and counters.
+    pub(super) gone: Vec<Option<Gone>>,
     pub(super) rows: BTreeMap<u64, Row>,
     /// Newest cumulative report per process.
     pub(super) latest: Vec<Option<Report>>,
@@ -52,27 +55,56 @@ pub(super) struct Shared {
 pub(super) struct Lost {
     pub(super) unix_ms: u64,
     pub(super) why: String,
-    /// Its last second reported, and its cumulative counters then.
+}
+
+/// A slice that reports no more: its last second reported, and its cumulative counters
+/// then, which stay in every later second's row.
+#[derive(Debug, Clone)]
+pub(super) struct Gone {
     pub(super) last_second: Option<u64>,
     pub(super) counters: Counters,
 }
 
 impl Shared {
     /// The reports a second needs to be complete: every slice's, but those of slices
-    /// lost without reporting it.
+    /// gone without reporting it.
     pub(super) fn expected(&self, second: u64) -> u32 {
         let gone = self
-            .lost
+            .gone
             .iter()
-            .enumerate()
-            .filter(|(p, lost)| {
-                lost.is_some()
-                    && self.latest[*p]
-                        .as_ref()
-                        .is_none_or(|report| report.second < second)
-            })
+            .flatten()
+            .filter(|g| g.last_second.is_none_or(|l| l < second))
             .count() as u32;
         self.procs - gone
+    }
+
+    /// Slice `p` reports no more: its last counters go into the rows after its last
+    /// second, made or to be made.
+    pub(super) fn retire(&mut self, p: usize) {
+        if self.gone.get(p).is_none_or(Option::is_some) {
+            return;
+        }
+        let latest = self.latest[p].as_ref();
+        let last_second = latest.map(|r| r.second);
+        let counters = latest.map(|r| r.counters.clone()).unwrap_or_default();
+        for (_, row) in self.rows.range_mut(last_second.map_or(0, |l| l + 1)..) {
+            row.counters.add(&counters);
+        }
+        self.gone[p] = Some(Gone {
+            last_second,
+            counters,
+        });
+    }
+
+    /// The counters a new row for `second` starts from: those of the slices gone before.
+    pub(super) fn frozen(&self, second: u64) -> Counters {
+        let mut frozen = Counters::default();
+        for g in self.gone.iter().flatten() {
+            if g.last_second.is_none_or(|l| l < second) {
+                frozen.add(&g.counters);
+            }
+        }
+        frozen
     }
 
     pub(super) fn complete(&self, row: &Row) -> bool {

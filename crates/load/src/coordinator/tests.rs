@@ -6,6 +6,7 @@ fn shared(procs: u32) -> Mutex<Shared> {
     Mutex::new(Shared {
         procs,
         lost: vec![None; procs as usize],
+        gone: vec![None; procs as usize],
         latest: vec![None; procs as usize],
         finals: vec![None; procs as usize],
         ..Default::default()
@@ -109,4 +110,25 @@ fn a_lost_slices_counters_stay_in_the_later_rows() {
     let s = s.lock().unwrap();
     let sent: Vec<u64> = s.rows.values().map(|r| r.counters.shakes_sent).collect();
     assert_eq!(sent, [17, 27, 37]);
+}
+
+/// An agent stopped before the others (SIGTERM: its last report comes): the seconds
+/// after it are complete without it, its counters kept in them.
+#[test]
+fn a_slice_that_finished_early_completes_the_later_seconds() {
+    let (s, plan) = (shared(2), Mutex::new(Schedule::new(20, 2)));
+    merge(&s, report(0, 0, &[]), &plan);
+    merge(&s, report(1, 0, &[]), &plan);
+    merge(
+        &s,
+        Report {
+            last: true,
+            ..report(1, 1, &[])
+        },
+        &plan,
+    );
+    merge(&s, report(0, 1, &[]), &plan);
+    let s = s.lock().unwrap();
+    assert!(s.complete(&s.rows[&1]));
+    assert!(s.finals[1].is_some() && s.lost[1].is_none());
 }
