@@ -235,3 +235,75 @@ fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// The same bench with `--target-*` against a lab brought up by hand (`hongbao lab up`,
+/// root): two gateways in cluster mode behind nginx, the load from two agents through
+/// nginx, the campaigns and the audit through the first gateway's admin API.
+#[test]
+fn a_bench_against_a_lab_brought_up_by_hand_balances_every_cent() {
+    if !common::is_root() {
+        eprintln!("skipped: the lab's network namespaces need root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lab_dir = dir.path().join("lab");
+    let number = hongbao_lab::free_lab_number(std::process::id().wrapping_add(97)).to_string();
+    let secret = "a-lab-brought-up-by-hand-secret";
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hongbao"));
+    command
+        .args([
+            "lab",
+            "up",
+            "--lab",
+            &number,
+            "--gateways",
+            "2",
+            "--workers",
+            "1",
+        ])
+        .arg("--dir")
+        .arg(&lab_dir)
+        .env("HONGBAO_SECRET", secret);
+    let mut lab = Hongbao::start("lab up", command);
+    let mut lines = Vec::new();
+    while !lines.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
+        let line = lab
+            .stdout
+            .recv_timeout(Duration::from_secs(180))
+            .unwrap_or_else(|e| panic!("the lab did not come up: {e}\n{}", lab.log()));
+        lines.push(line);
+    }
+    let word_after = |prefix: &str, word: &str| -> String {
+        let line = lines
+            .iter()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line in {lines:?}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == word).unwrap();
+        words[at + 1].to_string()
+    };
+    let nginx_tcp = word_after("nginx    tcp", "tcp");
+    let admin = word_after("gateway  gw1", "admin");
+    let out = dir.path().join("bench");
+    let args = format!(
+        "--connections 2000 --phase-qps 400 --campaign-rate 200 --shake-packets 60 \
+         --send-packets 30 --agents 2 --spawn-agents --target-clients {nginx_tcp} \
+         --target-admin http://{admin} --target-admin-key-file {}",
+        lab_dir.join("admin.key").display()
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_hongbao"))
+        .arg("bench")
+        .args(args.split_whitespace())
+        .arg("--out")
+        .arg(&out)
+        .env("HONGBAO_SECRET", secret)
+        .output()
+        .unwrap();
+    let summary = bench_summary(&out, &args, output);
+    lab.interrupt();
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    assert_eq!(summary["history"]["ok"], true, "{}", summary["history"]);
+    assert_eq!(summary["shake"]["won_clients"], 60);
+    assert_eq!(summary["send"]["opened_clients"], 90);
+    assert!(!lab_dir.join("lab.json").exists(), "the lab is down");
+}

@@ -595,6 +595,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         load: LoadSummary {
             procs: load_procs as u64,
             totals: finished.totals,
+            coordinator: finished.coordinator.clone(),
         },
         options: OptionsSummary {
             workers: opts.workers.clone(),

@@ -349,6 +349,9 @@ pub struct Resources {
 pub struct LoadSummary {
     pub procs: u64,
     pub totals: Counters,
+    /// The coordinator's part: the agents' join, the last reports' wait, its CPU.
+    #[serde(default)]
+    pub coordinator: hongbao_load::coordinator::CoordinatorCost,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -154,6 +154,22 @@ pub struct Finished {
     pub cpu_ms: u64,
     /// Slices lost before their last report.
     pub lost: Vec<LostSlice>,
+    /// What coordinating cost this process.
+    pub coordinator: CoordinatorCost,
+}
+
+/// The coordinator's own part of a run: how long the agents took to join, how long the
+/// last reports took to come once asked to stop, and this process's CPU meanwhile.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct CoordinatorCost {
+    /// From listening for agents until every one had joined (0 without agents).
+    pub join_ms: u64,
+    /// From the stop until every slice's last report was in (or the slice lost).
+    pub final_reports_ms: u64,
+    /// From the start until the last reports were in.
+    pub run_ms: u64,
+    /// This process's CPU over `run_ms` (all of it: the bench's own work too).
+    pub cpu_ms: u64,
 }
 
 /// A slice (an agent, a client process) lost before its last report: when, why, whose
@@ -203,6 +219,9 @@ pub struct Load {
     children: Mutex<Vec<Child>>,
     inputs: Mutex<Vec<Input>>,
     hub: Option<AgentHub>,
+    /// When it started, this process's CPU then, and how long the agents took to join.
+    started: (Instant, u64),
+    join_ms: u64,
     /// Shared with the report readers, so each row's target follows `set_qps`.
     schedule: Arc<Mutex<Schedule>>,
     shared: Arc<Mutex<Shared>>,
@@ -269,6 +288,7 @@ impl Load {
         let schedule = Arc::new(Mutex::new(Schedule::new(opts.users, opts.qps)));
         let exe = std::env::current_exe()?;
         let mut children = Vec::new();
+        let started = (Instant::now(), hongbao_sys::usage::self_usage().1);
         let hub = match &opts.agents {
             Some(plan) => {
                 let hub = AgentHub::listen(plan)?;
@@ -280,6 +300,7 @@ impl Load {
             }
             None => None,
         };
+        let join_ms = started.0.elapsed().as_millis() as u64;
         let epoch_ms = (unix_ms() / 1000 + 2) * 1000;
         let client_options = |p: u32| ClientOptions {
             proc_index: p,
@@ -377,7 +398,9 @@ impl Load {
             epoch_ms,
             children: Mutex::new(children),
             inputs: Mutex::new(inputs),
+            join_ms: if hub.is_some() { join_ms } else { 0 },
             hub,
+            started,
             schedule,
             shared,
             monitor,
@@ -531,6 +554,7 @@ impl Load {
     /// Stops the clients and collects their final reports (a lost slice: what it had
     /// reported).
     pub fn stop(&self) -> anyhow::Result<Finished> {
+        let stopping = Instant::now();
         for input in self.inputs.lock().unwrap().iter_mut() {
             let _ = input.send(&client::Command::Stop);
         }
@@ -565,6 +589,12 @@ impl Load {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        let coordinator = CoordinatorCost {
+            join_ms: self.join_ms,
+            final_reports_ms: stopping.elapsed().as_millis() as u64,
+            run_ms: self.started.0.elapsed().as_millis() as u64,
+            cpu_ms: hongbao_sys::usage::self_usage().1 - self.started.1,
+        };
         if let Some(m) = &self.monitor {
             m.stop_sending();
         }
@@ -633,6 +663,7 @@ impl Load {
             peak_rss_bytes: shared.peak_rss_bytes,
             cpu_ms,
             lost,
+            coordinator,
         })
     }
 }
