@@ -123,9 +123,10 @@ pub struct BenchArgs {
     #[arg(long, requires = "agents")]
     spawn_agents: bool,
     /// Load a running deployment instead of starting a server: the address its clients
-    /// connect to (a gateway or nginx; for the transport asked for)
+    /// connect to, HOST:PORT (a gateway or nginx; for the transport asked for; a name is
+    /// resolved once, at the start)
     #[arg(long, requires_all = ["target_admin", "target_admin_key_file"])]
-    target_clients: Option<std::net::SocketAddr>,
+    target_clients: Option<String>,
     /// The deployment's admin API: http://HOST:PORT or https://HOST:PORT
     #[arg(long, requires = "target_clients")]
     target_admin: Option<String>,
@@ -324,6 +325,14 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
         let key_file = args.target_admin_key_file.expect("clap requires it");
         let admin_key = hongbao_http::access::read_secret_file(&key_file)
             .with_context(|| format!("reading the admin key {}", key_file.display()))?;
+        use std::net::ToSocketAddrs;
+        let clients = clients
+            .to_socket_addrs()
+            .with_context(|| {
+                format!("--target-clients {clients}: not HOST:PORT, or the name does not resolve")
+            })?
+            .next()
+            .with_context(|| format!("--target-clients {clients}: the name has no address"))?;
         opts.target = Some(hongbao_bench::bench::Target {
             clients,
             admin,
