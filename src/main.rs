@@ -20,6 +20,7 @@ mod capacity;
 mod doctor;
 mod lab;
 mod ledger_bench;
+mod ledger_cmd;
 mod load;
 mod monitor;
 mod nginx;
@@ -35,6 +36,7 @@ use capacity::CapacityArgs;
 use doctor::DoctorArgs;
 use lab::LabCommand;
 use ledger_bench::LedgerBenchArgs;
+use ledger_cmd::{BackupArgs, LedgerCommand, RestoreArgs};
 use load::{LoadAgentArgs, LoadArgs};
 use monitor::MonitorArgs;
 use nginx::NginxArgs;
@@ -100,6 +102,14 @@ enum Command {
     /// What a win's commit costs on this disk: wins at an even rate through the server's
     /// own group-committing ledger writer; latency percentiles and CPU per win.
     LedgerBench(LedgerBenchArgs),
+    /// Copy the embedded ledger while it serves (a consistent snapshot) into a new
+    /// directory, and check the copy (docs/ledger.md)
+    Backup(BackupArgs),
+    /// Put a checked backup into a data directory (no server running on it)
+    Restore(RestoreArgs),
+    /// The embedded ledger: `verify` checks one without a server
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
     /// Make a throwaway CA and a certificate it signed (ECDSA P-256), for trying TLS out
     /// and for tests: OUT/ca.pem, OUT/cert.pem, OUT/key.pem. Real deployments bring their own.
     DevCert(DevCertArgs),
@@ -154,5 +164,8 @@ fn main() -> Result<()> {
         Command::Doctor(args) => doctor::run(args),
         Command::AdminKey(command) => admin_key::run(command),
         Command::LedgerBench(args) => ledger_bench::run(args),
+        Command::Backup(args) => ledger_cmd::backup(args),
+        Command::Restore(args) => ledger_cmd::restore(args),
+        Command::Ledger(command) => ledger_cmd::run(command),
     }
 }

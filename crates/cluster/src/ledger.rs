@@ -263,6 +263,7 @@ impl Store {
             unclaimed_packets: n(10).saturating_sub(n(9)),
             ledger_seq: n(11),
             minted_by,
+            ledger_head: None,
         }
         .checked())
     }

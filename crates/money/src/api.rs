@@ -71,6 +71,10 @@ pub struct Audit {
     /// `minted_cents`, each with who made it.
     #[serde(default)]
     pub minted_by: BTreeMap<String, u64>,
+    /// The ledger's hash-chain head, `SEQ:HEX` (the newest committed event and its hash;
+    /// docs/ledger.md): kept elsewhere, it proves later that the ledger still holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_head: Option<String>,
 }
 
 impl Audit {

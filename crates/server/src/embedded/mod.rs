@@ -197,7 +197,18 @@ impl Money for Embedded {
     fn drain(&mut self, out: &mut Vec<Output>) {
         out.append(&mut self.refused);
         self.ledger.submit(self.core.take_records());
+        let from = out.len();
         self.core.drain_ready(self.ledger.committed(), out);
+        // An audit the core answers goes out with the ledger's committed head.
+        for output in &mut out[from..] {
+            if let Output::Admin {
+                answer: AdminAnswer::Audit(audit),
+                ..
+            } = output
+            {
+                audit.ledger_head = Some(self.ledger.head().text());
+            }
+        }
         out.extend(self.answers.try_iter());
     }
 
@@ -209,7 +220,10 @@ impl Money for Embedded {
     }
 
     fn audit_now(&self) -> Option<Audit> {
-        Some(self.core.audit())
+        Some(Audit {
+            ledger_head: Some(self.ledger.head().text()),
+            ..self.core.audit()
+        })
     }
 
     fn failure(&self) -> Option<String> {

@@ -9,6 +9,13 @@
 //! replies that depended on those events. So a lone event after a quiet spell is committed
 //! at once, and at any rate of events the disk sees at most one durable commit (fsync) per
 //! `commit_interval`: at 200 wins a second, one commit carries four of them, not one.
+//!
+//! Every event carries a hash chaining it to the one before (`chain.rs`): reading the
+//! ledger back walks the chain, so an edited, removed or inserted event is named, and the
+//! newest hash (the head) is published for operators to keep elsewhere.
+//!
+//! - this file: the tables, appending, reading back, the group-commit thread;
+//! - `chain`: the hash chain; `verify`: a ledger checked without a server (and backups).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,13 +33,19 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use crate::error::{Error, Result};
 
+pub mod chain;
+pub mod verify;
+
+pub use chain::Head;
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS events (
     seq   INTEGER PRIMARY KEY,
     ts_ms INTEGER NOT NULL,
     kind  TEXT NOT NULL,
     user  INTEGER,
-    body  TEXT NOT NULL
+    body  TEXT NOT NULL,
+    hash  BLOB
 );
 CREATE INDEX IF NOT EXISTS events_by_user ON events(user, seq) WHERE user IS NOT NULL;
 CREATE TABLE IF NOT EXISTS balances (
@@ -44,6 +57,8 @@ CREATE TABLE IF NOT EXISTS balances (
 pub struct Ledger {
     conn: Connection,
     path: PathBuf,
+    /// The newest committed event's number and hash.
+    head: Head,
 }
 
 impl Ledger {
@@ -59,7 +74,94 @@ impl Ledger {
             .map_err(|e| Error::ledger("sync", e))?;
         conn.execute_batch(SCHEMA)
             .map_err(|e| Error::ledger("creating the schema", e))?;
-        Ok(Ledger { conn, path })
+        let mut ledger = Ledger {
+            conn,
+            path,
+            head: Head::default(),
+        };
+        ledger.chain_unchained()?;
+        ledger.head = ledger.stored_head()?;
+        Ok(ledger)
+    }
+
+    /// A ledger of a version before the chain: its column added, and its events chained
+    /// in order, once (at the first start of this version).
+    fn chain_unchained(&mut self) -> Result<()> {
+        let chaining = |e| Error::ledger("chaining the ledger's events", e);
+        let has_column = self.conn.prepare("SELECT hash FROM events LIMIT 0").is_ok();
+        if !has_column {
+            self.conn
+                .execute_batch("ALTER TABLE events ADD COLUMN hash BLOB")
+                .map_err(chaining)?;
+        }
+        let unchained: i64 = self
+            .conn
+            .query_row("SELECT count(*) FROM events WHERE hash IS NULL", [], |r| {
+                r.get(0)
+            })
+            .map_err(chaining)?;
+        if unchained == 0 {
+            return Ok(());
+        }
+        let tx = self.conn.transaction().map_err(chaining)?;
+        let mut head = Head::default();
+        {
+            let mut read = tx
+                .prepare("SELECT seq, ts_ms, body, hash FROM events ORDER BY seq")
+                .map_err(chaining)?;
+            let mut update = tx
+                .prepare("UPDATE events SET hash = ?2 WHERE seq = ?1")
+                .map_err(chaining)?;
+            let mut rows = read.query([]).map_err(chaining)?;
+            while let Some(row) = rows.next().map_err(chaining)? {
+                let (seq, ts_ms, body): (i64, i64, String) = (
+                    row.get(0).map_err(chaining)?,
+                    row.get(1).map_err(chaining)?,
+                    row.get(2).map_err(chaining)?,
+                );
+                head = head.next(seq as u64, ts_ms as u64, &body);
+                let stored: Option<Vec<u8>> = row.get(3).map_err(chaining)?;
+                if stored.is_none() {
+                    update
+                        .execute(params![seq, head.hash.to_vec()])
+                        .map_err(chaining)?;
+                }
+            }
+        }
+        tx.commit().map_err(chaining)?;
+        tracing::info!(
+            events = unchained,
+            head = head.text(),
+            "the ledger's events chained"
+        );
+        Ok(())
+    }
+
+    /// The newest event's number and stored hash.
+    fn stored_head(&self) -> Result<Head> {
+        let row: Option<(i64, Vec<u8>)> = self
+            .conn
+            .query_row(
+                "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| Error::ledger("reading the head", e))?;
+        match row {
+            None => Ok(Head::default()),
+            Some((seq, hash)) => Ok(Head {
+                seq: seq as u64,
+                hash: hash
+                    .try_into()
+                    .map_err(|_| Error::Corrupt(format!("event {seq}'s hash is not 32 bytes")))?,
+            }),
+        }
+    }
+
+    /// The newest committed event's number and hash.
+    pub fn head(&self) -> Head {
+        self.head
     }
 
     /// A read-only connection to the same database, for admin look-ups.
@@ -67,11 +169,13 @@ impl Ledger {
         Reader::open(&self.path)
     }
 
-    /// Every event in ledger order.
+    /// Every event in ledger order, the hash chain walked as they come: an event that
+    /// does not match it is an error naming it (nothing after it is read).
     pub fn for_each(&self, mut f: impl FnMut(Record)) -> Result<u64> {
+        let mut walk = chain::Walk::default();
         let mut stmt = self
             .conn
-            .prepare("SELECT seq, ts_ms, body FROM events ORDER BY seq")
+            .prepare("SELECT seq, ts_ms, body, hash FROM events ORDER BY seq")
             .map_err(|e| Error::ledger("reading events", e))?;
         let mut rows = stmt
             .query([])
@@ -84,6 +188,13 @@ impl Ledger {
             let seq: i64 = row.get(0).map_err(|e| Error::ledger("reading seq", e))?;
             let ts_ms: i64 = row.get(1).map_err(|e| Error::ledger("reading ts", e))?;
             let body: String = row.get(2).map_err(|e| Error::ledger("reading body", e))?;
+            let hash: Option<Vec<u8>> = row.get(3).map_err(|e| Error::ledger("reading hash", e))?;
+            if !walk.step(seq as u64, ts_ms as u64, &body, hash.as_deref()) {
+                let (_, why) = walk.broken.expect("a break says why");
+                return Err(Error::Corrupt(format!(
+                    "the ledger's hash chain breaks: {why}"
+                )));
+            }
             let event: Event = serde_json::from_str(&body)
                 .map_err(|e| Error::Corrupt(format!("event {seq} does not parse: {e}: {body}")))?;
             f(Record {
@@ -98,21 +209,13 @@ impl Ledger {
 
     /// The derived balances table, for checking against a replay.
     pub fn balances(&self) -> Result<HashMap<String, u64>> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT account, cents FROM balances WHERE cents != 0")
-            .map_err(|e| Error::ledger("reading balances", e))?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
-            })
-            .map_err(|e| Error::ledger("reading balances", e))?;
-        rows.collect::<rusqlite::Result<_>>()
-            .map_err(|e| Error::ledger("reading balances", e))
+        read_balances(&self.conn)
     }
 
-    /// Appends `records` and updates balances, in one transaction.
+    /// Appends `records` and updates balances, in one transaction; the head moves once it
+    /// is committed.
     pub fn append(&mut self, records: &[Record]) -> Result<()> {
+        let mut head = self.head;
         let tx = self
             .conn
             .transaction()
@@ -120,7 +223,7 @@ impl Ledger {
         {
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT INTO events (seq, ts_ms, kind, user, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    "INSERT INTO events (seq, ts_ms, kind, user, body, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )
                 .map_err(|e| Error::ledger("preparing insert", e))?;
             let mut balance = tx
@@ -133,13 +236,15 @@ impl Ledger {
             for r in records {
                 let body = serde_json::to_string(&r.event).expect("events serialize");
                 let user = r.event.user().map(|u| u as i64);
+                head = head.next(r.seq, r.ts_ms, &body);
                 insert
                     .execute(params![
                         r.seq as i64,
                         r.ts_ms as i64,
                         r.event.kind(),
                         user,
-                        body
+                        body,
+                        head.hash.to_vec()
                     ])
                     .map_err(|e| Error::ledger("inserting an event", e))?;
                 for (account, delta) in r.event.balance_deltas() {
@@ -152,8 +257,24 @@ impl Ledger {
                     .map_err(|e| Error::ledger("updating a balance", e))?;
             }
         }
-        tx.commit().map_err(|e| Error::ledger("committing", e))
+        tx.commit().map_err(|e| Error::ledger("committing", e))?;
+        self.head = head;
+        Ok(())
     }
+}
+
+/// Every non-zero balance of the balances table, by account key.
+pub(crate) fn read_balances(conn: &Connection) -> Result<HashMap<String, u64>> {
+    let mut stmt = conn
+        .prepare("SELECT account, cents FROM balances WHERE cents != 0")
+        .map_err(|e| Error::ledger("reading balances", e))?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+        })
+        .map_err(|e| Error::ledger("reading balances", e))?;
+    rows.collect::<rusqlite::Result<_>>()
+        .map_err(|e| Error::ledger("reading balances", e))
 }
 
 /// Read-only look-ups (admin threads), never blocking the writer thanks to WAL.
@@ -321,6 +442,8 @@ impl LedgerRead for Reader {
 pub struct LedgerWriter {
     tx: Option<SyncSender<Vec<Record>>>,
     committed: Arc<AtomicU64>,
+    /// The chain's head as committed.
+    head: Arc<std::sync::Mutex<Head>>,
     /// The newest commit failed and is being tried again.
     failing: Arc<AtomicBool>,
     /// `finish` was asked: a failing commit is given up after `FINISH_RETRY`.
@@ -362,8 +485,10 @@ impl LedgerWriter {
     ) -> LedgerWriter {
         let (tx, rx) = sync_channel::<Vec<Record>>(1024);
         let committed = Arc::new(AtomicU64::new(committed_seq));
+        let head = Arc::new(std::sync::Mutex::new(ledger.head()));
         let state = WriterState {
             committed: committed.clone(),
+            head: head.clone(),
             failing: Arc::default(),
             finishing: Arc::default(),
         };
@@ -375,6 +500,7 @@ impl LedgerWriter {
         LedgerWriter {
             tx: Some(tx),
             committed,
+            head,
             failing,
             finishing,
             thread: Some(thread),
@@ -400,6 +526,11 @@ impl LedgerWriter {
         self.committed.load(Ordering::Acquire)
     }
 
+    /// The hash chain's head as committed.
+    pub fn head(&self) -> Head {
+        *self.head.lock().unwrap()
+    }
+
     /// Commits everything submitted and stops the thread.
     pub fn finish(&mut self) -> Result<()> {
         self.finishing.store(true, Ordering::Release);
@@ -421,6 +552,7 @@ impl LedgerWriter {
 /// What the writer thread shares with the `LedgerWriter`.
 struct WriterState {
     committed: Arc<AtomicU64>,
+    head: Arc<std::sync::Mutex<Head>>,
     failing: Arc<AtomicBool>,
     finishing: Arc<AtomicBool>,
 }
@@ -444,6 +576,7 @@ fn commit_loop(
         }
         last_start = Some(Instant::now());
         append_until_done(ledger, &batch, state, &on_commit)?;
+        *state.head.lock().unwrap() = ledger.head();
         state
             .committed
             .store(batch.last().map_or(0, |r| r.seq), Ordering::Release);
@@ -500,204 +633,4 @@ fn append_until_done(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn won(seq: u64, user: u64, cents: u64) -> Record {
-        Record {
-            seq,
-            ts_ms: 1000 + seq,
-            event: Event::ShakeWon {
-                campaign: 1,
-                index: seq as u32,
-                user,
-                amount_cents: cents,
-            },
-        }
-    }
-
-    #[test]
-    fn append_then_read_back_in_order_with_balances() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(dir.path()).unwrap();
-        ledger.append(&[won(1, 7, 100), won(2, 8, 50)]).unwrap();
-        ledger.append(&[won(3, 7, 25)]).unwrap();
-        drop(ledger);
-        let ledger = Ledger::open(dir.path()).unwrap();
-        let mut seqs = Vec::new();
-        assert_eq!(ledger.for_each(|r| seqs.push(r.seq)).unwrap(), 3);
-        assert_eq!(seqs, vec![1, 2, 3]);
-        let balances = ledger.balances().unwrap();
-        assert_eq!(balances["u:7"], 125);
-        assert_eq!(balances["u:8"], 50);
-        let view = ledger.reader().unwrap().user(7, 10).unwrap();
-        assert_eq!(view.balance_cents, 125);
-        assert_eq!(view.recent_events.len(), 2);
-        assert_eq!(view.recent_events[0]["seq"], 3);
-    }
-
-    #[test]
-    fn writer_groups_and_publishes_the_committed_seq() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path()).unwrap();
-        let mut writer = LedgerWriter::spawn(ledger, 0, GroupCommit::default(), || {});
-        for seq in 1..=100 {
-            writer.submit(vec![won(seq, seq % 5 + 1, 1)]);
-        }
-        writer.finish().unwrap();
-        assert_eq!(writer.committed(), 100);
-        let ledger = Ledger::open(dir.path()).unwrap();
-        assert_eq!(ledger.balances().unwrap().values().sum::<u64>(), 100);
-    }
-
-    #[test]
-    fn a_commit_starts_at_once_unless_the_last_began_under_an_interval_ago() {
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        assert_eq!(next_commit(None, t0, ms(10)), t0, "the first commit");
-        assert_eq!(next_commit(Some(t0), t0 + ms(3), ms(10)), t0 + ms(10));
-        assert_eq!(next_commit(Some(t0), t0 + ms(10), ms(10)), t0 + ms(10));
-        assert_eq!(
-            next_commit(Some(t0), t0 + ms(25), ms(10)),
-            t0 + ms(25),
-            "after a quiet spell, at once"
-        );
-        assert_eq!(next_commit(Some(t0), t0 + ms(1), ms(0)), t0 + ms(1));
-    }
-
-    #[test]
-    fn the_writer_commits_at_most_once_an_interval_and_a_lone_event_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path()).unwrap();
-        let commits = Arc::new(AtomicU64::new(0));
-        let counted = commits.clone();
-        let interval = Duration::from_millis(50);
-        let group = GroupCommit {
-            commit_interval: interval,
-            max_batch: 4096,
-        };
-        let start = Instant::now();
-        let mut writer = LedgerWriter::spawn(ledger, 0, group, move || {
-            counted.fetch_add(1, Ordering::Relaxed);
-        });
-        // 100 events a millisecond apart: at most one commit began each 50 ms.
-        for seq in 1..=100 {
-            writer.submit(vec![won(seq, 1, 1)]);
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        while writer.committed() < 100 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let n = commits.load(Ordering::Relaxed);
-        let bound = start.elapsed().as_millis() as u64 / 50 + 1;
-        assert!(n >= 1 && n <= bound, "{n} commits, at most {bound}");
-        writer.finish().unwrap();
-
-        // A long interval: the first event is not held for it; the next one is.
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(dir.path()).unwrap();
-        let group = GroupCommit {
-            commit_interval: Duration::from_secs(4),
-            max_batch: 4096,
-        };
-        let mut writer = LedgerWriter::spawn(ledger, 0, group, || {});
-        let start = Instant::now();
-        writer.submit(vec![won(1, 1, 1)]);
-        while writer.committed() < 1 {
-            assert!(
-                start.elapsed() < Duration::from_secs(3),
-                "a lone event waits"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        writer.submit(vec![won(2, 1, 1)]);
-        std::thread::sleep(Duration::from_millis(500));
-        // The first commit began after `start`: the second cannot begin before start + 4 s.
-        let committed = writer.committed();
-        if start.elapsed() < Duration::from_secs(4) {
-            assert_eq!(committed, 1, "committed before the interval was up");
-        }
-        writer.finish().unwrap();
-        assert_eq!(writer.committed(), 2);
-    }
-
-    #[test]
-    fn wins_and_opens_are_read_in_pages_in_ledger_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(dir.path()).unwrap();
-        let opened = |seq, packet, user, cents| Record {
-            seq,
-            ts_ms: 1000 + seq,
-            event: Event::ShareOpened {
-                packet,
-                user,
-                amount_cents: cents,
-            },
-        };
-        let sent = Record {
-            seq: 3,
-            ts_ms: 1003,
-            event: Event::PacketSent {
-                packet: 12,
-                sender: Account::Campaign(2),
-                amount_cents: 500,
-                shares: 2,
-                recipients: vec![7, 8],
-                expires_ms: 10_000,
-                idempotency_key: None,
-            },
-        };
-        ledger
-            .append(&[won(1, 7, 100), won(2, 8, 50), sent])
-            .unwrap();
-        ledger
-            .append(&[opened(4, 12, 8, 300), opened(5, 12, 7, 200)])
-            .unwrap();
-        let reader = ledger.reader().unwrap();
-        let op = |packet, user, amount_cents| LedgerOp {
-            packet,
-            user,
-            amount_cents,
-        };
-        let all = reader.ops(0, 100).unwrap();
-        assert_eq!(
-            all.wins,
-            [
-                op(shake_packet_id(1, 1), 7, 100),
-                op(shake_packet_id(1, 2), 8, 50)
-            ]
-        );
-        assert_eq!(all.opens, [op(12, 8, 300), op(12, 7, 200)]);
-        assert_eq!(all.next, None, "a short page is the last");
-
-        // Two at a time through the seam, following each page's cursor.
-        let mut pages = Vec::new();
-        let mut after = None;
-        loop {
-            let page = LedgerRead::ops(&reader, after, 2).unwrap();
-            pages.push((page.wins.len(), page.opens.len()));
-            match page.next {
-                Some(next) => after = Some(next),
-                None => break,
-            }
-        }
-        assert_eq!(pages, [(2, 0), (0, 2), (0, 0)]);
-        assert_eq!(
-            LedgerRead::ops(&reader, Some(OpsCursor::Seq(2)), 1)
-                .unwrap()
-                .next,
-            Some(OpsCursor::Seq(4)),
-            "the packet sent in between is passed over"
-        );
-        assert!(LedgerRead::ops(&reader, Some(OpsCursor::Win(1)), 2).is_err());
-    }
-
-    #[test]
-    fn a_duplicate_seq_is_refused_and_nothing_of_its_batch_lands() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(dir.path()).unwrap();
-        ledger.append(&[won(1, 7, 100)]).unwrap();
-        assert!(ledger.append(&[won(2, 7, 5), won(1, 7, 100)]).is_err());
-        assert_eq!(ledger.balances().unwrap()["u:7"], 100);
-    }
-}
+mod tests;
