@@ -18,6 +18,10 @@ pub struct BackupArgs {
     /// The server's data directory (it may be serving)
     #[arg(long, default_value = DATA_DIR)]
     data_dir: PathBuf,
+    /// Run at normal priority (by default the backup is background work: nice 19 and the
+    /// idle I/O class, so a server beside it keeps the machine)
+    #[arg(long)]
+    foreground: bool,
 }
 
 #[derive(Args)]
@@ -53,6 +57,9 @@ pub struct VerifyArgs {
 }
 
 pub fn backup(args: BackupArgs) -> Result<()> {
+    if !args.foreground {
+        hongbao_sys::priority::background()?;
+    }
     let done = verify::backup(&args.data_dir, &args.out)?;
     let v = &done.verified;
     println!(

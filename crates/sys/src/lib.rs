@@ -11,6 +11,7 @@
 //! - `usage`: memory and CPU of a process, from /proc;
 //! - `stop`: the stop value every loop is handed;
 //! - `notify`: telling systemd a service is ready, reloading, stopping;
+//! - `priority`: background work (nice 19, idle I/O) beside a server;
 //! - `doctor`: the machine's limits for N connections, and `--netns`.
 
 pub mod clock;
@@ -19,6 +20,7 @@ pub mod limits;
 pub mod net;
 pub mod netns;
 pub mod notify;
+pub mod priority;
 pub mod stop;
 pub mod usage;
 
