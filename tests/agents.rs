@@ -97,7 +97,7 @@ fn four_agents_on_lab_hosts_against_two_gateways_balance_every_cent() {
 fn an_agent_killed_mid_run_is_reported_while_the_others_carry_on() {
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("agents");
-    let port = free_port();
+    let port = common::free_port();
     // A shake campaign of 10 s: the kill lands inside it.
     let args = format!(
         "--connections 3000 --workers 2 --phase-qps 600 --campaign-rate 40 --shake-packets 400 \
@@ -226,14 +226,6 @@ fn a_bench_against_a_running_server_audits_through_its_admin_api() {
     }
     // The server took both runs: its money adds up.
     assert_eq!(server.audit()["ok"], true);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The same bench with `--target-*` against a lab brought up by hand (`hongbao lab up`,

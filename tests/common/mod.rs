@@ -306,3 +306,12 @@ pub fn is_root() -> bool {
             == Some("0")
     })
 }
+
+/// A loopback port free a moment ago (bound and let go).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

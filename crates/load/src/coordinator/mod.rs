@@ -277,14 +277,7 @@ impl Load {
             None if !opts.server.ip().is_loopback() => vec![Ipv4Addr::UNSPECIFIED],
             None => default_source_ips(opts.users),
         };
-        let shared = Arc::new(Mutex::new(Shared {
-            procs,
-            lost: vec![None; procs as usize],
-            gone: vec![None; procs as usize],
-            latest: vec![None; procs as usize],
-            finals: vec![None; procs as usize],
-            ..Default::default()
-        }));
+        let shared = Arc::new(Mutex::new(Shared::new(procs)));
         let schedule = Arc::new(Mutex::new(Schedule::new(opts.users, opts.qps)));
         let exe = std::env::current_exe()?;
         let mut children = Vec::new();

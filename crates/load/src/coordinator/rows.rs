@@ -66,6 +66,18 @@ pub(super) struct Gone {
 }
 
 impl Shared {
+    /// The state of a run of `procs` slices, nothing reported yet.
+    pub(super) fn new(procs: u32) -> Shared {
+        Shared {
+            procs,
+            lost: vec![None; procs as usize],
+            gone: vec![None; procs as usize],
+            latest: vec![None; procs as usize],
+            finals: vec![None; procs as usize],
+            ..Default::default()
+        }
+    }
+
     /// The reports a second needs to be complete: every slice's, but those of slices
     /// gone without reporting it.
     pub(super) fn expected(&self, second: u64) -> u32 {

@@ -3,14 +3,7 @@ use rand::{Rng, SeedableRng};
 use super::*;
 
 fn shared(procs: u32) -> Mutex<Shared> {
-    Mutex::new(Shared {
-        procs,
-        lost: vec![None; procs as usize],
-        gone: vec![None; procs as usize],
-        latest: vec![None; procs as usize],
-        finals: vec![None; procs as usize],
-        ..Default::default()
-    })
+    Mutex::new(Shared::new(procs))
 }
 
 fn report(p: u32, second: u64, latency: &[(u64, u64)]) -> Report {
