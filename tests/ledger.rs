@@ -82,6 +82,9 @@ fn backups_taken_while_serving_verify_restore_and_serve_again() {
     let audit = server.audit();
     assert_eq!(audit["ok"], true);
     let head = audit["ledger_head"].as_str().unwrap().to_string();
+    // The audit read is on the admin log with the head it published.
+    let log = server.get("/v1/admin-log").to_string();
+    assert!(log.contains(&format!("ledger head {head}")), "{log}");
     server.stop();
     // The live ledger holds the head the audit published; a backup taken before it does
     // not reach it.

@@ -111,6 +111,9 @@ enum Record {
     Change,
     /// A read of a user's data.
     UserRead,
+    /// The audit: recorded with the ledger's hash-chain head it published, so the admin
+    /// log keeps a trail of heads (docs/ledger.md).
+    Audit,
     No,
 }
 
@@ -121,7 +124,8 @@ fn needs(method: &str, segments: &[&str]) -> Option<(Role, Record)> {
     use Role::*;
     Some(match (method, segments) {
         ("GET", ["metrics"] | ["v1", "stats"]) => (Metrics, No),
-        ("GET", ["v1", "campaigns"] | ["v1", "campaigns", _] | ["v1", "audit"]) => (Viewer, No),
+        ("GET", ["v1", "campaigns"] | ["v1", "campaigns", _]) => (Viewer, No),
+        ("GET", ["v1", "audit"]) => (Viewer, Audit),
         ("GET", ["v1", "users", _] | ["v1", "balances"] | ["v1", "ledger", "ops"]) => {
             (Viewer, UserRead)
         }
@@ -198,7 +202,7 @@ fn handle(
     let answer = serve(request, &caller.key, door, reader, &ask);
     match record {
         Record::No => answer,
-        Record::Change | Record::UserRead => {
+        Record::Change | Record::UserRead | Record::Audit => {
             let result = if answer.status < 300 {
                 summary(request, &answer)
             } else {
@@ -245,6 +249,14 @@ fn summary(request: &Request, answer: &Response) -> String {
             body["created_by"].as_str().unwrap_or("?")
         ),
         ["v1", "broadcast"] => format!("broadcast to {} connections", body["connections"]),
+        ["v1", "audit"] => format!(
+            "audit ok={} ledger_seq={} ledger head {}",
+            body["ok"],
+            body["ledger_seq"],
+            body["ledger_head"]
+                .as_str()
+                .unwrap_or("(none: cluster mode)")
+        ),
         ["v1", "admin-keys"] => format!("key {} made, role {}", body["name"], body["role"]),
         ["v1", "admin-keys", name] => format!("key {name:?} removed"),
         ["v1", "users", user, "revoke"] => format!(
