@@ -478,6 +478,81 @@ fn cluster_mode_moves_money_across_hosts_and_survives_failures() {
     won_out_and_balanced(&lab, &mut clients, campaign, &mut told);
 }
 
+/// Each gateway host chains its own events (docs/scale-out.md, "The hash chain"): an
+/// untouched ledger's audit is ok with one head a host, as the database's head rows hold
+/// them; one event's body edited in PostgreSQL and the audit is not ok, naming that host
+/// and that event, while the other host's chain stands; edited back, ok again.
+#[test]
+fn an_event_edited_in_postgres_breaks_its_hosts_chain_and_the_audit_names_it() {
+    let _one = one_lab();
+    let dir = tempfile::tempdir().unwrap();
+    let lab = lab(dir.path(), 2);
+    let hosts: Vec<String> = lab.gateways.iter().map(|g| g.host.name.clone()).collect();
+    let admin1 = lab.gateways[0].admin();
+    let mut told: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut clients: Vec<(u64, Client)> = (1..=4)
+        .map(|u| (u, login(lab.gateways[u as usize % 2].tcp(), u)))
+        .collect();
+    let campaign = shake_campaign(admin1, 40, 200);
+    shake_out(
+        &mut clients,
+        admin1,
+        campaign,
+        &mut told,
+        Duration::from_secs(60),
+    );
+
+    let audit = audit_everywhere(&lab, &[0, 1]);
+    let heads = audit["ledger_heads"].as_object().expect("ledger_heads");
+    assert_eq!(
+        heads.keys().collect::<Vec<_>>(),
+        hosts.iter().collect::<Vec<_>>(),
+        "one head a gateway host: {audit}"
+    );
+    let rows = lab
+        .psql("SELECT host || ' ' || seq || ':' || encode(hash, 'hex') FROM hb_chain_heads")
+        .unwrap();
+    for row in rows.lines() {
+        let (host, head) = row.split_once(' ').unwrap();
+        assert_eq!(heads[host], head, "the head row of {host}");
+    }
+    assert_eq!(audit.get("chain_problems"), None, "{audit}");
+
+    // The third win of the second host: its amount one cent more.
+    let edited = lab
+        .psql(&format!(
+            "SELECT seq FROM hb_events WHERE host = '{}' AND body->>'kind' = 'shake_won' \
+             ORDER BY seq LIMIT 1 OFFSET 2",
+            hosts[1]
+        ))
+        .unwrap();
+    let seq: u64 = edited.trim().parse().expect("a win of the second host");
+    let add = |cents: i64| {
+        lab.psql(&format!(
+            "UPDATE hb_events SET body = jsonb_set(body, '{{amount_cents}}', \
+             to_jsonb((body->>'amount_cents')::bigint + {cents})) WHERE seq = {seq}"
+        ))
+        .unwrap();
+    };
+    add(1);
+    for gw in &lab.gateways {
+        let audit = admin(gw.admin(), "GET", "/v1/audit", None);
+        assert_eq!(audit["ok"], false, "{audit}");
+        let problems = audit["chain_problems"].as_array().expect("chain_problems");
+        assert_eq!(problems.len(), 1, "{audit}");
+        let problem = problems[0].as_str().unwrap();
+        assert!(
+            problem.starts_with(&format!("host {}: event {seq}: ", hosts[1])),
+            "{problem}"
+        );
+        assert_eq!(audit["ledger_heads"][&hosts[0]], heads[&hosts[0]]);
+        assert_eq!(audit["ledger_heads"].get(&hosts[1]), None, "{audit}");
+    }
+    add(-1);
+    let audit = audit_everywhere(&lab, &[0, 1]);
+    assert_eq!(audit["ledger_heads"], Value::Object(heads.clone()));
+}
+
 /// `hongbao bench --hosts 2` with each failure injected mid-run, the load running: the
 /// killed gateway's clients reconnect through nginx, a Redis replica takes over, the
 /// ledger comes back; conservation holds exactly and every cent a client was told of is

@@ -124,6 +124,7 @@ async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAn
         }
     };
     let body = serde_json::to_value(event).expect("serializable");
+    let turn = store.chain_turn().await;
     let row = pg
         .query_one(
             "WITH c AS (INSERT INTO hb_campaigns (id, kind, packets, rate, amount_min, amount_max, recipients, user_min, user_max, seed, minted, started_ms, created_by) \
@@ -150,6 +151,7 @@ async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAn
         )
         .await
         .map_err(|e| pg_error("creating a campaign", e))?;
+    drop(turn);
     c.id = row.get::<_, i32>(0) as u32;
     let key = format!("{{rel}}:c:{}", c.id);
     let mut pipe = redis::pipe();

@@ -2,6 +2,11 @@
 //! `commit_window` for more), each batch one PostgreSQL transaction of pipelined calls to
 //! the ledger's functions (`schema.sql`). Nothing an op tells goes out before its batch
 //! has committed: that is `outcome`'s job, called from here.
+//!
+//! Every event a batch appends is hashed onto this host's chain by PostgreSQL as it is
+//! inserted (`hb_chain` in `schema.sql`), its head row moving in the batch's transaction:
+//! a batch whose COMMIT went unanswered either moved it or did not, and the next batch
+//! chains on whatever the database holds, so no head is kept here to go stale or fork.
 
 use std::sync::Arc;
 
@@ -302,9 +307,12 @@ pub async fn committer(
             };
         }
         let result = match &conn {
-            Some((client, st)) => commit_batch(client, st, &cfg.host, &batch)
-                .await
-                .map_err(|e| pg_error("committing", e)),
+            Some((client, st)) => {
+                let _turn = store.chain_turn().await;
+                commit_batch(client, st, &cfg.host, &batch)
+                    .await
+                    .map_err(|e| pg_error("committing", e))
+            }
             None => Err(Error::unavailable(
                 "committing",
                 "no connection to PostgreSQL",

@@ -1,11 +1,15 @@
 //! Reads of the PostgreSQL ledger (balances, a user's view, the notices waiting for a
-//! user, the wins and opened shares, the audit), and the two writes that need no batch:
-//! numbering packets, a block of ids at a time, and expiring them.
+//! user, the wins and opened shares, the audit and its walk of the hosts' hash chains),
+//! and the two writes that need no batch: numbering packets, a block of ids at a time, and
+//! expiring them.
 
+use futures_util::TryStreamExt;
+use hongbao_money::chain::Head;
 use hongbao_money::seam::{Balances, LedgerOp, OpsCursor, OpsPage};
 use hongbao_money::Error;
 use hongbao_money::{Audit, Notice, UserId, UserView};
 
+use crate::chain::{Chains, Walked};
 use crate::store::{i64s, pg_error, Store};
 
 /// Ids per block of `hb_packet_blocks`.
@@ -211,8 +215,10 @@ impl Store {
     }
 
     /// The audit, from one snapshot of the ledger: every cent minted is in a balance, a
-    /// live packet, or a shake packet not yet won.
+    /// live packet, or a shake packet not yet won; and, walked just before in a snapshot
+    /// of its own, every host's hash chain holds.
     pub async fn audit(&self) -> Result<Audit, Error> {
+        let chains = self.chains().await?;
         let pg = self.pg().await?;
         let r = pg
             .query_one(
@@ -264,12 +270,81 @@ impl Store {
             ledger_seq: n(11),
             minted_by,
             ledger_head: None,
+            ledger_heads: chains.heads,
+            chain_problems: chains.problems,
         }
         .checked())
     }
 
+    /// Every host's hash chain recomputed from its events (`chain.rs`), in one snapshot
+    /// with the hosts' head rows: on a connection of its own, since a transaction on the
+    /// shared one would take in other tasks' statements. The events are streamed, not
+    /// held: the cost is one pass over `hb_events` after `hb_chain_since`, in `seq` order.
+    async fn chains(&self) -> Result<Walked, Error> {
+        let chaining = |e: tokio_postgres::Error| pg_error("walking the hash chains", e);
+        let started = std::time::Instant::now();
+        let mut pg = self.pg_own().await?;
+        let tx = pg
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(chaining)?;
+        let since = tx
+            .query_one("SELECT coalesce(max(seq), 0) FROM hb_chain_since", &[])
+            .await
+            .map_err(chaining)?
+            .get::<_, i64>(0);
+        let heads = tx
+            .query("SELECT host, seq, hash FROM hb_chain_heads", &[])
+            .await
+            .map_err(chaining)?;
+        let mut chains = Chains::new(
+            since as u64,
+            heads.iter().map(|r| {
+                let hash: &[u8] = r.get(2);
+                let head = Head {
+                    seq: r.get::<_, i64>(1) as u64,
+                    // A hash of another length matches no event: the walk names it.
+                    hash: hash.try_into().unwrap_or([0xff; 32]),
+                };
+                (r.get::<_, String>(0), head)
+            }),
+        );
+        let rows = tx
+            .query_raw(
+                "SELECT host, seq, at_ms, body::text, hash FROM hb_events WHERE seq > $1 \
+                 ORDER BY seq",
+                [since],
+            )
+            .await
+            .map_err(chaining)?;
+        let mut rows = std::pin::pin!(rows);
+        while let Some(r) = rows.try_next().await.map_err(chaining)? {
+            chains.step(
+                r.get(0),
+                r.get::<_, i64>(1) as u64,
+                r.get::<_, i64>(2) as u64,
+                r.get(3),
+                r.get(4),
+            );
+        }
+        tx.commit().await.map_err(chaining)?;
+        let events = chains.events;
+        let walked = chains.finish();
+        tracing::info!(
+            events,
+            hosts = walked.heads.len() + walked.problems.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "the audit walked the hash chains"
+        );
+        Ok(walked)
+    }
+
     pub async fn expire(&self, now: u64, host: &str) -> Result<(), Error> {
         let pg = self.pg().await?;
+        let _turn = self.chain_turn().await;
         pg.query_one("SELECT hb_expire($1, $2)", &[&(now as i64), &host])
             .await
             .map_err(|e| pg_error("expiring packets", e))?;

@@ -29,6 +29,7 @@
 //! - `outcome`: what a batch's ops are told once it committed (or did not), and what
 //!   Redis and the recipients learn then.
 //! - `ledger`: reads of the PostgreSQL ledger, packet numbering and expiry.
+//! - `chain`: each host's hash chain over its events, as the audit walks it.
 //! - `release`: packets released by Redis at their rate, packets held, hosts alive, and
 //!   a release Redis lost started again from the ledger.
 //! - `gate`: a sent packet's gate in Redis, in front of PostgreSQL.
@@ -45,6 +46,7 @@
 mod access;
 mod admin;
 mod campaign;
+mod chain;
 mod cluster;
 mod commit;
 mod committer;

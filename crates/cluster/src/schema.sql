@@ -29,6 +29,18 @@ CREATE TABLE IF NOT EXISTS hb_events (
     body jsonb NOT NULL
 );
 CREATE INDEX IF NOT EXISTS hb_events_user ON hb_events (user_id, seq);
+-- The hash chain (docs/scale-out.md, "The hash chain"): one chain per gateway host, each
+-- event's hash set as it is inserted (`hb_chain`, below), each host's newest (seq, hash)
+-- in hb_chain_heads, and the newest seq from before the chain in hb_chain_since.
+ALTER TABLE hb_events ADD COLUMN IF NOT EXISTS hash bytea;
+CREATE TABLE IF NOT EXISTS hb_chain_heads (
+    host text PRIMARY KEY,
+    seq bigint NOT NULL,
+    hash bytea NOT NULL
+);
+CREATE TABLE IF NOT EXISTS hb_chain_since (
+    seq bigint NOT NULL
+);
 CREATE TABLE IF NOT EXISTS hb_wins (
     packet bigint PRIMARY KEY,
     campaign integer NOT NULL,
@@ -205,4 +217,46 @@ BEGIN
         n := n + 1;
     END LOOP;
     RETURN n;
+END $$;
+
+-- An event's number and hash, chained from the newest event of its host
+-- (hongbao_money::chain::link): SHA-256("hongbao ledger v1" ‖ prev ‖ seq ‖ at_ms ‖ body),
+-- seq and at_ms 8 bytes big-endian (int8send), body the jsonb's text as PostgreSQL writes
+-- it, prev 32 zero bytes for a host's first event. The host's head row is locked first
+-- and the seq drawn under that lock, so a host's events are numbered in the order they
+-- are chained whatever its transactions do; the row moves in the event's transaction, so
+-- it moves only if the event commits. The lock is per host: hosts never wait on each other.
+CREATE OR REPLACE FUNCTION hb_chain() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE prev bytea;
+BEGIN
+    LOOP
+        SELECT hash INTO prev FROM hb_chain_heads WHERE host = NEW.host FOR UPDATE;
+        IF FOUND THEN
+            NEW.seq := nextval('hb_events_seq_seq');
+            NEW.hash := sha256('hongbao ledger v1'::bytea || prev || int8send(NEW.seq)
+                || int8send(NEW.at_ms) || convert_to(NEW.body::text, 'UTF8'));
+            UPDATE hb_chain_heads SET seq = NEW.seq, hash = NEW.hash WHERE host = NEW.host;
+            RETURN NEW;
+        END IF;
+        -- The host's first event: its row, at the start of the chain (32 zero bytes),
+        -- unless another transaction of the host put it there meanwhile; then lock it.
+        INSERT INTO hb_chain_heads VALUES (NEW.host, 0, decode(repeat('00', 32), 'hex'))
+            ON CONFLICT (host) DO NOTHING;
+    END LOOP;
+END $$;
+
+-- The trigger, once; from then on it numbers every event (the column's default is
+-- dropped). Creating it waits for every transaction inserting events to end and holds new
+-- ones back until this file's transaction commits, so every event after the newest seq
+-- written down here is chained, and every event up to it is from before.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgname = 'hb_events_chain' AND tgrelid = 'hb_events'::regclass) THEN
+        CREATE TRIGGER hb_events_chain BEFORE INSERT ON hb_events
+            FOR EACH ROW EXECUTE FUNCTION hb_chain();
+        ALTER TABLE hb_events ALTER COLUMN seq DROP DEFAULT;
+        INSERT INTO hb_chain_since SELECT coalesce(max(seq), 0) FROM hb_events;
+    END IF;
 END $$;

@@ -43,6 +43,12 @@ pub(crate) struct Inner {
     pushes: Mutex<Option<UnboundedReceiver<String>>>,
     /// The next packet id and the end of this host's block.
     pub(crate) ids: tokio::sync::Mutex<(u64, u64)>,
+    /// Held by each of this host's transactions that append to `hb_events` (the
+    /// committer's batches, expiry, a new campaign) until it ends. The database already
+    /// queues them on this host's chain head row (`hb_chain` in `schema.sql`); queued here
+    /// instead, a batch holding that row never waits inside PostgreSQL on a packet row
+    /// that this host's expiry holds while it waits for the head row (a deadlock).
+    pub(crate) chain: tokio::sync::Mutex<()>,
     pub(crate) release: Script,
     /// Packets given whose removal from this host's held set failed; the next release
     /// call removes them.
@@ -209,6 +215,7 @@ impl Store {
             redis_client: client,
             pushes: Mutex::new(Some(rx)),
             ids: tokio::sync::Mutex::new((0, 0)),
+            chain: tokio::sync::Mutex::new(()),
             release: Script::new(RELEASE),
             ungiven: Mutex::new(Vec::new()),
             restore: Script::new(RESTORE),
@@ -238,6 +245,17 @@ impl Store {
         let fresh = Arc::new(pg_connect(&self.0.postgres).await?);
         *self.0.read.lock().unwrap() = fresh.clone();
         Ok(fresh)
+    }
+
+    /// A connection of its own, for a transaction (the reading one is shared by every
+    /// task, whose statements would land inside it).
+    pub(crate) async fn pg_own(&self) -> Result<Client, Error> {
+        pg_connect(&self.0.postgres).await
+    }
+
+    /// Taken around each of this host's transactions that append events (`Inner::chain`).
+    pub(crate) async fn chain_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.0.chain.lock().await
     }
 
     /// A MULTI/EXEC on the slot of `key`, sent again while the cluster answers that it

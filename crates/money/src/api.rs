@@ -75,6 +75,15 @@ pub struct Audit {
     /// docs/ledger.md): kept elsewhere, it proves later that the ledger still holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger_head: Option<String>,
+    /// Cluster mode: each gateway host's hash-chain head, `SEQ:HEX` by host name (each
+    /// host chains its own events; docs/scale-out.md), as the audit recomputed it. A host
+    /// whose chain breaks is left out, and named in `chain_problems`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ledger_heads: BTreeMap<String, String>,
+    /// Where a hash chain breaks (cluster mode: the host and the first event that does
+    /// not match). Any: the audit is not ok.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chain_problems: Vec<String>,
 }
 
 impl Audit {
@@ -87,11 +96,13 @@ impl Audit {
             + self.unclaimed_cents
     }
 
-    /// Sets `ok`: every cent minted is held somewhere, no cent is held twice, and every
-    /// cent minted names the key whose campaign minted it.
+    /// Sets `ok`: every cent minted is held somewhere, no cent is held twice, every cent
+    /// minted names the key whose campaign minted it, and no hash chain breaks.
     pub fn checked(mut self) -> Audit {
         let named: u64 = self.minted_by.values().sum();
-        self.ok = self.held_cents() == self.minted_cents && named == self.minted_cents;
+        self.ok = self.held_cents() == self.minted_cents
+            && named == self.minted_cents
+            && self.chain_problems.is_empty();
         self
     }
 }
@@ -142,6 +153,35 @@ mod tests {
             ..audit
         };
         assert!(!unnamed.checked().ok);
+        // Balanced, but a chain breaks: not ok.
+        let broken = Audit {
+            chain_problems: vec!["host gw1: event 7 does not match".into()],
+            ..audit_ok()
+        };
+        assert!(!broken.checked().ok);
+    }
+
+    fn audit_ok() -> Audit {
+        Audit {
+            minted_cents: 10,
+            user_balances_cents: 10,
+            minted_by: [("ops".to_string(), 10)].into(),
+            ..Audit::default()
+        }
+    }
+
+    #[test]
+    fn an_audit_without_heads_or_problems_writes_neither() {
+        let json = serde_json::to_value(audit_ok().checked()).unwrap();
+        assert_eq!(json["ok"], true);
+        assert!(json.get("ledger_heads").is_none() && json.get("chain_problems").is_none());
+        let with = Audit {
+            ledger_heads: [("gw1".to_string(), "3:ab".to_string())].into(),
+            ..audit_ok()
+        };
+        let json = serde_json::to_value(&with).unwrap();
+        assert_eq!(json["ledger_heads"]["gw1"], "3:ab");
+        assert_eq!(serde_json::from_value::<Audit>(json).unwrap(), with);
     }
 
     #[test]

@@ -10,12 +10,14 @@
 //! - `gateway`: what the gateways and the money side say to each other, free of any
 //!   transport (requests, replies, pushes);
 //! - `seam`: the one interface the gateways reach money through;
+//! - `chain`: the ledger's hash chain (one per embedded ledger, one per cluster host);
 //! - `error`: what kind of failure (refused, unavailable, a bug), and its cause;
 //! - `access`: admin keys and the admin log as the ledger keeps them, and the store
 //!   each backend gives them.
 
 pub mod access;
 pub mod api;
+pub mod chain;
 pub mod error;
 pub mod event;
 pub mod gateway;
