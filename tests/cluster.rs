@@ -479,8 +479,8 @@ fn cluster_mode_moves_money_across_hosts_and_survives_failures() {
 }
 
 /// Each gateway host chains its own events (docs/scale-out.md, "The hash chain"): an
-/// untouched ledger's audit is ok with one head a host, as the database's head rows hold
-/// them; one event's body edited in PostgreSQL and the audit is not ok, naming that host
+/// untouched ledger's audit is ok with one head a host, its newest event as PostgreSQL
+/// hashed it; one event's body edited in PostgreSQL and the audit is not ok, naming that host
 /// and that event, while the other host's chain stands; edited back, ok again.
 #[test]
 fn an_event_edited_in_postgres_breaks_its_hosts_chain_and_the_audit_names_it() {
@@ -509,12 +509,17 @@ fn an_event_edited_in_postgres_breaks_its_hosts_chain_and_the_audit_names_it() {
         hosts.iter().collect::<Vec<_>>(),
         "one head a gateway host: {audit}"
     );
+    // Each head is its host's newest event, with the hash PostgreSQL stored for it.
     let rows = lab
-        .psql("SELECT host || ' ' || seq || ':' || encode(hash, 'hex') FROM hb_chain_heads")
+        .psql(
+            "SELECT DISTINCT ON (host) host || ' ' || seq || ':' || encode(hash, 'hex') \
+             FROM hb_events ORDER BY host, seq DESC",
+        )
         .unwrap();
+    assert_eq!(rows.lines().count(), 2, "{rows}");
     for row in rows.lines() {
         let (host, head) = row.split_once(' ').unwrap();
-        assert_eq!(heads[host], head, "the head row of {host}");
+        assert_eq!(heads[host], head, "the newest event of {host}");
     }
     assert_eq!(audit.get("chain_problems"), None, "{audit}");
 

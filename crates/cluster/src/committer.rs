@@ -4,9 +4,10 @@
 //! has committed: that is `outcome`'s job, called from here.
 //!
 //! Every event a batch appends is hashed onto this host's chain by PostgreSQL as it is
-//! inserted (`hb_chain` in `schema.sql`), its head row moving in the batch's transaction:
-//! a batch whose COMMIT went unanswered either moved it or did not, and the next batch
-//! chains on whatever the database holds, so no head is kept here to go stale or fork.
+//! inserted (`hb_chain` in `schema.sql`), from the host's newest event in the database: a
+//! batch whose COMMIT went unanswered either added its events or did not, and the next
+//! batch chains on whatever the database holds, so no head is kept here to go stale or
+//! fork.
 
 use std::sync::Arc;
 

@@ -4,7 +4,6 @@
 //! expiring them.
 
 use futures_util::TryStreamExt;
-use hongbao_money::chain::Head;
 use hongbao_money::seam::{Balances, LedgerOp, OpsCursor, OpsPage};
 use hongbao_money::Error;
 use hongbao_money::{Audit, Notice, UserId, UserView};
@@ -276,43 +275,21 @@ impl Store {
         .checked())
     }
 
-    /// Every host's hash chain recomputed from its events (`chain.rs`), in one snapshot
-    /// with the hosts' head rows: on a connection of its own, since a transaction on the
-    /// shared one would take in other tasks' statements. The events are streamed, not
-    /// held: the cost is one pass over `hb_events` after `hb_chain_since`, in `seq` order.
+    /// Every host's hash chain recomputed from its events (`chain.rs`). On a connection
+    /// of its own: the events are streamed, not held, and a long stream on the shared one
+    /// would hold up every other task's reads behind it. The cost is one pass over
+    /// `hb_events` after `hb_chain_since`, in `seq` order.
     async fn chains(&self) -> Result<Walked, Error> {
         let chaining = |e: tokio_postgres::Error| pg_error("walking the hash chains", e);
         let started = std::time::Instant::now();
-        let mut pg = self.pg_own().await?;
-        let tx = pg
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await
-            .map_err(chaining)?;
-        let since = tx
+        let pg = self.pg_own().await?;
+        let since = pg
             .query_one("SELECT coalesce(max(seq), 0) FROM hb_chain_since", &[])
             .await
             .map_err(chaining)?
             .get::<_, i64>(0);
-        let heads = tx
-            .query("SELECT host, seq, hash FROM hb_chain_heads", &[])
-            .await
-            .map_err(chaining)?;
-        let mut chains = Chains::new(
-            since as u64,
-            heads.iter().map(|r| {
-                let hash: &[u8] = r.get(2);
-                let head = Head {
-                    seq: r.get::<_, i64>(1) as u64,
-                    // A hash of another length matches no event: the walk names it.
-                    hash: hash.try_into().unwrap_or([0xff; 32]),
-                };
-                (r.get::<_, String>(0), head)
-            }),
-        );
-        let rows = tx
+        let mut chains = Chains::new(since as u64);
+        let rows = pg
             .query_raw(
                 "SELECT host, seq, at_ms, body::text, hash FROM hb_events WHERE seq > $1 \
                  ORDER BY seq",
@@ -330,7 +307,6 @@ impl Store {
                 r.get(4),
             );
         }
-        tx.commit().await.map_err(chaining)?;
         let events = chains.events;
         let walked = chains.finish();
         tracing::info!(

@@ -45,9 +45,9 @@ pub(crate) struct Inner {
     pub(crate) ids: tokio::sync::Mutex<(u64, u64)>,
     /// Held by each of this host's transactions that append to `hb_events` (the
     /// committer's batches, expiry, a new campaign) until it ends. The database already
-    /// queues them on this host's chain head row (`hb_chain` in `schema.sql`); queued here
-    /// instead, a batch holding that row never waits inside PostgreSQL on a packet row
-    /// that this host's expiry holds while it waits for the head row (a deadlock).
+    /// queues them on this host's row in `hb_chain_hosts` (`hb_chain` in `schema.sql`);
+    /// queued here instead, a batch holding that row never waits inside PostgreSQL on a
+    /// packet row that this host's expiry holds while it waits for that row (a deadlock).
     pub(crate) chain: tokio::sync::Mutex<()>,
     pub(crate) release: Script,
     /// Packets given whose removal from this host's held set failed; the next release
