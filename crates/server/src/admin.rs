@@ -249,14 +249,17 @@ fn summary(request: &Request, answer: &Response) -> String {
             body["created_by"].as_str().unwrap_or("?")
         ),
         ["v1", "broadcast"] => format!("broadcast to {} connections", body["connections"]),
-        ["v1", "audit"] => format!(
-            "audit ok={} ledger_seq={} ledger head {}",
-            body["ok"],
-            body["ledger_seq"],
-            body["ledger_head"]
-                .as_str()
-                .unwrap_or("(none: cluster mode)")
-        ),
+        ["v1", "audit"] => {
+            // Embedded: one head; cluster mode: one a gateway host.
+            let heads = match body["ledger_head"].as_str() {
+                Some(head) => format!("ledger head {head}"),
+                None => format!("ledger heads {}", body["ledger_heads"]),
+            };
+            format!(
+                "audit ok={} ledger_seq={} {heads}",
+                body["ok"], body["ledger_seq"]
+            )
+        }
         ["v1", "admin-keys"] => format!("key {} made, role {}", body["name"], body["role"]),
         ["v1", "admin-keys", name] => format!("key {name:?} removed"),
         ["v1", "users", user, "revoke"] => format!(
