@@ -118,10 +118,12 @@ fn a_ledger_edited_behind_the_servers_back_is_refused_and_named() {
     let data = server.data_dir.clone();
     server.shake_campaign(20, 200, 100, 1_000);
     let mut client = server.login(5);
-    for _ in 0..40 {
+    // Its packets reach the workers once the campaign is committed: shake until one is won.
+    common::wait_until("a win for user 5", Duration::from_secs(20), || {
         client.shake().unwrap();
-    }
-    std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(20));
+        (server.balance(5) > 0).then_some(())
+    });
     server.stop();
     let (ok, text) = verify(&data, None);
     assert!(ok, "{text}");
