@@ -15,7 +15,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command as Process, Stdio};
+use std::process::{Child, ChildStdin, Command as Process};
 use std::sync::mpsc::{self, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -184,15 +184,8 @@ struct Relay {
 
 impl Relay {
     fn start(options: &crate::client::ClientOptions) -> anyhow::Result<Relay> {
-        let mut child = Process::new(std::env::current_exe()?)
-            .arg("load-client")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting the agent's load client")?;
-        let mut stdin = child.stdin.take().expect("piped");
-        stdin.write_all((serde_json::to_string(options)? + "\n").as_bytes())?;
-        let stdout = child.stdout.take().expect("piped");
+        let (child, stdin, stdout) =
+            crate::client::start_process(Process::new(std::env::current_exe()?), options)?;
         let (tx, reports) = mpsc::channel();
         std::thread::Builder::new()
             .name("agent-client-reports".into())

@@ -39,7 +39,8 @@ mod options;
 mod receive;
 
 pub use options::{
-    ClientOptions, Command, Signer, DEFAULT_NOTICE_POLL_SECS, DEFAULT_OVERLOAD_BACKOFF_SECS,
+    start_process, ClientOptions, Command, Signer, DEFAULT_NOTICE_POLL_SECS,
+    DEFAULT_OVERLOAD_BACKOFF_SECS,
 };
 
 use crate::broadcast::Receipts;

@@ -112,3 +112,32 @@ pub enum Command {
     },
     Stop,
 }
+
+/// Starts `command` (a `hongbao` binary, maybe entered into a lab host) as a client
+/// process and gives it `options` as the first line on its stdin — a command line is
+/// seen by every local user, and the login secret is among them. Its stdin (for the
+/// commands) and stdout (its reports) come back piped.
+pub fn start_process(
+    mut command: std::process::Command,
+    options: &ClientOptions,
+) -> anyhow::Result<(
+    std::process::Child,
+    std::process::ChildStdin,
+    std::process::ChildStdout,
+)> {
+    use anyhow::Context;
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = command
+        .arg("load-client")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting a load client process")?;
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin
+        .write_all((serde_json::to_string(options)? + "\n").as_bytes())
+        .context("giving a load client its options")?;
+    let stdout = child.stdout.take().expect("piped");
+    Ok((child, stdin, stdout))
+}

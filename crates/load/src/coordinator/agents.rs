@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
@@ -509,6 +510,49 @@ impl Door {
             let _ = self.events.send(Event::Lost { index, why });
         }
     }
+}
+
+/// Starts `count` agents here (on `hosts` round robin when given), each asking for its
+/// own slice.
+pub(super) fn spawn_agents(
+    exe: &std::path::Path,
+    hub: &AgentHub,
+    count: u32,
+    hosts: &[hongbao_sys::netns::Host],
+) -> anyhow::Result<Vec<Child>> {
+    let mut children = Vec::new();
+    for i in 0..count {
+        let mut command = match hosts.get(i as usize % hosts.len().max(1)) {
+            Some(host) => host.command(exe),
+            None => Command::new(exe),
+        };
+        let child = command
+            .arg("load-agent")
+            .arg("--coordinator")
+            .arg(hub.addr().to_string())
+            .arg("--ca")
+            .arg(&hub.ca_file)
+            .arg("--key-file")
+            .arg(&hub.key_file)
+            .arg("--index")
+            .arg(i.to_string())
+            .arg("--name")
+            .arg(format!("agent-{i}"))
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting a load agent")?;
+        children.push(child);
+    }
+    Ok(children)
+}
+
+/// A process's children (Linux's `/proc/PID/task/PID/children`).
+pub(super) fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
 }
 
 #[cfg(test)]

@@ -16,12 +16,13 @@
 //! - this file: starting the clients, merging their reports, changing the QPS;
 //! - `agents`: the agents' door, their joins, clocks and links;
 //! - `monitor`: the running load's once-a-second feed to the hongbao monitor;
-//! - `rows`: the merged row of each second, and what the report readers share.
+//! - `rows`: the merged row of each second, what the report readers share, and the
+//!   progress record read from the rows.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Command};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,7 +30,6 @@ use std::time::{Duration, Instant};
 use hongbao_sys::clock::unix_ms;
 
 use anyhow::{bail, Context};
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
 mod agents;
@@ -39,12 +39,12 @@ mod rows;
 use crate::agent::link::Down;
 use crate::broadcast::BroadcastStats;
 use crate::client::{self, ClientOptions};
-use crate::report::{self, Counters, History, Report, UserTotals};
+use crate::report::{Counters, History, Report, UserTotals};
 use crate::schedule::{partition, Schedule};
 use crate::transport::{HttpConnection, Transport};
 pub use agents::{AgentHub, AgentPlan, AgentSummary, Refusal};
 use monitor::LoadMonitor;
-pub use rows::Row;
+pub use rows::{progress, Progress, Row};
 use rows::{Lost, Shared};
 
 #[derive(Debug, Clone)]
@@ -89,58 +89,6 @@ pub struct LoadOptions {
     pub request: Option<crate::transport::RequestTemplate>,
     /// Run the clients on load agents (none: local client processes).
     pub agents: Option<AgentPlan>,
-}
-
-/// The progress line and `GET /stats`: one second's rates and the totals so far.
-#[derive(Debug, Clone, Serialize)]
-pub struct Progress {
-    pub second: u64,
-    pub unix_ms: u64,
-    pub target_qps: u64,
-    pub users: u64,
-    pub connections: u64,
-    pub logged_in: u64,
-    pub sent_per_sec: u64,
-    pub replies_per_sec: u64,
-    pub won_per_sec: u64,
-    pub nothing_per_sec: u64,
-    pub overloaded_per_sec: u64,
-    pub opened_per_sec: u64,
-    pub errors_per_sec: u64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    /// Distinct broadcasts received so far; their deliveries are `totals.broadcast_delivered`.
-    pub broadcasts_seen: u64,
-    pub totals: Counters,
-}
-
-impl Progress {
-    pub fn line(&self) -> String {
-        let bar = if self.logged_in < self.users {
-            let done = (20 * self.logged_in / self.users.max(1)) as usize;
-            format!(" [{}{}]", "#".repeat(done), "-".repeat(20 - done))
-        } else {
-            String::new()
-        };
-        let t = &self.totals;
-        let broadcasts = if t.broadcast_delivered > 0 {
-            format!(
-                " broadcasts={} (delivered={})",
-                self.broadcasts_seen, t.broadcast_delivered
-            )
-        } else {
-            String::new()
-        };
-        format!(
-            "t={}s conns={}/{}{} sent/s={} replies/s={} (won={} nothing={} overloaded={}) opened/s={} p50={:.2}ms p99={:.2}ms errors={} (refused={} timeout={} reset={} ports={} files={} handshake={} not_ready={}){}",
-            self.second, self.logged_in, self.users, bar, self.sent_per_sec, self.replies_per_sec,
-            self.won_per_sec, self.nothing_per_sec, self.overloaded_per_sec, self.opened_per_sec,
-            self.p50_ms, self.p99_ms, t.errors(), t.failed_refused, t.failed_timeout, t.failed_reset,
-            t.failed_out_of_ports, t.failed_out_of_files, t.failed_handshake, t.skipped_not_ready,
-            broadcasts,
-        )
-    }
 }
 
 /// What a finished run hands back.
@@ -286,7 +234,7 @@ impl Load {
             Some(plan) => {
                 let hub = AgentHub::listen(plan)?;
                 if plan.spawn {
-                    children = spawn_agents(&exe, &hub, plan.count, &opts.hosts)?;
+                    children = agents::spawn_agents(&exe, &hub, plan.count, &opts.hosts)?;
                 }
                 hub.wait_joined(plan.join_timeout)?;
                 Some(hub)
@@ -335,24 +283,13 @@ impl Load {
             }
             None => {
                 for p in 0..procs {
-                    let mut command = match opts.hosts.get(p as usize % opts.hosts.len().max(1)) {
+                    let command = match opts.hosts.get(p as usize % opts.hosts.len().max(1)) {
                         Some(host) => host.command(&exe),
                         None => Command::new(&exe),
                     };
-                    let mut child = command
-                        .arg("load-client")
-                        .stdin(Stdio::piped())
-                        .stdout(Stdio::piped())
-                        .spawn()
-                        .context("starting a load client process")?;
-                    // Its options (the login secret among them) as the first line on its
-                    // stdin: a command line is seen by every local user.
-                    let mut stdin = child.stdin.take().expect("piped");
-                    stdin
-                        .write_all((serde_json::to_string(&client_options(p))? + "\n").as_bytes())
-                        .context("giving a load client its options")?;
+                    let (child, stdin, stdout) =
+                        client::start_process(command, &client_options(p))?;
                     inputs.push(Input::Pipe(stdin));
-                    let stdout = child.stdout.take().expect("piped");
                     let shared = shared.clone();
                     let plan = Arc::clone(&schedule);
                     std::thread::Builder::new()
@@ -440,7 +377,7 @@ impl Load {
             .map(|c| c.id())
             .collect();
         if self.hub.is_some() {
-            let clients: Vec<u32> = pids.iter().flat_map(|&p| children_of(p)).collect();
+            let clients: Vec<u32> = pids.iter().flat_map(|&p| agents::children_of(p)).collect();
             pids.extend(clients);
         }
         pids
@@ -672,15 +609,6 @@ impl Drop for Load {
     }
 }
 
-/// A process's children (Linux's `/proc/PID/task/PID/children`).
-fn children_of(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
 fn rotate(ips: &[Ipv4Addr], by: usize) -> Vec<Ipv4Addr> {
     let mut v = ips.to_vec();
     v.rotate_left(by % ips.len().max(1));
@@ -698,40 +626,6 @@ fn lose(shared: &Mutex<Shared>, p: u32, why: String) {
         unix_ms: unix_ms(),
         why,
     });
-}
-
-/// Starts `count` agents here (on `hosts` round robin when given), each asking for its
-/// own slice.
-fn spawn_agents(
-    exe: &std::path::Path,
-    hub: &AgentHub,
-    count: u32,
-    hosts: &[hongbao_sys::netns::Host],
-) -> anyhow::Result<Vec<Child>> {
-    let mut children = Vec::new();
-    for i in 0..count {
-        let mut command = match hosts.get(i as usize % hosts.len().max(1)) {
-            Some(host) => host.command(exe),
-            None => Command::new(exe),
-        };
-        let child = command
-            .arg("load-agent")
-            .arg("--coordinator")
-            .arg(hub.addr().to_string())
-            .arg("--ca")
-            .arg(&hub.ca_file)
-            .arg("--key-file")
-            .arg(&hub.key_file)
-            .arg("--index")
-            .arg(i.to_string())
-            .arg("--name")
-            .arg(format!("agent-{i}"))
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting a load agent")?;
-        children.push(child);
-    }
-    Ok(children)
 }
 
 fn merge(shared: &Mutex<Shared>, mut report: Report, plan: &Mutex<Schedule>) {
@@ -779,40 +673,6 @@ fn merge(shared: &Mutex<Shared>, mut report: Report, plan: &Mutex<Schedule>) {
     let rss = row.rss_bytes;
     s.peak_rss_bytes = s.peak_rss_bytes.max(rss);
     s.latest[p] = Some(report);
-}
-
-/// Rates of `row` against the cumulative counters of the second before it.
-pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
-    let c = &row.counters;
-    let mut shake = report::new_histogram();
-    report::merge_sparse(&mut shake, &row.shake_latency);
-    let ms = |h: &Histogram<u64>, q: f64| {
-        if h.is_empty() {
-            0.0
-        } else {
-            h.value_at_quantile(q) as f64 / 1000.0
-        }
-    };
-    Progress {
-        second: row.second,
-        unix_ms: row.unix_ms,
-        target_qps: row.target_qps,
-        users,
-        connections: row.connected,
-        logged_in: row.logged_in,
-        sent_per_sec: c.shakes_sent.saturating_sub(previous.shakes_sent),
-        replies_per_sec: c.shake_replies - previous.shake_replies,
-        won_per_sec: c.won - previous.won,
-        nothing_per_sec: c.nothing - previous.nothing,
-        overloaded_per_sec: c.overloaded - previous.overloaded,
-        opened_per_sec: c.opened - previous.opened,
-        errors_per_sec: c.errors() - previous.errors(),
-        p50_ms: ms(&shake, 0.5),
-        p99_ms: ms(&shake, 0.99),
-        max_ms: ms(&shake, 1.0),
-        broadcasts_seen: row.broadcasts_seen,
-        totals: c.clone(),
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
 use crate::broadcast::Deliveries;
 use crate::report::{Counters, History, Report};
 
@@ -121,5 +124,91 @@ impl Shared {
 
     pub(super) fn complete(&self, row: &Row) -> bool {
         row.reports >= self.expected(row.second)
+    }
+}
+
+/// The progress line and `GET /stats`: one second's rates and the totals so far.
+#[derive(Debug, Clone, Serialize)]
+pub struct Progress {
+    pub second: u64,
+    pub unix_ms: u64,
+    pub target_qps: u64,
+    pub users: u64,
+    pub connections: u64,
+    pub logged_in: u64,
+    pub sent_per_sec: u64,
+    pub replies_per_sec: u64,
+    pub won_per_sec: u64,
+    pub nothing_per_sec: u64,
+    pub overloaded_per_sec: u64,
+    pub opened_per_sec: u64,
+    pub errors_per_sec: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// Distinct broadcasts received so far; their deliveries are `totals.broadcast_delivered`.
+    pub broadcasts_seen: u64,
+    pub totals: Counters,
+}
+
+impl Progress {
+    pub fn line(&self) -> String {
+        let bar = if self.logged_in < self.users {
+            let done = (20 * self.logged_in / self.users.max(1)) as usize;
+            format!(" [{}{}]", "#".repeat(done), "-".repeat(20 - done))
+        } else {
+            String::new()
+        };
+        let t = &self.totals;
+        let broadcasts = if t.broadcast_delivered > 0 {
+            format!(
+                " broadcasts={} (delivered={})",
+                self.broadcasts_seen, t.broadcast_delivered
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "t={}s conns={}/{}{} sent/s={} replies/s={} (won={} nothing={} overloaded={}) opened/s={} p50={:.2}ms p99={:.2}ms errors={} (refused={} timeout={} reset={} ports={} files={} handshake={} not_ready={}){}",
+            self.second, self.logged_in, self.users, bar, self.sent_per_sec, self.replies_per_sec,
+            self.won_per_sec, self.nothing_per_sec, self.overloaded_per_sec, self.opened_per_sec,
+            self.p50_ms, self.p99_ms, t.errors(), t.failed_refused, t.failed_timeout, t.failed_reset,
+            t.failed_out_of_ports, t.failed_out_of_files, t.failed_handshake, t.skipped_not_ready,
+            broadcasts,
+        )
+    }
+}
+
+/// Rates of `row` against the cumulative counters of the second before it.
+pub fn progress(row: &Row, previous: &Counters, users: u64) -> Progress {
+    let c = &row.counters;
+    let mut shake = crate::report::new_histogram();
+    crate::report::merge_sparse(&mut shake, &row.shake_latency);
+    let ms = |h: &Histogram<u64>, q: f64| {
+        if h.is_empty() {
+            0.0
+        } else {
+            h.value_at_quantile(q) as f64 / 1000.0
+        }
+    };
+    Progress {
+        second: row.second,
+        unix_ms: row.unix_ms,
+        target_qps: row.target_qps,
+        users,
+        connections: row.connected,
+        logged_in: row.logged_in,
+        sent_per_sec: c.shakes_sent.saturating_sub(previous.shakes_sent),
+        replies_per_sec: c.shake_replies - previous.shake_replies,
+        won_per_sec: c.won - previous.won,
+        nothing_per_sec: c.nothing - previous.nothing,
+        overloaded_per_sec: c.overloaded - previous.overloaded,
+        opened_per_sec: c.opened - previous.opened,
+        errors_per_sec: c.errors() - previous.errors(),
+        p50_ms: ms(&shake, 0.5),
+        p99_ms: ms(&shake, 0.99),
+        max_ms: ms(&shake, 1.0),
+        broadcasts_seen: row.broadcasts_seen,
+        totals: c.clone(),
     }
 }

@@ -1,6 +1,7 @@
 use rand::{Rng, SeedableRng};
 
 use super::*;
+use crate::report;
 
 fn shared(procs: u32) -> Mutex<Shared> {
     Mutex::new(Shared::new(procs))
