@@ -12,6 +12,7 @@
 //!
 //! - `options`: what the bench is asked to do, its presets and faults;
 //! - `admin`: requests to the server's admin API, with its key;
+//! - `agents`: the load on agents (their plan, their summary) and a target's CA;
 //! - `inject`: the faults done to the server, and their heals;
 //! - `disk`: the small tmpfs for the ledger that `disk-full` fills;
 //! - `chaos`: `--chaos`, faults at random moments, and what each cost;
@@ -22,6 +23,7 @@
 //! - `history`: the per-operation check of what each client was told against the ledger.
 
 mod admin;
+mod agents;
 mod broadcaster;
 pub mod chaos;
 mod disk;
@@ -137,7 +139,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         })
     };
 
-    let agents = agent_plan(&opts, &server)?;
+    let agents = agents::plan(&opts, &server)?;
     if let Some(plan) = &agents {
         say(&format!(
             "bench: waiting for {} agents at {} (key {}, CA {}){}",
@@ -175,7 +177,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             .as_ref()
             .map_or(SECRET.to_string(), |t| t.secret.clone()),
         signer: Default::default(),
-        tls_ca: target_client_ca(&opts)?,
+        tls_ca: agents::target_client_ca(&opts)?,
         connect_at_epoch: true,
         monitor: Some(monitor.addr().to_string()),
         monitor_key: Some(monitor.key().to_string()),
@@ -438,24 +440,6 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     monitor.mark("stop");
     let finished = load.stop()?;
     let (agent_list, (refused, refusals)) = (load.agents(), load.agent_refusals());
-    if opts.agents.is_some() {
-        let lost: Vec<String> = finished
-            .lost
-            .iter()
-            .map(|l| {
-                format!(
-                    "agent {} (after second {:?}: {})",
-                    l.index, l.last_second, l.why
-                )
-            })
-            .collect();
-        say(&format!(
-            "bench: agents: {} ran, largest clock offset {} µs; lost: {}; strangers refused: {refused}",
-            agent_list.len(),
-            agent_list.iter().map(|a| a.offset_us.unsigned_abs()).max().unwrap_or(0),
-            if lost.is_empty() { "none".to_string() } else { lost.join(", ") }
-        ));
-    }
     let deliveries = load.broadcasts();
     drop(load);
     let broadcast_entries = broadcast::entries(&sent, &deliveries);
@@ -520,6 +504,19 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         None => balances,
     };
     let (balances, users_incomplete) = ledger::without_lost(balances, &finished.lost);
+    let agents_summary = opts.agents.as_ref().map(|a| {
+        agents::summarize(
+            a,
+            agent_list,
+            &finished.lost,
+            users_incomplete,
+            refused,
+            refusals,
+        )
+    });
+    if let Some(a) = &agents_summary {
+        say(&a.line());
+    }
     let lost_any = !finished.lost.is_empty();
     let ledger::Checked {
         users_checked,
@@ -574,20 +571,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             load_rss_per_connection_bytes: per_conn(load_peak_rss, load_baseline),
             load_cpu_seconds: finished.cpu_ms as f64 / 1000.0,
         },
-        agents: opts.agents.as_ref().map(|a| summary::AgentsSummary {
-            count: a.count,
-            offset_max_us: agent_list
-                .iter()
-                .map(|g| g.offset_us.unsigned_abs())
-                .max()
-                .unwrap_or(0),
-            rtt_max_us: agent_list.iter().map(|g| g.rtt_us).max().unwrap_or(0),
-            agents: agent_list,
-            lost: finished.lost.clone(),
-            users_incomplete,
-            refused,
-            refusals,
-        }),
+        agents: agents_summary,
         target: opts
             .target
             .as_ref()
@@ -640,39 +624,6 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         opts.out.join("summary.json").display()
     ));
     Ok(summary)
-}
-
-/// The agents' plan of `--agents`: the coordinator's address (with a lab, on its bridge,
-/// where the lab's hosts reach it) and files (OUT/agents unless told).
-fn agent_plan(
-    opts: &BenchOptions,
-    server: &Server,
-) -> anyhow::Result<Option<hongbao_load::coordinator::AgentPlan>> {
-    let Some(a) = &opts.agents else {
-        return Ok(None);
-    };
-    Ok(Some(hongbao_load::coordinator::AgentPlan {
-        listen: a.listen.unwrap_or_else(|| server.agent_listen()),
-        count: a.count,
-        dir: a.dir.clone().unwrap_or_else(|| opts.out.join("agents")),
-        cert_names: a.cert_names.clone(),
-        join_timeout: Duration::from_secs(a.join_timeout_secs),
-        spawn: a.spawn,
-    }))
-}
-
-/// The CA (PEM) the clients trust for TLS to a target that asked for it.
-fn target_client_ca(opts: &BenchOptions) -> anyhow::Result<Option<String>> {
-    match &opts.target {
-        Some(options::Target {
-            ca: Some(ca),
-            client_tls: true,
-            ..
-        }) => Ok(Some(
-            std::fs::read_to_string(ca).with_context(|| format!("reading {}", ca.display()))?,
-        )),
-        _ => Ok(None),
-    }
 }
 
 fn say(line: &str) {
