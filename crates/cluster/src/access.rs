@@ -15,7 +15,8 @@ use hongbao_money::access::{
 use hongbao_money::error::{Error, Result};
 use tokio_postgres::Client;
 
-use crate::store::{pg_connect, pg_error};
+use crate::connect::pg_connect;
+use crate::store::pg_error;
 use crate::PgTarget;
 
 const SCHEMA: &str = "

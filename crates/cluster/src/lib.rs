@@ -37,6 +37,8 @@
 //!   subscribed through failovers.
 //! - `mesh`: the messages hosts send each other, and each host's channel.
 //! - `store`: the connections to PostgreSQL and the Redis Cluster, shared by all of these;
+//! - `connect`: connecting to PostgreSQL: the read-write one of the URL's hosts, each
+//!   attempt bounded, dead connections found;
 //! - `access`: admin keys and the admin log in PostgreSQL, for the admin API's threads.
 //!
 //! This file holds what every part agrees on: the configuration, the timings and the clock.
@@ -50,6 +52,7 @@ mod chain;
 mod cluster;
 mod commit;
 mod committer;
+mod connect;
 mod delivery;
 mod gate;
 mod host;

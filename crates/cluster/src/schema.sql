@@ -94,19 +94,25 @@ LANGUAGE sql AS $$
     ON CONFLICT (user_id) DO UPDATE SET cents = hb_balances.cents + EXCLUDED.cents
 $$;
 
--- A shake packet won: once per packet, whoever asks again gets false.
+-- A shake packet won: once per packet. Asked again, it is true only for the user who won
+-- it (a batch sent again after its COMMIT went unanswered: the win is told, not paid twice).
 CREATE OR REPLACE FUNCTION hb_win(p_packet bigint, p_campaign integer, p_user bigint,
     p_cents bigint, p_at bigint, p_host text, p_body jsonb) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO hb_wins VALUES (p_packet, p_campaign, p_user, p_cents) ON CONFLICT DO NOTHING;
-    IF NOT FOUND THEN RETURN false; END IF;
+    IF NOT FOUND THEN
+        RETURN EXISTS (SELECT 1 FROM hb_wins
+            WHERE packet = p_packet AND user_id = p_user AND cents = p_cents);
+    END IF;
     PERFORM hb_credit(p_user, p_cents);
     INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_at, p_host, p_user, p_body);
     RETURN true;
 END $$;
 
 -- A user's send: 'ok' | 'insufficient-funds' | 'key-reused', the packet and the balance.
+-- Sent again (its batch's COMMIT unanswered), a send already made is found by its key, or
+-- without one by its packet id (the host's, drawn once per send): 'ok', debited once.
 CREATE OR REPLACE FUNCTION hb_send(p_sender bigint, p_packet bigint, p_cents bigint,
     p_recipients bigint[], p_shares bigint[], p_expires bigint, p_key text, p_at bigint,
     p_host text, p_body jsonb, OUT result text, OUT packet bigint, OUT balance bigint)
@@ -125,6 +131,12 @@ BEGIN
             END IF;
             RETURN;
         END IF;
+    END IF;
+    IF EXISTS (SELECT 1 FROM hb_packets WHERE id = p_packet AND sender = p_sender
+               AND campaign IS NULL AND cents = p_cents) THEN
+        result := 'ok'; packet := p_packet;
+        SELECT coalesce(max(cents), 0) INTO balance FROM hb_balances WHERE user_id = p_sender;
+        RETURN;
     END IF;
     UPDATE hb_balances SET cents = cents - p_cents
         WHERE user_id = p_sender AND cents >= p_cents RETURNING cents INTO balance;

@@ -11,12 +11,13 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, PushInfo, RedisError, RedisResult, Script};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
+use crate::connect::pg_connect;
 use crate::mesh::channel;
 use crate::{redact, ClusterConfig, PgTarget};
 
-const SCHEMA: &str = include_str!("schema.sql");
+pub(crate) const SCHEMA: &str = include_str!("schema.sql");
 pub(crate) const RELEASE: &str = include_str!("release.lua");
 pub(crate) const RESTORE: &str = include_str!("restore.lua");
 const GATE: &str = include_str!("gate.lua");
@@ -76,72 +77,6 @@ pub(crate) fn pg_error(what: &str, e: impl std::borrow::Borrow<tokio_postgres::E
         }
         None => Error::unavailable(what, e.to_string()),
     }
-}
-
-pub(crate) async fn pg_connect(target: &PgTarget) -> Result<Client, Error> {
-    let (url, tls) = tls_mode(&target.url);
-    let mut config: tokio_postgres::Config = url
-        .parse()
-        .map_err(|e| Error::refused(format!("the PostgreSQL URL {}: {e}", redact(&target.url))))?;
-    if let Some(password) = &target.password {
-        config.password(password);
-    }
-    let client = if tls {
-        let ca = target.ca.as_deref().ok_or_else(|| {
-            Error::refused("PostgreSQL over TLS needs the CA to trust it by (tls_ca)".to_string())
-        })?;
-        let tls_config = hongbao_proto::tls::client_config(ca, &[]).map_err(Error::refused)?;
-        config.ssl_mode(tokio_postgres::config::SslMode::Require);
-        let connector = tokio_postgres_rustls::MakeRustlsConnect::new((*tls_config).clone());
-        let (client, connection) = config
-            .connect(connector)
-            .await
-            .map_err(|e| pg_error("connecting over TLS", e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!("PostgreSQL connection ended: {e}");
-            }
-        });
-        client
-    } else {
-        let (client, connection) = config
-            .connect(NoTls)
-            .await
-            .map_err(|e| pg_error("connecting", e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!("PostgreSQL connection ended: {e}");
-            }
-        });
-        client
-    };
-    Ok(client)
-}
-
-/// The URL without its `sslmode` when that asks for TLS (tokio-postgres reads
-/// `disable`, `prefer` and `require` only), and whether it does. Here every mode that
-/// asks for TLS is `verify-full`: rustls checks the chain to the CA and the host name.
-fn tls_mode(url: &str) -> (String, bool) {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, query),
-        None => return (url.to_string(), false),
-    };
-    let mut tls = false;
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.strip_prefix("sslmode=") {
-            Some("require" | "verify-ca" | "verify-full") => {
-                tls = true;
-                false
-            }
-            _ => true,
-        })
-        .collect();
-    let url = match kept.is_empty() {
-        true => base.to_string(),
-        false => format!("{base}?{}", kept.join("&")),
-    };
-    (url, tls)
 }
 
 /// The Redis TLS trust for `rediss://` nodes: the CA of the engines.
@@ -304,24 +239,6 @@ fn not_run(e: &RedisError) -> bool {
 mod tests {
     use super::*;
     use std::process::{Child, Command, Stdio};
-
-    #[test]
-    fn an_sslmode_asking_for_tls_is_taken_out_and_verified_fully() {
-        let url = "postgres://hongbao@10.0.0.1:5432/hongbao";
-        assert_eq!(tls_mode(url), (url.to_string(), false));
-        assert_eq!(
-            tls_mode(&format!("{url}?sslmode=verify-full")),
-            (url.to_string(), true)
-        );
-        assert_eq!(
-            tls_mode(&format!("{url}?connect_timeout=3&sslmode=require")),
-            (format!("{url}?connect_timeout=3"), true)
-        );
-        assert_eq!(
-            tls_mode(&format!("{url}?sslmode=disable")),
-            (format!("{url}?sslmode=disable"), false)
-        );
-    }
 
     /// Two `redis-server` cluster nodes on loopback, slots split between them, killed
     /// when dropped.

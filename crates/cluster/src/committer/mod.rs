@@ -10,6 +10,7 @@
 //! fork.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use hongbao_money::Error;
 use hongbao_money::{Account, Event};
@@ -17,10 +18,11 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_postgres::Client;
 
 use crate::commit::{Commit, Done};
+use crate::connect::pg_connect;
 use crate::outcome::{after_commit, refuse, LEFT_OUT, UNAVAILABLE};
 use crate::shared::Shared;
-use crate::store::{i64s, pg_connect, pg_error, Store};
-use crate::ClusterConfig;
+use crate::store::{i64s, pg_error, Store};
+use crate::{ClusterConfig, PgTarget};
 
 struct Statements {
     win: tokio_postgres::Statement,
@@ -252,6 +254,127 @@ fn culprits(results: &[Result<Done, tokio_postgres::Error>]) -> Vec<(usize, Erro
         .collect()
 }
 
+/// How long one attempt at a batch may go unanswered before its connection is given up
+/// (a frozen primary answers nothing, and no timeout of its own can fire).
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a batch whose outcome is unknown is sent again before its ops are refused:
+/// past any failover the ledger's standby makes (docs/scale-out.md).
+const RESEND_FOR: Duration = Duration::from_secs(60);
+
+/// Commits `batch`, and when its outcome is unknown — the connection lost or silent with
+/// the batch sent, its COMMIT perhaps among what went out — sends it again, to whichever
+/// host is the primary by then, until one attempt's outcome is known. Every op is keyed
+/// (a packet's win, a send's packet id or key, a recipient's share, a campaign packet's
+/// id), so an op the lost attempt committed is found done, not done twice; what it was
+/// told then is told now (`settle`). A batch refused by the database, or never sent (no
+/// connection), is known not committed and fails at once.
+async fn commit_until_known(
+    conn: &mut Option<(Client, Statements)>,
+    chain: &tokio::sync::Mutex<()>,
+    target: &PgTarget,
+    host: &str,
+    batch: &[Commit],
+) -> Result<Vec<Option<Done>>, Error> {
+    let started = tokio::time::Instant::now();
+    let mut resent = false;
+    loop {
+        if conn.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+            *conn = connect(target).await;
+        }
+        let Some((client, st)) = conn.as_ref() else {
+            let why = Error::unavailable("committing", "no connection to PostgreSQL");
+            if !resent || started.elapsed() > RESEND_FOR {
+                return Err(why);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let attempt = {
+            let _turn = chain.lock().await;
+            tokio::time::timeout(ATTEMPT_TIMEOUT, commit_batch(client, st, host, batch)).await
+        };
+        let why = match attempt {
+            Ok(Ok(done)) if resent => return Ok(settle(batch, done)),
+            Ok(Ok(done)) => return Ok(done),
+            Ok(Err(e)) if !outcome_unknown(&e) => {
+                let why = pg_error("committing", &e);
+                if why.kind() == hongbao_money::ErrorKind::Unavailable {
+                    *conn = None;
+                }
+                return Err(why);
+            }
+            Ok(Err(e)) => pg_error("committing", e),
+            Err(_) => Error::unavailable(
+                "committing",
+                format!("no answer in {} s", ATTEMPT_TIMEOUT.as_secs()),
+            ),
+        };
+        *conn = None;
+        if started.elapsed() > RESEND_FOR {
+            return Err(why);
+        }
+        tracing::warn!(
+            "a batch of {} may or may not have committed ({why}): sending it again",
+            batch.len()
+        );
+        resent = true;
+    }
+}
+
+/// Whether a failed attempt may have committed: the connection failed under it (no
+/// answer from the database, or one saying the connection or the server is going).
+/// An error the database answered with otherwise rolled the transaction back.
+fn outcome_unknown(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    match e.code() {
+        None => true,
+        Some(code) => {
+            code.code().starts_with("08")
+                || *code == SqlState::ADMIN_SHUTDOWN
+                || *code == SqlState::CRASH_SHUTDOWN
+        }
+    }
+}
+
+/// What a batch sent again tells, where the lost attempt had committed an op: a share it
+/// opened is found `already-opened` (its cents are the same) and a campaign packet it
+/// created is found made — told as then, its recipients told of it. (A win and a send
+/// are found by their keys in `schema.sql` itself.) Another host may have made the same
+/// campaign packet: its recipients may then hear of it twice, never not at all.
+fn settle(batch: &[Commit], done: Vec<Option<Done>>) -> Vec<Option<Done>> {
+    batch
+        .iter()
+        .zip(done)
+        .map(|(op, d)| match (op, d) {
+            (Commit::Open { .. }, Some(Done::Opened(result, cents)))
+                if result == "already-opened" =>
+            {
+                Some(Done::Opened("opened".to_string(), cents))
+            }
+            (Commit::CampaignPacket { .. }, Some(Done::Created(false))) => {
+                Some(Done::Created(true))
+            }
+            (_, d) => d,
+        })
+        .collect()
+}
+
+async fn connect(target: &PgTarget) -> Option<(Client, Statements)> {
+    match pg_connect(target).await {
+        Ok(c) => match prepare(&c).await {
+            Ok(st) => Some((c, st)),
+            Err(e) => {
+                tracing::warn!("{}", pg_error("preparing", e));
+                None
+            }
+        },
+        Err(e) => {
+            tracing::warn!("{e}");
+            None
+        }
+    }
+}
+
 /// Takes ops as they come, commits them in batches (one transaction each), and only then
 /// lets out what they tell.
 pub async fn committer(
@@ -292,33 +415,8 @@ pub async fn committer(
             }
         }
         batch.sort_by_key(Commit::lock_order);
-        if conn.as_ref().is_none_or(|(c, _)| c.is_closed()) {
-            conn = match pg_connect(&cfg.postgres).await {
-                Ok(c) => match prepare(&c).await {
-                    Ok(st) => Some((c, st)),
-                    Err(e) => {
-                        tracing::warn!("{}", pg_error("preparing", e));
-                        None
-                    }
-                },
-                Err(e) => {
-                    tracing::warn!("{e}");
-                    None
-                }
-            };
-        }
-        let result = match &conn {
-            Some((client, st)) => {
-                let _turn = store.chain_turn().await;
-                commit_batch(client, st, &cfg.host, &batch)
-                    .await
-                    .map_err(|e| pg_error("committing", e))
-            }
-            None => Err(Error::unavailable(
-                "committing",
-                "no connection to PostgreSQL",
-            )),
-        };
+        let result =
+            commit_until_known(&mut conn, &store.0.chain, &cfg.postgres, &cfg.host, &batch).await;
         match result {
             Ok(done) => {
                 let (mut committed, mut results, mut left_out) =
@@ -357,3 +455,6 @@ pub async fn committer(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,392 @@
+//! A batch whose COMMIT went out and whose answer never came back, against a real
+//! PostgreSQL: a relay between the committer and the server passes the COMMIT on, lets the
+//! server commit it, and cuts both connections before the answer is relayed. The batch is
+//! sent again and every op is told what the lost attempt did, paid once.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hongbao_money::seam::Origin;
+
+use super::*;
+use crate::commit::{Commit, Done};
+
+/// A throwaway PostgreSQL on loopback, run as the `postgres` user (root only: initdb
+/// refuses root, and only root can become `postgres`); stopped and removed when dropped.
+struct TestPg {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Drop for TestPg {
+    fn drop(&mut self) {
+        // SIGINT: PostgreSQL's fast shutdown.
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn postgres_ids() -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.first() == Some(&"postgres")).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
+    })
+}
+
+fn bin_dir() -> Option<PathBuf> {
+    let mut bins: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("postgres").exists())
+        .collect();
+    bins.sort();
+    bins.pop()
+}
+
+impl TestPg {
+    /// `None`, with why printed, where it cannot run (not root, no PostgreSQL).
+    fn start() -> Option<TestPg> {
+        let is_root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        });
+        let (Some((uid, gid)), Some(bin), true) = (postgres_ids(), bin_dir(), is_root) else {
+            eprintln!("skipped: needs root and Debian's postgresql (a postgres user, /usr/lib/postgresql)");
+            return None;
+        };
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!(
+            "hongbao-committer-pg-{}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+        let data = dir.join("data");
+        let out = Command::new(bin.join("initdb"))
+            .uid(uid)
+            .gid(gid)
+            .arg("-D")
+            .arg(&data)
+            .args(["--auth=trust", "-U", "postgres", "--no-sync"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let child = Command::new(bin.join("postgres"))
+            .uid(uid)
+            .gid(gid)
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                &format!("port={port}"),
+            ])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", dir.display()))
+            .stdout(std::fs::File::create(dir.join("log")).unwrap())
+            .stderr(std::fs::File::create(dir.join("log.err")).unwrap())
+            .spawn()
+            .unwrap();
+        let pg = TestPg { child, dir, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "PostgreSQL did not start: {}",
+                pg.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(pg)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log.err")).unwrap_or_default()
+    }
+}
+
+/// A TCP relay to `to` that, while `cut` is set, passes a client's `COMMIT` on to the
+/// server, waits for the server to have done it, and then closes both connections
+/// without relaying the answer (and clears `cut`: the next connection is relayed whole).
+struct CuttingRelay {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    cuts: Arc<AtomicUsize>,
+    /// COMMITs the server answered as done whose answers were held back.
+    committed: Arc<AtomicUsize>,
+}
+
+impl CuttingRelay {
+    fn start(to: u16) -> CuttingRelay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, cuts) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let committed = Arc::new(AtomicUsize::new(0));
+        let (cut2, cuts2, committed2) = (cut.clone(), cuts.clone(), committed.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let server = TcpStream::connect(("127.0.0.1", to)).unwrap();
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let held = Arc::new(AtomicBool::new(false));
+                let (held2, committed) = (held.clone(), committed2.clone());
+                std::thread::spawn(move || copy_unless_held(s2, c2, &held2, &committed));
+                let (cut, cuts) = (cut2.clone(), cuts2.clone());
+                std::thread::spawn(move || relay_messages(client, server, &cut, &cuts, &held));
+            }
+        });
+        CuttingRelay {
+            port,
+            cut,
+            cuts,
+            committed,
+        }
+    }
+}
+
+/// Server to client, until `held` is set: from then on nothing more is passed on, and
+/// an answer held back that says the COMMIT was done is counted in `committed`.
+fn copy_unless_held(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    held: &AtomicBool,
+    committed: &AtomicUsize,
+) {
+    let mut buf = [0u8; 16384];
+    while let Ok(n @ 1..) = from.read(&mut buf) {
+        if held.load(Ordering::SeqCst) {
+            // CommandComplete, tag COMMIT.
+            if buf[..n].windows(7).any(|w| w == b"COMMIT\0") {
+                committed.fetch_add(1, Ordering::SeqCst);
+            }
+            break;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+/// Client to server, message by message (the startup packet has no type byte).
+fn relay_messages(
+    mut client: TcpStream,
+    mut server: TcpStream,
+    cut: &AtomicBool,
+    cuts: &AtomicUsize,
+    held: &AtomicBool,
+) {
+    let mut len = [0u8; 4];
+    if client.read_exact(&mut len).is_err() {
+        return;
+    }
+    let mut startup = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+    if client.read_exact(&mut startup).is_err() {
+        return;
+    }
+    let _ = server.write_all(&[&len[..], &startup].concat());
+    loop {
+        let mut head = [0u8; 5];
+        if client.read_exact(&mut head).is_err() {
+            break;
+        }
+        let mut body = vec![0u8; u32::from_be_bytes(head[1..].try_into().unwrap()) as usize - 4];
+        if client.read_exact(&mut body).is_err() {
+            break;
+        }
+        let commit = head[0] == b'Q' && body.starts_with(b"COMMIT");
+        let cutting = commit && cut.swap(false, Ordering::SeqCst);
+        if cutting {
+            // The server's answer, when it comes, ends the client's side unrelayed.
+            held.store(true, Ordering::SeqCst);
+            cuts.fetch_add(1, Ordering::SeqCst);
+        }
+        if server.write_all(&[&head[..], &body].concat()).is_err() {
+            break;
+        }
+        if cutting {
+            std::thread::sleep(Duration::from_millis(300));
+            let _ = client.shutdown(Shutdown::Both);
+            let _ = server.shutdown(Shutdown::Both);
+            break;
+        }
+    }
+    let _ = server.shutdown(Shutdown::Both);
+}
+
+fn origin(user: u64) -> Origin {
+    Origin {
+        worker: 0,
+        conn: hongbao_money::ConnId {
+            key: 1,
+            generation: 0,
+        },
+        request: 1,
+        user: hongbao_money::UserId::new(user).unwrap(),
+    }
+}
+
+async fn scalar(client: &Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+#[test]
+fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
+    let Some(pg) = TestPg::start() else { return };
+    let relay = CuttingRelay::start(pg.port);
+    let target = PgTarget {
+        url: format!(
+            "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+            relay.port
+        ),
+        ..PgTarget::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let setup = pg_connect(&target).await.unwrap();
+        setup.batch_execute(crate::store::SCHEMA).await.unwrap();
+        let chain = tokio::sync::Mutex::new(());
+        let mut conn = None;
+        // Before the cut: user 7 wins 1,000 and sends 100 to users 8 and 9 (packet 50).
+        let before = [Commit::Win {
+            to: origin(7),
+            campaign: 1,
+            packet: 1,
+            cents: 1_000,
+        }];
+        commit_until_known(&mut conn, &chain, &target, "h1", &before)
+            .await
+            .unwrap();
+        let send = [Commit::Send {
+            to: origin(7),
+            packet: 50,
+            cents: 100,
+            recipients: vec![8, 9],
+            shares: vec![60, 40],
+            expires_ms: u64::MAX >> 2,
+            key: None,
+        }];
+        commit_until_known(&mut conn, &chain, &target, "h1", &send)
+            .await
+            .unwrap();
+        // The batch cut after its COMMIT: a win, a send without a key, a send with one,
+        // an open.
+        let batch = [
+            Commit::Open {
+                to: origin(8),
+                packet: 50,
+            },
+            Commit::Win {
+                to: origin(7),
+                campaign: 1,
+                packet: 2,
+                cents: 500,
+            },
+            Commit::Send {
+                to: origin(7),
+                packet: 51,
+                cents: 300,
+                recipients: vec![9],
+                shares: vec![300],
+                expires_ms: u64::MAX >> 2,
+                key: None,
+            },
+            Commit::Send {
+                to: origin(7),
+                packet: 52,
+                cents: 200,
+                recipients: vec![8],
+                shares: vec![200],
+                expires_ms: u64::MAX >> 2,
+                key: Some("k1".into()),
+            },
+        ];
+        let events_before = scalar(&setup, "SELECT count(*) FROM hb_events").await;
+        relay.cut.store(true, Ordering::SeqCst);
+        let done = commit_until_known(&mut conn, &chain, &target, "h1", &batch)
+            .await
+            .unwrap();
+        assert_eq!(relay.cuts.load(Ordering::SeqCst), 1, "the COMMIT was cut");
+        assert_eq!(
+            relay.committed.load(Ordering::SeqCst),
+            1,
+            "the server had committed the lost attempt: the second found it done"
+        );
+        // Told what the lost attempt did.
+        let told: Vec<String> = done
+            .iter()
+            .map(|d| match d {
+                Some(Done::Opened(r, cents)) => format!("opened {r} {cents}"),
+                Some(Done::Won(w)) => format!("won {w}"),
+                Some(Done::Sent(r, p, _)) => format!("sent {r} {p}"),
+                Some(Done::Created(c)) => format!("created {c}"),
+                None => "left out".into(),
+            })
+            .collect();
+        assert_eq!(
+            told,
+            ["opened opened 60", "won true", "sent ok 51", "sent ok 52"]
+        );
+        // Paid once: 1,000 + 500 won, 100 + 300 + 200 sent.
+        assert_eq!(
+            scalar(&setup, "SELECT cents FROM hb_balances WHERE user_id = 7").await,
+            900
+        );
+        assert_eq!(
+            scalar(&setup, "SELECT cents FROM hb_balances WHERE user_id = 8").await,
+            60
+        );
+        assert_eq!(
+            scalar(&setup, "SELECT count(*) FROM hb_events").await - events_before,
+            4,
+            "each op's event once"
+        );
+        assert_eq!(
+            scalar(&setup, "SELECT count(*) FROM hb_packets WHERE sender = 7").await,
+            3
+        );
+        // The host's chain has no fork: each event's hash is linked from the one before.
+        let mut chains = crate::chain::Chains::new(0);
+        for r in setup
+            .query(
+                "SELECT host, seq, at_ms, body::text, hash FROM hb_events ORDER BY seq",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            let (seq, at): (i64, i64) = (r.get(1), r.get(2));
+            chains.step(r.get(0), seq as u64, at as u64, r.get(3), r.get(4));
+        }
+        let walked = chains.finish();
+        assert!(walked.problems.is_empty(), "{:?}", walked.problems);
+        assert_eq!(walked.heads.len(), 1);
+    });
+    drop(pg);
+}
