@@ -112,7 +112,8 @@ END $$;
 
 -- A user's send: 'ok' | 'insufficient-funds' | 'key-reused', the packet and the balance.
 -- Sent again (its batch's COMMIT unanswered), a send already made is found by its key, or
--- without one by its packet id (the host's, drawn once per send): 'ok', debited once.
+-- without one by its packet id (the host's, drawn once per send) with the same sender,
+-- amount, shares and recipients: 'ok', debited once (the balance told is today's).
 CREATE OR REPLACE FUNCTION hb_send(p_sender bigint, p_packet bigint, p_cents bigint,
     p_recipients bigint[], p_shares bigint[], p_expires bigint, p_key text, p_at bigint,
     p_host text, p_body jsonb, OUT result text, OUT packet bigint, OUT balance bigint)
@@ -133,7 +134,10 @@ BEGIN
         END IF;
     END IF;
     IF EXISTS (SELECT 1 FROM hb_packets WHERE id = p_packet AND sender = p_sender
-               AND campaign IS NULL AND cents = p_cents) THEN
+               AND campaign IS NULL AND cents = p_cents AND shares = cardinality(p_shares))
+       AND (SELECT array_agg(r.user_id ORDER BY r.user_id) FROM hb_recipients r
+            WHERE r.packet = p_packet) = (SELECT array_agg(u ORDER BY u) FROM unnest(p_recipients) u)
+    THEN
         result := 'ok'; packet := p_packet;
         SELECT coalesce(max(cents), 0) INTO balance FROM hb_balances WHERE user_id = p_sender;
         RETURN;
