@@ -40,6 +40,10 @@ pub struct LabUpArgs {
     /// No nginx in front of the gateways
     #[arg(long)]
     no_nginx: bool,
+    /// The ledger a primary with a synchronous standby (hosts pg and pg2), failed over by
+    /// pg_auto_failover's monitor (host pgmon); the gateways use a multi-host URL
+    #[arg(long)]
+    standby: bool,
     /// The login secret of every gateway
     #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_server::config::DEV_SECRET)]
     secret: String,
@@ -68,6 +72,7 @@ fn up(args: LabUpArgs) -> Result<()> {
         },
         monitor_key: None,
         postgres_disk: None,
+        standby: args.standby,
     })?;
     println!("hongbao lab {} up: dir={}", args.lab, args.dir.display());
     for host in lab.hosts() {
@@ -83,6 +88,13 @@ fn up(args: LabUpArgs) -> Result<()> {
         lab.postgres_url(),
         args.dir.join(hongbao_lab::POSTGRES_PASSWORD_FILE).display()
     );
+    if let Some(formation) = &lab.formation {
+        println!(
+            "  ledger   primary {} with a synchronous standby, failed over by pg_auto_failover's monitor on {}",
+            lab.pg_primary()?,
+            formation.monitor.host.addr
+        );
+    }
     println!(
         "  TLS: the engines' CA {} (Redis and PostgreSQL speak TLS only)",
         lab.tls_dir().join("ca.pem").display()

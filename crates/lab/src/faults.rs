@@ -2,14 +2,14 @@
 //! cluster tests): a gateway host killed or cut off from Redis or PostgreSQL for a while,
 //! a Redis master found — the first listed, or the one serving a key — killed, started
 //! again (rejoining as a replica) or frozen, and PostgreSQL restarted. Methods of `Lab`,
-//! apart from its bringing up.
+//! apart from its bringing up. The faults of a ledger with a standby are in `failover`.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::{children_of, disk, redis, Lab, GRACE};
+use crate::{children_of, disk, redis, Host, Lab, GRACE};
 
 impl Lab {
     /// SIGKILLs gateway `i`'s processes: the supervisor, and its workers with it (they
@@ -170,7 +170,13 @@ impl Lab {
 
     /// Stops PostgreSQL (fast shutdown: SIGINT aborts open transactions, as a crash
     /// would, but cleanly) and starts it again after `down`.
+    /// With a standby there is no one PostgreSQL to restart: refused (`lose_primary`,
+    /// `freeze_primary`).
     pub fn restart_postgres(&mut self, down: Duration) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.formation.is_none(),
+            "the lab's ledger is a primary with a standby: lose or freeze the primary instead of restarting PostgreSQL"
+        );
         if let Some(mut proc) = self.postgres.1.take() {
             // SAFETY: kill(2) on our running child.
             unsafe {
@@ -207,39 +213,49 @@ impl Lab {
         Ok(did)
     }
 
-    /// Cuts gateway host `i` off from `to` (every Redis node, or PostgreSQL) for
+    /// Cuts gateway host `i` off from `to` (every Redis node, or PostgreSQL: both data
+    /// nodes when the ledger has a standby) for
     /// `cut`: a blackhole route to each of their addresses inside the gateway's own
     /// namespace, so its packets to them vanish as across a broken link (no error, no
     /// reset: the connections hang until the route is gone). Nothing outside the lab's
     /// namespaces is touched. The routes are taken away again even if adding one failed.
     pub fn partition(&self, i: usize, to: Cut, cut: Duration) -> anyhow::Result<()> {
-        let host = &self.gateways[i].host;
         let addrs: Vec<Ipv4Addr> = match to {
             Cut::Redis => self.redis.iter().map(|(h, _)| h.addr).collect(),
-            Cut::Postgres => vec![self.postgres.0.addr],
+            // With a standby: both data nodes, whichever is primary.
+            Cut::Postgres => match &self.formation {
+                Some(formation) => formation.addrs(),
+                None => vec![self.postgres.0.addr],
+            },
         };
-        let route = |verb: &str, addr: Ipv4Addr| -> anyhow::Result<()> {
-            let status = host
-                .command("ip")
-                .args(["route", verb, "blackhole", &format!("{addr}/32")])
-                .status()
-                .context("running ip route")?;
-            anyhow::ensure!(
-                status.success(),
-                "ip route {verb} blackhole {addr} in {}",
-                host.netns
-            );
-            Ok(())
-        };
-        let added: anyhow::Result<()> = addrs.iter().try_for_each(|&a| route("add", a));
-        if added.is_ok() {
-            std::thread::sleep(cut);
-        }
-        for &a in &addrs {
-            let _ = route("del", a);
-        }
-        added
+        blackhole(&self.gateways[i].host, &addrs, cut)
     }
+}
+
+/// Cuts `host` off from `addrs` for `cut`: a blackhole route to each inside the host's
+/// own namespace, taken away again even if adding one failed.
+pub(crate) fn blackhole(host: &Host, addrs: &[Ipv4Addr], cut: Duration) -> anyhow::Result<()> {
+    let route = |verb: &str, addr: Ipv4Addr| -> anyhow::Result<()> {
+        let status = host
+            .command("ip")
+            .args(["route", verb, "blackhole", &format!("{addr}/32")])
+            .status()
+            .context("running ip route")?;
+        anyhow::ensure!(
+            status.success(),
+            "ip route {verb} blackhole {addr} in {}",
+            host.netns
+        );
+        Ok(())
+    };
+    let added: anyhow::Result<()> = addrs.iter().try_for_each(|&a| route("add", a));
+    if added.is_ok() {
+        std::thread::sleep(cut);
+    }
+    for &a in addrs {
+        let _ = route("del", a);
+    }
+    added
 }
 
 /// What a partition cuts a gateway host off from.

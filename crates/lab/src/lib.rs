@@ -1,32 +1,40 @@
 //! The lab: many hosts on one machine, for the cluster mode (docs/scale-out.md). Lab `n`
 //! is a bridge with network namespaces on 198.18.n.0/24 (`netns`): six Redis hosts
 //! making a Redis Cluster of three masters and three replicas (`redis`), a PostgreSQL
-//! host (`postgres`), gateway hosts running `hongbao serve` in cluster mode, load hosts
+//! host (`postgres`) — or a primary with a synchronous standby and pg_auto_failover's
+//! monitor (`standby`) —, gateway hosts running `hongbao serve` in cluster mode, load hosts
 //! for `hongbao load`, and an nginx host in front of the gateways. Everything it starts,
 //! it stops: when the `Lab` is dropped, and, from the state file it keeps
 //! (`DIR/lab.json`), by `hongbao lab down` after its owner was killed.
 //!
 //! Addresses in lab `n`: the machine 198.18.n.1, nginx .10, Redis .11–.16, PostgreSQL
-//! .20, gateways .31 onward, load hosts .51 onward.
+//! .20 (with a standby: the data nodes .20 and .21, the monitor .22), gateways .31
+//! onward, load hosts .51 onward.
 //!
 //! Modules (the `Lab` itself, its plan and state file, are here in lib.rs):
 //! - `netns`: test hosts as network namespaces on one bridge, and starting programs in them;
 //! - `redis`: the lab's Redis Cluster, three masters and three replicas, no persistence;
 //! - `postgres`: the lab's PostgreSQL, a throwaway cluster with fsync and synchronous commit;
+//! - `standby`: instead, two PostgreSQL nodes, primary and synchronous standby, kept by
+//!   pg_auto_failover's keepers and monitor;
 //! - `proc`: a process the lab started: stopped with SIGTERM then SIGKILL, or killed as a
 //!   fault, and recorded in the state file;
 //! - `relay`: a TCP relay that lets the hosts reach a service on this machine's loopback;
 //! - `faults`: what is done to a lab's hosts on purpose: a gateway killed or cut off
 //!   from Redis or PostgreSQL, a Redis master found (by key), killed, started again or
-//!   frozen, PostgreSQL restarted.
+//!   frozen, PostgreSQL restarted;
+//! - `failover`: with a standby, the primary lost with its disk, frozen or cut off, the
+//!   new primary waited for, the old node brought back as the standby.
 
 pub mod disk;
+mod failover;
 mod faults;
 pub use hongbao_sys::netns;
 pub mod postgres;
 pub mod proc;
 pub mod redis;
 pub mod relay;
+pub mod standby;
 
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -90,6 +98,9 @@ pub struct LabPlan {
     /// (root; its WAL kept small to fit); `None`: on the disk under the system's
     /// temporary directory.
     pub postgres_disk: Option<u64>,
+    /// The ledger a primary with a synchronous standby, failed over by pg_auto_failover's
+    /// monitor (`standby`); `false`: one PostgreSQL.
+    pub standby: bool,
 }
 
 /// What `DIR/lab.json` records, for `hongbao lab down`.
@@ -153,6 +164,10 @@ pub struct Lab {
     pub postgres_dir: PathBuf,
     /// The tmpfs under `postgres_dir`, when the plan asks for one.
     postgres_disk: Option<disk::SmallDisk>,
+    /// With a standby (the plan's `standby`): the monitor and the two data nodes, whose
+    /// files are under `postgres_dir`; `postgres` then names the first data node's host,
+    /// with no process of its own.
+    pub formation: Option<standby::Formation>,
     pub gateways: Vec<Gateway>,
     pub loads: Vec<Host>,
     pub nginx: Option<(Host, Option<Proc>)>,
@@ -181,9 +196,14 @@ impl Lab {
             hongbao_server::access::write_secret_file(&path, secret)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
+        if plan.standby && plan.postgres_disk.is_some() {
+            bail!("a lab with a standby keeps no PostgreSQL data on a small disk (postgres_disk)");
+        }
         // The engines speak TLS only: a CA of the lab's own, and one certificate naming
-        // every engine host (PostgreSQL's, the Redis nodes').
-        let engines: Vec<String> = std::iter::once(PG_LAST)
+        // every engine host (PostgreSQL's, with a standby's and the monitor's, the Redis
+        // nodes').
+        let engines: Vec<String> = [PG_LAST, standby::STANDBY_LAST, standby::MONITOR_LAST]
+            .into_iter()
             .chain(REDIS_LAST)
             .map(|last| Ipv4Addr::new(198, 18, plan.lab, last).to_string())
             .collect();
@@ -204,6 +224,7 @@ impl Lab {
             postgres: (placeholder_host(), None),
             postgres_dir,
             postgres_disk: None,
+            formation: None,
             gateways: Vec::new(),
             loads: Vec::new(),
             nginx: None,
@@ -230,18 +251,23 @@ impl Lab {
         let pg = self.host("pg", PG_LAST, &[])?;
         disk::SmallDisk::clear_stale(&self.postgres_dir);
         let _ = std::fs::remove_dir_all(&self.postgres_dir);
-        if let Some(bytes) = self.plan.postgres_disk {
-            self.postgres_disk = Some(disk::SmallDisk::mount(&self.postgres_dir, bytes)?);
+        if self.plan.standby {
+            self.postgres.0 = pg;
+            self.bring_up_formation()?;
+        } else {
+            if let Some(bytes) = self.plan.postgres_disk {
+                self.postgres_disk = Some(disk::SmallDisk::mount(&self.postgres_dir, bytes)?);
+            }
+            postgres::init(
+                &self.postgres_dir,
+                netns::bridge_addr(self.plan.lab),
+                &self.tls_dir(),
+            )?;
+            self.postgres.0 = pg;
+            self.postgres.1 = Some(self.start_postgres()?);
+            self.save()?;
+            postgres::make_role(&self.postgres_dir, &self.secrets.postgres)?;
         }
-        postgres::init(
-            &self.postgres_dir,
-            netns::bridge_addr(self.plan.lab),
-            &self.tls_dir(),
-        )?;
-        self.postgres.0 = pg;
-        self.postgres.1 = Some(self.start_postgres()?);
-        self.save()?;
-        postgres::make_role(&self.postgres_dir, &self.secrets.postgres)?;
         // The gateways' first operator key, made in the ledger before any gateway: each
         // would otherwise make its own, known only to its host.
         let access = hongbao_cluster::PgAccess::connect(&self.pg_target())
@@ -285,6 +311,41 @@ impl Lab {
         Ok(())
     }
 
+    /// The ledger with a standby: the monitor, the first data node (the primary, with
+    /// the gateways' role), then the second cloned from it as its synchronous standby.
+    fn bring_up_formation(&mut self) -> anyhow::Result<()> {
+        let monitor = self.host("pgmon", standby::MONITOR_LAST, &[])?;
+        let second = self.host("pg2", standby::STANDBY_LAST, &[])?;
+        self.formation = Some(standby::Formation::new(
+            &self.postgres_dir,
+            &self.tls_dir(),
+            &self.plan.dir,
+            monitor,
+            [self.postgres.0.clone(), second],
+        )?);
+        let formation = self.formation.as_mut().expect("set above");
+        let started = formation.start_monitor();
+        self.save()?;
+        started?;
+        let formation = self.formation.as_mut().expect("set above");
+        let started = formation.start_node(0);
+        self.save()?;
+        started?;
+        let formation = self.formation.as_mut().expect("set above");
+        formation.prepare_primary(&self.secrets.postgres)?;
+        let started = formation.start_node(1);
+        self.save()?;
+        started?;
+        let formation = self.formation.as_ref().expect("set above");
+        let standby = formation.nodes[1].host.addr;
+        standby::wait_until(
+            "the second node to be a synchronous standby",
+            Duration::from_secs(120),
+            || formation.synchronous(standby),
+        )
+        .with_context(|| format!("the monitor says {:?}", formation.states()))
+    }
+
     /// The Redis Cluster's node URLs as the lab's user, comma-separated, for `--redis`
     /// (the password is in `redis.password`).
     pub fn redis_urls(&self) -> String {
@@ -296,12 +357,19 @@ impl Lab {
     }
 
     /// The ledger's URL as the gateways' role, over TLS verified against the lab's CA
-    /// (the password is in `postgres.password`).
+    /// (the password is in `postgres.password`). With a standby, both data nodes' (libpq's
+    /// multi-host form): a client keeps the one that takes writes.
     pub fn postgres_url(&self) -> String {
-        format!(
-            "{}?sslmode=verify-full",
-            postgres::url(self.postgres.0.addr)
-        )
+        match &self.formation {
+            Some(formation) => format!(
+                "{}&sslmode=verify-full",
+                postgres::multi_host_url(&formation.addrs())
+            ),
+            None => format!(
+                "{}?sslmode=verify-full",
+                postgres::url(self.postgres.0.addr)
+            ),
+        }
     }
 
     pub fn pg_target(&self) -> hongbao_cluster::PgTarget {
@@ -454,6 +522,11 @@ impl Lab {
         let mut procs = Vec::new();
         procs.extend(self.postgres.1.iter().map(Proc::record));
         procs.extend(
+            self.formation
+                .iter()
+                .flat_map(|f| f.keepers().map(Proc::record)),
+        );
+        procs.extend(
             self.redis
                 .iter()
                 .filter_map(|(_, p)| p.as_ref().map(Proc::record)),
@@ -478,6 +551,10 @@ impl Lab {
         all.extend(self.nginx.iter().map(|(h, _)| h));
         all.extend(self.redis.iter().map(|(h, _)| h));
         all.push(&self.postgres.0);
+        if let Some(formation) = &self.formation {
+            all.extend(formation.nodes.iter().skip(1).map(|n| &n.host));
+            all.push(&formation.monitor.host);
+        }
         all.extend(self.gateways.iter().map(|g| &g.host));
         all.extend(self.loads.iter());
         all
@@ -506,6 +583,13 @@ impl Drop for Lab {
             drop(p.take());
         }
         drop(self.postgres.1.take());
+        if let Some(formation) = &mut self.formation {
+            // The data nodes, then the monitor; each keeper stops its PostgreSQL.
+            for node in &mut formation.nodes {
+                drop(node.keeper.take());
+            }
+            drop(formation.monitor.keeper.take());
+        }
         netns::stop_inside(&self.state.netns, GRACE);
         netns::remove(self.plan.lab, &self.state.netns);
         drop(self.postgres_disk.take());

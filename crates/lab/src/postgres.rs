@@ -41,7 +41,7 @@ pub fn bin_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// The `postgres` user's (uid, gid).
-fn postgres_ids() -> anyhow::Result<(u32, u32)> {
+pub(crate) fn postgres_ids() -> anyhow::Result<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd")?;
     passwd
         .lines()
@@ -56,6 +56,18 @@ fn postgres_ids() -> anyhow::Result<(u32, u32)> {
 /// The connection URL of the lab's database, as the gateways' role (its password apart).
 pub fn url(addr: Ipv4Addr) -> String {
     format!("postgres://{USER}@{addr}:{PORT}/{DATABASE}")
+}
+
+/// The URL of a ledger served by whichever of `addrs` is primary, as the gateways' role:
+/// libpq's multi-host form, which tokio-postgres reads too. A client tries the hosts in
+/// turn, each for at most `connect_timeout` seconds, and keeps the first that takes
+/// writes (`target_session_attrs=read-write`): after a failover, the new primary.
+pub fn multi_host_url(addrs: &[Ipv4Addr]) -> String {
+    let hosts: Vec<String> = addrs.iter().map(|a| format!("{a}:{PORT}")).collect();
+    format!(
+        "postgres://{USER}@{}/{DATABASE}?target_session_attrs=read-write&connect_timeout=2",
+        hosts.join(",")
+    )
 }
 
 /// `initdb` in `dir/data` (owned by the postgres user), passwords over the network. The
@@ -95,31 +107,31 @@ pub fn init(dir: &Path, subnet: Ipv4Addr, tls: &Path) -> anyhow::Result<()> {
 }
 
 /// Makes the gateways' role with `password` and its database, as the local `postgres`
-/// user over the socket in `dir`; the SQL goes on stdin (a password on a command line is
-/// seen by every local user).
+/// user over the socket in `dir`.
 pub fn make_role(dir: &Path, password: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    let (uid, gid) = postgres_ids()?;
     let quoted = password.replace('\'', "''");
     let sql = format!(
         "CREATE ROLE {USER} LOGIN PASSWORD '{quoted}';\nCREATE DATABASE {DATABASE} OWNER {USER};\n"
     );
+    local_sql(dir, "postgres", &sql).context("making the gateways' role")?;
+    Ok(())
+}
+
+/// Runs `sql` on `database` as the local `postgres` user over the socket in `dir` (peer
+/// authentication): its output, unaligned. The SQL goes on stdin: a password in it would
+/// be seen by every local user on a command line.
+pub(crate) fn local_sql(dir: &Path, database: &str, sql: &str) -> anyhow::Result<String> {
+    use std::io::Write;
+    let (uid, gid) = postgres_ids()?;
     let mut child = Command::new(bin_dir()?.join("psql"))
         .uid(uid)
         .gid(gid)
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
+        .args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h"])
         .arg(dir)
-        .args([
-            "-p",
-            &PORT.to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            "postgres",
-            "-f",
-            "-",
-        ])
+        .args(["-p", &PORT.to_string(), "-U", "postgres", "-d", database])
+        .args(["-f", "-"])
         .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .context("running psql")?;
@@ -130,12 +142,9 @@ pub fn make_role(dir: &Path, password: &str) -> anyhow::Result<()> {
         .write_all(sql.as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
-        bail!(
-            "making the gateways' role: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Starts the server of `dir/data` in `host` and waits until it accepts connections.
