@@ -1,0 +1,266 @@
+//! The ledger with a synchronous standby, for real (docs/scale-out.md, "A standby and
+//! failover (the lab)"): a lab whose PostgreSQL is a primary and a standby kept by
+//! pg_auto_failover (root, Debian's PostgreSQL 15 and pg_auto_failover), one gateway in
+//! cluster mode on the multi-host URL. The primary is lost with its disk, twice (the
+//! second time the node that replaced it), or frozen; each time the standby takes over
+//! within seconds, nothing committed before is missing, the gateway commits again, and
+//! the old node comes back as the new standby.
+//!
+//! Skipped, saying why, when not root or without pg_autoctl
+//! (`apt-get install pg-auto-failover-cli postgresql-15-auto-failover`); where CI has
+//! installed the tools (`HONGBAO_REQUIRE_DEPLOY_TOOLS=1`), a missing pg_autoctl fails.
+
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::SECRET;
+use hongbao_lab::{Lab, LabPlan};
+
+/// What the tests hold a failover to: the first commit through the gateway after the
+/// primary is lost, its reconnection included.
+const FIRST_COMMIT_BOUND: Duration = Duration::from_secs(15);
+const REJOIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One lab at a time: two would slow each other's failovers on two cores.
+static ONE_LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_lab() -> std::sync::MutexGuard<'static, ()> {
+    ONE_LAB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether this machine can bring a lab with a standby up; if not, says why.
+fn can_run(test: &str) -> bool {
+    let skipped = |why: &str| {
+        let _ = writeln!(std::io::stderr(), "SKIPPED failover::{test}: {why}");
+        false
+    };
+    if !common::is_root() {
+        return skipped("the lab needs root (network namespaces)");
+    }
+    if !std::path::Path::new("/usr/bin/pg_autoctl").exists() {
+        let install = "apt-get install pg-auto-failover-cli postgresql-15-auto-failover";
+        if std::env::var_os("HONGBAO_REQUIRE_DEPLOY_TOOLS").is_some_and(|v| v == "1") {
+            panic!("pg_autoctl is required here (HONGBAO_REQUIRE_DEPLOY_TOOLS=1) and is not installed: {install}");
+        }
+        return skipped(&format!("pg_autoctl is not installed ({install})"));
+    }
+    true
+}
+
+fn lab(dir: &std::path::Path) -> Lab {
+    // Not the number tests/cluster.rs picks.
+    let seed = std::process::id() ^ 0x0fa1;
+    Lab::up(LabPlan {
+        lab: hongbao_lab::free_lab_number(seed),
+        dir: dir.to_path_buf(),
+        gateways: 1,
+        loads: 0,
+        nginx: false,
+        hongbao: env!("CARGO_BIN_EXE_hongbao").into(),
+        serve: hongbao_server::config::ServeFlags {
+            workers: Some("1".into()),
+            secret: Some(SECRET.into()),
+            ..Default::default()
+        },
+        monitor_key: None,
+        postgres_disk: None,
+        standby: true,
+    })
+    .expect("the lab with a standby comes up")
+}
+
+/// Keeps asking the gateway for a commit (a shake campaign made, which its ledger
+/// holds before the answer) until one is answered; returns how long after `since`.
+fn first_gateway_commit(admin: SocketAddr, key: &str, since: Instant) -> Duration {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(3))
+        .build();
+    let body = r#"{"packets":1,"rate_per_sec":1,"amount_min":100,"amount_max":100}"#;
+    loop {
+        let made = agent
+            .post(&format!("http://{admin}/v1/campaigns/shake"))
+            .set("Authorization", &format!("Bearer {key}"))
+            .set("Content-Type", "application/json")
+            .send_string(body);
+        if made.is_ok() {
+            return since.elapsed();
+        }
+        assert!(
+            since.elapsed() < FIRST_COMMIT_BOUND * 3,
+            "the gateway commits nothing {:?} after the fault: {made:?}",
+            since.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The rows of the test's table, in order.
+fn rows(lab: &Lab) -> Vec<String> {
+    lab.psql("SELECT note FROM before_the_fault ORDER BY id")
+        .expect("reading the earlier writes")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_lost_primary_is_replaced_by_its_standby_and_comes_back_as_the_new_standby() {
+    if !can_run("a_lost_primary_is_replaced_by_its_standby_and_comes_back_as_the_new_standby") {
+        return;
+    }
+    let _one = one_lab();
+    let dir = tempfile::tempdir().unwrap();
+    let mut lab = lab(dir.path());
+    assert!(lab.has_standby());
+    let admin = lab.gateways[0].admin();
+    let key = lab.admin_key.clone();
+    lab.psql("CREATE TABLE before_the_fault (id serial PRIMARY KEY, note text)")
+        .unwrap();
+    let mut written = Vec::new();
+    // The first primary lost, then the node that replaced it: each node in turn.
+    for round in 1..=2 {
+        let note = format!("written before fault {round}");
+        lab.psql(&format!(
+            "INSERT INTO before_the_fault (note) VALUES ('{note}')"
+        ))
+        .unwrap();
+        written.push(note);
+        let primary = lab.pg_primary().unwrap();
+        let fault = Instant::now();
+        let lost = lab.lose_primary().expect("losing the primary");
+        assert_eq!(lost, primary);
+        let new = lab
+            .wait_new_primary(lost, FIRST_COMMIT_BOUND)
+            .expect("a new primary");
+        let promoted = fault.elapsed();
+        let through_gateway = first_gateway_commit(admin, &key, fault);
+        eprintln!(
+            "fault {round}: {lost} lost; {new} primary and committing {:.1} s after, the gateway committing {:.1} s after",
+            promoted.as_secs_f64(),
+            through_gateway.as_secs_f64()
+        );
+        assert_ne!(new, lost);
+        assert!(
+            through_gateway < FIRST_COMMIT_BOUND,
+            "the gateway's first commit came {through_gateway:?} after the fault"
+        );
+        // Synchronous replication: what was committed before the fault is on the new
+        // primary.
+        assert_eq!(rows(&lab), written);
+        let rejoin = Instant::now();
+        lab.rejoin_standby(lost, REJOIN_TIMEOUT)
+            .expect("the lost node back as the standby");
+        eprintln!(
+            "fault {round}: {lost} a synchronous standby again {:.1} s after it was made anew",
+            rejoin.elapsed().as_secs_f64()
+        );
+        assert_eq!(lab.pg_primary().unwrap(), new);
+    }
+    assert_eq!(rows(&lab), written);
+}
+
+#[test]
+fn a_frozen_primary_is_replaced_and_rejoins_as_the_standby() {
+    if !can_run("a_frozen_primary_is_replaced_and_rejoins_as_the_standby") {
+        return;
+    }
+    let _one = one_lab();
+    let dir = tempfile::tempdir().unwrap();
+    let mut lab = lab(dir.path());
+    let admin = lab.gateways[0].admin();
+    let key = lab.admin_key.clone();
+    lab.psql("CREATE TABLE before_the_fault (id serial PRIMARY KEY, note text)")
+        .unwrap();
+    lab.psql("INSERT INTO before_the_fault (note) VALUES ('written before the freeze')")
+        .unwrap();
+    let old = lab.pg_primary().unwrap();
+    let url = lab.postgres_url();
+    let password = lab.secrets.postgres.clone();
+    let ca = lab.tls_dir().join("ca.pem");
+    let frozen = Duration::from_secs(15);
+    let fault = Instant::now();
+    // While the primary is frozen: when a commit first lands on the other node, and
+    // when the gateway first commits.
+    let watch = std::thread::spawn(move || loop {
+        if let Some(at) = commit_at(&url, &password, &ca) {
+            if at != old {
+                return fault.elapsed();
+            }
+        }
+        assert!(
+            fault.elapsed() < frozen,
+            "no commit on the standby during the freeze"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    let gateway = std::thread::spawn(move || first_gateway_commit(admin, &key, fault));
+    assert_eq!(lab.freeze_primary(frozen).unwrap(), old);
+    let promoted = watch.join().expect("a commit on the standby while frozen");
+    let through_gateway = gateway.join().unwrap();
+    eprintln!(
+        "freeze: {old} frozen for {} s; the other node committing {:.1} s after the freeze began, the gateway {:.1} s after",
+        frozen.as_secs(),
+        promoted.as_secs_f64(),
+        through_gateway.as_secs_f64()
+    );
+    assert!(
+        promoted < FIRST_COMMIT_BOUND,
+        "the first commit on the other node came {promoted:?} after the freeze began"
+    );
+    // The gateway's connection to a frozen primary hangs while the freeze lasts: the
+    // frozen host's kernel still acknowledges every packet, so only a deadline of the
+    // gateway's own on a commit would drop it (docs/scale-out.md, "A standby and
+    // failover (the lab)"). Once let go, the old primary stops itself and the gateway
+    // reconnects to the new one.
+    assert!(
+        through_gateway < frozen + FIRST_COMMIT_BOUND,
+        "the gateway's first commit came {through_gateway:?} after the freeze began"
+    );
+    let new = lab.wait_new_primary(old, FIRST_COMMIT_BOUND).unwrap();
+    assert_ne!(new, old);
+    assert_eq!(rows(&lab), vec!["written before the freeze".to_string()]);
+    // Let go, the old primary's keeper finds itself demoted, rewinds and follows.
+    let rejoin = Instant::now();
+    lab.rejoin_standby(old, REJOIN_TIMEOUT)
+        .expect("the frozen node back as the standby");
+    eprintln!(
+        "freeze: {old} a synchronous standby again {:.1} s after it was let go",
+        rejoin.elapsed().as_secs_f64()
+    );
+    assert_eq!(lab.pg_primary().unwrap(), new);
+}
+
+/// One commit through the ledger's URL, bounded: the address of the server that took
+/// it, or `None`.
+fn commit_at(url: &str, password: &str, ca: &std::path::Path) -> Option<Ipv4Addr> {
+    let psql = hongbao_lab::postgres::bin_dir().ok()?.join("psql");
+    let mut child = Command::new(psql)
+        .env("PGPASSWORD", password)
+        .env("PGSSLROOTCERT", ca)
+        .args(["-X", "-At", "-d", url])
+        .args(["-c", "SELECT txid_current(), host(inet_server_addr())"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while child.try_wait().ok()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .rsplit('|')
+        .next()?
+        .parse()
+        .ok()
+}
