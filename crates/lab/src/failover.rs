@@ -1,8 +1,8 @@
 //! Faults done to the ledger's primary when it has a synchronous standby (the plan's
-//! `standby`, `standby`): its host lost with its disk, frozen, or cut off from every
-//! other host; then waiting for the monitor to promote the standby and for the new
-//! primary to take a commit, and bringing the old node back as the new standby. Methods
-//! of `Lab`, beside the other faults (`faults`).
+//! `standby`; its pieces in `standby`): its host lost with its disk, frozen, or cut off
+//! from every other host; then waiting for the monitor to promote the standby and for
+//! the new primary to take a commit, and bringing the old node back as the new standby.
+//! Methods of `Lab`, beside the other faults (`faults`).
 //!
 //! The single-PostgreSQL faults in standby mode: `restart_postgres` and
 //! `fill_postgres_disk` refuse (lose or freeze the primary instead); a gateway's

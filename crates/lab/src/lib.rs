@@ -311,41 +311,6 @@ impl Lab {
         Ok(())
     }
 
-    /// The ledger with a standby: the monitor, the first data node (the primary, with
-    /// the gateways' role), then the second cloned from it as its synchronous standby.
-    fn bring_up_formation(&mut self) -> anyhow::Result<()> {
-        let monitor = self.host("pgmon", standby::MONITOR_LAST, &[])?;
-        let second = self.host("pg2", standby::STANDBY_LAST, &[])?;
-        self.formation = Some(standby::Formation::new(
-            &self.postgres_dir,
-            &self.tls_dir(),
-            &self.plan.dir,
-            monitor,
-            [self.postgres.0.clone(), second],
-        )?);
-        let formation = self.formation.as_mut().expect("set above");
-        let started = formation.start_monitor();
-        self.save()?;
-        started?;
-        let formation = self.formation.as_mut().expect("set above");
-        let started = formation.start_node(0);
-        self.save()?;
-        started?;
-        let formation = self.formation.as_mut().expect("set above");
-        formation.prepare_primary(&self.secrets.postgres)?;
-        let started = formation.start_node(1);
-        self.save()?;
-        started?;
-        let formation = self.formation.as_ref().expect("set above");
-        let standby = formation.nodes[1].host.addr;
-        standby::wait_until(
-            "the second node to be a synchronous standby",
-            Duration::from_secs(120),
-            || formation.synchronous(standby),
-        )
-        .with_context(|| format!("the monitor says {:?}", formation.states()))
-    }
-
     /// The Redis Cluster's node URLs as the lab's user, comma-separated, for `--redis`
     /// (the password is in `redis.password`).
     pub fn redis_urls(&self) -> String {

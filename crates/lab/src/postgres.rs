@@ -181,3 +181,17 @@ pub fn start(host: &Host, dir: &Path, small_disk: bool) -> anyhow::Result<Proc> 
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_multi_host_url_names_every_node_and_asks_for_the_writable_one() {
+        let url = multi_host_url(&[Ipv4Addr::new(198, 18, 3, 20), Ipv4Addr::new(198, 18, 3, 21)]);
+        assert_eq!(
+            url,
+            "postgres://hongbao@198.18.3.20:5432,198.18.3.21:5432/hongbao?target_session_attrs=read-write&connect_timeout=2"
+        );
+    }
+}

@@ -302,17 +302,7 @@ impl Formation {
             .args(self.create_args(node)?);
         self.run_to_end("create", node, create)?;
         let data = node.dir.join("data");
-        let mut hba = String::from(
-            "local all postgres peer\n\
-             # the monitor's own keeper, as its user over the socket\n\
-             local pg_auto_failover autoctl_node peer map=keeper\n",
-        );
-        for addr in self.addrs() {
-            hba.push_str(&format!(
-                "hostssl {MONITOR_DB} {MONITOR_USER} {addr}/32 scram-sha-256\n"
-            ));
-        }
-        write_owned(&data.join("pg_hba.conf"), &hba)?;
+        write_owned(&data.join("pg_hba.conf"), &monitor_hba(&self.addrs()))?;
         append_owned(
             &data.join("pg_ident.conf"),
             &format!("keeper postgres {MONITOR_USER}\n"),
@@ -351,7 +341,10 @@ impl Formation {
             .args(self.create_args(node)?);
         self.run_to_end("create", node, create)?;
         let data = node.dir.join("data");
-        write_owned(&data.join("pg_hba.conf"), &self.node_hba())?;
+        write_owned(
+            &data.join("pg_hba.conf"),
+            &node_hba(&self.addrs(), self.monitor.host.addr),
+        )?;
         let conf = data.join("postgresql.conf");
         // A standby's copy has them already.
         if !std::fs::read_to_string(&conf)?.contains(MARK) {
@@ -389,28 +382,6 @@ impl Formation {
         )
         .context("setting the replication user's password")?;
         postgres::make_role(&first.dir, gateway_password)
-    }
-
-    /// The data nodes' pg_hba.conf: replication and pg_rewind between the two nodes, the
-    /// gateways' role from the lab's subnet, every one over TLS with a password; the
-    /// monitor's health checks refused (the monitor counts a refusal as an answer, which
-    /// is all it asks; pg_autoctl would let its user in with `trust`).
-    fn node_hba(&self) -> String {
-        let mut hba = String::from("local all postgres peer\n");
-        for addr in self.addrs() {
-            hba.push_str(&format!(
-                "hostssl replication {REPLICATOR} {addr}/32 scram-sha-256\n\
-                 hostssl postgres {REPLICATOR} {addr}/32 scram-sha-256\n"
-            ));
-        }
-        let monitor = self.monitor.host.addr;
-        let subnet = Ipv4Addr::from(u32::from(monitor) & 0xffff_ff00);
-        hba.push_str(&format!(
-            "hostssl all pgautofailover_monitor {monitor}/32 reject\n\
-             hostssl all {} {subnet}/24 scram-sha-256\n",
-            postgres::USER
-        ));
-        hba
     }
 
     /// `pg_autoctl run` for `node`, logging to `NAME-keeper.log` in the lab's directory.
@@ -531,6 +502,80 @@ impl Formation {
     }
 }
 
+impl crate::Lab {
+    /// The ledger with a standby: the monitor, the first data node (the primary, with
+    /// the gateways' role), then the second cloned from it as its synchronous standby.
+    pub(crate) fn bring_up_formation(&mut self) -> anyhow::Result<()> {
+        let monitor = self.host("pgmon", MONITOR_LAST, &[])?;
+        let second = self.host("pg2", STANDBY_LAST, &[])?;
+        self.formation = Some(Formation::new(
+            &self.postgres_dir,
+            &self.tls_dir(),
+            &self.plan.dir,
+            monitor,
+            [self.postgres.0.clone(), second],
+        )?);
+        let formation = self.formation.as_mut().expect("set above");
+        let started = formation.start_monitor();
+        self.save()?;
+        started?;
+        let formation = self.formation.as_mut().expect("set above");
+        let started = formation.start_node(0);
+        self.save()?;
+        started?;
+        let formation = self.formation.as_mut().expect("set above");
+        formation.prepare_primary(&self.secrets.postgres)?;
+        let started = formation.start_node(1);
+        self.save()?;
+        started?;
+        let formation = self.formation.as_ref().expect("set above");
+        let standby = formation.nodes[1].host.addr;
+        wait_until(
+            "the second node to be a synchronous standby",
+            Duration::from_secs(120),
+            || formation.synchronous(standby),
+        )
+        .with_context(|| format!("the monitor says {:?}", formation.states()))
+    }
+}
+
+/// The monitor's pg_hba.conf: the data nodes' keepers as `autoctl_node`, each from its
+/// own address, over TLS with a password; over the socket the postgres user, and the
+/// monitor's own keeper as `autoctl_node` (peer, mapped in pg_ident.conf).
+fn monitor_hba(nodes: &[Ipv4Addr]) -> String {
+    let mut hba = String::from(
+        "local all postgres peer\n\
+         local pg_auto_failover autoctl_node peer map=keeper\n",
+    );
+    for addr in nodes {
+        hba.push_str(&format!(
+            "hostssl {MONITOR_DB} {MONITOR_USER} {addr}/32 scram-sha-256\n"
+        ));
+    }
+    hba
+}
+
+/// A data node's pg_hba.conf: replication and pg_rewind from the two nodes' addresses,
+/// the gateways' role from the lab's subnet, every one over TLS with a password; the
+/// monitor's health checks refused (the monitor counts a refusal as an answer, which is
+/// all it asks; pg_autoctl would let its user in with `trust`).
+fn node_hba(nodes: &[Ipv4Addr], monitor: Ipv4Addr) -> String {
+    let mut hba = String::from("local all postgres peer\n");
+    for addr in nodes {
+        hba.push_str(&format!(
+            "hostssl replication {REPLICATOR} {addr}/32 scram-sha-256\n\
+             hostssl postgres {REPLICATOR} {addr}/32 scram-sha-256\n"
+        ));
+    }
+    let subnet = Ipv4Addr::from(u32::from(monitor) & 0xffff_ff00);
+    hba.push_str(&format!(
+        "hostssl all pgautofailover_monitor {monitor}/32 reject\n\
+         hostssl all {} {subnet}/24 scram-sha-256\n",
+        postgres::USER
+    ));
+    hba
+}
+
 /// An empty directory for a host's files, the postgres user's alone.
 fn fresh_dir(dir: &Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(dir);
@@ -569,4 +614,60 @@ pub(crate) fn wait_until(
         std::thread::sleep(Duration::from_millis(100));
     }
     bail!("waited {timeout:?} for {what}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_rule_trusts_and_pg_auto_failovers_users_come_only_from_the_nodes() {
+        let nodes = [Ipv4Addr::new(198, 18, 7, 20), Ipv4Addr::new(198, 18, 7, 21)];
+        let monitor = Ipv4Addr::new(198, 18, 7, 22);
+        for hba in [monitor_hba(&nodes), node_hba(&nodes, monitor)] {
+            for rule in hba.lines() {
+                let f: Vec<&str> = rule.split_whitespace().collect();
+                assert!(!rule.contains("trust"), "{rule}");
+                match f[0] {
+                    "local" => assert!(f[3] == "peer", "{rule}"),
+                    "hostssl" => {
+                        let method = f[4];
+                        assert!(method == "scram-sha-256" || method == "reject", "{rule}");
+                        if f[2] == MONITOR_USER || f[2] == REPLICATOR {
+                            let from = f[3].strip_suffix("/32").expect("a /32");
+                            assert!(nodes.contains(&from.parse().unwrap()), "{rule}");
+                        }
+                    }
+                    _ => panic!("not TLS: {rule}"),
+                }
+            }
+        }
+        assert!(
+            node_hba(&nodes, monitor).contains("hostssl all hongbao 198.18.7.0/24 scram-sha-256\n")
+        );
+    }
+
+    #[test]
+    fn the_primary_is_the_node_the_monitor_means_to_take_writes() {
+        let node = |goal: &str| NodeState {
+            addr: Ipv4Addr::LOCALHOST,
+            reported: "primary".into(),
+            goal: goal.into(),
+        };
+        for goal in ["single", "wait_primary", "primary"] {
+            assert!(node(goal).is_primary(), "{goal}");
+        }
+        // Being failed over: what it reports no longer counts.
+        for goal in [
+            "draining",
+            "demote_timeout",
+            "demoted",
+            "secondary",
+            "catchingup",
+        ] {
+            assert!(!node(goal).is_primary(), "{goal}");
+        }
+        assert!(node("primary").settled("primary"));
+        assert!(!node("demoted").settled("primary"));
+    }
 }
