@@ -33,6 +33,12 @@ pub struct Store(pub(crate) Arc<Inner>);
 pub(crate) struct Inner {
     postgres: PgTarget,
     read: Mutex<Arc<Client>>,
+    /// Raised by the committer each time it gives a connection up as dead or silent (a
+    /// primary lost or frozen): the reading connection, made before, is replaced at its
+    /// next use rather than left to hang until its host answers again.
+    pub(crate) pg_lost: std::sync::atomic::AtomicU64,
+    /// `pg_lost` when the reading connection was made.
+    read_made: std::sync::atomic::AtomicU64,
     /// The cluster connection for commands (replaced when it stops answering), the one
     /// subscribed to this host's channel (never sent a command, so a push is never read
     /// as a command's reply: seen once, an `sunsubscribe` push taken for a release's
@@ -145,6 +151,8 @@ impl Store {
         Ok(Store(Arc::new(Inner {
             postgres: cfg.postgres.clone(),
             read: Mutex::new(Arc::new(pg)),
+            pg_lost: 0.into(),
+            read_made: 0.into(),
             redis: Mutex::new(redis),
             subscribed: Mutex::new(subscribed),
             redis_client: client,
@@ -171,14 +179,18 @@ impl Store {
         self.0.redis.lock().unwrap().clone()
     }
 
-    /// The reading connection, opened again if it was lost (PostgreSQL restarted).
+    /// The reading connection, opened again if it was lost (PostgreSQL restarted) or the
+    /// committer has given a connection up since it was made (`Inner::pg_lost`).
     pub(crate) async fn pg(&self) -> Result<Arc<Client>, Error> {
+        use std::sync::atomic::Ordering::SeqCst;
         let current = self.0.read.lock().unwrap().clone();
-        if !current.is_closed() {
+        let lost = self.0.pg_lost.load(SeqCst);
+        if !current.is_closed() && self.0.read_made.load(SeqCst) == lost {
             return Ok(current);
         }
         let fresh = Arc::new(pg_connect(&self.0.postgres).await?);
         *self.0.read.lock().unwrap() = fresh.clone();
+        self.0.read_made.store(lost, SeqCst);
         Ok(fresh)
     }
 

@@ -271,6 +271,7 @@ const RESEND_FOR: Duration = Duration::from_secs(60);
 async fn commit_until_known(
     conn: &mut Option<(Client, Statements)>,
     chain: &tokio::sync::Mutex<()>,
+    lost: &std::sync::atomic::AtomicU64,
     target: &PgTarget,
     host: &str,
     batch: &[Commit],
@@ -310,6 +311,7 @@ async fn commit_until_known(
             ),
         };
         *conn = None;
+        lost.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if started.elapsed() > RESEND_FOR {
             return Err(why);
         }
@@ -415,8 +417,15 @@ pub async fn committer(
             }
         }
         batch.sort_by_key(Commit::lock_order);
-        let result =
-            commit_until_known(&mut conn, &store.0.chain, &cfg.postgres, &cfg.host, &batch).await;
+        let result = commit_until_known(
+            &mut conn,
+            &store.0.chain,
+            &store.0.pg_lost,
+            &cfg.postgres,
+            &cfg.host,
+            &batch,
+        )
+        .await;
         match result {
             Ok(done) => {
                 let (mut committed, mut results, mut left_out) =

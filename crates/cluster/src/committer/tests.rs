@@ -272,6 +272,7 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         let setup = pg_connect(&target).await.unwrap();
         setup.batch_execute(crate::store::SCHEMA).await.unwrap();
         let chain = tokio::sync::Mutex::new(());
+        let lost = std::sync::atomic::AtomicU64::new(0);
         let mut conn = None;
         // Before the cut: user 7 wins 1,000 and sends 100 to users 8 and 9 (packet 50).
         let before = [Commit::Win {
@@ -280,7 +281,7 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             packet: 1,
             cents: 1_000,
         }];
-        commit_until_known(&mut conn, &chain, &target, "h1", &before)
+        commit_until_known(&mut conn, &chain, &lost, &target, "h1", &before)
             .await
             .unwrap();
         let send = [Commit::Send {
@@ -292,7 +293,7 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             expires_ms: u64::MAX >> 2,
             key: None,
         }];
-        commit_until_known(&mut conn, &chain, &target, "h1", &send)
+        commit_until_known(&mut conn, &chain, &lost, &target, "h1", &send)
             .await
             .unwrap();
         // The batch cut after its COMMIT: a win, a send without a key, a send with one,
@@ -329,10 +330,11 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         ];
         let events_before = scalar(&setup, "SELECT count(*) FROM hb_events").await;
         relay.cut.store(true, Ordering::SeqCst);
-        let done = commit_until_known(&mut conn, &chain, &target, "h1", &batch)
+        let done = commit_until_known(&mut conn, &chain, &lost, &target, "h1", &batch)
             .await
             .unwrap();
         assert_eq!(relay.cuts.load(Ordering::SeqCst), 1, "the COMMIT was cut");
+        assert_eq!(lost.load(Ordering::SeqCst), 1, "one connection given up");
         assert_eq!(
             relay.committed.load(Ordering::SeqCst),
             1,
