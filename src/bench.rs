@@ -71,11 +71,17 @@ pub struct BenchArgs {
     /// Cluster, PostgreSQL, nginx in front; root; docs/scale-out.md); 0: one local server
     #[arg(long, default_value_t = 0)]
     hosts: usize,
+    /// With --hosts: the lab's ledger is a PostgreSQL primary with a synchronous standby,
+    /// failed over by pg_auto_failover (docs/scale-out.md); implied by primary-lost,
+    /// primary-freeze and primary-isolate
+    #[arg(long, requires = "hosts")]
+    standby: bool,
     /// Inject a failure into the first phase: worker-stall, worker-kill, supervisor-kill
     /// (or core-kill: the core is in the supervisor's process) or disk-full (root: the
     /// ledger goes on a tmpfs of its own) on one local server, or with --hosts gateway,
     /// redis-master, redis-freeze (":rel": the master holding the release of campaign
-    /// packets), redis-wipe, postgres or partition-redis|postgres (docs/bench.md)
+    /// packets), redis-wipe, postgres or partition-redis|postgres, and with a standby
+    /// primary-lost (its disk too), primary-freeze or primary-isolate (docs/bench.md)
     #[arg(long)]
     fault: Option<String>,
     /// Seconds into the first phase for --fault
@@ -92,7 +98,8 @@ pub struct BenchArgs {
     /// worker-stall; on one local server also supervisor-kill (core-kill) and, as root,
     /// disk-full; with --hosts also gateway-kill, redis-master-kill,
     /// redis-master-kill:rel, redis-freeze:rel, redis-wipe, postgres-restart,
-    /// partition-redis, partition-postgres]
+    /// partition-redis, partition-postgres; with --standby primary-lost, primary-freeze
+    /// and primary-isolate instead of postgres-restart and postgres-disk-full]
     #[arg(long, value_name = "LIST")]
     chaos_faults: Option<String>,
     /// Print the `hongbao serve` flags of the bench's server settings (workers,
@@ -233,6 +240,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
     }
     opts.netns = args.netns;
     opts.hosts = args.hosts;
+    opts.standby = args.standby;
     opts.fault = args
         .fault
         .as_deref()
@@ -263,7 +271,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
                 .split(',')
                 .map(|name| hongbao_bench::bench::Fault::parse(name.trim()))
                 .collect::<Result<Vec<_>>>()?,
-            None => hongbao_bench::bench::ChaosOptions::default_faults(opts.hosts),
+            None => hongbao_bench::bench::ChaosOptions::default_faults(opts.hosts, opts.standby),
         };
         if faults.is_empty() {
             anyhow::bail!("--chaos-faults names no fault");
@@ -293,6 +301,14 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
     }
     if opts.fault == Some(hongbao_bench::bench::Fault::Gateway) && opts.hosts < 2 {
         anyhow::bail!("--fault gateway needs --hosts 2 or more: one host must carry on");
+    }
+    if opts.lab_standby() {
+        if let Some(f) = opts.faults().find(|f| f.needs_one_postgres()) {
+            anyhow::bail!(
+                "{} is done to the one PostgreSQL of a lab without a standby; with one, the primary's faults are primary-lost, primary-freeze and primary-isolate",
+                f.name()
+            );
+        }
     }
     if opts.hosts > 0 && opts.netns {
         anyhow::bail!("--hosts runs on lab hosts of their own; it does not take --netns");

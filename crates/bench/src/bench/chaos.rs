@@ -61,6 +61,9 @@ pub struct Done {
     pub what: String,
     pub start_unix_ms: u64,
     pub end_unix_ms: u64,
+    /// A fault to the ledger's primary: from the fault to the ledger's first commit after
+    /// it, in milliseconds.
+    pub first_commit_ms: Option<u64>,
 }
 
 /// Runs the schedule on a thread of its own until `stop`: waits each gap (returning
@@ -91,7 +94,8 @@ pub(crate) fn start(
             }
             let start_unix_ms = unix_ms();
             mark(start_unix_ms, Some(planned.fault));
-            let what = injector.inject(planned.fault, planned.target, true);
+            let injected = injector.inject(planned.fault, planned.target, true);
+            let (what, first_commit_ms) = (injected.what, injected.first_commit_ms);
             let end_unix_ms = unix_ms();
             // A fault healed in the second it started still gets a second of its own.
             mark(end_unix_ms.max(start_unix_ms + 1000), None);
@@ -101,6 +105,7 @@ pub(crate) fn start(
                 what,
                 start_unix_ms,
                 end_unix_ms,
+                first_commit_ms,
             });
         }
         done
@@ -140,6 +145,10 @@ pub struct ChaosFault {
     /// and the shakes served at 90% of the rate asked, in a second at or after the heal;
     /// none if that never happened in its window.
     pub whole_after_secs: Option<u64>,
+    /// A fault to the ledger's primary: milliseconds from the fault to the ledger's first
+    /// commit after it (through whichever node was primary then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_commit_after_ms: Option<u64>,
 }
 
 impl ChaosFault {
@@ -153,6 +162,7 @@ impl ChaosFault {
             what: done.what.clone(),
             start_second: start,
             end_second: end,
+            first_commit_after_ms: done.first_commit_ms,
             ..ChaosFault::default()
         };
         let Some(before) = rows.iter().rev().find(|r| r.second < start) else {
@@ -221,7 +231,7 @@ mod tests {
         ChaosOptions {
             seed,
             every_secs: 10.0,
-            faults: ChaosOptions::default_faults(2),
+            faults: ChaosOptions::default_faults(2, false),
         }
     }
 
@@ -282,6 +292,7 @@ mod tests {
             what: "killed".into(),
             start_unix_ms: 3_200,
             end_unix_ms: 4_100,
+            first_commit_ms: None,
         };
         let f = ChaosFault::judge(&done, &rows, 0, 7, 10);
         assert_eq!((f.start_second, f.end_second), (3, 4));

@@ -15,11 +15,29 @@ use super::admin::admin_request;
 use super::disk;
 use super::local::Local;
 use super::options::{Fault, RedisAim, DISK_FULL_HOLD, WORKER_STALL};
+use super::primary;
 
 /// How long a killed gateway host stays down before chaos starts it again.
 const GATEWAY_DOWN: Duration = Duration::from_secs(5);
 /// How long a heal may take before the fault is written down as not healed.
 const HEAL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a fault did: the line the bench prints, and for a fault to the ledger's primary,
+/// how long after the fault the ledger first committed again.
+#[derive(Debug, Clone, Default)]
+pub struct Injected {
+    pub what: String,
+    pub first_commit_ms: Option<u64>,
+}
+
+impl From<String> for Injected {
+    fn from(what: String) -> Injected {
+        Injected {
+            what,
+            first_commit_ms: None,
+        }
+    }
+}
 
 /// What can do faults to the server: its lab (with `--hosts`), the local server's child
 /// (without), and its admin API (the workers' ids). Cheap to clone, for a thread of its
@@ -37,8 +55,14 @@ impl Injector {
     /// Does `fault` now and says what was done. `target` picks the worker or gateway
     /// host (modulo their number); with `heal`, what the fault took down is brought back
     /// before this returns.
-    pub fn inject(&self, fault: Fault, target: usize, heal: bool) -> String {
-        match fault {
+    pub fn inject(&self, fault: Fault, target: usize, heal: bool) -> Injected {
+        if fault.needs_standby() {
+            return match &self.lab {
+                Some(lab) => primary::inject(lab, fault, heal),
+                None => format!("{}: needs --hosts", fault.name()).into(),
+            };
+        }
+        let what = match fault {
             Fault::WorkerStall => self.stall_worker(target),
             Fault::WorkerKill => self.kill_worker(target),
             Fault::SupervisorKill => match &self.local {
@@ -53,7 +77,8 @@ impl Injector {
                 Some(lab) => in_lab(&mut lab.lock().unwrap(), fault, target, heal),
                 None => format!("{}: needs --hosts", fault.name()),
             },
-        }
+        };
+        what.into()
     }
 
     /// The ids of the server's workers (`/v1/stats`), in their order.
@@ -253,6 +278,9 @@ fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -
         },
         Fault::WorkerStall | Fault::WorkerKill | Fault::SupervisorKill | Fault::DiskFull => {
             unreachable!("a local server's fault needs no lab")
+        }
+        Fault::PrimaryLost | Fault::PrimaryFreeze | Fault::PrimaryIsolate => {
+            unreachable!("the primary's faults are primary::inject's")
         }
     }
 }

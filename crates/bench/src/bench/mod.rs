@@ -32,6 +32,7 @@ mod inject;
 mod ledger;
 mod local;
 mod options;
+mod primary;
 pub(crate) mod server;
 pub mod summary;
 

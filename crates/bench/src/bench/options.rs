@@ -78,6 +78,9 @@ pub struct BenchOptions {
     pub notice_poll_secs: u32,
     /// Run the load on agents (docs/agents.md) instead of local client processes.
     pub agents: Option<AgentsChoice>,
+    /// With `--hosts`: the lab's ledger is a primary with a synchronous standby and a
+    /// failover manager (docs/scale-out.md); implied by a fault to the primary.
+    pub standby: bool,
     /// Load a running deployment instead of starting a server (`--target-*`).
     pub target: Option<Target>,
 }
@@ -146,6 +149,16 @@ pub enum Fault {
     /// Cut a gateway host off from Redis or PostgreSQL (blackhole routes in its
     /// namespace) for a while: 8 s alone, 5–15 s drawn by chaos.
     Partition(hongbao_lab::Cut),
+    /// A lab whose ledger has a synchronous standby (`--standby`): the primary's host
+    /// lost with its disk — its processes SIGKILLed, its data directory removed. The
+    /// standby takes over; healed by a new standby cloned from the new primary.
+    PrimaryLost,
+    /// The primary's host frozen (SIGSTOP) for [`PRIMARY_OUT`], then let go on; the
+    /// standby takes over meanwhile and the old primary comes back as its standby.
+    PrimaryFreeze,
+    /// The primary's host cut off from every other host (the standby, the monitor, the
+    /// gateways) for [`PRIMARY_OUT`]; as for a freeze.
+    PrimaryIsolate,
 }
 
 /// Which Redis master a Redis fault hits.
@@ -179,8 +192,9 @@ pub struct ChaosOptions {
 
 impl ChaosOptions {
     /// The faults chaos draws from when none are named: every one that fits the server.
-    /// `disk-full` only as root, who can mount the tmpfs it needs.
-    pub fn default_faults(hosts: usize) -> Vec<Fault> {
+    /// `disk-full` only as root, who can mount the tmpfs it needs. With a standby, the
+    /// primary's faults instead of those of the one PostgreSQL.
+    pub fn default_faults(hosts: usize, standby: bool) -> Vec<Fault> {
         let mut faults = vec![Fault::WorkerKill, Fault::WorkerStall];
         if hosts == 0 {
             faults.push(Fault::SupervisorKill);
@@ -206,12 +220,23 @@ impl ChaosOptions {
                 Fault::Partition(hongbao_lab::Cut::Postgres),
             ]);
         }
+        if hosts > 0 && standby {
+            faults.retain(|f| !f.needs_one_postgres());
+            faults.extend([
+                Fault::PrimaryLost,
+                Fault::PrimaryFreeze,
+                Fault::PrimaryIsolate,
+            ]);
+        }
         faults
     }
 }
 
 /// How long `--fault worker-stall` stops the worker.
 pub const WORKER_STALL: Duration = Duration::from_millis(300);
+
+/// How long `primary-freeze` and `primary-isolate` keep the primary out.
+pub const PRIMARY_OUT: Duration = Duration::from_secs(20);
 
 /// How long `disk-full` holds the ledger's disk full before deleting the filler.
 pub const DISK_FULL_HOLD: Duration = Duration::from_secs(5);
@@ -237,9 +262,12 @@ impl Fault {
             "redis-master-kill:rel" => Ok(Fault::RedisMaster(RedisAim::Release)),
             "partition-redis" => Ok(Fault::Partition(hongbao_lab::Cut::Redis)),
             "partition-postgres" => Ok(Fault::Partition(hongbao_lab::Cut::Postgres)),
+            "primary-lost" => Ok(Fault::PrimaryLost),
+            "primary-freeze" => Ok(Fault::PrimaryFreeze),
+            "primary-isolate" => Ok(Fault::PrimaryIsolate),
             other => {
                 anyhow::bail!(
-                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full or partition-redis|postgres, not {other:?}"
+                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full, partition-redis|postgres or primary-lost|freeze|isolate, not {other:?}"
                 )
             }
         }
@@ -261,7 +289,24 @@ impl Fault {
             Fault::PostgresDiskFull => "postgres-disk-full",
             Fault::Partition(hongbao_lab::Cut::Redis) => "partition-redis",
             Fault::Partition(hongbao_lab::Cut::Postgres) => "partition-postgres",
+            Fault::PrimaryLost => "primary-lost",
+            Fault::PrimaryFreeze => "primary-freeze",
+            Fault::PrimaryIsolate => "primary-isolate",
         }
+    }
+
+    /// Whether the fault is done to the ledger's primary, which needs a lab with a
+    /// standby (`--standby`, implied by the fault).
+    pub fn needs_standby(self) -> bool {
+        matches!(
+            self,
+            Fault::PrimaryLost | Fault::PrimaryFreeze | Fault::PrimaryIsolate
+        )
+    }
+
+    /// Whether the fault is done to the one PostgreSQL of a lab without a standby.
+    pub fn needs_one_postgres(self) -> bool {
+        matches!(self, Fault::Postgres | Fault::PostgresDiskFull)
     }
 
     /// Whether the fault is done to a lab (`--hosts`) rather than to any server.
@@ -305,6 +350,11 @@ impl BenchOptions {
     }
 
     /// Every fault the run may do: `--fault`'s and the chaos list's.
+    /// Whether the lab gets a standby: asked for, or a fault needs one.
+    pub fn lab_standby(&self) -> bool {
+        self.standby || self.faults().any(Fault::needs_standby)
+    }
+
     pub fn faults(&self) -> impl Iterator<Item = Fault> + '_ {
         self.fault
             .into_iter()
@@ -332,6 +382,7 @@ impl BenchOptions {
             server_nice: DEFAULT_SERVER_NICE,
             netns: false,
             agents: None,
+            standby: false,
             target: None,
             hosts: 0,
             fault: None,
@@ -378,14 +429,41 @@ mod tests {
 
     #[test]
     fn one_servers_chaos_kills_its_supervisor_and_fills_its_disk_as_root() {
-        let one = ChaosOptions::default_faults(0);
+        let one = ChaosOptions::default_faults(0, false);
         assert!(one.contains(&Fault::SupervisorKill));
         // SAFETY: geteuid(2) cannot fail and touches no memory.
         let root = unsafe { libc::geteuid() } == 0;
         assert_eq!(one.contains(&Fault::DiskFull), root);
-        let lab = ChaosOptions::default_faults(2);
+        let lab = ChaosOptions::default_faults(2, false);
         assert!(lab.iter().all(|f| !f.one_server_only()), "{lab:?}");
         assert_eq!(lab.contains(&Fault::PostgresDiskFull), root);
         assert!(Fault::parse("postgres-disk-full").unwrap().needs_lab());
+    }
+
+    #[test]
+    fn with_a_standby_chaos_does_the_primarys_faults_instead_of_the_one_postgress() {
+        let standby = ChaosOptions::default_faults(2, true);
+        for f in [
+            Fault::PrimaryLost,
+            Fault::PrimaryFreeze,
+            Fault::PrimaryIsolate,
+        ] {
+            assert!(standby.contains(&f) && f.needs_standby() && f.needs_lab());
+            assert_eq!(Fault::parse(f.name()).unwrap(), f);
+        }
+        assert!(
+            !standby.iter().any(|f| f.needs_one_postgres()),
+            "{standby:?}"
+        );
+        assert!(!ChaosOptions::default_faults(2, false)
+            .iter()
+            .any(|f| f.needs_standby()));
+        let mut opts = BenchOptions::preset(Preset::Quick);
+        assert!(!opts.lab_standby());
+        opts.fault = Some(Fault::PrimaryLost);
+        assert!(
+            opts.lab_standby(),
+            "a fault to the primary brings a standby"
+        );
     }
 }

@@ -139,6 +139,7 @@ impl Server {
                 .faults()
                 .any(Fault::needs_postgres_disk)
                 .then_some(POSTGRES_DISK_BYTES),
+            standby: opts.lab_standby(),
         })
         .context("bringing the lab up")?;
         // Interrupted (Ctrl-C, SIGTERM), the bench takes the lab down before it goes.
@@ -212,7 +213,7 @@ impl Server {
         let injector = self.injector();
         Some(std::thread::spawn(move || {
             std::thread::sleep(after);
-            injector.inject(fault, 0, false)
+            injector.inject(fault, 0, false).what
         }))
     }
 

@@ -1,0 +1,166 @@
+//! Faults done to the ledger's primary, in a lab whose ledger has a synchronous standby
+//! (docs/scale-out.md, "A standby and failover"): the primary lost with its disk, frozen,
+//! or cut off from every other host. Each is timed from the fault to the ledger's first
+//! commit after it: the newest event's timestamp (the gateway's clock as its batch
+//! began) read through the lab's multi-host URL, whichever node is primary then, every
+//! 100 ms, on a thread of its own that needs no lock on the lab — a freeze or a cut is
+//! still under way when the standby has taken over.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hongbao_lab::Lab;
+use hongbao_sys::clock::unix_ms;
+
+use super::inject::Injected;
+use super::options::{Fault, PRIMARY_OUT};
+
+/// How long a failover, the first commit after it, or a standby's rejoining may take
+/// before the fault is written down as not healed.
+const HEAL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `fault` done to the primary now; with `heal`, the old primary is a synchronous
+/// standby again before this returns.
+pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injected {
+    let newest = NewestCommit::of(&lab.lock().unwrap());
+    let mut lab = lab.lock().unwrap();
+    let started = Instant::now();
+    let out = PRIMARY_OUT.as_secs();
+    let (done, fault_ms) = match fault {
+        Fault::PrimaryLost => {
+            let done = lab.lose_primary().map(|addr| {
+                (addr, format!(
+                    "lost the ledger's primary {addr} with its disk (every process of its host SIGKILLed, its data directory removed)"
+                ))
+            });
+            // Its processes are gone when this returns: a batch that began later did
+            // not commit there.
+            (done, unix_ms())
+        }
+        Fault::PrimaryFreeze | Fault::PrimaryIsolate => {
+            let fault_ms = unix_ms();
+            let watch = newest.clone().watch(fault_ms);
+            let done = if fault == Fault::PrimaryFreeze {
+                lab.freeze_primary(PRIMARY_OUT).map(|addr| {
+                    (addr, format!(
+                        "froze the ledger's primary {addr} for {out} s (every process of its host SIGSTOPped, then SIGCONTed)"
+                    ))
+                })
+            } else {
+                lab.isolate_primary(PRIMARY_OUT).map(|addr| {
+                    (
+                        addr,
+                        format!(
+                            "cut the ledger's primary {addr} off from every other host for {out} s"
+                        ),
+                    )
+                })
+            };
+            return finish(&mut lab, done, watch, started, heal);
+        }
+        _ => unreachable!("not a fault to the primary"),
+    };
+    let watch = newest.watch(fault_ms);
+    finish(&mut lab, done, watch, started, heal)
+}
+
+fn finish(
+    lab: &mut Lab,
+    done: anyhow::Result<(std::net::Ipv4Addr, String)>,
+    watch: std::thread::JoinHandle<Option<u64>>,
+    started: Instant,
+    heal: bool,
+) -> Injected {
+    let (old, mut what) = match done {
+        Ok(done) => done,
+        Err(e) => {
+            let _ = watch.join();
+            return format!("no fault done to the primary: {e:#}").into();
+        }
+    };
+    let first_commit_ms = watch.join().ok().flatten();
+    match first_commit_ms {
+        Some(ms) => what.push_str(&format!(
+            "; the ledger committed again {:.1} s after the fault",
+            ms as f64 / 1000.0
+        )),
+        None => what.push_str(&format!(
+            "; no commit after the fault within {} s",
+            HEAL_TIMEOUT.as_secs()
+        )),
+    }
+    match lab.wait_new_primary(old, HEAL_TIMEOUT) {
+        Ok(new) => what.push_str(&format!("; {new} is the primary")),
+        Err(e) => {
+            what.push_str(&format!("; no new primary: {e:#}"));
+            return Injected {
+                what,
+                first_commit_ms,
+            };
+        }
+    }
+    if heal {
+        match lab.rejoin_standby(old, HEAL_TIMEOUT) {
+            Ok(()) => what.push_str(&format!(
+                "; {old} was its synchronous standby {:.1} s after the fault",
+                started.elapsed().as_secs_f64()
+            )),
+            Err(e) => what.push_str(&format!("; {old} not a standby again: {e:#}")),
+        }
+    }
+    Injected {
+        what,
+        first_commit_ms,
+    }
+}
+
+/// How to read the ledger's newest event through the lab's URL, without the lab.
+#[derive(Clone)]
+struct NewestCommit {
+    psql: std::path::PathBuf,
+    url: String,
+    password: String,
+    ca: std::path::PathBuf,
+}
+
+impl NewestCommit {
+    fn of(lab: &Lab) -> NewestCommit {
+        NewestCommit {
+            psql: hongbao_lab::postgres::bin_dir()
+                .map(|d| d.join("psql"))
+                .unwrap_or_else(|_| "psql".into()),
+            url: lab.postgres_url(),
+            password: lab.secrets.postgres.clone(),
+            ca: lab.tls_dir().join("ca.pem"),
+        }
+    }
+
+    /// The gateway timestamp of the newest event, if the primary answered.
+    fn newest_ms(&self) -> Option<u64> {
+        let out = std::process::Command::new(&self.psql)
+            .env("PGPASSWORD", &self.password)
+            .env("PGSSLROOTCERT", &self.ca)
+            .env("PGCONNECT_TIMEOUT", "2")
+            .args(["-X", "-At", "-d", &self.url, "-c"])
+            .arg("SELECT coalesce((SELECT at_ms FROM hb_events ORDER BY seq DESC LIMIT 1), 0)")
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    }
+
+    /// On a thread: milliseconds from `fault_ms` until an event of a batch begun after
+    /// it is seen committed, or `None` past [`HEAL_TIMEOUT`]. Seen within a poll (100 ms
+    /// and a psql's connection) of its commit.
+    fn watch(self, fault_ms: u64) -> std::thread::JoinHandle<Option<u64>> {
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + HEAL_TIMEOUT;
+            while Instant::now() < deadline {
+                if self.newest_ms().is_some_and(|at| at > fault_ms) {
+                    return Some(unix_ms().saturating_sub(fault_ms));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            None
+        })
+    }
+}
