@@ -196,7 +196,12 @@ async fn commit_batch(
     loop {
         attempt += 1;
         let running: Vec<usize> = (0..ops.len()).filter(|&i| !left_out[i]).collect();
-        client.batch_execute("BEGIN").await?;
+        // A transaction id from the start, so that COMMIT waits for the synchronous
+        // standby even when every op finds its work done (a batch sent again): an answer
+        // read from rows a lost attempt committed on a primary that was then cut off —
+        // visible there, never replicated, rewound away at its demotion — is told only
+        // once this commit, after them in the WAL, is on the standby.
+        client.batch_execute("BEGIN; SELECT txid_current()").await?;
         let results = futures_util::future::join_all(
             running
                 .iter()
