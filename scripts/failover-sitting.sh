@@ -18,6 +18,7 @@ faults=${FAULTS:-primary-lost}
 seed=${SEED:-7}
 hb=$PWD/target/release/hongbao
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
 # About 25 s a loss (a gap of 2-6 s, the failover, a new standby cloned): the shake
 # campaign at 40 packets a second lasts that long for LOSSES of them.
 packets=$((losses * 25 * 40))

@@ -19,6 +19,9 @@ use crate::connect::pg_connect;
 use crate::store::pg_error;
 use crate::PgTarget;
 
+/// How long one call may wait on PostgreSQL.
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS hb_admin_keys (
     name       text PRIMARY KEY,
@@ -79,23 +82,35 @@ impl PgAccess {
         Ok(access)
     }
 
-    /// Runs `f` with a connection (made again if the last one was lost).
+    /// Runs `f` with a connection (made again if the last one was lost), within
+    /// [`DEADLINE`]: past it (a frozen primary answers nothing) the connection is dropped,
+    /// to be made again — to the new primary — at the next call.
     fn with<T, F, Fut>(&self, f: F) -> Result<T>
     where
         F: FnOnce(Arc<Client>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         let mut held = self.client.lock().expect("the access connection");
-        self.runtime.block_on(async {
-            let client = match held.as_ref().filter(|c| !c.is_closed()) {
-                Some(c) => c.clone(),
-                None => {
-                    let c = Arc::new(pg_connect(&self.target).await?);
-                    *held = Some(c.clone());
-                    c
-                }
-            };
-            f(client).await
+        let done = self.runtime.block_on(async {
+            tokio::time::timeout(DEADLINE, async {
+                let client = match held.as_ref().filter(|c| !c.is_closed()) {
+                    Some(c) => c.clone(),
+                    None => {
+                        let c = Arc::new(pg_connect(&self.target).await?);
+                        *held = Some(c.clone());
+                        c
+                    }
+                };
+                f(client).await
+            })
+            .await
+        });
+        done.unwrap_or_else(|_| {
+            *held = None;
+            Err(Error::unavailable(
+                "PostgreSQL, admin keys and log",
+                format!("no answer in {} s", DEADLINE.as_secs()),
+            ))
         })
     }
 }

@@ -95,7 +95,17 @@ pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAns
 /// A campaign: in the ledger first (with what it mints, and its event, as the embedded
 /// ledger logs it, so that the money minted can be read from the events alone), then in
 /// Redis for release.
-async fn create(store: &Store, host: &str, mut c: CampaignRow) -> Result<AdminAnswer, Error> {
+async fn create(store: &Store, host: &str, c: CampaignRow) -> Result<AdminAnswer, Error> {
+    store
+        .bounded("making a campaign", create_in_ledger(store, host, c))
+        .await
+}
+
+async fn create_in_ledger(
+    store: &Store,
+    host: &str,
+    mut c: CampaignRow,
+) -> Result<AdminAnswer, Error> {
     let pg = store.pg().await?;
     c.started_ms = hongbao_sys::clock::unix_ms();
     // Its id is the row's: filled in by the same statement.

@@ -319,11 +319,14 @@ impl Store {
     }
 
     pub async fn expire(&self, now: u64, host: &str) -> Result<(), Error> {
-        let pg = self.pg().await?;
-        let _turn = self.chain_turn().await;
-        pg.query_one("SELECT hb_expire($1, $2)", &[&(now as i64), &host])
-            .await
-            .map_err(|e| pg_error("expiring packets", e))?;
-        Ok(())
+        self.bounded("expiring packets", async {
+            let pg = self.pg().await?;
+            let _turn = self.chain_turn().await;
+            pg.query_one("SELECT hb_expire($1, $2)", &[&(now as i64), &host])
+                .await
+                .map_err(|e| pg_error("expiring packets", e))?;
+            Ok(())
+        })
+        .await
     }
 }

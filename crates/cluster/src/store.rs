@@ -21,6 +21,9 @@ pub(crate) const SCHEMA: &str = include_str!("schema.sql");
 pub(crate) const RELEASE: &str = include_str!("release.lua");
 pub(crate) const RESTORE: &str = include_str!("restore.lua");
 const GATE: &str = include_str!("gate.lua");
+/// How long work that holds the chain turn outside the committer (a campaign made,
+/// expiry) may wait on PostgreSQL (`Store::bounded`).
+const HELD_WORK_DEADLINE: Duration = Duration::from_secs(5);
 /// The advisory lock under which a host creates the schema.
 const SCHEMA_LOCK: i64 = 0x6862_5f73_6368;
 
@@ -177,6 +180,33 @@ impl Store {
 
     pub(crate) fn redis(&self) -> ClusterConnection {
         self.0.redis.lock().unwrap().clone()
+    }
+
+    /// `work` on the ledger that holds this host's chain turn, given up after
+    /// [`HELD_WORK_DEADLINE`]: a frozen primary answers nothing, and the turn held
+    /// meanwhile would stop the committer. Given up, it counts as a connection lost
+    /// (`Inner::pg_lost`): the reading connection is made again at its next use. Its
+    /// outcome is then unknown, as a commit's whose answer was lost.
+    pub(crate) async fn bounded<T>(
+        &self,
+        what: &str,
+        work: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(HELD_WORK_DEADLINE, work).await {
+            Ok(done) => done,
+            Err(_) => {
+                self.0
+                    .pg_lost
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Err(Error::unavailable(
+                    what.to_string(),
+                    format!(
+                        "no answer from PostgreSQL in {} s",
+                        HELD_WORK_DEADLINE.as_secs()
+                    ),
+                ))
+            }
+        }
     }
 
     /// The reading connection, opened again if it was lost (PostgreSQL restarted) or the

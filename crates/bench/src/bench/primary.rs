@@ -15,6 +15,9 @@ use hongbao_sys::clock::unix_ms;
 use super::inject::Injected;
 use super::options::{Fault, PRIMARY_OUT};
 
+/// How long after it is asked for a freeze or a cut is taken to have landed.
+const LANDING: Duration = Duration::from_secs(2);
+
 /// How long a failover, the first commit after it, or a standby's rejoining may take
 /// before the fault is written down as not healed.
 const HEAL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -38,8 +41,15 @@ pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injecte
             (done, unix_ms())
         }
         Fault::PrimaryFreeze | Fault::PrimaryIsolate => {
+            // The lab's call blocks for the whole freeze or cut, so the watch starts
+            // before it, and the fault lands a moment after (the monitor is asked which
+            // node is primary first): a batch begun in its first LANDING is not counted.
+            // No failover is that fast (the monitor's detection and demote timeout alone
+            // take 5 s), and a batch sent again is stamped anew.
             let fault_ms = unix_ms();
-            let watch = newest.clone().watch(fault_ms);
+            let watch = newest
+                .clone()
+                .watch_from(fault_ms, fault_ms + LANDING.as_millis() as u64);
             let done = if fault == Fault::PrimaryFreeze {
                 lab.freeze_primary(PRIMARY_OUT).map(|addr| {
                     (addr, format!(
@@ -60,7 +70,7 @@ pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injecte
         }
         _ => unreachable!("not a fault to the primary"),
     };
-    let watch = newest.watch(fault_ms);
+    let watch = newest.watch_from(fault_ms, fault_ms);
     finish(&mut lab, done, watch, started, heal)
 }
 
@@ -149,13 +159,13 @@ impl NewestCommit {
     }
 
     /// On a thread: milliseconds from `fault_ms` until an event of a batch begun after
-    /// it is seen committed, or `None` past [`HEAL_TIMEOUT`]. Seen within a poll (100 ms
-    /// and a psql's connection) of its commit.
-    fn watch(self, fault_ms: u64) -> std::thread::JoinHandle<Option<u64>> {
+    /// `after_ms` is seen committed, or `None` past [`HEAL_TIMEOUT`]. Seen within a poll
+    /// (100 ms and a psql's connection) of its commit.
+    fn watch_from(self, fault_ms: u64, after_ms: u64) -> std::thread::JoinHandle<Option<u64>> {
         std::thread::spawn(move || {
             let deadline = Instant::now() + HEAL_TIMEOUT;
             while Instant::now() < deadline {
-                if self.newest_ms().is_some_and(|at| at > fault_ms) {
+                if self.newest_ms().is_some_and(|at| at > after_ms) {
                     return Some(unix_ms().saturating_sub(fault_ms));
                 }
                 std::thread::sleep(Duration::from_millis(100));
