@@ -18,27 +18,43 @@ use crate::{redact, PgTarget};
 /// How long one host may take to become a connection: TCP, TLS, login, the read-write
 /// check.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How soon a host of several that refused is asked again, within one attempt.
+const REDIAL: Duration = Duration::from_millis(250);
 /// Unacknowledged data for this long ends a connection (TCP_USER_TIMEOUT), unless the
 /// URL sets `tcp_user_timeout`.
 const USER_TIMEOUT: Duration = Duration::from_secs(10);
 /// An idle connection is probed after this long, unless the URL sets `keepalives_idle`.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 
-/// A connection to the first of the URL's hosts that answers as asked.
+/// A connection to the first of the URL's hosts that answers as asked. With several
+/// hosts, one that refuses (a standby, read-only until it is promoted; a host whose
+/// server is starting) is asked again every [`REDIAL`] until the attempt's bound: a
+/// frozen host would otherwise hold the whole attempt for the bound while the standby
+/// is promoted meanwhile.
 pub(crate) async fn pg_connect(target: &PgTarget) -> Result<Client, Error> {
     let (url, tls) = tls_mode(&target.url);
-    let attempts = one_url_per_host(&url).into_iter().map(|url| {
+    let urls = one_url_per_host(&url);
+    let several = urls.len() > 1;
+    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+    let attempts = urls.into_iter().map(|url| {
         Box::pin(async move {
-            match tokio::time::timeout(CONNECT_TIMEOUT, connect_one(target, &url, tls)).await {
-                Ok(connected) => connected,
-                Err(_) => Err(Error::unavailable(
-                    "PostgreSQL, connecting",
-                    format!(
-                        "{} did not answer within {} s",
-                        redact(&url),
-                        CONNECT_TIMEOUT.as_secs()
-                    ),
-                )),
+            loop {
+                match tokio::time::timeout_at(deadline, connect_one(target, &url, tls)).await {
+                    Ok(Err(_)) if several && tokio::time::Instant::now() + REDIAL < deadline => {
+                        tokio::time::sleep(REDIAL).await
+                    }
+                    Ok(connected) => return connected,
+                    Err(_) => {
+                        return Err(Error::unavailable(
+                            "PostgreSQL, connecting",
+                            format!(
+                                "{} did not answer within {} s",
+                                redact(&url),
+                                CONNECT_TIMEOUT.as_secs()
+                            ),
+                        ))
+                    }
+                }
             }
         })
     });
@@ -203,5 +219,51 @@ mod tests {
         );
         assert!(started.elapsed() < CONNECT_TIMEOUT * 2);
         drop(silent);
+    }
+
+    /// A primary frozen and its standby promoted a moment later, as a multi-host URL sees
+    /// them: the first host accepts TCP and says nothing; the second refuses at first
+    /// (nothing listens: the standby not yet taking writes) and then answers (a real
+    /// PostgreSQL behind a relay started a second later). The connection is made to the
+    /// second within the one attempt, without waiting out the silent host.
+    #[tokio::test]
+    async fn a_host_that_refuses_is_asked_again_while_another_is_silent() {
+        let Some(pg) = crate::testpg::TestPg::start() else {
+            return;
+        };
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let late = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let late_port = late.local_addr().unwrap().port();
+        drop(late);
+        let pg_port = pg.port;
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(1));
+            let listener = std::net::TcpListener::bind(("127.0.0.1", late_port)).unwrap();
+            for client in listener.incoming().flatten() {
+                let server = std::net::TcpStream::connect(("127.0.0.1", pg_port)).unwrap();
+                let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || std::io::copy(&mut s2, &mut c2));
+                let (mut c, mut s) = (client, server);
+                std::thread::spawn(move || std::io::copy(&mut c, &mut s));
+            }
+        });
+        let target = PgTarget {
+            url: format!(
+                "postgres://postgres@127.0.0.1:{},127.0.0.1:{late_port}/postgres?sslmode=disable",
+                silent.local_addr().unwrap().port()
+            ),
+            ..PgTarget::default()
+        };
+        let started = std::time::Instant::now();
+        let client = pg_connect(&target)
+            .await
+            .expect("the second host, once it answers");
+        let took = started.elapsed();
+        let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
+        assert_eq!(one, 1);
+        assert!(
+            took < CONNECT_TIMEOUT,
+            "made in {took:?}, not after the silent host's bound"
+        );
     }
 }

@@ -62,6 +62,8 @@ mod outcome;
 mod release;
 mod shared;
 mod store;
+#[cfg(test)]
+mod testpg;
 
 use std::time::Duration;
 
