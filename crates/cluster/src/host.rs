@@ -107,6 +107,7 @@ impl Host {
         release.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut expire = tokio::time::interval(Duration::from_secs(1));
         expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut expiring: Option<tokio::task::JoinHandle<()>> = None;
         let renewed = self.renewed.clone();
         let lost = Arc::new(tokio::sync::Notify::new());
         tokio::spawn(self.store.clone().keep_subscribed(
@@ -128,14 +129,17 @@ impl Host {
                     }
                 },
                 _ = release.tick() => self.release().await,
-                _ = expire.tick() => {
+                // One expiry at a time: a tick while the last is still waiting on a
+                // silent primary is skipped, rather than queueing another in front of
+                // the committer for this host's chain turn.
+                _ = expire.tick(), if expiring.as_ref().is_none_or(|t| t.is_finished()) => {
                     let store = self.store.clone();
                     let host = self.cfg.host.clone();
-                    tokio::spawn(async move {
+                    expiring = Some(tokio::spawn(async move {
                         if let Err(e) = store.expire(unix_ms(), &host).await {
                             tracing::warn!("expiring packets: {e}");
                         }
-                    });
+                    }));
                 }
                 Some(push) = pushes.recv() => self.on_push(push),
                 _ = renewed.notified() => self.renew_notices(),

@@ -2,9 +2,9 @@
 //! (docs/scale-out.md, "A standby and failover"): the primary lost with its disk, frozen,
 //! or cut off from every other host. Each is timed from the fault to the ledger's first
 //! commit after it: the newest event's timestamp (the gateway's clock as its batch
-//! began) read through the lab's multi-host URL, whichever node is primary then, every
-//! 100 ms, on a thread of its own that needs no lock on the lab — a freeze or a cut is
-//! still under way when the standby has taken over.
+//! began) read on each data node at once, every 100 ms, on a thread of its own that needs
+//! no lock on the lab — a freeze or a cut is still under way when the standby has taken
+//! over.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -124,53 +124,79 @@ fn finish(
     }
 }
 
-/// How to read the ledger's newest event through the lab's URL, without the lab.
+/// How to read the ledger's newest event on each data node, without the lab. Each node
+/// is asked on its own and at once: through the multi-host URL, a frozen first host
+/// would hold every reading for its connect timeout. What a node shows is committed
+/// (a standby shows only what the primary's synchronous commit waited for).
 #[derive(Clone)]
 struct NewestCommit {
     psql: std::path::PathBuf,
-    url: String,
+    urls: Vec<String>,
     password: String,
     ca: std::path::PathBuf,
 }
 
 impl NewestCommit {
     fn of(lab: &Lab) -> NewestCommit {
+        let nodes = lab
+            .formation
+            .as_ref()
+            .map(|f| f.addrs())
+            .unwrap_or_default();
         NewestCommit {
             psql: hongbao_lab::postgres::bin_dir()
                 .map(|d| d.join("psql"))
                 .unwrap_or_else(|_| "psql".into()),
-            url: lab.postgres_url(),
+            urls: nodes
+                .into_iter()
+                .map(|addr| format!("{}?sslmode=verify-full", hongbao_lab::postgres::url(addr)))
+                .collect(),
             password: lab.secrets.postgres.clone(),
             ca: lab.tls_dir().join("ca.pem"),
         }
     }
 
-    /// The gateway timestamp of the newest event, if the primary answered.
-    fn newest_ms(&self) -> Option<u64> {
+    /// The gateway timestamp of the newest event node `url` shows, if it answers.
+    fn newest_ms(&self, url: &str) -> Option<u64> {
         let out = std::process::Command::new(&self.psql)
             .env("PGPASSWORD", &self.password)
             .env("PGSSLROOTCERT", &self.ca)
             .env("PGCONNECT_TIMEOUT", "2")
-            .args(["-X", "-At", "-d", &self.url, "-c"])
+            .args(["-X", "-At", "-d", url, "-c"])
             .arg("SELECT coalesce((SELECT at_ms FROM hb_events ORDER BY seq DESC LIMIT 1), 0)")
+            .stderr(std::process::Stdio::null())
             .output()
             .ok()?;
         String::from_utf8_lossy(&out.stdout).trim().parse().ok()
     }
 
     /// On a thread: milliseconds from `fault_ms` until an event of a batch begun after
-    /// `after_ms` is seen committed, or `None` past [`HEAL_TIMEOUT`]. Seen within a poll
-    /// (100 ms and a psql's connection) of its commit.
+    /// `after_ms` is seen committed on any node, or `None` past [`HEAL_TIMEOUT`]. Each
+    /// node is watched by a thread of its own (one that does not answer holds up only
+    /// its own), every 100 ms: seen within a poll and a psql connection of its commit.
     fn watch_from(self, fault_ms: u64, after_ms: u64) -> std::thread::JoinHandle<Option<u64>> {
         std::thread::spawn(move || {
+            let (seen, first) = std::sync::mpsc::channel();
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let deadline = Instant::now() + HEAL_TIMEOUT;
-            while Instant::now() < deadline {
-                if self.newest_ms().is_some_and(|at| at > after_ms) {
-                    return Some(unix_ms().saturating_sub(fault_ms));
-                }
-                std::thread::sleep(Duration::from_millis(100));
+            for url in self.urls.clone() {
+                let (me, seen, done) = (self.clone(), seen.clone(), done.clone());
+                std::thread::spawn(move || {
+                    while !done.load(std::sync::atomic::Ordering::SeqCst)
+                        && Instant::now() < deadline
+                    {
+                        if me.newest_ms(&url).is_some_and(|at| at > after_ms) {
+                            let _ = seen.send(unix_ms().saturating_sub(fault_ms));
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                });
             }
-            None
+            drop(seen);
+            let first = first.recv_timeout(HEAL_TIMEOUT).ok();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            first
         })
     }
 }
