@@ -15,6 +15,7 @@
 #   scripts/backup-premise.sh [ROUNDS]        (release build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 rounds=${1:-3}
 hb=$PWD/target/release/hongbao
 work=$(mktemp -d)
@@ -23,14 +24,6 @@ bytes=$((1720 * 1024 * 1024))
 head -c "$bytes" /dev/urandom > "$work/big"
 idle() { chrt --idle 0 nice -n 19 ionice -c 3 "$@"; }
 
-p99s() {
-  python3 - "$1" <<'EOF'
-import json, sys
-s = json.load(open(sys.argv[1]))
-print(" ".join(f"{p['name']}_p99_ms={p['latency_ms']['p99']:.2f}" for p in s["phases"]),
-      "audit=" + ("ok" if s["audit"]["ok"] else "FAILED"))
-EOF
-}
 
 for r in $(seq "$rounds"); do
   for how in alone copy cpu; do
@@ -46,7 +39,7 @@ for r in $(seq "$rounds"); do
     wait
     side=""
     [ "$how" = alone ] || side="side: $(cat "$work/side.log")"
-    echo "premise round=$r how=$how $(p99s "$work/$how-$r/summary.json") $side"
+    echo "premise round=$r how=$how $(phase_p99s "$work/$how-$r/summary.json") $side"
     rm -rf "$work/$how-$r"
   done
 done

@@ -16,6 +16,7 @@
 # removed after its round but the last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 rounds=${1:-3}
 hb=$PWD/target/release/hongbao
 fill=$PWD/target/release/examples/ledger_fill
@@ -28,23 +29,15 @@ if [ ! -e "$ledger/ledger.sqlite" ]; then
   "$fill" "$ledger" "$events"
 fi
 
-p99s() {
-  python3 - "$1" <<'EOF'
-import json, sys
-s = json.load(open(sys.argv[1]))
-print(" ".join(f"{p['name']}_p99_ms={p['latency_ms']['p99']:.2f}" for p in s["phases"]),
-      "audit=" + ("ok" if s["audit"]["ok"] else "FAILED"))
-EOF
-}
 
 for r in $(seq "$rounds"); do
   "$hb" bench --out "$work/alone-$r" > "$work/alone-$r.log" 2>&1
-  echo "beside round=$r how=alone $(p99s "$work/alone-$r/summary.json")"
+  echo "beside round=$r how=alone $(phase_p99s "$work/alone-$r/summary.json")"
   rm -rf "$work/backup"
   ( sleep 15; "$hb" backup "$work/backup" --data-dir "$ledger" > "$work/backup-$r.log" 2>&1 ) &
   "$hb" bench --out "$work/beside-$r" > "$work/beside-$r.log" 2>&1
   wait
-  echo "beside round=$r how=with-backup $(p99s "$work/beside-$r/summary.json") backup: $(head -1 "$work/backup-$r.log")"
+  echo "beside round=$r how=with-backup $(phase_p99s "$work/beside-$r/summary.json") backup: $(head -1 "$work/backup-$r.log")"
   rm -rf "$work/alone-$r/data" "$work/beside-$r/data"
 done
 

@@ -1,5 +1,6 @@
 # Sourced by the sitting scripts (same-client, capacity-sweep, overload, perf-shake,
-# broadcast-beside), which set `port`, `admin`, `secret` and `conns` first.
+# broadcast-beside, ledger-sitting, backup-premise); the server helpers need `port`,
+# `admin`, `secret` and `conns` set first.
 #
 # bench_serve LOG COMMAND...: runs COMMAND — a hongbao binary and `serve` with its own
 # arguments (a data dir, perhaps more), perhaps behind `taskset` — with the bench's
@@ -20,4 +21,15 @@ bench_serve() {
   local pid=$!
   for _ in $(seq 100); do grep -q "hongbao serve ready" "$log" && break; sleep 0.2; done
   echo "$pid"
+}
+
+# phase_p99s SUMMARY: each phase's p99 of a bench's summary.json, and its audit, on one
+# line (the ledger and backup sittings).
+phase_p99s() {
+  python3 - "$1" <<'EOF_PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(" ".join(f"{p['name']}_p99_ms={p['latency_ms']['p99']:.2f}" for p in s["phases"]),
+      "audit=" + ("ok" if s["audit"]["ok"] else "FAILED"))
+EOF_PY
 }

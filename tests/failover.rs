@@ -19,7 +19,6 @@ mod common;
 
 use common::SECRET;
 use hongbao_lab::{Lab, LabPlan};
-use serde_json::Value;
 
 /// How long a failover (and the gateway's first commit after it) is waited for before a
 /// test fails: a deadline for what must happen, not the target — how soon it happens is
@@ -318,39 +317,13 @@ fn a_chaos_bench_survives_its_ledgers_primary_lost_frozen_and_cut_off() {
     let _one = one_lab();
     let out = tempfile::tempdir().unwrap();
     let faults = "primary-lost,primary-freeze,primary-isolate";
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hongbao"))
-        .args([
-            "bench",
-            "--hosts",
-            "2",
-            "--standby",
-            "--connections",
-            "1000",
-        ])
-        .args(["--workers", "1", "--procs", "1", "--phase-qps", "500"])
-        .args(["--campaign-rate", "40", "--shake-packets", "3200"])
-        .args([
-            "--send-packets",
-            "400",
-            "--chaos",
-            "3",
-            "--chaos-every",
-            "2",
-        ])
-        .args(["--chaos-faults", faults, "--out"])
-        .arg(out.path())
-        .output()
-        .expect("running hongbao bench");
-    let said = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
-    let tail: Vec<&str> = said.lines().rev().take(40).collect();
-    let text = std::fs::read_to_string(out.path().join("summary.json")).unwrap_or_default();
-    let summary: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    assert!(
-        output.status.success(),
-        "chaos bench failed\n{}\naudit: {}",
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
-        summary["audit"]
+    let summary = common::run_bench(
+        out.path(),
+        &format!(
+            "--hosts 2 --standby --connections 1000 --workers 1 --procs 1 --phase-qps 500 \
+             --campaign-rate 40 --shake-packets 3200 --send-packets 400 \
+             --chaos 3 --chaos-every 2 --chaos-faults {faults}"
+        ),
     );
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
     assert_eq!(summary["history"]["ok"], true, "{}", summary["history"]);
