@@ -24,8 +24,10 @@
 //!   from Redis or PostgreSQL, a Redis master found (by key), killed, started again or
 //!   frozen, PostgreSQL restarted;
 //! - `failover`: with a standby, the primary lost with its disk, frozen or cut off, the
-//!   new primary waited for, the old node brought back as the standby.
+//!   new primary waited for, the old node brought back as the standby;
+//! - `counters`: what the engines have done, for a run's costs per operation.
 
+mod counters;
 pub mod disk;
 mod failover;
 mod faults;
@@ -47,6 +49,7 @@ use anyhow::{bail, Context};
 use hongbao_server::config::ServeFlags;
 use serde::{Deserialize, Serialize};
 
+pub use counters::{parse_commandstats, EngineCounters};
 pub use faults::Cut;
 pub use netns::Host;
 use proc::{Proc, ProcRecord};
@@ -699,112 +702,4 @@ pub fn free_lab_number(seed: u32) -> u8 {
         }
     }
     20
-}
-
-/// What the engines have done so far, summed over the lab: Redis commands by name (over
-/// the masters, scripts' inner commands included, as `INFO commandstats` counts them) and PostgreSQL's transactions and rows (`pg_stat_database`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EngineCounters {
-    pub redis_calls: std::collections::BTreeMap<String, u64>,
-    pub pg_commits: u64,
-    pub pg_rows_inserted: u64,
-    pub pg_rows_updated: u64,
-}
-
-impl EngineCounters {
-    /// What happened between `earlier` and `self`.
-    pub fn since(&self, earlier: &EngineCounters) -> EngineCounters {
-        EngineCounters {
-            redis_calls: self
-                .redis_calls
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        v.saturating_sub(*earlier.redis_calls.get(k).unwrap_or(&0)),
-                    )
-                })
-                .filter(|(_, v)| *v > 0)
-                .collect(),
-            pg_commits: self.pg_commits.saturating_sub(earlier.pg_commits),
-            pg_rows_inserted: self
-                .pg_rows_inserted
-                .saturating_sub(earlier.pg_rows_inserted),
-            pg_rows_updated: self.pg_rows_updated.saturating_sub(earlier.pg_rows_updated),
-        }
-    }
-}
-
-/// `cmdstat_get:calls=5,usec=…` lines of `INFO commandstats`: (command, calls).
-pub fn parse_commandstats(info: &str) -> Vec<(String, u64)> {
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_string(), calls.parse().ok()?))
-        })
-        .collect()
-}
-
-impl Lab {
-    /// The engines' counters now (see [`EngineCounters`]).
-    pub fn engine_counters(&self) -> anyhow::Result<EngineCounters> {
-        let mut counters = EngineCounters::default();
-        // Masters only: a replica counts again every write it is sent.
-        let masters = self.live_masters()?;
-        for (host, _) in &self.redis {
-            if !masters.contains(&host.addr) {
-                continue;
-            }
-            for (name, calls) in parse_commandstats(&redis::cli(
-                &self.redis_auth(),
-                host.addr,
-                &["INFO", "commandstats"],
-            )?) {
-                *counters.redis_calls.entry(name).or_insert(0) += calls;
-            }
-        }
-        let text = self.psql(
-            "SELECT xact_commit, tup_inserted, tup_updated FROM pg_stat_database WHERE datname = current_database()",
-        )?;
-        let fields: Vec<u64> = text
-            .trim()
-            .split('|')
-            .filter_map(|f| f.parse().ok())
-            .collect();
-        if fields.len() != 3 {
-            bail!("psql: unexpected pg_stat_database row {text:?}");
-        }
-        counters.pg_commits = fields[0];
-        counters.pg_rows_inserted = fields[1];
-        counters.pg_rows_updated = fields[2];
-        Ok(counters)
-    }
-}
-
-#[cfg(test)]
-mod engine_tests {
-    use super::*;
-
-    #[test]
-    fn commandstats_lines_give_calls_by_command() {
-        let info = "# Commandstats\r\ncmdstat_evalsha:calls=120,usec=900,usec_per_call=7.50,rejected_calls=0,failed_calls=0\r\ncmdstat_get:calls=3,usec=2\r\nnoise\r\n";
-        assert_eq!(
-            parse_commandstats(info),
-            vec![("evalsha".to_string(), 120), ("get".to_string(), 3)]
-        );
-        let a = EngineCounters {
-            redis_calls: [("get".to_string(), 3)].into(),
-            pg_commits: 10,
-            ..Default::default()
-        };
-        let b = EngineCounters {
-            redis_calls: [("get".to_string(), 5), ("set".to_string(), 1)].into(),
-            pg_commits: 15,
-            ..Default::default()
-        };
-        let d = b.since(&a);
-        assert_eq!(d.redis_calls.get("get"), Some(&2));
-        assert_eq!(d.pg_commits, 5);
-    }
 }
