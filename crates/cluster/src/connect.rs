@@ -27,8 +27,8 @@ const USER_TIMEOUT: Duration = Duration::from_secs(10);
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 
 /// A connection to the first of the URL's hosts that answers as asked. With several
-/// hosts, one that refuses (a standby, read-only until it is promoted; a host whose
-/// server is starting) is asked again every [`REDIAL`] until the attempt's bound: a
+/// hosts, one that is unavailable (a standby, read-only until it is promoted; a host
+/// whose server is starting) is asked again every [`REDIAL`] until the attempt's bound: a
 /// frozen host would otherwise hold the whole attempt for the bound while the standby
 /// is promoted meanwhile.
 pub(crate) async fn pg_connect(target: &PgTarget) -> Result<Client, Error> {
@@ -40,7 +40,11 @@ pub(crate) async fn pg_connect(target: &PgTarget) -> Result<Client, Error> {
         Box::pin(async move {
             loop {
                 match tokio::time::timeout_at(deadline, connect_one(target, &url, tls)).await {
-                    Ok(Err(_)) if several && tokio::time::Instant::now() + REDIAL < deadline => {
+                    Ok(Err(e))
+                        if several
+                            && e.kind() == hongbao_money::ErrorKind::Unavailable
+                            && tokio::time::Instant::now() + REDIAL < deadline =>
+                    {
                         tokio::time::sleep(REDIAL).await
                     }
                     Ok(connected) => return connected,
@@ -87,25 +91,28 @@ async fn connect_one(target: &PgTarget, url: &str, tls: bool) -> Result<Client, 
             .connect(connector)
             .await
             .map_err(|e| pg_error("connecting over TLS", e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!("PostgreSQL connection ended: {e}");
-            }
-        });
+        tokio::spawn(run(connection));
         client
     } else {
         let (client, connection) = config
             .connect(NoTls)
             .await
             .map_err(|e| pg_error("connecting", e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!("PostgreSQL connection ended: {e}");
-            }
-        });
+        tokio::spawn(run(connection));
         client
     };
     Ok(client)
+}
+
+/// A connection's own task: it carries the client's messages until the connection ends.
+async fn run<S, T>(connection: tokio_postgres::Connection<S, T>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if let Err(e) = connection.await {
+        tracing::warn!("PostgreSQL connection ended: {e}");
+    }
 }
 
 /// A URL naming several hosts (`scheme://[USER@]H1[:P1],H2[:P2]/…`) as one URL per host,

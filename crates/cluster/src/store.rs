@@ -36,9 +36,10 @@ pub struct Store(pub(crate) Arc<Inner>);
 pub(crate) struct Inner {
     postgres: PgTarget,
     read: Mutex<Arc<Client>>,
-    /// Raised by the committer each time it gives a connection up as dead or silent (a
-    /// primary lost or frozen): the reading connection, made before, is replaced at its
-    /// next use rather than left to hang until its host answers again.
+    /// Raised each time a connection is given up as dead or silent (a primary lost or
+    /// frozen) — by the committer, and by `bounded` work past its deadline: the reading
+    /// connection, made before, is replaced at its next use rather than left to hang
+    /// until its host answers again.
     pub(crate) pg_lost: std::sync::atomic::AtomicU64,
     /// `pg_lost` when the reading connection was made.
     read_made: std::sync::atomic::AtomicU64,

@@ -272,7 +272,8 @@ const RESEND_FOR: Duration = Duration::from_secs(60);
 /// (a packet's win, a send's packet id or key, a recipient's share, a campaign packet's
 /// id), so an op the lost attempt committed is found done, not done twice; what it was
 /// told then is told now (`settle`). A batch refused by the database, or never sent (no
-/// connection), is known not committed and fails at once.
+/// connection), is known not committed and fails at once. Each connection given up is
+/// counted in `lost` (`Inner::pg_lost`), so the host's reading connection is made again.
 async fn commit_until_known(
     conn: &mut Option<(Client, Statements)>,
     chain: &tokio::sync::Mutex<()>,
