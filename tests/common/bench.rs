@@ -58,3 +58,19 @@ pub fn bench_summary(out: &std::path::Path, args: &str, output: Output) -> Value
     assert_eq!(typed.phases.len(), typed.options.phase_qps.len());
     serde_json::from_str(&text).unwrap()
 }
+
+/// After a bench of faults on a lab (`--chaos`): every shake packet won and every share
+/// opened by the server all the same, and the lab taken down.
+pub fn assert_faults_cost_nothing(summary: &Value, out: &std::path::Path) {
+    assert_eq!(
+        summary["shake"]["won_server"], summary["shake"]["packets"],
+        "{}",
+        summary["shake"]
+    );
+    assert_eq!(
+        summary["send"]["opened_server"], summary["send"]["shares"],
+        "{}",
+        summary["send"]
+    );
+    assert!(!out.join("lab/lab.json").exists(), "the lab is gone");
+}

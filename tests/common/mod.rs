@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 #[allow(unused_imports)]
 pub use admin::Admin;
 #[allow(unused_imports)]
-pub use bench::{bench_summary, run_bench};
+pub use bench::{assert_faults_cost_nothing, bench_summary, run_bench};
 #[allow(unused_imports)]
 pub use serve::{bearer, login, token, Serve, Server};
 #[allow(unused_imports)]

@@ -25,11 +25,11 @@ const HEAL_TIMEOUT: Duration = Duration::from_secs(120);
 /// `fault` done to the primary now; with `heal`, the old primary is a synchronous
 /// standby again before this returns.
 pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injected {
-    let newest = NewestCommit::of(&lab.lock().unwrap());
     let mut lab = lab.lock().unwrap();
+    let newest = NewestCommit::of(&lab);
     let started = Instant::now();
     let out = PRIMARY_OUT.as_secs();
-    let (done, fault_ms) = match fault {
+    let (done, watch) = match fault {
         Fault::PrimaryLost => {
             let done = lab.lose_primary().map(|addr| {
                 (addr, format!(
@@ -38,7 +38,8 @@ pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injecte
             });
             // Its processes are gone when this returns: a batch that began later did
             // not commit there.
-            (done, unix_ms())
+            let fault_ms = unix_ms();
+            (done, newest.watch_from(fault_ms, fault_ms))
         }
         Fault::PrimaryFreeze | Fault::PrimaryIsolate => {
             // The lab's call blocks for the whole freeze or cut, so the watch starts
@@ -47,9 +48,7 @@ pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injecte
             // No failover is that fast (the monitor's detection and demote timeout alone
             // take 5 s), and a batch sent again is stamped anew.
             let fault_ms = unix_ms();
-            let watch = newest
-                .clone()
-                .watch_from(fault_ms, fault_ms + LANDING.as_millis() as u64);
+            let watch = newest.watch_from(fault_ms, fault_ms + LANDING.as_millis() as u64);
             let done = if fault == Fault::PrimaryFreeze {
                 lab.freeze_primary(PRIMARY_OUT).map(|addr| {
                     (addr, format!(
@@ -66,28 +65,27 @@ pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injecte
                     )
                 })
             };
-            return finish(&mut lab, done, watch, started, heal);
+            (done, watch)
         }
         _ => unreachable!("not a fault to the primary"),
     };
-    let watch = newest.watch_from(fault_ms, fault_ms);
-    finish(&mut lab, done, watch, started, heal)
+    match done {
+        Ok((old, what)) => finish(&mut lab, old, what, watch, started, heal),
+        // Nothing was done: the watch, left to itself, ends at the next commit it sees.
+        Err(e) => format!("no fault done to the primary: {e:#}").into(),
+    }
 }
 
+/// After fault `what` to the primary `old`: when the ledger committed again, the new
+/// primary, and with `heal` the old node back as its synchronous standby.
 fn finish(
     lab: &mut Lab,
-    done: anyhow::Result<(std::net::Ipv4Addr, String)>,
+    old: std::net::Ipv4Addr,
+    mut what: String,
     watch: std::thread::JoinHandle<Option<u64>>,
     started: Instant,
     heal: bool,
 ) -> Injected {
-    let (old, mut what) = match done {
-        Ok(done) => done,
-        Err(e) => {
-            let _ = watch.join();
-            return format!("no fault done to the primary: {e:#}").into();
-        }
-    };
     let first_commit_ms = watch.join().ok().flatten();
     match first_commit_ms {
         Some(ms) => what.push_str(&format!(
