@@ -366,10 +366,21 @@ impl Lab {
 
     /// `psql` on the ledger as the gateways' role, running `sql`: its output, unaligned.
     pub fn psql(&self, sql: &str) -> anyhow::Result<String> {
+        self.psql_url(&self.postgres_url(), sql)
+    }
+
+    /// `psql` on the ledger's node at `addr` alone, whatever its role: reads there see
+    /// what that node holds. Unlike the multi-host URL, a node being demoted (its
+    /// server closing connections as it stops) is never tried on the way.
+    pub fn psql_on(&self, addr: Ipv4Addr, sql: &str) -> anyhow::Result<String> {
+        self.psql_url(&format!("{}?sslmode=verify-full", postgres::url(addr)), sql)
+    }
+
+    fn psql_url(&self, url: &str, sql: &str) -> anyhow::Result<String> {
         let out = Command::new(postgres::bin_dir()?.join("psql"))
             .env("PGPASSWORD", &self.secrets.postgres)
             .env("PGSSLROOTCERT", self.tls_dir().join("ca.pem"))
-            .args(["-X", "-At", "-d", &self.postgres_url(), "-c", sql])
+            .args(["-X", "-At", "-d", url, "-c", sql])
             .output()
             .context("running psql")?;
         if !out.status.success() {
