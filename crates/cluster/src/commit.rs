@@ -12,6 +12,8 @@ pub enum Commit {
         campaign: u32,
         packet: u64,
         cents: u64,
+        /// This op's own id ([`op_id`]).
+        op_id: i64,
     },
     Send {
         to: Origin,
@@ -25,6 +27,8 @@ pub enum Commit {
     Open {
         to: Origin,
         packet: u64,
+        /// This op's own id ([`op_id`]).
+        op_id: i64,
     },
     CampaignPacket {
         campaign: u32,
@@ -34,6 +38,15 @@ pub enum Commit {
         shares: Vec<u64>,
         expires_ms: u64,
     },
+}
+
+/// A fresh id for a win or an open, drawn once when the op is made and kept when its
+/// batch is sent again: the ledger tells the op that did the work from another that
+/// finds it done (the same packet dealt twice, the same share opened twice), so only the
+/// first is told it won or opened. Random, so that hosts need not agree on a counter; two
+/// ops on one packet share an id with odds of 2^-64.
+pub(crate) fn op_id(rng: &mut impl rand::Rng) -> i64 {
+    rng.gen()
 }
 
 impl Commit {

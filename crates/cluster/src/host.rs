@@ -275,12 +275,16 @@ impl Host {
                     pool.remove(&packet);
                 }
                 match self.shake_amount(packet) {
-                    Some(cents) => self.commit(Commit::Win {
-                        to,
-                        campaign: (packet >> 32) as u32,
-                        packet,
-                        cents,
-                    }),
+                    Some(cents) => {
+                        let op_id = crate::commit::op_id(&mut self.rng);
+                        self.commit(Commit::Win {
+                            to,
+                            campaign: (packet >> 32) as u32,
+                            packet,
+                            cents,
+                            op_id,
+                        })
+                    }
                     None => {
                         self.shared.count(OpKind::Shake, ResultCode::Nothing);
                         self.shared.emit(Output::Reply {
@@ -330,6 +334,7 @@ impl Host {
                 });
             }
             Op::Open { packet } => {
+                let op_id = crate::commit::op_id(&mut self.rng);
                 let (store, shared, commits) = (
                     self.store.clone(),
                     self.shared.clone(),
@@ -350,7 +355,7 @@ impl Host {
                         }
                         None => {
                             if let Some(tx) = commits {
-                                let _ = tx.send(Commit::Open { to, packet });
+                                let _ = tx.send(Commit::Open { to, packet, op_id });
                             }
                         }
                     }

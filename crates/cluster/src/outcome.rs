@@ -148,7 +148,7 @@ pub(crate) async fn after_commit(
                     later.push((packet, Some((notice, recipients, true))));
                 }
             }
-            (Commit::Open { to, packet }, Done::Opened(result, cents)) => {
+            (Commit::Open { to, packet, .. }, Done::Opened(result, cents)) => {
                 let result = ResultCode::from_name(&result).unwrap_or(ResultCode::Unavailable);
                 shared.count(OpKind::Open, result);
                 out.push(reply(

@@ -47,6 +47,9 @@ CREATE TABLE IF NOT EXISTS hb_wins (
     user_id bigint NOT NULL,
     cents bigint NOT NULL
 );
+-- The op that won it: drawn by the host once per op, the same when its batch is sent again
+-- (none for wins from before op ids).
+ALTER TABLE hb_wins ADD COLUMN IF NOT EXISTS op_id bigint;
 CREATE TABLE IF NOT EXISTS hb_packets (
     id bigint PRIMARY KEY,
     sender bigint NOT NULL,
@@ -72,6 +75,8 @@ CREATE TABLE IF NOT EXISTS hb_recipients (
     opened_cents bigint,
     PRIMARY KEY (packet, user_id)
 );
+-- The open that opened the share (as hb_wins.op_id).
+ALTER TABLE hb_recipients ADD COLUMN IF NOT EXISTS opened_by bigint;
 CREATE INDEX IF NOT EXISTS hb_waiting ON hb_recipients (user_id) WHERE opened_cents IS NULL;
 CREATE TABLE IF NOT EXISTS hb_idempotency (
     sender bigint NOT NULL,
@@ -94,16 +99,19 @@ LANGUAGE sql AS $$
     ON CONFLICT (user_id) DO UPDATE SET cents = hb_balances.cents + EXCLUDED.cents
 $$;
 
--- A shake packet won: once per packet. Asked again, it is true only for the user who won
--- it (a batch sent again after its COMMIT went unanswered: the win is told, not paid twice).
+-- A shake packet won: once per packet. Asked again, it is true only for the same op (its
+-- batch sent again after its COMMIT went unanswered: the win is told, not paid twice); a
+-- packet dealt twice — back from a failed batch, or restored after Redis lost its state —
+-- and won again, even by the same user, is another op: false.
+DROP FUNCTION IF EXISTS hb_win(bigint, integer, bigint, bigint, bigint, text, jsonb);
 CREATE OR REPLACE FUNCTION hb_win(p_packet bigint, p_campaign integer, p_user bigint,
-    p_cents bigint, p_at bigint, p_host text, p_body jsonb) RETURNS boolean
+    p_cents bigint, p_op bigint, p_at bigint, p_host text, p_body jsonb) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO hb_wins VALUES (p_packet, p_campaign, p_user, p_cents) ON CONFLICT DO NOTHING;
+    INSERT INTO hb_wins (packet, campaign, user_id, cents, op_id)
+        VALUES (p_packet, p_campaign, p_user, p_cents, p_op) ON CONFLICT DO NOTHING;
     IF NOT FOUND THEN
-        RETURN EXISTS (SELECT 1 FROM hb_wins
-            WHERE packet = p_packet AND user_id = p_user AND cents = p_cents);
+        RETURN EXISTS (SELECT 1 FROM hb_wins WHERE packet = p_packet AND op_id = p_op);
     END IF;
     PERFORM hb_credit(p_user, p_cents);
     INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_at, p_host, p_user, p_body);
@@ -186,25 +194,33 @@ BEGIN
     RETURN true;
 END $$;
 
--- One share of a sent packet for a recipient: the result name and the cents.
-CREATE OR REPLACE FUNCTION hb_open(p_packet bigint, p_user bigint, p_at bigint, p_host text,
-    OUT result text, OUT got bigint)
+-- One share of a sent packet for a recipient: the result name and the cents. The share
+-- found opened by the same op (its batch sent again after its COMMIT went unanswered) is
+-- told 'opened' again; by another op, 'already-opened'.
+DROP FUNCTION IF EXISTS hb_open(bigint, bigint, bigint, text);
+CREATE OR REPLACE FUNCTION hb_open(p_packet bigint, p_user bigint, p_op bigint, p_at bigint,
+    p_host text, OUT result text, OUT got bigint)
 LANGUAGE plpgsql AS $$
-DECLARE p hb_packets; mine bigint; found_me boolean;
+DECLARE p hb_packets; mine bigint; found_me boolean; by_op bigint;
 BEGIN
     got := 0;
     SELECT * INTO p FROM hb_packets WHERE id = p_packet FOR UPDATE;
     IF NOT FOUND THEN result := 'no-such-packet'; RETURN; END IF;
-    SELECT true, opened_cents INTO found_me, mine FROM hb_recipients
+    SELECT true, opened_cents, opened_by INTO found_me, mine, by_op FROM hb_recipients
         WHERE packet = p_packet AND user_id = p_user;
     IF found_me IS NULL THEN result := 'not-a-recipient'; RETURN; END IF;
-    IF mine IS NOT NULL THEN result := 'already-opened'; got := mine; RETURN; END IF;
+    IF mine IS NOT NULL THEN
+        result := CASE WHEN by_op = p_op THEN 'opened' ELSE 'already-opened' END;
+        got := mine;
+        RETURN;
+    END IF;
     IF p.refunded IS NOT NULL OR p_at >= p.expires_ms THEN result := 'expired'; RETURN; END IF;
     IF p.opened >= p.shares THEN result := 'empty'; RETURN; END IF;
     SELECT s.cents INTO got FROM hb_shares s WHERE s.packet = p_packet AND s.idx = p.opened;
     UPDATE hb_packets SET opened = opened + 1, opened_cents = opened_cents + got
         WHERE id = p_packet;
-    UPDATE hb_recipients SET opened_cents = got WHERE packet = p_packet AND user_id = p_user;
+    UPDATE hb_recipients SET opened_cents = got, opened_by = p_op
+        WHERE packet = p_packet AND user_id = p_user;
     PERFORM hb_credit(p_user, got);
     INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_at, p_host, p_user,
         jsonb_build_object('kind', 'share_opened', 'packet', p_packet, 'user', p_user,

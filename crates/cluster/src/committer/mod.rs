@@ -34,13 +34,13 @@ struct Statements {
 async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
     Ok(Statements {
         win: client
-            .prepare("SELECT hb_win($1, $2, $3, $4, $5, $6, $7)")
+            .prepare("SELECT hb_win($1, $2, $3, $4, $5, $6, $7, $8)")
             .await?,
         send: client
             .prepare("SELECT * FROM hb_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
             .await?,
         open: client
-            .prepare("SELECT * FROM hb_open($1, $2, $3, $4)")
+            .prepare("SELECT * FROM hb_open($1, $2, $3, $4, $5)")
             .await?,
         campaign_packet: client
             .prepare("SELECT hb_campaign_packet($1, $2, $3, $4, $5, $6, $7, $8, $9)")
@@ -62,6 +62,7 @@ async fn run_op(
             campaign,
             packet,
             cents,
+            op_id,
         } => {
             let user = to.user.get();
             let body = serde_json::to_value(Event::ShakeWon {
@@ -79,6 +80,7 @@ async fn run_op(
                         &(*campaign as i32),
                         &(user as i64),
                         &(*cents as i64),
+                        op_id,
                         &at,
                         &host,
                         &body,
@@ -130,11 +132,17 @@ async fn run_op(
                 row.get::<_, i64>(2) as u64,
             ))
         }
-        Commit::Open { to, packet } => {
+        Commit::Open { to, packet, op_id } => {
             let row = client
                 .query_one(
                     &st.open,
-                    &[&(*packet as i64), &(to.user.get() as i64), &at, &host],
+                    &[
+                        &(*packet as i64),
+                        &(to.user.get() as i64),
+                        op_id,
+                        &at,
+                        &host,
+                    ],
                 )
                 .await?;
             Ok(Done::Opened(row.get(0), row.get::<_, i64>(1) as u64))
@@ -344,21 +352,16 @@ fn outcome_unknown(e: &tokio_postgres::Error) -> bool {
     }
 }
 
-/// What a batch sent again tells, where the lost attempt had committed an op: a share it
-/// opened is found `already-opened` (its cents are the same) and a campaign packet it
-/// created is found made — told as then, its recipients told of it. (A win and a send
-/// are found by their keys in `schema.sql` itself.) Another host may have made the same
-/// campaign packet: its recipients may then hear of it twice, never not at all.
+/// What a batch sent again tells, where the lost attempt had committed an op: a campaign
+/// packet it created is found made — told as then, its recipients told of it. (A win, an
+/// open and a send are found by their op ids and keys in `schema.sql` itself.) Another
+/// host may have made the same campaign packet: its recipients may then hear of it twice,
+/// never not at all.
 fn settle(batch: &[Commit], done: Vec<Option<Done>>) -> Vec<Option<Done>> {
     batch
         .iter()
         .zip(done)
         .map(|(op, d)| match (op, d) {
-            (Commit::Open { .. }, Some(Done::Opened(result, cents)))
-                if result == "already-opened" =>
-            {
-                Some(Done::Opened("opened".to_string(), cents))
-            }
             (Commit::CampaignPacket { .. }, Some(Done::Created(false))) => {
                 Some(Done::Created(true))
             }

@@ -164,15 +164,23 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         let lost = std::sync::atomic::AtomicU64::new(0);
         let mut conn = None;
         // Before the cut: user 7 wins 1,000 and sends 100 to users 8 and 9 (packet 50).
-        let before = [Commit::Win {
+        let win = |packet, cents, op_id| Commit::Win {
             to: origin(7),
             campaign: 1,
-            packet: 1,
-            cents: 1_000,
-        }];
-        commit_until_known(&mut conn, &chain, &lost, &target, "h1", &before)
+            packet,
+            cents,
+            op_id,
+        };
+        let done = commit_until_known(&mut conn, &chain, &lost, &target, "h1", &[win(1, 1_000, 1)])
             .await
             .unwrap();
+        assert!(matches!(done[..], [Some(Done::Won(true))]));
+        // The same packet dealt again to the same user (back from a failed batch, or
+        // restored after Redis lost its state) is another op: not won twice.
+        let done = commit_until_known(&mut conn, &chain, &lost, &target, "h1", &[win(1, 1_000, 2)])
+            .await
+            .unwrap();
+        assert!(matches!(done[..], [Some(Done::Won(false))]));
         let send = [Commit::Send {
             to: origin(7),
             packet: 50,
@@ -185,19 +193,20 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         commit_until_known(&mut conn, &chain, &lost, &target, "h1", &send)
             .await
             .unwrap();
-        // The batch cut after its COMMIT: a win, a send without a key, a send with one,
-        // an open.
+        let open = |user, op_id| Commit::Open {
+            to: origin(user),
+            packet: 50,
+            op_id,
+        };
+        commit_until_known(&mut conn, &chain, &lost, &target, "h1", &[open(9, 3)])
+            .await
+            .unwrap();
+        // The batch cut after its COMMIT: an open, a win, a send without a key, a send
+        // with one; and ops that find work other ops did — user 9's share opened again,
+        // packet 1 dealt a third time.
         let batch = [
-            Commit::Open {
-                to: origin(8),
-                packet: 50,
-            },
-            Commit::Win {
-                to: origin(7),
-                campaign: 1,
-                packet: 2,
-                cents: 500,
-            },
+            open(8, 4),
+            win(2, 500, 5),
             Commit::Send {
                 to: origin(7),
                 packet: 51,
@@ -216,6 +225,8 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
                 expires_ms: u64::MAX >> 2,
                 key: Some("k1".into()),
             },
+            open(9, 6),
+            win(1, 1_000, 7),
         ];
         let events_before = scalar(&setup, "SELECT count(*) FROM hb_events").await;
         relay.cut.store(true, Ordering::SeqCst);
@@ -242,7 +253,14 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             .collect();
         assert_eq!(
             told,
-            ["opened opened 60", "won true", "sent ok 51", "sent ok 52"]
+            [
+                "opened opened 40",
+                "won true",
+                "sent ok 51",
+                "sent ok 52",
+                "opened already-opened 60",
+                "won false"
+            ]
         );
         // Paid once: 1,000 + 500 won, 100 + 300 + 200 sent.
         assert_eq!(
@@ -251,6 +269,10 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         );
         assert_eq!(
             scalar(&setup, "SELECT cents FROM hb_balances WHERE user_id = 8").await,
+            40
+        );
+        assert_eq!(
+            scalar(&setup, "SELECT cents FROM hb_balances WHERE user_id = 9").await,
             60
         );
         assert_eq!(
