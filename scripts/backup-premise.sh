@@ -24,7 +24,6 @@ bytes=$((1720 * 1024 * 1024))
 head -c "$bytes" /dev/urandom > "$work/big"
 idle() { chrt --idle 0 nice -n 19 ionice -c 3 "$@"; }
 
-
 for r in $(seq "$rounds"); do
   for how in alone copy cpu; do
     case $how in

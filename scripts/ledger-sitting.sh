@@ -29,7 +29,6 @@ if [ ! -e "$ledger/ledger.sqlite" ]; then
   "$fill" "$ledger" "$events"
 fi
 
-
 for r in $(seq "$rounds"); do
   "$hb" bench --out "$work/alone-$r" > "$work/alone-$r.log" 2>&1
   echo "beside round=$r how=alone $(phase_p99s "$work/alone-$r/summary.json")"

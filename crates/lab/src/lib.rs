@@ -14,7 +14,8 @@
 //! Modules (the `Lab` itself, its plan and state file, are here in lib.rs):
 //! - `netns`: test hosts as network namespaces on one bridge, and starting programs in them;
 //! - `redis`: the lab's Redis Cluster, three masters and three replicas, no persistence;
-//! - `postgres`: the lab's PostgreSQL, a throwaway cluster with fsync and synchronous commit;
+//! - `postgres`: the lab's PostgreSQL, a throwaway cluster with fsync and synchronous commit,
+//!   and the ledger's URL and `psql` as the gateways' role;
 //! - `standby`: instead, two PostgreSQL nodes, primary and synchronous standby, kept by
 //!   pg_auto_failover's keepers and monitor;
 //! - `proc`: a process the lab started: stopped with SIGTERM then SIGKILL, or killed as a
@@ -324,30 +325,6 @@ impl Lab {
             .join(",")
     }
 
-    /// The ledger's URL as the gateways' role, over TLS verified against the lab's CA
-    /// (the password is in `postgres.password`). With a standby, both data nodes' (libpq's
-    /// multi-host form): a client keeps the one that takes writes.
-    pub fn postgres_url(&self) -> String {
-        match &self.formation {
-            Some(formation) => format!(
-                "{}&sslmode=verify-full",
-                postgres::multi_host_url(&formation.addrs())
-            ),
-            None => format!(
-                "{}?sslmode=verify-full",
-                postgres::url(self.postgres.0.addr)
-            ),
-        }
-    }
-
-    pub fn pg_target(&self) -> hongbao_cluster::PgTarget {
-        hongbao_cluster::PgTarget {
-            url: self.postgres_url(),
-            password: Some(self.secrets.postgres.clone()),
-            ca: std::fs::read(self.tls_dir().join("ca.pem")).ok(),
-        }
-    }
-
     /// Where the lab keeps its CA and the engines' certificate and key.
     pub fn tls_dir(&self) -> PathBuf {
         self.plan.dir.join(TLS_DIR)
@@ -362,31 +339,6 @@ impl Lab {
             key: tls.join("key.pem"),
             ca: tls.join("ca.pem"),
         }
-    }
-
-    /// `psql` on the ledger as the gateways' role, running `sql`: its output, unaligned.
-    pub fn psql(&self, sql: &str) -> anyhow::Result<String> {
-        self.psql_url(&self.postgres_url(), sql)
-    }
-
-    /// `psql` on the ledger's node at `addr` alone, whatever its role: reads there see
-    /// what that node holds. Unlike the multi-host URL, a node being demoted (its
-    /// server closing connections as it stops) is never tried on the way.
-    pub fn psql_on(&self, addr: Ipv4Addr, sql: &str) -> anyhow::Result<String> {
-        self.psql_url(&format!("{}?sslmode=verify-full", postgres::url(addr)), sql)
-    }
-
-    fn psql_url(&self, url: &str, sql: &str) -> anyhow::Result<String> {
-        let out = Command::new(postgres::bin_dir()?.join("psql"))
-            .env("PGPASSWORD", &self.secrets.postgres)
-            .env("PGSSLROOTCERT", self.tls_dir().join("ca.pem"))
-            .args(["-X", "-At", "-d", url, "-c", sql])
-            .output()
-            .context("running psql")?;
-        if !out.status.success() {
-            bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Starts the lab's PostgreSQL over its data; on a small disk with a small WAL.

@@ -182,6 +182,60 @@ pub fn start(host: &Host, dir: &Path, small_disk: bool) -> anyhow::Result<Proc> 
     }
 }
 
+/// The ledger on the node at `addr` alone, as the gateways' role, over TLS verified
+/// against the lab's CA.
+fn node_url(addr: Ipv4Addr) -> String {
+    format!("{}?sslmode=verify-full", url(addr))
+}
+
+/// The lab's ledger as its users reach it: the gateways' URL and `psql`.
+impl crate::Lab {
+    /// The ledger's URL as the gateways' role, over TLS verified against the lab's CA
+    /// (the password is in `postgres.password`). With a standby, both data nodes' (libpq's
+    /// multi-host form): a client keeps the one that takes writes.
+    pub fn postgres_url(&self) -> String {
+        match &self.formation {
+            Some(formation) => {
+                format!("{}&sslmode=verify-full", multi_host_url(&formation.addrs()))
+            }
+            None => node_url(self.postgres.0.addr),
+        }
+    }
+
+    pub fn pg_target(&self) -> hongbao_cluster::PgTarget {
+        hongbao_cluster::PgTarget {
+            url: self.postgres_url(),
+            password: Some(self.secrets.postgres.clone()),
+            ca: std::fs::read(self.tls_dir().join("ca.pem")).ok(),
+        }
+    }
+
+    /// `psql` on the ledger as the gateways' role, running `sql`: its output, unaligned.
+    pub fn psql(&self, sql: &str) -> anyhow::Result<String> {
+        self.psql_url(&self.postgres_url(), sql)
+    }
+
+    /// `psql` on the ledger's node at `addr` alone, whatever its role: reads there see
+    /// what that node holds. Unlike the multi-host URL, a node being demoted (its
+    /// server closing connections as it stops) is never tried on the way.
+    pub fn psql_on(&self, addr: Ipv4Addr, sql: &str) -> anyhow::Result<String> {
+        self.psql_url(&node_url(addr), sql)
+    }
+
+    fn psql_url(&self, url: &str, sql: &str) -> anyhow::Result<String> {
+        let out = Command::new(bin_dir()?.join("psql"))
+            .env("PGPASSWORD", &self.secrets.postgres)
+            .env("PGSSLROOTCERT", self.tls_dir().join("ca.pem"))
+            .args(["-X", "-At", "-d", url, "-c", sql])
+            .output()
+            .context("running psql")?;
+        if !out.status.success() {
+            bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
