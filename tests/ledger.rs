@@ -182,3 +182,144 @@ fn a_ledger_edited_behind_the_servers_back_is_refused_and_named() {
         refused.log()
     );
 }
+
+/// The mode bits of `path`.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn one_process_per_data_directory_and_a_clean_stop_leaves_the_ledger_whole() {
+    let mut server = Serve::new().workers(1).http().start();
+    let data = server.data_dir.clone();
+    // The ledger holds every user's money, the admin keys' hashes and the admin log.
+    assert_eq!(mode(&data), 0o700, "the data directory");
+    assert_eq!(mode(&data.join("ledger.sqlite")), 0o600, "the ledger");
+    assert_eq!(mode(&data.join("admin.key")), 0o600, "the first key");
+
+    // A second server on the same ledger is refused before it makes anything, naming the
+    // first; so is a restore into it.
+    let keys_before = server.get("/v1/admin-keys").to_string();
+    let second = hongbao(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    let text = said(&second);
+    assert!(!second.status.success(), "{text}");
+    let named = format!("hongbao serve (pid {}", server.pid());
+    assert!(text.contains(&named), "{text}");
+    assert_eq!(server.get("/v1/admin-keys").to_string(), keys_before);
+    let backups = tempfile::tempdir().unwrap();
+    let backup = backups.path().join("b");
+    let out = hongbao(&[
+        "backup",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert_eq!(mode(&backup), 0o700, "the backup's directory");
+    assert_eq!(mode(&backup.join("ledger.sqlite")), 0o600, "the backup");
+    let restore = |force: bool| {
+        let mut args = vec![
+            "restore",
+            backup.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+        ];
+        if force {
+            args.push("--force");
+        }
+        hongbao(&args)
+    };
+    let refused = restore(true);
+    assert!(!refused.status.success());
+    assert!(said(&refused).contains(&named), "{}", said(&refused));
+
+    // Whatever was served — the HTTP API's reads, shakes, the admin API — a clean stop
+    // folds the write-ahead log in and removes it.
+    let url = format!("http://{}/v1/me", server.http_addr());
+    let me = ureq::get(&url)
+        .set("Authorization", &server.bearer(7))
+        .call()
+        .unwrap();
+    assert_eq!(me.status(), 200);
+    let mut client = server.login(8);
+    client.shake().unwrap();
+    server.get("/v1/users/7");
+    server.stop();
+    for side in ["ledger.sqlite-wal", "ledger.sqlite-shm"] {
+        assert!(!data.join(side).exists(), "{side} left after a clean stop");
+    }
+    // With the server gone, the restore takes the directory (the old ledger moved aside).
+    let out = restore(true);
+    assert!(out.status.success(), "{}", said(&out));
+}
+
+#[test]
+fn a_restore_after_a_crash_folds_the_write_ahead_log_into_the_ledger_it_moves_aside() {
+    let mut server = Serve::new().workers(1).start();
+    let data = server.data_dir.clone();
+    server.shake_campaign(10, 1000, 100, 100);
+    let backups = tempfile::tempdir().unwrap();
+    let backup = backups.path().join("b");
+    let out = hongbao(&[
+        "backup",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", said(&out));
+    // Committed after the backup, and only in the write-ahead log when the server dies.
+    let mut client = server.login(9);
+    let won = common::wait_until("a win", Duration::from_secs(10), || {
+        match client.shake().unwrap() {
+            hongbao_proto::Message::ShakeReply {
+                result: hongbao_proto::ResultCode::Won,
+                amount_cents,
+                ..
+            } => Some(amount_cents),
+            _ => None,
+        }
+    });
+    server.crash();
+    assert!(
+        data.join("ledger.sqlite-wal").exists(),
+        "a crash leaves the log"
+    );
+    let out = hongbao(&[
+        "restore",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--force",
+    ]);
+    assert!(out.status.success(), "{}", said(&out));
+    let aside = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("ledger.sqlite.replaced-"))
+        .expect("the old ledger moved aside");
+    let (ok, text) = verify(&aside, None);
+    assert!(ok, "{text}");
+    let conn = rusqlite::Connection::open(&aside).unwrap();
+    let cents: i64 = conn
+        .query_row(
+            "SELECT cents FROM balances WHERE account = 'u:9'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        cents as u64, won,
+        "the win committed after the backup, kept"
+    );
+}

@@ -636,3 +636,80 @@ fn the_development_secret_and_the_demo_login_stay_on_loopback() {
     }
     let _ = json!({});
 }
+
+/// A version-1 `Login` frame, as the old clients (and the C floor's) write it.
+fn v1_login(user: u64, token: &[u8]) -> Vec<u8> {
+    let mut body = vec![1u8, 0x01, 0, 0, 0, 1];
+    body.extend_from_slice(&user.to_be_bytes());
+    body.push(token.len() as u8);
+    body.extend_from_slice(token);
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// The login reply's result to raw `frame`.
+fn login_result(server: &Server, frame: &[u8]) -> ResultCode {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(server.listen).unwrap();
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    stream.write_all(frame).unwrap();
+    let mut head = [0u8; 4];
+    stream.read_exact(&mut head).unwrap();
+    let mut rest = vec![0u8; u32::from_be_bytes(head) as usize];
+    stream.read_exact(&mut rest).unwrap();
+    let whole = [&head[..], &rest].concat();
+    match hongbao_proto::decode(&whole).unwrap().message {
+        Message::LoginReply { result, .. } => result,
+        other => panic!("not a login reply: {other:?}"),
+    }
+}
+
+#[test]
+fn the_old_hmac_token_logs_in_only_in_a_version_1_login_whatever_its_bytes() {
+    use hongbao_proto::token::hmac;
+    let secret = "the floor's shared secret, long enough for real";
+    let server = Serve::new()
+        .secret(secret)
+        .config("hmac_login = true")
+        .start();
+    // A user whose raw HMAC holds a '.' (0x2E): the C floor's client sends exactly this.
+    let user = (1..)
+        .find(|&u| hmac::token(secret.as_bytes(), u).contains(&b'.'))
+        .unwrap();
+    let raw = hmac::token(secret.as_bytes(), user);
+    assert_eq!(login_result(&server, &v1_login(user, &raw)), ResultCode::Ok);
+    let hex = hmac::token_hex(secret.as_bytes(), 7);
+    assert_eq!(
+        login_result(&server, &v1_login(7, hex.as_bytes())),
+        ResultCode::Ok
+    );
+    // The forged ones: another user's token, the same token in a version-2 login.
+    assert_eq!(
+        login_result(&server, &v1_login(8, hex.as_bytes())),
+        ResultCode::BadToken
+    );
+    let mut client = connect(&server);
+    let reply = client
+        .request(&Message::Login {
+            user_id: 7,
+            token: hex.clone().into_bytes(),
+        })
+        .unwrap();
+    assert!(
+        matches!(
+            reply.message,
+            Message::LoginReply {
+                result: ResultCode::BadToken,
+                ..
+            }
+        ),
+        "the HMAC token in a version-2 login: {reply:?}"
+    );
+    // Without hmac_login, a version-1 login is refused whatever it carries.
+    let strict = Serve::new().secret(secret).start();
+    assert_eq!(
+        login_result(&strict, &v1_login(7, hex.as_bytes())),
+        ResultCode::BadToken
+    );
+}

@@ -14,9 +14,12 @@ use crate::ids::UserId;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     /// Prove who we are (binary frames and WebSocket; HTTP carries a bearer token instead).
+    /// `legacy`: a version-1 login, whose token is the old HMAC one (32 raw bytes or 64
+    /// hex), never a JWT.
     Login {
         user_id: u64,
         token: Vec<u8>,
+        legacy: bool,
     },
     Ping {
         client_time_us: u64,
@@ -120,10 +123,13 @@ pub enum Push {
         server_time_us: u64,
         text: String,
     },
-    /// The connection is about to close, and why.
+    /// The connection is about to close, and why; `retry_after_ms` (0: none) is when to
+    /// come back (`Message::Kick`).
     Kick {
         reason: KickReason,
         text: String,
+        #[serde(default)]
+        retry_after_ms: u32,
     },
     /// The session's token expires at `expires_at_ms`: send a fresh one.
     Refresh {

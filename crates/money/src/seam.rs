@@ -206,6 +206,11 @@ pub trait Money: Send {
     fn audit_now(&self) -> Option<Audit>;
     /// Why nothing more may be acknowledged (the ledger failed), if so.
     fn failure(&self) -> Option<String>;
+    /// Why the ledger cannot commit now, while it is trying again (a full disk), if so:
+    /// what needs it is refused meanwhile, and the server is not ready.
+    fn commits_failing(&self) -> Option<String> {
+        None
+    }
     /// Commits everything submitted, then stops.
     fn finish(&mut self) -> crate::error::Result<()>;
 

@@ -339,6 +339,7 @@ mod tests {
         let kick = push(Message::Kick {
             reason: KickReason::Shutdown,
             text: "bye".into(),
+            retry_after_ms: 0,
         });
         let reply = Frame {
             request_id: 1,

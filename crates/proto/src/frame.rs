@@ -277,7 +277,7 @@ fn decode_v1_login(payload: &[u8]) -> Result<Message, PayloadError> {
 /// | PacketNotice | packet_id u64, from_user u64, amount_cents u64, shares u32, expires_at_ms u64 |
 /// | ChatMessage  | from_user u64, text                                                 |
 /// | Broadcast    | server_time_us u64, text                                            |
-/// | Kick         | reason u8, text                                                     |
+/// | Kick         | reason u8, text, then retry_after_ms u32 when it is not 0           |
 /// | Refresh      | expires_at_ms u64                                                   |
 pub fn decode_message(kind: u8, payload: &[u8]) -> Result<Option<Message>, PayloadError> {
     let mut r = Reader { rest: payload };
@@ -392,6 +392,7 @@ pub fn decode_message(kind: u8, payload: &[u8]) -> Result<Option<Message>, Paylo
             Message::Kick {
                 reason,
                 text: r.text()?,
+                retry_after_ms: r.retry_after()?,
             }
         }
         kind::REFRESH => Message::Refresh {
@@ -626,9 +627,14 @@ fn encode_payload(message: &Message, out: &mut Vec<u8>) {
             out.extend_from_slice(&server_time_us.to_be_bytes());
             put_text(out, text);
         }
-        Kick { reason, text } => {
+        Kick {
+            reason,
+            text,
+            retry_after_ms,
+        } => {
             out.push(*reason as u8);
             put_text(out, text);
+            put_retry_after(out, *retry_after_ms);
         }
         Refresh { expires_at_ms } => out.extend_from_slice(&expires_at_ms.to_be_bytes()),
     }
@@ -800,6 +806,7 @@ pub(crate) mod tests {
                 Message::Kick {
                     reason: KickReason::Replaced,
                     text: "logged in elsewhere".into(),
+                    retry_after_ms: 0,
                 },
             ),
             frame(
@@ -1082,6 +1089,9 @@ pub(crate) mod tests {
                 }
                 | Message::Error {
                     retry_after_ms: 0, ..
+                }
+                | Message::Kick {
+                    retry_after_ms: 0, ..
                 } => PayloadError::Short {
                     field: "retry_after_ms",
                     need: 4,
@@ -1224,6 +1234,7 @@ pub(crate) mod tests {
             Message::Kick {
                 reason: KickReason::Idle,
                 text: huge,
+                retry_after_ms: 0,
             },
         ));
         assert_eq!(bytes.len(), HEADER_LEN + 1 + 2 + MAX_TEXT_LEN);

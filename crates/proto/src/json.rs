@@ -232,9 +232,16 @@ pub fn to_json(frame: &Frame) -> String {
             w.num("server_time_us", *server_time_us);
             w.text(text);
         }
-        Kick { reason, text } => {
+        Kick {
+            reason,
+            text,
+            retry_after_ms,
+        } => {
             w.str("reason", reason.name());
             w.text(text);
+            if *retry_after_ms != 0 {
+                w.num("retry_after_ms", u64::from(*retry_after_ms));
+            }
         }
         Refresh { expires_at_ms } => w.num("expires_at_ms", *expires_at_ms),
     }
@@ -436,6 +443,7 @@ pub fn from_json(text: &str) -> Result<Frame, JsonError> {
             Message::Kick {
                 reason,
                 text: f.text()?,
+                retry_after_ms: f.retry_after_ms()?,
             }
         }
         "refresh" => Message::Refresh {
@@ -711,6 +719,7 @@ mod tests {
                     Message::Kick {
                         reason: KickReason::Replaced,
                         text: "logged in elsewhere".into(),
+                        retry_after_ms: 0,
                     },
                 ),
             ),

@@ -151,10 +151,13 @@ pub enum Message {
         server_time_us: u64,
         text: String,
     },
-    /// The server is closing this connection, and why.
+    /// The server is closing this connection, and why. `retry_after_ms` (0: none) is
+    /// the server's hint: come back after about that long (a drain, a restart). Without
+    /// one, the reason says whether to come back at all (`KickReason::comes_back`).
     Kick {
         reason: KickReason,
         text: String,
+        retry_after_ms: u32,
     },
     /// The session's token expires at `expires_at_ms` (ms since the Unix epoch): send a
     /// `Login` with a fresh token on this connection before then, or be kicked
@@ -385,6 +388,24 @@ impl KickReason {
 
     pub fn from_name(name: &str) -> Option<KickReason> {
         Self::ALL.iter().copied().find(|r| r.name() == name)
+    }
+
+    /// Whether a client kicked for this reason comes back by itself (after the kick's
+    /// `retry_after_ms`, or its own back-off when the kick names none). The others are
+    /// terminal: another connection holds the session (`replaced`), the token or the user
+    /// is refused (`bad-token`, `revoked`), or the client speaks the protocol wrong
+    /// (`bad-frame`); coming back at once would only repeat them.
+    pub fn comes_back(self) -> bool {
+        match self {
+            KickReason::Idle
+            | KickReason::SlowReader
+            | KickReason::Shutdown
+            | KickReason::Expired => true,
+            KickReason::Replaced
+            | KickReason::BadToken
+            | KickReason::BadFrame
+            | KickReason::Revoked => false,
+        }
     }
 }
 

@@ -86,8 +86,16 @@ fn exercise(bytes: &[u8]) {
         assert!(largest <= MAX_FRAME_LEN, "one allocation of {largest}");
         assert!(total <= 2 * MAX_FRAME_LEN, "{total} bytes allocated");
         if let Ok(frame) = decoded {
-            // Decoding is strict, so the encoding is canonical: same bytes back.
-            assert_eq!(encode_to_vec(&frame), whole);
+            // Decoding is strict, so the encoding is canonical: same bytes back, but for
+            // the version byte (a version-1 frame reads as the current version, and this
+            // side always writes the current one).
+            let mut canonical = whole.to_vec();
+            canonical[4] = hongbao_proto::VERSION;
+            if whole[4] == 1 && frame.message.kind() == hongbao_proto::message::kind::LOGIN {
+                // A version-1 login's token length is one byte, not two.
+                return;
+            }
+            assert_eq!(encode_to_vec(&frame), canonical);
             assert_eq!(decode(&encode_to_vec(&frame)), Ok(frame));
         }
     }
@@ -217,8 +225,16 @@ fn message() -> impl Strategy<Value = Message> {
             server_time_us,
             text
         }),
-        (prop::sample::select(KickReason::ALL.to_vec()), text())
-            .prop_map(|(reason, text)| Message::Kick { reason, text }),
+        (
+            prop::sample::select(KickReason::ALL.to_vec()),
+            text(),
+            prop_oneof![Just(0u32), 1..=u32::MAX]
+        )
+            .prop_map(|(reason, text, retry_after_ms)| Message::Kick {
+                reason,
+                text,
+                retry_after_ms
+            }),
         any::<u64>().prop_map(|expires_at_ms| Message::Refresh { expires_at_ms }),
     ]
 }

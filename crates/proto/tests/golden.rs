@@ -196,6 +196,10 @@ fn parse_form(form: &str) -> Frame {
             Message::Kick {
                 reason: KickReason::from_name(name).unwrap_or_else(|| panic!("reason {name}")),
                 text: f.text(),
+                retry_after_ms: f
+                    .map
+                    .remove("retry_after_ms")
+                    .map_or(0, |v| v.parse().expect("retry_after_ms")),
             }
         }
         other => panic!("unknown type name {other}"),

@@ -622,15 +622,25 @@ impl ServeConfig {
             if addr.is_empty() {
                 continue;
             }
+            if addr.parse::<std::net::SocketAddr>().is_err() {
+                return Err(Error::config(format!(
+                    "{name} = {addr:?} is not an IP address and port: give one such as \
+                     127.0.0.1:7000 (names such as localhost are not looked up)"
+                )));
+            }
             let local = hongbao_sys::net::is_loopback_address(addr);
             if !local && self.dev_secret_in_use() {
                 return Err(Error::config(format!(
-                    "{name} = {addr:?} is not a loopback address, and login tokens are                      signed with the built-in development secret, which anyone can read:                      give a secret (HONGBAO_SECRET or secret_file) or [[login_keys]], or                      listen on 127.0.0.1"
+                    "{name} = {addr:?} is not a loopback address, and login tokens are \
+                     signed with the built-in development secret, which anyone can read: \
+                     give a secret (HONGBAO_SECRET or secret_file) or [[login_keys]], or \
+                     listen on 127.0.0.1"
                 )));
             }
             if !local && serves_demo && self.demo_login {
                 return Err(Error::config(format!(
-                    "demo_login hands anyone any user's token: {name} = {addr:?} must be a                      loopback address for it"
+                    "demo_login hands anyone any user's token: {name} = {addr:?} must be a \
+                     loopback address for it"
                 )));
             }
         }

@@ -11,14 +11,15 @@
 //! - **Readiness** (`/readyz`): the server takes shakes now — it has linked every worker
 //!   once (so its listeners are bound and each worker was welcomed), at least one worker
 //!   is linked, its loop (the core and its ledger's group commit) has turned within
-//!   `LOOP_SILENT_AFTER`, and it is not stopping. A worker being restarted leaves the
-//!   others serving: still ready, said in the answer. A ledger that failed stops the
-//!   server, which is not ready from then on.
+//!   `LOOP_SILENT_AFTER`, its ledger commits (a full disk makes it refuse what needs the
+//!   ledger until it commits again: not ready meanwhile), and it is not stopping. A worker
+//!   being restarted leaves the others serving: still ready, said in the answer. A ledger
+//!   that failed stops the server, which is not ready from then on.
 //!
 //! Both answers say only this: no key, no user, no figure of money or traffic. They need
 //! no admin key (a probe has none to give); the browser checks still apply.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hongbao_http::Response;
@@ -42,6 +43,8 @@ pub struct Health {
     workers: AtomicUsize,
     /// When the loop last turned: milliseconds since `born`.
     turned_ms: AtomicU64,
+    /// The ledger cannot commit now (it is trying again).
+    ledger_failing: AtomicBool,
 }
 
 /// What `/readyz` answers.
@@ -68,6 +71,7 @@ impl Health {
             linked: AtomicUsize::new(0),
             workers: AtomicUsize::new(0),
             turned_ms: AtomicU64::new(0),
+            ledger_failing: AtomicBool::new(false),
         }
     }
 
@@ -77,6 +81,11 @@ impl Health {
         self.workers.store(workers, Ordering::Relaxed);
         self.turned_ms
             .store(self.since_born(now), Ordering::Relaxed);
+    }
+
+    /// Whether the ledger cannot commit now (`Money::commits_failing`), each turn.
+    pub fn ledger_failing(&self, failing: bool) {
+        self.ledger_failing.store(failing, Ordering::Relaxed);
     }
 
     /// Every worker has linked once: the server serves from now on.
@@ -112,6 +121,9 @@ impl Health {
                 "the supervisor's loop has not turned for {:.1} s",
                 silent_ms as f64 / 1000.0
             ));
+        }
+        if self.ledger_failing.load(Ordering::Relaxed) {
+            return not("the ledger cannot commit (its disk may be full): trying again".into());
         }
         if linked == 0 {
             return not(format!("no worker up (0 of {workers}): restarting them"));
@@ -213,6 +225,21 @@ mod tests {
         );
         health.turn(late, 2, 2);
         assert!(matches!(health.readiness(late), Readiness::Ready { .. }));
+    }
+
+    #[test]
+    fn a_ledger_that_cannot_commit_is_not_ready_until_it_commits_again() {
+        let health = Health::new();
+        let t0 = Instant::now();
+        health.turn(t0, 2, 2);
+        health.serving();
+        health.ledger_failing(true);
+        assert!(matches!(
+            health.readiness(t0),
+            Readiness::NotReady(why) if why.starts_with("the ledger cannot commit")
+        ));
+        health.ledger_failing(false);
+        assert!(matches!(health.readiness(t0), Readiness::Ready { .. }));
     }
 
     #[test]

@@ -97,6 +97,7 @@ impl Presence {
                     push: Push::Kick {
                         reason: KickReason::Replaced,
                         text: "logged in elsewhere".into(),
+                        retry_after_ms: 0,
                     },
                     close: true,
                 });
@@ -225,6 +226,7 @@ fn revoked(to: Route) -> Delivery {
         push: Push::Kick {
             reason: KickReason::Revoked,
             text: "this user's sessions were revoked".into(),
+            retry_after_ms: 0,
         },
         close: true,
     }

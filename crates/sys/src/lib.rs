@@ -3,6 +3,7 @@
 //!
 //! - `clock`: time as typed values — time since a process's start, Unix time — and the
 //!   helpers that read the wall clock, once;
+//! - `dirlock`: one process at a time in a data directory;
 //! - `limits`: the open-file limit and how many sockets a process may plan for;
 //! - `net`: SO_REUSEPORT listeners, receive timestamps, non-blocking writes, abstract
 //!   Unix addresses, loopback in a new namespace;
@@ -15,6 +16,7 @@
 //! - `doctor`: the machine's limits for N connections, and `--netns`.
 
 pub mod clock;
+pub mod dirlock;
 pub mod doctor;
 pub mod limits;
 pub mod net;

@@ -42,7 +42,9 @@ pub struct Embedded {
     core: Core,
     ledger: LedgerWriter,
     path: PathBuf,
-    reads: SyncSender<Origin>,
+    /// `None` once finished: the reader thread has closed its connection.
+    reads: Option<SyncSender<Origin>>,
+    reader: Option<std::thread::JoinHandle<()>>,
     answers: Receiver<Output>,
     /// Refusals while the ledger cannot commit: out at the next drain, not behind the
     /// commits they do not depend on.
@@ -79,13 +81,14 @@ impl Embedded {
         }
         let commit_wake = wake.clone();
         let ledger = LedgerWriter::spawn(ledger, core.seq(), cfg.group, move || commit_wake());
-        let (reads, answers) = spawn_reader(&path, wake)?;
+        let (reads, reader, answers) = spawn_reader(&path, wake)?;
         Ok((
             Embedded {
                 core,
                 ledger,
                 path,
-                reads,
+                reads: Some(reads),
+                reader: Some(reader),
                 answers,
                 refused: Vec::new(),
             },
@@ -104,12 +107,19 @@ impl Embedded {
     }
 }
 
-/// The reader thread: `Op::Me` from committed data, off the money loop.
-fn spawn_reader(path: &Path, wake: Wake) -> Result<(SyncSender<Origin>, Receiver<Output>)> {
+/// The reader thread: `Op::Me` from committed data, off the money loop. It ends, closing
+/// its connection, when its sender is dropped.
+type ReaderThread = (
+    SyncSender<Origin>,
+    std::thread::JoinHandle<()>,
+    Receiver<Output>,
+);
+
+fn spawn_reader(path: &Path, wake: Wake) -> Result<ReaderThread> {
     let (tx, rx) = sync_channel::<Origin>(READS_QUEUED);
     let (out_tx, out_rx) = std::sync::mpsc::channel();
     let reader = Reader::open(path)?;
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("ledger-reader".into())
         .spawn(move || {
             for to in rx {
@@ -127,7 +137,15 @@ fn spawn_reader(path: &Path, wake: Wake) -> Result<(SyncSender<Origin>, Receiver
             }
         })
         .map_err(|e| Error::io("starting the ledger reader", e))?;
-    Ok((tx, out_rx))
+    Ok((tx, thread, out_rx))
+}
+
+/// What a read asked while the server stops is told.
+fn stopping_read() -> Reply {
+    Reply::Error {
+        result: ResultCode::Unavailable,
+        text: "the server is stopping; try again".into(),
+    }
 }
 
 impl Money for Embedded {
@@ -155,8 +173,10 @@ impl Money for Embedded {
         if op != Op::Me {
             return self.core.submit(now_ms, origin, op);
         }
-        if let Err(TrySendError::Full(to) | TrySendError::Disconnected(to)) =
-            self.reads.try_send(origin)
+        let Some(reads) = &self.reads else {
+            return self.core.answer(origin, stopping_read());
+        };
+        if let Err(TrySendError::Full(to) | TrySendError::Disconnected(to)) = reads.try_send(origin)
         {
             let reply = Reply::Error {
                 result: ResultCode::Unavailable,
@@ -226,13 +246,24 @@ impl Money for Embedded {
         })
     }
 
+    fn commits_failing(&self) -> Option<String> {
+        self.ledger.failing().then(|| CANNOT_COMMIT.to_string())
+    }
+
     fn failure(&self) -> Option<String> {
         self.ledger
             .is_dead()
             .then(|| "the ledger writer stopped; refusing to acknowledge anything more".into())
     }
 
+    /// The reader's connection closed first, then the writer's: the last connection to
+    /// close folds the write-ahead log into the ledger and removes it, so a clean stop
+    /// leaves `ledger.sqlite` alone.
     fn finish(&mut self) -> hongbao_money::error::Result<()> {
+        drop(self.reads.take());
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
         self.ledger.submit(self.core.take_records());
         Ok(self.ledger.finish()?)
     }

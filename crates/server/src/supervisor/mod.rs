@@ -139,17 +139,22 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         tracing::warn!(error = %e, "NOTIFY_SOCKET cannot be used; systemd will not be told");
         None
     });
-    // Before anything is made: a port another server holds is refused (`placeholder`).
+    // Before anything is made: a port another server holds is refused, saying which
+    // process holds it (`placeholder`), and so is a data directory another process is
+    // using (its lock is held until this process ends).
+    cfg.check_exposure()?;
     for (addr, what) in [
         (&cfg.listen, "client"),
         (&cfg.ws_listen, "WebSocket"),
         (&cfg.http_listen, "HTTP"),
+        (&cfg.admin, "admin"),
     ] {
         if let Ok(addr) = addr.parse::<SocketAddr>() {
             net::ensure_free(addr).map_err(|e| Error::io(format!("the {what} address"), e))?;
         }
     }
-    cfg.check_exposure()?;
+    let _data_dir_lock = hongbao_sys::dirlock::DirLock::acquire(&cfg.data_dir, "hongbao serve")
+        .map_err(|e| Error::config(e.to_string()))?;
     let login = login_setup(&cfg)?;
     let tls = cfg.tls_pem()?;
     // The admin address speaks TLS with the same certificate, reloaded with it.
@@ -470,6 +475,8 @@ impl Supervisor {
             }
             self.health
                 .turn(now, self.worker_links.len(), self.workers.len());
+            self.health
+                .ledger_failing(self.money.commits_failing().is_some());
             if !ready_said && self.worker_links.len() == self.workers.len() {
                 ready_said = true;
                 self.health.serving();

@@ -20,7 +20,7 @@
 
 use hongbao_money::{Push, Reply, Request, UserId};
 use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
-use hongbao_proto::{json, Frame, FrameError, KickReason, Message, ResultCode};
+use hongbao_proto::{json, Frame, FrameError, KickReason, Message, ResultCode, VERSION};
 use hongbao_sys::clock::UptimeSecs;
 use std::ops::ControlFlow;
 
@@ -177,7 +177,10 @@ impl Codec {
 fn decode_frame(data: &[u8], cx: &mut Cx<'_>) -> Step {
     match hongbao_proto::check(data) {
         Ok(None) => Step::read(0, None),
-        Ok(Some(len)) => Step::read(len, Some(inbound_of(hongbao_proto::decode(&data[..len])))),
+        Ok(Some(len)) => {
+            let frame = hongbao_proto::decode(&data[..len]);
+            Step::read(len, Some(inbound_of(frame, version_of(data))))
+        }
         Err(e) => {
             cx.stats.bad_frames += 1;
             Step {
@@ -211,13 +214,13 @@ impl WsCodec {
                         }
                         frame => {
                             form = Some(Form::WsBinary);
-                            inbound = Some(inbound_of(frame));
+                            inbound = Some(inbound_of(frame, version_of(bytes)));
                         }
                     },
                     Incoming::Text(text) => {
                         form = Some(Form::WsText);
                         inbound = Some(match json::from_json(text) {
-                            Ok(frame) => inbound_of(Ok(frame)),
+                            Ok(frame) => inbound_of(Ok(frame), VERSION),
                             Err(e) => Inbound::Refused {
                                 id: e.request_id.unwrap_or(0),
                                 result: e.result_code(),
@@ -262,10 +265,16 @@ impl WsCodec {
     }
 }
 
-/// A decoded frame as a request, or the refusal a well-delimited bad frame gets.
-fn inbound_of(frame: Result<Frame, FrameError>) -> Inbound {
+/// The version byte of a whole frame (`check` has read it: 1 or 2).
+fn version_of(frame: &[u8]) -> u8 {
+    frame.get(4).copied().unwrap_or(VERSION)
+}
+
+/// A decoded frame of protocol `version` as a request, or the refusal a well-delimited
+/// bad frame gets.
+fn inbound_of(frame: Result<Frame, FrameError>, version: u8) -> Inbound {
     match frame {
-        Ok(frame) => match request_of(frame.message) {
+        Ok(frame) => match request_of(frame.message, version) {
             Ok(request) => Inbound::Request {
                 id: frame.request_id,
                 request,
@@ -285,10 +294,15 @@ fn inbound_of(frame: Result<Frame, FrameError>) -> Inbound {
     }
 }
 
-/// A client message as a request; server-only kinds are refused.
-fn request_of(message: Message) -> Result<Request, String> {
+/// A client message as a request; server-only kinds are refused. A version-1 login is
+/// the old HMAC token's, whatever its bytes.
+fn request_of(message: Message, version: u8) -> Result<Request, String> {
     Ok(match message {
-        Message::Login { user_id, token } => Request::Login { user_id, token },
+        Message::Login { user_id, token } => Request::Login {
+            user_id,
+            token,
+            legacy: version == 1,
+        },
         Message::Ping { client_time_us } => Request::Ping { client_time_us },
         Message::Shake => Request::Shake,
         Message::Send {
@@ -404,7 +418,15 @@ pub(super) fn push_message(push: &Push) -> Message {
             server_time_us,
             text,
         },
-        Push::Kick { reason, text } => Message::Kick { reason, text },
+        Push::Kick {
+            reason,
+            text,
+            retry_after_ms,
+        } => Message::Kick {
+            reason,
+            text,
+            retry_after_ms,
+        },
         Push::Refresh { expires_at_ms } => Message::Refresh { expires_at_ms },
     }
 }

@@ -347,9 +347,22 @@ impl Worker {
 
     /// Tells the client why, then closes once it has read that (or after a grace period).
     pub(super) fn kick(&mut self, key: usize, reason: KickReason, text: &str) {
+        self.kick_after(key, reason, text, 0);
+    }
+
+    /// `kick`, telling the client to come back after about `retry_after_ms` (0: the
+    /// reason says whether to come back, the client's back-off when).
+    pub(super) fn kick_after(
+        &mut self,
+        key: usize,
+        reason: KickReason,
+        text: &str,
+        retry_after_ms: u32,
+    ) {
         let push = Push::Kick {
             reason,
             text: text.to_string(),
+            retry_after_ms,
         };
         self.push(key, &push);
         self.leave(key);

@@ -71,7 +71,11 @@ impl Worker {
                 };
                 return self.reply(key, id, &pong);
             }
-            Request::Login { user_id, token } => return self.login(key, id, user_id, &token),
+            Request::Login {
+                user_id,
+                token,
+                legacy,
+            } => return self.login(key, id, user_id, &token, legacy),
             request => request,
         };
         let bearer = matches!(auth, Auth::Bearer(_));
@@ -156,9 +160,9 @@ impl Worker {
     /// A login: the first of a connection takes the user's route (the core answers it);
     /// another on a logged-in connection, for the same user, refreshes its session (its
     /// end moves to the new token's) and is answered here.
-    fn login(&mut self, key: usize, id: u32, user_id: u64, token: &[u8]) {
+    fn login(&mut self, key: usize, id: u32, user_id: u64, token: &[u8], legacy: bool) {
         let now = self.time.read_unix();
-        let checked = match self.sessions.check(user_id, token, now) {
+        let checked = match self.sessions.check(user_id, token, legacy, now) {
             Ok(checked) => checked,
             Err(refusal) => {
                 self.stats.counters.login_failures += 1;

@@ -94,29 +94,27 @@ impl Sessions {
     }
 
     /// Checks a login's token at `now`: `claimed` is the user the frame names (0: whoever
-    /// the token names).
+    /// the token names). A `legacy` (version-1) login carries the old HMAC token, of any
+    /// bytes, and is taken only where those are allowed; a version-2 login is a JWT.
     pub(super) fn check(
         &mut self,
         claimed: u64,
         token: &[u8],
+        legacy: bool,
         now: UnixTime,
     ) -> Result<Checked, Refusal> {
         let secs = now.second();
-        let checked = match self.verifier.verify(token, secs) {
-            Ok(v) => {
-                let kid = intern(&mut self.kids, v.kid);
-                Checked {
-                    user: UserId::new(v.user).ok_or(Refusal::BadSubject)?,
-                    ends: v.expires + self.setup.rules.leeway_secs,
-                    issued: v.issued,
-                    kid,
-                }
+        let checked = if legacy {
+            self.check_hmac(claimed, token, secs)?
+        } else {
+            let v = self.verifier.verify(token, secs)?;
+            let kid = intern(&mut self.kids, v.kid);
+            Checked {
+                user: UserId::new(v.user).ok_or(Refusal::BadSubject)?,
+                ends: v.expires + self.setup.rules.leeway_secs,
+                issued: v.issued,
+                kid,
             }
-            // Not a JWT at all: the old token, where it is allowed.
-            Err(Refusal::Malformed) if !token.contains(&b'.') => {
-                self.check_hmac(claimed, token, secs)?
-            }
-            Err(refusal) => return Err(refusal),
         };
         if claimed != 0 && claimed != checked.user.get() {
             return Err(Refusal::OtherUser);
@@ -127,13 +125,10 @@ impl Sessions {
         Ok(checked)
     }
 
-    /// An HTTP request's bearer token: the user it acts for.
+    /// An HTTP request's bearer token: the user it acts for. Always a JWT: the old token
+    /// names no user by itself.
     pub(super) fn bearer(&mut self, token: &[u8], now: UnixTime) -> Result<UserId, Refusal> {
-        if !token.contains(&b'.') {
-            // The old token names no user by itself: never a bearer.
-            return Err(Refusal::Malformed);
-        }
-        self.check(0, token, now).map(|c| c.user)
+        self.check(0, token, false, now).map(|c| c.user)
     }
 
     fn check_hmac(&mut self, user: u64, token: &[u8], now: u64) -> Result<Checked, Refusal> {
@@ -233,20 +228,22 @@ mod tests {
     #[test]
     fn a_login_names_its_user_its_end_and_its_key() {
         let mut s = Sessions::new(setup(&["a", "b"])).unwrap();
-        let got = s.check(0, token("b", 7, NOW).as_bytes(), at(NOW)).unwrap();
+        let got = s
+            .check(0, token("b", 7, NOW).as_bytes(), false, at(NOW))
+            .unwrap();
         assert_eq!(got.user.get(), 7);
         assert_eq!(got.ends, NOW + 600 + 30, "exp plus the leeway");
         assert_eq!(got.issued, NOW);
         assert_eq!(s.kids[got.kid as usize], "b");
         assert_eq!(
-            s.check(7, token("a", 7, NOW).as_bytes(), at(NOW))
+            s.check(7, token("a", 7, NOW).as_bytes(), false, at(NOW))
                 .unwrap()
                 .user
                 .get(),
             7
         );
         assert_eq!(
-            s.check(8, token("a", 7, NOW).as_bytes(), at(NOW)),
+            s.check(8, token("a", 7, NOW).as_bytes(), false, at(NOW)),
             Err(Refusal::OtherUser)
         );
         assert_eq!(
@@ -263,7 +260,7 @@ mod tests {
         s.note_revoked(UserId::new(7).unwrap(), NOW + 10);
         let old = token("a", 7, NOW + 9);
         assert_eq!(
-            s.check(0, old.as_bytes(), at(NOW + 20)),
+            s.check(0, old.as_bytes(), false, at(NOW + 20)),
             Err(Refusal::Revoked)
         );
         assert_eq!(
@@ -271,9 +268,9 @@ mod tests {
             Err(Refusal::Revoked)
         );
         let new = token("a", 7, NOW + 10);
-        assert!(s.check(0, new.as_bytes(), at(NOW + 20)).is_ok());
+        assert!(s.check(0, new.as_bytes(), false, at(NOW + 20)).is_ok());
         assert!(s
-            .check(0, token("a", 8, NOW).as_bytes(), at(NOW + 20))
+            .check(0, token("a", 8, NOW).as_bytes(), false, at(NOW + 20))
             .is_ok());
         // Kept while a token issued before it could live; then forgotten.
         s.forget_old_revocations(at(NOW + 10 + 24 * 3600));
@@ -286,21 +283,23 @@ mod tests {
     fn a_reload_names_the_keys_gone() {
         let mut s = Sessions::new(setup(&["a", "b"])).unwrap();
         let a = s
-            .check(0, token("a", 1, NOW).as_bytes(), at(NOW))
+            .check(0, token("a", 1, NOW).as_bytes(), false, at(NOW))
             .unwrap()
             .kid;
         let b = s
-            .check(0, token("b", 2, NOW).as_bytes(), at(NOW))
+            .check(0, token("b", 2, NOW).as_bytes(), false, at(NOW))
             .unwrap()
             .kid;
         let gone = s.reload(setup(&["b", "c"])).unwrap();
         assert!(gone.contains(&a) && !gone.contains(&b), "{gone:?}");
         assert!(gone.contains(&0), "no HMAC logins allowed");
         assert_eq!(
-            s.check(0, token("a", 1, NOW).as_bytes(), at(NOW)),
+            s.check(0, token("a", 1, NOW).as_bytes(), false, at(NOW)),
             Err(Refusal::UnknownKid)
         );
-        assert!(s.check(0, token("c", 1, NOW).as_bytes(), at(NOW)).is_ok());
+        assert!(s
+            .check(0, token("c", 1, NOW).as_bytes(), false, at(NOW))
+            .is_ok());
         assert!(s
             .reload(LoginSetup {
                 keys: vec![],
@@ -310,26 +309,52 @@ mod tests {
     }
 
     #[test]
-    fn the_old_token_only_where_allowed_and_never_as_a_bearer() {
+    fn the_old_token_only_in_a_version_1_login_where_allowed_and_never_as_a_bearer() {
         let old = hmac::token_hex(b"s", 5);
         let mut s = Sessions::new(setup(&["a"])).unwrap();
-        assert_eq!(s.check(5, old.as_bytes(), at(NOW)), Err(Refusal::Malformed));
+        assert_eq!(
+            s.check(5, old.as_bytes(), true, at(NOW)),
+            Err(Refusal::Malformed),
+            "not allowed here"
+        );
         let mut s = Sessions::new(LoginSetup {
             hmac_secret: Some(b"s".to_vec()),
             ..setup(&["a"])
         })
         .unwrap();
-        let got = s.check(5, old.as_bytes(), at(NOW)).unwrap();
+        let got = s.check(5, old.as_bytes(), true, at(NOW)).unwrap();
         assert_eq!((got.user.get(), got.kid, got.issued), (5, 0, 0));
         assert_eq!(got.ends, NOW + 24 * 3600, "lives as long as a token may");
-        assert_eq!(s.check(6, old.as_bytes(), at(NOW)), Err(Refusal::BadHmac));
         assert_eq!(
-            s.check(0, old.as_bytes(), at(NOW)),
+            s.check(6, old.as_bytes(), true, at(NOW)),
+            Err(Refusal::BadHmac)
+        );
+        assert_eq!(
+            s.check(0, old.as_bytes(), true, at(NOW)),
             Err(Refusal::BadSubject)
         );
+        // A version-2 login is a JWT, whatever the server allows of version 1.
+        assert_eq!(
+            s.check(5, old.as_bytes(), false, at(NOW)),
+            Err(Refusal::Malformed)
+        );
+        assert_eq!(
+            s.check(5, token("a", 5, NOW).as_bytes(), true, at(NOW)),
+            Err(Refusal::BadHmac),
+            "a JWT is no version-1 token"
+        );
         assert_eq!(s.bearer(old.as_bytes(), at(NOW)), Err(Refusal::Malformed));
+        // The raw form, whatever its bytes: a user whose HMAC holds a '.' logs in too.
+        let user = (1..)
+            .find(|&u| hmac::token(b"s", u).contains(&b'.'))
+            .unwrap();
+        let raw = hmac::token(b"s", user);
+        assert_eq!(s.check(user, &raw, true, at(NOW)).unwrap().user.get(), user);
         // Any revocation of its user refuses it: it says nothing of when it was made.
         s.note_revoked(UserId::new(5).unwrap(), 1);
-        assert_eq!(s.check(5, old.as_bytes(), at(NOW)), Err(Refusal::Revoked));
+        assert_eq!(
+            s.check(5, old.as_bytes(), true, at(NOW)),
+            Err(Refusal::Revoked)
+        );
     }
 }

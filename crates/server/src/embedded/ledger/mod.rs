@@ -64,9 +64,12 @@ pub struct Ledger {
 impl Ledger {
     /// Opens (creating if needed) `DIR/ledger.sqlite`.
     pub fn open(dir: &Path) -> Result<Ledger> {
-        std::fs::create_dir_all(dir)
+        hongbao_sys::dirlock::make_private_dir(dir)
             .map_err(|e| Error::config(format!("creating data dir {}: {e}", dir.display())))?;
         let path = dir.join("ledger.sqlite");
+        make_private_files(&path).map_err(|e| {
+            Error::config(format!("making {} its owner's only: {e}", path.display()))
+        })?;
         let conn = Connection::open(&path).map_err(|e| Error::ledger("opening", e))?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(|e| Error::ledger("WAL", e))?;
@@ -549,6 +552,31 @@ impl LedgerWriter {
     }
 }
 
+/// The ledger's file made (empty) with mode 0600 before SQLite opens it, so its
+/// write-ahead log and shared memory, which SQLite makes with the file's mode, are its
+/// owner's only too; an older ledger's files are narrowed to 0600.
+fn make_private_files(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    for side in ["", "-wal", "-shm"] {
+        let file = PathBuf::from(format!("{}{side}", path.display()));
+        match std::fs::metadata(&file) {
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => {
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// What the writer thread shares with the `LedgerWriter`.
 struct WriterState {
     committed: Arc<AtomicU64>,
@@ -581,6 +609,14 @@ fn commit_loop(
             .committed
             .store(batch.last().map_or(0, |r| r.seq), Ordering::Release);
         on_commit();
+    }
+    // Everything is committed: the write-ahead log folded into the ledger now, so that
+    // closing this connection (the last, once the readers have closed theirs) removes it.
+    if let Err(e) = ledger
+        .conn
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+    {
+        tracing::warn!(error = %e, "folding the write-ahead log into the ledger at the stop failed");
     }
     Ok(())
 }

@@ -198,8 +198,9 @@ pub fn backup(data_dir: &Path, out_dir: &Path) -> Result<BackedUp> {
     if !from.is_file() {
         return Err(Error::config(format!("no ledger at {}", from.display())));
     }
-    std::fs::create_dir_all(out_dir)
-        .map_err(|e| Error::config(format!("creating {}: {e}", out_dir.display())))?;
+    // The copy is the ledger's: its owner's only, and one backup at a time into it.
+    let _lock = hongbao_sys::dirlock::DirLock::acquire(out_dir, "hongbao backup")
+        .map_err(|e| Error::config(e.to_string()))?;
     let to = out_dir.join("ledger.sqlite");
     if to.exists() {
         return Err(Error::config(format!(
@@ -215,6 +216,11 @@ pub fn backup(data_dir: &Path, out_dir: &Path) -> Result<BackedUp> {
     conn.execute("VACUUM INTO ?1", [to.to_string_lossy().as_ref()])
         .map_err(|e| Error::ledger("copying the ledger (VACUUM INTO)", e))?;
     drop(conn);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::config(format!("making {} its owner's only: {e}", to.display())))?;
+    }
     let millis = started.elapsed().as_millis() as u64;
     let verified = verify(&to, None)?;
     Ok(BackedUp {
@@ -222,6 +228,23 @@ pub fn backup(data_dir: &Path, out_dir: &Path) -> Result<BackedUp> {
         millis,
         verified,
     })
+}
+
+/// A ledger left with its write-ahead log (a server that crashed: what it committed is in
+/// the log) has the log folded in, so the file moved aside holds all of it. No server is
+/// on it: the caller holds the directory's lock.
+fn fold_write_ahead_log(ledger: &Path) -> Result<()> {
+    let wal = PathBuf::from(format!("{}-wal", ledger.display()));
+    if !wal.exists() {
+        return Ok(());
+    }
+    let conn = Connection::open(ledger)
+        .map_err(|e| Error::ledger("opening the ledger to fold in its write-ahead log", e))?;
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .map_err(|e| Error::ledger("folding in the ledger's write-ahead log", e))?;
+    drop(conn);
+    tracing::info!(ledger = %ledger.display(), "a write-ahead log left by a server that did not stop cleanly was folded in");
+    Ok(())
 }
 
 /// What `hongbao restore` did.
@@ -235,8 +258,8 @@ pub struct Restored {
 
 /// Puts the backup at `backup` into `data_dir` once it checks out whole: copied beside
 /// and renamed into place. A ledger already there is refused unless `force`, and then
-/// moved aside, never deleted; a ledger with a write-ahead log beside it (a server on
-/// it, or one that stopped without folding it in) is always refused.
+/// moved aside, never deleted (a write-ahead log a crashed server left folded in first);
+/// a data directory a server is running on is always refused, naming it.
 pub fn restore(backup: &Path, data_dir: &Path, force: bool) -> Result<Restored> {
     let verified = verify(backup, None)?;
     if !verified.ok() {
@@ -246,16 +269,12 @@ pub fn restore(backup: &Path, data_dir: &Path, force: bool) -> Result<Restored> 
             verified.problems.join("; ")
         )));
     }
-    std::fs::create_dir_all(data_dir)
-        .map_err(|e| Error::config(format!("creating {}: {e}", data_dir.display())))?;
+    // No server on it while this runs (it holds the same lock), and none starts.
+    let _lock = hongbao_sys::dirlock::DirLock::acquire(data_dir, "hongbao restore")
+        .map_err(|e| Error::config(e.to_string()))?;
     let to = data_dir.join("ledger.sqlite");
-    for side in ["ledger.sqlite-wal", "ledger.sqlite-shm"] {
-        if data_dir.join(side).exists() {
-            return Err(Error::config(format!(
-                "{} has {side}: a server may be running on it (stop it first; a server that stopped cleanly leaves none)",
-                data_dir.display()
-            )));
-        }
+    if to.exists() {
+        fold_write_ahead_log(&to)?;
     }
     let mut replaced = None;
     if to.exists() {
