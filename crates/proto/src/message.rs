@@ -393,17 +393,17 @@ impl KickReason {
     /// Whether a client kicked for this reason comes back by itself (after the kick's
     /// `retry_after_ms`, or its own back-off when the kick names none). The others are
     /// terminal: another connection holds the session (`replaced`), the token or the user
-    /// is refused (`bad-token`, `revoked`), or the client speaks the protocol wrong
-    /// (`bad-frame`); coming back at once would only repeat them.
+    /// is refused (`bad-token`, `revoked`), or the token ended and the app gave no fresh
+    /// one (`expired`); coming back with the same token would only repeat them.
     pub fn comes_back(self) -> bool {
         match self {
             KickReason::Idle
             | KickReason::SlowReader
             | KickReason::Shutdown
-            | KickReason::Expired => true,
+            | KickReason::BadFrame => true,
             KickReason::Replaced
             | KickReason::BadToken
-            | KickReason::BadFrame
+            | KickReason::Expired
             | KickReason::Revoked => false,
         }
     }
