@@ -482,6 +482,45 @@ fn bad_requests_are_refused_with_their_status() {
         assert_eq!((r.status, r.result()), (401, "bad-token"), "{bearer}");
         assert_eq!(r.header("WWW-Authenticate"), Some("Bearer"));
     }
+    // A forged or expired bearer is judged before the body: 401, never the JSON error
+    // and the send rules a stranger would learn from a 400.
+    let expired = {
+        let now = hongbao_sys::clock::unix_ms() / 1000;
+        hongbao_proto::token::Minter::hs256(hongbao_proto::token::DEFAULT_KID, SECRET.as_bytes())
+            .mint_for(3, now - 7200, 60)
+    };
+    for bearer in ["1.deadbeef".to_string(), expired] {
+        for body in [
+            "{not json",
+            r#"{"amount_cents": 0, "shares": 1, "recipients": [2]}"#,
+        ] {
+            conn.send(
+                "POST",
+                "/v1/packets",
+                &[format!("Authorization: Bearer {bearer}")],
+                Some(body),
+            );
+            let r = conn.read();
+            assert_eq!(
+                (r.status, r.result()),
+                (401, "bad-token"),
+                "{bearer} {body}: {r:?}"
+            );
+            let said = r.body["error"].as_str().unwrap();
+            assert!(!said.contains("JSON") && !said.contains("cent"), "{said}");
+        }
+    }
+    // The scheme in any case (RFC 9110: schemes are case-insensitive).
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        conn.send(
+            "POST",
+            "/v1/shake",
+            &[format!("Authorization: {scheme} {}", token(SECRET, 3))],
+            None,
+        );
+        let r = conn.read();
+        assert_eq!(r.status, 200, "{scheme}: {r:?}");
+    }
     // The wrong method: 405 with Allow.
     let r = conn.call("GET", "/v1/shake", Some(3), None);
     assert_eq!((r.status, r.header("Allow")), (405, Some("POST")));

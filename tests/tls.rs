@@ -207,6 +207,27 @@ fn the_admin_api_speaks_tls_and_records_a_plain_client() {
     };
     let (status, body) = https(addr, ca, &request("GET", "/v1/stats"));
     assert_eq!(status, 200, "{body}");
+    // The console's session cookie over https is Secure: a browser never sends it in
+    // clear.
+    let login = format!("{{\"key\":\"{key}\"}}");
+    let mut tls = tls_connect(addr, ca).expect("a TLS handshake");
+    write!(
+        tls,
+        "POST /console/login HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{login}",
+        login.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = tls.read_to_string(&mut answer);
+    let cookie = answer
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no cookie: {answer}"));
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(cookie.trim_end().ends_with("; Secure"), "{cookie}");
     // A plain client: refused in its handshake, and on the admin log (method TLS, 421).
     plain_gets_no_answer(addr, b"GET /v1/stats HTTP/1.1\r\nHost: x\r\n\r\n");
     wait_until(

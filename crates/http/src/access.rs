@@ -116,7 +116,8 @@ impl BrowserGuard {
                 return Err(Response::error(
                     403,
                     format!("Host {host:?} does not name this address; add it to the allowed hosts if it should"),
-                ));
+                )
+                .refusing("host"));
             }
         }
         if let Some(origin) = request.header("origin") {
@@ -125,10 +126,10 @@ impl BrowserGuard {
                 .or_else(|| origin.strip_prefix("https://"))
                 .is_some_and(|host| self.host_allowed(host));
             if !own && !self.origins.iter().any(|o| o == origin) {
-                return Err(Response::error(
-                    403,
-                    format!("Origin {origin:?} is not allowed here"),
-                ));
+                return Err(
+                    Response::error(403, format!("Origin {origin:?} is not allowed here"))
+                        .refusing("origin"),
+                );
             }
         }
         // A POST always, another change when it carries a body (a DELETE without one
@@ -144,7 +145,8 @@ impl BrowserGuard {
                 return Err(Response::error(
                     415,
                     "a request that changes something must be Content-Type: application/json",
-                ));
+                )
+                .refusing("content-type"));
             }
         }
         Ok(())
@@ -238,10 +240,11 @@ impl RunKey {
     pub fn check(&self, request: &Request) -> Result<(), Response> {
         match bearer(request) {
             Some(key) if key_hash(key) == self.hash => Ok(()),
-            Some(_) => Err(unauthorized("unknown key")),
+            Some(_) => Err(unauthorized("unknown key").refusing("unknown-key")),
             None => Err(unauthorized(
                 "this endpoint needs the run's key: Authorization: Bearer KEY",
-            )),
+            )
+            .refusing("no-key")),
         }
     }
 }

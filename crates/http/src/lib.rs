@@ -75,6 +75,9 @@ pub struct Response {
     pub content_type: String,
     pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
+    /// A refusal's reason, named for counting (`origin`, `no-key`, `role`, ...); never
+    /// sent. `None` for everything else.
+    pub refusal: Option<&'static str>,
 }
 
 impl Response {
@@ -84,6 +87,7 @@ impl Response {
             content_type: content_type.to_string(),
             headers: Vec::new(),
             body: body.into(),
+            refusal: None,
         }
     }
 
@@ -100,6 +104,12 @@ impl Response {
 
     pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Response {
         self.headers.push((name, value.into()));
+        self
+    }
+
+    /// Names why this answer refuses (for the door's counters).
+    pub fn refusing(mut self, reason: &'static str) -> Response {
+        self.refusal = Some(reason);
         self
     }
 }

@@ -69,6 +69,33 @@ pub struct AdminCommand {
     pub reply: Sender<Response>,
 }
 
+/// The admin address being served, and the thread that writes the refusals its door
+/// folded once their second is over; both stop when this is dropped.
+pub struct AdminServer {
+    server: Option<Server>,
+    door: Arc<Door>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    flusher: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AdminServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.server.as_ref().expect("serving").addr()
+    }
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        drop(self.server.take());
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
+        // What the last second folded, before the ledger closes.
+        self.door.flush_refusals();
+    }
+}
+
 /// Binds the admin address and serves it until the returned server is dropped. `door`
 /// is made for the address bound (its browser checks name it); `health` is what the
 /// probes are told.
@@ -80,7 +107,7 @@ pub fn start(
     reader: Option<Box<dyn LedgerRead>>,
     to_core: SyncSender<AdminCommand>,
     waker: Arc<Waker>,
-) -> crate::error::Result<Server> {
+) -> crate::error::Result<AdminServer> {
     let listener = std::net::TcpListener::bind(addr)
         .map_err(|e| crate::error::Error::io(format!("binding the admin address {addr}"), e))?;
     let bound = listener
@@ -97,11 +124,31 @@ pub fn start(
             on_refused: Arc::new(move |peer, why| door.refused_handshake(peer, why)),
         }
     });
-    Server::serve_tls(listener, "admin", MAX_BODY, tls, move |request| {
+    let serving = door.clone();
+    let server = Server::serve_tls(listener, "admin", MAX_BODY, tls, move |request| {
         let ask = |r: AdminRequest| ask_core(r, &to_core, &waker);
-        handle(&request, &door, &health, &reader, ask)
+        handle(&request, &serving, &health, &reader, ask)
     })
-    .map_err(|e| crate::error::Error::io(format!("serving the admin address {addr}"), e))
+    .map_err(|e| crate::error::Error::io(format!("serving the admin address {addr}"), e))?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (door, stop) = (door.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("admin-log".into())
+            .spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(crate::access::FOLD_FLUSH_EVERY);
+                    door.flush_refusals();
+                }
+            })
+            .map_err(|e| crate::error::Error::io("starting the admin log's writer", e))?
+    };
+    Ok(AdminServer {
+        server: Some(server),
+        door,
+        stop,
+        flusher: Some(flusher),
+    })
 }
 
 /// What the admin log records of an endpoint's use.
@@ -670,6 +717,7 @@ mod tests {
             store.clone(),
             hongbao_http::access::BrowserGuard::new(bound, &[], &[]),
             false,
+            Default::default(),
         );
         let health = Health::new();
         // A kubelet's probe names the pod's address and port.

@@ -62,7 +62,8 @@ impl Sessions {
         let Some(id) = cookie(request, COOKIE) else {
             return Err(unauthorized(
                 "an admin key is needed: Authorization: Bearer KEY (or log in to the console)",
-            ));
+            )
+            .refusing("no-key"));
         };
         let (hash, csrf) = {
             let mut sessions = self.by_id.lock().expect("the sessions");
@@ -73,21 +74,25 @@ impl Sessions {
             if live.is_none() {
                 sessions.remove(id);
             }
-            live.ok_or_else(|| unauthorized("the console session has ended; log in again"))?
+            live.ok_or_else(|| {
+                unauthorized("the console session has ended; log in again").refusing("session")
+            })?
         };
         if changes_state(&request.method) && request.header(CSRF_HEADER) != Some(csrf.as_str()) {
             return Err(Response::error(
                 403,
                 "a change from the console must carry its session's CSRF token",
-            ));
+            )
+            .refusing("csrf"));
         }
         match door.caller_of(&hash)? {
             Some(caller) => Ok(caller),
             None => {
                 self.by_id.lock().expect("the sessions").remove(id);
-                Err(unauthorized(
-                    "the key this console session logged in with was removed",
-                ))
+                Err(
+                    unauthorized("the key this console session logged in with was removed")
+                        .refusing("unknown-key"),
+                )
             }
         }
     }
@@ -102,7 +107,12 @@ impl Sessions {
         let hash = key_hash(login.key.trim());
         let caller = match door.caller_of(&hash) {
             Ok(Some(caller)) => caller,
-            Ok(None) => return (unauthorized("unknown admin key"), None),
+            Ok(None) => {
+                return (
+                    unauthorized("unknown admin key").refusing("unknown-key"),
+                    None,
+                )
+            }
             Err(unreadable) => return (unreadable, None),
         };
         let (id, csrf) = (new_key(), new_key());

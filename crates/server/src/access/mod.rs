@@ -15,9 +15,14 @@
 //! The record: each change, each read of a user's data and each refused attempt is
 //! written to the admin log, durably, before the answer goes out, naming the key, its
 //! role, the source address, the request and the result. Refused attempts are recorded
-//! at most `REFUSALS_PER_SEC` a second (the rest are counted, and the next one recorded
-//! says how many), and the store keeps the newest `MAX_REFUSED_KEPT`: a flood of bad keys
-//! cannot fill the disk.
+//! one by one up to `REFUSALS_PER_SEC` a second; the rest of that second are never
+//! dropped but folded: one entry per (source address, key, method, path, status) with its
+//! count and the first one's error, written when the second is over (`Refusals`). So a
+//! flood first and a probe after leaves the probe on the record, at most
+//! `MAX_FOLDED_PER_SEC` + 1 entries a second (beyond that many distinct kinds, the rest
+//! fold into one entry per status). Every refusal is counted in `/metrics` by status and
+//! reason (`hongbao_admin_refusals_total`), and the store keeps the newest
+//! `MAX_REFUSED_KEPT`: a flood of bad keys cannot fill the disk.
 
 pub mod console;
 
@@ -43,8 +48,14 @@ const KEY_MISS_REFRESH: Duration = Duration::from_millis(100);
 /// are used this long: no key can be added or removed meanwhile either, and a moment's
 /// outage should not turn every operator away. After it, requests are answered 503.
 const KEY_STALE_OK: Duration = Duration::from_secs(30);
-/// Refused attempts recorded a second at most.
+/// Refused attempts recorded one by one a second at most; the rest are folded.
 const REFUSALS_PER_SEC: u32 = 10;
+/// Folded entries a second at most (distinct source, method, path and status); beyond,
+/// one entry per status.
+const MAX_FOLDED_PER_SEC: usize = 64;
+/// How often folded refusals of a second that is over are written, when no refusal comes
+/// to write them.
+pub const FOLD_FLUSH_EVERY: Duration = Duration::from_millis(250);
 
 /// The file a fresh server writes its first operator key to, in its data directory.
 pub const FIRST_KEY_FILE: &str = "admin.key";
@@ -63,7 +74,7 @@ pub struct Door {
     guard: BrowserGuard,
     keys: Mutex<KeyCache>,
     pub(crate) sessions: Sessions,
-    refusals: Mutex<Budget>,
+    refusals: Arc<Refusals>,
 }
 
 #[derive(Default)]
@@ -72,22 +83,49 @@ struct KeyCache {
     read_at: Option<Instant>,
 }
 
-/// Refused attempts recorded in the current second, and those left out.
+/// Refused attempts: counted by status and reason for `/metrics`, and the current
+/// second's budget of entries with what is folded past it. Shared by the door and the
+/// supervisor, which renders the counts.
+#[derive(Default)]
+pub struct Refusals {
+    counts: Mutex<std::collections::BTreeMap<(u16, &'static str), u64>>,
+    budget: Mutex<Budget>,
+}
+
+/// What folded refusals have in common: source address, key (if one was known), method,
+/// path and status.
+type FoldKind = (String, Option<String>, String, String, u16);
+
 #[derive(Default)]
 struct Budget {
     second: u64,
     recorded: u32,
-    dropped: u64,
+    /// Past the budget: (source address, key, method, path, status) → the count and the
+    /// first one's entry.
+    folded: std::collections::BTreeMap<FoldKind, (u64, LogEntry)>,
+}
+
+impl Refusals {
+    /// Every refusal so far, by status and reason.
+    pub fn counts(&self) -> Vec<((u16, &'static str), u64)> {
+        let counts = self.counts.lock().expect("the refusal counts");
+        counts.iter().map(|(k, n)| (*k, *n)).collect()
+    }
 }
 
 impl Door {
-    pub fn new(store: Arc<dyn AccessStore>, guard: BrowserGuard, secure_cookies: bool) -> Door {
+    pub fn new(
+        store: Arc<dyn AccessStore>,
+        guard: BrowserGuard,
+        secure_cookies: bool,
+        refusals: Arc<Refusals>,
+    ) -> Door {
         Door {
             store,
             guard,
             keys: Mutex::new(KeyCache::default()),
             sessions: Sessions::new(secure_cookies),
-            refusals: Mutex::new(Budget::default()),
+            refusals,
         }
     }
 
@@ -109,7 +147,8 @@ impl Door {
         let caller = match bearer(request) {
             Some(key) => match self.caller_of(&key_hash(key)) {
                 Ok(Some(caller)) => Ok(caller),
-                Ok(None) => Err(unauthorized("unknown admin key (it may have been removed)")),
+                Ok(None) => Err(unauthorized("unknown admin key (it may have been removed)")
+                    .refusing("unknown-key")),
                 // Not a refusal to record: the keys cannot be read (nor the log written).
                 Err(unreadable) => return Err(unreadable),
             },
@@ -123,7 +162,8 @@ impl Door {
                     "key {:?} has the {} role; this needs {}",
                     caller.key, caller.role, need
                 ),
-            );
+            )
+            .refusing("role");
             self.record_refusal(request, Some(&caller), &refused);
             return Err(refused);
         }
@@ -187,6 +227,18 @@ impl Door {
         answer: &Response,
         result: &str,
     ) -> money::Result<u64> {
+        self.store
+            .record(&self.entry(request, caller, answer, result))
+    }
+
+    /// The log's entry of a request and its answer.
+    fn entry(
+        &self,
+        request: &Request,
+        caller: Option<&Caller>,
+        answer: &Response,
+        result: &str,
+    ) -> LogEntry {
         let body = if request.path.starts_with("/console/login") {
             "(a key: not kept)".to_string()
         } else {
@@ -196,7 +248,7 @@ impl Door {
             "" => request.path.clone(),
             q => format!("{}?{q}", request.path),
         };
-        self.store.record(&LogEntry {
+        LogEntry {
             id: 0,
             at_ms: unix_ms(),
             key: caller.map(|c| c.key.clone()),
@@ -207,7 +259,7 @@ impl Door {
             body,
             status: answer.status,
             result: result.to_string(),
-        })
+        }
     }
 
     /// Records a refused attempt (`answer`: 401, 403, 415), at most `REFUSALS_PER_SEC` a
@@ -228,7 +280,8 @@ impl Door {
             body: Default::default(),
             peer,
         };
-        self.record_refusal(&request, None, &Response::error(421, why));
+        let refused = Response::error(421, why).refusing("tls-handshake");
+        self.record_refusal(&request, None, &refused);
     }
 
     fn record_refusal(&self, request: &Request, caller: Option<&Caller>, answer: &Response) {
@@ -242,27 +295,69 @@ impl Door {
             }
             return;
         }
-        let dropped = {
-            let mut budget = self.refusals.lock().expect("the refusal budget");
-            let second = unix_ms() / 1000;
-            if second != budget.second {
-                budget.second = second;
-                budget.recorded = 0;
-            }
+        {
+            let reason = answer.refusal.unwrap_or("other");
+            let mut counts = self.refusals.counts.lock().expect("the refusal counts");
+            *counts.entry((answer.status, reason)).or_default() += 1;
+        }
+        let second = unix_ms() / 1000;
+        self.flush_refusals_before(second);
+        {
+            let mut budget = self.refusals.budget.lock().expect("the refusal budget");
             if budget.recorded >= REFUSALS_PER_SEC {
-                budget.dropped += 1;
+                let entry = self.entry(request, caller, answer, &error_text(answer));
+                let source = request.peer.ip().to_string();
+                let (method, path) = (entry.method.clone(), entry.path.clone());
+                let mut kind = (source, entry.key.clone(), method, path, answer.status);
+                if budget.folded.len() >= MAX_FOLDED_PER_SEC && !budget.folded.contains_key(&kind) {
+                    kind = ("*".into(), None, "*".into(), "*".into(), answer.status);
+                }
+                budget.folded.entry(kind).or_insert((0, entry)).0 += 1;
                 return;
             }
             budget.recorded += 1;
-            std::mem::take(&mut budget.dropped)
-        };
-        let mut result = error_text(answer);
-        if dropped > 0 {
-            result = format!("{result} ({dropped} refused attempts before this one were not recorded: over {REFUSALS_PER_SEC} a second)");
         }
-        if let Err(e) = self.record(request, caller, answer, &result) {
+        if let Err(e) = self.record(request, caller, answer, &error_text(answer)) {
             tracing::error!(error = %e, "recording a refused admin request failed");
         }
+    }
+
+    /// Writes what was folded of the seconds before `second`, one entry per kind with
+    /// its count, and starts that second's budget.
+    fn flush_refusals_before(&self, second: u64) {
+        let (over, folded) = {
+            let mut budget = self.refusals.budget.lock().expect("the refusal budget");
+            if budget.second == second {
+                return;
+            }
+            let over = budget.second;
+            budget.second = second;
+            budget.recorded = 0;
+            (over, std::mem::take(&mut budget.folded))
+        };
+        for ((source, key, method, path, _), (count, mut entry)) in folded {
+            entry.source = source;
+            if key.is_none() {
+                (entry.key, entry.role) = (None, None);
+            }
+            entry.method = method;
+            entry.path = path;
+            entry.body = String::new();
+            entry.result = format!(
+                "{count} refused like this in the second from Unix time {over}, past the \
+                 {REFUSALS_PER_SEC} a second recorded one by one; the first: {}",
+                entry.result
+            );
+            if let Err(e) = self.store.record(&entry) {
+                tracing::error!(error = %e, "recording folded admin refusals failed");
+            }
+        }
+    }
+
+    /// Writes folded refusals once their second is over, when no refusal came to: the
+    /// admin listener calls this every `FOLD_FLUSH_EVERY`, and once at its end.
+    pub fn flush_refusals(&self) {
+        self.flush_refusals_before(unix_ms() / 1000);
     }
 }
 

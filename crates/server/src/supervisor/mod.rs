@@ -103,6 +103,8 @@ struct Supervisor {
     notifier: Option<Notifier>,
     /// The workers linked when systemd was last told, once ready.
     told_linked: Option<usize>,
+    /// The admin door's refusals, counted for `/metrics`.
+    admin_refusals: Arc<access::Refusals>,
 }
 
 /// A broadcast handed to the workers, answered once each has said how many connections
@@ -273,7 +275,14 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         waker.clone(),
         stop.clone(),
     );
-    let door = |bound| Door::new(access, BrowserGuard::new(bound, &hosts, &origins), false);
+    // Over https the console's cookie is `Secure`: a browser never sends it in clear.
+    let secure_cookies = admin_tls.is_some();
+    let refusals = Arc::new(access::Refusals::default());
+    let door_refusals = refusals.clone();
+    let door = move |bound| {
+        let guard = BrowserGuard::new(bound, &hosts, &origins);
+        Door::new(access, guard, secure_cookies, door_refusals)
+    };
     let health = Arc::new(Health::new());
     let admin = admin::start(
         &cfg.admin,
@@ -339,6 +348,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         health,
         notifier,
         told_linked: None,
+        admin_refusals: refusals,
     };
     for w in 0..worker_count as WorkerId {
         let child = sup.spawn_worker(w)?;

@@ -331,6 +331,17 @@ impl Supervisor {
                 *n as f64,
             );
         }
+        for ((status, reason), n) in self.admin_refusals.counts() {
+            m.counter(
+                "hongbao_admin_refusals_total",
+                "Admin requests refused at the door, by status and reason",
+                &[
+                    ("status", status.to_string()),
+                    ("reason", reason.to_string()),
+                ],
+                n as f64,
+            );
+        }
         m.counter(
             "hongbao_revoked_kicks_total",
             "Sessions kicked by a revocation",
@@ -405,6 +416,16 @@ impl Supervisor {
             "Newest committed ledger event",
             &[],
             money.committed_seq as f64,
+        );
+        m.gauge(
+            "hongbao_ledger_commits_failing",
+            "1 while the ledger cannot commit (it is trying again; what needs it is refused)",
+            &[],
+            if self.money.commits_failing().is_some() {
+                1.0
+            } else {
+                0.0
+            },
         );
         let (rss, cpu) = usage::self_usage();
         m.gauge(

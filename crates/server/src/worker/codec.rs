@@ -225,6 +225,7 @@ impl WsCodec {
                                 id: e.request_id.unwrap_or(0),
                                 result: e.result_code(),
                                 text: e.to_string(),
+                                bearer: None,
                             },
                         });
                     }
@@ -284,12 +285,14 @@ fn inbound_of(frame: Result<Frame, FrameError>, version: u8) -> Inbound {
                 id: frame.request_id,
                 result: ResultCode::BadRequest,
                 text,
+                bearer: None,
             },
         },
         Err(e) => Inbound::Refused {
             id: e.request_id().unwrap_or(0),
             result: e.result_code().unwrap_or(ResultCode::BadRequest),
             text: e.to_string(),
+            bearer: None,
         },
     }
 }

@@ -53,7 +53,17 @@ impl Worker {
     pub(super) fn dispatch(&mut self, key: usize, inbound: Inbound) {
         match inbound {
             Inbound::Request { id, request, auth } => self.handle(key, id, request, auth),
-            Inbound::Refused { id, result, text } => {
+            Inbound::Refused {
+                id,
+                result,
+                text,
+                bearer,
+            } => {
+                if let Some(token) = bearer {
+                    if self.bearer_user(key, id, &token).is_none() {
+                        return;
+                    }
+                }
                 self.stats.counters.bad_requests += 1;
                 self.reply(key, id, &Reply::Error { result, text });
             }
@@ -80,17 +90,9 @@ impl Worker {
         };
         let bearer = matches!(auth, Auth::Bearer(_));
         let user = match auth {
-            Auth::Bearer(token) => match self.sessions.bearer(&token, self.time.read_unix()) {
-                Ok(user) => Some(user),
-                Err(refusal) => {
-                    self.stats.counters.login_failures += 1;
-                    self.stats.count_refusal(refusal);
-                    let error = Reply::Error {
-                        result: ResultCode::BadToken,
-                        text: format!("the bearer token is refused ({})", refusal.name()),
-                    };
-                    return self.reply(key, id, &error);
-                }
+            Auth::Bearer(token) => match self.bearer_user(key, id, &token) {
+                Some(user) => Some(user),
+                None => return,
             },
             Auth::Connection => self.conns[key].user,
         };
@@ -160,6 +162,24 @@ impl Worker {
     /// A login: the first of a connection takes the user's route (the core answers it);
     /// another on a logged-in connection, for the same user, refreshes its session (its
     /// end moves to the new token's) and is answered here.
+    /// The user an HTTP request's bearer token names, or `None` once its refusal is
+    /// answered (401) and counted.
+    fn bearer_user(&mut self, key: usize, id: u32, token: &[u8]) -> Option<UserId> {
+        match self.sessions.bearer(token, self.time.read_unix()) {
+            Ok(user) => Some(user),
+            Err(refusal) => {
+                self.stats.counters.login_failures += 1;
+                self.stats.count_refusal(refusal);
+                let error = Reply::Error {
+                    result: ResultCode::BadToken,
+                    text: format!("the bearer token is refused ({})", refusal.name()),
+                };
+                self.reply(key, id, &error);
+                None
+            }
+        }
+    }
+
     fn login(&mut self, key: usize, id: u32, user_id: u64, token: &[u8], legacy: bool) {
         let now = self.time.read_unix();
         let checked = match self.sessions.check(user_id, token, legacy, now) {

@@ -160,6 +160,15 @@ impl HttpCodec {
                 let then = self.queue(id, without_body(answer, &body), cx);
                 (step(used, None, then), false)
             }
+            Route::RefuseAfterBearer(text, token) => {
+                let inbound = Inbound::Refused {
+                    id,
+                    result: ResultCode::BadRequest,
+                    text,
+                    bearer: Some(token),
+                };
+                (step(used, Some(inbound), Then::Read), false)
+            }
             Route::Refuse(status, result, text, extra) => {
                 cx.stats.bad_requests += 1;
                 let body = error_body(result, &text);
@@ -458,6 +467,9 @@ enum Route {
     Answer(u16, &'static str, Vec<u8>),
     /// Refused here: status, result, why, extra headers.
     Refuse(u16, ResultCode, String, Vec<(&'static str, &'static str)>),
+    /// A bad request (400) of a caller with a bearer token: refused once the worker has
+    /// checked the token, so a stranger hears 401, not the API's rules.
+    RefuseAfterBearer(String, Box<[u8]>),
 }
 
 fn refuse(status: u16, text: impl Into<String>) -> Route {
@@ -524,6 +536,11 @@ fn route(request: &http::Request<'_>, cx: &Cx<'_>) -> Route {
         _ => match bearer(request.authorization) {
             Ok(token) => match api(&segments, request) {
                 Ok(inner) => Route::Request(inner, Some(token.as_bytes().into())),
+                Err(Route::Refuse(400, ResultCode::BadRequest, text, extra))
+                    if extra.is_empty() =>
+                {
+                    Route::RefuseAfterBearer(text, token.as_bytes().into())
+                }
                 Err(route) => route,
             },
             Err(why) => Route::Refuse(
@@ -599,13 +616,16 @@ fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Route> 
     serde_json::from_value(value).map_err(|e| refuse(400, format!("bad JSON: {e}")))
 }
 
-/// The token of an `Authorization: Bearer <JWT>` header (checked by the worker).
+/// The token of an `Authorization: Bearer <JWT>` header (checked by the worker). The
+/// scheme is matched without regard to case (RFC 9110 §11.1).
 fn bearer(header: Option<&str>) -> Result<&str, &'static str> {
     let header = header.ok_or("no Authorization header: send `Authorization: Bearer <token>`")?;
     let token = header
-        .strip_prefix("Bearer ")
-        .or_else(|| header.strip_prefix("bearer "))
+        .trim()
+        .split_once([' ', '\t'])
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .ok_or("the Authorization header is not a Bearer token")?
+        .1
         .trim();
     if token.is_empty() || token.len() > MAX_TOKEN_LEN {
         return Err("the bearer token is empty or too long");

@@ -28,11 +28,14 @@ pub(super) enum Inbound {
         request: Request,
         auth: Auth,
     },
-    /// A request that could not be read: answer it with this error and read on.
+    /// A request that could not be read: answer it with this error and read on. With a
+    /// `bearer` (an HTTP request whose body is bad), the token is judged first: a
+    /// stranger is told 401, never what the body got wrong.
     Refused {
         id: u32,
         result: ResultCode,
         text: String,
+        bearer: Option<Box<[u8]>>,
     },
 }
 
