@@ -30,6 +30,7 @@ pub enum AdminKeyCommand {
     },
     /// Remove a key: it stops working within a second (the last operator key stays)
     Remove {
+        /// The key's name (as `list` shows it)
         name: String,
         #[command(flatten)]
         at: Ledger,
@@ -90,7 +91,10 @@ pub fn run(command: AdminKeyCommand) -> Result<()> {
             for k in at.open()?.keys()? {
                 println!(
                     "{:<24} {:<9} made {} by {}",
-                    k.name, k.role, k.created_ms, k.created_by
+                    k.name,
+                    k.role,
+                    hongbao_sys::clock::utc_text(k.created_ms),
+                    k.created_by
                 );
             }
         }

@@ -110,9 +110,9 @@ pub fn run(command: LedgerCommand) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!(
-                    "hongbao ledger verify: {}: {} events, head {}, {} bytes, {} ms: {}",
+                    "hongbao ledger verify: {}: {}, head {}, {} bytes, {} ms: {}",
                     v.file.display(),
-                    v.events,
+                    events_checked(&v),
                     v.head,
                     v.bytes,
                     v.millis,
@@ -124,13 +124,26 @@ pub fn run(command: LedgerCommand) -> Result<()> {
     }
 }
 
+/// "N events", or "N events, M checked before the first problem".
+fn events_checked(v: &Verified) -> String {
+    if v.checked == v.events {
+        format!("{} events", v.events)
+    } else {
+        format!(
+            "{} events, {} checked before the first problem",
+            v.events, v.checked
+        )
+    }
+}
+
 /// Each problem a line; a failure when there is one.
 fn finish(v: &Verified) -> Result<()> {
     for p in &v.problems {
         println!("  {p}");
     }
-    if !v.ok() {
-        bail!("{}: {} problems", v.file.display(), v.problems.len());
+    match v.problems.len() {
+        0 => Ok(()),
+        1 => bail!("{}: 1 problem", v.file.display()),
+        n => bail!("{}: {n} problems", v.file.display()),
     }
-    Ok(())
 }

@@ -139,7 +139,26 @@ fn dev_cert(args: DevCertArgs) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
+/// Exit codes a script can trust: 0 done; 1 failed (the error says why: a bench whose
+/// audit failed, a ledger with problems, a server that could not start); 2 a usage error
+/// (clap's); 3 a load that reached no one, or most of whose users never logged in.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One message, its causes after colons: never a backtrace (RUST_BACKTRACE is
+            // for panics, not for what the command tells its user).
+            eprintln!("hongbao: {e:#}");
+            let code = match e.downcast_ref::<hongbao_load::cli::Unreached>() {
+                Some(_) => hongbao_load::cli::Unreached::EXIT_CODE,
+                None => 1,
+            };
+            std::process::ExitCode::from(code)
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     hongbao_telemetry::log::init(cli.log_format);
     // Every TLS of ours is rustls on aws-lc-rs, the libraries' too (Redis's).

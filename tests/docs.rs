@@ -411,3 +411,232 @@ fn links_in_the_readme_and_the_docs_resolve() {
     }
     assert!(checked > 50, "{checked} links");
 }
+
+/// Every field `serve`'s configuration file takes, as the loader itself lists them when it
+/// refuses an unknown one.
+fn config_fields() -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "wrokers = \"4\"\n").unwrap();
+    let flags = hongbao_server::config::ServeFlags {
+        config: Some(path),
+        ..Default::default()
+    };
+    let refused = hongbao_server::config::ServeConfig::load(&flags)
+        .err()
+        .expect("an unknown field is refused")
+        .to_string();
+    let listed = refused
+        .split_once("expected one of ")
+        .unwrap_or_else(|| panic!("the refusal lists the fields: {refused}"))
+        .1;
+    let fields: Vec<String> = listed
+        .split(',')
+        .map(|f| f.trim().trim_matches('`').to_string())
+        .filter(|f| !f.is_empty())
+        .collect();
+    assert!(fields.len() > 40, "{refused}");
+    fields
+}
+
+/// admin-api.md's configuration table has a row for every field the file takes (the
+/// table once lacked twelve).
+#[test]
+fn the_configuration_table_names_every_field_the_file_takes() {
+    let doc = read("docs/admin-api.md");
+    let table = section(&doc, "## Configuring `hongbao serve`");
+    let rows: BTreeSet<&str> = table
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`').map(|(name, _)| name))
+        .collect();
+    for field in config_fields() {
+        // A field's older name, still read, is named in its new name's row.
+        let older = table.contains(&format!("older name `{field}`"));
+        assert!(
+            rows.contains(field.as_str()) || older,
+            "docs/admin-api.md's configuration table has no row for `{field}`"
+        );
+    }
+}
+
+/// Every `toml` example of the configuration in the docs loads with the real loader (the
+/// one in admin-api.md once put fields under `[user_limits]`, which `serve` refused).
+#[test]
+fn the_configuration_examples_in_the_docs_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut loaded = 0;
+    for doc in [
+        "docs/admin-api.md",
+        "docs/security.md",
+        "docs/deploy.md",
+        "README.md",
+    ] {
+        let text = read(doc);
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line.trim() != "```toml" {
+                continue;
+            }
+            let block: Vec<&str> = lines
+                .by_ref()
+                .take_while(|l| !l.starts_with("```"))
+                .collect();
+            let block = block.join("\n");
+            // A capacity plan or an agent's file is not serve's.
+            if block.contains("[[stages]]") || block.contains("[stage") {
+                continue;
+            }
+            let path = dir.path().join(format!("example-{loaded}.toml"));
+            std::fs::write(&path, &block).unwrap();
+            let flags = hongbao_server::config::ServeFlags {
+                config: Some(path),
+                ..Default::default()
+            };
+            if let Err(e) = hongbao_server::config::ServeConfig::load(&flags) {
+                panic!("{doc}: the example does not load: {e}\n{block}");
+            }
+            loaded += 1;
+        }
+    }
+    assert!(loaded >= 1, "no configuration example found");
+}
+
+/// Every worker counter `/v1/stats` totals has a row in admin-api.md's counter table and
+/// a name in its metrics table (six were once missing from both).
+#[test]
+fn every_worker_counter_is_in_the_counter_tables() {
+    let serve = Serve::new().workers(1).start();
+    let workers = serve.workers_reported();
+    let per_sec = workers[0]["per_sec"].as_object().unwrap().clone();
+    let doc = read("docs/admin-api.md");
+    let stats = section(&doc, "### GET /v1/stats");
+    let metrics = section(&doc, "## Metrics");
+    assert!(per_sec.len() > 30, "{per_sec:?}");
+    for counter in per_sec.keys() {
+        let in_table = stats.lines().any(|l| {
+            l.starts_with("| `")
+                && l.split('|')
+                    .nth(1)
+                    .is_some_and(|c| c.contains(&format!("`{counter}`")))
+        });
+        assert!(
+            in_table,
+            "the /v1/stats counter table has no row for `{counter}`"
+        );
+        assert!(
+            metrics.contains(&format!("`…_{counter}_total`"))
+                || metrics.contains(&format!("`hongbao_worker_{counter}_total`")),
+            "the metrics table does not name hongbao_worker_{counter}_total"
+        );
+    }
+}
+
+/// The browser page's 🧧, 摇一摇 and 拆 show as boxes on a fresh Debian machine without
+/// CJK and emoji fonts: the README's set-up names them, and on a machine set up by it
+/// (CI: `.ci/run`) fontconfig finds a font for each.
+#[test]
+fn the_readme_set_up_brings_the_fonts_the_page_is_drawn_in() {
+    let readme = read("README.md");
+    for package in ["fonts-noto-cjk", "fonts-noto-color-emoji"] {
+        assert!(
+            readme.contains(package),
+            "the README's set-up names {package}"
+        );
+        assert!(
+            read(".ci/run").contains(package),
+            ".ci/run installs {package}"
+        );
+    }
+    let Ok(out) = Command::new("fc-list").arg("--version").output() else {
+        assert!(
+            std::env::var_os("HONGBAO_REQUIRE_DEPLOY_TOOLS").is_none(),
+            "fc-list (fontconfig, with chromium) is missing"
+        );
+        return;
+    };
+    assert!(out.status.success());
+    for (what, codepoint) in [("🧧", "1f9e7"), ("摇", "6447"), ("拆", "62c6")] {
+        let out = Command::new("fc-list")
+            .args([&format!(":charset={codepoint}"), "family"])
+            .output()
+            .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+            "no font draws {what}"
+        );
+    }
+}
+
+/// What the README's commands make inside a checkout — a ledger and its admin key, a
+/// throwaway CA's private key, a bench's and a monitor's output — git never offers to
+/// commit.
+#[test]
+fn what_the_readme_makes_in_a_checkout_is_ignored() {
+    for made in [
+        "hongbao-data/admin.key",
+        "hongbao-data/ledger.sqlite",
+        "hongbao-tls/key.pem",
+        "bench-out/summary.json",
+        "monitor-out/report.html",
+        "hongbao-load.key",
+        "hongbao-monitor.key",
+    ] {
+        let out = Command::new("git")
+            .args(["check-ignore", "-q", "--no-index", made])
+            .current_dir(repo())
+            .status()
+            .expect("git");
+        assert!(out.success(), "{made} is not in .gitignore");
+    }
+}
+
+/// Help that says what each thing is: every argument described, defaults shown, and the
+/// engines' CA of `serve` not named like the server's CA of `load`.
+#[test]
+fn the_help_describes_every_argument_and_names_its_default() {
+    let (remove, _) = hongbao(&["admin-key", "remove", "--help"], &repo());
+    let name_line = remove
+        .lines()
+        .find(|l| l.trim_start().starts_with("<NAME>"))
+        .unwrap_or_else(|| panic!("{remove}"));
+    assert!(
+        name_line.trim().len() > "<NAME>".len(),
+        "NAME undescribed: {remove}"
+    );
+    let (serve, _) = hongbao(&["serve", "--help"], &repo());
+    for flag in ["--max-shake-qps", "--packet-ttl-secs"] {
+        let at = serve
+            .find(flag)
+            .unwrap_or_else(|| panic!("{flag}: {serve}"));
+        let rest = &serve[at..];
+        let entry = &rest[..rest[2..].find("\n  -").map_or(rest.len(), |n| n + 2)];
+        assert!(
+            entry.contains("[default: "),
+            "{flag} names no default: {entry}"
+        );
+    }
+    assert!(serve.contains("--engines-ca"), "{serve}");
+    assert!(
+        !serve.contains("--tls-ca"),
+        "serve's --tls-ca is load's name: {serve}"
+    );
+    // Keys are listed with dates a person reads.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    hongbao(
+        &[
+            "admin-key",
+            "add",
+            "ops",
+            "--role",
+            "viewer",
+            "--data-dir",
+            data,
+        ],
+        &repo(),
+    );
+    let (list, _) = hongbao(&["admin-key", "list", "--data-dir", data], &repo());
+    assert!(list.contains(" UTC by cli"), "{list}");
+}

@@ -82,7 +82,9 @@ async fn connect_one(target: &PgTarget, url: &str, tls: bool) -> Result<Client, 
     }
     let client = if tls {
         let ca = target.ca.as_deref().ok_or_else(|| {
-            Error::refused("PostgreSQL over TLS needs the CA to trust it by (tls_ca)".to_string())
+            Error::refused(
+                "PostgreSQL over TLS needs the CA to trust it by (engines_ca)".to_string(),
+            )
         })?;
         let tls_config = hongbao_proto::tls::client_config(ca, &[]).map_err(Error::refused)?;
         config.ssl_mode(tokio_postgres::config::SslMode::Require);

@@ -367,7 +367,7 @@ impl Lab {
             redis_password_file: Some(plan.dir.join(REDIS_PASSWORD_FILE)),
             postgres: Some(postgres_url),
             postgres_password_file: Some(plan.dir.join(POSTGRES_PASSWORD_FILE)),
-            tls_ca: Some(plan.dir.join(TLS_DIR).join("ca.pem")),
+            engines_ca: Some(plan.dir.join(TLS_DIR).join("ca.pem")),
             host_name: Some(gw.host.name.clone()),
             ..plan.serve.clone()
         };

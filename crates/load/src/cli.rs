@@ -88,6 +88,7 @@ pub fn run_cli(
     stop: &Stop,
 ) -> anyhow::Result<()> {
     let users = opts.users;
+    let (server, tls) = (opts.server, opts.tls_ca.is_some());
     let load = Arc::new(Load::start(opts)?);
     println!(
         "hongbao load: {} users over {} client processes; firing starts at second 0 (epoch {} ms)",
@@ -164,7 +165,70 @@ pub fn run_cli(
         cpu_seconds: finished.cpu_ms as f64 / 1000.0,
     };
     println!("{}", serde_json::to_string_pretty(&summary)?);
-    Ok(())
+    match unreached(&summary.totals, users, server, tls) {
+        Some(why) => Err(Unreached(why).into()),
+        None => Ok(()),
+    }
+}
+
+/// A load that reached no one, or most of whose users never logged in: what `hongbao
+/// load` fails with (exit code 3, `Unreached::EXIT_CODE`), saying why and what to do.
+#[derive(Debug)]
+pub struct Unreached(pub String);
+
+impl Unreached {
+    pub const EXIT_CODE: u8 = 3;
+}
+
+impl std::fmt::Display for Unreached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unreached {}
+
+/// Why a run whose totals are `t` reached too few of its `users` at `server`, or `None`
+/// when more than half logged in.
+pub fn unreached(
+    t: &Counters,
+    users: u64,
+    server: std::net::SocketAddr,
+    tls: bool,
+) -> Option<String> {
+    if users == 0 || t.logins * 2 > users {
+        return None;
+    }
+    let how_many = if t.logins == 0 {
+        "reached no one".to_string()
+    } else {
+        format!("logged in {} of {users} users", t.logins)
+    };
+    let seen = format!(
+        "{} connection attempts: {} connected, {} refused, {} timed out, {} reset, {} failed handshakes, {} closed by the server; {} logins refused",
+        t.connect_attempts,
+        t.connects,
+        t.failed_refused,
+        t.failed_timeout,
+        t.failed_reset,
+        t.failed_handshake,
+        t.disconnects,
+        t.login_failures
+    );
+    let advice = if t.connects == 0 && t.failed_refused > 0 {
+        format!("nothing listens at {server}: is the server running, and is --server its client address (--listen; --ws-listen for ws, --http-listen for http)?")
+    } else if t.login_failures > 0 {
+        "the server refused the users' tokens: --secret (HONGBAO_SECRET), --login-kid and --login-alg must match a login key of the server's".to_string()
+    } else if !tls && t.connects > 0 && t.logins == 0 {
+        format!("connections to {server} were closed or went unanswered before any login: if the server speaks TLS there (serve --tls-cert), give its CA with --tls-ca")
+    } else if tls && t.failed_handshake > 0 {
+        "the TLS handshakes failed: --tls-ca must be the CA that signed the server's certificate, and --server an address the certificate names".to_string()
+    } else {
+        "the server may be overloaded or limiting logins (its log says why); try a lower --connect-rate".to_string()
+    };
+    Some(format!(
+        "hongbao load {how_many} at {server} ({seen}): {advice}"
+    ))
 }
 
 /// What `hongbao load` prints when it ends (docs/bench.md).

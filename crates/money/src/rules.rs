@@ -154,23 +154,26 @@ fn check_campaign_shape(
 ) -> Result<(), Error> {
     if packets == 0 || packets > MAX_CAMPAIGN_PACKETS {
         return Err(Error::refused(format!(
-            "packets must be 1..={MAX_CAMPAIGN_PACKETS}"
+            "packets is {packets}: it must be from 1 to {MAX_CAMPAIGN_PACKETS}"
         )));
     }
     if rate_per_sec == 0 || rate_per_sec > MAX_CAMPAIGN_RATE_PER_SEC {
         return Err(Error::refused(format!(
-            "rate_per_sec must be 1..={MAX_CAMPAIGN_RATE_PER_SEC}"
+            "rate_per_sec is {rate_per_sec}: it must be from 1 to {MAX_CAMPAIGN_RATE_PER_SEC}"
         )));
     }
     if amount_min < min_amount.max(1) {
+        let why = match min_amount {
+            0 | 1 => "at least 1 cent".to_string(),
+            n => format!("at least {n} cents, one for each of the {n} shares"),
+        };
         return Err(Error::refused(format!(
-            "amount_min must be at least {} cent(s) (one per share)",
-            min_amount.max(1)
+            "amount_min is {amount_min}: it must be {why}"
         )));
     }
     if amount_max < amount_min || amount_max > MAX_PACKET_CENTS {
         return Err(Error::refused(format!(
-            "amount_max must be amount_min..={MAX_PACKET_CENTS}"
+            "amount_max is {amount_max}: it must be from amount_min ({amount_min}) to {MAX_PACKET_CENTS} cents"
         )));
     }
     Ok(())
@@ -248,7 +251,10 @@ mod tests {
         };
         let refused = bad.check().unwrap_err();
         assert_eq!(refused.kind(), crate::ErrorKind::Refused);
-        assert_eq!(refused.to_string(), "packets must be 1..=100000000");
+        assert_eq!(
+            refused.to_string(),
+            "packets is 0: it must be from 1 to 100000000"
+        );
         let send = SendCampaignRequest {
             packets: 1,
             rate_per_sec: 1,
@@ -270,7 +276,7 @@ mod tests {
             .check()
             .unwrap_err()
             .to_string(),
-            "amount_min must be at least 3 cent(s) (one per share)"
+            "amount_min is 2: it must be at least 3 cents, one for each of the 3 shares"
         );
         assert_eq!(shake_packet_parts(shake_packet_id(7, 9)), (7, 9));
     }

@@ -46,11 +46,11 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connections: Option<u64>,
-    /// Shakes per second the server admits before answering "overloaded"
+    /// Shakes per second the server admits before answering "overloaded" [default: 100000]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_shake_qps: Option<u32>,
-    /// Time-to-live of sent packets, seconds
+    /// Time-to-live of sent packets, seconds [default: 86400]
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub packet_ttl_secs: Option<u64>,
@@ -77,11 +77,12 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
-    /// Cluster mode: the CA (PEM) the engines' TLS is trusted by (rediss://, PostgreSQL's
-    /// sslmode=verify-full) [default: HONGBAO_TLS_CA's file]
-    #[arg(long)]
+    /// Cluster mode: the CA (PEM) the engines' (Redis's, PostgreSQL's) TLS is trusted by
+    /// — not the clients' — (rediss://, PostgreSQL's sslmode=verify-full) [default:
+    /// HONGBAO_TLS_CA's file]
+    #[arg(long, alias = "tls-ca")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_ca: Option<PathBuf>,
+    pub engines_ca: Option<PathBuf>,
     /// Report per-second counters to the hongbao monitor at this address
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -198,12 +199,14 @@ pub struct ServeConfig {
     /// leaf first) and its key; "" for none (plain TCP).
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
-    /// Cluster mode: the CA certificates (PEM) the engines' TLS is trusted by; "" for
-    /// `HONGBAO_TLS_CA`'s file, or none.
-    pub tls_ca: PathBuf,
-    /// `tls_ca` read.
+    /// Cluster mode: the CA certificates (PEM) the engines' TLS (Redis's, PostgreSQL's)
+    /// is trusted by; "" for `HONGBAO_TLS_CA`'s file, or none. `tls_ca`, its name before,
+    /// is still read.
+    #[serde(alias = "tls_ca")]
+    pub engines_ca: PathBuf,
+    /// `engines_ca` read.
     #[serde(skip)]
-    pub engines_ca: Option<Vec<u8>>,
+    pub engines_ca_pem: Option<Vec<u8>>,
     /// Gateway worker processes: a number, or "auto".
     pub workers: String,
     /// Connections the server should be able to hold (sizes `workers = "auto"`).
@@ -386,11 +389,16 @@ impl LoginKeyConfig {
                 file.display()
             ))
         })?;
-        Ok(KeySpec {
+        let spec = KeySpec {
             kid: self.kid.clone(),
             alg,
             material,
-        })
+        };
+        // A file read but holding no usable key is named too (a reload that finds one
+        // keeps the running keys, and the operator must know which file to mend).
+        hongbao_proto::token::Verifier::new(std::slice::from_ref(&spec), Default::default())
+            .map_err(|e| Error::config(format!("{}: {e}", file.display())))?;
+        Ok(spec)
     }
 }
 
@@ -407,8 +415,8 @@ impl Default for ServeConfig {
             data_dir: PathBuf::from("hongbao-data"),
             tls_cert: PathBuf::new(),
             tls_key: PathBuf::new(),
-            tls_ca: PathBuf::new(),
-            engines_ca: None,
+            engines_ca: PathBuf::new(),
+            engines_ca_pem: None,
             workers: "auto".into(),
             connections: 20_000,
             secret: DEV_SECRET.into(),
@@ -514,11 +522,11 @@ impl ServeConfig {
         )?;
         self.redis_password =
             secret_from("HONGBAO_REDIS_PASSWORD", file(&self.redis_password_file))?;
-        let ca = match file(&self.tls_ca) {
+        let ca = match file(&self.engines_ca) {
             Some(path) => Some(path.to_path_buf()),
             None => std::env::var_os(hongbao_http::tls::CA_ENV).map(PathBuf::from),
         };
-        self.engines_ca = match ca {
+        self.engines_ca_pem = match ca {
             Some(path) => Some(std::fs::read(&path).map_err(|e| {
                 Error::config(format!("reading the CA file {}: {e}", path.display()))
             })?),

@@ -153,6 +153,28 @@ pub fn unix_ms() -> u64 {
     UnixTime::now().as_millis()
 }
 
+/// Unix milliseconds as a UTC date and time an operator reads (`2026-12-02 01:23:45 UTC`):
+/// the civil calendar from the day count (Howard Hinnant's `civil_from_days`).
+pub fn utc_text(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
 /// The wall clock in microseconds since the Unix epoch.
 pub fn unix_us() -> u64 {
     UnixTime::now().as_micros()
@@ -234,5 +256,12 @@ mod tests {
             clock.instant(at) - clock.instant(Uptime::ZERO),
             Duration::from_secs(10)
         );
+    }
+
+    #[test]
+    fn utc_text_reads_as_the_calendar() {
+        assert_eq!(utc_text(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc_text(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc_text(1_795_293_847_606), "2026-11-21 20:44:07 UTC");
     }
 }

@@ -411,7 +411,7 @@ fn pg_target(cfg: &ServeConfig) -> hongbao_cluster::PgTarget {
     hongbao_cluster::PgTarget {
         url: cfg.postgres.clone(),
         password: cfg.postgres_password.clone(),
-        ca: cfg.engines_ca.clone(),
+        ca: cfg.engines_ca_pem.clone(),
     }
 }
 
@@ -470,6 +470,7 @@ impl Supervisor {
             if now >= next_second {
                 next_second = now + UnixTime::now().until_next_second() + SECOND_REPORT_DELAY;
                 self.report.roll_rates(&self.replies());
+                self.log_token_refusals();
                 let horizon = revocation_horizon(&self.cfg);
                 self.presence.forget_revocations(unix_ms() / 1000, horizon);
                 self.users.forget_full(unix_us());

@@ -33,6 +33,8 @@ pub(super) struct Report {
     latency_pending: Histogram<u64>,
     latency_total: Histogram<u64>,
     net_interface: String,
+    /// The token refusals as last logged (`log_token_refusals`).
+    refusals_logged: Vec<u64>,
 }
 
 impl Report {
@@ -44,6 +46,7 @@ impl Report {
             latency_pending: sample::new_histogram(),
             latency_total: sample::new_histogram(),
             net_interface,
+            refusals_logged: Vec::new(),
         }
     }
 
@@ -234,6 +237,51 @@ impl Supervisor {
         }
     }
 
+    /// The live workers' token refusals, by why (`Refusal::ALL`'s order).
+    fn token_refusals(&self) -> Vec<u64> {
+        let mut refusals = vec![0u64; Refusal::ALL.len()];
+        for (_, _, latest) in self.live_stats() {
+            for (total, n) in refusals.iter_mut().zip(&latest.token_refusals) {
+                *total += n;
+            }
+        }
+        refusals
+    }
+
+    /// Once a second: the tokens refused since the last call, in one log line (a flood
+    /// of bad tokens is one line a second, not one a login).
+    pub(super) fn log_token_refusals(&mut self) {
+        let now = self.token_refusals();
+        let new: Vec<(Refusal, u64)> = Refusal::ALL
+            .iter()
+            .zip(
+                now.iter().zip(
+                    self.report
+                        .refusals_logged
+                        .iter()
+                        .chain(std::iter::repeat(&0)),
+                ),
+            )
+            .map(|(r, (now, then))| (*r, now.saturating_sub(*then)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        self.report.refusals_logged = now;
+        if new.is_empty() {
+            return;
+        }
+        let total: u64 = new.iter().map(|(_, n)| n).sum();
+        let by_why = new
+            .iter()
+            .map(|(r, n)| format!("{} {n}", r.name()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        tracing::info!(
+            refused = total,
+            by_why,
+            "login and bearer tokens refused in the last second"
+        );
+    }
+
     pub(super) fn metrics(&self) -> String {
         let mut m = Page::default();
         // Per worker, so a straggler shows: counters since the server started (a
@@ -309,13 +357,7 @@ impl Supervisor {
         }
         // Sessions: tokens refused (by why), requests over a user's limit (by what),
         // revocations.
-        let mut refusals = vec![0u64; Refusal::ALL.len()];
-        for (_, _, latest) in self.live_stats() {
-            for (total, n) in refusals.iter_mut().zip(&latest.token_refusals) {
-                *total += n;
-            }
-        }
-        for (refusal, n) in Refusal::ALL.iter().zip(refusals) {
+        for (refusal, n) in Refusal::ALL.iter().zip(self.token_refusals()) {
             m.counter(
                 "hongbao_token_refusals_total",
                 "Login and bearer tokens refused by the live workers, by why",

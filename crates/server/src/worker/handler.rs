@@ -194,7 +194,8 @@ impl Worker {
                 self.reply(key, id, &reply);
                 // A session keeps its token until that ends: a bad refresh ends nothing.
                 if self.conns.get(key).is_some_and(|c| c.user.is_none()) {
-                    self.kick(key, KickReason::BadToken, "bad token");
+                    let why = format!("bad token: {}", refusal.name());
+                    self.kick(key, KickReason::BadToken, &why);
                 }
                 return;
             }

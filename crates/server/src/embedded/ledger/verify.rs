@@ -36,7 +36,11 @@ pub fn ledger_file(path: &Path) -> PathBuf {
 pub struct Verified {
     pub file: PathBuf,
     pub bytes: u64,
+    /// Events in the file...
     pub events: u64,
+    /// ...and those checked before the first that could not be (all of them when the
+    /// ledger is whole).
+    pub checked: u64,
     /// `SEQ:HEX` of the last event that matched the chain.
     pub head: String,
     pub audit: Audit,
@@ -65,10 +69,13 @@ pub fn verify(path: &Path, expect: Option<Head>) -> Result<Verified> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(reading)?;
+    let events: i64 = conn
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .map_err(reading)?;
     let mut problems = Vec::new();
     let mut walk = Walk::default();
     let mut core = Core::new(CoreConfig::default());
-    let mut events = 0u64;
+    let mut checked = 0u64;
     let mut expect_seen = false;
     // A replay that failed leaves the core's state half-built: its balances and audit
     // say nothing then.
@@ -125,7 +132,7 @@ pub fn verify(path: &Path, expect: Option<Head>) -> Result<Verified> {
                 replay_failed = true;
                 break;
             }
-            events += 1;
+            checked += 1;
         }
     }
     if let Some((_, why)) = &walk.broken {
@@ -173,7 +180,8 @@ pub fn verify(path: &Path, expect: Option<Head>) -> Result<Verified> {
     Ok(Verified {
         bytes: std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0),
         file,
-        events,
+        events: events as u64,
+        checked,
         head: walk.head().text(),
         audit,
         problems,
