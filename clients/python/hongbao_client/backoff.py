@@ -1,11 +1,16 @@
-"""When to try again: jittered exponential back-off, and the server's own waits.
+"""When to try again: full-jitter back-off, the server's own waits, and the shake gate.
 
-Two waits follow the server:
-
-- `Backoff` spaces reconnects: base × 2^attempt (capped), each drawn uniformly from ½× to
-  1½× so that clients dropped together (a worker that died, a restart) do not come back
-  in one wave. When the server named a wait (HTTP `Retry-After`), that wait is used
-  instead, with the same jitter.
+- `Backoff` spaces reconnects with "full jitter" (AWS's name): after n failed attempts in
+  a row the wait is drawn uniformly from [0, min(cap, base × 2^n)). Clients dropped
+  together (a worker that died, a listener refusing connections) come back evenly over
+  the whole window, N / window of them a second. For the same average wait that is twice
+  as wide a spread as ½× to 1½× of a mean (a window is twice its mean; ½–1½× is as wide
+  as its mean), so the peak a crowd makes is half as high.
+- Where the server says when to come back — a kick's `retry_after_ms` (a server draining
+  its connections on a restart spreads them over a window), an HTTP `Retry-After` on a
+  503 or 429 — that hint replaces the step for the attempt: ½× to 1½× of it, so that the
+  crowd the server spread stays spread, and it is not counted as a failure (being sent
+  away is not one).
 - `ShakeGate` holds shakes back after an `overloaded` answer for the `retry_after_ms` the
   server asked, drawn from ½× to 1½× as `hongbao load` does (docs/protocol.md, shake):
   the server spreads its waits on purpose, and the jitter keeps them spread. After a
@@ -20,6 +25,11 @@ import random
 import time
 from dataclasses import dataclass, field
 
+#: The first reconnect's window: a lost connection is tried again within half a second.
+DEFAULT_BASE_S = 0.5
+#: The widest window: a client that keeps failing still tries twice a minute on average.
+DEFAULT_CAP_S = 30.0
+
 
 def jitter(seconds: float, rng: random.Random | None = None) -> float:
     """`seconds` give or take up to half, uniformly."""
@@ -28,19 +38,26 @@ def jitter(seconds: float, rng: random.Random | None = None) -> float:
 
 @dataclass
 class Backoff:
-    base_s: float = 0.2
-    cap_s: float = 30.0
+    base_s: float = DEFAULT_BASE_S
+    cap_s: float = DEFAULT_CAP_S
     rng: random.Random = field(default_factory=random.Random)
+    #: Failed attempts since the last reset (waits the server named are not counted).
     attempt: int = 0
+
+    def window_s(self) -> float:
+        """The window the next wait without a hint is drawn from: min(cap, base × 2^attempt)."""
+        return min(self.cap_s, self.base_s * 2 ** min(self.attempt, 30))
 
     def next_delay(self, server_wait_s: float | None = None, *, at_least_s: float | None = None) -> float:
         """The wait before the next attempt, never under `at_least_s` (a per-user limit's
-        wait); counts the attempt."""
+        wait). With `server_wait_s` (the server named when to come back) it is drawn from
+        ½× to 1½× of that and the count stays; without, from [0, window), and the attempt
+        counts as failed."""
         if server_wait_s is not None and server_wait_s > 0:
             delay = jitter(server_wait_s, self.rng)
         else:
-            delay = jitter(min(self.cap_s, self.base_s * 2 ** min(self.attempt, 30)), self.rng)
-        self.attempt += 1
+            delay = self.rng.random() * self.window_s()
+            self.attempt += 1
         return max(delay, at_least_s or 0.0)
 
     def reset(self) -> None:

@@ -1,12 +1,20 @@
 """The client: one API over both transports, and the rules that keep money moving once.
 
 A `Client` holds one session at a time (`session.py`) and a supervisor task that, when
-the session ends, dials the next one after a jittered exponential back-off
-(`backoff.py`) — except after a kick with reason `replaced`, `bad-token`, `expired` or
-`revoked`, or a refused token, after which the client is closed for good: coming back
-would only kick the newer login in turn, or fail again (a session that lapsed had no
-fresh token to come back with; a revoked user must sign in to the app again). So does a
-TLS failure no retry mends (an untrusted certificate, a plain URL at a TLS port: tls.py).
+the session ends, dials the next one (`backoff.py`): after a full-jitter back-off whose
+window doubles with every failed attempt (a lost or refused connection, a dial that
+timed out), or, where the server said when to come back — a kick's `retry_after_ms`, an
+HTTP `Retry-After` — after ½× to 1½× of that, which is not counted as a failure. A login
+resets the count. Never after a kick with reason `replaced`, `bad-token`, `expired` or
+`revoked`, whatever wait it names, or a refused token: the client is closed for good, as
+coming back would only kick the newer login in turn, or fail again (a session that
+lapsed had no fresh token to come back with; a revoked user must sign in to the app
+again). Nor after a TLS failure no retry mends (an untrusted certificate, a plain URL at
+a TLS port: tls.py).
+
+The client's deadlines and back-off waits read its event loop's clock (`loop.time()`,
+the one `asyncio.sleep` and `asyncio.timeout` keep), so they share one timeline, and a
+test loop whose clock jumps drives them all.
 
 Tokens (`credentials.py`): a session lasts as long as its token. When the server pushes
 `refresh`, the client asks the app's `refresh` callback for a fresh token and logs in
@@ -51,9 +59,6 @@ from .session import Dialer, Session, SessionEnd
 
 T = TypeVar("T")
 
-#: A session that lived this long resets the back-off: the trouble before it is over.
-_STABLE_SESSION_S = 10.0
-
 _END_OF_EVENTS = object()
 
 #: Kicks after which the client must not reconnect: the token is wrong, the user logged
@@ -92,7 +97,6 @@ class Client:
         self._shake_gate = shake_gate or ShakeGate()
         self._notice_poll_s = notice_poll_s
         self._session: Session | None = None
-        self._session_started = 0.0
         # Set while a live session is installed, and for good once closed (waiters then
         # find the client closed): requests wait on it while disconnected.
         self._connected = asyncio.Event()
@@ -128,10 +132,10 @@ class Client:
         CONNECT_FAILED at once on a refused connection (nothing listens there) unless
         `retry_refused`: an app may wait for a server that is starting, a command line
         should not wait out the timeout for a mistyped address."""
-        deadline = time.monotonic() + self.connect_timeout_s
+        deadline = _now() + self.connect_timeout_s
         while True:
             try:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                async with asyncio.timeout(max(0.0, deadline - _now())):
                     session = await self._dial_session()
                 break
             except HongbaoError as e:
@@ -146,7 +150,7 @@ class Client:
                 raise HongbaoError(ErrorKind.CONNECT_FAILED, f"user {self.user_id} could not connect: {failure}",
                                    source=ErrorSource.NETWORK) from failure
             delay = self._backoff.next_delay(server_wait_s, at_least_s=limit_s)
-            if time.monotonic() + delay >= deadline:
+            if _now() + delay >= deadline:
                 raise HongbaoError(ErrorKind.CONNECT_FAILED, f"user {self.user_id} could not connect within "
                                    f"{self.connect_timeout_s:.1f} s: {failure}",
                                    source=ErrorSource.NETWORK) from failure
@@ -311,7 +315,7 @@ class Client:
             case wire.Broadcast():
                 self._emit(ev.Broadcast(message.server_time_us, message.text))
             case wire.Kick():
-                self._emit(ev.Kicked(message.reason, message.text))
+                self._emit(ev.Kicked(message.reason, message.text, message.retry_after_ms))
             case wire.Refresh():
                 self._emit(ev.RefreshRequested(message.expires_at_ms))
                 if self._session is not None and (self._refreshing is None or self._refreshing.done()):
@@ -356,7 +360,9 @@ class Client:
         if named := getattr(session, "user_id", 0):
             self._credentials.user_id = named
         self._session = session
-        self._session_started = time.monotonic()
+        # Logged in: the trouble before is over, and the next failure starts from the
+        # first window.
+        self._backoff.reset()
         if self._watching_notices and isinstance(session, HttpSession):
             session.watch_notices(self._notice_poll_s)
         if session.alive:
@@ -398,8 +404,6 @@ class Client:
                     cause += " (no refresh callback was given to connect)"
                 self._close_for_good(cause, kick=end.kick)
                 return
-            if time.monotonic() - self._session_started >= _STABLE_SESSION_S:
-                self._backoff.reset()
             session = await self._redial(end)
             if session is None:
                 return
@@ -407,6 +411,8 @@ class Client:
             self._install(session)
 
     async def _redial(self, end: SessionEnd) -> Session | None:
+        # A kick that names when to come back (a server draining on a restart) is the
+        # first wait's hint; a refused dial's `Retry-After` is the next one's.
         cause, server_wait_s, limit_s = end.cause, end.server_wait_s, None
         while self._closed is None:
             delay = self._backoff.next_delay(server_wait_s, at_least_s=limit_s)
@@ -423,6 +429,8 @@ class Client:
                 cause, server_wait_s, limit_s = str(e), e.retry_after_s, _limit_wait_s(e)
                 continue
             except (OSError, TimeoutError) as e:
+                # Refused, reset, or not answered within `connect_timeout_s` (a server
+                # whose accept queue is full drops the SYN): a failed attempt.
                 cause, server_wait_s, limit_s = f"reconnecting: {e!r}", None, None
                 continue
             if self._closed is None:
@@ -476,14 +484,14 @@ class Client:
                             needs_session: bool = True, idempotency_key: str | None = None) -> T:
         """Runs `attempt` on a live session until it answers, the deadline passes, or it
         fails in a way a retry cannot fix."""
-        deadline = time.monotonic() + self.request_timeout_s
+        deadline = _now() + self.request_timeout_s
         retry = Backoff(base_s=0.05, cap_s=2.0)
         while True:
             session: Session | None = None
             try:
                 if needs_session:
                     session = await self._live_session(deadline)
-                return await attempt(session, max(0.001, deadline - time.monotonic()))
+                return await attempt(session, max(0.001, deadline - _now()))
             except HongbaoError as e:
                 if e.kind is ErrorKind.BAD_TOKEN:
                     self._close_for_good(str(e), error=e)
@@ -507,7 +515,7 @@ class Client:
                 # over HTTP the session lives on, so pause before trying again.
                 if not needs_session or (session is not None and session.alive):
                     pause = min(retry.next_delay(e.retry_after_s, at_least_s=_limit_wait_s(e)),
-                                deadline - time.monotonic())
+                                deadline - _now())
                     if pause <= 0:
                         raise self._timeout(idempotency_key) from e
                     await asyncio.sleep(pause)
@@ -520,7 +528,7 @@ class Client:
             if session is not None and session.alive and self._connected.is_set():
                 return session
             try:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                async with asyncio.timeout(max(0.0, deadline - _now())):
                     await self._connected.wait()
             except TimeoutError:
                 raise self._timeout(None) from None
@@ -539,6 +547,11 @@ class Client:
 
 
 R = TypeVar("R", bound=wire.ReplyMessage)
+
+
+def _now() -> float:
+    """The event loop's clock, in seconds: the one its sleeps and timeouts keep."""
+    return asyncio.get_running_loop().time()
 
 
 def _expect(reply: wire.ReplyMessage, kind: type[R]) -> R | wire.Error:

@@ -42,10 +42,15 @@ class Broadcast:
 @dataclass(frozen=True, slots=True)
 class Kicked:
     """The server closed this connection, and why. After `replaced`, `bad-token`,
-    `expired` and `revoked` the client does not reconnect; after the others it does."""
+    `expired` and `revoked` the client does not reconnect; after the others (`idle`,
+    `slow-reader`, `shutdown`, `bad-frame`) it does."""
 
     reason: KickReason
     text: str
+    #: When the server asked the client to come back (a server draining its connections
+    #: on a restart spreads them over a window); None when it named no wait. The client
+    #: follows it, give or take half, after a kick it comes back from.
+    retry_after_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,7 +207,7 @@ class _Reader:
             raise _PayloadError(FrameErrorKind.BAD_UTF8, "text is not valid UTF-8") from None
 
     def retry_after_ms(self) -> int | None:
-        """The optional trailing `retry_after_ms` (shake-reply, error): present only when
+        """The optional trailing `retry_after_ms` (shake-reply, error, kick): present only when
         not 0, so that every message has one encoding."""
         if not self.rest():
             return None
@@ -282,7 +282,7 @@ def _decode_payload(kind: int, r: _Reader) -> Message:
             reason = KickReason(code)
         except ValueError:
             raise _PayloadError(FrameErrorKind.UNKNOWN_KICK_REASON, f"unknown kick reason {code}") from None
-        message = m.Kick(reason, r.text())
+        message = m.Kick(reason, r.text(), r.retry_after_ms())
     elif kind == m.Refresh.KIND:
         message = m.Refresh(r.u64("expires_at_ms"))
     else:  # BY_KIND and this chain list the same codes
@@ -339,8 +339,9 @@ def _encode_payload(message: Message) -> bytes:
             return _U64.pack(from_user) + _text(text)
         case m.Broadcast(server_time_us=server_time_us, text=text):
             return _U64.pack(server_time_us) + _text(text)
-        case m.Kick(reason=reason, text=text):
-            return bytes((reason,)) + _text(text)
+        case m.Kick(reason=reason, text=text, retry_after_ms=retry):
+            out = bytes((reason,)) + _text(text)
+            return out + _U32.pack(retry) if retry else out
         case m.Refresh(expires_at_ms=expires_at_ms):
             return _U64.pack(expires_at_ms)
     raise TypeError(f"not a protocol message: {message!r}")

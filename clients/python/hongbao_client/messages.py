@@ -250,6 +250,9 @@ class Kick:
     KIND: ClassVar[int] = 0x93
     reason: KickReason
     text: str
+    # Come back after about this long (a server draining its connections spreads them
+    # over a window). Left out on the wire rather than written as 0, so None here, never 0.
+    retry_after_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

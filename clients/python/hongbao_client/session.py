@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .messages import ClientMessage, KickReason, PushMessage, ReplyMessage
+from .messages import ClientMessage, Kick, KickReason, PushMessage, ReplyMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,11 +22,19 @@ class SessionEnd:
     cause: str
     #: The kick the server sent before closing, if it sent one.
     kick: KickReason | None = None
-    #: A wait the server asked for before coming back (HTTP `Retry-After`), in seconds.
+    #: When the server asked the client to come back, in seconds: a kick's
+    #: `retry_after_ms` (ignored after a kick that does not come back).
     server_wait_s: float | None = None
     #: Set when the session ended on a TLS failure no retry mends (a TLS alert answering
     #: a plain client): its requests fail with TLS, not CONNECTION_LOST.
     tls_failure: bool = False
+
+    @classmethod
+    def after_kick(cls, kick: Kick) -> SessionEnd:
+        """The end a kick makes, with the wait it named, if any: the client decides from
+        its reason whether to come back at all."""
+        hint_s = kick.retry_after_ms / 1000 if kick.retry_after_ms else None
+        return cls(f"kicked: {kick.reason.wire_name}", kick=kick.reason, server_wait_s=hint_s)
 
 
 #: Called, in order of arrival, with every push the server sends.

@@ -158,7 +158,7 @@ class TcpSession:
             # The answer of a TLS port to a plain client (a frame's length starts 0x00).
             end = SessionEnd(plain_at_tls_port("tcps://"), tls_failure=True)
         if self._kick is not None:
-            end = SessionEnd(f"kicked: {self._kick.reason.wire_name}", kick=self._kick.reason)
+            end = SessionEnd.after_kick(self._kick)
         self._finish(end)
 
     def _take_frames(self, buf: bytearray) -> int:

@@ -1,6 +1,7 @@
 """The client's own rules, against a scripted server (fake_server.py): replies matched by
-request id, sends retried under their key after a reconnect, no reconnect after
-`replaced` or `bad-token`, shakes held back after `overloaded`, notices handed out once.
+request id, sends retried under their key after a reconnect, a kick's wait followed, no
+reconnect after `replaced` or `bad-token`, shakes held back after `overloaded`, notices
+handed out once; the back-off's arithmetic (test_reconnect.py runs it on a simulated clock).
 The live server tests (test_live_server.py) check the same flows end to end."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 import unittest
 
 from fake_server import CLOSE, Conn, FakeServer
+from sim import Pinned
 
 import hongbao_client as hb
 from hongbao_client import messages as m
@@ -96,17 +98,30 @@ class Token(unittest.TestCase):
 
 
 class Backoffs(unittest.TestCase):
-    def test_exponential_with_half_jitter_and_a_cap(self) -> None:
-        b = Backoff(base_s=1.0, cap_s=8.0, rng=random.Random(3))
-        for attempt in range(8):
-            nominal = min(8.0, 2.0**attempt)
-            self.assertTrue(0.5 * nominal <= b.next_delay() <= 1.5 * nominal)
+    def test_full_jitter_over_a_window_doubling_to_the_cap(self) -> None:
+        b = Backoff(base_s=0.5, cap_s=30.0, rng=random.Random(3))
+        for attempt in range(12):
+            window = min(30.0, 0.5 * 2.0**attempt)
+            self.assertEqual(b.window_s(), window)
+            self.assertTrue(0.0 <= b.next_delay() < window)
+        self.assertEqual(b.attempt, 12)
         b.reset()
-        self.assertLessEqual(b.next_delay(), 1.5)
+        self.assertEqual((b.attempt, b.window_s()), (0, 0.5))
+        # The window's two ends: a draw of 0 comes back at once, one just under 1 at its end.
+        self.assertEqual(Backoff(rng=Pinned(0.0)).next_delay(), 0.0)
+        self.assertAlmostEqual(Backoff(rng=Pinned(0.999999)).next_delay(), 0.5, places=5)
 
-    def test_a_server_wait_wins(self) -> None:
+    def test_a_server_wait_is_drawn_from_half_to_one_and_a_half_of_it_and_not_counted(self) -> None:
         b = Backoff(base_s=0.1, rng=random.Random(4))
-        self.assertTrue(2.5 <= b.next_delay(server_wait_s=5.0) <= 7.5)
+        for _ in range(50):
+            self.assertTrue(2.5 <= b.next_delay(server_wait_s=5.0) <= 7.5)
+        self.assertEqual(b.attempt, 0)
+        self.assertEqual(Backoff(rng=Pinned(0.0)).next_delay(2.5), 1.25)
+        self.assertAlmostEqual(Backoff(rng=Pinned(0.999999)).next_delay(2.5), 3.75, places=5)
+
+    def test_a_per_user_limit_is_a_floor(self) -> None:
+        self.assertEqual(Backoff(rng=Pinned(0.0)).next_delay(at_least_s=0.9), 0.9)
+        self.assertEqual(Backoff(rng=Pinned(0.0)).next_delay(4.0, at_least_s=4.0), 4.0)
 
     def test_shake_gate_holds_at_least_half_the_wait(self) -> None:
         for seed in range(50):
@@ -243,6 +258,28 @@ class Reconnects(unittest.IsolatedAsyncioTestCase):
             self.assertGreaterEqual(c.reconnects, 1)
         self.assertEqual(kicked, hb.Kicked(KickReason.SHUTDOWN, "bye"))
         self.assertEqual(len(server.conns), 2)
+
+    async def test_a_kick_naming_a_wait_is_followed(self) -> None:
+        async def script(conn: Conn, frame: Frame) -> object:
+            if isinstance(frame.message, m.Login) and conn.index == 0:
+                conn.push(m.LoginReply(ResultCode.OK, 7), frame.request_id)
+                conn.push(m.Kick(KickReason.SHUTDOWN, "draining", retry_after_ms=300))
+                await conn.writer.drain()
+                return CLOSE
+            if isinstance(frame.message, m.Ping):
+                return m.Pong(frame.message.client_time_us, 1)
+            return None
+
+        async with FakeServer(script) as server, client(server) as c:  # back-off: 20 ms
+            kicked = await next_event(c, hb.Kicked)
+            told = await next_event(c, hb.ConnectionChanged)
+            await c.ping()  # waits for the next session
+        self.assertEqual(kicked, hb.Kicked(KickReason.SHUTDOWN, "draining", 300))
+        assert isinstance(told, hb.ConnectionChanged)
+        self.assertEqual((told.state, told.kick), (hb.ConnectionState.DISCONNECTED, KickReason.SHUTDOWN))
+        self.assertTrue(0.15 <= (told.retry_in_s or 0) <= 0.45)  # 300 ms, give or take half
+        (first, _), (second, _) = server.frames(m.Login)
+        self.assertGreaterEqual(second - first, 0.15)
 
     async def test_no_reconnect_after_kick_replaced(self) -> None:
         async def script(conn: Conn, frame: Frame) -> object:

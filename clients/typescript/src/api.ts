@@ -9,7 +9,15 @@ export type { Connect } from "./connect.js";
 export type { HttpFetch, HttpInit, HttpAnswerLike } from "./client.js";
 export { HongbaoError, type HongbaoErrorKind, type ErrorSource } from "./errors.js";
 export type { ClientEvents, ClientState, Listener } from "./events.js";
-export { Backoff, ShakeGate, jittered, DEFAULT_OVERLOADED_WAIT_MS } from "./backoff.js";
+export {
+  Backoff,
+  ShakeGate,
+  jittered,
+  DEFAULT_OVERLOADED_WAIT_MS,
+  DEFAULT_RECONNECT_BASE_MS,
+  DEFAULT_RECONNECT_CAP_MS,
+} from "./backoff.js";
+export { platformClock, type Clock, type TimerHandle } from "./clock.js";
 export { FrameError, check, decode, encode, type FrameErrorKind } from "./frame.js";
 export { JsonFormError, fromJson, toJson, parseJson, stringifyJson, hex, unhex, type JsonValue } from "./json.js";
 export type { U64Input } from "./numbers.js";

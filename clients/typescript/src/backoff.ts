@@ -1,9 +1,22 @@
 /**
  * Waiting as the server asks: the reconnect back-off and the shake gate. Plain arithmetic
- * with the clock and the random source passed in, so tests can pin both.
+ * with the random source passed in (and the time, where a wait needs it), so tests can
+ * pin both.
  *
- * Every wait is drawn uniformly from ½× to 1½× of its mean, as `hongbao load` draws
- * them: clients sent away together come back spread out, not in a wave.
+ * Reconnects use "full jitter" (AWS's name): after n failed attempts in a row the wait is
+ * drawn uniformly from [0, min(cap, base × 2^n)). Clients dropped together (a worker that
+ * died, a listener refusing connections) come back evenly over the whole window, N /
+ * window of them per millisecond. For the same average wait that is twice as wide a
+ * spread as ½× to 1½× of a mean (a window is twice its mean; ½–1½× is as wide as its
+ * mean), so the peak a crowd makes is half as high.
+ *
+ * When the server says when to come back (a kick's `retry_after_ms` as it drains its
+ * connections, a refused upgrade's or HTTP answer's `Retry-After`), that hint replaces the
+ * step for that attempt, drawn from ½× to 1½× of it so that a crowd the server spread
+ * stays spread; and it does not count as a failure: the count stays where it was.
+ *
+ * Shakes after `overloaded` are another rule (the shake gate below): ½× to 1½× of the
+ * server's wait, as `hongbao load` draws it.
  */
 
 export type Random = () => number;
@@ -13,32 +26,54 @@ export function jittered(meanMs: number, random: Random = Math.random): number {
   return Math.round(meanMs * (0.5 + random()));
 }
 
+/** The first reconnect's window: a lost connection is tried again within half a second. */
+export const DEFAULT_RECONNECT_BASE_MS = 500;
+/** The widest window: a client that keeps failing still tries twice a minute on average. */
+export const DEFAULT_RECONNECT_CAP_MS = 30_000;
+
 /**
- * Reconnect delays: the mean doubles from `baseMs` with every failed attempt, up to
- * `maxMs`, and is never below what the server asked for (a `Retry-After`). A login that
- * succeeds resets it.
+ * Reconnect delays: full jitter over a window that doubles from `baseMs` with every
+ * failed attempt, up to `capMs`; the server's hint instead where it gave one. A login
+ * that succeeds resets the count.
  */
 export class Backoff {
-  private attempt = 0;
+  private failures = 0;
 
   constructor(
-    readonly baseMs: number,
-    readonly maxMs: number,
+    readonly baseMs: number = DEFAULT_RECONNECT_BASE_MS,
+    readonly capMs: number = DEFAULT_RECONNECT_CAP_MS,
     private readonly random: Random = Math.random,
   ) {}
 
+  /** Failed attempts since the last reset (hinted waits not counted). */
+  get attempts(): number {
+    return this.failures;
+  }
+
+  /** The window the next unhinted wait is drawn from: min(cap, base × 2^attempts). */
+  windowMs(): number {
+    return Math.min(this.capMs, this.baseMs * 2 ** Math.min(this.failures, 30));
+  }
+
   /**
    * The delay before the next attempt, never under `atLeastMs` (a per-user limit's wait:
-   * coming back sooner is refused again); counts the attempt.
+   * coming back sooner is refused again). With `hintMs` (the server named when to come
+   * back) it is drawn from ½× to 1½× of the hint and the count stays; without, it is drawn
+   * from [0, window) and the attempt counts as failed.
    */
-  next(serverAskedMs?: number, atLeastMs?: number): number {
-    const mean = Math.min(this.maxMs, this.baseMs * 2 ** Math.min(this.attempt, 30));
-    this.attempt++;
-    return Math.max(jittered(Math.max(mean, serverAskedMs ?? 0), this.random), atLeastMs ?? 0);
+  next(hintMs?: number, atLeastMs?: number): number {
+    let delay: number;
+    if (hintMs !== undefined && hintMs > 0) {
+      delay = jittered(hintMs, this.random);
+    } else {
+      delay = Math.floor(this.random() * this.windowMs());
+      this.failures++;
+    }
+    return Math.max(delay, atLeastMs ?? 0);
   }
 
   reset(): void {
-    this.attempt = 0;
+    this.failures = 0;
   }
 }
 

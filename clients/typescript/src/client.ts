@@ -30,7 +30,8 @@
  *   retried as a lost connection would be.
  */
 
-import { Backoff, ShakeGate, type Random } from "./backoff.js";
+import { Backoff, DEFAULT_RECONNECT_BASE_MS, DEFAULT_RECONNECT_CAP_MS, ShakeGate, type Random } from "./backoff.js";
+import { platformClock, sleepOn, type Clock } from "./clock.js";
 import { Credentials, type RefreshToken } from "./credentials.js";
 import { HongbaoError } from "./errors.js";
 import { Emitter, SeenPackets, type ClientEvents, type ClientState, type Listener } from "./events.js";
@@ -79,8 +80,19 @@ export interface ConnectOptions {
   requestTimeoutMs?: number;
   /** How long `connect()` may take before it gives up (default 15 s). */
   connectTimeoutMs?: number;
-  /** Reconnect back-off: the mean starts at `baseMs` and doubles to `maxMs` (250 ms, 30 s). */
+  /**
+   * Reconnect back-off, full jitter: after n failed attempts in a row the wait is drawn
+   * from [0, min(maxMs, baseMs × 2^n)) (500 ms, 30 s); where the server names when to come
+   * back (a kick's `retry_after_ms`, a refused upgrade's `Retry-After`), from ½× to 1½× of
+   * that instead, and the count stays. A login resets it.
+   */
   reconnect?: { baseMs?: number; maxMs?: number };
+  /**
+   * WebSocket only: how long one connection attempt may take, from dialing to the login's
+   * answer (default 10 s). A server whose accept queue is full does not answer at all;
+   * past this the attempt has failed and the back-off picks the next.
+   */
+  dialTimeoutMs?: number;
   /** WebSocket only: ping this often to find a dead connection; 0 never (default 30 s). */
   keepAliveMs?: number;
   /** Requests that may wait for a connection at once (default 1000). */
@@ -93,6 +105,8 @@ export interface ConnectOptions {
   httpUrl?: string;
   /** The random source for jitter (tests pin it). */
   random?: Random;
+  /** The clock and timers waits run on (tests simulate it); default the platform's. */
+  clock?: Clock;
   /**
    * Node only: the CA to trust for `wss://` and `https://` (PEM text, or its bytes; a list
    * for several), instead of Node's own list — a private CA, or a test's throwaway one.
@@ -140,6 +154,7 @@ export interface Settings {
   credentials: Credentials;
   requestTimeoutMs: number;
   connectTimeoutMs: number;
+  dialTimeoutMs: number;
   reconnectBaseMs: number;
   reconnectMaxMs: number;
   keepAliveMs: number;
@@ -147,6 +162,7 @@ export interface Settings {
   pollNoticesMs: number;
   httpBase: string;
   random: Random;
+  clock: Clock;
   fetch: HttpFetch;
 }
 
@@ -203,20 +219,21 @@ export abstract class Client {
 
   /** Milliseconds before a shake goes to the server again (after `overloaded`); 0: now. */
   shakeHeldForMs(): number {
-    return this.gate.heldForMs(Date.now());
+    return this.gate.heldForMs(this.settings.clock.nowMs());
   }
 
   /** Tries to win a share of the running shake campaign. */
   async shake(): Promise<ShakeResult> {
-    const held = this.gate.heldForMs(Date.now());
+    const now = () => this.settings.clock.nowMs();
+    const held = this.gate.heldForMs(now());
     if (held > 0) {
       return this.gate.heldBy === "rate-limited"
         ? { result: "rate-limited", retryAfterMs: held, heldBack: true, text: "" }
         : { result: "overloaded", retryAfterMs: held, heldBack: true };
     }
     const result = await this.shakeOnce();
-    if (result.result === "overloaded") this.gate.overloaded(result.retryAfterMs, Date.now());
-    if (result.result === "rate-limited") this.gate.rateLimited(result.retryAfterMs, Date.now());
+    if (result.result === "overloaded") this.gate.overloaded(result.retryAfterMs, now());
+    if (result.result === "rate-limited") this.gate.rateLimited(result.retryAfterMs, now());
     return result;
   }
 
@@ -312,14 +329,15 @@ export abstract class Client {
     path: string,
     options: { body?: JsonValue; headers?: Record<string, string>; idempotent: boolean },
   ): Promise<HttpAnswer> {
-    const deadline = Date.now() + this.settings.requestTimeoutMs;
+    const clock = this.settings.clock;
+    const deadline = clock.nowMs() + this.settings.requestTimeoutMs;
     const headers: Record<string, string> = { Authorization: await this.bearer(), ...options.headers };
     if (options.body !== undefined) headers["Content-Type"] = "application/json";
     const body = options.body === undefined ? undefined : stringifyJson(options.body);
     const backoff = new Backoff(this.settings.reconnectBaseMs, this.settings.reconnectMaxMs, this.settings.random);
     for (;;) {
       if (this.current === "closed") throw new HongbaoError("closed", "client", "the client is closed");
-      const left = deadline - Date.now();
+      const left = deadline - clock.nowMs();
       if (left <= 0) throw new HongbaoError("timeout", "network", `${method} ${path}: no answer in ${this.settings.requestTimeoutMs} ms`);
       let response: HttpAnswerLike;
       let text: string;
@@ -346,7 +364,7 @@ export abstract class Client {
           throw new HongbaoError("connection-lost", "network", `${method} ${path}: ${(e as Error).message}; its outcome is unknown`, { cause: e });
         }
         this.httpFailed(e as Error);
-        await sleep(Math.min(Math.max(0, deadline - Date.now()), backoff.next()));
+        await sleepOn(clock, Math.min(Math.max(0, deadline - clock.nowMs()), backoff.next()));
         continue;
       }
       this.httpAnswered();
@@ -382,10 +400,6 @@ function retryAfterMs(response: HttpAnswerLike): number | undefined {
   return Number.isFinite(secs) && secs >= 0 ? secs * 1000 : undefined;
 }
 
-export function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
 /** Options with their defaults filled in; `platformFetch` is the entry's (Node's with `ca`). */
 export function settingsOf(options: ConnectOptions, url: URL, platformFetch?: HttpFetch): Settings {
   const globalFetch = (globalThis as { fetch?: typeof fetch }).fetch?.bind(globalThis);
@@ -399,13 +413,15 @@ export function settingsOf(options: ConnectOptions, url: URL, platformFetch?: Ht
     credentials: new Credentials(options.token, userId, options.refresh, options.refreshBeforeMs ?? 60_000),
     requestTimeoutMs: options.requestTimeoutMs ?? 10_000,
     connectTimeoutMs: options.connectTimeoutMs ?? 15_000,
-    reconnectBaseMs: options.reconnect?.baseMs ?? 250,
-    reconnectMaxMs: options.reconnect?.maxMs ?? 30_000,
+    dialTimeoutMs: options.dialTimeoutMs ?? 10_000,
+    reconnectBaseMs: options.reconnect?.baseMs ?? DEFAULT_RECONNECT_BASE_MS,
+    reconnectMaxMs: options.reconnect?.maxMs ?? DEFAULT_RECONNECT_CAP_MS,
     keepAliveMs: options.keepAliveMs ?? 30_000,
     maxQueued: options.maxQueued ?? 1000,
     pollNoticesMs: options.pollNoticesMs ?? 0,
     httpBase: (options.httpUrl ?? httpBaseOf(url)).replace(/\/+$/, ""),
     random: options.random ?? Math.random,
+    clock: options.clock ?? platformClock,
     fetch: fetchFn,
   };
 }

@@ -23,7 +23,13 @@ export interface ClientEvents {
   "packet-notice": PacketNotice;
   chat: { fromUser: bigint; text: string };
   broadcast: { serverTimeUs: bigint; text: string };
-  kick: { reason: KickReason; text: string };
+  /**
+   * The server is closing this connection, and why. `retryAfterMs`: when it asked the
+   * client to come back (a server draining its connections on a restart spreads them);
+   * undefined when it named no wait. The client reconnects by itself after `idle`,
+   * `slow-reader`, `shutdown` and `bad-frame`, never after the others.
+   */
+  kick: { reason: KickReason; text: string; retryAfterMs: number | undefined };
   /**
    * The server asked for a fresh token: the session's token ends at `expiresAtMs` (Unix
    * ms). The client asks the `refresh` option for one and logs in again with it on the

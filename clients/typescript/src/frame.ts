@@ -230,7 +230,10 @@ function decodePayload(type: Message["type"], r: Reader): Message {
       const code = r.u8("reason");
       const reason = kickReasonFromCode(code);
       if (reason === undefined) throw new PayloadError("unknown-kick-reason", `unknown kick reason ${code}`);
-      message = { type, reason, text: r.text() };
+      const kick: Message = { type, reason, text: r.text() };
+      const retryAfterMs = r.retryAfterMs();
+      if (retryAfterMs !== undefined) kick.retryAfterMs = retryAfterMs;
+      message = kick;
       break;
     }
     case "refresh":
@@ -292,7 +295,7 @@ class Reader {
     return name;
   }
 
-  /** The optional trailing `retry_after_ms` (shake-reply, error): present only when not 0, so that every message has one encoding. */
+  /** The optional trailing `retry_after_ms` (shake-reply, error, kick): present only when not 0, so that every message has one encoding. */
   retryAfterMs(): number | undefined {
     if (this.done) return undefined;
     const ms = this.u32("retry_after_ms");
@@ -436,6 +439,7 @@ function encodePayload(m: Message, w: Writer): void {
     case "kick":
       w.u8(kickReasonCode(m.reason));
       w.text(m.text);
+      if (m.retryAfterMs) w.u32(m.retryAfterMs, "retry_after_ms");
       return;
     case "refresh":
       w.u64(m.expiresAtMs, "expires_at_ms");

@@ -17,7 +17,8 @@
  */
 
 import { Backoff } from "./backoff.js";
-import { Client, sleep, type Settings } from "./client.js";
+import { Client, type Settings } from "./client.js";
+import { sleepOn } from "./clock.js";
 import { HongbaoError } from "./errors.js";
 import {
   chatFromHttp,
@@ -41,15 +42,16 @@ export class HttpClient extends Client {
 
   /** Checks the token (and reads my notices), retrying an unreachable server until `connectTimeoutMs`. */
   async start(): Promise<void> {
-    const deadline = Date.now() + this.settings.connectTimeoutMs;
+    const clock = this.settings.clock;
+    const deadline = clock.nowMs() + this.settings.connectTimeoutMs;
     const backoff = new Backoff(this.settings.reconnectBaseMs, this.settings.reconnectMaxMs, this.settings.random);
     for (;;) {
       let serverAskedMs: number | undefined;
       let limitMs: number | undefined;
       try {
         const answer = await this.http("GET", "/v1/notices", { idempotent: true });
-        // `unavailable` (503) or `rate-limited` (429): after the wait the server names,
-        // the whole of it for a per-user limit.
+        // `unavailable` (503) or `rate-limited` (429): after the wait the server names
+        // (a hint: ½× to 1½× of it), the whole of it for a per-user limit.
         serverAskedMs = answer.retryAfterMs;
         if (answer.status === 429) limitMs = answer.retryAfterMs;
         if (answer.status === 401) {
@@ -59,10 +61,10 @@ export class HttpClient extends Client {
         }
         if (answer.status === 200) break;
       } catch (e) {
-        if (!(e instanceof HongbaoError) || e.kind !== "timeout" || Date.now() >= deadline) throw e;
+        if (!(e instanceof HongbaoError) || e.kind !== "timeout" || clock.nowMs() >= deadline) throw e;
       }
-      if (Date.now() >= deadline) throw new HongbaoError("timeout", "network", `no answer within ${this.settings.connectTimeoutMs} ms`);
-      await sleep(Math.min(Math.max(0, deadline - Date.now()), backoff.next(serverAskedMs, limitMs)));
+      if (clock.nowMs() >= deadline) throw new HongbaoError("timeout", "network", `no answer within ${this.settings.connectTimeoutMs} ms`);
+      await sleepOn(clock, Math.min(Math.max(0, deadline - clock.nowMs()), backoff.next(serverAskedMs, limitMs)));
     }
     if (this.userId === 0n) {
       // A token whose user this client cannot read: the server names it.

@@ -272,6 +272,7 @@ export function toJson(frame: Frame): string {
     case "kick":
       put("reason", m.reason);
       put("text", text(m.text));
+      if (m.retryAfterMs) put("retry_after_ms", m.retryAfterMs);
       break;
     case "refresh":
       put("expires_at_ms", m.expiresAtMs);
@@ -357,8 +358,12 @@ function readMessage(type: MessageType, f: Fields): Message {
       return { type, fromUser: f.u64("from_user"), text: f.text("text") };
     case "broadcast":
       return { type, serverTimeUs: f.u64("server_time_us"), text: f.text("text") };
-    case "kick":
-      return { type, reason: f.kickReason(), text: f.text("text") };
+    case "kick": {
+      const kick: Message = { type, reason: f.kickReason(), text: f.text("text") };
+      const ms = f.retryAfterMs();
+      if (ms !== undefined) kick.retryAfterMs = ms;
+      return kick;
+    }
     case "refresh":
       return { type, expiresAtMs: f.u64("expires_at_ms") };
   }

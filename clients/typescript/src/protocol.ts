@@ -156,7 +156,16 @@ export type PacketNotice = {
 };
 export type ChatMessage = { type: "chat-message"; fromUser: bigint; text: string };
 export type Broadcast = { type: "broadcast"; serverTimeUs: bigint; text: string };
-export type Kick = { type: "kick"; reason: KickReason; text: string };
+export type Kick = {
+  type: "kick";
+  reason: KickReason;
+  text: string;
+  /**
+   * Come back after about this long (a server draining its connections spreads them
+   * over a window); never 0: absent when the server names no wait.
+   */
+  retryAfterMs?: number;
+};
 /** The session's token ends at `expiresAtMs`: log in again on the same connection with a fresh one. */
 export type Refresh = { type: "refresh"; expiresAtMs: bigint };
 

@@ -10,12 +10,18 @@
  * chats and pings reject with `connection-lost` (their outcome is unknown). Every
  * request has its own deadline, reconnects included.
  *
- * Reconnecting: after a jittered back-off that doubles per failed attempt and is never
- * below a refused upgrade's `Retry-After`; never after a refused token, a `replaced` kick
+ * Reconnecting (`backoff.ts`): a lost connection, a refused one, or an attempt with no
+ * login answered within `dialTimeoutMs` (a server whose accept queue is full does not
+ * answer the SYN) is tried again after a full-jitter back-off whose window doubles per
+ * failed attempt; where the server said when to come back — the `retry_after_ms` of a
+ * kick that comes back (`idle`, `slow-reader`, `shutdown`, `bad-frame`), a refused
+ * upgrade's `Retry-After` — after ½× to 1½× of that, and the failed attempts are not
+ * counted up. A login resets the count. Never after a refused token, a `replaced` kick
  * (another connection of this user is the one that counts now), an `expired` one (the app
  * gave no fresh token to come back with) or a `revoked` one (the user must sign in to the
- * app again), nor after a TLS failure no retry mends (an untrusted certificate, a plain
- * `ws://` at a TLS port: the socket says so, `CloseInfo.tls`).
+ * app again), whatever wait it names, nor after a TLS failure no retry mends (an
+ * untrusted certificate, a plain `ws://` at a TLS port: the socket says so,
+ * `CloseInfo.tls`).
  *
  * Tokens: when the server pushes `refresh`, the client asks the app's `refresh` callback
  * (`credentials.ts`) for a fresh token and logs in with it on the same connection — the
@@ -25,6 +31,7 @@
 
 import { Backoff } from "./backoff.js";
 import { Client, type Settings } from "./client.js";
+import type { TimerHandle } from "./clock.js";
 import { HongbaoError } from "./errors.js";
 import { FrameError, check, decode, encode } from "./frame.js";
 import { JsonFormError, fromJson, toJson } from "./json.js";
@@ -48,7 +55,7 @@ interface Pending {
   message: ClientMessage;
   /** Sent again after a reconnect: a keyed send, an open. */
   resend: boolean;
-  timer: ReturnType<typeof setTimeout>;
+  timer: TimerHandle;
   settle(outcome: Reply | HongbaoError): void;
 }
 
@@ -57,8 +64,11 @@ interface Connection {
   socket: WireSocket;
   loginId: number;
   loggedIn: boolean;
-  /** The kick that preceded the close, if any. */
+  /** The kick that preceded the close, if any, and the wait it named before coming back. */
   kick: KickReason | undefined;
+  kickRetryAfterMs: number | undefined;
+  /** Aborts an attempt that has not logged in within `dialTimeoutMs`. */
+  dialTimer: TimerHandle | undefined;
   loginRefused: boolean;
   /** A `rate-limited` login's wait: the next connection waits it out whole. */
   loginLimitMs: number | undefined;
@@ -71,8 +81,8 @@ export class WsClient extends Client {
   private readonly inFlight = new Map<number, Pending>();
   private queued: Pending[] = [];
   private readonly backoff: Backoff;
-  private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
-  private keepAliveTimer: ReturnType<typeof setInterval> | undefined;
+  private reconnectTimer: TimerHandle | undefined;
+  private keepAliveTimer: TimerHandle | undefined;
   private firstLogin: { resolve(): void; reject(e: HongbaoError): void } | undefined;
 
   constructor(
@@ -103,17 +113,18 @@ export class WsClient extends Client {
 
   /** Connects and logs in; resolves at the first login, retrying lost connections meanwhile. */
   start(): Promise<void> {
+    const clock = this.settings.clock;
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
+      const timer = clock.setTimeout(() => {
         this.finish("timeout", `no login within ${this.settings.connectTimeoutMs} ms`, "network");
       }, this.settings.connectTimeoutMs);
       this.firstLogin = {
         resolve: () => {
-          clearTimeout(timer);
+          clock.clearTimeout(timer);
           resolve();
         },
         reject: (e) => {
-          clearTimeout(timer);
+          clock.clearTimeout(timer);
           reject(e);
         },
       };
@@ -168,9 +179,9 @@ export class WsClient extends Client {
       const pending: Pending = {
         message,
         resend,
-        timer: setTimeout(() => this.expire(pending), this.settings.requestTimeoutMs),
+        timer: this.settings.clock.setTimeout(() => this.expire(pending), this.settings.requestTimeoutMs),
         settle: (outcome) => {
-          clearTimeout(pending.timer);
+          this.settings.clock.clearTimeout(pending.timer);
           if (outcome instanceof HongbaoError) reject(outcome);
           else resolve(outcome);
         },
@@ -223,8 +234,24 @@ export class WsClient extends Client {
       message: (data) => conn && this.received(conn, data),
       close: (info) => conn && this.lost(conn, info),
     });
-    conn = { socket, loginId: 0, loggedIn: false, kick: undefined, loginRefused: false, loginLimitMs: undefined };
+    conn = {
+      socket,
+      loginId: 0,
+      loggedIn: false,
+      kick: undefined,
+      kickRetryAfterMs: undefined,
+      loginRefused: false,
+      loginLimitMs: undefined,
+      dialTimer: undefined,
+    };
     this.conn = conn;
+    const attempt = conn;
+    // Refused and reset connections end by themselves; one whose SYN, TLS handshake,
+    // upgrade or login is never answered would hang here for minutes (the kernel's SYN
+    // retries): cut it, and let the back-off space the next attempt.
+    conn.dialTimer = this.settings.clock.setTimeout(() => {
+      if (attempt === this.conn && !attempt.loggedIn) attempt.socket.abort();
+    }, this.settings.dialTimeoutMs);
   }
 
   private opened(conn: Connection): void {
@@ -310,6 +337,7 @@ export class WsClient extends Client {
   private loginAnswered(conn: Connection, reply: Reply): void {
     if (reply.type === "login-reply" && reply.result === "ok") {
       conn.loggedIn = true;
+      this.settings.clock.clearTimeout(conn.dialTimer);
       this.credentials.userId = reply.userId;
       this.backoff.reset();
       this.setState("open", "logged in");
@@ -351,9 +379,10 @@ export class WsClient extends Client {
         this.events.emit("broadcast", { serverTimeUs: push.serverTimeUs, text: push.text });
         return;
       case "kick":
-        // The close follows; `lost` decides from the reason whether to come back.
+        // The close follows; `lost` decides from the reason whether to come back, and when.
         conn.kick = push.reason;
-        this.events.emit("kick", { reason: push.reason, text: push.text });
+        conn.kickRetryAfterMs = push.retryAfterMs;
+        this.events.emit("kick", { reason: push.reason, text: push.text, retryAfterMs: push.retryAfterMs });
         return;
       case "refresh":
         this.events.emit("refresh", { expiresAtMs: push.expiresAtMs });
@@ -363,10 +392,12 @@ export class WsClient extends Client {
   }
 
   private keepAlive(conn: Connection): void {
-    clearInterval(this.keepAliveTimer);
+    const clock = this.settings.clock;
+    clock.clearTimeout(this.keepAliveTimer);
     if (this.settings.keepAliveMs <= 0) return;
-    this.keepAliveTimer = setInterval(() => {
+    this.keepAliveTimer = clock.setTimeout(() => {
       if (conn !== this.conn || !conn.loggedIn) return;
+      this.keepAlive(conn);
       this.ping().then(
         (r) => {
           if (r.result !== "ok") conn.socket.abort();
@@ -382,7 +413,8 @@ export class WsClient extends Client {
   private lost(conn: Connection, info: CloseInfo): void {
     if (conn !== this.conn) return;
     this.conn = undefined;
-    clearInterval(this.keepAliveTimer);
+    this.settings.clock.clearTimeout(conn.dialTimer);
+    this.settings.clock.clearTimeout(this.keepAliveTimer);
     // Sends and opens go out again after the next login, ahead of what queued meanwhile.
     const again: Pending[] = [];
     for (const pending of this.inFlight.values()) {
@@ -419,8 +451,11 @@ export class WsClient extends Client {
     }
     const why = conn.kick ? `kicked: ${conn.kick}` : `closed ${info.code}${info.reason ? " " + info.reason : ""}`;
     if (this.state !== "connecting") this.setState("reconnecting", why);
-    const delay = this.backoff.next(info.retryAfterMs, conn.loginLimitMs);
-    this.reconnectTimer = setTimeout(() => this.dial(), delay);
+    // The server's word on when to come back, if it gave one: a come-back kick's, or a
+    // refused upgrade's `Retry-After`.
+    const hintMs = conn.kick !== undefined ? conn.kickRetryAfterMs : info.retryAfterMs;
+    const delay = this.backoff.next(hintMs, conn.loginLimitMs);
+    this.reconnectTimer = this.settings.clock.setTimeout(() => this.dial(), delay);
   }
 
   /** Ends the client for good: every request waiting rejects with `kind`. */
@@ -431,8 +466,8 @@ export class WsClient extends Client {
   ): void {
     if (this.state === "closed") return;
     this.setState("closed", why);
-    clearTimeout(this.reconnectTimer);
-    clearInterval(this.keepAliveTimer);
+    this.settings.clock.clearTimeout(this.reconnectTimer);
+    this.settings.clock.clearTimeout(this.keepAliveTimer);
     const conn = this.conn;
     this.conn = undefined;
     conn?.socket.close(1000, "bye");

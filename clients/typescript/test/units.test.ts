@@ -204,20 +204,41 @@ describe("numbers", () => {
 });
 
 describe("back-off", () => {
-  test("a wait is drawn from ½× to 1½× of its mean", () => {
+  test("a jittered wait is drawn from ½× to 1½× of its mean", () => {
     assert.equal(jittered(1000, () => 0), 500);
     assert.equal(jittered(1000, () => 0.999999), 1500);
   });
 
-  test("reconnect delays double to the cap, never below what the server asked, and reset", () => {
-    const b = new Backoff(250, 2000, () => 0.5);
-    assert.deepEqual([b.next(), b.next(), b.next(), b.next(), b.next()], [250, 500, 1000, 2000, 2000]);
-    assert.equal(b.next(5000), 5000);
+  test("full jitter: a wait is drawn from [0, window), the window doubling from the base to the cap", () => {
+    const top = new Backoff(500, 30_000, () => 0.999999);
+    const draws = Array.from({ length: 9 }, () => top.next());
+    assert.deepEqual(draws, [499, 999, 1999, 3999, 7999, 15_999, 29_999, 29_999, 29_999]);
+    assert.equal(top.attempts, 9);
+    const bottom = new Backoff(500, 30_000, () => 0);
+    assert.deepEqual([bottom.next(), bottom.next(), bottom.next()], [0, 0, 0]);
+    // Any draw lies in its window, and the window never passes the cap.
+    const any = new Backoff(500, 30_000, Math.random);
+    for (let i = 0; i < 200; i++) {
+      const window = any.windowMs();
+      const wait = any.next();
+      assert.ok(window <= 30_000 && wait >= 0 && wait < window, `${wait} in [0, ${window})`);
+    }
+    top.reset();
+    assert.equal(top.attempts, 0);
+    assert.equal(top.next(), 499);
+  });
+
+  test("a hint is drawn from ½× to 1½× of it and does not count; a per-user limit is a floor", () => {
+    const b = new Backoff(500, 30_000, () => 0);
+    assert.equal(b.next(2500), 1250);
+    assert.equal(new Backoff(500, 30_000, () => 0.999999).next(2500), 3750);
+    assert.equal(b.attempts, 0, "the hint did not count");
+    b.next();
+    assert.equal(b.attempts, 1);
+    assert.equal(b.next(40_000), 20_000, "a hint is the server's word: not capped");
     // A per-user limit's wait is a floor, whatever the jitter draws.
     assert.equal(new Backoff(250, 2000, () => 0).next(undefined, 900), 900);
     assert.equal(new Backoff(250, 2000, () => 0).next(4000, 4000), 4000);
-    b.reset();
-    assert.equal(b.next(), 250);
   });
 
   test("the shake gate holds shakes for the server's wait, or 30 s when it named none", () => {
