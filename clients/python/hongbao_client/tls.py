@@ -47,7 +47,7 @@ def tls_failure(error: BaseException) -> str | None:
     # default, as an error made by hand has neither.
     if isinstance(error, ssl.SSLCertVerificationError):
         why = getattr(error, "verify_message", None) or error
-        return f"the server's certificate is not trusted ({why}); the CA that signed it goes in cafile= or cadata="
+        return f"the server's certificate is not trusted ({why}); give the CA that signed it (cafile= or cadata= to connect(), --ca on the command line)"
     if isinstance(error, ssl.SSLError) and not isinstance(error, _LOST):
         return f"the TLS handshake failed ({getattr(error, 'reason', None) or error})"
     return None

@@ -366,7 +366,8 @@ class LiveTokens(ServerTest):
             self.assertEqual((await c.me()).user_id, 301)
         # The frame's user must be the token's.
         got = await raw_login(self.server.tcp, 302, token)
-        self.assertEqual(got[:2], [m.LoginReply(ResultCode.BAD_TOKEN, 302), m.Kick(KickReason.BAD_TOKEN, "bad token")])
+        self.assertEqual(got[:2], [m.LoginReply(ResultCode.BAD_TOKEN, 302),
+                                   m.Kick(KickReason.BAD_TOKEN, "bad token: other-user")])
         self.assertEqual(await raw_login(self.server.tcp, 0, token), [m.LoginReply(ResultCode.OK, 301)])
 
     async def test_forged_and_expired_tokens_are_refused(self) -> None:
@@ -382,8 +383,11 @@ class LiveTokens(ServerTest):
             with self.subTest(why):
                 # On the wire: login-reply bad-token, then kick bad-token, then the close.
                 got = await raw_login(self.server.tcp, 0, token)
+                self.assertEqual(got[0], m.LoginReply(ResultCode.BAD_TOKEN, 0))
+                # The kick says why the token was refused (`bad token: expired`, ...).
+                self.assertRegex(got[1].text, r"^bad token: [a-z-]+$")
                 self.assertEqual(got, [m.LoginReply(ResultCode.BAD_TOKEN, 0),
-                                       m.Kick(KickReason.BAD_TOKEN, "bad token")])
+                                       m.Kick(KickReason.BAD_TOKEN, got[1].text)])
                 for url in (self.server.tcp_url, self.server.http_url):
                     started = time.monotonic()
                     with self.assertRaises(hb.HongbaoError) as caught:
