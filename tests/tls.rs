@@ -378,3 +378,133 @@ fn clients_leaving_mid_handshake_do_not_disturb_a_worker() {
         assert_eq!(worker["restarts"], 0, "{worker}");
     }
 }
+
+/// A one-worker TLS server admitting `bound` handshakes at a time, its login deadline
+/// `login_secs`.
+fn bounded_tls_serve(dir: &Path, bound: u32, login_secs: u32) -> (Server, DevCerts) {
+    let certs = DevCerts::make(&["127.0.0.1"]).unwrap();
+    let files = certs.write(dir).unwrap();
+    let server = Serve::new()
+        .workers(1)
+        .tls(&files)
+        .config(&format!(
+            "max_tls_handshakes = {bound}\nlogin_timeout_secs = {login_secs}\ntls_handshake_timeout_secs = 60"
+        ))
+        .start();
+    (server, certs)
+}
+
+/// The worker's stats (counters and levels), over the TLS admin address.
+fn worker_stats(server: &Server, ca: &str) -> serde_json::Value {
+    let key = server.admin.key();
+    let addr = server.admin.addr;
+    let (_, body) = https(
+        addr,
+        ca,
+        &format!("GET /v1/stats HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"),
+    );
+    serde_json::from_str(&body).unwrap()
+}
+
+/// A storm of many times the handshake bound, all at once, into a one-worker server: the
+/// worker takes in only as many as it admits and leaves the rest in the kernel's queue,
+/// so every client logs in and none is kicked idle once its handshake is done — though
+/// most waited in the queue longer than the login deadline.
+#[test]
+fn a_storm_of_many_times_the_bound_all_log_in_and_none_is_kicked_after_its_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, certs) = bounded_tls_serve(dir.path(), 4, 1);
+    let clients = 120;
+    let start = std::sync::Arc::new(std::sync::Barrier::new(clients));
+    let handles: Vec<_> = (0..clients as u64)
+        .map(|i| {
+            let (addr, ca, start) = (server.listen, certs.ca_pem.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let mut client = Client::connect_tls(addr, "127.0.0.1", ca.as_bytes())
+                    .map_err(|e| format!("user {}: {e}", 1000 + i))?;
+                client.set_timeout(Duration::from_secs(60)).unwrap();
+                match client.login(&token(SECRET, 1000 + i)) {
+                    Ok(ResultCode::Ok) => Ok(client),
+                    other => Err(format!("user {}: {other:?}", 1000 + i)),
+                }
+            })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for h in handles {
+        held.push(h.join().unwrap().unwrap_or_else(|e| panic!("{e}")));
+    }
+    for client in &mut held {
+        assert!(pings(client), "a session was kicked after it logged in");
+    }
+    let stats = common::wait_until("the worker's report", Duration::from_secs(5), || {
+        let s = worker_stats(&server, &certs.ca_pem);
+        (s["totals"]["logins"].as_u64()? >= clients as u64).then_some(s)
+    });
+    let totals = &stats["totals"];
+    assert_eq!(
+        totals["tls_handshakes"].as_u64(),
+        Some(clients as u64),
+        "{totals}"
+    );
+    assert_eq!(totals["kicks_idle"].as_u64(), Some(0), "{totals}");
+    assert_eq!(
+        totals["tls_handshake_timeouts"].as_u64(),
+        Some(0),
+        "{totals}"
+    );
+    assert!(totals["accept_paused"].as_u64() >= Some(1), "{totals}");
+}
+
+/// Clients that gave up while they waited in the accept queue (the worker at its bound)
+/// are let go when the worker reaches them, before any handshake work: counted
+/// abandoned, never handshaken.
+#[test]
+fn clients_that_gave_up_in_the_queue_cost_no_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, certs) = bounded_tls_serve(dir.path(), 2, 10);
+    let config = client_config(certs.ca_pem.as_bytes(), &[ALPN_FRAMES]).unwrap();
+    let hello = || {
+        let mut session =
+            rustls::ClientConnection::new(config.clone(), "127.0.0.1".try_into().unwrap()).unwrap();
+        let mut hello = Vec::new();
+        session.write_tls(&mut hello).unwrap();
+        hello
+    };
+    // Two handshakes begun and left hanging: the worker is at its bound.
+    let stalled: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let tcp = TcpStream::connect(server.listen).unwrap();
+            (&tcp).write_all(&hello()).unwrap();
+            tcp
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // Ten more send their ClientHello and give up: they wait in the kernel's queue.
+    for _ in 0..10 {
+        let tcp = TcpStream::connect(server.listen).unwrap();
+        (&tcp).write_all(&hello()).unwrap();
+        drop(tcp);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let before = worker_stats(&server, &certs.ca_pem);
+    assert_eq!(
+        before["workers"][0]["tls_handshaking"].as_u64(),
+        Some(2),
+        "{before}"
+    );
+    drop(stalled); // the two go too: the worker reaches the queue
+    let mut client = login_tls(&server, &certs.ca_pem, 31);
+    assert!(pings(&mut client));
+    let totals = common::wait_until("the worker's report", Duration::from_secs(5), || {
+        let s = worker_stats(&server, &certs.ca_pem);
+        (s["totals"]["logins"].as_u64()? >= 1).then(|| s["totals"].clone())
+    });
+    assert_eq!(
+        totals["tls_handshakes"].as_u64(),
+        Some(1),
+        "only the one that stayed: {totals}"
+    );
+    assert_eq!(totals["tls_abandoned"].as_u64(), Some(12), "{totals}");
+}

@@ -170,6 +170,13 @@ impl ServeFlags {
     }
 }
 
+/// TLS handshakes under way in one worker at most (`max_tls_handshakes`). A full
+/// handshake costs the server a signature and a key agreement (~0.15–0.3 ms of a core
+/// here) and then waits for the client's answer; 64 keep a worker busy across that wait
+/// at the few thousand a second this machine completes, while each admitted handshake
+/// waits behind at most 63 others (docs/benchmarks/diary.md, issue 51).
+pub const DEFAULT_MAX_TLS_HANDSHAKES: u32 = 64;
+
 /// Every option of `hongbao serve`; each can be given in the TOML file under the same name.
 #[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -261,6 +268,12 @@ pub struct ServeConfig {
     pub max_unauthenticated: u32,
     /// The same, from one source address (per worker).
     pub max_unauthenticated_per_source: u32,
+    /// TLS handshakes under way in one worker at most; the connections past it wait in
+    /// the kernel's accept queue (the listener is not polled meanwhile).
+    pub max_tls_handshakes: u32,
+    /// A TLS handshake not done this long after the accept is closed; the login
+    /// deadline counts from the handshake's end.
+    pub tls_handshake_timeout_secs: u32,
     /// Close a logged-in connection silent this long; 0 never.
     pub idle_timeout_secs: u32,
     /// Close an HTTP connection idle between requests this long; 0 never.
@@ -438,6 +451,8 @@ impl Default for ServeConfig {
             login_timeout_secs: 10,
             max_unauthenticated: 16_384,
             max_unauthenticated_per_source: 4_096,
+            max_tls_handshakes: DEFAULT_MAX_TLS_HANDSHAKES,
+            tls_handshake_timeout_secs: 10,
             idle_timeout_secs: 0,
             http_keepalive_secs: 75,
             max_output_bytes: 256 * 1024,

@@ -157,6 +157,12 @@ pub struct WorkerConfig {
     pub max_unauthenticated: u32,
     /// ...and at most this many from one source address.
     pub max_unauthenticated_per_source: u32,
+    /// TLS handshakes under way in this worker at most: at the bound the listeners are
+    /// not accepted from, and the rest wait in the kernel's accept queue.
+    pub max_tls_handshakes: u32,
+    /// A TLS handshake not done this long after the accept is closed.
+    pub tls_handshake_timeout_secs: u32,
+    /// Counted from the connect, or from the TLS handshake's end.
     pub login_timeout_secs: u32,
     /// 0 disables.
     pub idle_timeout_secs: u32,

@@ -94,6 +94,18 @@ counters!(
     /// TLS handshakes refused: a client that does not speak TLS on a TLS listener, or
     /// none of its versions, names or ciphers.
     tls_refused,
+    /// TLS handshakes done, full...
+    tls_handshakes,
+    /// ...and resumed from a ticket.
+    tls_resumed,
+    /// TLS handshakes not done within `tls_handshake_timeout_secs` of the accept: closed.
+    tls_handshake_timeouts,
+    /// Connections that left before their TLS handshake was done — among them those the
+    /// client gave up on in the accept queue, closed before any handshake work.
+    tls_abandoned,
+    /// Times the worker stopped accepting for a moment, at `max_tls_handshakes` (or
+    /// `max_unauthenticated`): the connections past it waited in the kernel's queue.
+    accept_paused,
     http_requests,
     broadcasts,
     broadcast_delivered,
@@ -106,9 +118,12 @@ pub struct WorkerLevels {
     pub logged_in: u64,
     pub pool_packets: u64,
     pub rss_bytes: u64,
-    /// Shakes a second the worker's shake cap admits now; 0: no cap (worker/cap.rs).
+    /// Shakes a second the worker's shake cap admits now; 0: no cap (worker/overload.rs).
     #[serde(default)]
     pub shake_cap: u64,
+    /// TLS handshakes under way now (at most `max_tls_handshakes`).
+    #[serde(default)]
+    pub tls_handshaking: u64,
 }
 
 impl WorkerLevels {
@@ -118,6 +133,7 @@ impl WorkerLevels {
         self.pool_packets += other.pool_packets;
         self.rss_bytes += other.rss_bytes;
         self.shake_cap += other.shake_cap;
+        self.tls_handshaking += other.tls_handshaking;
     }
 }
 

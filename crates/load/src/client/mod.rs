@@ -28,6 +28,7 @@ use std::time::Duration;
 use hongbao_sys::clock::unix_us;
 
 use hdrhistogram::Histogram;
+use hongbao_proto::tls::session::ClientSession;
 use hongbao_proto::{ws, Frame, Message};
 use hongbao_sys::net::write_nonblocking;
 use mio::net::TcpStream;
@@ -101,8 +102,9 @@ struct User {
     inflight: Vec<Inflight>,
     /// A fragmented WebSocket message being assembled (the gateway never fragments).
     fragment: Option<Box<ws::Partial>>,
-    /// The connection's TLS session, when the run speaks TLS.
-    tls: Option<Box<rustls::ClientConnection>>,
+    /// The connection's TLS session, when the run speaks TLS: rustls's unbuffered one,
+    /// which holds no buffers between reads (`hongbao_proto::tls::session`).
+    tls: Option<Box<ClientSession>>,
 }
 
 struct Client {
@@ -173,9 +175,14 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
     poll.registry()
         .register(&mut SourceFd(&0), STDIN, Interest::READABLE)?;
     let minter = opts.signer.minter(&opts.secret)?;
+    // Each listener says what it speaks: binary frames, or HTTP (and WebSocket upgrades).
+    let alpn = match opts.transport {
+        Transport::Tcp => hongbao_proto::tls::ALPN_FRAMES,
+        Transport::Ws | Transport::Http => hongbao_proto::tls::ALPN_HTTP,
+    };
     let tls = match &opts.tls_ca {
         Some(ca) => Some(
-            hongbao_proto::tls::client_config(ca.as_bytes(), &[hongbao_proto::tls::ALPN_FRAMES])
+            hongbao_proto::tls::client_config(ca.as_bytes(), &[alpn])
                 .map_err(anyhow::Error::msg)?,
         ),
         None => None,
@@ -488,23 +495,21 @@ impl Client {
         self.write(i, &bytes);
     }
 
-    /// Writes `bytes` to user `i`'s connection: sealed first over TLS.
+    /// Writes `bytes` to user `i`'s connection: sealed first over TLS (before the
+    /// handshake is done, kept by the session until it is).
     pub(super) fn write(&mut self, i: usize, bytes: &[u8]) {
         if let Some(session) = self.users[i].tls.as_mut() {
-            use std::io::Write as _;
-            let _ = session.writer().write_all(bytes);
             let mut sealed = Vec::with_capacity(bytes.len() + 64);
-            while session.wants_write() {
-                if session.write_tls(&mut sealed).is_err() {
-                    break;
-                }
+            session.seal(bytes, &mut sealed);
+            if !sealed.is_empty() {
+                self.write_raw(i, &sealed);
             }
-            return self.write_raw(i, &sealed);
+            return;
         }
         self.write_raw(i, bytes);
     }
 
-    fn write_raw(&mut self, i: usize, bytes: &[u8]) {
+    pub(super) fn write_raw(&mut self, i: usize, bytes: &[u8]) {
         let user = &mut self.users[i];
         let Some(stream) = user.stream.as_mut() else {
             return;
@@ -533,17 +538,7 @@ impl Client {
                 Ok(None) if stream.peer_addr().is_ok() && self.tls.is_some() => {
                     self.start_tls(i);
                 }
-                Ok(None) if stream.peer_addr().is_ok() => match self.opts.transport {
-                    Transport::Tcp | Transport::Http => self.established(i, now_ms),
-                    Transport::Ws => {
-                        // `since_ms` stays: the connect timeout covers the upgrade too.
-                        user.state = State::Upgrading;
-                        let key: [u8; 16] = rand::random();
-                        self.handshakes.insert(i as u32, key);
-                        let request = transport::upgrade_request(self.opts.server, &key);
-                        self.write(i, &request);
-                    }
-                },
+                Ok(None) if stream.peer_addr().is_ok() => self.tls_established(i, now_ms),
                 Ok(None) => {} // spurious wake-up: not connected yet
                 Ok(Some(e)) | Err(e) => self.connect_failed(i, &e),
             }
@@ -561,16 +556,32 @@ impl Client {
         }
     }
 
+    /// Connected (over TLS: the handshake done): the protocol begins — for WebSocket its
+    /// upgrade, for the others the login.
+    pub(super) fn tls_established(&mut self, i: usize, now_ms: u64) {
+        match self.opts.transport {
+            Transport::Tcp | Transport::Http => self.established(i, now_ms),
+            Transport::Ws => {
+                // `since_ms` stays: the connect timeout covers the upgrade too.
+                self.users[i].state = State::Upgrading;
+                let key: [u8; 16] = rand::random();
+                self.handshakes.insert(i as u32, key);
+                let request = transport::upgrade_request(self.opts.server, &key);
+                self.write(i, &request);
+            }
+        }
+    }
+
     /// Connected: the TLS handshake begins (the connect timeout covers it too).
     fn start_tls(&mut self, i: usize) {
         let config = self.tls.clone().expect("a TLS run");
         let name = rustls::pki_types::ServerName::IpAddress(self.opts.server.ip().into());
-        let Ok(session) = rustls::ClientConnection::new(config, name) else {
+        let Ok(session) = rustls::client::UnbufferedClientConnection::new(config, name) else {
             return self.handshake_failed(i);
         };
         let user = &mut self.users[i];
         user.state = State::Handshaking;
-        user.tls = Some(Box::new(session));
+        user.tls = Some(Box::new(ClientSession::new(session)));
         // Its ClientHello, sealed from nothing.
         self.write(i, &[]);
     }

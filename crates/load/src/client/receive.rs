@@ -4,6 +4,7 @@
 
 use std::io::{ErrorKind, Read};
 
+use hongbao_proto::tls::session::Opened;
 use hongbao_proto::{ws, Frame, Message, ResultCode};
 use rand::Rng;
 
@@ -98,32 +99,30 @@ impl Client {
 
     /// Reads `cipher` through user `i`'s TLS session, appending the plaintext to `plain`
     /// and sending what the session has to send; the handshake done, the user is
-    /// established. `None`: the session failed (the user is dropped, to retry).
-    fn tls_read(&mut self, i: usize, mut cipher: &[u8], plain: &mut Vec<u8>) -> Option<()> {
-        use std::io::Read as _;
+    /// established (for WebSocket: its upgrade request goes out). `None`: the session
+    /// failed or the server said goodbye (the user is dropped, to retry).
+    fn tls_read(&mut self, i: usize, cipher: &[u8], plain: &mut Vec<u8>) -> Option<()> {
         let session = self.users[i].tls.as_mut()?;
-        while !cipher.is_empty() {
-            if session.read_tls(&mut cipher).is_err() {
-                break;
+        let mut out = Vec::new();
+        let opened = session.open(cipher, plain, &mut out);
+        let handshaking = session.is_handshaking();
+        if !out.is_empty() {
+            self.write_raw(i, &out);
+        }
+        match opened {
+            Ok(Opened::Data) => {}
+            Ok(Opened::PeerClosed) if !plain.is_empty() => {}
+            Ok(Opened::PeerClosed) => {
+                self.lost(i);
+                return None;
             }
-            match session.process_new_packets() {
-                Ok(state) => {
-                    let n = state.plaintext_bytes_to_read();
-                    let start = plain.len();
-                    plain.resize(start + n, 0);
-                    let _ = session.reader().read_exact(&mut plain[start..]);
-                }
-                Err(_) => {
-                    self.write(i, &[]); // its alert
-                    self.handshake_failed(i);
-                    return None;
-                }
+            Err(_) => {
+                self.handshake_failed(i);
+                return None;
             }
         }
-        let handshaking = session.is_handshaking();
-        self.write(i, &[]);
         if !handshaking && self.users[i].state == State::Handshaking {
-            self.established(i, unix_us() / 1000);
+            self.tls_established(i, unix_us() / 1000);
         }
         Some(())
     }

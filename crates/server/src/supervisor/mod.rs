@@ -304,6 +304,8 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         max_connections: limits::sockets_per_process(nofile) as u32,
         max_unauthenticated: cfg.max_unauthenticated,
         max_unauthenticated_per_source: cfg.max_unauthenticated_per_source,
+        max_tls_handshakes: cfg.max_tls_handshakes.max(1),
+        tls_handshake_timeout_secs: cfg.tls_handshake_timeout_secs.max(1),
         login_timeout_secs: cfg.login_timeout_secs,
         idle_timeout_secs: cfg.idle_timeout_secs,
         http_keepalive_secs: cfg.http_keepalive_secs,

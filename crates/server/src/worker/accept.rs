@@ -2,6 +2,16 @@
 //! connection starts with, the cap on connections), and counting the connections not yet
 //! logged in, in all and per source address, so that sockets that never log in cannot
 //! fill the worker.
+//!
+//! Admission at the machine's pace: a TLS handshake, or a connection not yet logged in,
+//! is work the worker has started. At `max_tls_handshakes` handshakes under way (or
+//! `max_unauthenticated` connections not logged in) the worker stops accepting, and what
+//! is past the bound waits in the kernel's accept queue — where a full queue drops SYNs
+//! and TCP's own retries are the back-off — until a handshake ends; then it accepts again
+//! (`resume_held`). Never accept-and-close, never accept-and-time-out: a connection taken
+//! in is one the worker has time for. A client that gave up while it waited in the queue
+//! is seen closed at its first event and let go before any handshake work
+//! (`tls_abandoned`).
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -51,6 +61,11 @@ pub(super) struct Listeners {
     sockets: Vec<Listener>,
     /// Accepting failed (out of files): nothing is accepted until the next tick.
     paused: bool,
+    /// The listeners were left with connections waiting, at a bound: accepted from
+    /// again once below it (`resume_held`).
+    held: bool,
+    /// TLS handshakes under way.
+    handshaking: u32,
     /// Connections not yet logged in (binary frames, upgraded WebSockets), by slab key,
     /// with their source address; and how many each source has.
     unauthenticated: HashMap<usize, IpAddr>,
@@ -62,6 +77,8 @@ impl Listeners {
         Listeners {
             sockets,
             paused: false,
+            held: false,
+            handshaking: 0,
             unauthenticated: HashMap::new(),
             per_source: HashMap::new(),
         }
@@ -103,13 +120,30 @@ impl Listeners {
 }
 
 impl Worker {
-    /// Takes in what listener `i` holds, until it would block (nothing while accepts are
-    /// paused after a failure).
+    /// Whether the worker is at a bound of the work it admits: as many TLS handshakes
+    /// under way as it may hold, or (on a binary-frame listener) as many connections not
+    /// yet logged in.
+    fn at_bound(&self, http: bool) -> bool {
+        (self.tls.is_some() && self.listeners.handshaking >= self.cfg.max_tls_handshakes)
+            || (!http
+                && self.listeners.unauthenticated.len() >= self.cfg.max_unauthenticated as usize)
+    }
+
+    /// Takes in what listener `i` holds, until it would block or a bound is reached
+    /// (nothing while accepts are paused after a failure).
     pub(super) fn accept(&mut self, i: usize) {
         if self.listeners.paused {
             return;
         }
         loop {
+            if self.at_bound(self.listeners.sockets[i].http) {
+                // Left in the kernel's queue: accepted once a handshake or login ends.
+                if !self.listeners.held {
+                    self.listeners.held = true;
+                    self.stats.counters.accept_paused += 1;
+                }
+                return;
+            }
             let listener = &mut self.listeners.sockets[i];
             match listener.socket.accept() {
                 Ok((mut stream, peer)) => {
@@ -122,13 +156,9 @@ impl Worker {
                     // A trusted proxy's connection is counted as its client's once its
                     // PROXY header names it (`proxy_read`): here only in all.
                     let proxied = !http && self.cfg.trusted_proxies.contains(&peer.ip());
-                    let allowed = match proxied {
-                        true => {
-                            self.listeners.unauthenticated.len()
-                                < self.cfg.max_unauthenticated as usize
-                        }
-                        false => http || self.may_hold_unauthenticated(peer.ip()),
-                    };
+                    // In all the bound holds it (`at_bound`); one source over its own
+                    // share is closed: it must not hold the listener for everyone.
+                    let allowed = proxied || http || self.may_hold_source(peer.ip());
                     if !allowed {
                         self.stats.counters.rejected_unauthenticated += 1;
                         continue; // dropped: closes at once
@@ -158,11 +188,18 @@ impl Worker {
                     let generation = self.next_generation;
                     self.next_generation = self.next_generation.wrapping_add(1).max(1);
                     let key = entry.key();
+                    let handshaking = tls.is_some();
                     let mut conn = Conn::new(stream, generation, now, codec);
                     conn.tls = tls;
                     conn.proxied = proxied;
                     entry.insert(conn);
-                    let first = self.first_visit(http, now);
+                    let first = match handshaking {
+                        true => {
+                            self.listeners.handshaking += 1;
+                            now.after(self.cfg.tls_handshake_timeout_secs)
+                        }
+                        false => self.first_visit(http, now),
+                    };
                     self.timers.file(first, conn_id(key, generation));
                     if !http {
                         self.hold_unauthenticated(key, peer.ip());
@@ -190,6 +227,63 @@ impl Worker {
         for i in 0..self.listeners.count() {
             self.accept(i);
         }
+    }
+
+    /// Listeners left at a bound are accepted from again once the worker is below it:
+    /// edge-triggered epoll says nothing of connections already queued.
+    pub(super) fn resume_held(&mut self) {
+        if !self.listeners.held || self.at_bound(true) {
+            return;
+        }
+        self.listeners.held = false;
+        self.accept_all();
+        // Held again at once (the frames listener at `max_unauthenticated`, say): still
+        // the same pause, not a new one.
+        if self.listeners.held {
+            self.stats.counters.accept_paused -= 1;
+        }
+    }
+
+    /// TLS handshakes under way.
+    pub(super) fn handshaking(&self) -> u32 {
+        self.listeners.handshaking
+    }
+
+    /// Connection `key`'s handshake is no longer under way: done (`done`: counted full or
+    /// resumed, and the login deadline counts from now), or its connection closing.
+    pub(super) fn handshake_over(&mut self, key: usize, done: bool) {
+        let Some(session) = self.conns.get_mut(key).and_then(|c| c.tls.as_mut()) else {
+            return;
+        };
+        if !session.admitted() {
+            return;
+        }
+        self.listeners.handshaking -= 1;
+        if !done {
+            return;
+        }
+        match session.resumed() {
+            true => self.stats.counters.tls_resumed += 1,
+            false => self.stats.counters.tls_handshakes += 1,
+        }
+        let now = self.time.read.secs();
+        let conn = &mut self.conns[key];
+        conn.last_seen = now;
+        if let super::codec::Codec::Http(http) = &mut conn.codec {
+            http.handshake_done(now);
+        }
+        let http = matches!(conn.codec, super::codec::Codec::Http(_));
+        let id = conn_id(key, conn.generation);
+        let first = self.first_visit(http, now);
+        self.timers.file(first, id);
+    }
+
+    /// Whether connection `key`'s TLS handshake is under way.
+    pub(super) fn is_handshaking(&self, key: usize) -> bool {
+        self.conns
+            .get(key)
+            .and_then(|c| c.tls.as_ref())
+            .is_some_and(|s| s.admitting())
     }
 
     // ----- connections not yet logged in -------------------------------------------------

@@ -284,6 +284,9 @@ impl Worker {
         let handshaking = session.is_handshaking();
         let (mut plain, mut out) = (Vec::new(), Vec::new());
         let opened = tls::open(session, cipher, &mut plain, &mut out);
+        if handshaking && !session.is_handshaking() && opened.is_ok() {
+            self.handshake_over(key, true);
+        }
         if !out.is_empty() {
             self.write_raw(key, &out);
         }
@@ -291,6 +294,9 @@ impl Worker {
             Ok(Opened::Data) => Some(plain),
             Ok(Opened::PeerClosed) if !plain.is_empty() => Some(plain),
             Ok(Opened::PeerClosed) => {
+                if self.is_handshaking(key) {
+                    self.stats.counters.tls_abandoned += 1;
+                }
                 self.peer_done(key);
                 None
             }
@@ -440,6 +446,7 @@ impl Worker {
         }
         self.leave(key);
         self.authenticated(key);
+        self.handshake_over(key, false);
         self.ready.remove(key);
         let mut conn = self.conns.remove(key);
         let _ = self.poll.registry().deregister(&mut conn.stream);

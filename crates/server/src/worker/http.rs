@@ -77,6 +77,14 @@ impl HttpCodec {
         }
     }
 
+    /// The connection's TLS handshake is done at `now`: its first request's deadline
+    /// counts from here, not from the accept.
+    pub(super) fn handshake_done(&mut self, now: UptimeSecs) {
+        if !self.request_begun && self.next_id == 1 {
+            self.request_since = Some(now);
+        }
+    }
+
     /// When the request being read began; `None` between requests.
     pub(super) fn request_since(&self) -> Option<UptimeSecs> {
         self.request_since

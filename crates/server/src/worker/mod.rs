@@ -268,6 +268,8 @@ impl Worker {
                     self.read_then_ask(key, &mut read_buf, true, now)?;
                 }
             }
+            // Handshakes or logins ended this turn: what waits in the accept queue next.
+            self.resume_held();
             let polled = self.time.polled;
             self.broadcast_slice(polled);
             if self.timers.tick_due(polled) {
@@ -323,7 +325,14 @@ impl Worker {
                         if event.is_writable() {
                             self.flush_conn(key);
                         }
-                        if event.is_read_closed() || event.is_error() {
+                        if (event.is_read_closed() || event.is_error()) && self.is_handshaking(key)
+                        {
+                            // Gone before its handshake was done (a client that gave up
+                            // while it waited in the accept queue): its ClientHello is
+                            // not worth a signature.
+                            self.stats.counters.tls_abandoned += 1;
+                            self.close(key);
+                        } else if event.is_read_closed() || event.is_error() {
                             // The last of what it sent, then the close: at once, as
                             // there is nothing newer to come from it.
                             self.on_readable(key, read_buf, true, reported);

@@ -28,6 +28,8 @@ enum Visit {
     Never,
     /// Past its deadline: close it (a kicked or half-closed connection).
     Close,
+    /// Its TLS handshake took longer than `tls_handshake_timeout_secs`: close it.
+    HandshakeTimedOut,
     /// Past its deadline: kick it, saying why.
     Kick(KickReason, &'static str),
     /// Its session's token ends soon: ask for a fresh one.
@@ -47,6 +49,7 @@ impl Worker {
         self.stats.levels.connections = self.conns.len() as u64;
         self.stats.levels.pool_packets = self.shakes.pool.len() as u64;
         self.stats.levels.shake_cap = self.shakes.overload.cap_per_sec().into();
+        self.stats.levels.tls_handshaking = self.handshaking().into();
         let (rss, cpu) = usage::self_usage();
         self.stats.levels.rss_bytes = rss;
         self.stats.cpu_ms = cpu;
@@ -92,6 +95,10 @@ impl Worker {
                 Visit::Again(at) => self.timers.file(at, id),
                 Visit::Never => {}
                 Visit::Close => self.close(key),
+                Visit::HandshakeTimedOut => {
+                    self.stats.counters.tls_handshake_timeouts += 1;
+                    self.close(key);
+                }
                 Visit::Kick(reason, text) => {
                     let counters = &mut self.stats.counters;
                     match reason {
@@ -150,6 +157,11 @@ impl Worker {
         let unread = || net::has_input(c.stream.as_raw_fd());
         // Not decided this second: look again in the next.
         let next = Visit::Again(now.after(1));
+        // A TLS handshake has a deadline of its own from the accept; the login's counts
+        // from the handshake's end (`handshake_over`).
+        if c.tls.as_ref().is_some_and(|t| t.admitting()) {
+            return past(cfg.tls_handshake_timeout_secs).unwrap_or(Visit::HandshakeTimedOut);
+        }
         match c.codec.idle() {
             // Counted from the connect: a request waiting unread may be ours to read,
             // but not for long.

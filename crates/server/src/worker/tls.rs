@@ -4,23 +4,23 @@
 //! written goes through it (`seal`) before the socket does — everything a connection is
 //! sent passes `Worker::write`, the one place that seals.
 //!
-//! The session is rustls's unbuffered one: rustls keeps no buffers of a connection's
-//! (a buffered session keeps a 4 KiB receive buffer for life); what it has to send is
-//! taken out at once and goes the way every write goes (the connection's queue, the
-//! slow-reader limit). Between reads a session keeps only the bytes of a record not yet
-//! whole, and, before its handshake is done, what it was given to send: both empty, and
-//! so nothing on the heap, for an idle connection.
+//! The session is rustls's unbuffered one (`hongbao_proto::tls::session`, the load's
+//! too): rustls keeps no buffers of a connection's; what it has to send is taken out at
+//! once and goes the way every write goes (the connection's queue, the slow-reader
+//! limit). An idle connection's session holds nothing on the heap but rustls's state.
 //!
 //! A client that does not speak TLS (or not a version or name we take) fails its
 //! handshake: it is sent rustls's alert and closed, and counted (`tls_refused`). New
 //! certificates (a reload) apply to the connections that come after; those open keep the
-//! config they began with.
+//! config they began with. Handshakes under way are counted for admission
+//! (`accept.rs`): the session says whether it still counts.
 
 use std::sync::Arc;
 
 use hongbao_http::tls::{server_config_with, ALPN_FRAMES, ALPN_HTTP};
-use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
-use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, WriteTraffic};
+pub(super) use hongbao_proto::tls::session::Opened;
+use hongbao_proto::tls::session::ServerSession;
+use rustls::server::UnbufferedServerConnection;
 use rustls::ServerConfig;
 
 use crate::link::TlsPem;
@@ -44,23 +44,22 @@ impl Tls {
     /// A session for a connection of a listener speaking HTTP (or binary frames).
     pub(super) fn session(&self, http: bool) -> Box<Session> {
         let config = if http { &self.http } else { &self.frames };
+        let tls = UnbufferedServerConnection::new(config.clone())
+            .expect("a server session of a valid config");
         Box::new(Session {
-            tls: UnbufferedServerConnection::new(config.clone())
-                .expect("a server session of a valid config"),
-            held: Vec::new(),
-            waiting: Vec::new(),
+            tls: ServerSession::new(tls),
+            admitting: true,
         })
     }
 }
 
-/// One connection's TLS: rustls's state, and the two things it cannot hand on at once.
+/// One connection's TLS: the session, and whether its handshake still counts as under
+/// way.
 pub(super) struct Session {
-    tls: UnbufferedServerConnection,
-    /// Bytes read that are not a whole record yet (or a whole handshake message), kept
-    /// for the next read.
-    held: Vec<u8>,
-    /// Plaintext to send that came before the handshake let us encrypt it.
-    waiting: Vec<u8>,
+    tls: ServerSession,
+    /// Counted among the worker's handshakes under way (`accept.rs`): from the accept to
+    /// the handshake's end or the connection's, whichever comes first.
+    admitting: bool,
 }
 
 impl Session {
@@ -68,19 +67,26 @@ impl Session {
         self.tls.is_handshaking()
     }
 
+    /// Whether the handshake is still counted as under way.
+    pub(super) fn admitting(&self) -> bool {
+        self.admitting
+    }
+
+    /// The handshake is no longer under way (done, or its connection closed): true the
+    /// one time it stops counting.
+    pub(super) fn admitted(&mut self) -> bool {
+        std::mem::take(&mut self.admitting)
+    }
+
+    /// Whether a done handshake resumed a session (a ticket) rather than made one.
+    pub(super) fn resumed(&self) -> bool {
+        self.tls.resumed()
+    }
+
     #[cfg(test)]
     fn alpn_protocol(&self) -> Option<&[u8]> {
         self.tls.alpn_protocol()
     }
-}
-
-/// What came of bytes read.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Opened {
-    /// Their plaintext (if any) is in `plain`.
-    Data,
-    /// The peer said goodbye (close_notify): nothing more comes.
-    PeerClosed,
 }
 
 /// Feeds `cipher` (bytes read from the socket) to `session`: appends what it decrypts to
@@ -93,186 +99,19 @@ pub(super) fn open(
     plain: &mut Vec<u8>,
     out: &mut Vec<u8>,
 ) -> Result<Opened, rustls::Error> {
-    let Session { tls, held, waiting } = session;
-    let mut data = std::mem::take(held);
-    data.extend_from_slice(cipher);
-    let mut at = 0;
-    let mut closed = false;
-    let result = loop {
-        let status = tls.process_tls_records(&mut data[at..]);
-        let discard = status.discard;
-        let state = match status.state {
-            Ok(state) => state,
-            Err(e) => break Err(e),
-        };
-        let more = match state {
-            ConnectionState::ReadTraffic(mut records) => {
-                let mut failed = None;
-                while let Some(record) = records.next_record() {
-                    match record {
-                        Ok(record) => plain.extend_from_slice(record.payload),
-                        Err(e) => failed = Some(e),
-                    }
-                }
-                if let Some(e) = failed {
-                    break Err(e);
-                }
-                true
-            }
-            ConnectionState::EncodeTlsData(mut record) => {
-                encode(HANDSHAKE_ROOM, |buf| record.encode(buf), out);
-                true
-            }
-            ConnectionState::TransmitTlsData(mut sent) => {
-                // What waited may go with the handshake's last flight.
-                if let Some(mut traffic) = sent.may_encrypt_app_data() {
-                    encrypt(&mut traffic, waiting, out);
-                }
-                sent.done();
-                true
-            }
-            ConnectionState::WriteTraffic(mut traffic) => {
-                encrypt(&mut traffic, waiting, out);
-                false
-            }
-            ConnectionState::PeerClosed => {
-                closed = true;
-                true
-            }
-            ConnectionState::Closed => {
-                closed = true;
-                false
-            }
-            // BlockedHandshake (more bytes needed) and early data, which we do not take.
-            _ => false,
-        };
-        at += discard;
-        if !more {
-            break Ok(());
-        }
-    };
-    if let Err(e) = result {
-        alerts(tls, out);
-        return Err(e);
-    }
-    if at < data.len() {
-        data.drain(..at);
-        data.shrink_to_fit();
-        *held = data;
-    }
-    Ok(if closed {
-        Opened::PeerClosed
-    } else {
-        Opened::Data
-    })
+    session.tls.open(cipher, plain, out)
 }
 
 /// Encrypts `plain` for `session`, appending the records to `out`; before the handshake
 /// is done, keeps it to send once it is.
 pub(super) fn seal(session: &mut Session, plain: &[u8], out: &mut Vec<u8>) {
-    let Session { tls, waiting, .. } = session;
-    if !waiting.is_empty() {
-        waiting.extend_from_slice(plain);
-        return;
-    }
-    loop {
-        let status = tls.process_tls_records(&mut []);
-        match status.state {
-            Ok(ConnectionState::EncodeTlsData(mut record)) => {
-                encode(HANDSHAKE_ROOM, |buf| record.encode(buf), out)
-            }
-            Ok(ConnectionState::TransmitTlsData(sent)) => sent.done(),
-            Ok(ConnectionState::WriteTraffic(mut traffic)) => {
-                return encode(
-                    sealed_len(plain),
-                    |buf| traffic.encrypt(plain, buf).map_err(room),
-                    out,
-                );
-            }
-            Ok(ConnectionState::BlockedHandshake) => return waiting.extend_from_slice(plain),
-            // Closed, or failed: nothing more is sent.
-            _ => return,
-        }
-    }
+    session.tls.seal(plain, out)
 }
 
 /// The goodbye of a TLS session (close_notify), appended to `out`: none before the
 /// handshake is done (the connection just closes).
 pub(super) fn close(session: &mut Session, out: &mut Vec<u8>) {
-    loop {
-        let status = session.tls.process_tls_records(&mut []);
-        match status.state {
-            Ok(ConnectionState::EncodeTlsData(mut record)) => {
-                encode(HANDSHAKE_ROOM, |buf| record.encode(buf), out)
-            }
-            Ok(ConnectionState::TransmitTlsData(sent)) => sent.done(),
-            Ok(ConnectionState::WriteTraffic(mut traffic)) => {
-                return encode(64, |buf| traffic.queue_close_notify(buf).map_err(room), out);
-            }
-            _ => return,
-        }
-    }
-}
-
-/// Takes out what rustls has to send after an error: its alert.
-fn alerts(tls: &mut UnbufferedServerConnection, out: &mut Vec<u8>) {
-    while let Ok(ConnectionState::EncodeTlsData(mut record)) =
-        tls.process_tls_records(&mut []).state
-    {
-        encode(HANDSHAKE_ROOM, |buf| record.encode(buf), out);
-    }
-}
-
-/// Encrypts and empties `plain` into `out`.
-fn encrypt(
-    traffic: &mut WriteTraffic<'_, ServerConnectionData>,
-    plain: &mut Vec<u8>,
-    out: &mut Vec<u8>,
-) {
-    if plain.is_empty() {
-        return;
-    }
-    encode(
-        sealed_len(plain),
-        |buf| traffic.encrypt(plain, buf).map_err(room),
-        out,
-    );
-    *plain = Vec::new();
-}
-
-/// What encrypting `plain` takes: a record header, the content type and the AEAD tag
-/// (TLS 1.3; 1.2's explicit nonce fits too) for each record of at most 16 KiB.
-fn sealed_len(plain: &[u8]) -> usize {
-    plain.len() + (plain.len() / 16384 + 1) * 40
-}
-
-/// The room first given to a handshake record (rustls asks for more when it needs it).
-const HANDSHAKE_ROOM: usize = 2048;
-
-/// How much room an encryption wanted (none: it cannot be done at all).
-fn room(e: EncryptError) -> EncodeError {
-    match e {
-        EncryptError::InsufficientSize(size) => EncodeError::InsufficientSize(size),
-        EncryptError::EncryptExhausted => EncodeError::AlreadyEncoded,
-    }
-}
-
-/// Runs `write` (rustls writing into a buffer it is given) on the end of `out`, with
-/// `room` bytes or as many as it asks for.
-fn encode(
-    mut room: usize,
-    mut write: impl FnMut(&mut [u8]) -> Result<usize, EncodeError>,
-    out: &mut Vec<u8>,
-) {
-    let start = out.len();
-    loop {
-        out.resize(start + room, 0);
-        match write(&mut out[start..]) {
-            Ok(n) => return out.truncate(start + n),
-            Err(EncodeError::InsufficientSize(size)) => room = size.required_size,
-            Err(EncodeError::AlreadyEncoded) => return out.truncate(start),
-        }
-    }
+    session.tls.close(out)
 }
 
 #[cfg(test)]
@@ -374,7 +213,6 @@ mod tests {
         assert_eq!(plain, vec![7u8; 20000]);
         assert_eq!(heard, b"hello before the handshake");
         assert!(!server.is_handshaking());
-        assert!(server.held.is_empty() && server.held.capacity() == 0);
-        assert!(server.waiting.is_empty() && server.waiting.capacity() == 0);
+        assert!(server.tls.holds_nothing());
     }
 }

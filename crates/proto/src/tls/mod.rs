@@ -45,3 +45,5 @@ pub fn client_config(ca_pem: &[u8], alpn: &[&[u8]]) -> Result<Arc<ClientConfig>,
     config.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     Ok(Arc::new(config))
 }
+
+pub mod session;
