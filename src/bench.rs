@@ -150,6 +150,15 @@ pub struct BenchArgs {
     /// The clients speak TLS to --target-clients (binary frames), trusting --target-ca
     #[arg(long, requires = "target_ca")]
     target_client_tls: bool,
+    /// Every transport over TLS (frames, wss, https) and the admin address too, with a
+    /// throwaway CA and certificate made for the run (OUT/tls); `--preset seed --tls` is
+    /// the festival night
+    #[arg(long)]
+    tls: bool,
+    /// paced: connect at --connect-rate; storm: every user at once, each that fails coming
+    /// back on its own full-jitter back-off (docs/bench.md)
+    #[arg(long, default_value = "paced")]
+    connect_mode: crate::load::ConnectMode,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -167,7 +176,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             println!("bench: {line}");
         }
     }
-    if let Some(ca) = opts.target.as_ref().and_then(|t| t.ca.as_ref()) {
+    let ca = match (&opts.tls_dir, &opts.target) {
+        (Some(dir), _) => Some(dir.join("ca.pem")),
+        (None, Some(t)) => t.ca.clone(),
+        _ => None,
+    };
+    if let Some(ca) = ca {
         // The bench's admin calls trust it for an https:// admin API (before any thread).
         if std::env::var_os(hongbao_http::tls::CA_ENV).is_none() {
             std::env::set_var(hongbao_http::tls::CA_ENV, ca);
@@ -240,6 +254,22 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
     }
     opts.netns = args.netns;
     opts.hosts = args.hosts;
+    opts.connect_storm = args.connect_mode == crate::load::ConnectMode::Storm;
+    if args.tls {
+        if args.hosts > 0 || args.target_clients.is_some() {
+            anyhow::bail!(
+                "--tls makes a certificate for the bench's own local server: not with --hosts or --target-clients (a target's TLS: --target-ca and --target-client-tls)"
+            );
+        }
+        // A throwaway CA and a certificate it signed, for this run only.
+        let dir = opts.out.join("tls");
+        let certs = hongbao_http::tls::DevCerts::make(&["127.0.0.1", "localhost"])
+            .map_err(anyhow::Error::msg)?;
+        certs
+            .write(&dir)
+            .with_context(|| format!("writing the run's certificate to {}", dir.display()))?;
+        opts.tls_dir = Some(dir);
+    }
     opts.standby = args.standby;
     opts.fault = args
         .fault

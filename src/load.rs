@@ -47,9 +47,13 @@ pub struct LoadArgs {
     /// Seconds of firing before stopping [default: until interrupted]
     #[arg(long)]
     duration: Option<u64>,
-    /// New connections per second, all processes together
+    /// New connections per second, all processes together (paced)
     #[arg(long, default_value_t = 20_000)]
     connect_rate: u64,
+    /// paced: connect at --connect-rate; storm: every user at once, each that fails coming
+    /// back on its own full-jitter back-off, as a crowd of apps does at midnight
+    #[arg(long, default_value = "paced")]
+    connect_mode: ConnectMode,
     /// Secret for login tokens (must match the server's): HONGBAO_SECRET, or this flag
     /// for development only (a command line is seen by every local user)
     #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_proto::token::DEV_SECRET, hide_env_values = true)]
@@ -67,7 +71,7 @@ pub struct LoadArgs {
     /// How long each user's token lives; the server asks for a fresh one before it ends
     #[arg(long, default_value_t = 3600)]
     token_ttl_secs: u64,
-    /// Speak TLS to the server (tcp transport), trusting this CA (PEM)
+    /// Speak TLS to the server (every transport: frames, wss, https), trusting this CA (PEM)
     #[arg(long)]
     tls_ca: Option<std::path::PathBuf>,
     /// Report per-second counters to the hongbao monitor at this address
@@ -80,6 +84,13 @@ pub struct LoadArgs {
     /// this many seconds when it names none (±50%); 0 keeps shaking
     #[arg(long, default_value_t = hongbao_load::client::DEFAULT_OVERLOAD_BACKOFF_SECS)]
     overload_backoff_secs: u32,
+}
+
+/// How the users connect (`--connect-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConnectMode {
+    Paced,
+    Storm,
 }
 
 pub fn run(args: LoadArgs) -> Result<()> {
@@ -149,6 +160,7 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         procs: procs(&args.procs)?,
         source_ips,
         connect_rate: args.connect_rate,
+        connect_storm: args.connect_mode == ConnectMode::Storm,
         secret: args.secret.clone(),
         signer: signer(args)?,
         tls_ca: match &args.tls_ca {

@@ -634,3 +634,47 @@ fn ledger_bench_times_every_win_and_refuses_bad_input_without_writing() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--rate"));
 }
+
+/// The bench over TLS on every transport (issue 51): a throwaway CA and certificate made
+/// for the run, the server's listeners and admin address speaking TLS, the clients
+/// trusting that CA; every connection a full handshake, counted on both sides, and the
+/// audit to the cent. The binary frames' run connects in a storm (everyone at once).
+#[test]
+fn small_tls_benches_on_every_transport_balance_every_cent() {
+    for (transport, extra) in [
+        ("tcp", "--connect-mode storm"),
+        ("ws", ""),
+        ("http", "--http-connection keep-alive"),
+    ] {
+        let out = tempfile::tempdir().unwrap();
+        let users = 1500;
+        let summary = run_bench(
+            out.path(),
+            &format!(
+                "--tls --transport {transport} {extra} --connections {users} --workers 2 \
+                 --procs 2 --phase-qps 1000 --campaign-rate 200 --shake-packets 60 \
+                 --send-packets 30"
+            ),
+        );
+        assert_eq!(
+            summary["audit"]["ok"], true,
+            "{transport}: {}",
+            summary["audit"]
+        );
+        assert_eq!(
+            summary["history"]["ok"], true,
+            "{transport}: {}",
+            summary["history"]
+        );
+        assert_eq!(summary["shake"]["won_clients"], 60, "{transport}");
+        let tls = &summary["tls"];
+        assert!(
+            tls["handshakes_full"].as_u64().unwrap() + tls["handshakes_resumed"].as_u64().unwrap()
+                >= users,
+            "{transport}: every connection a handshake: {tls}"
+        );
+        assert_eq!(tls["refused"], 0, "{transport}: {tls}");
+        assert!(out.path().join("tls/ca.pem").exists());
+        // The admin address spoke TLS too: a plain request to it gets no answer.
+    }
+}

@@ -1578,13 +1578,21 @@ fn connections_not_logged_in_are_capped() {
         .map(|i| connect_from(&server, [127, 0, 0, 10 + i]))
         .collect();
     settle();
-    assert_eq!(closed(&spread), 0, "over the cap in all: queued, not closed");
-    wait_until("the rejections and the pause to be counted", secs(5), || {
-        let totals = server.get("/v1/stats")["totals"].clone();
-        let rejected = totals["rejected_unauthenticated"].as_u64() == Some(closed_same as u64);
-        let paused = totals["accept_paused"].as_u64() >= Some(1);
-        (rejected && paused).then_some(())
-    });
+    assert_eq!(
+        closed(&spread),
+        0,
+        "over the cap in all: queued, not closed"
+    );
+    wait_until(
+        "the rejections and the pause to be counted",
+        secs(5),
+        || {
+            let totals = server.get("/v1/stats")["totals"].clone();
+            let rejected = totals["rejected_unauthenticated"].as_u64() == Some(closed_same as u64);
+            let paused = totals["accept_paused"].as_u64() >= Some(1);
+            (rejected && paused).then_some(())
+        },
+    );
 
     // Places free as held connections go; what queued is taken in; logged-in ones do not
     // count.

@@ -8,6 +8,7 @@
 //! to summary.
 //!
 //! - `agent`: `hongbao load-agent`, a client on another machine run over the agent link;
+//! - `backoff`: when a user comes back after its connection ended (full jitter, hints);
 //! - `broadcast`: broadcast delivery times, from a client's receipts to the bench's summary;
 //! - `cli`: `hongbao load` on the command line (control endpoint, progress, totals);
 //! - `client`: one client process's event loop over its slice of the users;
@@ -17,6 +18,7 @@
 //! - `transport`: a client's bytes ↔ frames over TCP, WebSocket or HTTP.
 
 pub mod agent;
+pub mod backoff;
 pub mod broadcast;
 pub mod cli;
 pub mod client;

@@ -37,6 +37,10 @@ pub struct Counters {
     pub failed_time_wait: u64,
     pub disconnects: u64,
     pub kicks: u64,
+    /// Users that did not come back: kicked for a terminal reason (`replaced`,
+    /// `bad-token`, `expired`, `revoked`).
+    #[serde(default)]
+    pub stayed_away: u64,
     /// Firings whose user was not connected and logged in at the time.
     pub skipped_not_ready: u64,
     /// Firings skipped because the user was told "overloaded" and is backing off.
@@ -84,6 +88,7 @@ macro_rules! counter_fields {
             failed_time_wait,
             disconnects,
             kicks,
+            stayed_away,
             skipped_not_ready,
             backed_off,
             skipped_busy,

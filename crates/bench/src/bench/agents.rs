@@ -1,10 +1,8 @@
 //! The bench's load on agents (docs/agents.md): the coordinator's plan from the options,
-//! and what the summary says of the agents when the run is over; and the CA a target's
-//! clients trust.
+//! and what the summary says of the agents when the run is over.
 
 use std::time::Duration;
 
-use anyhow::Context;
 use hongbao_load::coordinator::{AgentSummary, LostSlice, Refusal};
 
 use super::options::AgentsChoice;
@@ -29,20 +27,6 @@ pub(super) fn plan(
         join_timeout: Duration::from_secs(a.join_timeout_secs),
         spawn: a.spawn,
     }))
-}
-
-/// The CA (PEM) the clients trust for TLS to a target that asked for it.
-pub(super) fn target_client_ca(opts: &BenchOptions) -> anyhow::Result<Option<String>> {
-    match &opts.target {
-        Some(super::options::Target {
-            ca: Some(ca),
-            client_tls: true,
-            ..
-        }) => Ok(Some(
-            std::fs::read_to_string(ca).with_context(|| format!("reading {}", ca.display()))?,
-        )),
-        _ => Ok(None),
-    }
 }
 
 /// The summary's `agents`: each agent, those lost, strangers refused, the largest

@@ -173,12 +173,13 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         procs: opts.procs,
         source_ips: None,
         connect_rate: opts.connect_rate,
+        connect_storm: opts.connect_storm,
         secret: opts
             .target
             .as_ref()
             .map_or(SECRET.to_string(), |t| t.secret.clone()),
         signer: Default::default(),
-        tls_ca: agents::target_client_ca(&opts)?,
+        tls_ca: opts.client_ca()?,
         connect_at_epoch: true,
         monitor: Some(monitor.addr().to_string()),
         monitor_key: Some(monitor.key().to_string()),
@@ -490,6 +491,26 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         }
         _ => None,
     };
+    // The handshakes of a TLS run, the server's counters over the run (a fresh server).
+    let tls = match &opts.tls_dir {
+        Some(_) => {
+            let stats: serde_json::Value = server.get("/v1/stats")?;
+            let n = |name: &str| stats["totals"][name].as_u64().unwrap_or(0);
+            let t = &finished.totals;
+            Some(summary::TlsSummary {
+                handshakes_full: n("tls_handshakes"),
+                handshakes_resumed: n("tls_resumed"),
+                refused: n("tls_refused"),
+                timed_out: n("tls_handshake_timeouts"),
+                abandoned: n("tls_abandoned"),
+                in_progress_max: samples.iter().map(|s| s.tls_handshaking).max().unwrap_or(0),
+                accept_paused: n("accept_paused"),
+                client_handshake_failures: t.failed_handshake,
+                client_timeouts: t.failed_timeout,
+            })
+        }
+        None => None,
+    };
     server.stop()?;
     if let Some(disk) = small_disk {
         if let Err(e) = disk.unmount_keeping() {
@@ -608,6 +629,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         fault,
         chaos,
         history,
+        tls,
     };
     std::fs::write(
         opts.out.join("summary.json"),

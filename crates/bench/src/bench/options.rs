@@ -83,6 +83,13 @@ pub struct BenchOptions {
     pub standby: bool,
     /// Load a running deployment instead of starting a server (`--target-*`).
     pub target: Option<Target>,
+    /// Every transport over TLS (`--tls`): the server's listeners and admin address speak
+    /// it with a throwaway certificate made for the run, signed by the CA in this
+    /// directory (`ca.pem`, `cert.pem`, `key.pem`), which the clients and the bench trust.
+    pub tls_dir: Option<PathBuf>,
+    /// Every user connects at once, each coming back on its own back-off
+    /// (`--connect-mode storm`), instead of at `connect_rate`.
+    pub connect_storm: bool,
 }
 
 /// `--agents N` and its settings: where the coordinator listens, its files, whether the
@@ -339,14 +346,38 @@ impl BenchOptions {
     /// every gateway of its lab, and what `hongbao bench --print-serve-args` prints for
     /// the sitting scripts' servers. Not the addresses, ledger or secret of one run.
     pub fn serve_settings(&self) -> ServeFlags {
+        let tls = |file: &str| self.tls_dir.as_ref().map(|d| d.join(file));
         ServeFlags {
             workers: Some(self.workers.clone()),
             connections: Some(self.connections),
             max_shake_qps: Some(self.max_shake_qps),
             max_queue_ms: Some(self.max_queue_ms),
             broadcast_yield_ms: Some(self.broadcast_yield_ms),
+            tls_cert: tls("cert.pem"),
+            tls_key: tls("key.pem"),
             ..Default::default()
         }
+    }
+
+    /// The CA (PEM) the clients trust: the run's own with `--tls`, a target's with
+    /// `--target-client-tls`, else none (plain).
+    pub fn client_ca(&self) -> anyhow::Result<Option<String>> {
+        use anyhow::Context;
+        let file = match (&self.tls_dir, &self.target) {
+            (Some(dir), _) => dir.join("ca.pem"),
+            (
+                None,
+                Some(Target {
+                    ca: Some(ca),
+                    client_tls: true,
+                    ..
+                }),
+            ) => ca.clone(),
+            _ => return Ok(None),
+        };
+        let pem = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        Ok(Some(pem))
     }
 
     /// Every fault the run may do: `--fault`'s and the chaos list's.
@@ -384,6 +415,8 @@ impl BenchOptions {
             agents: None,
             standby: false,
             target: None,
+            tls_dir: None,
+            connect_storm: false,
             hosts: 0,
             fault: None,
             chaos: None,

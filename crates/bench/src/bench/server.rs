@@ -91,6 +91,12 @@ impl Server {
         let key_file = data_dir.join(hongbao_server::access::FIRST_KEY_FILE);
         let key = hongbao_server::access::read_secret_file(&key_file)
             .with_context(|| format!("reading the server's admin key {}", key_file.display()))?;
+        // Over TLS the admin address speaks it too (trusted through `CA_ENV`).
+        let scheme = if opts.tls_dir.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         Ok(Server {
             key,
             local: Some(Arc::new(local)),
@@ -98,8 +104,8 @@ impl Server {
             lab_dir: None,
             load_hosts: Vec::new(),
             _monitor_relay: None,
-            admins: vec![format!("http://{}", a.admin)],
-            admin: format!("http://{}", a.admin),
+            admins: vec![format!("{scheme}://{}", a.admin)],
+            admin: format!("{scheme}://{}", a.admin),
             listen: a.listen,
             ws: a.ws,
             http: a.http,
@@ -353,6 +359,7 @@ pub(super) fn sample_all(admins: &[String], key: &str) -> Option<ServerSample> {
                 shakes_per_sec: t.shakes_per_sec + s.shakes_per_sec,
                 rss_bytes: t.rss_bytes + s.rss_bytes,
                 cpu_ms: t.cpu_ms + s.cpu_ms,
+                tls_handshaking: t.tls_handshaking + s.tls_handshaking,
             },
         });
     }
@@ -366,6 +373,8 @@ pub(crate) struct ServerSample {
     pub shakes_per_sec: u64,
     pub rss_bytes: u64,
     pub cpu_ms: u64,
+    /// TLS handshakes under way, every worker's.
+    pub tls_handshaking: u64,
 }
 
 pub(super) fn sample(stats: &Value) -> ServerSample {
@@ -379,5 +388,6 @@ pub(super) fn sample(stats: &Value) -> ServerSample {
         shakes_per_sec: n(&stats["per_sec"]["shakes"]),
         rss_bytes: rss,
         cpu_ms: cpu,
+        tls_handshaking: n(&stats["totals"]["tls_handshaking"]),
     }
 }

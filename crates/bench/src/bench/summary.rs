@@ -46,6 +46,35 @@ pub struct Summary {
     /// With `--target-*`: the deployment loaded (its clients' address and admin URL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// With `--tls`: the handshakes, on both sides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSummary>,
+}
+
+/// The TLS handshakes of a `--tls` run: the server's (its workers' counters over the
+/// run) and what the clients saw. A TLS connection's memory is `resources`'
+/// `server_bytes_per_connection` and `load_bytes_per_connection` of the same run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSummary {
+    /// Handshakes done: full, and resumed from a ticket.
+    pub handshakes_full: u64,
+    pub handshakes_resumed: u64,
+    /// Failed, by why: refused (not TLS, nothing in common), not done within the
+    /// server's handshake deadline, and clients that left before theirs was done (among
+    /// them those that gave up in the accept queue, let go before any handshake work).
+    pub refused: u64,
+    pub timed_out: u64,
+    pub abandoned: u64,
+    /// The most under way at once in the once-a-second samples (every worker's), and the
+    /// times a worker stopped accepting at its bound (`max_tls_handshakes`).
+    pub in_progress_max: u64,
+    pub accept_paused: u64,
+    /// The clients' side: connections whose handshake (or upgrade) failed, and attempts
+    /// that timed out (connect, handshake, upgrade: 10 s), each tried again on the
+    /// back-off.
+    pub client_handshake_failures: u64,
+    pub client_timeouts: u64,
 }
 
 /// The agents of a run (docs/agents.md).

@@ -294,6 +294,7 @@ fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> anyhow::Result<()> {
         procs: plan.load.procs,
         source_ips: None,
         connect_rate: 20_000,
+        connect_storm: false,
         secret: SECRET.into(),
         signer: Default::default(),
         tls_ca: None,

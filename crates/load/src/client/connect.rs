@@ -12,14 +12,24 @@ use socket2::{Domain, Socket, Type};
 
 use hongbao_sys::clock::unix_us;
 
-use super::{Client, Kind, State, CONNECT_TIMEOUT_MS, MAX_BACKOFF_MS};
+use super::{Client, Kind, State, CONNECT_TIMEOUT_MS};
+use crate::backoff::{self, Ended};
+
+/// Connect calls a turn of the loop in a storm (~10 µs each).
+const STORM_CONNECTS_A_TURN: f64 = 2000.0;
 
 impl Client {
     pub(super) fn start_connects(&mut self, now_ms: u64) {
         let elapsed = now_ms.saturating_sub(self.last_refill_ms) as f64 / 1000.0;
         self.last_refill_ms = now_ms;
-        let rate = self.opts.connect_rate.max(1) as f64;
-        self.connect_tokens = (self.connect_tokens + elapsed * rate).min(rate / 20.0 + 1.0);
+        if self.opts.connect_storm {
+            // Everyone at once: only a turn's worth of connect calls at a time, so the
+            // loop still reads what the first ones get back.
+            self.connect_tokens = STORM_CONNECTS_A_TURN;
+        } else {
+            let rate = self.opts.connect_rate.max(1) as f64;
+            self.connect_tokens = (self.connect_tokens + elapsed * rate).min(rate / 20.0 + 1.0);
+        }
         while self.connect_tokens >= 1.0 {
             let i = if self.next_initial < self.users.len() {
                 self.next_initial += 1;
@@ -207,15 +217,26 @@ impl Client {
         user.fragment = None;
     }
 
+    /// When user `i` comes back (`backoff.rs`): after the server's wait, after a
+    /// full-jitter back-off, or — a terminal kick — never.
     pub(super) fn schedule_retry(&mut self, i: usize, now_ms: u64) {
         if self.on_demand() {
             return; // the ask failed with its connection; the next firing connects anew
         }
         let user = &mut self.users[i];
-        user.attempt = user.attempt.saturating_add(1);
-        let backoff = (100u64 << user.attempt.min(6)).min(MAX_BACKOFF_MS);
-        let jittered = rand::thread_rng().gen_range(backoff / 2..=backoff + backoff / 2);
-        self.retry.push(Reverse((now_ms + jittered, i as u32)));
+        let ended = user.ended.take().unwrap_or(Ended::Failed);
+        let lived_ms = match user.logged_in_ms {
+            0 => 0,
+            at => now_ms.saturating_sub(at),
+        };
+        user.logged_in_ms = 0;
+        let (wait, attempt) =
+            backoff::next(ended, user.attempt, lived_ms, rand::thread_rng().gen());
+        user.attempt = attempt;
+        match wait {
+            Some(wait) => self.retry.push(Reverse((now_ms + wait, i as u32))),
+            None => self.counters.stayed_away += 1,
+        }
     }
 }
 

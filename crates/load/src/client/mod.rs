@@ -51,7 +51,6 @@ use crate::transport::{self, HttpConnection, Transport};
 
 const STDIN: Token = Token(usize::MAX - 1);
 const CONNECT_TIMEOUT_MS: u64 = 10_000;
-const MAX_BACKOFF_MS: u64 = 5_000;
 /// A user's unsent output past this means the server is not reading: drop and reconnect.
 const MAX_OUTPUT: usize = 64 * 1024;
 
@@ -92,7 +91,13 @@ struct Inflight {
 struct User {
     stream: Option<TcpStream>,
     state: State,
+    /// Failed attempts since the last session that lasted (`backoff.rs`).
     attempt: u8,
+    /// How the connection under way ended, when the server said (a kick, a refused
+    /// upgrade's `Retry-After`): what the user does next.
+    ended: Option<crate::backoff::Ended>,
+    /// Unix ms of its login (0: not logged in): how long the session lasted, when it ends.
+    logged_in_ms: u64,
     next_request: u32,
     /// Unix ms. Connecting or upgrading: when the attempt began (for the connect timeout).
     /// Ready: until when the user backs off after an "overloaded" (in the past: not).
@@ -162,6 +167,8 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
             stream: None,
             state: State::Idle,
             attempt: 0,
+            ended: None,
+            logged_in_ms: 0,
             next_request: 1,
             since_ms: 0,
             partial: Vec::new(),
@@ -597,7 +604,7 @@ impl Client {
             // With a connection per request: when it opened, for the answer's timeout.
             self.users[i].since_ms = if self.on_demand() { now_ms } else { 0 };
             if !self.on_demand() {
-                self.users[i].attempt = 0;
+                self.users[i].logged_in_ms = now_ms;
                 self.logged_in += 1;
                 self.counters.logins += 1;
             }

@@ -27,13 +27,18 @@ pub struct ClientOptions {
     pub epoch_ms: u64,
     /// Source addresses this process binds its connections to, round-robin.
     pub source_ips: Vec<Ipv4Addr>,
-    /// New connections per second for this process.
+    /// New connections per second for this process...
     pub connect_rate: u64,
+    /// ...or none of that: every user connects at once, and each one that fails comes
+    /// back on its own back-off (`backoff.rs`), as a crowd of app clients does at
+    /// midnight (`--connect-mode storm`).
+    #[serde(default)]
+    pub connect_storm: bool,
     pub secret: String,
     /// How its users' login tokens are signed (the secret's HS256 key by default).
     #[serde(default)]
     pub signer: Signer,
-    /// TLS to the server (binary frames), trusting this CA (PEM); none: plain TCP.
+    /// TLS to the server (every transport), trusting this CA (PEM); none: plain.
     #[serde(default)]
     pub tls_ca: Option<String>,
     /// The coordinator's clock minus this machine's, µs: an agent's client runs the

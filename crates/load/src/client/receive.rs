@@ -11,6 +11,7 @@ use rand::Rng;
 use hongbao_sys::clock::unix_us;
 
 use super::{Client, Inflight, Kind, State};
+use crate::backoff::Ended;
 use crate::report::Acked;
 use crate::transport::{self, HttpConnection, Inbound};
 
@@ -140,6 +141,11 @@ impl Client {
                 Some(head)
             }
             Err(_) => {
+                // Refused with a wait to keep (a 503 over the server's limit on
+                // connections not yet logged in): the next attempt waits it.
+                if let Some(secs) = retry_after_secs(answer) {
+                    self.users[i].ended = Some(Ended::Hinted(secs.saturating_mul(1000)));
+                }
                 self.handshake_failed(i);
                 None
             }
@@ -306,7 +312,7 @@ impl Client {
             } => {
                 let user = &mut self.users[i];
                 user.state = State::Ready;
-                user.attempt = 0;
+                user.logged_in_ms = now / 1000;
                 self.logged_in += 1;
                 self.counters.logins += 1;
             }
@@ -419,12 +425,52 @@ impl Client {
                 }
                 self.counters.error_replies += 1;
             }
-            Message::Kick { .. } => self.counters.kicks += 1,
+            // What it does once the close comes: come back after the wait the server
+            // names, after its own back-off, or — a terminal reason — never.
+            Message::Kick {
+                reason,
+                retry_after_ms,
+                ..
+            } => {
+                self.counters.kicks += 1;
+                self.users[i].ended = Some(if !reason.comes_back() {
+                    Ended::Terminal
+                } else if retry_after_ms > 0 {
+                    Ended::Hinted(retry_after_ms)
+                } else {
+                    Ended::Failed
+                });
+            }
             Message::Broadcast { server_time_us, .. } => {
                 self.counters.broadcast_delivered += 1;
                 self.receipts.record(server_time_us, now);
             }
             _ => {}
         }
+    }
+}
+
+/// The `Retry-After` (whole seconds) of an HTTP answer's head, if it says one.
+fn retry_after_secs(answer: &[u8]) -> Option<u32> {
+    let head = std::str::from_utf8(answer).ok()?;
+    let head = head.split("\r\n\r\n").next()?;
+    head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("retry-after")
+            .then(|| value.trim().parse().ok())?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_refused_upgrade_says_when_to_come_back() {
+        let answer = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nretry-after: 1\r\n\r\n{}";
+        assert_eq!(super::retry_after_secs(answer), Some(1));
+        assert_eq!(
+            super::retry_after_secs(b"HTTP/1.1 400 Bad Request\r\n\r\n"),
+            None
+        );
     }
 }

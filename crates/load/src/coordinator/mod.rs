@@ -60,8 +60,11 @@ pub struct LoadOptions {
     pub procs: u32,
     /// Inclusive range of source addresses; `None` picks enough from 127.0.100.1 onward.
     pub source_ips: Option<(Ipv4Addr, Ipv4Addr)>,
-    /// New connections per second, all processes together.
+    /// New connections per second, all processes together...
     pub connect_rate: u64,
+    /// ...or every user at once, each coming back on its own back-off
+    /// (`ClientOptions::connect_storm`).
+    pub connect_storm: bool,
     pub secret: String,
     /// How the users' login tokens are signed.
     pub signer: crate::client::Signer,
@@ -254,6 +257,7 @@ impl Load {
             clock_offset_us: 0,
             source_ips: rotate(&source_ips, p as usize),
             connect_rate: opts.connect_rate.div_ceil(procs as u64).max(1),
+            connect_storm: opts.connect_storm,
             secret: opts.secret.clone(),
             signer: opts.signer.clone(),
             tls_ca: opts.tls_ca.clone(),

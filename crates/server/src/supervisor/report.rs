@@ -332,6 +332,11 @@ impl Supervisor {
                     "Resident memory per worker",
                     latest.levels.rss_bytes,
                 ),
+                (
+                    "hongbao_worker_tls_handshaking",
+                    "TLS handshakes under way per worker (at most max_tls_handshakes)",
+                    latest.levels.tls_handshaking,
+                ),
             ];
             for (name, help, value) in levels {
                 m.gauge(name, help, &label, value as f64);
