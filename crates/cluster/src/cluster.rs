@@ -31,6 +31,12 @@ impl Cluster {
         let shared = Arc::new(Shared {
             outputs: Mutex::default(),
             snapshot: Mutex::default(),
+            // Two minutes at 2 significant digits, as the embedded ledger's.
+            commit_latency: Mutex::new(
+                hdrhistogram::Histogram::new_with_bounds(1, 120_000_000, 2)
+                    .expect("valid histogram bounds"),
+            ),
+            standby_sync: Mutex::default(),
             failure: Mutex::default(),
             wake,
         });
@@ -124,6 +130,14 @@ impl Money for Cluster {
 
     fn audit_now(&self) -> Option<Audit> {
         None
+    }
+
+    fn commit_latency(&self) -> Option<hdrhistogram::Histogram<u64>> {
+        Some(self.shared.commit_latency.lock().unwrap().clone())
+    }
+
+    fn standby_sync(&self) -> Option<bool> {
+        *self.shared.standby_sync.lock().unwrap()
     }
 
     fn failure(&self) -> Option<String> {

@@ -18,7 +18,7 @@ use crate::commit::Commit;
 use crate::mesh::Mesh;
 use crate::shared::Shared;
 use crate::store::Store;
-use crate::{admin, committer, ClusterConfig, RELEASE_EVERY};
+use crate::{admin, committer, standby, ClusterConfig, RELEASE_EVERY};
 use hongbao_sys::clock::unix_ms;
 
 /// What the gateway's calls become, for this host's loop.
@@ -115,6 +115,7 @@ impl Host {
             renewed.clone(),
             lost.clone(),
         ));
+        tokio::spawn(standby::watch(self.store.clone(), self.shared.clone()));
         loop {
             tokio::select! {
                 cmd = rx.recv() => match cmd {

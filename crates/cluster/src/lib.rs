@@ -39,7 +39,8 @@
 //! - `store`: the connections to PostgreSQL and the Redis Cluster, shared by all of these;
 //! - `connect`: connecting to PostgreSQL: the read-write one of the URL's hosts, each
 //!   attempt bounded, dead connections found;
-//! - `access`: admin keys and the admin log in PostgreSQL, for the admin API's threads.
+//! - `access`: admin keys and the admin log in PostgreSQL, for the admin API's threads;
+//! - `standby`: whether the primary's commits are synchronous to a standby now.
 //!
 //! This file holds what every part agrees on: the configuration, the timings and the clock.
 //!
@@ -61,6 +62,7 @@ mod mesh;
 mod outcome;
 mod release;
 mod shared;
+mod standby;
 mod store;
 #[cfg(test)]
 mod testpg;

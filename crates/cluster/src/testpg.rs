@@ -1,5 +1,5 @@
 //! A throwaway PostgreSQL for the crate's tests that need a real one (`committer`,
-//! `connect`).
+//! `connect`, `standby`), and a streaming standby of it.
 
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -45,6 +45,15 @@ fn bin_dir() -> Option<PathBuf> {
     bins.pop()
 }
 
+/// A loopback port free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 impl TestPg {
     /// `None`, with why printed, where it cannot run (not root, no PostgreSQL).
     pub(crate) fn start() -> Option<TestPg> {
@@ -56,11 +65,7 @@ impl TestPg {
             eprintln!("skipped: needs root and Debian's postgresql (a postgres user, /usr/lib/postgresql)");
             return None;
         };
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(format!(
             "hongbao-committer-pg-{}-{port}",
             std::process::id()
@@ -81,11 +86,17 @@ impl TestPg {
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        Some(TestPg::run(dir, port))
+    }
+
+    /// A PostgreSQL on `port` with its data in `dir/data`, once it takes connections.
+    fn run(dir: PathBuf, port: u16) -> TestPg {
+        let ((uid, gid), bin) = (postgres_ids().unwrap(), bin_dir().unwrap());
         let child = Command::new(bin.join("postgres"))
             .uid(uid)
             .gid(gid)
             .arg("-D")
-            .arg(&data)
+            .arg(dir.join("data"))
             .args([
                 "-c",
                 "listen_addresses=127.0.0.1",
@@ -108,7 +119,40 @@ impl TestPg {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(pg)
+        pg
+    }
+
+    /// A standby of this one, cloned by `pg_basebackup` and streaming from it
+    /// (`primary_conninfo` written by `-R`), on a port of its own.
+    pub(crate) fn standby(&self) -> TestPg {
+        let ((uid, gid), bin) = (postgres_ids().unwrap(), bin_dir().unwrap());
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("hongbao-standby-pg-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+        let out = Command::new(bin.join("pg_basebackup"))
+            .uid(uid)
+            .gid(gid)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-R", "--checkpoint=fast", "--no-sync"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_basebackup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        TestPg::run(dir, port)
     }
 
     fn log(&self) -> String {

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 
+use hdrhistogram::Histogram;
 use hongbao_proto::ResultCode;
 use serde::{Deserialize, Serialize};
 
@@ -209,6 +210,19 @@ pub trait Money: Send {
     /// Why the ledger cannot commit now, while it is trying again (a full disk), if so:
     /// what needs it is refused meanwhile, and the server is not ready.
     fn commits_failing(&self) -> Option<String> {
+        None
+    }
+    /// How long each ledger commit took since the start (µs), from the start of its
+    /// transaction until it was durable, tries again included; a commit given up is not
+    /// in it. `None` where the backend keeps no such record.
+    fn commit_latency(&self) -> Option<Histogram<u64>> {
+        None
+    }
+    /// Whether what the ledger acknowledges now is on a synchronous standby too (a
+    /// PostgreSQL primary with synchronous replication on and a standby connected), as
+    /// last asked a few seconds ago. `None` where there is nothing to ask (the embedded
+    /// ledger) or the last asking failed.
+    fn standby_sync(&self) -> Option<bool> {
         None
     }
     /// Commits everything submitted, then stops.

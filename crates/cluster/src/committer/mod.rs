@@ -426,6 +426,7 @@ pub async fn committer(
             }
         }
         batch.sort_by_key(Commit::lock_order);
+        let started = std::time::Instant::now();
         let result = commit_until_known(
             &mut conn,
             &store.0.chain,
@@ -437,6 +438,7 @@ pub async fn committer(
         .await;
         match result {
             Ok(done) => {
+                shared.committed_in(started.elapsed());
                 let (mut committed, mut results, mut left_out) =
                     (Vec::new(), Vec::new(), Vec::new());
                 for (op, d) in batch.into_iter().zip(done) {

@@ -250,6 +250,10 @@ impl Money for Embedded {
         self.ledger.failing().then(|| CANNOT_COMMIT.to_string())
     }
 
+    fn commit_latency(&self) -> Option<hdrhistogram::Histogram<u64>> {
+        Some(self.ledger.commit_latency())
+    }
+
     fn failure(&self) -> Option<String> {
         self.ledger
             .is_dead()

@@ -474,6 +474,23 @@ impl Supervisor {
                 0.0
             },
         );
+        if let Some(took) = self.money.commit_latency() {
+            m.histogram(
+                "hongbao_ledger_commit_seconds",
+                "Time each ledger commit took, from its start until durable (tries again included)",
+                &[],
+                &took,
+            );
+        }
+        // Cluster mode only: the embedded ledger has no standby to ask about.
+        if let Some(sync) = self.money.standby_sync() {
+            m.gauge(
+                "hongbao_ledger_standby_sync",
+                "1 while what the ledger acknowledges is on a synchronous standby too",
+                &[],
+                if sync { 1.0 } else { 0.0 },
+            );
+        }
         let (rss, cpu) = usage::self_usage();
         m.gauge(
             "hongbao_core_resident_memory_bytes",

@@ -5,8 +5,8 @@
 //! which group-commits them — a commit begins as soon as there is an event to commit, but
 //! no sooner than `commit_interval` after the previous commit began, and takes everything
 //! that arrived meanwhile (up to `max_batch` events) in one transaction — then publishes
-//! the highest committed sequence number and wakes the core, which only then releases the
-//! replies that depended on those events. So a lone event after a quiet spell is committed
+//! the highest committed sequence number (and how long the commit took, for `/metrics`)
+//! and wakes the core, which only then releases the replies that depended on those events. So a lone event after a quiet spell is committed
 //! at once, and at any rate of events the disk sees at most one durable commit (fsync) per
 //! `commit_interval`: at 200 wins a second, one commit carries four of them, not one.
 //!
@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use hongbao_money::event::{Account, Event, Record};
 use hongbao_money::rules::shake_packet_id;
 use hongbao_money::seam::{Balances, LedgerOp, LedgerRead, OpsCursor, OpsPage};
@@ -451,6 +452,8 @@ pub struct LedgerWriter {
     failing: Arc<AtomicBool>,
     /// `finish` was asked: a failing commit is given up after `FINISH_RETRY`.
     finishing: Arc<AtomicBool>,
+    /// How long each commit took (µs), for `/metrics`.
+    commit_latency: Arc<std::sync::Mutex<Histogram<u64>>>,
     thread: Option<JoinHandle<Result<()>>>,
 }
 
@@ -494,8 +497,12 @@ impl LedgerWriter {
             head: head.clone(),
             failing: Arc::default(),
             finishing: Arc::default(),
+            commit_latency: Arc::new(std::sync::Mutex::new(
+                hongbao_telemetry::sample::new_histogram(),
+            )),
         };
         let (failing, finishing) = (state.failing.clone(), state.finishing.clone());
+        let commit_latency = state.commit_latency.clone();
         let thread = std::thread::Builder::new()
             .name("ledger".into())
             .spawn(move || commit_loop(&mut ledger, rx, group, &state, on_commit))
@@ -506,8 +513,15 @@ impl LedgerWriter {
             head,
             failing,
             finishing,
+            commit_latency,
             thread: Some(thread),
         }
+    }
+
+    /// How long each commit took since the start (µs): from beginning its transaction
+    /// until it was durable, tries again of a failing one included.
+    pub fn commit_latency(&self) -> Histogram<u64> {
+        self.commit_latency.lock().unwrap().clone()
     }
 
     /// True while the newest commit failed and is being tried again (a full disk):
@@ -583,6 +597,8 @@ struct WriterState {
     head: Arc<std::sync::Mutex<Head>>,
     failing: Arc<AtomicBool>,
     finishing: Arc<AtomicBool>,
+    /// A std mutex: held for one `record` here and one copy by a scrape.
+    commit_latency: Arc<std::sync::Mutex<Histogram<u64>>>,
 }
 
 fn commit_loop(
@@ -602,8 +618,16 @@ fn commit_loop(
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        last_start = Some(Instant::now());
+        let started = Instant::now();
+        last_start = Some(started);
         append_until_done(ledger, &batch, state, &on_commit)?;
+        // Saturates at the histogram's top (two minutes) rather than being lost.
+        let took_us = started.elapsed().as_micros().max(1) as u64;
+        state
+            .commit_latency
+            .lock()
+            .unwrap()
+            .saturating_record(took_us);
         *state.head.lock().unwrap() = ledger.head();
         state
             .committed
