@@ -103,7 +103,7 @@ mod tests {
     fn a_crowd_dropped_at_once_comes_back_spread() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::SmallRng::seed_from_u64(51);
-        let buckets = |ended: Ended, attempt: u8| {
+        let mut buckets = |ended: Ended, attempt: u8| {
             let mut per_100ms = std::collections::BTreeMap::<u64, u32>::new();
             for _ in 0..1000 {
                 let wait = next(ended, attempt, 0, rng.gen()).0.unwrap();
