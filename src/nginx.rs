@@ -54,6 +54,12 @@ pub struct NginxArgs {
     /// header (the gateways must list nginx's address in trusted_proxies)
     #[arg(long)]
     proxy_protocol: bool,
+    /// The addresses nginx's connections to the gateways leave from, spread evenly by
+    /// connection (one address holds ~64,000 ports to a gateway): FIRST-LAST, a
+    /// comma-separated list, none, or auto (127.0.200.1-127.0.200.8 when every gateway
+    /// is on loopback, else none). The gateways' trusted_proxies must name them
+    #[arg(long, default_value = "auto")]
+    upstream_sources: String,
     /// Write the configuration here [default: standard output]
     #[arg(long)]
     out: Option<PathBuf>,
@@ -101,6 +107,16 @@ pub fn run(args: NginxArgs) -> Result<()> {
             _ => None,
         },
         proxy_protocol: args.proxy_protocol,
+        upstream_sources: Vec::new(),
+    };
+    let loopback = [&plan.http, &plan.ws, &plan.tcp]
+        .into_iter()
+        .flatten()
+        .flat_map(|(_, servers)| servers)
+        .all(|s| s.ip().is_loopback());
+    let plan = Plan {
+        upstream_sources: upstream_sources(&args.upstream_sources, loopback)?,
+        ..plan
     };
     let conf = render(&plan);
     match args.out {
@@ -108,4 +124,36 @@ pub fn run(args: NginxArgs) -> Result<()> {
         None => print!("{conf}"),
     }
     Ok(())
+}
+
+/// `--upstream-sources`: FIRST-LAST (IPv4, the last octet counting), a list, `none`, or
+/// `auto` (the loopback eight when every gateway is on loopback).
+fn upstream_sources(text: &str, loopback: bool) -> Result<Vec<std::net::IpAddr>> {
+    use std::net::{IpAddr, Ipv4Addr};
+    match text {
+        "auto" if loopback => Ok(hongbao_server::nginx::loopback_upstream_sources()),
+        "auto" | "none" | "" => Ok(Vec::new()),
+        range if range.contains('-') => {
+            let (a, b) = range.split_once('-').expect("a dash");
+            let bad =
+                || anyhow::anyhow!("--upstream-sources {range:?}: not FIRST-LAST IPv4 addresses");
+            let (a, b): (Ipv4Addr, Ipv4Addr) =
+                (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+            let (a, b) = (u32::from(a), u32::from(b));
+            if b < a || b - a >= 256 {
+                anyhow::bail!(
+                    "--upstream-sources {range:?}: from 1 to 256 addresses, the first first"
+                );
+            }
+            Ok((a..=b).map(|n| IpAddr::V4(Ipv4Addr::from(n))).collect())
+        }
+        list => list
+            .split(',')
+            .map(|a| {
+                a.trim()
+                    .parse()
+                    .with_context(|| format!("--upstream-sources: {a:?} is not an address"))
+            })
+            .collect(),
+    }
 }

@@ -817,9 +817,18 @@ fn nginx_terminates_tls_and_passes_the_clients_address() {
     let dir = tempfile::tempdir().unwrap();
     let certs = hongbao_http::tls::DevCerts::make(&["127.0.0.1"]).unwrap();
     let files = certs.write(&dir.path().join("tls")).unwrap();
+    // nginx's connections leave from its eight loopback sources (`--upstream-sources`
+    // auto): the gateway trusts them as the proxy's.
+    let sources: Vec<String> = hongbao_server::nginx::loopback_upstream_sources()
+        .iter()
+        .map(|s| format!("\"{s}\""))
+        .collect();
     let serve = Serve::new()
         .workers(1)
-        .config("trusted_proxies = [\"127.0.0.1\"]\nmax_unauthenticated_per_source = 1\n")
+        .config(&format!(
+            "trusted_proxies = [{}]\nmax_unauthenticated_per_source = 1\n",
+            sources.join(", ")
+        ))
         .start();
     let prefix = dir.path().join("nginx");
     let tcp = free_port();
@@ -882,5 +891,72 @@ fn nginx_terminates_tls_and_passes_the_clients_address() {
     wait_until("the refusal counted", Duration::from_secs(5), || {
         (serve.stats()["totals"]["rejected_unauthenticated"].as_u64()? >= 1).then_some(())
     });
+    drop(nginx);
+}
+
+/// The remote addresses of the connections established to `port` on this machine, from
+/// /proc/net/tcp (IPv4, little-endian hex).
+fn peers_of_port(port: u16) -> Vec<std::net::Ipv4Addr> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, remote, state) = (fields.get(1)?, fields.get(2)?, fields.get(3)?);
+            let local_port = u16::from_str_radix(local.split(':').nth(1)?, 16).ok()?;
+            if local_port != port || *state != "01" {
+                return None;
+            }
+            let ip = u32::from_str_radix(remote.split(':').next()?, 16).ok()?;
+            Some(std::net::Ipv4Addr::from(ip.swap_bytes()))
+        })
+        .collect()
+}
+
+/// nginx's connections to a gateway leave from several source addresses, spread by
+/// connection (`proxy_bind` over `split_clients`): one address runs out of ports to a
+/// gateway past ~32,000 clients through one nginx (issue 51). Every client gets through.
+#[test]
+fn nginx_spreads_its_upstream_connections_over_source_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::new().workers(1).start();
+    let prefix = dir.path().join("nginx");
+    let tcp = free_port();
+    let conf = write_conf(
+        &prefix,
+        &[
+            "--tcp-listen",
+            &tcp.to_string(),
+            "--tcp-upstream",
+            &serve.listen.to_string(),
+        ],
+    );
+    let text = std::fs::read_to_string(&conf).unwrap();
+    assert!(
+        text.contains("proxy_bind $hongbao_upstream_source;"),
+        "{text}"
+    );
+    let mut nginx = Nginx::start(&prefix, &conf);
+    nginx.wait_listening(&[tcp]);
+    let clients: Vec<_> = (1..=40u64)
+        .map(|user| {
+            let mut client = hongbao_proto::client::Client::connect(tcp).unwrap();
+            client.set_timeout(IO_TIMEOUT).unwrap();
+            assert_eq!(client.login(&token(SECRET, user)).unwrap(), ResultCode::Ok);
+            client
+        })
+        .collect();
+    let sources: std::collections::BTreeSet<_> =
+        peers_of_port(serve.listen.port()).into_iter().collect();
+    let allowed: Vec<std::net::IpAddr> = hongbao_server::nginx::loopback_upstream_sources();
+    assert!(
+        sources
+            .iter()
+            .all(|s| allowed.contains(&std::net::IpAddr::V4(*s))),
+        "every upstream connection from a source of nginx's: {sources:?}"
+    );
+    assert!(sources.len() >= 4, "spread over several: {sources:?}");
+    drop(clients);
     drop(nginx);
 }

@@ -97,8 +97,6 @@ class Client:
         self._shake_gate = shake_gate or ShakeGate()
         self._notice_poll_s = notice_poll_s
         self._session: Session | None = None
-        #: When the session now (or last) installed logged in, on the loop's clock.
-        self._logged_in_at: float | None = None
         # Set while a live session is installed, and for good once closed (waiters then
         # find the client closed): requests wait on it while disconnected.
         self._connected = asyncio.Event()
@@ -362,8 +360,9 @@ class Client:
         if named := getattr(session, "user_id", 0):
             self._credentials.user_id = named
         self._session = session
-        # Logged in; the trouble before is over once the session has lasted (`_redial`).
-        self._logged_in_at = _now()
+        # Logged in: the trouble before is over (gRPC's rule), and the next failure starts
+        # from the first window.
+        self._backoff.reset()
         if self._watching_notices and isinstance(session, HttpSession):
             session.watch_notices(self._notice_poll_s)
         if session.alive:
@@ -415,11 +414,6 @@ class Client:
         # A kick that names when to come back (a server draining on a restart) is the
         # first wait's hint; a refused dial's `Retry-After` is the next one's.
         cause, server_wait_s, limit_s = end.cause, end.server_wait_s, None
-        # Only a session that lasted ends the trouble: one dropped just after its login (a
-        # server that takes logins and falls over) keeps the window growing, or a crowd
-        # would come back every half second for good.
-        if self._logged_in_at is not None and _now() - self._logged_in_at >= STABLE_SESSION_S:
-            self._backoff.reset()
         while self._closed is None:
             delay = self._backoff.next_delay(server_wait_s, at_least_s=limit_s)
             self.state = ConnectionState.DISCONNECTED
@@ -553,10 +547,6 @@ class Client:
 
 
 R = TypeVar("R", bound=wire.ReplyMessage)
-
-
-#: A session logged in this long resets the reconnect back-off when it ends.
-STABLE_SESSION_S = 10.0
 
 
 def _now() -> float:

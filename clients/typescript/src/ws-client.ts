@@ -60,15 +60,10 @@ interface Pending {
 }
 
 /** The live connection and what belongs to it alone. */
-/** A session logged in this long resets the reconnect back-off when it ends. */
-export const STABLE_SESSION_MS = 10_000;
-
 interface Connection {
   socket: WireSocket;
   loginId: number;
   loggedIn: boolean;
-  /** When it logged in (the clock's ms): a session that lasted `STABLE_SESSION_MS` resets the back-off. */
-  loggedInAtMs: number | undefined;
   /** The kick that preceded the close, if any, and the wait it named before coming back. */
   kick: KickReason | undefined;
   kickRetryAfterMs: number | undefined;
@@ -243,7 +238,6 @@ export class WsClient extends Client {
       socket,
       loginId: 0,
       loggedIn: false,
-      loggedInAtMs: undefined,
       kick: undefined,
       kickRetryAfterMs: undefined,
       loginRefused: false,
@@ -345,7 +339,9 @@ export class WsClient extends Client {
       conn.loggedIn = true;
       this.settings.clock.clearTimeout(conn.dialTimer);
       this.credentials.userId = reply.userId;
-      conn.loggedInAtMs = this.settings.clock.nowMs();
+      // Logged in: the trouble before is over (gRPC's rule), the next failure starts
+      // from the first window.
+      this.backoff.reset();
       this.setState("open", "logged in");
       this.firstLogin?.resolve();
       this.firstLogin = undefined;
@@ -460,11 +456,6 @@ export class WsClient extends Client {
     // The server's word on when to come back, if it gave one: a come-back kick's, or a
     // refused upgrade's `Retry-After`.
     const hintMs = conn.kick !== undefined ? conn.kickRetryAfterMs : info.retryAfterMs;
-    // Only a session that lasted ends the trouble: one dropped just after its login (a
-    // server that takes logins and falls over) keeps the window growing, or a crowd would
-    // come back every half second for good.
-    const lived = conn.loggedInAtMs !== undefined ? this.settings.clock.nowMs() - conn.loggedInAtMs : 0;
-    if (lived >= STABLE_SESSION_MS) this.backoff.reset();
     const delay = this.backoff.next(hintMs, conn.loginLimitMs);
     this.reconnectTimer = this.settings.clock.setTimeout(() => this.dial(), delay);
   }

@@ -9,9 +9,10 @@
 //!   refused upgrade's `Retry-After`): ½× to 1½× of that wait; the attempt does not count
 //!   (being sent away on purpose is not a failure, and the server spread its kicks).
 //! - After a terminal kick (`replaced`, `bad-token`, `expired`, `revoked`): never.
-//! - A session that lasted `STABLE_SESSION_MS` ends the trouble: the count starts again.
-//!   One dropped just after its login (a server that takes logins and falls over) keeps
-//!   the window growing, or the crowd would come back every half second for good.
+//! - A login ends the trouble: the count starts again (gRPC's rule: its back-off goes
+//!   back to the first window after a successful connection). Counting on past a login
+//!   until a session had lasted 10 s kept the users of a server restarted every few
+//!   seconds away for half a minute, longer than the restarts themselves.
 //!
 //! Plain arithmetic, the random draw passed in: tested on a simulated clock.
 
@@ -19,9 +20,6 @@
 pub const BASE_MS: u64 = 500;
 /// The widest window.
 pub const CAP_MS: u64 = 30_000;
-/// A session logged in this long resets the count when it ends.
-pub const STABLE_SESSION_MS: u64 = 10_000;
-
 /// Why a user's connection ended, as far as coming back goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
@@ -33,15 +31,9 @@ pub enum Ended {
     Terminal,
 }
 
-/// The wait before user's next attempt, in ms (`None`: none), and its attempt count
-/// after it. `lived_ms`: how long the session that ended had been logged in (0 if it
-/// never logged in); `unit` a draw uniform in [0, 1).
-pub fn next(ended: Ended, attempt: u8, lived_ms: u64, unit: f64) -> (Option<u64>, u8) {
-    let attempt = if lived_ms >= STABLE_SESSION_MS {
-        0
-    } else {
-        attempt
-    };
+/// The wait before a user's next attempt, in ms (`None`: none), and its attempt count
+/// after it (0 again once it logs in); `unit` a draw uniform in [0, 1).
+pub fn next(ended: Ended, attempt: u8, unit: f64) -> (Option<u64>, u8) {
     match ended {
         Ended::Terminal => (None, attempt),
         Ended::Hinted(ms) => {
@@ -68,7 +60,7 @@ mod tests {
         let mut attempt = 0;
         let mut waits = Vec::new();
         for _ in 0..9 {
-            let (wait, next) = next(Ended::Failed, attempt, 0, top);
+            let (wait, next) = next(Ended::Failed, attempt, top);
             waits.push(wait.unwrap());
             attempt = next;
         }
@@ -77,23 +69,14 @@ mod tests {
             [499, 999, 1999, 3999, 7999, 15999, 29999, 29999, 29999]
         );
         // The bottom of every window is now.
-        assert_eq!(next(Ended::Failed, 5, 0, 0.0).0, Some(0));
+        assert_eq!(next(Ended::Failed, 5, 0.0).0, Some(0));
     }
 
     #[test]
     fn a_hint_is_spread_and_does_not_count() {
-        assert_eq!(next(Ended::Hinted(2000), 3, 0, 0.0), (Some(1000), 3));
-        assert_eq!(next(Ended::Hinted(2000), 3, 0, 0.999_999).0, Some(2999));
-        assert_eq!(next(Ended::Terminal, 3, 0, 0.5), (None, 3));
-    }
-
-    #[test]
-    fn only_a_session_that_lasted_starts_the_count_again() {
-        assert_eq!(
-            next(Ended::Failed, 6, STABLE_SESSION_MS, 0.999_999),
-            (Some(499), 1)
-        );
-        assert_eq!(next(Ended::Failed, 6, STABLE_SESSION_MS - 1, 0.0).1, 7);
+        assert_eq!(next(Ended::Hinted(2000), 3, 0.0), (Some(1000), 3));
+        assert_eq!(next(Ended::Hinted(2000), 3, 0.999_999).0, Some(2999));
+        assert_eq!(next(Ended::Terminal, 3, 0.5), (None, 3));
     }
 
     /// A thousand users dropped at one instant, on a simulated clock: with full jitter
@@ -106,7 +89,7 @@ mod tests {
         let mut buckets = |ended: Ended, attempt: u8| {
             let mut per_100ms = std::collections::BTreeMap::<u64, u32>::new();
             for _ in 0..1000 {
-                let wait = next(ended, attempt, 0, rng.gen()).0.unwrap();
+                let wait = next(ended, attempt, rng.gen()).0.unwrap();
                 *per_100ms.entry(wait / 100).or_default() += 1;
             }
             per_100ms

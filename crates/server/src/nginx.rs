@@ -53,6 +53,54 @@ pub struct Plan {
     /// header (they must name nginx in `trusted_proxies`). HTTP and WebSocket always pass
     /// it in `X-Real-IP`, which gateways believe only from a trusted proxy.
     pub proxy_protocol: bool,
+    /// The addresses nginx's connections to the gateways leave from, spread evenly by
+    /// connection (`proxy_bind` over `split_clients`): one source address holds about
+    /// 64,000 ports to a gateway's address, and past ~32,000 clients through one nginx it
+    /// ran out. Empty: the kernel's choice (one address).
+    pub upstream_sources: Vec<std::net::IpAddr>,
+}
+
+/// The sources nginx spreads its upstream connections over when every gateway is on
+/// loopback and none are given: eight addresses of their own (the load's clients use
+/// 127.0.100.1 onward), about 500,000 connections to one gateway address.
+pub fn loopback_upstream_sources() -> Vec<std::net::IpAddr> {
+    (1..=8)
+        .map(|i| std::net::IpAddr::from([127, 0, 200, i]))
+        .collect()
+}
+
+/// `split_clients` of the upstream sources, as `$hongbao_upstream_source`: each
+/// connection (`$connection`, its serial number) goes out from one, evenly.
+fn upstream_sources(out: &mut String, sources: &[std::net::IpAddr]) {
+    if sources.is_empty() {
+        return;
+    }
+    let named: Vec<String> = sources.iter().map(|s| format!("\"{s}\"")).collect();
+    out.push_str(concat!(
+        "    # Upstream connections spread over these sources by connection: one address\n",
+        "    # holds ~64,000 ports to a gateway. The gateways trust them as the proxy's:\n",
+    ));
+    let _ = writeln!(out, "    #   trusted_proxies = [{}]", named.join(", "));
+    out.push_str("    split_clients \"${connection}\" $hongbao_upstream_source {\n");
+    let share = 10_000 / sources.len() as u32; // hundredths of a percent
+    for (i, source) in sources.iter().enumerate() {
+        if i + 1 == sources.len() {
+            let _ = writeln!(out, "        * {source};");
+        } else {
+            let _ = writeln!(out, "        {}.{:02}% {source};", share / 100, share % 100);
+        }
+    }
+    out.push_str(
+        "    }
+",
+    );
+}
+
+/// `proxy_bind` to the spread sources, when there are any.
+fn bind_sources(out: &mut String, sources: &[std::net::IpAddr], indent: &str) {
+    if !sources.is_empty() {
+        let _ = writeln!(out, "{indent}proxy_bind $hongbao_upstream_source;");
+    }
 }
 
 /// nginx's TLS settings for a server block, as `name` (its session cache's).
@@ -202,7 +250,12 @@ impl OwnAnswer {
 
 /// The HTTP API's server block: the gateway's limits, nginx's own answers in the gateway's
 /// form, and the proxy to the gateways with upstream keep-alive.
-fn http_server(out: &mut String, listen: SocketAddr, tls: &Option<(PathBuf, PathBuf)>) {
+fn http_server(
+    out: &mut String,
+    listen: SocketAddr,
+    tls: &Option<(PathBuf, PathBuf)>,
+    sources: &[std::net::IpAddr],
+) {
     let header_secs = ServeConfig::default().login_timeout_secs;
     let body_secs = header_secs + BODY_STALL_GRACE_SECS;
     let (body_k, head_k) = (MAX_BODY_BYTES / 1024, MAX_HEAD_LEN / 1024);
@@ -248,7 +301,7 @@ fn http_server(out: &mut String, listen: SocketAddr, tls: &Option<(PathBuf, Path
         out,
         "        location / {{
             proxy_pass http://hongbao_http;
-            proxy_http_version 1.1;
+{}            proxy_http_version 1.1;
             # Upstream keep-alive: the connection is nginx's, not the client's.
             proxy_set_header Connection \"\";
             proxy_set_header Host $host;
@@ -262,6 +315,11 @@ fn http_server(out: &mut String, listen: SocketAddr, tls: &Option<(PathBuf, Path
             }}
         }}
 ",
+        if sources.is_empty() {
+            ""
+        } else {
+            "            proxy_bind $hongbao_upstream_source;\n"
+        },
         MALFORMED.status,
         MALFORMED.body()
     );
@@ -323,9 +381,12 @@ pub fn render(plan: &Plan) -> String {
             let _ = writeln!(out, "    {temp}_temp_path {prefix}/{temp}_temp;");
         }
         out.push_str("    keepalive_requests 1000000;\n    keepalive_timeout 75s;\n");
+        if plan.http.is_some() || plan.ws.is_some() {
+            upstream_sources(&mut out, &plan.upstream_sources);
+        }
         if let Some((listen, servers)) = &plan.http {
             upstream(&mut out, "hongbao_http", servers, Some(plan.keepalive));
-            http_server(&mut out, *listen, &plan.tls);
+            http_server(&mut out, *listen, &plan.tls, &plan.upstream_sources);
         }
         if let Some((listen, servers)) = &plan.ws {
             upstream(&mut out, "hongbao_ws", servers, None);
@@ -336,7 +397,9 @@ pub fn render(plan: &Plan) -> String {
                 listen_flags(&plan.tls)
             );
             ssl(&mut out, &plan.tls, "ws");
-            out.push_str("        location / {\n            proxy_pass http://hongbao_ws;\n            proxy_http_version 1.1;\n            proxy_set_header Upgrade $http_upgrade;\n            proxy_set_header Connection $connection_upgrade;\n            proxy_set_header Host $host;\n            proxy_set_header X-Real-IP $remote_addr;\n            # Long beyond any ping interval: a quiet WebSocket is not a dead one.\n            proxy_read_timeout 3600s;\n            proxy_send_timeout 3600s;\n        }\n    }\n");
+            out.push_str("        location / {\n");
+            bind_sources(&mut out, &plan.upstream_sources, "            ");
+            out.push_str("            proxy_pass http://hongbao_ws;\n            proxy_http_version 1.1;\n            proxy_set_header Upgrade $http_upgrade;\n            proxy_set_header Connection $connection_upgrade;\n            proxy_set_header Host $host;\n            proxy_set_header X-Real-IP $remote_addr;\n            # Long beyond any ping interval: a quiet WebSocket is not a dead one.\n            proxy_read_timeout 3600s;\n            proxy_send_timeout 3600s;\n        }\n    }\n");
         }
         if let Some(listen) = &plan.static_200 {
             let _ = writeln!(
@@ -348,6 +411,7 @@ pub fn render(plan: &Plan) -> String {
     }
     if let Some((listen, servers)) = &plan.tcp {
         out.push_str("stream {\n");
+        upstream_sources(&mut out, &plan.upstream_sources);
         upstream(&mut out, "hongbao_tcp", servers, None);
         let _ = writeln!(
             out,
@@ -358,6 +422,7 @@ pub fn render(plan: &Plan) -> String {
         if plan.proxy_protocol {
             out.push_str("        # The client's address, first on each connection to a gateway.\n        proxy_protocol on;\n");
         }
+        bind_sources(&mut out, &plan.upstream_sources, "        ");
         out.push_str("        proxy_pass hongbao_tcp;\n        proxy_timeout 3600s;\n    }\n}\n");
     }
     out
@@ -388,6 +453,7 @@ mod tests {
             user: None,
             tls: None,
             proxy_protocol: false,
+            upstream_sources: loopback_upstream_sources(),
         };
         let conf = render(&plan);
         for needle in [
@@ -409,6 +475,10 @@ mod tests {
             "client_body_timeout 12s;",
             "error_page 414 494 =431 /.nginx-answer/431;",
             "location = /.nginx-answer/431 {",
+            "split_clients \"${connection}\" $hongbao_upstream_source {",
+            "12.50% 127.0.200.1;",
+            "* 127.0.200.8;",
+            "proxy_bind $hongbao_upstream_source;",
         ] {
             assert!(conf.contains(needle), "{needle} missing from\n{conf}");
         }
@@ -437,6 +507,7 @@ mod tests {
             user: None,
             tls: Some(("/etc/hb/cert.pem".into(), "/etc/hb/key.pem".into())),
             proxy_protocol: true,
+            upstream_sources: Vec::new(),
         };
         let conf = render(&plan);
         for needle in [

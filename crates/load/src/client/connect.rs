@@ -225,13 +225,7 @@ impl Client {
         }
         let user = &mut self.users[i];
         let ended = user.ended.take().unwrap_or(Ended::Failed);
-        let lived_ms = match user.logged_in_s {
-            0 => 0,
-            at => now_ms.saturating_sub(u64::from(at) * 1000),
-        };
-        user.logged_in_s = 0;
-        let (wait, attempt) =
-            backoff::next(ended, user.attempt, lived_ms, rand::thread_rng().gen());
+        let (wait, attempt) = backoff::next(ended, user.attempt, rand::thread_rng().gen());
         user.attempt = attempt;
         match wait {
             Some(wait) => self.retry.push(Reverse((now_ms + wait, i as u32))),

@@ -91,14 +91,11 @@ struct Inflight {
 struct User {
     stream: Option<TcpStream>,
     state: State,
-    /// Failed attempts since the last session that lasted (`backoff.rs`).
+    /// Failed attempts since its last login (`backoff.rs`).
     attempt: u8,
     /// How the connection under way ended, when the server said (a kick, a refused
     /// upgrade's `Retry-After`): what the user does next.
     ended: Option<crate::backoff::Ended>,
-    /// Unix seconds of its login (0: not logged in): how long the session lasted, when it
-    /// ends.
-    logged_in_s: u32,
     next_request: u32,
     /// Unix ms. Connecting or upgrading: when the attempt began (for the connect timeout).
     /// Ready: until when the user backs off after an "overloaded" (in the past: not).
@@ -169,7 +166,6 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
             state: State::Idle,
             attempt: 0,
             ended: None,
-            logged_in_s: 0,
             next_request: 1,
             since_ms: 0,
             partial: Vec::new(),
@@ -605,7 +601,7 @@ impl Client {
             // With a connection per request: when it opened, for the answer's timeout.
             self.users[i].since_ms = if self.on_demand() { now_ms } else { 0 };
             if !self.on_demand() {
-                self.users[i].logged_in_s = (now_ms / 1000) as u32;
+                self.users[i].attempt = 0;
                 self.logged_in += 1;
                 self.counters.logins += 1;
             }
@@ -799,12 +795,11 @@ mod tests {
     }
 
     /// 112 before issue 44; a TLS session's box, 8 more (the session itself only on a
-    /// TLS run); the back-off's state (how the connection ended, when the session began),
-    /// 16 more with the alignment (issue 51).
+    /// TLS run); how its connection ended, for the back-off, 8 more (issue 51).
     #[test]
     pub(super) fn an_idle_user_is_small() {
         assert!(
-            std::mem::size_of::<User>() <= 136,
+            std::mem::size_of::<User>() <= 128,
             "{}",
             std::mem::size_of::<User>()
         );

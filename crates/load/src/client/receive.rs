@@ -312,7 +312,7 @@ impl Client {
             } => {
                 let user = &mut self.users[i];
                 user.state = State::Ready;
-                user.logged_in_s = (now / 1_000_000) as u32;
+                user.attempt = 0;
                 self.logged_in += 1;
                 self.counters.logins += 1;
             }
