@@ -187,11 +187,16 @@ fn an_agent_killed_mid_run_is_reported_while_the_others_carry_on() {
 
 /// The bench aimed at a running server it did not start, twice, its load on agents: the
 /// campaigns through the admin API with an operator key, the audit and the history check
-/// through it; the second run's balance check is of its own gains only.
+/// through it; the second run's balance check is of its own gains only. The deployment
+/// runs a shake campaign of its own all along, whose packets the bench's users win too:
+/// each run judges its own campaigns only, and the second's history holds none of the
+/// first's operations.
 #[test]
 fn a_bench_against_a_running_server_audits_through_its_admin_api() {
     let server = Serve::new().workers(2).start();
     let key_file = server.data_dir.join("admin.key");
+    // The deployment's own campaign, released through both runs.
+    server.shake_campaign(100_000, 40, 100, 100);
     for run in 0..2 {
         let out = tempfile::tempdir().unwrap();
         let args = format!(
@@ -222,6 +227,17 @@ fn a_bench_against_a_running_server_audits_through_its_admin_api() {
             .unwrap()
             .contains("admin http://"));
         assert_eq!(summary["shake"]["won_clients"], 40);
+        let h = &summary["history"];
+        assert_eq!(h["wins_told"], 40, "the run's wins only: {h}");
+        assert_eq!(
+            h["ledger_only"]["count"], 0,
+            "no earlier run's operations: {h}"
+        );
+        let told_all = summary["load"]["totals"]["won"].as_u64().unwrap();
+        assert!(
+            told_all > 40,
+            "the deployment's packets were won too: {told_all}"
+        );
         assert!(!out.path().join("data").exists(), "no server of its own");
     }
     // The server took both runs: its money adds up.

@@ -24,16 +24,49 @@ use super::server::Server;
 use super::summary::{Discrepancy, Finding, HistorySummary, Operation, Payee};
 use hongbao_load::report::{Acked, History};
 
+/// What of a deployment's ledger is the run's (`--target`): the wins of its campaigns,
+/// and the opens the ledger did not hold before it began.
+pub(super) struct Scope {
+    /// The run's shake campaigns (a shake packet's id names its campaign).
+    pub campaigns: Vec<u32>,
+    /// Opened shares, (packet, user), the ledger held when the run began.
+    pub opens_before: std::collections::BTreeSet<(u64, u64)>,
+}
+
+impl Scope {
+    /// The ledger's operations as the run begins.
+    pub(super) fn before(server: &Server) -> anyhow::Result<Scope> {
+        let (_, opens) = read_ledger(|path| server.get(path))?;
+        Ok(Scope {
+            campaigns: Vec::new(),
+            opens_before: opens.iter().map(|o| (o.packet, o.user)).collect(),
+        })
+    }
+
+    fn ours(&self, win_packet: u64) -> bool {
+        self.campaigns
+            .contains(&hongbao_money::rules::shake_packet_parts(win_packet).0)
+    }
+}
+
 /// Reads the ledger's wins and opens through `server` and checks the clients' history
-/// `told` against them; a failed check is also a `history` discrepancy of the audit.
+/// `told` against them — only the run's, with a `scope` — ; a failed check is also a
+/// `history` discrepancy of the audit.
 pub(super) fn check(
     server: &Server,
     told: &History,
+    scope: Option<&Scope>,
     discrepancies: &mut Vec<Discrepancy>,
     say: fn(&str),
 ) -> anyhow::Result<HistorySummary> {
-    let (wins, opens) = read_ledger(|path| server.get(path))?;
-    let summary = judge(told, &wins, &opens);
+    let (mut wins, mut opens) = read_ledger(|path| server.get(path))?;
+    let mut told = told.clone();
+    if let Some(scope) = scope {
+        wins.retain(|w| scope.ours(w.packet));
+        told.wins.retain(|w| scope.ours(w.packet));
+        opens.retain(|o| !scope.opens_before.contains(&(o.packet, o.user)));
+    }
+    let summary = judge(&told, &wins, &opens);
     let s = &summary;
     say(&format!(
         "bench: history: {} wins and {} opens told, {} as told in the ledger ({} wins, {} opens); {} missing, {} mismatched, {} duplicated; {} only in the ledger ({} cents): {}",

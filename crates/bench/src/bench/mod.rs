@@ -156,6 +156,11 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         ));
     }
     // Against a running deployment: its balances before, so the check is of this run's.
+    // ...and what its ledger held, so the history check judges this run's operations.
+    let history_scope = match &opts.target {
+        Some(_) => Some(history::Scope::before(&server)?),
+        None => None,
+    };
     let balances_before: Option<Balances> = match &opts.target {
         Some(_) => Some(server.get("/v1/balances")?),
         None => None,
@@ -225,6 +230,9 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         ));
     }
     let mut summaries = Vec::new();
+    // Each phase's shake campaign: a deployment's own campaigns beside the run's are told
+    // apart by it (`--target`).
+    let mut shake_campaigns = Vec::new();
     let mut discrepancies: Vec<Discrepancy> = Vec::new();
     // With --hosts: the engines' counters from here (the phases) to the end.
     let engines_before = server.engine_counters();
@@ -344,7 +352,9 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             campaign_rate: opts.campaign_rate,
             // A lost agent's users were told things nobody heard: judged as after a fault.
             fault: faulty || load.lost() > 0,
+            others_campaigns: opts.target.is_some(),
         };
+        shake_campaigns.push(shake.id);
         last_phase_end = end_second;
         if n == 0 {
             fault_phase = (qps, end_second);
@@ -354,10 +364,16 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         if !audit.ok {
             discrepancies.push(Discrepancy::new("conservation", Some(&name), 0, 0));
         }
+        let verdict = match (summary.audit_ok && audit.ok, opts.target.is_some()) {
+            (false, _) => "FAILED",
+            // Its wins as the clients saw them: at the end, by campaign.
+            (true, true) => "ok so far",
+            (true, false) => "ok",
+        };
         say(&format!(
-            "bench: {name}: client median {:.0}/s server median {:.0}/s p50 {:.2} ms p99 {:.2} ms (load's send lag p99 {:.2} ms) overloaded {} errors {} audit {}",
+            "bench: {name}: client median {:.0}/s server median {:.0}/s p50 {:.2} ms p99 {:.2} ms (load's send lag p99 {:.2} ms) overloaded {} errors {} audit {verdict}",
             summary.client_qps_median, summary.server_qps_median, summary.latency_ms.p50, summary.latency_ms.p99,
-            summary.send_lag_ms.p99, summary.overloaded, summary.errors, if summary.audit_ok && audit.ok { "ok" } else { "FAILED" }
+            summary.send_lag_ms.p99, summary.overloaded, summary.errors
         ));
         shake_total.add(&summary.shake);
         send_total.add(&summary.send);
@@ -438,9 +454,29 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     let load_pids = load.pids();
     let load_procs = load.procs();
     let load_peak_rss = load_peak_rss(&rows, &load_pids);
-    load.set_qps(0)?;
+    let quiet_from = load.set_qps(0)?;
+    if opts.target.is_some() {
+        // The deployment's own campaigns go on releasing: a shake fired in the last second
+        // may still win one of theirs. Its answer comes before the stop (or the ledger
+        // would hold a win no client heard of).
+        wait_until_second(&load, quiet_from);
+        std::thread::sleep(Duration::from_millis(1000));
+    }
     monitor.mark("stop");
     let finished = load.stop()?;
+    if opts.target.is_some() {
+        // The run's wins, by its campaigns: the deployment's own are not the run's.
+        summary::judge_target_wins(
+            &mut summaries,
+            &shake_campaigns,
+            &finished.history,
+            &mut discrepancies,
+        );
+        shake_total = ShakeAudit::default();
+        for s in &summaries {
+            shake_total.add(&s.shake);
+        }
+    }
     let (agent_list, (refused, refusals)) = (load.agents(), load.agent_refusals());
     let deliveries = load.broadcasts();
     drop(load);
@@ -473,7 +509,17 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
     let final_audit: Audit = server.get("/v1/audit")?;
     // Witness three: every balance the ledger holds, read through the server.
     let balances: Balances = server.get("/v1/balances")?;
-    let history = history::check(&server, &finished.history, &mut discrepancies, say)?;
+    let scope = history_scope.map(|mut scope| {
+        scope.campaigns = shake_campaigns.clone();
+        scope
+    });
+    let history = history::check(
+        &server,
+        &finished.history,
+        scope.as_ref(),
+        &mut discrepancies,
+        say,
+    )?;
     let samples = samples.lock().unwrap().clone();
     let engines = match (&engines_before, server.engine_counters()) {
         (Some(before), Some(after)) => {
