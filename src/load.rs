@@ -54,6 +54,10 @@ pub struct LoadArgs {
     /// back on its own full-jitter back-off, as a crowd of apps does at midnight
     #[arg(long, default_value = "paced")]
     connect_mode: ConnectMode,
+    /// Seconds a user waits for its connection (TCP connect, TLS handshake, WebSocket
+    /// upgrade together) before it gives up and comes back on its back-off
+    #[arg(long, default_value_t = hongbao_load::client::DEFAULT_CONNECT_TIMEOUT_MS / 1000)]
+    connect_timeout_secs: u64,
     /// Secret for login tokens (must match the server's): HONGBAO_SECRET, or this flag
     /// for development only (a command line is seen by every local user)
     #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_proto::token::DEV_SECRET, hide_env_values = true)]
@@ -161,6 +165,7 @@ fn load_options(args: &LoadArgs) -> Result<hongbao_load::coordinator::LoadOption
         source_ips,
         connect_rate: args.connect_rate,
         connect_storm: args.connect_mode == ConnectMode::Storm,
+        connect_timeout_ms: args.connect_timeout_secs.max(1) * 1000,
         secret: args.secret.clone(),
         signer: signer(args)?,
         tls_ca: match &args.tls_ca {

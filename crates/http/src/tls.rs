@@ -83,7 +83,7 @@ pub fn server_config_with(
 /// Makes aws-lc-rs the process's rustls provider, for the libraries that ask rustls for
 /// the process default (Redis's TLS). Once is enough; again does nothing.
 pub fn install_provider() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let _ = (*provider()).clone().install_default();
 }
 
 /// The environment variable naming the CA file (PEM) our HTTP clients trust for an

@@ -179,6 +179,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
         source_ips: None,
         connect_rate: opts.connect_rate,
         connect_storm: opts.connect_storm,
+        connect_timeout_ms: hongbao_load::client::DEFAULT_CONNECT_TIMEOUT_MS,
         secret: opts
             .target
             .as_ref()

@@ -295,6 +295,7 @@ fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> anyhow::Result<()> {
         source_ips: None,
         connect_rate: 20_000,
         connect_storm: false,
+        connect_timeout_ms: hongbao_load::client::DEFAULT_CONNECT_TIMEOUT_MS,
         secret: SECRET.into(),
         signer: Default::default(),
         tls_ca: None,

@@ -12,7 +12,7 @@ use socket2::{Domain, Socket, Type};
 
 use hongbao_sys::clock::unix_us;
 
-use super::{Client, Kind, State, CONNECT_TIMEOUT_MS};
+use super::{Client, Kind, State};
 use crate::backoff::{self, Ended};
 
 /// Connect calls a turn of the loop in a storm (~10 µs each).
@@ -109,20 +109,21 @@ impl Client {
                 return; // once a second is plenty
             }
             let on_demand = self.on_demand();
+            let timeout_ms = self.opts.connect_timeout_ms;
             for i in 0..self.users.len() {
                 let u = &self.users[i];
                 let age_ms = now_ms.saturating_sub(u.since_ms);
                 if matches!(
                     u.state,
                     State::Connecting | State::Upgrading | State::Handshaking
-                ) && age_ms > CONNECT_TIMEOUT_MS
+                ) && age_ms > timeout_ms
                 {
                     self.counters.failed_timeout += 1;
                     self.drop_stream(i);
                     self.schedule_retry(i, now_ms);
                 } else if on_demand
                     && matches!(u.state, State::Ready | State::Draining)
-                    && age_ms > CONNECT_TIMEOUT_MS
+                    && age_ms > timeout_ms
                 {
                     // A connection per request that has neither its answer nor (with
                     // `close`) the server's close after 10 s: given up, as an HTTP

@@ -50,7 +50,9 @@ use crate::schedule::{partition, Firing, Schedule};
 use crate::transport::{self, HttpConnection, Transport};
 
 const STDIN: Token = Token(usize::MAX - 1);
-const CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// How long a connection (or an HTTP request on one of its own) may take by default:
+/// its TCP connect, TLS handshake and WebSocket upgrade together (`connect_timeout_ms`).
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 30_000;
 /// A user's unsent output past this means the server is not reading: drop and reconnect.
 const MAX_OUTPUT: usize = 64 * 1024;
 

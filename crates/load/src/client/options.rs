@@ -10,6 +10,10 @@ use crate::transport::{self, HttpConnection, Transport};
 /// How long a simulated user told "overloaded" stops shaking when the answer does not say.
 pub const DEFAULT_OVERLOAD_BACKOFF_SECS: u32 = 30;
 
+fn default_connect_timeout_ms() -> u64 {
+    super::DEFAULT_CONNECT_TIMEOUT_MS
+}
+
 /// How often an HTTP user looks for packets to open (it gets no pushes).
 pub const DEFAULT_NOTICE_POLL_SECS: u32 = 5;
 
@@ -34,6 +38,12 @@ pub struct ClientOptions {
     /// midnight (`--connect-mode storm`).
     #[serde(default)]
     pub connect_storm: bool,
+    /// How long a user waits for its connection — the TCP connect, the TLS handshake and
+    /// the WebSocket upgrade together — before it gives up and comes back on its back-off.
+    /// In a storm it waits in the server's accept queue meanwhile: a client that gives up
+    /// there has made its key share for nothing, and makes another next time.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
     pub secret: String,
     /// How its users' login tokens are signed (the secret's HS256 key by default).
     #[serde(default)]

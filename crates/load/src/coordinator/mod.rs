@@ -65,6 +65,8 @@ pub struct LoadOptions {
     /// ...or every user at once, each coming back on its own back-off
     /// (`ClientOptions::connect_storm`).
     pub connect_storm: bool,
+    /// `ClientOptions::connect_timeout_ms`.
+    pub connect_timeout_ms: u64,
     pub secret: String,
     /// How the users' login tokens are signed.
     pub signer: crate::client::Signer,
@@ -258,6 +260,7 @@ impl Load {
             source_ips: rotate(&source_ips, p as usize),
             connect_rate: opts.connect_rate.div_ceil(procs as u64).max(1),
             connect_storm: opts.connect_storm,
+            connect_timeout_ms: opts.connect_timeout_ms,
             secret: opts.secret.clone(),
             signer: opts.signer.clone(),
             tls_ca: opts.tls_ca.clone(),

@@ -24,9 +24,18 @@ pub fn certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> 
     Ok(certs)
 }
 
-/// The provider every hongbao TLS config uses.
+/// The provider every hongbao TLS config uses: aws-lc-rs's, with TLS 1.3's
+/// AES-128-GCM-SHA256 first. Its handshake hashes with SHA-256, which this machine's CPU
+/// does in hardware (SHA-NI); the default's first, AES-256-GCM-SHA384, hashes with
+/// SHA-384, in software: in a login storm that was 11% of the machine's CPU, both ends
+/// (docs/benchmarks/diary.md, issue 51). A client's preference decides (rustls's
+/// server follows it), so a client that asks for SHA-384 still gets it.
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    use rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    let first = TLS13_AES_128_GCM_SHA256.suite();
+    provider.cipher_suites.sort_by_key(|s| s.suite() != first);
+    Arc::new(provider)
 }
 
 /// A client config trusting the CA certificates in `ca_pem` (only them), saying `alpn`.

@@ -93,6 +93,11 @@ impl<C: Unbuffered> Session<C> {
         self.tls.alpn_protocol()
     }
 
+    /// The cipher suite agreed on, once the handshake has chosen it.
+    pub fn cipher_suite(&self) -> Option<rustls::CipherSuite> {
+        self.tls.negotiated_cipher_suite().map(|s| s.suite())
+    }
+
     /// Whether it holds nothing on the heap of its own (an idle session's state).
     pub fn holds_nothing(&self) -> bool {
         self.held.capacity() == 0 && self.waiting.capacity() == 0
@@ -334,6 +339,11 @@ mod tests {
         }
         assert_eq!(at_server, b"login");
         assert!(!server.is_handshaking() && !client.is_handshaking());
+        // Hashed with SHA-256, which the CPU does in hardware (`provider`).
+        assert_eq!(
+            server.cipher_suite(),
+            Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256)
+        );
         server.seal(b"ok", &mut to_client);
         client
             .open(&to_client, &mut at_client, &mut to_server)
