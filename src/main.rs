@@ -148,7 +148,7 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             // One message, its causes after colons: never a backtrace (RUST_BACKTRACE is
             // for panics, not for what the command tells its user).
-            eprintln!("hongbao: {e:#}");
+            eprintln!("hongbao: {}", one_line(&e));
             let code = match e.downcast_ref::<hongbao_load::cli::Unreached>() {
                 Some(_) => hongbao_load::cli::Unreached::EXIT_CODE,
                 None => 1,
@@ -156,6 +156,22 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(code)
         }
     }
+}
+
+/// An error and its causes in one line, `what: why: why`, a cause left out where the
+/// message before it already says it (errors that print their source themselves).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
 }
 
 fn run() -> Result<()> {

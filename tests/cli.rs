@@ -106,3 +106,25 @@ fn cli_errors_are_one_message_without_a_backtrace() {
     let out = hongbao(&["serve", "--no-such-flag"], &[]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// A cause the message already names is not said twice (the port another server holds:
+/// "…in use by process N…", once).
+#[test]
+fn an_error_names_each_cause_once() {
+    let server = Serve::new().workers(1).start();
+    let out = hongbao(
+        &[
+            "serve",
+            "--listen",
+            &server.listen.to_string(),
+            "--admin",
+            "127.0.0.1:0",
+            "--data-dir",
+            tempfile::tempdir().unwrap().path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    let said = stderr(&out);
+    assert!(!out.status.success(), "{said}");
+    assert_eq!(said.matches("is in use").count(), 1, "{said}");
+}

@@ -170,12 +170,14 @@ impl ServeFlags {
     }
 }
 
-/// TLS handshakes under way in one worker at most (`max_tls_handshakes`). A full
-/// handshake costs the server a signature and a key agreement (~0.15–0.3 ms of a core
-/// here) and then waits for the client's answer; 64 keep a worker busy across that wait
-/// at the few thousand a second this machine completes, while each admitted handshake
-/// waits behind at most 63 others (docs/benchmarks/diary.md, issue 51).
-pub const DEFAULT_MAX_TLS_HANDSHAKES: u32 = 64;
+/// TLS handshakes under way in one worker at most (`max_tls_handshakes`): 256, ntex's and
+/// actix's number. A handshake under way is mostly waiting for its client's answer (in a
+/// storm, the clients' machines are as busy as the server), so a worker needs as many
+/// under way as it completes in that wait: 200,000 TLS clients at once into 12 workers
+/// were all in after 51.6 s with 16, 41.6 s with 64, 36.0 s with 256, 33.9 s with 1,024,
+/// and 40.3 s with 4,096, where 24,528 handshakes waited past their 10 s deadline
+/// (docs/benchmarks/diary.md, issue 51).
+pub const DEFAULT_MAX_TLS_HANDSHAKES: u32 = 256;
 
 /// Every option of `hongbao serve`; each can be given in the TOML file under the same name.
 #[derive(Clone, Deserialize)]

@@ -116,6 +116,13 @@ impl Listeners {
                 self.per_source.remove(&source);
             }
         }
+        // A storm's thousands not logged in at once, all logged in: their tables' room
+        // is let go (a map never shrinks by itself, and a million idle sessions would pay
+        // for the storm's peak for good).
+        if self.unauthenticated.is_empty() && self.unauthenticated.capacity() > 1024 {
+            self.unauthenticated.shrink_to_fit();
+            self.per_source.shrink_to_fit();
+        }
     }
 }
 

@@ -209,6 +209,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         .register(&mut link, LINK, Interest::READABLE | Interest::WRITABLE)?;
     let clock = Clock::start();
     let timers = Timers::new(Uptime::ZERO, clock.unix(Uptime::ZERO));
+    let capacity = cfg.max_connections as usize;
     let mut worker = Worker {
         cfg,
         poll,
@@ -219,7 +220,10 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
             received: None,
         },
         listeners: Listeners::new(listeners),
-        conns: Slab::new(),
+        // Room for as many as it may hold, reserved, not touched: only the records in use
+        // become resident. A slab grown by doubling kept up to twice the records' memory
+        // resident (its new half is written as it moves the old).
+        conns: Slab::with_capacity(capacity),
         next_generation: 1,
         ready,
         again: Vec::new(),
