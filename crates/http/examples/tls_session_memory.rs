@@ -1,6 +1,8 @@
 //! What an idle TLS session keeps on the heap, after its handshake and one record each
 //! way: rustls's buffered `ServerConnection` against its unbuffered one (the caller owns
-//! every buffer). Counted by a global allocator, live bytes over N sessions.
+//! every buffer), and both ends of `hongbao_proto::tls::session` as the gateway and the
+//! load keep them (with and without resumption on the client). Counted by a global
+//! allocator, live bytes over N sessions.
 //!
 //!   cargo run --release -p hongbao-http --example tls_session_memory [N]
 
@@ -10,6 +12,8 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 
 use hongbao_http::tls::{new_ticket_key, server_config_with, DevCerts};
 use hongbao_proto::tls::client_config;
+use hongbao_proto::tls::session::{ClientSession, ServerSession, Session};
+use rustls::client::UnbufferedClientConnection;
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{ConnectionState, EncodeError};
 use rustls::{ClientConnection, ServerConnection};
@@ -151,6 +155,49 @@ fn main() {
     }
     let per = (live() - before) as f64 / n as f64;
     println!("unbuffered ServerConnection, idle: {per:.0} bytes a session (live heap)");
+    drop(kept);
+
+    // The sessions the gateway and the load keep, both ends, the client with and without
+    // a resumption store (the load's keeps tickets, shared by its users).
+    for resume in [true, false] {
+        let mut config = (*client).clone();
+        if !resume {
+            config.resumption = rustls::client::Resumption::disabled();
+        }
+        let config = std::sync::Arc::new(config);
+        let (mut servers, mut clients) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            let mut srv: ServerSession =
+                Session::new(UnbufferedServerConnection::new(server.clone()).unwrap());
+            let name = "127.0.0.1".try_into().unwrap();
+            let mut cli: ClientSession =
+                Session::new(UnbufferedClientConnection::new(config.clone(), name).unwrap());
+            let (mut to_s, mut to_c, mut plain) = (Vec::new(), Vec::new(), Vec::new());
+            cli.seal(b"login", &mut to_s);
+            for _ in 0..4 {
+                srv.open(&std::mem::take(&mut to_s), &mut plain, &mut to_c).unwrap();
+                cli.open(&std::mem::take(&mut to_c), &mut plain, &mut to_s).unwrap();
+            }
+            srv.seal(b"welcome", &mut to_c);
+            cli.open(&to_c, &mut plain, &mut to_s).unwrap();
+            // Kept boxed, as the gateway and the load keep them.
+            servers.push(Box::new(srv));
+            clients.push(Box::new(cli));
+        }
+        // What each side holds is what it gives back: the boxes and all they own.
+        let at = live();
+        drop(servers);
+        let server_bytes = at - live();
+        let at = live();
+        drop(clients);
+        let client_bytes = at - live();
+        println!(
+            "hongbao's sessions, idle (resumption {}): the gateway's {:.0} bytes, the load's {:.0} bytes a session (live heap)",
+            if resume { "on" } else { "off" },
+            (server_bytes as f64 - (n * 8) as f64) / n as f64,
+            (client_bytes as f64 - (n * 8) as f64) / n as f64
+        );
+    }
     println!(
         "(struct sizes: ServerConnection {} B, UnbufferedServerConnection {} B)",
         std::mem::size_of::<ServerConnection>(),

@@ -278,6 +278,11 @@ impl Users {
     /// Forgets the users whose buckets are all full again at `now` (µs).
     pub fn forget_full(&mut self, now: u64) {
         self.buckets.retain(|_, b| b.latest() > now);
+        // A storm's logins, forgotten: their room let go too (a map never shrinks by
+        // itself, and a million sessions would keep the storm's peak for good).
+        if self.buckets.capacity() > 4 * self.buckets.len().max(1024) {
+            self.buckets.shrink_to(2 * self.buckets.len());
+        }
     }
 
     pub fn tracked(&self) -> usize {

@@ -215,8 +215,21 @@ pub fn decode_all<T: DeserializeOwned>(
         f(msg);
         at += 4 + len;
     }
-    buf.drain(..at);
+    consumed(buf, at);
     Ok(())
+}
+
+/// The room a link buffer keeps once emptied: a storm's backlog (a million logins up the
+/// link) is let go, not kept for good.
+const KEPT_LINK_BUFFER: usize = 64 * 1024;
+
+/// Drops the first `n` bytes of a link buffer (read or written), and its room past
+/// `KEPT_LINK_BUFFER` once it is empty.
+pub fn consumed(buf: &mut Vec<u8>, n: usize) {
+    buf.drain(..n);
+    if buf.is_empty() && buf.capacity() > KEPT_LINK_BUFFER {
+        buf.shrink_to(KEPT_LINK_BUFFER);
+    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,17 @@ pub struct Route {
     pub conn: ConnId,
 }
 
+/// A user's route, and when its session's token was issued (Unix seconds, good to 2106).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Routed {
+    route: Route,
+    issued: u32,
+}
+
+fn secs(issued: u64) -> u32 {
+    issued.min(u64::from(u32::MAX)) as u32
+}
+
 /// Something for one connection.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Delivery {
@@ -45,9 +56,9 @@ pub struct PresenceCounters {
 
 #[derive(Default)]
 pub struct Presence {
-    routes: HashMap<UserId, Route>,
-    /// When the token of each routed session was issued (its latest refresh's).
-    issued: HashMap<UserId, u64>,
+    /// Each online user's route, and when its session's token was issued (its latest
+    /// refresh's, Unix seconds): one map, 24 bytes an entry, a million of them.
+    routes: HashMap<UserId, Routed>,
     /// Tokens of these users issued before (Unix seconds) are refused.
     revoked: HashMap<UserId, u64>,
     pub counters: PresenceCounters,
@@ -80,7 +91,6 @@ impl Presence {
             ]);
         }
         self.counters.logins += 1;
-        self.issued.insert(origin.user, issued);
         let mut out = vec![Delivery::Reply {
             to: route,
             request: origin.request,
@@ -89,7 +99,11 @@ impl Presence {
                 user_id: origin.user.get(),
             },
         }];
-        if let Some(old) = self.routes.insert(origin.user, route) {
+        let routed = Routed {
+            route,
+            issued: secs(issued),
+        };
+        if let Some(Routed { route: old, .. }) = self.routes.insert(origin.user, routed) {
             if old != route {
                 self.counters.kicks_replaced += 1;
                 out.push(Delivery::Push {
@@ -112,8 +126,10 @@ impl Presence {
 
     /// The session on `conn` of `worker` took a fresh token, issued at `issued`.
     pub fn refreshed(&mut self, worker: WorkerId, conn: ConnId, user: UserId, issued: u64) {
-        if self.routes.get(&user) == Some(&Route { worker, conn }) {
-            self.issued.insert(user, issued);
+        if let Some(routed) = self.routes.get_mut(&user) {
+            if routed.route == (Route { worker, conn }) {
+                routed.issued = secs(issued);
+            }
         }
     }
 
@@ -124,11 +140,14 @@ impl Presence {
     pub fn revoke(&mut self, user: UserId, at: u64) -> Option<Delivery> {
         let entry = self.revoked.entry(user).or_insert(at);
         *entry = (*entry).max(at);
-        if self.issued.get(&user).is_none_or(|&issued| issued >= at) {
+        if self
+            .routes
+            .get(&user)
+            .is_none_or(|r| u64::from(r.issued) >= at)
+        {
             return None;
         }
-        let to = self.routes.remove(&user)?;
-        self.issued.remove(&user);
+        let to = self.routes.remove(&user)?.route;
         self.counters.kicks_revoked += 1;
         Some(revoked(to))
     }
@@ -147,9 +166,8 @@ impl Presence {
 
     /// The connection closed or logged in as someone else.
     pub fn offline(&mut self, worker: WorkerId, conn: ConnId, user: UserId) {
-        if self.routes.get(&user) == Some(&Route { worker, conn }) {
+        if self.routes.get(&user).map(|r| r.route) == Some(Route { worker, conn }) {
             self.routes.remove(&user);
-            self.issued.remove(&user);
         }
     }
 
@@ -159,18 +177,17 @@ impl Presence {
         let gone: Vec<UserId> = self
             .routes
             .iter()
-            .filter(|(_, r)| r.worker == worker)
+            .filter(|(_, r)| r.route.worker == worker)
             .map(|(u, _)| *u)
             .collect();
         for user in &gone {
             self.routes.remove(user);
-            self.issued.remove(user);
         }
         gone
     }
 
     pub fn route(&self, user: UserId) -> Option<Route> {
-        self.routes.get(&user).copied()
+        self.routes.get(&user).map(|r| r.route)
     }
 
     pub fn online_users(&self) -> usize {

@@ -10,21 +10,26 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// This process's resident memory (bytes) and CPU time used (ms).
+/// This process's private resident memory (bytes) and CPU time used (ms).
 pub fn self_usage() -> (u64, u64) {
     usage_of("self")
 }
 
-/// Resident memory (bytes) and CPU time (ms) of process `pid` ("self" for this one); zeros
-/// when it cannot be read (the process is gone).
+/// Private resident memory (bytes) and CPU time (ms) of process `pid` ("self" for this
+/// one); zeros when it cannot be read (the process is gone). Private: the resident pages
+/// less the file-backed and shared ones (`statm`'s resident − shared) — what the process
+/// holds of its own. The binary's code, paged in as more of it runs, is shared by every
+/// process of it: counted in each worker's RSS it made a 200,000-connection server look
+/// 57 bytes a connection heavier than it was (docs/benchmarks/diary.md, issue 51).
 pub fn usage_of(pid: &str) -> (u64, u64) {
     let page = 4096;
     let rss = std::fs::read_to_string(format!("/proc/{pid}/statm"))
         .ok()
         .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse::<u64>().ok())
+            let mut f = s.split_whitespace().skip(1);
+            let resident: u64 = f.next()?.parse().ok()?;
+            let shared: u64 = f.next()?.parse().ok()?;
+            Some(resident.saturating_sub(shared))
         })
         .map_or(0, |pages| pages * page);
     let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -243,9 +243,7 @@ impl Supervisor {
         let mut dead = Vec::new();
         for (key, link) in self.links.iter_mut() {
             match net::write_nonblocking(&mut link.stream, &link.outbuf) {
-                Ok(n) => {
-                    link.outbuf.drain(..n);
-                }
+                Ok(n) => link::consumed(&mut link.outbuf, n),
                 Err(_) => dead.push(key),
             }
             if link.outbuf.len() > MAX_LINK_BACKLOG {

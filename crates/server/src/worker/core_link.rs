@@ -208,7 +208,7 @@ impl Worker {
     pub(super) fn flush_link(&mut self) -> anyhow::Result<()> {
         match net::write_nonblocking(&mut self.link.stream, &self.link.outbox) {
             Ok(n) => {
-                self.link.outbox.drain(..n);
+                link::consumed(&mut self.link.outbox, n);
                 Ok(())
             }
             Err(e) if e.kind() == ErrorKind::BrokenPipe => {

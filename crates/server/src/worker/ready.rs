@@ -104,6 +104,9 @@ pub(super) fn read_batch(order: ReadyOrder, broadcasting: bool) -> usize {
 /// Batches a turn reads while a broadcast is being written (`read_batch`).
 const BROADCAST_READ_BATCHES: usize = 4;
 
+/// The queue's room kept once it empties (entries).
+const SHRINK_PAST: usize = 4096;
+
 pub(super) struct Ready {
     order: ReadyOrder,
     /// Entries in push order, oldest at the front; some stale.
@@ -175,6 +178,11 @@ impl Ready {
         let Some(oldest) = self.entries.front() else {
             self.over_since_us = None;
             self.standing = false;
+            // A storm's backlog read: its room let go, so a worker of idle sessions does
+            // not keep the storm's peak.
+            if self.entries.capacity() > SHRINK_PAST {
+                self.entries.shrink_to(SHRINK_PAST);
+            }
             return None;
         };
         let now_us = now.as_micros();
