@@ -175,8 +175,10 @@ fn main() {
             let (mut to_s, mut to_c, mut plain) = (Vec::new(), Vec::new(), Vec::new());
             cli.seal(b"login", &mut to_s);
             for _ in 0..4 {
-                srv.open(&std::mem::take(&mut to_s), &mut plain, &mut to_c).unwrap();
-                cli.open(&std::mem::take(&mut to_c), &mut plain, &mut to_s).unwrap();
+                srv.open(&std::mem::take(&mut to_s), &mut plain, &mut to_c)
+                    .unwrap();
+                cli.open(&std::mem::take(&mut to_c), &mut plain, &mut to_s)
+                    .unwrap();
             }
             srv.seal(b"welcome", &mut to_c);
             cli.open(&to_c, &mut plain, &mut to_s).unwrap();

@@ -113,9 +113,33 @@ impl<C: Unbuffered> Session<C> {
         plain: &mut Vec<u8>,
         out: &mut Vec<u8>,
     ) -> Result<Opened, rustls::Error> {
-        let Session { tls, held, waiting } = self;
-        let mut data = std::mem::take(held);
+        let mut data = std::mem::take(&mut self.held);
         data.extend_from_slice(cipher);
+        self.open_slice(&mut data, plain, out)
+    }
+
+    /// `open` of bytes the caller lets it decrypt where they lie (its read buffer): no
+    /// copy, unless a record cut by an earlier read is held (then they join it).
+    pub fn open_in_place(
+        &mut self,
+        cipher: &mut [u8],
+        plain: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> Result<Opened, rustls::Error> {
+        if !self.held.is_empty() {
+            return self.open(cipher, plain, out);
+        }
+        self.open_slice(cipher, plain, out)
+    }
+
+    /// Decrypts `data` in place: what is left of it (a record not yet whole) is held.
+    fn open_slice(
+        &mut self,
+        data: &mut [u8],
+        plain: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> Result<Opened, rustls::Error> {
+        let Session { tls, held, waiting } = self;
         let mut at = 0;
         let mut closed = false;
         let result = loop {
@@ -177,9 +201,7 @@ impl<C: Unbuffered> Session<C> {
             return Err(e);
         }
         if at < data.len() {
-            data.drain(..at);
-            data.shrink_to_fit();
-            *held = data;
+            *held = data[at..].to_vec();
         }
         Ok(if closed {
             Opened::PeerClosed

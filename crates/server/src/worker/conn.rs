@@ -151,9 +151,24 @@ pub(super) struct Output {
     /// `write` for them all.
     cork: Option<usize>,
     corked: Vec<u8>,
+    /// What a TLS read decrypts to, before the codec reads it (`take_plain`).
+    plain: Vec<u8>,
 }
 
 impl Output {
+    /// The decrypted bytes' buffer, empty.
+    pub(super) fn take_plain(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.plain)
+    }
+
+    /// Gives it back once the codec has read it.
+    pub(super) fn give_plain(&mut self, mut bytes: Vec<u8>) {
+        bytes.clear();
+        if let Some(bytes) = reusable(bytes) {
+            self.plain = bytes;
+        }
+    }
+
     /// The encoding buffer, empty (a fresh one if it is already taken).
     pub(super) fn take_scratch(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.scratch)
@@ -279,10 +294,10 @@ impl Worker {
     /// record: counted, sent rustls's alert and closed) or said goodbye (close_notify).
     /// Writing what the session answers may find the peer gone and close the connection
     /// too: the caller looks before it goes on.
-    pub(super) fn tls_read(&mut self, key: usize, cipher: &[u8]) -> Option<Vec<u8>> {
+    pub(super) fn tls_read(&mut self, key: usize, cipher: &mut [u8]) -> Option<Vec<u8>> {
         let session = self.conns.get_mut(key)?.tls.as_mut()?;
         let handshaking = session.is_handshaking();
-        let (mut plain, mut out) = (Vec::new(), Vec::new());
+        let (mut plain, mut out) = (self.output.take_plain(), Vec::new());
         let opened = tls::open(session, cipher, &mut plain, &mut out);
         if handshaking && !session.is_handshaking() && opened.is_ok() {
             self.handshake_over(key, true);

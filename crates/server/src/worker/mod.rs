@@ -455,7 +455,7 @@ impl Worker {
             let conn = &mut self.conns[key];
             // Over TLS, what the codec reads is what the bytes read decrypt to.
             let plain = match conn.tls.is_some() {
-                true => match self.tls_read(key, &buf[start..n]) {
+                true => match self.tls_read(key, &mut buf[start..n]) {
                     Some(plain) => Some(plain),
                     None => return, // refused, or the peer said goodbye
                 },
@@ -469,15 +469,20 @@ impl Worker {
             // The answers to what this read brought go out in one write: after a wait
             // a read brings many requests, and a write each cost the most of each.
             self.output.cork(key);
-            let rest = if let Some(plain) = plain {
+            let rest = if let Some(mut plain) = plain {
                 if partial.is_empty() {
-                    partial = plain;
+                    // Read where it was decrypted; what is left of it is kept.
+                    let used = self.input(key, &mut plain);
+                    let rest = plain[used..].to_vec();
+                    self.output.give_plain(plain);
+                    rest
                 } else {
                     partial.extend_from_slice(&plain);
+                    self.output.give_plain(plain);
+                    let used = self.input(key, &mut partial);
+                    partial.drain(..used);
+                    partial
                 }
-                let used = self.input(key, &mut partial);
-                partial.drain(..used);
-                partial
             } else if partial.is_empty() {
                 let used = self.input(key, &mut buf[start..n]);
                 buf[start + used..n].to_vec()
