@@ -7,8 +7,9 @@
 #
 #   plain        binary frames over TCP;
 #   tls          the same over TLS (`serve --tls-cert`, the ECDSA P-256 certificate of
-#                `hongbao dev-cert`), with the default max_tls_handshakes (64 a worker);
-#   tls:B        over TLS with max_tls_handshakes B (a sweep).
+#                `hongbao dev-cert`), with the default max_tls_handshakes (its share of 2,048 a core);
+#   tls:B        over TLS with max_tls_handshakes B (a sweep); tls:B:Q also with
+#                tls_accept_queue_secs Q (B empty: the default).
 #
 # For each: the time, logins a second, the kernel's accept-queue drops over the storm
 # (TcpExt ListenOverflows and ListenDrops, /proc/net/netstat), the server's handshakes
@@ -46,8 +47,9 @@ storm() { # ROUND KIND
     tls*)
       extra=(--tls-cert "$work/tls/cert.pem" --tls-key "$work/tls/key.pem")
       load_extra=(--tls-ca "$work/tls/ca.pem")
-      IFS=: read -r _ bound <<< "$2"
+      IFS=: read -r _ bound queue <<< "$2"
       [ -n "${bound:-}" ] && echo "max_tls_handshakes = $bound" >> "$config"
+      [ -n "${queue:-}" ] && echo "tls_accept_queue_secs = $queue" >> "$config"
       ;;
   esac
   "$hb" serve --listen 127.0.0.1:7290 --admin 127.0.0.1:7291 --data-dir "$dir/data" \

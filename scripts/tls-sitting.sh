@@ -99,11 +99,8 @@ idle() { # ROUND plain|tls|nginx
       --worker-processes $(( (2 * n + 18999) / 19000 + 2 )) \
       --tcp-listen 127.0.0.1:7295 --tcp-upstream 127.0.0.1:7290 \
       --tls-cert "$work/tls/cert.pem" --tls-key "$work/tls/key.pem" > /dev/null
-    # nginx's connections to the gateway all go from one address to one address:port, and
-    # the kernel gives connect() about half the port range (~32,000): spread them over 8
-    # source addresses of 127.0.0.0/8.
-    sed -i -e 's|^    upstream hongbao_tcp {|    split_clients "$remote_port" $hb_src { 12.5% 127.0.0.11; 12.5% 127.0.0.12; 12.5% 127.0.0.13; 12.5% 127.0.0.14; 12.5% 127.0.0.15; 12.5% 127.0.0.16; 12.5% 127.0.0.17; * 127.0.0.18; }\n&|' \
-      -e 's|^        proxy_pass hongbao_tcp;|&\n        proxy_bind $hb_src;|' "$dir/nginx/nginx.conf"
+    # nginx's connections to the gateway leave from 127.0.200.1-8 (nginx-conf's
+    # --upstream-sources auto: one source address holds ~32,000 of them).
     nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" -g 'daemon off;' 2> "$dir/nginx.log" &
     ngx=$!; echo "$ngx" >> "$work/pids"; sleep 1
     target=127.0.0.1:7295; load_extra=(--tls-ca "$ca")

@@ -1416,6 +1416,87 @@ fn a_crash_loses_nothing_acknowledged() {
     assert_eq!(server.balance(1), 300);
 }
 
+/// SIGTERM drains: the server is not ready from that moment and takes no new connection,
+/// its clients are let go over `drain_secs` — each kicked `shutdown` and told to come back
+/// in about a second — while those not yet let go are still served; then it exits
+/// cleanly, its ledger whole.
+#[test]
+fn sigterm_lets_the_clients_go_over_the_drain_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Serve::new()
+        .workers(2)
+        .data_dir(dir.path())
+        .config("drain_secs = 3\n")
+        .start();
+    server.shake_campaign(1_000, 1_000, 1, 1);
+    let clients: Vec<Client> = (1..=20).map(|user| server.login(user)).collect();
+    let t0 = Instant::now();
+    signal(server.pid(), "-TERM");
+    // Each client shakes on until its kick comes: when it came, what it said, and how
+    // many shakes were answered meanwhile.
+    let watchers: Vec<_> = clients
+        .into_iter()
+        .map(|mut client| {
+            std::thread::spawn(move || {
+                let mut answered = 0;
+                loop {
+                    client.send(&Message::Shake).unwrap();
+                    let frame = client.recv().expect("a reply or a kick");
+                    match frame.message {
+                        Message::Kick {
+                            reason,
+                            retry_after_ms,
+                            ..
+                        } => {
+                            let at = t0.elapsed();
+                            expect_closed(&mut client);
+                            return (at, reason, retry_after_ms, answered);
+                        }
+                        Message::ShakeReply { .. } => answered += 1,
+                        Message::Error { .. } => {} // over a limit: still answered
+                        other => panic!("while draining: {other:?}"),
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+        })
+        .collect();
+    wait_until("/readyz to say not ready", secs(5), || {
+        (server.admin.without_key().http("GET", "/readyz", None).0 == 503).then_some(())
+    });
+    wait_until("a new connection refused", secs(5), || {
+        std::net::TcpStream::connect(server.listen)
+            .is_err()
+            .then_some(())
+    });
+    let mut kicks: Vec<_> = watchers.into_iter().map(|w| w.join().unwrap()).collect();
+    kicks.sort_by_key(|k| k.0);
+    for (_, reason, retry_after_ms, _) in &kicks {
+        assert_eq!(
+            (*reason, *retry_after_ms),
+            (KickReason::Shutdown, 1_000),
+            "{kicks:?}"
+        );
+    }
+    // Ten a worker, the k-th at k/10 of the 3 s: the first after 0.3 s, the last at 3 s —
+    // not all at once, as SIGINT does.
+    let (first, last) = (kicks[0].0, kicks[kicks.len() - 1].0);
+    assert!(
+        last - first >= Duration::from_millis(1_500),
+        "kicks from {first:?} to {last:?}"
+    );
+    assert!(
+        kicks.iter().map(|k| k.3).sum::<u32>() >= 20,
+        "shakes went unanswered while draining: {kicks:?}"
+    );
+    let exit = wait_until("the server to stop after its drain", secs(20), || {
+        server.process.child.try_wait().unwrap()
+    });
+    assert!(exit.success(), "{exit:?}");
+    let server = Serve::new().data_dir(dir.path()).start();
+    assert_eq!(server.audit()["ok"], true, "{}", server.audit());
+}
+
 /// A client that never reads and a client that sends after being kicked must not take the
 /// worker down with them.
 #[test]

@@ -170,14 +170,32 @@ impl ServeFlags {
     }
 }
 
-/// TLS handshakes under way in one worker at most (`max_tls_handshakes`): 256, ntex's and
-/// actix's number. A handshake under way is mostly waiting for its client's answer (in a
-/// storm, the clients' machines are as busy as the server), so a worker needs as many
-/// under way as it completes in that wait: 200,000 TLS clients at once into 12 workers
-/// were all in after 51.6 s with 16, 41.6 s with 64, 36.0 s with 256, 33.9 s with 1,024,
-/// and 40.3 s with 4,096, where 24,528 handshakes waited past their 10 s deadline
-/// (docs/benchmarks/diary.md, issue 51).
-pub const DEFAULT_MAX_TLS_HANDSHAKES: u32 = 256;
+/// TLS handshakes under way on the machine, a core (`max_tls_handshakes = 0`, the
+/// default, shares `cores × 2,048` among the workers, at least 16 each). A handshake under
+/// way is mostly waiting for its client's answer (in a storm, the clients' machines are as
+/// busy as the server), so the machine needs as many under way as it completes in that
+/// wait, and no more: every one more waits its turn for the same cores, towards its
+/// deadline. 200,000 TLS clients at once into 12 workers on 2 cores were all in after
+/// 51.6 s with 192 under way in all (16 a worker), 41.6 s with 768, 36.0 s with 3,072,
+/// 33.9 s with 12,288, and 40.3 s with 49,152, where 24,528 handshakes waited past their
+/// 10 s deadline; a million into 56 workers at 256 each (14,336) lost 416,054 handshakes
+/// to it (docs/benchmarks/diary.md, issue 51).
+pub const TLS_HANDSHAKES_PER_CORE: u32 = 2_048;
+
+/// How many seconds of a worker's handshakes its TLS listeners' accept queues hold
+/// (`tls_accept_queue_secs`): 20, two thirds of a client's 30 s patience (`hongbao
+/// load`'s connect timeout), so that a client let into the queue is served before it
+/// gives up. 200,000 TLS clients at once into 12 workers on 2 cores were all in after
+/// 45.7 and 55.9 s with queues of only 2 × `max_tls_handshakes`, 41.2 and 44.0 s with
+/// 10 s of handshakes, 36.7 and 38.8 s with 30 s (36.0 s with the kernel's 65,535): a
+/// storm that fits within the patience gains nothing from a shorter queue; a million
+/// does (docs/benchmarks/diary.md, issue 51).
+pub const DEFAULT_TLS_ACCEPT_QUEUE_SECS: u32 = 20;
+
+/// Seconds a SIGTERM's drain spreads the connections' kicks over (`drain_secs`): 5, so
+/// that the drain and the last writes end within the 10 s `podman stop` and the lab give
+/// a server before SIGKILL, well within systemd's 90 s and the StatefulSet's grace.
+pub const DEFAULT_DRAIN_SECS: u32 = 5;
 
 /// Every option of `hongbao serve`; each can be given in the TOML file under the same name.
 #[derive(Clone, Deserialize)]
@@ -271,11 +289,21 @@ pub struct ServeConfig {
     /// The same, from one source address (per worker).
     pub max_unauthenticated_per_source: u32,
     /// TLS handshakes under way in one worker at most; the connections past it wait in
-    /// the kernel's accept queue (the listener is not polled meanwhile).
+    /// the kernel's accept queue (the listener is not polled meanwhile). 0: the machine's
+    /// share (`tls_handshakes_per_worker`).
     pub max_tls_handshakes: u32,
     /// A TLS handshake not done this long after the accept is closed; the login
     /// deadline counts from the handshake's end.
     pub tls_handshake_timeout_secs: u32,
+    /// A TLS listener's accept queue holds this many seconds of the worker's handshakes
+    /// (its last second's, and never fewer than `2 × max_tls_handshakes`); the SYNs past
+    /// it are dropped, and TCP's retries wait for the server at no cost to it. 0: the
+    /// kernel's backlog (`net.core.somaxconn`), unbounded by the worker.
+    pub tls_accept_queue_secs: u32,
+    /// On SIGTERM, the connections are let go over this many seconds, each told to come
+    /// back in about a second, not kicked at once (`worker/drain.rs`); 0: at once, as
+    /// SIGINT does.
+    pub drain_secs: u32,
     /// Close a logged-in connection silent this long; 0 never.
     pub idle_timeout_secs: u32,
     /// Close an HTTP connection idle between requests this long; 0 never.
@@ -453,8 +481,10 @@ impl Default for ServeConfig {
             login_timeout_secs: 10,
             max_unauthenticated: 16_384,
             max_unauthenticated_per_source: 4_096,
-            max_tls_handshakes: DEFAULT_MAX_TLS_HANDSHAKES,
+            max_tls_handshakes: 0,
             tls_handshake_timeout_secs: 10,
+            tls_accept_queue_secs: DEFAULT_TLS_ACCEPT_QUEUE_SECS,
+            drain_secs: DEFAULT_DRAIN_SECS,
             idle_timeout_secs: 0,
             http_keepalive_secs: 75,
             max_output_bytes: 256 * 1024,
@@ -672,6 +702,16 @@ impl ServeConfig {
         Ok(())
     }
 
+    /// `max_tls_handshakes` for each of `workers` on `cores`: as given, or (0) an even
+    /// share of `cores × TLS_HANDSHAKES_PER_CORE`, at least 16.
+    pub fn tls_handshakes_per_worker(&self, workers: usize, cores: usize) -> u32 {
+        if self.max_tls_handshakes > 0 {
+            return self.max_tls_handshakes;
+        }
+        let machine = TLS_HANDSHAKES_PER_CORE as usize * cores.max(1);
+        (machine / workers.max(1)).max(16) as u32
+    }
+
     /// The worker count: as given, or for "auto" enough workers to hold `connections`
     /// under the open-file limit with room for an uneven spread, and never fewer than
     /// the cores.
@@ -701,6 +741,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(cfg.worker_count(20_000, 2).unwrap(), 56);
+        // A million over TLS: 4,096 handshakes under way on 2 cores, 73 in each of 56.
+        assert_eq!(cfg.tls_handshakes_per_worker(56, 2), 73);
+        assert_eq!(cfg.tls_handshakes_per_worker(12, 2), 341);
+        assert_eq!(cfg.tls_handshakes_per_worker(1024, 2), 16);
+        cfg.max_tls_handshakes = 256;
+        assert_eq!(cfg.tls_handshakes_per_worker(56, 2), 256);
+        cfg.max_tls_handshakes = 0;
         cfg.connections = 1000;
         assert_eq!(cfg.worker_count(20_000, 2).unwrap(), 2);
         cfg.workers = "3".into();

@@ -99,6 +99,11 @@ pub enum ToWorker {
         user: UserId,
         at: u64,
     },
+    /// Stop accepting and let every connection go over `window_ms`, each told to come
+    /// back (`worker/drain.rs`); then stop.
+    Drain {
+        window_ms: u32,
+    },
     Shutdown,
 }
 
@@ -162,6 +167,8 @@ pub struct WorkerConfig {
     pub max_tls_handshakes: u32,
     /// A TLS handshake not done this long after the accept is closed.
     pub tls_handshake_timeout_secs: u32,
+    /// A TLS listener's accept queue holds this many seconds of handshakes.
+    pub tls_accept_queue_secs: u32,
     /// Counted from the connect, or from the TLS handshake's end.
     pub login_timeout_secs: u32,
     /// 0 disables.

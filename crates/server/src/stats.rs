@@ -124,6 +124,9 @@ pub struct WorkerLevels {
     /// TLS handshakes under way now (at most `max_tls_handshakes`).
     #[serde(default)]
     pub tls_handshaking: u64,
+    /// The TLS listeners' accept queue length now (`tls_accept_queue_secs`); 0 without TLS.
+    #[serde(default)]
+    pub tls_accept_queue: u64,
 }
 
 impl WorkerLevels {
@@ -134,6 +137,7 @@ impl WorkerLevels {
         self.rss_bytes += other.rss_bytes;
         self.shake_cap += other.shake_cap;
         self.tls_handshaking += other.tls_handshaking;
+        self.tls_accept_queue += other.tls_accept_queue;
     }
 }
 

@@ -40,6 +40,9 @@ pub struct Limits {
     pub reserved_ports: String,
     pub somaxconn: u64,
     pub syn_backlog: u64,
+    /// `net.ipv4.tcp_syncookies`: 0 never, 1 once the SYN queue overflows (the default), 2
+    /// always (every connection loses its TCP options).
+    pub syncookies: u64,
     /// `None` inside a network namespace other than the first (the file is global).
     pub tcp_mem_max_pages: Option<u64>,
     /// Buckets of the established-socket hash this namespace looks sockets up in.
@@ -100,6 +103,7 @@ impl Limits {
             reserved_ports: read("/proc/sys/net/ipv4/ip_local_reserved_ports").unwrap_or_default(),
             somaxconn: num("/proc/sys/net/core/somaxconn"),
             syn_backlog: num("/proc/sys/net/ipv4/tcp_max_syn_backlog"),
+            syncookies: num("/proc/sys/net/ipv4/tcp_syncookies"),
             tcp_mem_max_pages: read("/proc/sys/net/ipv4/tcp_mem")
                 .and_then(|s| s.split_whitespace().nth(2)?.parse().ok()),
             ehash_buckets: ehash_buckets(),
@@ -244,6 +248,13 @@ pub fn checks(l: &Limits, connections: u64) -> Vec<Check> {
             needed: "≥ 65535 for connect storms".into(),
             allows: u64::MAX,
             fix: (l.syn_backlog < 65535).then(|| "sysctl -w net.ipv4.tcp_max_syn_backlog=65535".into()),
+        },
+        Check {
+            name: "net.ipv4.tcp_syncookies",
+            current: l.syncookies.to_string(),
+            needed: "1: a storm past the SYN queue still connects, and only then are cookies used".into(),
+            allows: u64::MAX,
+            fix: (l.syncookies != 1).then(|| "sysctl -w net.ipv4.tcp_syncookies=1".into()),
         },
         Check {
             name: "memory available",
@@ -436,6 +447,7 @@ pub fn apply(l: &Limits, connections: u64) -> Vec<String> {
         ),
         ("/proc/sys/net/core/somaxconn", "65535".into()),
         ("/proc/sys/net/ipv4/tcp_max_syn_backlog", "65535".into()),
+        ("/proc/sys/net/ipv4/tcp_syncookies", "1".into()),
     ];
     if l.tw_reuse == 0 {
         wanted.push(("/proc/sys/net/ipv4/tcp_tw_reuse", "1".into()));
@@ -548,6 +560,7 @@ mod tests {
             reserved_ports: String::new(),
             somaxconn: 4096,
             syn_backlog: 2048,
+            syncookies: 1,
             tcp_mem_max_pages: Some(575_796),
             ehash_buckets: 262_144,
             conntrack_max: Some(262_144),

@@ -35,6 +35,18 @@ pub fn reuseport_listener(
     Ok(socket.into())
 }
 
+/// Sets how many connections the kernel queues for a listening socket before it drops
+/// SYNs (listen(2) again on a listening socket changes only its backlog; the kernel caps
+/// it at `net.core.somaxconn`). Connections already queued stay.
+pub fn set_listen_backlog(socket: &impl AsRawFd, backlog: u32) -> std::io::Result<()> {
+    let backlog = backlog.min(i32::MAX as u32) as i32;
+    // SAFETY: listen(2) on a descriptor we hold; it touches no memory of ours.
+    match unsafe { libc::listen(socket.as_raw_fd(), backlog) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 /// Whether `addr` (`IP:PORT`) is a loopback address, 127.0.0.0/8 or ::1: reachable from
 /// this machine only. A name (`localhost:7000`) or anything else unparsed is not: only an
 /// address says for sure where a socket listens.

@@ -2,12 +2,19 @@
 //! each polls. Cloning it shares it; `request` stops every holder. `on_signals` makes
 //! SIGINT and SIGTERM request it (signal-hook stores to the flag, which is all a signal
 //! handler may safely do), so Ctrl-C ends `serve`, `load`, `bench` and `monitor` in order.
+//! It remembers which: SIGTERM (systemd's, Kubernetes', podman's stop) asks `serve` to
+//! drain first (`gently`), SIGINT and `request` to stop at once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Default)]
-pub struct Stop(Arc<AtomicBool>);
+pub struct Stop {
+    /// SIGINT, or `request`: stop now.
+    now: Arc<AtomicBool>,
+    /// SIGTERM: stop, gently where the holder knows how.
+    term: Arc<AtomicBool>,
+}
 
 impl Stop {
     /// A stop nobody has requested yet.
@@ -18,18 +25,24 @@ impl Stop {
     /// A stop that SIGINT and SIGTERM request (from now on; the signals no longer kill).
     pub fn on_signals() -> std::io::Result<Stop> {
         let stop = Stop::new();
-        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            signal_hook::flag::register(signal, stop.0.clone())?;
-        }
+        signal_hook::flag::register(signal_hook::consts::SIGINT, stop.now.clone())?;
+        signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.term.clone())?;
         Ok(stop)
     }
 
     pub fn request(&self) {
-        self.0.store(true, Ordering::SeqCst);
+        self.now.store(true, Ordering::SeqCst);
     }
 
+    /// Whether a stop was asked for, either way.
     pub fn requested(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.now.load(Ordering::SeqCst) || self.term.load(Ordering::SeqCst)
+    }
+
+    /// Whether the stop asked for is SIGTERM's alone: a holder that can end gently (a
+    /// server draining its connections) does, until SIGINT or `request` says now.
+    pub fn gently(&self) -> bool {
+        self.term.load(Ordering::SeqCst) && !self.now.load(Ordering::SeqCst)
     }
 }
 
@@ -76,10 +89,16 @@ mod tests {
     }
 
     #[test]
-    fn a_signal_requests_it() {
+    fn a_signal_requests_it_and_sigterm_alone_gently() {
         let stop = Stop::on_signals().unwrap();
+        assert!(!stop.requested() && !stop.gently());
         // SAFETY: raise(2) sends a signal to this process, whose handler only stores.
         unsafe { libc::raise(libc::SIGTERM) };
         assert!(stop.requested());
+        assert!(stop.gently());
+        // SAFETY: as above.
+        unsafe { libc::raise(libc::SIGINT) };
+        assert!(stop.requested());
+        assert!(!stop.gently(), "SIGINT after SIGTERM: now");
     }
 }

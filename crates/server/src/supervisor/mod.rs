@@ -64,6 +64,10 @@ const BROADCAST_ANSWER_WAIT: Duration = Duration::from_secs(5);
 
 /// How long after a whole second the supervisor reports it: the workers report theirs
 /// about 20 ms after the second.
+/// How long past a drain's window the supervisor waits for its workers to stop (their
+/// last kicks written, their last reports in) before it stops them.
+const DRAIN_LAST_WRITES: Duration = Duration::from_secs(3);
+
 const SECOND_REPORT_DELAY: Duration = Duration::from_millis(150);
 
 struct Supervisor {
@@ -93,6 +97,8 @@ struct Supervisor {
     next_broadcast: u64,
     broadcasts: BTreeMap<u64, PendingBroadcast>,
     shutting_down: bool,
+    /// Draining (SIGTERM): when it began, and when it is given up on.
+    draining: Option<(Instant, Instant)>,
     stop: Stop,
     reload: Reload,
     /// The admin address's TLS config, replaced on reload.
@@ -268,12 +274,14 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
     let (admin_tx, admin_rx) = sync_channel(256);
     let (hosts, origins) = (cfg.admin_hosts.clone(), cfg.admin_origins.clone());
     let horizon = revocation_horizon(&cfg);
+    // Its own stop: it watches on through a drain, and ends with the server.
+    let watching = Stop::new();
     let revocations = admin::watch_revocations(
         access.clone(),
         horizon,
         admin_tx.clone(),
         waker.clone(),
-        stop.clone(),
+        watching.clone(),
     );
     // Over https the console's cookie is `Secure`: a browser never sends it in clear.
     let secure_cookies = admin_tls.is_some();
@@ -304,8 +312,9 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         max_connections: limits::sockets_per_process(nofile) as u32,
         max_unauthenticated: cfg.max_unauthenticated,
         max_unauthenticated_per_source: cfg.max_unauthenticated_per_source,
-        max_tls_handshakes: cfg.max_tls_handshakes.max(1),
+        max_tls_handshakes: cfg.tls_handshakes_per_worker(worker_count, cores),
         tls_handshake_timeout_secs: cfg.tls_handshake_timeout_secs.max(1),
+        tls_accept_queue_secs: cfg.tls_accept_queue_secs.max(1),
         login_timeout_secs: cfg.login_timeout_secs,
         idle_timeout_secs: cfg.idle_timeout_secs,
         http_keepalive_secs: cfg.http_keepalive_secs,
@@ -344,6 +353,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         next_broadcast: 1,
         broadcasts: BTreeMap::new(),
         shutting_down: false,
+        draining: None,
         stop,
         reload: Reload::on_sighup().map_err(|e| Error::io("handling SIGHUP", e))?,
         admin_tls,
@@ -365,7 +375,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         monitor.send_final(&sup.sample(unix_ms() / 1000));
     }
     drop(admin);
-    sup.stop.request();
+    watching.request();
     let _ = revocations.join();
     let flushed = sup.money.finish();
     drop(client_placeholder);
@@ -524,10 +534,49 @@ impl Supervisor {
             if let Some(why) = self.money.failure() {
                 return Err(money::Error::unavailable("the ledger", why).into());
             }
-            if self.stop.requested() {
+            if self.stop.requested() && !self.draining(now) {
                 return Ok(());
             }
         }
+    }
+
+    /// A stop was asked for at `now`: whether to serve on meanwhile, draining. SIGTERM
+    /// (`Stop::gently`) with a `drain_secs` window starts a drain: not ready from now
+    /// (an orchestrator or nginx sends no one new), and every worker told to stop
+    /// accepting and to let its connections go over the window, each told to come back
+    /// (`worker/drain.rs`); the ledger commits on for the shakes still coming in. It is
+    /// over once every worker has stopped, at the window's end (with a little room for
+    /// the last writes), or at SIGINT.
+    fn draining(&mut self, now: Instant) -> bool {
+        if !self.stop.gently() || self.cfg.drain_secs == 0 {
+            return false;
+        }
+        let Some((began, until)) = self.draining else {
+            let window = Duration::from_secs(self.cfg.drain_secs.into());
+            self.draining = Some((now, now + window + DRAIN_LAST_WRITES));
+            self.shutting_down = true; // a worker that stops is not started again
+            self.health.stopping(false);
+            self.tell_systemd(|n| n.stopping("draining"));
+            tracing::info!(
+                workers = self.worker_links.len(),
+                window_secs = self.cfg.drain_secs,
+                "SIGTERM: draining, the connections let go over the window (SIGINT stops at once)"
+            );
+            let window_ms = window.as_millis().min(u32::MAX.into()) as u32;
+            for link in self.links.iter_mut().map(|(_, l)| l) {
+                link::encode(&ToWorker::Drain { window_ms }, &mut link.outbuf);
+            }
+            return true;
+        };
+        if self.worker_links.is_empty() || now >= until {
+            tracing::info!(
+                took_ms = now.duration_since(began).as_millis() as u64,
+                workers_left = self.worker_links.len(),
+                "drained"
+            );
+            return false;
+        }
+        true
     }
 
     /// What `systemctl status` shows while serving: where, and the workers up.

@@ -337,6 +337,11 @@ impl Supervisor {
                     "TLS handshakes under way per worker (at most max_tls_handshakes)",
                     latest.levels.tls_handshaking,
                 ),
+                (
+                    "hongbao_worker_tls_accept_queue",
+                    "Connections each worker's TLS listeners queue at most (tls_accept_queue_secs)",
+                    latest.levels.tls_accept_queue,
+                ),
             ];
             for (name, help, value) in levels {
                 m.gauge(name, help, &label, value as f64);

@@ -12,6 +12,13 @@
 //! in is one the worker has time for. A client that gave up while it waited in the queue
 //! is seen closed at its first event and let go before any handshake work
 //! (`tls_abandoned`).
+//!
+//! The queue itself is kept short enough to be served within a client's patience
+//! (`QueueBound`): a TLS listener's backlog is `tls_accept_queue_secs` of the handshakes
+//! the worker finished in its last second. A queue of a storm's whole million, served at
+//! a few thousand a second, would be served only to clients that had long given up (each
+//! back again with a fresh socket and a fresh ClientHello, to wait again); a SYN dropped
+//! at a short queue costs the server nothing, and TCP sends it again.
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -56,9 +63,59 @@ impl Listener {
     }
 }
 
+/// The backlog of a TLS listener: `secs` seconds of the handshakes the worker finished
+/// in its last second, never under `floor` (what a quiet worker starts a storm with) nor
+/// over what the kernel allows. Raised at once; lowered only once a quarter too long, so
+/// that a second's noise does not call listen(2) every second.
+#[derive(Debug)]
+pub(super) struct QueueBound {
+    secs: u32,
+    floor: u32,
+    /// The backlog the listeners have now.
+    now: u32,
+    /// Handshakes finished, as counted at the last second.
+    counted: u64,
+}
+
+/// The longest backlog asked for (`net.core.somaxconn`'s own ceiling).
+const MOST_BACKLOG: u32 = 65_535;
+
+impl QueueBound {
+    pub(super) fn new(secs: u32, max_tls_handshakes: u32) -> QueueBound {
+        let floor = max_tls_handshakes.saturating_mul(2).clamp(16, MOST_BACKLOG);
+        QueueBound {
+            secs,
+            floor,
+            now: floor,
+            counted: 0,
+        }
+    }
+
+    /// The backlog to start with.
+    pub(super) fn backlog(&self) -> u32 {
+        self.now
+    }
+
+    /// A second has passed and `finished` handshakes in all are done: the backlog the
+    /// listeners should have from now, if it changes.
+    pub(super) fn second(&mut self, finished: u64) -> Option<u32> {
+        let last = finished.saturating_sub(self.counted);
+        self.counted = finished;
+        let want = last
+            .saturating_mul(u64::from(self.secs))
+            .clamp(u64::from(self.floor), u64::from(MOST_BACKLOG)) as u32;
+        let change = want > self.now || u64::from(want) * 4 < u64::from(self.now) * 3;
+        change.then(|| {
+            self.now = want;
+            want
+        })
+    }
+}
+
 /// The worker's listeners, and the connections not yet logged in that it holds.
 pub(super) struct Listeners {
     sockets: Vec<Listener>,
+    tokens: usize,
     /// Accepting failed (out of files): nothing is accepted until the next tick.
     paused: bool,
     /// The listeners were left with connections waiting, at a bound: accepted from
@@ -70,11 +127,23 @@ pub(super) struct Listeners {
     /// with their source address; and how many each source has.
     unauthenticated: HashMap<usize, IpAddr>,
     per_source: HashMap<IpAddr, u32>,
+    /// The TLS listeners' backlog (`None` when the worker speaks no TLS).
+    queue: Option<QueueBound>,
 }
 
 impl Listeners {
-    pub(super) fn new(sockets: Vec<Listener>) -> Listeners {
+    /// `queue`: a TLS worker's bound on its accept queues, set on its listeners now.
+    pub(super) fn new(sockets: Vec<Listener>, queue: Option<QueueBound>) -> Listeners {
+        if let Some(q) = &queue {
+            for l in &sockets {
+                if let Err(e) = net::set_listen_backlog(&l.socket, q.backlog()) {
+                    tracing::warn!(error = %e, "could not set the accept queue's length");
+                }
+            }
+        }
         Listeners {
+            queue,
+            tokens: sockets.len(),
             sockets,
             paused: false,
             held: false,
@@ -84,8 +153,20 @@ impl Listeners {
         }
     }
 
+    /// The listeners' tokens (`LISTENERS` down): as many as it started with, closed or
+    /// not, so that an event a closed one left in the batch is still known for one.
     pub(super) fn count(&self) -> usize {
-        self.sockets.len()
+        self.tokens
+    }
+
+    /// Every listener closed (a drain): the kernel refuses the connections that come
+    /// next, and resets those still in the accept queues, so that they try elsewhere at
+    /// once rather than wait for a worker that will not take them.
+    pub(super) fn close_all(&mut self, registry: &mio::Registry) {
+        for mut l in self.sockets.drain(..) {
+            let _ = registry.deregister(&mut l.socket);
+        }
+        self.held = false;
     }
 
     /// Accepting resumes (the tick after a pause): whether it had been paused.
@@ -139,8 +220,8 @@ impl Worker {
     /// Takes in what listener `i` holds, until it would block or a bound is reached
     /// (nothing while accepts are paused after a failure).
     pub(super) fn accept(&mut self, i: usize) {
-        if self.listeners.paused {
-            return;
+        if self.listeners.paused || i >= self.listeners.sockets.len() {
+            return; // paused, or closed by a drain
         }
         loop {
             if self.at_bound(self.listeners.sockets[i].http) {
@@ -251,6 +332,23 @@ impl Worker {
         }
     }
 
+    /// Once a second: the TLS listeners' accept queues sized to the handshakes this
+    /// worker finished in the second past (`QueueBound`).
+    pub(super) fn size_accept_queues(&mut self) {
+        let finished = self.stats.counters.tls_handshakes + self.stats.counters.tls_resumed;
+        let Some(queue) = self.listeners.queue.as_mut() else {
+            return;
+        };
+        if let Some(backlog) = queue.second(finished) {
+            for l in &self.listeners.sockets {
+                if let Err(e) = net::set_listen_backlog(&l.socket, backlog) {
+                    tracing::warn!(error = %e, backlog, "could not set the accept queue's length");
+                }
+            }
+        }
+        self.stats.levels.tls_accept_queue = queue.backlog().into();
+    }
+
     /// TLS handshakes under way.
     pub(super) fn handshaking(&self) -> u32 {
         self.listeners.handshaking
@@ -355,5 +453,47 @@ impl Worker {
     /// `key` logged in or closed: no longer counted as not logged in.
     pub(super) fn authenticated(&mut self, key: usize) {
         self.listeners.release(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QueueBound;
+
+    /// Seconds of a storm, each with the handshakes finished in it: the backlog a TLS
+    /// listener is given after each.
+    fn backlogs(secs: u32, per_second: &[u64]) -> Vec<u32> {
+        let mut q = QueueBound::new(secs, 256);
+        let mut finished = 0;
+        per_second
+            .iter()
+            .map(|n| {
+                finished += n;
+                q.second(finished);
+                q.backlog()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_storm_gets_ten_seconds_of_its_handshakes_and_a_quiet_worker_twice_its_bound() {
+        // Quiet: the floor. A storm begins: its first second's 300 make 3,000 at once;
+        // it climbs as the worker does; 8,000 a second would be 80,000, past the kernel's
+        // ceiling.
+        assert_eq!(
+            backlogs(10, &[0, 3, 300, 480, 450, 8_000]),
+            [512, 512, 3_000, 4_800, 4_800, 65_535]
+        );
+        // Lowered only once a quarter too long: 4,800 stays at 3,700 a second's worth,
+        // and goes to 3,500 once it is that far off; the storm over, back to the floor.
+        assert_eq!(
+            backlogs(10, &[480, 370, 350, 0]),
+            [4_800, 4_800, 3_500, 512]
+        );
+        // Five seconds' worth, and a bound of 1,000 under way: a floor of 2,000.
+        let mut q = QueueBound::new(5, 1_000);
+        assert_eq!(q.backlog(), 2_000);
+        assert_eq!(q.second(1_000), Some(5_000));
+        assert_eq!(q.second(1_990), None);
     }
 }

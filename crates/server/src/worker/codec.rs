@@ -487,6 +487,7 @@ mod tests {
             max_unauthenticated_per_source: 10,
             max_tls_handshakes: 10,
             tls_handshake_timeout_secs: 10,
+            tls_accept_queue_secs: 10,
             login_timeout_secs: 10,
             idle_timeout_secs: 0,
             http_keepalive_secs: 75,

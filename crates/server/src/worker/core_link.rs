@@ -155,6 +155,9 @@ impl Worker {
                 server_time_us,
                 text,
             } => self.start_broadcast(id, server_time_us, text),
+            ToWorker::Drain { window_ms } => {
+                self.start_drain(std::time::Duration::from_millis(window_ms.into()))
+            }
             ToWorker::Shutdown => {
                 // Tell every client why its connection is about to close.
                 let open: Vec<usize> = self

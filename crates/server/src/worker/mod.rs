@@ -39,6 +39,7 @@ mod broadcast;
 mod codec;
 mod conn;
 mod core_link;
+mod drain;
 mod handler;
 mod http;
 mod overload;
@@ -65,11 +66,12 @@ use slab::Slab;
 use crate::config::ReadyOrder;
 use crate::link::{self, ToCore, WorkerConfig};
 use crate::stats::WorkerStats;
-use accept::{Listener, Listeners};
+use accept::{Listener, Listeners, QueueBound};
 use broadcast::Broadcasts;
 use codec::Codec;
 use conn::{Conn, Output, State};
 use core_link::{read_welcome, CoreLink};
+use drain::Drain;
 use handler::Shakes;
 use ready::Ready;
 use session::Sessions;
@@ -119,6 +121,9 @@ struct Worker {
     /// Shake latency of the current second (µs).
     latency: Histogram<u64>,
     output: Output,
+    /// Draining (SIGTERM): the pacing, and the connections still to let go, in turn.
+    drain: Option<Drain>,
+    drain_order: Vec<usize>,
     shutdown: bool,
 }
 
@@ -210,6 +215,8 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     let clock = Clock::start();
     let timers = Timers::new(Uptime::ZERO, clock.unix(Uptime::ZERO));
     let capacity = cfg.max_connections as usize;
+    let queue = (tls.is_some() && cfg.tls_accept_queue_secs > 0)
+        .then(|| QueueBound::new(cfg.tls_accept_queue_secs, cfg.max_tls_handshakes));
     let mut worker = Worker {
         cfg,
         poll,
@@ -219,7 +226,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
             read: Uptime::ZERO,
             received: None,
         },
-        listeners: Listeners::new(listeners),
+        listeners: Listeners::new(listeners, queue),
         // Room for as many as it may hold, reserved, not touched: only the records in use
         // become resident. A slab grown by doubling kept up to twice the records' memory
         // resident (its new half is written as it moves the old).
@@ -240,6 +247,8 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         },
         latency: hongbao_telemetry::sample::new_coarse_histogram(),
         output: Output::default(),
+        drain: None,
+        drain_order: Vec::new(),
         shutdown: false,
     };
     for msg in early {
@@ -260,7 +269,11 @@ impl Worker {
         while !self.shutdown {
             // As of the last poll: a tick falls at most a turn late.
             let timeout = if self.again.is_empty() && self.ready.is_empty() {
-                self.timers.timeout(self.time.polled, self.broadcast_wait())
+                let sooner = match (self.broadcast_wait(), self.drain_wait()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                self.timers.timeout(self.time.polled, sooner)
             } else {
                 Duration::ZERO
             };
@@ -276,6 +289,7 @@ impl Worker {
             self.resume_held();
             let polled = self.time.polled;
             self.broadcast_slice(polled);
+            self.drain_step(polled);
             if self.timers.tick_due(polled) {
                 // Ticks fall just after each whole wall-clock second, in every worker
                 // alike, so the per-second counters of all workers describe the same

@@ -49,6 +49,7 @@ impl Worker {
         self.stats.levels.connections = self.conns.len() as u64;
         self.stats.levels.pool_packets = self.shakes.pool.len() as u64;
         self.stats.levels.shake_cap = self.shakes.overload.cap_per_sec().into();
+        self.size_accept_queues();
         self.stats.levels.tls_handshaking = self.handshaking().into();
         let (rss, cpu) = usage::self_usage();
         self.stats.levels.rss_bytes = rss;

@@ -1,0 +1,181 @@
+//! A worker's drain (SIGTERM): it stops accepting at once — its listeners closed, so a
+//! client that connects now is refused and goes to another gateway, not left waiting in
+//! a queue nobody reads — and kicks the connections it holds `shutdown`, each with
+//! `retry_after_ms` (`DRAIN_RETRY_AFTER_MS`), spread evenly over the drain window: the
+//! k-th of n goes k/n of the way through it. The clients come back at the pace they were
+//! let go, not as one storm. Once it holds no connection (or the window is over and the
+//! last are kicked) the worker stops.
+//!
+//! `Drain` is the pacing alone, on the worker's clock, so that a test can drive it with
+//! the times it chooses.
+
+use std::time::Duration;
+
+use hongbao_proto::KickReason;
+use hongbao_sys::clock::Uptime;
+
+use super::conn::State;
+use super::Worker;
+
+/// When a drained client is told to come back: about a second (a client takes ½ to 1½
+/// of it), at a gateway that admits it — the kicks are already spread over the window.
+pub(super) const DRAIN_RETRY_AFTER_MS: u32 = 1_000;
+
+/// How long after the window's end a worker still waits for its last kicks to be
+/// written before it stops regardless.
+const LAST_WRITES: Duration = Duration::from_secs(1);
+
+/// The pacing of a drain: `total` connections let go evenly over `window` from `began`.
+#[derive(Debug)]
+pub(super) struct Drain {
+    began: Uptime,
+    window: Duration,
+    total: usize,
+    /// How many have been let go so far.
+    done: usize,
+}
+
+impl Drain {
+    pub(super) fn new(began: Uptime, window: Duration, total: usize) -> Drain {
+        Drain {
+            began,
+            window,
+            total,
+            done: 0,
+        }
+    }
+
+    /// How many more to let go at `now`: those whose turn has come (the k-th of n at
+    /// k/n of the window; all of them once it is over).
+    pub(super) fn due(&mut self, now: Uptime) -> usize {
+        let elapsed = now.since(self.began);
+        let by_now = if elapsed >= self.window {
+            self.total
+        } else {
+            let share = self.total as u128 * elapsed.as_nanos() / self.window.as_nanos();
+            share as usize
+        };
+        let due = by_now.saturating_sub(self.done);
+        self.done += due;
+        due
+    }
+
+    /// How long from `now` until the next one's turn (none when all have gone).
+    pub(super) fn next_in(&self, now: Uptime) -> Option<Duration> {
+        if self.done >= self.total {
+            return None;
+        }
+        // The (done + 1)-th goes at (done + 1)/total of the window.
+        let at = self.window.as_nanos() * (self.done as u128 + 1) / self.total as u128;
+        let at = self.began + Duration::from_nanos(at as u64);
+        Some(at.since(now))
+    }
+
+    /// Whether the worker has waited long enough for the last of its kicks.
+    pub(super) fn over(&self, now: Uptime) -> bool {
+        now.since(self.began) >= self.window + LAST_WRITES
+    }
+}
+
+impl Worker {
+    /// The supervisor said drain, over `window`: the listeners closed, the connections
+    /// held now let go in turn from here on (`drain_step`).
+    pub(super) fn start_drain(&mut self, window: Duration) {
+        if self.drain.is_some() {
+            return;
+        }
+        self.listeners.close_all(self.poll.registry());
+        self.drain_order = self.conns.iter().map(|(key, _)| key).collect();
+        let now = self.time.polled;
+        tracing::info!(
+            connections = self.drain_order.len(),
+            window_ms = window.as_millis() as u64,
+            "draining: not accepting, letting the connections go over the window"
+        );
+        self.drain = Some(Drain::new(now, window, self.drain_order.len()));
+        self.drain_step(now);
+    }
+
+    /// Lets go the connections whose turn has come: an open one kicked `shutdown` with
+    /// when to come back, one whose TLS handshake is under way closed. Stops the
+    /// worker once it holds nothing, or once the window is over.
+    pub(super) fn drain_step(&mut self, now: Uptime) {
+        let Some(drain) = self.drain.as_mut() else {
+            return;
+        };
+        let due = drain.due(now);
+        let over = drain.over(now);
+        // No connection is accepted while draining, so a key still in the slab is the
+        // connection it was at the drain's start.
+        for key in self
+            .drain_order
+            .drain(..due.min(self.drain_order.len()))
+            .collect::<Vec<_>>()
+        {
+            match self.conns.get(key).map(|c| c.state) {
+                // Its handshake not done: nothing to tell it over, nothing lost.
+                Some(State::Open) if self.is_handshaking(key) => self.close(key),
+                Some(State::Open) => self.kick_after(
+                    key,
+                    KickReason::Shutdown,
+                    "server shutting down: come back soon",
+                    DRAIN_RETRY_AFTER_MS,
+                ),
+                // Half closed or saying goodbye: it closes itself once written.
+                Some(State::Draining | State::Closing) | None => {}
+            }
+        }
+        if self.conns.is_empty() || over {
+            self.shutdown = true;
+        }
+    }
+
+    /// How long the loop may wait before the drain's next kick.
+    pub(super) fn drain_wait(&self) -> Option<Duration> {
+        self.drain
+            .as_ref()
+            .and_then(|d| d.next_in(self.time.polled))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Uptime {
+        Uptime::from_millis(ms)
+    }
+
+    #[test]
+    fn a_drain_lets_its_connections_go_evenly_over_its_window() {
+        // 10 over 5 s from t = 100 s: one each half-second, the 10th at the window's end.
+        let mut d = Drain::new(at(100_000), Duration::from_secs(5), 10);
+        assert_eq!(d.due(at(100_000)), 0);
+        assert_eq!(d.next_in(at(100_000)), Some(Duration::from_millis(500)));
+        assert_eq!(d.due(at(100_499)), 0);
+        assert_eq!(d.due(at(100_500)), 1);
+        assert_eq!(d.next_in(at(100_600)), Some(Duration::from_millis(400)));
+        // A loop late by 2 s lets go the 4 whose turn came meanwhile, no more.
+        assert_eq!(d.due(at(102_600)), 4);
+        assert_eq!(d.due(at(102_600)), 0);
+        // The window over: the rest at once, then nothing is left to wait for.
+        assert_eq!(d.due(at(105_000)), 5);
+        assert_eq!(d.next_in(at(105_000)), None);
+        assert!(!d.over(at(105_999)));
+        assert!(d.over(at(106_000)));
+    }
+
+    #[test]
+    fn a_million_over_ten_seconds_is_a_hundred_thousand_a_second() {
+        let mut d = Drain::new(at(0), Duration::from_secs(10), 1_000_000);
+        let per_second: Vec<usize> = (1..=10).map(|s| d.due(at(s * 1_000))).collect();
+        assert_eq!(per_second, [100_000; 10]);
+        // Nothing held, or no window: all at once.
+        assert_eq!(Drain::new(at(0), Duration::from_secs(10), 0).due(at(0)), 0);
+        assert_eq!(Drain::new(at(0), Duration::ZERO, 7).due(at(0)), 7);
+        assert_eq!(
+            Drain::new(at(0), Duration::ZERO, 7).next_in(at(0)),
+            Some(Duration::ZERO)
+        );
+    }
+}
