@@ -187,9 +187,11 @@ pub const TLS_HANDSHAKES_PER_CORE: u32 = 2_048;
 /// load`'s connect timeout), so that a client let into the queue is served before it
 /// gives up. 200,000 TLS clients at once into 12 workers on 2 cores were all in after
 /// 45.7 and 55.9 s with queues of only 2 × `max_tls_handshakes`, 41.2 and 44.0 s with
-/// 10 s of handshakes, 36.7 and 38.8 s with 30 s (36.0 s with the kernel's 65,535): a
-/// storm that fits within the patience gains nothing from a shorter queue; a million
-/// does (docs/benchmarks/diary.md, issue 51).
+/// 10 s of handshakes, 36.7 and 38.8 s with 30 s (36.0 s with the kernel's 65,535), and
+/// 44.5–48.2 s with 20 s in a later sitting: a storm that fits within the patience
+/// gains nothing from a shorter queue, and pays ~25% for it; a million
+/// at once does: 571.4 s against 693.9 s with the kernel's backlog (docs/benchmarks/
+/// diary.md, issue 51).
 pub const DEFAULT_TLS_ACCEPT_QUEUE_SECS: u32 = 20;
 
 /// Seconds a SIGTERM's drain spreads the connections' kicks over (`drain_secs`): 5, so
