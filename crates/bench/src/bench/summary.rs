@@ -153,9 +153,12 @@ impl FaultSummary {
         let reconnected_secs = if dropped == 0 {
             Some(0)
         } else {
+            // Every drop seen and every user logged in again. Not "as many logins as
+            // drops": a connection nginx took and closed when its gateway was gone is a
+            // drop that never logged in, and a run waited for a login that never came.
             after
                 .iter()
-                .find(|r| r.logins - l0 >= dropped && r.logged_in >= users)
+                .find(|r| r.disconnects - d0 >= dropped && r.logins > l0 && r.logged_in >= users)
                 .map(|r| r.second - at_second + 1)
         };
         FaultSummary {
@@ -794,6 +797,15 @@ mod tests {
             (f.dropped, f.logged_in_min, f.reconnected_secs),
             (48, 52, Some(4))
         );
+        // One more drop than logins: a connection closed before it logged in (nginx
+        // took it and found its gateway gone). Everyone is back all the same.
+        let closed = [
+            at(4, 100, 0, 100),
+            at(5, 94, 501, 594),
+            at(6, 100, 501, 600),
+        ];
+        let f = FaultSummary::from_rows("killed".into(), 5, 100, &closed);
+        assert_eq!((f.dropped, f.reconnected_secs), (501, Some(2)));
         // Dropped and back within the fault's own second: the rows never dip.
         let quick = [at(4, 100, 0, 100), at(5, 100, 30, 130), at(6, 100, 30, 130)];
         let f = FaultSummary::from_rows("killed".into(), 5, 100, &quick);
