@@ -13,6 +13,7 @@
 //! - `workers`: worker processes and their links;
 //! - `report`: `/v1/stats`, monitor samples, `/metrics`.
 
+mod drain;
 mod report;
 mod workers;
 
@@ -64,10 +65,6 @@ const BROADCAST_ANSWER_WAIT: Duration = Duration::from_secs(5);
 
 /// How long after a whole second the supervisor reports it: the workers report theirs
 /// about 20 ms after the second.
-/// How long past a drain's window the supervisor waits for its workers to stop (their
-/// last kicks written, their last reports in) before it stops them.
-const DRAIN_LAST_WRITES: Duration = Duration::from_secs(3);
-
 const SECOND_REPORT_DELAY: Duration = Duration::from_millis(150);
 
 struct Supervisor {
@@ -538,45 +535,6 @@ impl Supervisor {
                 return Ok(());
             }
         }
-    }
-
-    /// A stop was asked for at `now`: whether to serve on meanwhile, draining. SIGTERM
-    /// (`Stop::gently`) with a `drain_secs` window starts a drain: not ready from now
-    /// (an orchestrator or nginx sends no one new), and every worker told to stop
-    /// accepting and to let its connections go over the window, each told to come back
-    /// (`worker/drain.rs`); the ledger commits on for the shakes still coming in. It is
-    /// over once every worker has stopped, at the window's end (with a little room for
-    /// the last writes), or at SIGINT.
-    fn draining(&mut self, now: Instant) -> bool {
-        if !self.stop.gently() || self.cfg.drain_secs == 0 {
-            return false;
-        }
-        let Some((began, until)) = self.draining else {
-            let window = Duration::from_secs(self.cfg.drain_secs.into());
-            self.draining = Some((now, now + window + DRAIN_LAST_WRITES));
-            self.shutting_down = true; // a worker that stops is not started again
-            self.health.stopping(false);
-            self.tell_systemd(|n| n.stopping("draining"));
-            tracing::info!(
-                workers = self.worker_links.len(),
-                window_secs = self.cfg.drain_secs,
-                "SIGTERM: draining, the connections let go over the window (SIGINT stops at once)"
-            );
-            let window_ms = window.as_millis().min(u32::MAX.into()) as u32;
-            for link in self.links.iter_mut().map(|(_, l)| l) {
-                link::encode(&ToWorker::Drain { window_ms }, &mut link.outbuf);
-            }
-            return true;
-        };
-        if self.worker_links.is_empty() || now >= until {
-            tracing::info!(
-                took_ms = now.duration_since(began).as_millis() as u64,
-                workers_left = self.worker_links.len(),
-                "drained"
-            );
-            return false;
-        }
-        true
     }
 
     /// What `systemctl status` shows while serving: where, and the workers up.
