@@ -78,14 +78,7 @@ impl DirLock {
                 holder,
             });
         }
-        let now = crate::clock::unix_ms() / 1000;
-        let me = format!(
-            "{what} (pid {}, since Unix time {now})\n",
-            std::process::id()
-        );
-        file.set_len(0).map_err(io)?;
-        file.rewind().map_err(io)?;
-        file.write_all(me.as_bytes()).map_err(io)?;
+        write_holder(&mut file, what).map_err(io)?;
         Ok(DirLock { _file: file, path })
     }
 
@@ -93,6 +86,55 @@ impl DirLock {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The lock's descriptor, to hand to the process taking the directory over (an
+    /// upgrade): a flock belongs to the open file, so the receiver holds the same lock,
+    /// and it stays held when this process exits.
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self._file.as_fd()
+    }
+
+    /// The lock of `dir` handed over by the process that held it (`as_fd`), with `what`
+    /// written in as its holder now. Refused unless the descriptor is that directory's
+    /// lock file and holds its lock.
+    pub fn adopt(dir: &Path, fd: std::os::fd::OwnedFd, what: &str) -> Result<DirLock, LockError> {
+        use std::os::unix::fs::MetadataExt;
+        let io = |source| LockError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        let path = dir.join(LOCK_FILE);
+        let mut file = File::from(fd);
+        let (theirs, ours) = (
+            file.metadata().map_err(io)?,
+            std::fs::metadata(&path).map_err(io)?,
+        );
+        if (theirs.dev(), theirs.ino()) != (ours.dev(), ours.ino()) {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the descriptor handed over is not this directory's lock",
+            )));
+        }
+        // Taking it again on the same open file succeeds only where it is held (ours now).
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(io(std::io::Error::last_os_error()));
+        }
+        write_holder(&mut file, what).map_err(io)?;
+        Ok(DirLock { _file: file, path })
+    }
+}
+
+fn write_holder(file: &mut File, what: &str) -> std::io::Result<()> {
+    let now = crate::clock::unix_ms() / 1000;
+    let me = format!(
+        "{what} (pid {}, since Unix time {now})\n",
+        std::process::id()
+    );
+    file.set_len(0)?;
+    file.rewind()?;
+    file.write_all(me.as_bytes())
 }
 
 /// `dir`, made with mode 0700 if missing; one open to its group or others is narrowed to
@@ -131,6 +173,26 @@ mod tests {
         let again = DirLock::acquire(&dir, "hongbao restore").unwrap();
         let held = std::fs::read_to_string(again.path()).unwrap();
         assert!(held.starts_with("hongbao restore (pid"), "{held}");
+    }
+
+    #[test]
+    fn a_lock_handed_over_stays_held_after_its_first_holder_lets_go() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        let first = DirLock::acquire(&dir, "hongbao serve").unwrap();
+        let fd = first.as_fd().try_clone_to_owned().unwrap();
+        let second = DirLock::adopt(&dir, fd, "hongbao serve --upgrade").unwrap();
+        drop(first);
+        let refused = DirLock::acquire(&dir, "hongbao restore").unwrap_err();
+        assert!(
+            refused.to_string().contains("hongbao serve --upgrade (pid"),
+            "{refused}"
+        );
+        drop(second);
+        DirLock::acquire(&dir, "hongbao restore").unwrap();
+        // Another file is no lock of this directory.
+        let other = std::fs::File::create(root.path().join("other")).unwrap();
+        assert!(DirLock::adopt(&dir, other.into(), "x").is_err());
     }
 
     #[test]

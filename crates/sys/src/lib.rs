@@ -18,6 +18,7 @@
 pub mod clock;
 pub mod dirlock;
 pub mod doctor;
+pub mod fdpass;
 pub mod limits;
 pub mod net;
 pub mod netns;

@@ -8,6 +8,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+pub use signal_hook::consts::SIGUSR2;
+
 #[derive(Debug, Clone, Default)]
 pub struct Stop {
     /// SIGINT, or `request`: stop now.
@@ -57,6 +59,13 @@ impl Reload {
         let reload = Reload::default();
         signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.0.clone())?;
         Ok(reload)
+    }
+
+    /// One that `signal` asks for (SIGUSR2: an upgrade), the same way.
+    pub fn on_signal(signal: i32) -> std::io::Result<Reload> {
+        let asked = Reload::default();
+        signal_hook::flag::register(signal, asked.0.clone())?;
+        Ok(asked)
     }
 
     /// Whether a reload was asked for since the last `take`.
