@@ -12,6 +12,11 @@ use hongbao_sys::Stop;
 pub struct ServeArgs {
     #[command(flatten)]
     flags: ServeFlags,
+    /// Take over the server running on the same data directory: its listening sockets
+    /// now, its ledger once it has drained (docs/deploy.md, "Upgrading in place").
+    /// SIGUSR2 to a running server starts this from its binary's path.
+    #[arg(long)]
+    upgrade: bool,
 }
 
 #[derive(Args)]
@@ -21,18 +26,20 @@ pub struct WorkerArgs {
     link_fd: i32,
     #[arg(long)]
     index: u16,
-    #[arg(long)]
-    listen: std::net::SocketAddr,
-    #[arg(long)]
-    ws_listen: Option<std::net::SocketAddr>,
-    #[arg(long)]
-    http_listen: Option<std::net::SocketAddr>,
+    /// A client listening socket inherited from `serve` (its descriptor), repeated.
+    #[arg(long = "listener")]
+    listeners: Vec<i32>,
+    /// A listening socket that speaks HTTP (WebSocket, the HTTP API), repeated.
+    #[arg(long = "http-listener")]
+    http_listeners: Vec<i32>,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    let upgrade = args.upgrade;
     Ok(hongbao_server::supervisor::run(
         serve_config(args)?,
         Stop::on_signals()?,
+        upgrade,
     )?)
 }
 
@@ -40,9 +47,8 @@ pub fn run_worker(args: WorkerArgs) -> Result<()> {
     hongbao_server::worker::run(hongbao_server::worker::WorkerOptions {
         index: args.index,
         link_fd: args.link_fd,
-        listen: args.listen,
-        ws_listen: args.ws_listen,
-        http_listen: args.http_listen,
+        listeners: args.listeners,
+        http_listeners: args.http_listeners,
     })
 }
 

@@ -202,6 +202,62 @@ fn systemd_is_told_ready_when_the_listener_serves_and_stopping_at_the_end() {
     );
 }
 
+/// An upgrade under systemd (SIGUSR2, `NotifyAccess=all`): the process it starts tells
+/// the manager it is the main one now (`MAINPID=`) and ready, before the old one exits,
+/// so the service is never seen without its main process.
+#[test]
+fn an_upgrade_tells_systemd_the_new_main_pid_before_the_old_one_goes() {
+    let name = format!(
+        "hongbao-test-notify-up-{}-{}",
+        std::process::id(),
+        hongbao_sys::clock::unix_us()
+    );
+    let socket = UnixDatagram::bind_addr(&UnixAddr::from_abstract_name(&name).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut old = Serve::new()
+        .workers(1)
+        .data_dir(dir.path())
+        .config("drain_secs = 1\n")
+        .env("NOTIFY_SOCKET", &format!("@{name}"))
+        .start();
+    datagrams_until(&socket, "READY=1");
+    signal(old.pid(), "-USR2");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut told: Vec<String> = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !told.iter().any(|m| m.starts_with("MAINPID=")) {
+        let n = socket
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("waiting for MAINPID= (got {told:?}): {e}"));
+        told.push(text(&buf[..n]));
+    }
+    let new_pid: u32 = told
+        .iter()
+        .find_map(|m| m.strip_prefix("MAINPID="))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{told:?}"));
+    assert_ne!(new_pid, old.pid(), "{told:?}");
+    // Said while the old one still ran: it exits only after its drain.
+    let old_exit = wait_until("the old server to go", Duration::from_secs(30), || {
+        old.process.child.try_wait().unwrap()
+    });
+    assert!(old_exit.success());
+    let lock = std::fs::read_to_string(dir.path().join("hongbao.lock")).unwrap();
+    assert!(lock.contains(&format!("(pid {new_pid},")), "{lock}");
+    signal(new_pid, "-INT");
+    wait_until("the new server to stop", Duration::from_secs(20), || {
+        let stat = std::fs::read_to_string(format!("/proc/{new_pid}/stat")).unwrap_or_default();
+        (stat.is_empty()
+            || stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z')))
+        .then_some(())
+    });
+}
+
 // --- the image ------------------------------------------------------------------------
 
 /// What a test made with podman, removed when it ends however it ends.

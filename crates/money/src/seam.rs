@@ -59,7 +59,7 @@ pub enum Op {
 }
 
 /// What an operator asks of the money side.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AdminRequest {
     /// A shake campaign, started by the admin key named `by`.
     CreateShake {
@@ -76,7 +76,7 @@ pub enum AdminRequest {
     Audit,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AdminAnswer {
     /// A campaign created (durable) or looked up.
     Campaign(CampaignStatus),
@@ -89,8 +89,9 @@ pub enum AdminAnswer {
     Unavailable(String),
 }
 
-/// What comes out of the money side, in order, once durable.
-#[derive(Debug, Clone, PartialEq)]
+/// What comes out of the money side, in order, once durable. (Serialized between an old
+/// and a new server in an upgrade, as JSON: the API types skip empty fields.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Output {
     Reply {
         to: Origin,

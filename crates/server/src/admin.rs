@@ -99,8 +99,14 @@ impl Drop for AdminServer {
 /// Binds the admin address and serves it until the returned server is dropped. `door`
 /// is made for the address bound (its browser checks name it); `health` is what the
 /// probes are told.
+/// The admin address, bound (given to `start`, or handed over in an upgrade).
+pub fn bind(addr: &str) -> crate::error::Result<std::net::TcpListener> {
+    std::net::TcpListener::bind(addr)
+        .map_err(|e| crate::error::Error::io(format!("binding the admin address {addr}"), e))
+}
+
 pub fn start(
-    addr: &str,
+    listener: std::net::TcpListener,
     door: impl FnOnce(SocketAddr) -> Door,
     health: Arc<Health>,
     tls: Option<hongbao_http::tls::Reloadable>,
@@ -108,8 +114,6 @@ pub fn start(
     to_core: SyncSender<AdminCommand>,
     waker: Arc<Waker>,
 ) -> crate::error::Result<AdminServer> {
-    let listener = std::net::TcpListener::bind(addr)
-        .map_err(|e| crate::error::Error::io(format!("binding the admin address {addr}"), e))?;
     let bound = listener
         .local_addr()
         .map_err(|e| crate::error::Error::io("reading the admin address", e))?;
@@ -129,7 +133,7 @@ pub fn start(
         let ask = |r: AdminRequest| ask_core(r, &to_core, &waker);
         handle(&request, &serving, &health, &reader, ask)
     })
-    .map_err(|e| crate::error::Error::io(format!("serving the admin address {addr}"), e))?;
+    .map_err(|e| crate::error::Error::io(format!("serving the admin address {bound}"), e))?;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flusher = {
         let (door, stop) = (door.clone(), stop.clone());

@@ -199,6 +199,12 @@ pub const DEFAULT_TLS_ACCEPT_QUEUE_SECS: u32 = 20;
 /// a server before SIGKILL, well within systemd's 90 s and the StatefulSet's grace.
 pub const DEFAULT_DRAIN_SECS: u32 = 5;
 
+/// The connections a second an upgraded server is taken to admit per core when
+/// `upgrade_admit_per_sec` is 0: over TLS about half the handshakes one core makes
+/// (5,638 a second measured, docs/BENCHMARKS.md), leaving the rest for the shakes; plain
+/// logins cost a tenth of that.
+pub const UPGRADE_ADMIT_PER_CORE: [u32; 2] = [20_000, 2_500];
+
 /// Every option of `hongbao serve`; each can be given in the TOML file under the same name.
 #[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -306,6 +312,10 @@ pub struct ServeConfig {
     /// back in about a second, not kicked at once (`worker/drain.rs`); 0: at once, as
     /// SIGINT does.
     pub drain_secs: u32,
+    /// In an upgrade, the connections the new server is expected to admit a second: the
+    /// old one lets its connections go over `connections / this` seconds (never under
+    /// `drain_secs`); 0: `UPGRADE_ADMIT_PER_CORE` (TLS or plain) times the cores.
+    pub upgrade_admit_per_sec: u32,
     /// Close a logged-in connection silent this long; 0 never.
     pub idle_timeout_secs: u32,
     /// Close an HTTP connection idle between requests this long; 0 never.
@@ -487,6 +497,7 @@ impl Default for ServeConfig {
             tls_handshake_timeout_secs: 10,
             tls_accept_queue_secs: DEFAULT_TLS_ACCEPT_QUEUE_SECS,
             drain_secs: DEFAULT_DRAIN_SECS,
+            upgrade_admit_per_sec: 0,
             idle_timeout_secs: 0,
             http_keepalive_secs: 75,
             max_output_bytes: 256 * 1024,
@@ -702,6 +713,19 @@ impl ServeConfig {
             }
         }
         Ok(())
+    }
+
+    /// How long an upgrade's drain lets `held` connections go over: at the rate the new
+    /// server admits (`upgrade_admit_per_sec`), never under `drain_secs` (nor 1 s).
+    pub fn upgrade_drain_window(&self, held: u64, tls: bool) -> std::time::Duration {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let rate = match self.upgrade_admit_per_sec {
+            0 => u64::from(UPGRADE_ADMIT_PER_CORE[usize::from(tls)]) * cores,
+            given => u64::from(given),
+        };
+        let ms = held.saturating_mul(1000) / rate.max(1);
+        let floor = u64::from(self.drain_secs.max(1)) * 1000;
+        std::time::Duration::from_millis(ms.max(floor))
     }
 
     /// `max_tls_handshakes` for each of `workers` on `cores`: as given, or (0) an even

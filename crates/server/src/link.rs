@@ -100,9 +100,10 @@ pub enum ToWorker {
         at: u64,
     },
     /// Stop accepting and let every connection go over `window_ms`, each told to come
-    /// back (`worker/drain.rs`); then stop.
+    /// back in `retry_after_ms` (`worker/drain.rs`); then stop.
     Drain {
         window_ms: u32,
+        retry_after_ms: u32,
     },
     Shutdown,
 }

@@ -40,6 +40,9 @@ use rand::SeedableRng;
 
 use campaigns::{SendCampaign, ShakeCampaign};
 
+/// How often the core wants `tick` called for an even release (ms).
+pub const TICK_INTERVAL_MS: u64 = 5;
+
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
     /// How long a sent packet stays openable before its remainder is refunded.
@@ -632,7 +635,7 @@ impl Core {
 
     /// The rate the core should tick at so that release stays even: ~1 packet per tick.
     pub fn tick_interval_ms(&self) -> u64 {
-        5
+        TICK_INTERVAL_MS
     }
 
     // ----- workers --------------------------------------------------------------------

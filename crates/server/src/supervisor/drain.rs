@@ -7,7 +7,7 @@ use crate::link::{self, ToWorker};
 
 /// How long past a drain's window the supervisor waits for its workers to stop (their
 /// last kicks written, their last reports in) before it stops them.
-const DRAIN_LAST_WRITES: Duration = Duration::from_secs(3);
+pub(super) const DRAIN_LAST_WRITES: Duration = Duration::from_secs(3);
 
 impl Supervisor {
     /// A stop was asked for at `now`: whether to serve on meanwhile, draining. SIGTERM
@@ -25,6 +25,10 @@ impl Supervisor {
             let window = Duration::from_secs(self.cfg.drain_secs.into());
             self.draining = Some((now, now + window + DRAIN_LAST_WRITES));
             self.shutting_down = true; // a worker that stops is not started again
+                                       // The supervisor's copies of the listening sockets closed with the workers'
+                                       // (`worker/drain.rs`): a client that connects now is refused and goes to
+                                       // another gateway, not left in a queue nobody reads.
+            self.sockets.close_all();
             self.health.stopping(false);
             self.tell_systemd(|n| n.stopping("draining"));
             tracing::info!(
@@ -34,7 +38,11 @@ impl Supervisor {
             );
             let window_ms = window.as_millis().min(u32::MAX.into()) as u32;
             for link in self.links.iter_mut().map(|(_, l)| l) {
-                link::encode(&ToWorker::Drain { window_ms }, &mut link.outbuf);
+                let drain = ToWorker::Drain {
+                    window_ms,
+                    retry_after_ms: crate::worker::DRAIN_RETRY_AFTER_MS,
+                };
+                link::encode(&drain, &mut link.outbuf);
             }
             return true;
         };

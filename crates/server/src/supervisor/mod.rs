@@ -14,7 +14,10 @@
 //! - `report`: `/v1/stats`, monitor samples, `/metrics`.
 
 mod drain;
+mod listen;
 mod report;
+mod successor;
+pub mod upgrade;
 mod workers;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -56,6 +59,7 @@ use hongbao_http::access::BrowserGuard;
 use hongbao_money::access::AccessStore;
 use hongbao_proto::token::Alg;
 
+use listen::Kind;
 use workers::{Link, WorkerProc};
 
 const WAKER: Token = Token(usize::MAX - 2);
@@ -79,6 +83,10 @@ struct Supervisor {
     worker_links: HashMap<WorkerId, usize>,
     workers: BTreeMap<WorkerId, WorkerProc>,
     worker_cfg: WorkerConfig,
+    /// The listening sockets the workers inherit (`listen.rs`).
+    sockets: listen::Sockets,
+    /// How many workers this server runs.
+    workers_wanted: usize,
     client_addr: SocketAddr,
     ws_addr: Option<SocketAddr>,
     http_addr: Option<SocketAddr>,
@@ -108,6 +116,25 @@ struct Supervisor {
     told_linked: Option<usize>,
     /// The admin door's refusals, counted for `/metrics`.
     admin_refusals: Arc<access::Refusals>,
+    /// The admin server, until an upgrade's successor answers on its socket.
+    admin: Option<admin::AdminServer>,
+    /// A copy of the admin socket, to hand over in an upgrade.
+    admin_socket: Option<std::net::TcpListener>,
+    /// A copy of the data directory's lock, to hand over in an upgrade.
+    lock_fd: std::os::fd::OwnedFd,
+    /// `DIR/upgrade.sock`, where `serve --upgrade` asks for this server (`upgrade.rs`).
+    upgrade_listener: Option<mio::net::UnixListener>,
+    /// The server taking this one over, once it has connected.
+    successor: Option<upgrade::Successor>,
+    /// The server this one is taking over, until the ledger is here (`successor.rs`).
+    predecessor: Option<successor::Predecessor>,
+    /// SIGUSR2: start this binary (the file as it is now) with `--upgrade`.
+    upgrade_signal: Reload,
+    exe: Option<std::path::PathBuf>,
+    /// The upgrade SIGUSR2 started, waited for if it ends first.
+    spawned: Option<std::process::Child>,
+    /// Whether the server being taken over was told this one is ready.
+    told_predecessor: bool,
 }
 
 /// A broadcast handed to the workers, answered once each has said how many connections
@@ -121,23 +148,12 @@ struct PendingBroadcast {
     deadline: Instant,
 }
 
-/// A bound, non-listening socket that reserves `addr` (resolving ":0") and joins the
-/// workers' SO_REUSEPORT group but never receives connections.
-fn placeholder(addr: &str, what: &str) -> Result<std::net::TcpListener> {
-    let requested: SocketAddr = addr
-        .parse()
-        .map_err(|e| Error::config(format!("the {what} address {addr:?}: {e}")))?;
-    // A port another process listens on is refused, saying which: SO_REUSEPORT would
-    // let this server join it, and the kernel split clients between two ledgers.
-    net::ensure_free(requested)
-        .map_err(|e| Error::io(format!("the {what} address {requested}"), e))?;
-    net::reuseport_listener(requested, false)
-        .map_err(|e| Error::io(format!("binding the {what} address {requested}"), e))
-}
-
 /// Runs `hongbao serve` until `stop`. Prints one "ready" line on stdout with the bound
 /// addresses once every worker has connected.
-pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
+///
+/// `upgrade`: take over the server running on the same data directory instead
+/// (`upgrade.rs`): its sockets, then its ledger, once it has drained.
+pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
     // systemd is told when this serves and when it stops (`health.rs`); a variable that
     // names nothing reachable is logged, not fatal.
     let notifier = Notifier::from_env().unwrap_or_else(|e| {
@@ -148,18 +164,36 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
     // process holds it (`placeholder`), and so is a data directory another process is
     // using (its lock is held until this process ends).
     cfg.check_exposure()?;
+    if upgrade && cfg.cluster()? {
+        return Err(Error::config(
+            "serve --upgrade takes over an embedded server; in cluster mode, upgrade one \
+             gateway at a time behind nginx (SIGTERM drains it)"
+                .to_string(),
+        ));
+    }
+    // An upgrade is handed the sockets and the lock of the server it replaces.
+    let mut inherited = upgrade
+        .then(|| successor::take_over(&cfg.data_dir))
+        .transpose()?;
     for (addr, what) in [
         (&cfg.listen, "client"),
         (&cfg.ws_listen, "WebSocket"),
         (&cfg.http_listen, "HTTP"),
         (&cfg.admin, "admin"),
     ] {
-        if let Ok(addr) = addr.parse::<SocketAddr>() {
+        if let (Ok(addr), None) = (addr.parse::<SocketAddr>(), &inherited) {
             net::ensure_free(addr).map_err(|e| Error::io(format!("the {what} address"), e))?;
         }
     }
-    let _data_dir_lock = hongbao_sys::dirlock::DirLock::acquire(&cfg.data_dir, "hongbao serve")
-        .map_err(|e| Error::config(e.to_string()))?;
+    let data_dir_lock = match inherited.as_mut() {
+        Some(inherited) => inherited.lock.take().expect("taken once"),
+        None => hongbao_sys::dirlock::DirLock::acquire(&cfg.data_dir, "hongbao serve")
+            .map_err(|e| Error::config(e.to_string()))?,
+    };
+    let lock_fd = data_dir_lock
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| Error::io("the data directory's lock", e))?;
     let login = login_setup(&cfg)?;
     let tls = cfg.tls_pem()?;
     // The admin address speaks TLS with the same certificate, reloaded with it.
@@ -188,8 +222,37 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
     let wake_money: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
         let _ = wake.wake();
     });
+    let embedded_cfg = || EmbeddedConfig {
+        data_dir: cfg.data_dir.clone(),
+        core: CoreConfig {
+            packet_ttl_ms: cfg.packet_ttl_secs * 1000,
+            rng_seed: None,
+        },
+        group: GroupCommit {
+            commit_interval: Duration::from_millis(cfg.commit_interval_ms),
+            max_batch: cfg.commit_max_batch.max(1),
+        },
+    };
+    let mut predecessor = None;
     let (money, reader, replayed, tick_interval): (Box<dyn Money>, _, u64, Duration) =
-        if cfg.cluster()? {
+        if let Some(inherited) = inherited.as_mut() {
+            let link = inherited.link.take().expect("taken once");
+            let rest = std::mem::take(&mut inherited.rest);
+            let (money, handle) = successor::Handover::start(
+                link,
+                rest,
+                inherited.old_pid,
+                embedded_cfg(),
+                wake_money,
+            )?;
+            predecessor = Some(handle);
+            let reader = Reader::open(&cfg.data_dir.join("ledger.sqlite"))
+                .map(|r| Box::new(r) as Box<dyn LedgerRead>)
+                .map_err(|e| tracing::error!(error = %e, "no ledger reader for the admin API"))
+                .ok();
+            let tick = Duration::from_millis(crate::embedded::core::TICK_INTERVAL_MS);
+            (Box::new(money), reader, 0, tick)
+        } else if cfg.cluster()? {
             let host = if cfg.host_name.is_empty() {
                 format!("{}:{}", hostname(), cfg.listen)
             } else {
@@ -211,21 +274,7 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
             let reader = Some(cluster.reader());
             (Box::new(cluster), reader, 0, Duration::from_millis(10))
         } else {
-            let (money, replayed) = Embedded::open(
-                EmbeddedConfig {
-                    data_dir: cfg.data_dir.clone(),
-                    core: CoreConfig {
-                        packet_ttl_ms: cfg.packet_ttl_secs * 1000,
-                        rng_seed: None,
-                    },
-                    group: GroupCommit {
-                        commit_interval: Duration::from_millis(cfg.commit_interval_ms),
-                        max_batch: cfg.commit_max_batch.max(1),
-                    },
-                },
-                unix_ms(),
-                wake_money,
-            )?;
+            let (money, replayed) = Embedded::open(embedded_cfg(), unix_ms(), wake_money)?;
             let reader = Reader::open(money.ledger_path())
                 .map(|r| Box::new(r) as Box<dyn LedgerRead>)
                 .map_err(|e| tracing::error!(error = %e, "no ledger reader for the admin API"))
@@ -248,25 +297,26 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         );
     }
 
-    let client_placeholder = placeholder(&cfg.listen, "client")?;
-    let bound = |e| Error::io("reading a bound address", e);
-    let client_addr = client_placeholder.local_addr().map_err(bound)?;
-    let ws_placeholder = match cfg.ws_listen.as_str() {
-        "" => None,
-        addr => Some(placeholder(addr, "WebSocket")?),
+    let sockets = match inherited.as_mut() {
+        Some(inherited) => listen::Sockets::adopt(
+            &inherited.groups,
+            std::mem::take(&mut inherited.sockets),
+            worker_count,
+        )?,
+        None => listen::Sockets::bind(
+            &[
+                (Kind::Client, &cfg.listen),
+                (Kind::WebSocket, &cfg.ws_listen),
+                (Kind::Http, &cfg.http_listen),
+            ],
+            worker_count,
+        )?,
     };
-    let ws_addr = match &ws_placeholder {
-        Some(p) => Some(p.local_addr().map_err(bound)?),
-        None => None,
-    };
-    let http_placeholder = match cfg.http_listen.as_str() {
-        "" => None,
-        addr => Some(placeholder(addr, "HTTP")?),
-    };
-    let http_addr = match &http_placeholder {
-        Some(p) => Some(p.local_addr().map_err(bound)?),
-        None => None,
-    };
+    let client_addr = sockets
+        .addr(Kind::Client)
+        .expect("a client address is required");
+    let ws_addr = sockets.addr(Kind::WebSocket);
+    let http_addr = sockets.addr(Kind::Http);
 
     let (admin_tx, admin_rx) = sync_channel(256);
     let (hosts, origins) = (cfg.admin_hosts.clone(), cfg.admin_origins.clone());
@@ -289,8 +339,15 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         Door::new(access, guard, secure_cookies, door_refusals)
     };
     let health = Arc::new(Health::new());
+    let admin_listener = match inherited.as_mut() {
+        Some(inherited) => inherited.admin.take().expect("taken once"),
+        None => admin::bind(&cfg.admin)?,
+    };
+    let admin_socket = admin_listener
+        .try_clone()
+        .map_err(|e| Error::io("the admin socket", e))?;
     let admin = admin::start(
-        &cfg.admin,
+        admin_listener,
         door,
         health.clone(),
         admin_tls.clone(),
@@ -338,6 +395,8 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         worker_links: HashMap::new(),
         workers: BTreeMap::new(),
         worker_cfg,
+        sockets,
+        workers_wanted: worker_count,
         client_addr,
         ws_addr,
         http_addr,
@@ -358,7 +417,21 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         notifier,
         told_linked: None,
         admin_refusals: refusals,
+        admin: Some(admin),
+        admin_socket: Some(admin_socket),
+        lock_fd,
+        upgrade_listener: None,
+        successor: None,
+        predecessor,
+        upgrade_signal: Reload::on_signal(hongbao_sys::stop::SIGUSR2)
+            .map_err(|e| Error::io("handling SIGUSR2", e))?,
+        exe: std::env::current_exe().ok(),
+        spawned: None,
+        told_predecessor: false,
     };
+    if sup.predecessor.is_none() {
+        sup.listen_for_upgrades();
+    }
     for w in 0..worker_count as WorkerId {
         let child = sup.spawn_worker(w)?;
         sup.workers.insert(w, WorkerProc::new(child));
@@ -371,13 +444,15 @@ pub fn run(cfg: ServeConfig, stop: Stop) -> Result<()> {
         // The last second's counts, so the monitor's series adds up to the totals.
         monitor.send_final(&sup.sample(unix_ms() / 1000));
     }
-    drop(admin);
+    drop(sup.admin.take());
     watching.request();
     let _ = revocations.join();
     let flushed = sup.money.finish();
-    drop(client_placeholder);
-    drop(ws_placeholder);
-    drop(http_placeholder);
+    // An upgrade's last step: the answers the ledger released last, then the ledger.
+    let mut outs = Vec::new();
+    sup.route_outputs(&mut outs);
+    sup.hand_over_ledger(sup.money.snapshot().committed_seq);
+    drop(data_dir_lock);
     result?;
     flushed?;
     tracing::info!(ledger_seq = sup.money.snapshot().ledger_seq, "stopped");
@@ -459,6 +534,8 @@ impl Supervisor {
             for event in events.iter() {
                 match event.token() {
                     WAKER => {}
+                    upgrade::UPGRADE_LISTENER => self.accept_successor(),
+                    upgrade::UPGRADE_LINK => self.read_successor(unix_ms()),
                     Token(key) => self.read_link(key),
                 }
             }
@@ -473,7 +550,9 @@ impl Supervisor {
             }
             let now = Instant::now();
             if now >= next_tick {
-                self.money.tick(unix_ms());
+                if self.ticking() {
+                    self.money.tick(unix_ms());
+                }
                 next_tick = now + self.tick_interval;
             }
             if now >= next_second {
@@ -528,10 +607,18 @@ impl Supervisor {
             }
             self.route_outputs(&mut outs);
             self.flush_links();
+            self.flush_successor();
             if let Some(why) = self.money.failure() {
                 return Err(money::Error::unavailable("the ledger", why).into());
             }
             if self.stop.requested() && !self.draining(now) {
+                return Ok(());
+            }
+            if self.upgrade_signal.take() {
+                self.start_successor();
+            }
+            self.upgrade_progress(ready_said);
+            if self.upgrade_turn(now) == upgrade::Stage::HandOver {
                 return Ok(());
             }
         }
@@ -562,6 +649,9 @@ impl Supervisor {
     fn route_outputs(&mut self, outs: &mut Vec<Output>) {
         self.money.drain(outs);
         for out in outs.drain(..) {
+            let Some(out) = self.for_successor(out) else {
+                continue;
+            };
             match out {
                 Output::Reply { to, reply } => {
                     let msg = ToWorker::Reply {

@@ -19,9 +19,6 @@ use crate::link::{self, ToCore, ToWorker};
 use crate::stats::WorkerStats;
 use hongbao_sys::clock::unix_ms;
 
-/// The descriptor a worker finds its link on (`hongbao worker --link-fd`).
-pub const LINK_FD: i32 = 3;
-
 /// A worker whose link output backs up past this is treated as dead.
 const MAX_LINK_BACKLOG: usize = 256 << 20;
 
@@ -71,13 +68,16 @@ impl Supervisor {
     /// worker must speak its supervisor's link, and a restart must not fail for want of
     /// a path.
     ///
-    /// Its link is one end of a socketpair made for it, inherited as descriptor
-    /// `LINK_FD`: there is no address a stranger could connect to, so only this worker
-    /// is ever welcomed (and told the login secret).
+    /// Its link is one end of a socketpair made for it, and its listening sockets are the
+    /// supervisor's (`listen.rs`), all inherited at exec under the numbers its arguments
+    /// give: there is no address a stranger could connect to, so only this worker is
+    /// ever welcomed (and told the login secret).
     pub(super) fn spawn_worker(&mut self, w: WorkerId) -> Result<Child> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| Error::io(format!("making worker {w}'s link"), e))?;
-        let theirs_fd = theirs.as_raw_fd();
+        let listeners = self.sockets.for_worker(w, self.workers_wanted)?;
+        let mut inherited: Vec<i32> = listeners.iter().map(|&(fd, _)| fd).collect();
+        inherited.push(theirs.as_raw_fd());
         let name = std::env::args_os()
             .next()
             .unwrap_or_else(|| "hongbao".into());
@@ -86,39 +86,31 @@ impl Supervisor {
             .arg0(name)
             .arg("worker")
             .arg("--link-fd")
-            .arg(LINK_FD.to_string())
+            .arg(theirs.as_raw_fd().to_string())
             .arg("--index")
-            .arg(w.to_string())
-            .arg("--listen")
-            .arg(self.client_addr.to_string())
-            .args(
-                self.ws_addr
-                    .iter()
-                    .flat_map(|a| ["--ws-listen".to_string(), a.to_string()]),
-            )
-            .args(
-                self.http_addr
-                    .iter()
-                    .flat_map(|a| ["--http-listen".to_string(), a.to_string()]),
-            )
+            .arg(w.to_string());
+        for (fd, http) in listeners {
+            let flag = if http {
+                "--http-listener"
+            } else {
+                "--listener"
+            };
+            command.arg(flag).arg(fd.to_string());
+        }
+        command
             .stdin(Stdio::null())
             // The supervisor alone speaks for the service to systemd.
             .env_remove(hongbao_sys::notify::NOTIFY_SOCKET);
-        // SAFETY: runs in the forked child before exec and only calls dup2(2) and
-        // fcntl(2), which are async-signal-safe. dup2 leaves the new descriptor without
-        // FD_CLOEXEC, so it survives the exec; if it already is LINK_FD, the flag is
-        // cleared instead.
+        // SAFETY: runs in the forked child before exec and only calls fcntl(2), which is
+        // async-signal-safe, on descriptors the child has (copies of the supervisor's):
+        // clearing FD_CLOEXEC lets exactly these survive the exec, under the same numbers.
         unsafe {
             command.pre_exec(move || {
-                if theirs_fd == LINK_FD {
-                    let flags = libc::fcntl(LINK_FD, libc::F_GETFD);
-                    if flags < 0
-                        || libc::fcntl(LINK_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
-                    {
+                for &fd in &inherited {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                } else if libc::dup2(theirs_fd, LINK_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });
@@ -277,6 +269,7 @@ impl Supervisor {
                     );
                     proc_.child = None;
                     proc_.start_later();
+                    self.sockets.close_worker(w, self.workers_wanted);
                     if let Some(key) = self.worker_links.get(&w).copied() {
                         self.drop_link(key);
                     }

@@ -155,9 +155,13 @@ impl Worker {
                 server_time_us,
                 text,
             } => self.start_broadcast(id, server_time_us, text),
-            ToWorker::Drain { window_ms } => {
-                self.start_drain(std::time::Duration::from_millis(window_ms.into()))
-            }
+            ToWorker::Drain {
+                window_ms,
+                retry_after_ms,
+            } => self.start_drain(
+                std::time::Duration::from_millis(window_ms.into()),
+                retry_after_ms,
+            ),
             ToWorker::Shutdown => {
                 // Tell every client why its connection is about to close.
                 let open: Vec<usize> = self

@@ -1,7 +1,8 @@
 //! A worker's drain (SIGTERM): it stops accepting at once — its listeners closed, so a
 //! client that connects now is refused and goes to another gateway, not left waiting in
 //! a queue nobody reads — and kicks the connections it holds `shutdown`, each with
-//! `retry_after_ms` (`DRAIN_RETRY_AFTER_MS`), spread evenly over the drain window: the
+//! `retry_after_ms` (SIGTERM: `DRAIN_RETRY_AFTER_MS`, to the other gateways; an upgrade:
+//! a tenth of it, to the new server on the same sockets), spread evenly over the drain window: the
 //! k-th of n goes k/n of the way through it. The clients come back at the pace they were
 //! let go, not as one storm. Once it holds no connection (or the window is over and the
 //! last are kicked) the worker stops.
@@ -17,9 +18,10 @@ use hongbao_sys::clock::Uptime;
 use super::conn::State;
 use super::Worker;
 
-/// When a drained client is told to come back: about a second (a client takes ½ to 1½
-/// of it), at a gateway that admits it — the kicks are already spread over the window.
-pub(super) const DRAIN_RETRY_AFTER_MS: u32 = 1_000;
+/// When a client drained by SIGTERM is told to come back: about a second (a client takes
+/// ½ to 1½ of it), at a gateway that admits it — the kicks are already spread over the
+/// window.
+pub const DRAIN_RETRY_AFTER_MS: u32 = 1_000;
 
 /// How long after the window's end a worker still waits for its last kicks to be
 /// written before it stops regardless.
@@ -33,6 +35,11 @@ pub(super) struct Drain {
     total: usize,
     /// How many have been let go so far.
     done: usize,
+    /// What each is told: come back in this many milliseconds.
+    retry_after_ms: u32,
+    /// Connections whose turn came while a request of theirs was with the core: let go
+    /// once its answer is written (a win is told before the kick), or at the window's end.
+    answering: Vec<usize>,
 }
 
 impl Drain {
@@ -42,6 +49,8 @@ impl Drain {
             window,
             total,
             done: 0,
+            retry_after_ms: DRAIN_RETRY_AFTER_MS,
+            answering: Vec::new(),
         }
     }
 
@@ -80,7 +89,7 @@ impl Drain {
 impl Worker {
     /// The supervisor said drain, over `window`: the listeners closed, the connections
     /// held now let go in turn from here on (`drain_step`).
-    pub(super) fn start_drain(&mut self, window: Duration) {
+    pub(super) fn start_drain(&mut self, window: Duration, retry_after_ms: u32) {
         if self.drain.is_some() {
             return;
         }
@@ -92,7 +101,10 @@ impl Worker {
             window_ms = window.as_millis() as u64,
             "draining: not accepting, letting the connections go over the window"
         );
-        self.drain = Some(Drain::new(now, window, self.drain_order.len()));
+        self.drain = Some(Drain {
+            retry_after_ms,
+            ..Drain::new(now, window, self.drain_order.len())
+        });
         self.drain_step(now);
     }
 
@@ -105,21 +117,27 @@ impl Worker {
         };
         let due = drain.due(now);
         let over = drain.over(now);
+        let retry_after_ms = drain.retry_after_ms;
+        let mut turn = std::mem::take(&mut drain.answering);
         // No connection is accepted while draining, so a key still in the slab is the
         // connection it was at the drain's start.
-        for key in self
-            .drain_order
-            .drain(..due.min(self.drain_order.len()))
-            .collect::<Vec<_>>()
-        {
-            match self.conns.get(key).map(|c| c.state) {
+        turn.extend(self.drain_order.drain(..due.min(self.drain_order.len())));
+        for key in turn {
+            let conn = self.conns.get(key);
+            match conn.map(|c| c.state) {
                 // Its handshake not done: nothing to tell it over, nothing lost.
                 Some(State::Open) if self.is_handshaking(key) => self.close(key),
+                // Its answer first: what it was told it won, it is told.
+                Some(State::Open) if !over && conn.is_some_and(|c| c.awaiting > 0) => {
+                    if let Some(drain) = self.drain.as_mut() {
+                        drain.answering.push(key);
+                    }
+                }
                 Some(State::Open) => self.kick_after(
                     key,
                     KickReason::Shutdown,
                     "server shutting down: come back soon",
-                    DRAIN_RETRY_AFTER_MS,
+                    retry_after_ms,
                 ),
                 // Half closed or saying goodbye: it closes itself once written.
                 Some(State::Draining | State::Closing) | None => {}

@@ -40,6 +40,7 @@ mod codec;
 mod conn;
 mod core_link;
 mod drain;
+pub use drain::DRAIN_RETRY_AFTER_MS;
 mod handler;
 mod http;
 mod overload;
@@ -51,7 +52,6 @@ mod tls;
 mod wire;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::time::Duration;
 
@@ -92,9 +92,23 @@ pub struct WorkerOptions {
     pub index: WorkerId,
     /// The descriptor of this worker's end of its link, inherited from the supervisor.
     pub link_fd: RawFd,
-    pub listen: SocketAddr,
-    pub ws_listen: Option<SocketAddr>,
-    pub http_listen: Option<SocketAddr>,
+    /// Its listening sockets for the client protocol, inherited from the supervisor.
+    pub listeners: Vec<RawFd>,
+    /// Its listening sockets that speak HTTP (WebSocket, the HTTP API), inherited.
+    pub http_listeners: Vec<RawFd>,
+}
+
+/// A listening socket the supervisor left this process under `fd`.
+fn inherited_listener(fd: RawFd, index: WorkerId) -> anyhow::Result<TcpListener> {
+    // SAFETY: the supervisor made this descriptor a listening socket for this process
+    // (inherited at exec) and nothing else here owns or closes it.
+    let socket = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    // Make sure it is a listening TCP socket before trusting it.
+    socket
+        .local_addr()
+        .map_err(|e| anyhow::anyhow!("worker {index}: descriptor {fd} is not a listener: {e}"))?;
+    socket.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(socket))
 }
 
 struct Worker {
@@ -154,19 +168,16 @@ impl TurnClock {
 pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     let _span = tracing::info_span!("worker", worker = opts.index).entered();
     limits::raise_nofile_limit();
-    // Listen before saying hello: the supervisor announces "ready" once every worker has
-    // said hello, and a client connecting then must find a listener.
-    let mut listeners = vec![Listener::new(
-        TcpListener::from_std(net::reuseport_listener(opts.listen, true)?),
-        false,
-    )];
-    // Both speak HTTP: the WebSocket address upgrades, the HTTP address serves the API,
-    // and each does what the other does too.
-    for addr in opts.ws_listen.into_iter().chain(opts.http_listen) {
-        listeners.push(Listener::new(
-            TcpListener::from_std(net::reuseport_listener(addr, true)?),
-            true,
-        ));
+    // The listening sockets are the supervisor's, inherited (`supervisor/listen.rs`):
+    // they listen before this worker says hello, so a client connecting once "ready" is
+    // said finds them. The client sockets first, then those that speak HTTP (the
+    // WebSocket address upgrades, the HTTP address serves the API, and each does what
+    // the other does too).
+    let mut listeners = Vec::new();
+    for (fds, http) in [(&opts.listeners, false), (&opts.http_listeners, true)] {
+        for &fd in fds {
+            listeners.push(Listener::new(inherited_listener(fd, opts.index)?, http));
+        }
     }
     // SAFETY: the supervisor made this descriptor for this process alone (one end of a
     // socketpair, inherited at exec) and nothing else here owns or closes it.

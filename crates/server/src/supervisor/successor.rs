@@ -1,0 +1,527 @@
+//! An upgrade, the new server's side (`upgrade.rs` is the old one's and says the steps):
+//! `take_over` connects to the old server's upgrade socket and receives its sockets, its
+//! admin socket and its data directory's lock; `Handover` is the money until the ledger
+//! is this server's — every call sent to the old core and its outputs read back — and
+//! then the embedded backend, opened over the ledger the old one closed.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hongbao_money::seam::{AdminRequest, MoneySnapshot, Op, Origin, Output};
+use hongbao_money::{Audit, Money, WorkerId};
+use hongbao_sys::clock::unix_ms;
+use hongbao_sys::dirlock::DirLock;
+use hongbao_sys::fdpass;
+
+use super::listen::GroupShape;
+use super::upgrade::{decode_all, encode, socket_path, ToNew, ToOld};
+use crate::embedded::{Embedded, EmbeddedConfig, Wake};
+use crate::error::{Error, Result};
+
+/// How long the new server waits for the old one's handover.
+const HANDOVER_WAIT: Duration = Duration::from_secs(10);
+
+/// What the old server handed over.
+pub(super) struct Inherited {
+    pub groups: Vec<GroupShape>,
+    pub sockets: Vec<OwnedFd>,
+    pub admin: Option<std::net::TcpListener>,
+    pub lock: Option<DirLock>,
+    pub link: Option<UnixStream>,
+    pub old_pid: u32,
+    /// What came after the handover message in the same reads.
+    pub rest: Vec<u8>,
+}
+
+/// Connects to the server serving `data_dir` and takes its sockets and its lock.
+pub(super) fn take_over(data_dir: &Path) -> Result<Inherited> {
+    let path = socket_path(data_dir);
+    let link = UnixStream::connect(&path).map_err(|e| {
+        Error::io(
+            format!(
+                "connecting to {} (is a `hongbao serve` running on this data directory?)",
+                path.display()
+            ),
+            e,
+        )
+    })?;
+    let io = |e| Error::io("the upgrade link", e);
+    if fdpass::peer_uid(&link).map_err(io)? != fdpass::my_uid() {
+        return Err(Error::config(format!(
+            "{} belongs to another user: refused",
+            path.display()
+        )));
+    }
+    link.set_read_timeout(Some(HANDOVER_WAIT)).map_err(io)?;
+    let mut hello = Vec::new();
+    encode(
+        &ToOld::Hello {
+            pid: std::process::id(),
+        },
+        &mut hello,
+    );
+    (&link).write_all(&hello).map_err(io)?;
+    let mut buf = Vec::new();
+    let mut fds = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let first = loop {
+        let (n, got) = fdpass::recv_with_fds(&link, &mut chunk).map_err(|e| {
+            Error::io(
+                "waiting for the old server's sockets (it did not answer)",
+                e,
+            )
+        })?;
+        if n == 0 {
+            return Err(Error::Link(
+                "the old server closed the upgrade link before handing anything over".into(),
+            ));
+        }
+        fds.extend(got);
+        buf.extend_from_slice(&chunk[..n]);
+        let mut msgs = Vec::new();
+        decode_all::<ToNew>(&mut buf, |m| msgs.push(m))?;
+        if let Some(first) = msgs.into_iter().next() {
+            break first;
+        }
+    };
+    let (groups, old_pid) = match first {
+        ToNew::Handover { groups, pid, .. } => (groups, pid),
+        ToNew::Refused(why) => {
+            return Err(Error::config(format!("the upgrade was refused: {why}")))
+        }
+        other => return Err(Error::Link(format!("the upgrade began with {other:?}"))),
+    };
+    let sockets: usize = groups.iter().map(|g| g.sockets as usize).sum();
+    if fds.len() != sockets + 2 {
+        return Err(Error::Link(format!(
+            "the old server handed over {} descriptors, not {}",
+            fds.len(),
+            sockets + 2
+        )));
+    }
+    let lock = DirLock::adopt(
+        data_dir,
+        fds.pop().expect("counted"),
+        "hongbao serve --upgrade",
+    )
+    .map_err(|e| Error::config(e.to_string()))?;
+    let admin = std::net::TcpListener::from(fds.pop().expect("counted"));
+    link.set_read_timeout(None).map_err(io)?;
+    Ok(Inherited {
+        groups,
+        sockets: fds,
+        admin: Some(admin),
+        lock: Some(lock),
+        link: Some(link),
+        old_pid,
+        rest: buf,
+    })
+}
+
+/// The supervisor's hold on the upgrade: to say it is ready, and to know when the
+/// ledger is its.
+#[derive(Clone)]
+pub(super) struct Predecessor {
+    tx: Sender<Vec<u8>>,
+    local: Arc<AtomicBool>,
+}
+
+impl Predecessor {
+    /// Every worker is up: the old server may drain.
+    pub(super) fn ready(&self) {
+        let mut msg = Vec::new();
+        encode(&ToOld::Ready, &mut msg);
+        let _ = self.tx.send(msg);
+    }
+
+    /// Whether the ledger is this server's now.
+    pub(super) fn done(&self) -> bool {
+        self.local.load(Ordering::Acquire)
+    }
+}
+
+/// A call made while the ledger is passing over, applied once it is here.
+enum Held {
+    Submit(u64, Origin, Op),
+    Admin(u64, u64, AdminRequest),
+    Up(WorkerId),
+    Down(WorkerId),
+}
+
+enum State {
+    /// The old core applies what this server's clients ask.
+    Lent,
+    /// The old server is finishing: calls are held.
+    Switching {
+        since: Instant,
+    },
+    Local(Box<Embedded>),
+    /// The old server went away while it still runs, or the ledger did not open.
+    Lost(String),
+}
+
+/// The money of a server taking over: the old core's until `LedgerYours`, then its own.
+pub(super) struct Handover {
+    state: State,
+    open: Option<EmbeddedConfig>,
+    wake: Wake,
+    tx: Sender<Vec<u8>>,
+    rx: Receiver<ToNew>,
+    up: BTreeSet<WorkerId>,
+    held: Vec<Held>,
+    old_pid: u32,
+    local: Arc<AtomicBool>,
+    /// How long commits paused while the ledger passed over, once it has.
+    pub(super) paused: Option<Duration>,
+}
+
+impl Handover {
+    /// Over the link the old server handed the sockets on (`rest`: bytes already read).
+    pub(super) fn start(
+        link: UnixStream,
+        rest: Vec<u8>,
+        old_pid: u32,
+        open: EmbeddedConfig,
+        wake: Wake,
+    ) -> Result<(Handover, Predecessor)> {
+        let io = |e| Error::io("the upgrade link", e);
+        let (tx, to_old) = channel::<Vec<u8>>();
+        let (from_old, rx) = channel::<ToNew>();
+        let mut writer = link.try_clone().map_err(io)?;
+        std::thread::Builder::new()
+            .name("upgrade-out".into())
+            .spawn(move || {
+                for bytes in to_old {
+                    if writer.write_all(&bytes).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(io)?;
+        let reader_wake = wake.clone();
+        let mut reader = link;
+        std::thread::Builder::new()
+            .name("upgrade-in".into())
+            .spawn(move || {
+                let mut buf = rest;
+                let mut chunk = vec![0u8; 64 * 1024];
+                loop {
+                    let mut msgs = Vec::new();
+                    if decode_all::<ToNew>(&mut buf, |m| msgs.push(m)).is_err() {
+                        break;
+                    }
+                    for m in msgs {
+                        if from_old.send(m).is_err() {
+                            return;
+                        }
+                    }
+                    reader_wake();
+                    match reader.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                drop(from_old);
+                reader_wake();
+            })
+            .map_err(io)?;
+        let local = Arc::new(AtomicBool::new(false));
+        let predecessor = Predecessor {
+            tx: tx.clone(),
+            local: local.clone(),
+        };
+        Ok((
+            Handover {
+                state: State::Lent,
+                open: Some(open),
+                wake,
+                tx,
+                rx,
+                up: BTreeSet::new(),
+                held: Vec::new(),
+                old_pid,
+                local,
+                paused: None,
+            },
+            predecessor,
+        ))
+    }
+
+    fn send(&self, msg: &ToOld) {
+        let mut bytes = Vec::new();
+        encode(msg, &mut bytes);
+        let _ = self.tx.send(bytes);
+    }
+
+    /// The ledger is this server's: opened (replayed), every worker up again, what was
+    /// held applied.
+    fn take_ledger(&mut self, since: Instant, after_crash: bool) {
+        let Some(cfg) = self.open.take() else {
+            return;
+        };
+        let opened = Embedded::open(cfg, unix_ms(), self.wake.clone());
+        let (mut money, replayed) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                self.state = State::Lost(format!("opening the ledger handed over: {e}"));
+                return;
+            }
+        };
+        for &w in &self.up {
+            money.worker_up(w);
+        }
+        for call in std::mem::take(&mut self.held) {
+            match call {
+                Held::Submit(now, origin, op) => money.submit(now, origin, op),
+                Held::Admin(now, ticket, request) => money.admin(now, ticket, request),
+                Held::Up(w) => money.worker_up(w),
+                Held::Down(w) => money.worker_down(w),
+            }
+        }
+        let paused = since.elapsed();
+        self.paused = Some(paused);
+        self.state = State::Local(Box::new(money));
+        self.local.store(true, Ordering::Release);
+        if after_crash {
+            tracing::warn!(
+                old_pid = self.old_pid,
+                replayed,
+                "upgrade: the old server is gone without handing the ledger over; opened it as after a crash"
+            );
+        }
+        tracing::info!(
+            paused_ms = paused.as_secs_f64() * 1e3,
+            replayed,
+            "upgrade: the ledger is this server's; commits paused while it passed over"
+        );
+    }
+
+    /// The old server's link closed before `LedgerYours`: if it is gone, the ledger is
+    /// as a crash left it (everything acknowledged in it); if it still runs, two writers
+    /// must never be, and this server gives up.
+    fn old_gone(&mut self) {
+        // SAFETY: kill with signal 0 only asks whether the process exists.
+        let alive = unsafe { libc::kill(self.old_pid as i32, 0) } == 0;
+        let since = match self.state {
+            State::Switching { since } => since,
+            _ => Instant::now(),
+        };
+        if alive {
+            // It may be on its way out: give it a moment before judging.
+            std::thread::sleep(Duration::from_millis(200));
+            // SAFETY: as above.
+            if unsafe { libc::kill(self.old_pid as i32, 0) } == 0 {
+                self.state = State::Lost(format!(
+                    "the old server (pid {}) closed the upgrade link but still runs: refusing a second ledger writer",
+                    self.old_pid
+                ));
+                return;
+            }
+        }
+        self.take_ledger(since, true);
+    }
+}
+
+impl Money for Handover {
+    fn submit(&mut self, now_ms: u64, origin: Origin, op: Op) {
+        match &mut self.state {
+            State::Lent => self.send(&ToOld::Submit { origin, op }),
+            State::Switching { .. } => self.held.push(Held::Submit(now_ms, origin, op)),
+            State::Local(money) => money.submit(now_ms, origin, op),
+            State::Lost(_) => {}
+        }
+    }
+
+    fn admin(&mut self, now_ms: u64, ticket: u64, request: AdminRequest) {
+        match &mut self.state {
+            State::Lent => self.send(&ToOld::Admin { ticket, request }),
+            State::Switching { .. } => self.held.push(Held::Admin(now_ms, ticket, request)),
+            State::Local(money) => money.admin(now_ms, ticket, request),
+            State::Lost(_) => {}
+        }
+    }
+
+    fn tick(&mut self, now_ms: u64) {
+        if let State::Local(money) = &mut self.state {
+            money.tick(now_ms);
+        }
+    }
+
+    fn worker_up(&mut self, worker: WorkerId) {
+        self.up.insert(worker);
+        match &mut self.state {
+            State::Lent => self.send(&ToOld::WorkerUp(worker)),
+            State::Switching { .. } => self.held.push(Held::Up(worker)),
+            State::Local(money) => money.worker_up(worker),
+            State::Lost(_) => {}
+        }
+    }
+
+    fn worker_down(&mut self, worker: WorkerId) {
+        self.up.remove(&worker);
+        match &mut self.state {
+            State::Lent => self.send(&ToOld::WorkerDown(worker)),
+            State::Switching { .. } => self.held.push(Held::Down(worker)),
+            State::Local(money) => money.worker_down(worker),
+            State::Lost(_) => {}
+        }
+    }
+
+    fn drain(&mut self, out: &mut Vec<Output>) {
+        while matches!(self.state, State::Lent | State::Switching { .. }) {
+            match self.rx.try_recv() {
+                Ok(ToNew::Out(output)) => out.push(output),
+                Ok(ToNew::Finishing) => {
+                    self.state = State::Switching {
+                        since: Instant::now(),
+                    };
+                    self.send(&ToOld::Quiet);
+                    tracing::info!("upgrade: the old server has drained; holding calls while the ledger passes over");
+                }
+                Ok(ToNew::LedgerYours { seq }) => {
+                    let since = match self.state {
+                        State::Switching { since } => since,
+                        _ => Instant::now(),
+                    };
+                    tracing::info!(
+                        ledger_seq = seq,
+                        "upgrade: the old server closed the ledger"
+                    );
+                    self.take_ledger(since, false);
+                }
+                Ok(ToNew::Handover { .. } | ToNew::Refused(_)) => {}
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => self.old_gone(),
+            }
+        }
+        if let State::Local(money) = &mut self.state {
+            money.drain(out);
+        }
+    }
+
+    fn snapshot(&self) -> MoneySnapshot {
+        match &self.state {
+            State::Local(money) => money.snapshot(),
+            _ => MoneySnapshot::default(),
+        }
+    }
+
+    fn audit_now(&self) -> Option<Audit> {
+        match &self.state {
+            State::Local(money) => money.audit_now(),
+            _ => None,
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        match &self.state {
+            State::Local(money) => money.failure(),
+            State::Lost(why) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    fn commits_failing(&self) -> Option<String> {
+        match &self.state {
+            State::Local(money) => money.commits_failing(),
+            _ => None,
+        }
+    }
+
+    fn commit_latency(&self) -> Option<hdrhistogram::Histogram<u64>> {
+        match &self.state {
+            State::Local(money) => money.commit_latency(),
+            _ => None,
+        }
+    }
+
+    fn finish(&mut self) -> hongbao_money::error::Result<()> {
+        match &mut self.state {
+            State::Local(money) => money.finish(),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl super::Supervisor {
+    /// Once a turn: an upgrade's progress on the new server's side — the old one told
+    /// once every worker is up, and the upgrade socket made once the ledger is here (so
+    /// that this server can be upgraded in turn); on the old one's, the process SIGUSR2
+    /// started waited for if it ended.
+    pub(super) fn upgrade_progress(&mut self, ready: bool) {
+        if let Some(child) = self.spawned.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                tracing::warn!(%status, "the upgrade SIGUSR2 started ended");
+                self.spawned = None;
+            }
+        }
+        let Some(predecessor) = &self.predecessor else {
+            return;
+        };
+        if ready && !self.told_predecessor {
+            self.told_predecessor = true;
+            predecessor.ready();
+            // Under systemd this process is the service now (the unit's NotifyAccess=all).
+            let pid = std::process::id();
+            self.tell_systemd(|n| n.send(&format!("MAINPID={pid}")));
+            tracing::info!(
+                "upgrade: every worker is up on the sockets handed over; the old server drains"
+            );
+        }
+        if predecessor.done() {
+            self.predecessor = None;
+            self.listen_for_upgrades();
+        }
+    }
+
+    /// SIGUSR2: this binary as the file is now (a deploy replaced it) starts with the same
+    /// arguments and `--upgrade`, and takes this server over.
+    pub(super) fn start_successor(&mut self) {
+        if self.successor.is_some() || self.spawned.is_some() || self.predecessor.is_some() {
+            tracing::warn!("SIGUSR2: an upgrade is already under way");
+            return;
+        }
+        let Some(exe) = self.exe.clone() else {
+            tracing::error!(
+                "SIGUSR2: this binary's path is unknown; run `hongbao serve --upgrade` by hand"
+            );
+            return;
+        };
+        let mut command = std::process::Command::new(&exe);
+        command
+            .args(std::env::args_os().skip(1).filter(|a| a != "--upgrade"))
+            .arg("--upgrade")
+            .stdin(std::process::Stdio::null());
+        match command.spawn() {
+            Ok(child) => {
+                tracing::info!(exe = %exe.display(), pid = child.id(), "SIGUSR2: the new binary started, taking over");
+                self.spawned = Some(child);
+            }
+            Err(e) => {
+                tracing::error!(exe = %exe.display(), error = %e, "SIGUSR2: starting the new binary")
+            }
+        }
+    }
+
+    /// The upgrade socket, listening in this server's loop.
+    pub(super) fn listen_for_upgrades(&mut self) {
+        let Some(mut listener) = super::upgrade::listen(&self.cfg.data_dir) else {
+            return;
+        };
+        match self.poll.registry().register(
+            &mut listener,
+            super::upgrade::UPGRADE_LISTENER,
+            mio::Interest::READABLE,
+        ) {
+            Ok(()) => self.upgrade_listener = Some(listener),
+            Err(e) => tracing::warn!(error = %e, "watching the upgrade socket"),
+        }
+    }
+}
