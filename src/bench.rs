@@ -87,6 +87,13 @@ pub struct BenchArgs {
     /// Seconds into the first phase for --fault
     #[arg(long, default_value_t = 5.0)]
     fault_at: f64,
+    /// Upgrade the local server in place this many seconds into the first phase
+    /// (`--fault upgrade --fault-at SECS`: `serve --upgrade`, docs/deploy.md)
+    #[arg(long, value_name = "SECS", conflicts_with_all = ["fault", "fault_at"])]
+    upgrade_at: Option<f64>,
+    /// The binary --upgrade-at starts [default: this one]
+    #[arg(long, value_name = "BINARY", requires = "upgrade_at")]
+    upgrade_to: Option<std::path::PathBuf>,
     /// Faults at random moments through every steady phase, drawn with this seed (the
     /// same seed, the same faults in the same order; docs/bench.md)
     #[arg(long, value_name = "SEED")]
@@ -277,6 +284,11 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
         .map(hongbao_bench::bench::Fault::parse)
         .transpose()?;
     opts.fault_at_secs = args.fault_at;
+    if let Some(at) = args.upgrade_at {
+        opts.fault = Some(hongbao_bench::bench::Fault::Upgrade);
+        opts.fault_at_secs = at;
+    }
+    opts.upgrade_to = args.upgrade_to;
     match opts.fault {
         Some(f) if !f.needs_lab() && opts.hosts > 0 => {
             anyhow::bail!(

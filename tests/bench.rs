@@ -378,6 +378,7 @@ fn healed(kind: &str, what: &str) -> bool {
         "worker-kill" => "its replacement was up after",
         "worker-stall" => "then SIGCONT",
         "supervisor-kill" => "up again on the same addresses after",
+        "upgrade" => "upgraded to ",
         "disk-full" => "the ledger committed again",
         other => panic!("no heal known for {other}"),
     };
@@ -525,6 +526,44 @@ fn core_kill_is_the_supervisors_kill_and_healed_as_it() {
     // chaos test's (every share opened in the end): within this short phase the load's
     // reconnect back-off, on a busy machine, is not always over.
     assert!(fault["dropped"].as_u64().unwrap() >= 1000, "{fault}");
+}
+
+/// `--upgrade-at`: the local server upgraded in place mid-phase (`serve --upgrade`, the
+/// same binary): no connection attempt refused, every user drained to the new process
+/// and logged in again, the ledger passed over with nothing acknowledged lost (the
+/// history exact), and the summary says what the upgrade did.
+#[test]
+fn an_upgrade_mid_run_refuses_no_one_and_loses_nothing() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = run_bench(
+        out.path(),
+        "--connections 1000 --workers 2 --procs 1 --phase-qps 500 \
+         --shake-packets 300 --send-packets 60 --campaign-rate 100 --upgrade-at 1",
+    );
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    let history = &summary["history"];
+    assert_eq!(history["ok"], true, "{history}");
+    assert_eq!(history["missing"]["count"], 0, "{history}");
+    assert_eq!(summary["options"]["fault"], "upgrade");
+    let fault = &summary["fault"];
+    assert!(
+        fault["what"].as_str().unwrap().starts_with("upgraded to "),
+        "{fault}"
+    );
+    assert_eq!(fault["refused_connects"], 0, "{fault}");
+    assert!(fault["reconnected_secs"].as_u64().is_some(), "{fault}");
+    let upgrade = &fault["upgrade"];
+    assert_eq!(upgrade["drained_connections"], 1000, "{upgrade}");
+    assert!(
+        upgrade["commits_paused_ms"].as_f64().unwrap() > 0.0,
+        "{upgrade}"
+    );
+    assert!(
+        upgrade["replayed_events"].as_u64().unwrap() > 0,
+        "{upgrade}"
+    );
+    assert_eq!(summary["shake"]["won_server"], 300, "{}", summary["shake"]);
+    assert_eq!(summary["send"]["opened_server"], summary["send"]["shares"]);
 }
 
 /// `disk-full` by chaos (root): the ledger on a tmpfs of its own, filled until ENOSPC and

@@ -45,6 +45,46 @@ pub(crate) struct Local {
     /// The addresses it bound the first time, asked for again by every restart.
     pub addrs: Addrs,
     pub data_dir: PathBuf,
+    /// `--upgrade-to`: the binary an upgrade starts (else this one).
+    pub upgrade_to: Option<PathBuf>,
+    /// What the last upgrade did, as the new server said.
+    pub last_upgrade: Mutex<Option<Upgraded>>,
+}
+
+/// What an upgrade did (`hongbao serve upgraded: …`, the new server's stdout line once
+/// the ledger is its), for the summary.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Upgraded {
+    /// The connections the old server let go, and the window it let them go over.
+    pub drained_connections: u64,
+    pub drain_window_ms: u64,
+    /// How long the old server's drain took.
+    pub drain_ms: u64,
+    /// How long commits paused while the ledger passed from the old core to the new.
+    pub commits_paused_ms: f64,
+    /// The events the new server replayed from the ledger.
+    pub replayed_events: u64,
+    /// From starting the new binary until the old one had exited and the new one held
+    /// the ledger.
+    pub took_ms: u64,
+}
+
+impl Upgraded {
+    fn parse(line: &str) -> anyhow::Result<Upgraded> {
+        let field = |name: &str| -> anyhow::Result<&str> {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+                .with_context(|| format!("no {name}= in {line:?}"))
+        };
+        Ok(Upgraded {
+            drained_connections: field("drained_connections")?.parse()?,
+            drain_window_ms: field("drain_window_ms")?.parse()?,
+            drain_ms: field("drain_ms")?.parse()?,
+            commits_paused_ms: field("commits_paused_ms")?.parse()?,
+            replayed_events: field("replayed_events")?.parse()?,
+            took_ms: 0,
+        })
+    }
 }
 
 /// What a started `hongbao serve` said in its ready line.
@@ -80,16 +120,23 @@ impl Local {
                 http: (opts.transport == Transport::Http).then_some(any),
             },
             data_dir: data_dir.to_path_buf(),
+            upgrade_to: opts.upgrade_to.clone(),
+            last_upgrade: Mutex::new(None),
         };
-        let (child, ready) = local.spawn()?;
+        let (child, ready, _) = local.spawn(&local.exe, false)?;
         local.addrs = ready.addrs;
         *local.child.get_mut().unwrap() = Some(child);
         Ok(local)
     }
 
-    /// Starts `hongbao serve` on `self.addrs` and waits for its ready line.
-    fn spawn(&self) -> anyhow::Result<(Child, Ready)> {
-        let mut command = Command::new(&self.exe);
+    /// Starts `exe serve` on `self.addrs` (taking the running one over, with `upgrade`)
+    /// and waits for its ready line; the lines it prints after come on the receiver.
+    fn spawn(
+        &self,
+        exe: &Path,
+        upgrade: bool,
+    ) -> anyhow::Result<(Child, Ready, mpsc::Receiver<String>)> {
+        let mut command = Command::new(exe);
         let server_nice = self.nice;
         // SAFETY: the closure runs in the forked child before exec and only calls
         // setpriority(2), which is async-signal-safe.
@@ -111,6 +158,9 @@ impl Local {
         };
         command.arg("serve");
         flags.apply(&mut command);
+        if upgrade {
+            command.arg("--upgrade");
+        }
         command.env(MONITOR_KEY_ENV, &self.monitor_key);
         let mut child = command
             .stdin(Stdio::null())
@@ -129,7 +179,7 @@ impl Local {
             .context("hongbao serve did not become ready")
             .and_then(|line| Ready::parse(&line, a));
         match ready {
-            Ok(ready) => Ok((child, ready)),
+            Ok(ready) => Ok((child, ready, rx)),
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -182,8 +232,8 @@ impl Local {
         );
         let mut last_error = None;
         while t.elapsed() < timeout {
-            match self.spawn() {
-                Ok((child, ready)) if ready.addrs == self.addrs => {
+            match self.spawn(&self.exe, false) {
+                Ok((child, ready, _)) if ready.addrs == self.addrs => {
                     *held = Some(child);
                     return format!(
                         "{killed}; up again on the same addresses after {:.1} s, {} events replayed from the ledger",
@@ -191,7 +241,7 @@ impl Local {
                         ready.replayed_events
                     );
                 }
-                Ok((mut child, ready)) => {
+                Ok((mut child, ready, _)) => {
                     let _ = child.kill();
                     let _ = child.wait();
                     last_error = Some(format!("it bound {:?}, not {:?}", ready.addrs, self.addrs));
@@ -205,6 +255,72 @@ impl Local {
             "{killed}; not up again in {timeout:?}: {}",
             last_error.unwrap_or_default()
         )
+    }
+
+    /// Upgrades the server in place (`serve --upgrade`, docs/deploy.md): the binary of
+    /// `--upgrade-to` (or this one) takes the running one's sockets, the old one drains
+    /// to it and hands it the ledger. The new process is the bench's server from then
+    /// on. Says what happened; what it did is kept in `last_upgrade`.
+    pub fn upgrade(&self, timeout: Duration) -> String {
+        let mut held = self.child.lock().unwrap();
+        let Some(old) = held.as_mut() else {
+            return "no server to upgrade: it was stopped".to_string();
+        };
+        let old_pid = old.id();
+        let exe = self.upgrade_to.clone().unwrap_or_else(|| self.exe.clone());
+        let t = Instant::now();
+        let (new, ready, lines) = match self.spawn(&exe, true) {
+            Ok(started) => started,
+            Err(e) => return format!("upgrade: {} did not start: {e:#}", exe.display()),
+        };
+        if ready.addrs != self.addrs {
+            return format!(
+                "upgrade: the new server said {:?}, not {:?}",
+                ready.addrs, self.addrs
+            );
+        }
+        let new_pid = new.id();
+        // The old one drains to the new, hands it the ledger and exits.
+        let exited = loop {
+            match old.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if t.elapsed() < timeout => std::thread::sleep(Duration::from_millis(20)),
+                _ => break None,
+            }
+        };
+        let old = held.replace(new);
+        drop(old);
+        let Some(status) = exited else {
+            return format!("upgrade: the old server {old_pid} had not stopped after {timeout:?}");
+        };
+        let left = timeout
+            .saturating_sub(t.elapsed())
+            .max(Duration::from_secs(5));
+        let line = lines
+            .recv_timeout(left)
+            .ok()
+            .filter(|l| l.starts_with("hongbao serve upgraded:"));
+        let Some(line) = line else {
+            return format!("upgrade: the old server {old_pid} exited ({status}), but the new one {new_pid} never said it holds the ledger");
+        };
+        match Upgraded::parse(&line) {
+            Ok(mut done) => {
+                done.took_ms = t.elapsed().as_millis() as u64;
+                let what = format!(
+                    "upgraded to {} (pid {old_pid} -> {new_pid}): {} connections drained over a {} ms window in {} ms, commits paused {:.1} ms, {} events replayed; {} ms in all",
+                    exe.display(),
+                    done.drained_connections,
+                    done.drain_window_ms,
+                    done.drain_ms,
+                    done.commits_paused_ms,
+                    done.replayed_events,
+                    done.took_ms
+                );
+                *self.last_upgrade.lock().unwrap() = Some(done);
+                what
+            }
+            Err(e) => format!("upgrade: {e:#}"),
+        }
     }
 
     /// Kills the server, if running, and keeps it from being started again.

@@ -444,10 +444,14 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
                 served: r.counters.won + r.counters.nothing,
                 overloaded: r.counters.overloaded,
                 backed_off: r.counters.backed_off,
+                refused: r.counters.failed_refused,
             })
             .collect();
-        let f = FaultSummary::from_rows(what, fault_second, opts.connections, &seconds)
+        let mut f = FaultSummary::from_rows(what, fault_second, opts.connections, &seconds)
             .with_served(fault_phase, &seconds);
+        if opts.fault == Some(options::Fault::Upgrade) {
+            f.upgrade = server.last_upgrade();
+        }
         let back = match f.reconnected_secs {
             Some(0) => "no client was dropped".to_string(),
             Some(s) => format!(
@@ -457,8 +461,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             None => format!("{} connections dropped; some users never logged in again", f.dropped),
         };
         say(&format!(
-            "bench: fault: {} (second {}); {back}; served under 90% of the rate in {} s ({} shakes short), {} overloaded, {} firings backed off",
-            f.what, f.at_second, f.reduced_secs, f.shakes_short, f.overloaded, f.backed_off
+            "bench: fault: {} (second {}); {back}; served under 90% of the rate in {} s ({} shakes short), {} overloaded, {} firings backed off, {} connection attempts refused",
+            f.what, f.at_second, f.reduced_secs, f.shakes_short, f.overloaded, f.backed_off, f.refused_connects
         ));
         f
     });

@@ -72,6 +72,9 @@ pub struct BenchOptions {
     /// Faults at random moments through every steady phase (`--chaos SEED`).
     pub chaos: Option<ChaosOptions>,
     pub fault_at_secs: f64,
+    /// `--upgrade-to`: the binary `--fault upgrade` (`--upgrade-at`) starts; this one
+    /// when not given.
+    pub upgrade_to: Option<std::path::PathBuf>,
     /// HTTP: a keep-alive connection per user, or a connection per request.
     pub http_connection: HttpConnection,
     /// HTTP: each user looks for packets to open every this many seconds.
@@ -149,6 +152,10 @@ pub enum Fault {
     /// One local server whose ledger is on a small tmpfs: fill it until ENOSPC, hold it
     /// full for [`DISK_FULL_HOLD`], then delete the filler.
     DiskFull,
+    /// One local server upgraded in place (`serve --upgrade`: `--upgrade-to`'s binary,
+    /// or this one): its sockets handed over, its clients drained to the new process, its
+    /// ledger passed last. `--upgrade-at S` is `--fault upgrade --fault-at S`.
+    Upgrade,
     /// A lab's PostgreSQL on a small tmpfs (the bench mounts it, root): fill it until
     /// ENOSPC, hold it full for [`DISK_FULL_HOLD`], delete the filler (and start
     /// PostgreSQL again if it stopped).
@@ -263,6 +270,7 @@ impl Fault {
             // The core lives in the supervisor's process: killing one kills the other.
             "supervisor-kill" | "core-kill" => Ok(Fault::SupervisorKill),
             "disk-full" => Ok(Fault::DiskFull),
+            "upgrade" => Ok(Fault::Upgrade),
             "postgres-disk-full" => Ok(Fault::PostgresDiskFull),
             "gateway-kill" => Ok(Fault::Gateway),
             "redis-master-kill" => Ok(Fault::RedisMaster(RedisAim::First)),
@@ -274,7 +282,7 @@ impl Fault {
             "primary-isolate" => Ok(Fault::PrimaryIsolate),
             other => {
                 anyhow::bail!(
-                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full, partition-redis|postgres or primary-lost|freeze|isolate, not {other:?}"
+                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, upgrade, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full, partition-redis|postgres or primary-lost|freeze|isolate, not {other:?}"
                 )
             }
         }
@@ -293,6 +301,7 @@ impl Fault {
             Fault::WorkerKill => "worker-kill",
             Fault::SupervisorKill => "supervisor-kill",
             Fault::DiskFull => "disk-full",
+            Fault::Upgrade => "upgrade",
             Fault::PostgresDiskFull => "postgres-disk-full",
             Fault::Partition(hongbao_lab::Cut::Redis) => "partition-redis",
             Fault::Partition(hongbao_lab::Cut::Postgres) => "partition-postgres",
@@ -320,14 +329,21 @@ impl Fault {
     pub fn needs_lab(self) -> bool {
         !matches!(
             self,
-            Fault::WorkerStall | Fault::WorkerKill | Fault::SupervisorKill | Fault::DiskFull
+            Fault::WorkerStall
+                | Fault::WorkerKill
+                | Fault::SupervisorKill
+                | Fault::DiskFull
+                | Fault::Upgrade
         )
     }
 
     /// Whether the fault is done only to one local server (no `--hosts`): a lab's
     /// gateway is killed by `gateway-kill`, and its ledger is PostgreSQL's.
     pub fn one_server_only(self) -> bool {
-        matches!(self, Fault::SupervisorKill | Fault::DiskFull)
+        matches!(
+            self,
+            Fault::SupervisorKill | Fault::DiskFull | Fault::Upgrade
+        )
     }
 
     /// Whether the fault needs the server's ledger on a small tmpfs the bench mounts.
@@ -421,6 +437,7 @@ impl BenchOptions {
             fault: None,
             chaos: None,
             fault_at_secs: 5.0,
+            upgrade_to: None,
             http_connection: HttpConnection::KeepAlive,
             notice_poll_secs: DEFAULT_NOTICE_POLL_SECS,
         };
@@ -449,6 +466,7 @@ mod tests {
             "worker-stall",
             "supervisor-kill",
             "disk-full",
+            "upgrade",
         ] {
             let fault = Fault::parse(name).unwrap();
             assert_eq!(fault.name(), name);

@@ -245,6 +245,13 @@ impl Server {
         }
     }
 
+    /// What the last `upgrade` did (one local server).
+    pub fn last_upgrade(&self) -> Option<super::local::Upgraded> {
+        self.local
+            .as_ref()
+            .and_then(|l| l.last_upgrade.lock().unwrap().clone())
+    }
+
     /// The `hongbao serve` child's id (without a lab).
     pub fn pid(&self) -> Option<u32> {
         self.local.as_ref().and_then(|l| l.pid())

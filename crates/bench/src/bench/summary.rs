@@ -125,6 +125,12 @@ pub struct FaultSummary {
     pub overloaded: u64,
     #[serde(default)]
     pub backed_off: u64,
+    /// Connection attempts refused (ECONNREFUSED) from the fault's second on.
+    #[serde(default)]
+    pub refused_connects: u64,
+    /// `upgrade`: what the upgrade did, as the new server said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<super::local::Upgraded>,
 }
 
 /// How many seconds from a fault's on its served rate is judged.
@@ -141,6 +147,8 @@ pub struct FaultSecond {
     pub served: u64,
     pub overloaded: u64,
     pub backed_off: u64,
+    /// Connection attempts refused.
+    pub refused: u64,
 }
 
 impl FaultSummary {
@@ -148,6 +156,7 @@ impl FaultSummary {
     pub fn from_rows(what: String, at_second: u64, users: u64, rows: &[FaultSecond]) -> Self {
         let before = rows.iter().rev().find(|r| r.second < at_second);
         let (d0, l0) = before.map_or((0, 0), |r| (r.disconnects, r.logins));
+        let r0 = before.map_or(0, |r| r.refused);
         let after: Vec<&FaultSecond> = rows.iter().filter(|r| r.second >= at_second).collect();
         let dropped = after.last().map_or(0, |r| r.disconnects - d0);
         let reconnected_secs = if dropped == 0 {
@@ -167,6 +176,7 @@ impl FaultSummary {
             dropped,
             logged_in_min: after.iter().map(|r| r.logged_in).min().unwrap_or(users),
             reconnected_secs,
+            refused_connects: after.last().map_or(0, |r| r.refused - r0),
             ..FaultSummary::default()
         }
     }
@@ -797,6 +807,16 @@ mod tests {
             (f.dropped, f.logged_in_min, f.reconnected_secs),
             (48, 52, Some(4))
         );
+        // Refusals counted from the fault's second on, not before.
+        let refusing: Vec<FaultSecond> = rows
+            .iter()
+            .map(|r| FaultSecond {
+                refused: if r.second >= 6 { 7 } else { 3 },
+                ..*r
+            })
+            .collect();
+        let f = FaultSummary::from_rows("killed".into(), 5, 100, &refusing);
+        assert_eq!(f.refused_connects, 4);
         // One more drop than logins: a connection closed before it logged in (nginx
         // took it and found its gateway gone). Everyone is back all the same.
         let closed = [

@@ -131,6 +131,38 @@ pub(super) fn take_over(data_dir: &Path) -> Result<Inherited> {
 pub(super) struct Predecessor {
     tx: Sender<Vec<u8>>,
     local: Arc<AtomicBool>,
+    record: Arc<std::sync::Mutex<Upgraded>>,
+}
+
+/// What an upgrade did, as the new server saw it (its stdout line once it is over).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Upgraded {
+    pub old_pid: u32,
+    /// The old server's drain: the connections it let go, its window, how long it took.
+    pub drained_connections: u64,
+    pub drain_window_ms: u64,
+    pub drain_ms: u64,
+    /// From `Finishing` to the ledger open here with what was held applied.
+    pub commits_paused_ms: f64,
+    pub replayed_events: u64,
+    /// The old server went away without handing the ledger over.
+    pub after_crash: bool,
+}
+
+impl Upgraded {
+    /// The line `serve` prints on stdout once the ledger is its.
+    pub(super) fn line(&self) -> String {
+        format!(
+            "hongbao serve upgraded: old_pid={} drained_connections={} drain_window_ms={} drain_ms={} commits_paused_ms={:.1} replayed_events={} after_crash={}",
+            self.old_pid,
+            self.drained_connections,
+            self.drain_window_ms,
+            self.drain_ms,
+            self.commits_paused_ms,
+            self.replayed_events,
+            self.after_crash
+        )
+    }
 }
 
 impl Predecessor {
@@ -144,6 +176,11 @@ impl Predecessor {
     /// Whether the ledger is this server's now.
     pub(super) fn done(&self) -> bool {
         self.local.load(Ordering::Acquire)
+    }
+
+    /// What the upgrade did (complete once `done`).
+    pub(super) fn record(&self) -> Upgraded {
+        self.record.lock().unwrap().clone()
     }
 }
 
@@ -178,8 +215,7 @@ pub(super) struct Handover {
     held: Vec<Held>,
     old_pid: u32,
     local: Arc<AtomicBool>,
-    /// How long commits paused while the ledger passed over, once it has.
-    pub(super) paused: Option<Duration>,
+    record: Arc<std::sync::Mutex<Upgraded>>,
 }
 
 impl Handover {
@@ -233,9 +269,14 @@ impl Handover {
             })
             .map_err(io)?;
         let local = Arc::new(AtomicBool::new(false));
+        let record = Arc::new(std::sync::Mutex::new(Upgraded {
+            old_pid,
+            ..Upgraded::default()
+        }));
         let predecessor = Predecessor {
             tx: tx.clone(),
             local: local.clone(),
+            record: record.clone(),
         };
         Ok((
             Handover {
@@ -248,7 +289,7 @@ impl Handover {
                 held: Vec::new(),
                 old_pid,
                 local,
-                paused: None,
+                record,
             },
             predecessor,
         ))
@@ -286,7 +327,12 @@ impl Handover {
             }
         }
         let paused = since.elapsed();
-        self.paused = Some(paused);
+        {
+            let mut record = self.record.lock().unwrap();
+            record.commits_paused_ms = paused.as_secs_f64() * 1e3;
+            record.replayed_events = replayed;
+            record.after_crash = after_crash;
+        }
         self.state = State::Local(Box::new(money));
         self.local.store(true, Ordering::Release);
         if after_crash {
@@ -378,7 +424,16 @@ impl Money for Handover {
         while matches!(self.state, State::Lent | State::Switching { .. }) {
             match self.rx.try_recv() {
                 Ok(ToNew::Out(output)) => out.push(output),
-                Ok(ToNew::Finishing) => {
+                Ok(ToNew::Draining {
+                    connections,
+                    window_ms,
+                }) => {
+                    let mut record = self.record.lock().unwrap();
+                    record.drained_connections = connections;
+                    record.drain_window_ms = window_ms;
+                }
+                Ok(ToNew::Finishing { drain_ms }) => {
+                    self.record.lock().unwrap().drain_ms = drain_ms;
                     self.state = State::Switching {
                         since: Instant::now(),
                     };
@@ -476,6 +531,8 @@ impl super::Supervisor {
             );
         }
         if predecessor.done() {
+            println!("{}", predecessor.record().line());
+            let _ = std::io::Write::flush(&mut std::io::stdout());
             self.predecessor = None;
             self.listen_for_upgrades();
         }

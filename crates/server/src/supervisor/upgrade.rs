@@ -72,8 +72,11 @@ pub enum ToNew {
     },
     /// What this core made of the new server's operations (its own worker ids).
     Out(Output),
-    /// This server holds no connections now: send nothing more, say `Quiet`.
-    Finishing,
+    /// The drain began: this many connections, let go over this window.
+    Draining { connections: u64, window_ms: u64 },
+    /// This server holds no connections now (its drain took `drain_ms`): send nothing
+    /// more, say `Quiet`.
+    Finishing { drain_ms: u64 },
     /// The ledger is closed, everything acknowledged in it: open it.
     LedgerYours { seq: u64 },
     /// The upgrade is refused (another is under way, this server is stopping).
@@ -408,6 +411,16 @@ impl Supervisor {
             window_ms = window.as_millis() as u64,
             "upgrade: the new server is ready; draining here, the clients told to come back"
         );
+        if let Some(s) = self.successor.as_mut() {
+            let window_ms = window.as_millis() as u64;
+            encode(
+                &ToNew::Draining {
+                    connections: held,
+                    window_ms,
+                },
+                &mut s.outbuf,
+            );
+        }
         let window_ms = window.as_millis().min(u32::MAX.into()) as u32;
         let drain = ToWorker::Drain {
             window_ms,
@@ -431,11 +444,13 @@ impl Supervisor {
             return Stage::Serving;
         };
         let drained = self.worker_links.is_empty() || now >= until;
+        let began = self.draining.map(|(began, _)| began).unwrap_or(now);
         match s.finishing {
             None if drained => {
                 let s = self.successor.as_mut().expect("looked");
                 s.finishing = Some(now);
-                encode(&ToNew::Finishing, &mut s.outbuf);
+                let drain_ms = now.duration_since(began).as_millis() as u64;
+                encode(&ToNew::Finishing { drain_ms }, &mut s.outbuf);
                 tracing::info!("upgrade: drained; asking the new server to stop sending");
                 Stage::Serving
             }
