@@ -66,6 +66,7 @@ mod standby;
 mod store;
 #[cfg(test)]
 mod testpg;
+pub mod versions;
 
 use std::time::Duration;
 

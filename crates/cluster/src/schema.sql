@@ -1,6 +1,11 @@
 -- hongbao's cluster ledger. Every statement is idempotent: each gateway runs this file at
 -- start (under an advisory lock), so the first host creates the schema and the others
 -- find it. docs/scale-out.md describes the layout.
+--
+-- This file only adds (expand): while a host of the version before is alive it must find
+-- every table, column and function it calls. A function whose arguments or meaning change
+-- is created under a new signature or name beside the old one; what only older versions
+-- need is dropped in contract.sql, once no older host is alive (versions.rs).
 CREATE TABLE IF NOT EXISTS hb_campaigns (
     id integer PRIMARY KEY,
     kind text NOT NULL,
@@ -103,7 +108,6 @@ $$;
 -- batch sent again after its COMMIT went unanswered: the win is told, not paid twice); a
 -- packet dealt twice — back from a failed batch, or restored after Redis lost its state —
 -- and won again, even by the same user, is another op: false.
-DROP FUNCTION IF EXISTS hb_win(bigint, integer, bigint, bigint, bigint, text, jsonb);
 CREATE OR REPLACE FUNCTION hb_win(p_packet bigint, p_campaign integer, p_user bigint,
     p_cents bigint, p_op bigint, p_at bigint, p_host text, p_body jsonb) RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -197,7 +201,6 @@ END $$;
 -- One share of a sent packet for a recipient: the result name and the cents. The share
 -- found opened by the same op (its batch sent again after its COMMIT went unanswered) is
 -- told 'opened' again; by another op, 'already-opened'.
-DROP FUNCTION IF EXISTS hb_open(bigint, bigint, bigint, text);
 CREATE OR REPLACE FUNCTION hb_open(p_packet bigint, p_user bigint, p_op bigint, p_at bigint,
     p_host text, OUT result text, OUT got bigint)
 LANGUAGE plpgsql AS $$
@@ -292,3 +295,16 @@ BEGIN
         INSERT INTO hb_chain_since SELECT coalesce(max(seq), 0) FROM hb_events;
     END IF;
 END $$;
+
+-- The versions (versions.rs, docs/scale-out.md "Upgrading one gateway at a time"): the
+-- one each host runs, recorded at its start, and the versions the schema was contracted
+-- to (what only older versions needed, dropped).
+CREATE TABLE IF NOT EXISTS hb_host_versions (
+    host text PRIMARY KEY,
+    version integer NOT NULL,
+    started_ms bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS hb_schema_contracted (
+    version integer PRIMARY KEY,
+    at_ms bigint NOT NULL
+);

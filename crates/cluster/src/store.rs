@@ -137,6 +137,22 @@ impl Store {
             .get_async_connection()
             .await
             .map_err(|e| Error::unavailable(format!("Redis Cluster {nodes:?}"), e))?;
+        // The schema's version: beside the hosts alive, what they need kept or dropped
+        // (versions.rs), under the schema lock.
+        let since = hongbao_sys::clock::unix_ms().saturating_sub(crate::HOST_DEAD_AFTER_MS);
+        let live: Vec<String> =
+            redis::AsyncCommands::zrangebyscore(&mut redis.clone(), "{rel}:hosts", since, "+inf")
+                .await
+                .map_err(|e| Error::unavailable("Redis: reading the hosts alive", e))?;
+        pg.query("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK])
+            .await
+            .map_err(|e| pg_error("locking the schema", e))?;
+        let versioned =
+            crate::versions::apply(&pg, &cfg.host, &live, hongbao_sys::clock::unix_ms()).await;
+        let _ = pg
+            .query("SELECT pg_advisory_unlock($1)", &[&SCHEMA_LOCK])
+            .await;
+        versioned?;
         subscribed
             .ssubscribe(channel(&cfg.host))
             .await
