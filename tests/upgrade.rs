@@ -200,6 +200,27 @@ fn an_upgrade_takes_the_sockets_then_the_ledger_and_refuses_no_one() {
     assert!(said.contains("--upgrade"), "{said}");
     let log = new.process.log();
     assert!(log.contains("commits paused"), "{log}");
+    // What the new server committed after the old one let go of the ledger is on disk:
+    // stopped and started again, the ledger holds every cent the users were told of (the
+    // old server's last close must not take the write-ahead log the new one writes to).
+    let seq = audit["ledger_seq"].clone();
+    let mut new = new;
+    new.stop();
+    let files: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !files
+            .iter()
+            .any(|f| f.ends_with("-wal") || f.ends_with("-shm") || f == "upgrade.sock"),
+        "a clean stop leaves the ledger one file: {files:?}"
+    );
+    let again = Serve::new().data_dir(dir.path()).config(config).start();
+    let audit = again.audit();
+    assert_eq!(audit["ok"], true, "{audit}");
+    assert_eq!(audit["ledger_seq"], seq, "{audit}");
+    assert_eq!(audit["user_balances_cents"], won, "{audit}");
 }
 
 #[test]
@@ -212,15 +233,21 @@ fn sigusr2_starts_the_binary_on_disk_and_it_takes_over() {
         .start();
     old.shake_campaign(1_000, 1_000, 5, 5);
     let mut client = logged_in(old.listen, 7);
-    client.send(&Message::Shake).unwrap();
-    let won = match client.recv().unwrap().message {
-        Message::ShakeReply {
-            result: ResultCode::Won,
-            amount_cents,
-            ..
-        } => amount_cents,
-        other => panic!("{other:?}"),
-    };
+    // Shakes until one wins (the campaign's first packets are a moment away).
+    let won = wait_until("a shake to win", secs(10), || {
+        client.send(&Message::Shake).unwrap();
+        match client.recv().unwrap().message {
+            Message::ShakeReply {
+                result: ResultCode::Won,
+                amount_cents,
+                ..
+            } => Some(amount_cents),
+            _ => {
+                std::thread::sleep(Duration::from_millis(50));
+                None
+            }
+        }
+    });
     signal(old.pid(), "-USR2");
     let exit = wait_until("the old server to hand over and stop", secs(30), || {
         old.process.child.try_wait().unwrap()

@@ -199,11 +199,12 @@ pub const DEFAULT_TLS_ACCEPT_QUEUE_SECS: u32 = 20;
 /// a server before SIGKILL, well within systemd's 90 s and the StatefulSet's grace.
 pub const DEFAULT_DRAIN_SECS: u32 = 5;
 
-/// The connections a second an upgraded server is taken to admit per core when
-/// `upgrade_admit_per_sec` is 0: over TLS about half the handshakes one core makes
-/// (5,638 a second measured, docs/BENCHMARKS.md), leaving the rest for the shakes; plain
-/// logins cost a tenth of that.
-pub const UPGRADE_ADMIT_PER_CORE: [u32; 2] = [20_000, 2_500];
+/// The slowest an upgrade lets its connections go, per core, when `upgrade_admit_per_sec`
+/// is 0 (plain, TLS): its window is the connections over this, a ceiling — the drain goes
+/// faster while the new server logs them in again (`supervisor/upgrade.rs`). Under TLS a
+/// tenth of the handshakes one core makes alone (5,638 a second, docs/BENCHMARKS.md),
+/// plain five times that: what a core admits while it serves the shakes besides.
+pub const UPGRADE_ADMIT_PER_CORE: [u32; 2] = [2_500, 500];
 
 /// Every option of `hongbao serve`; each can be given in the TOML file under the same name.
 #[derive(Clone, Deserialize)]
@@ -312,9 +313,10 @@ pub struct ServeConfig {
     /// back in about a second, not kicked at once (`worker/drain.rs`); 0: at once, as
     /// SIGINT does.
     pub drain_secs: u32,
-    /// In an upgrade, the connections the new server is expected to admit a second: the
-    /// old one lets its connections go over `connections / this` seconds (never under
-    /// `drain_secs`); 0: `UPGRADE_ADMIT_PER_CORE` (TLS or plain) times the cores.
+    /// In an upgrade, the slowest the old server lets its connections go, a second: its
+    /// window is `connections / this` seconds (never under `drain_secs`), a ceiling — it
+    /// lets them go faster while the new server logs them in again; 0:
+    /// `UPGRADE_ADMIT_PER_CORE` (TLS or plain) times the cores.
     pub upgrade_admit_per_sec: u32,
     /// Close a logged-in connection silent this long; 0 never.
     pub idle_timeout_secs: u32,

@@ -105,6 +105,11 @@ pub enum ToWorker {
         window_ms: u32,
         retry_after_ms: u32,
     },
+    /// In an upgrade's drain: let the first `count` go now, ahead of the window (the new
+    /// server keeps up).
+    DrainTo {
+        count: u32,
+    },
     Shutdown,
 }
 

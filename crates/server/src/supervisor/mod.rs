@@ -195,7 +195,11 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
         .try_clone_to_owned()
         .map_err(|e| Error::io("the data directory's lock", e))?;
     let login = login_setup(&cfg)?;
-    let tls = cfg.tls_pem()?;
+    let mut tls = cfg.tls_pem()?;
+    // An upgrade keeps the old server's ticket key: its clients resume their sessions.
+    if let (Some(pem), Some(key)) = (tls.as_mut(), inherited.as_ref().and_then(|i| i.ticket_key)) {
+        pem.ticket_key = key;
+    }
     // The admin address speaks TLS with the same certificate, reloaded with it.
     let admin_tls = match &tls {
         Some(pem) => Some(hongbao_http::tls::Reloadable::new(
@@ -245,11 +249,9 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
                 embedded_cfg(),
                 wake_money,
             )?;
+            let reader = successor::ReaderAcross::new(&cfg.data_dir.join("ledger.sqlite"), &handle);
+            let reader = Some(Box::new(reader) as Box<dyn LedgerRead>);
             predecessor = Some(handle);
-            let reader = Reader::open(&cfg.data_dir.join("ledger.sqlite"))
-                .map(|r| Box::new(r) as Box<dyn LedgerRead>)
-                .map_err(|e| tracing::error!(error = %e, "no ledger reader for the admin API"))
-                .ok();
             let tick = Duration::from_millis(crate::embedded::core::TICK_INTERVAL_MS);
             (Box::new(money), reader, 0, tick)
         } else if cfg.cluster()? {
@@ -439,6 +441,20 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
     let result = sup.event_loop(admin_addr, replayed);
     sup.health.stopping(result.is_err());
     sup.tell_systemd(|n| n.stopping("stopping"));
+    // An upgrade's last step comes first, for the commits paused meanwhile: any worker
+    // still linked let go (its clients are the new server's to take), the ledger closed,
+    // the answers it released last, then the ledger handed over.
+    let handed_over = sup.successor.is_some().then(|| {
+        let linked: Vec<usize> = sup.links.iter().map(|(key, _)| key).collect();
+        for key in linked {
+            sup.drop_link(key);
+        }
+        let flushed = sup.money.finish();
+        let mut outs = Vec::new();
+        sup.route_outputs(&mut outs);
+        sup.hand_over_ledger(sup.money.snapshot().committed_seq);
+        flushed
+    });
     sup.stop_workers();
     if let Some(monitor) = sup.monitor.clone() {
         // The last second's counts, so the monitor's series adds up to the totals.
@@ -447,11 +463,18 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
     drop(sup.admin.take());
     watching.request();
     let _ = revocations.join();
-    let flushed = sup.money.finish();
-    // An upgrade's last step: the answers the ledger released last, then the ledger.
-    let mut outs = Vec::new();
-    sup.route_outputs(&mut outs);
-    sup.hand_over_ledger(sup.money.snapshot().committed_seq);
+    let flushed = match handed_over {
+        Some(flushed) => flushed,
+        None => {
+            let flushed = sup.money.finish();
+            // Every connection closed: the ledger left as one file (`keep_wal`).
+            crate::embedded::ledger::tidy_wal(&sup.cfg.data_dir);
+            if sup.upgrade_listener.take().is_some() {
+                let _ = std::fs::remove_file(upgrade::socket_path(&sup.cfg.data_dir));
+            }
+            flushed
+        }
+    };
     drop(data_dir_lock);
     result?;
     flushed?;

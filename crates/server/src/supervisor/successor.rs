@@ -38,6 +38,8 @@ pub(super) struct Inherited {
     pub old_pid: u32,
     /// What came after the handover message in the same reads.
     pub rest: Vec<u8>,
+    /// The old server's TLS ticket key, kept (its clients resume here).
+    pub ticket_key: Option<[u8; 32]>,
 }
 
 /// Connects to the server serving `data_dir` and takes its sockets and its lock.
@@ -91,8 +93,13 @@ pub(super) fn take_over(data_dir: &Path) -> Result<Inherited> {
             break first;
         }
     };
-    let (groups, old_pid) = match first {
-        ToNew::Handover { groups, pid, .. } => (groups, pid),
+    let (groups, old_pid, ticket_key) = match first {
+        ToNew::Handover {
+            groups,
+            pid,
+            ticket_key,
+            ..
+        } => (groups, pid, ticket_key),
         ToNew::Refused(why) => {
             return Err(Error::config(format!("the upgrade was refused: {why}")))
         }
@@ -122,6 +129,7 @@ pub(super) fn take_over(data_dir: &Path) -> Result<Inherited> {
         link: Some(link),
         old_pid,
         rest: buf,
+        ticket_key,
     })
 }
 
@@ -580,5 +588,65 @@ impl super::Supervisor {
             Ok(()) => self.upgrade_listener = Some(listener),
             Err(e) => tracing::warn!(error = %e, "watching the upgrade socket"),
         }
+    }
+}
+
+/// The admin API's reader of a server taking over: a read-only connection opened while
+/// the old server writes, and opened again once the ledger is this server's (the old one's
+/// close folds its write-ahead log away, which a read-only connection cannot make again).
+pub(super) struct ReaderAcross {
+    path: std::path::PathBuf,
+    local: Arc<AtomicBool>,
+    /// The connection, and whether the ledger was this server's when it was opened.
+    reader: std::sync::Mutex<Option<(bool, crate::embedded::ledger::Reader)>>,
+}
+
+impl ReaderAcross {
+    pub(super) fn new(path: &Path, predecessor: &Predecessor) -> ReaderAcross {
+        ReaderAcross {
+            path: path.to_path_buf(),
+            local: predecessor.local.clone(),
+            reader: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn with<T>(
+        &self,
+        read: impl Fn(&crate::embedded::ledger::Reader) -> hongbao_money::error::Result<T>,
+    ) -> hongbao_money::error::Result<T> {
+        let mut held = self.reader.lock().unwrap();
+        let local = self.local.load(Ordering::Acquire);
+        if held
+            .as_ref()
+            .is_some_and(|(opened_local, _)| *opened_local != local)
+        {
+            *held = None;
+        }
+        if held.is_none() {
+            *held = Some((local, crate::embedded::ledger::Reader::open(&self.path)?));
+        }
+        read(&held.as_ref().expect("opened").1)
+    }
+}
+
+impl hongbao_money::seam::LedgerRead for ReaderAcross {
+    fn user(
+        &self,
+        user: u64,
+        limit: usize,
+    ) -> hongbao_money::error::Result<hongbao_money::UserView> {
+        self.with(|r| hongbao_money::seam::LedgerRead::user(r, user, limit))
+    }
+
+    fn balances(&self) -> hongbao_money::error::Result<hongbao_money::seam::Balances> {
+        self.with(hongbao_money::seam::LedgerRead::balances)
+    }
+
+    fn ops(
+        &self,
+        after: Option<hongbao_money::seam::OpsCursor>,
+        limit: usize,
+    ) -> hongbao_money::error::Result<hongbao_money::seam::OpsPage> {
+        self.with(|r| hongbao_money::seam::LedgerRead::ops(r, after, limit))
     }
 }

@@ -69,6 +69,9 @@ pub enum ToNew {
         groups: Vec<GroupShape>,
         admin: SocketAddr,
         pid: u32,
+        /// The key TLS 1.3 tickets are sealed with: a client let go resumes its session at
+        /// the new server (an abbreviated handshake) instead of making a new one.
+        ticket_key: Option<[u8; 32]>,
     },
     /// What this core made of the new server's operations (its own worker ids).
     Out(Output),
@@ -173,6 +176,39 @@ pub(super) struct Successor {
     /// When `Finishing` was sent.
     finishing: Option<Instant>,
     quiet: bool,
+    /// Logins at the new server since it was ready (its `LoggedIn` operations, applied here).
+    admitted: u64,
+    /// The drain's credit: the connections held at its start by worker, all of them, and
+    /// how many were let go ahead of the window so far (`grant_drain`).
+    held: Vec<(WorkerId, u64)>,
+    held_total: u64,
+    granted: u64,
+    granted_at: Option<Instant>,
+    /// When the workers still up at the window's end were told to stop.
+    stopping_workers: Option<Instant>,
+}
+
+/// How many of the old server's clients may be on their way to the new one at once (let
+/// go, not yet logged in again there): a hundredth of them, at least `MIN_IN_FLIGHT`.
+/// While fewer are, more are let go ahead of the window; the window is the ceiling.
+pub(super) fn in_flight_bound(held: u64) -> u64 {
+    (held / 100).max(MIN_IN_FLIGHT)
+}
+
+const MIN_IN_FLIGHT: u64 = 100;
+
+/// How often the drain's credit is looked at.
+const GRANT_EVERY: Duration = Duration::from_millis(20);
+
+/// How long workers still up at the drain's end are given to stop before the ledger is
+/// handed over regardless.
+const WORKERS_STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// What each worker of `held` may let go for `target` in all: its share, rounded up.
+pub(super) fn shares(held: &[(WorkerId, u64)], total: u64, target: u64) -> Vec<(WorkerId, u64)> {
+    held.iter()
+        .map(|&(w, n)| (w, (target * n).div_ceil(total.max(1)).min(n)))
+        .collect()
 }
 
 /// Where the upgrade stands, for the loop.
@@ -235,6 +271,12 @@ impl Supervisor {
                 ready: false,
                 finishing: None,
                 quiet: false,
+                admitted: 0,
+                held: Vec::new(),
+                held_total: 0,
+                granted: 0,
+                granted_at: None,
+                stopping_workers: None,
             });
         }
     }
@@ -302,6 +344,9 @@ impl Supervisor {
                     return; // past its word: never applied, never answered
                 }
                 origin.worker += SUCCESSOR_WORKERS;
+                if op == Op::LoggedIn && s.ready {
+                    s.admitted += 1;
+                }
                 self.money.submit(now_ms, origin, op);
             }
             ToOld::Admin { ticket, request } => {
@@ -333,6 +378,7 @@ impl Supervisor {
                 groups,
                 admin: admin_addr,
                 pid: std::process::id(),
+                ticket_key: self.worker_cfg.tls.as_ref().map(|t| t.ticket_key),
             },
             &mut msg,
         );
@@ -384,12 +430,16 @@ impl Supervisor {
     /// The new server serves: stop accepting and drain, as SIGTERM does, over a window
     /// sized from the connections held and the rate the new server admits.
     fn begin_upgrade_drain(&mut self, now: Instant) {
-        let held: u64 = self
+        let by_worker: Vec<(WorkerId, u64)> = self
             .workers
-            .values()
-            .filter_map(|p| p.latest.as_ref())
-            .map(|s| s.levels.connections)
-            .sum();
+            .iter()
+            .filter_map(|(&w, p)| Some((w, p.latest.as_ref()?.levels.connections)))
+            .collect();
+        let held: u64 = by_worker.iter().map(|&(_, n)| n).sum();
+        if let Some(s) = self.successor.as_mut() {
+            s.held = by_worker;
+            s.held_total = held;
+        }
         let window = self
             .cfg
             .upgrade_drain_window(held, self.worker_cfg.tls.is_some());
@@ -443,7 +493,23 @@ impl Supervisor {
         let Some((_, until)) = self.draining else {
             return Stage::Serving;
         };
-        let drained = self.worker_links.is_empty() || now >= until;
+        self.grant_drain(now);
+        let s = self.successor.as_mut().expect("looked");
+        // Past the window, the workers still up are told to stop, and given a moment: the
+        // ledger passes over once none is left, so that their ends are not in its pause.
+        let drained = match s.stopping_workers {
+            _ if self.worker_links.is_empty() => true,
+            None if now >= until => {
+                s.stopping_workers = Some(now);
+                for link in self.links.iter_mut().map(|(_, l)| l) {
+                    link::encode(&ToWorker::Shutdown, &mut link.outbuf);
+                }
+                false
+            }
+            Some(since) => now.duration_since(since) >= WORKERS_STOP_WAIT,
+            None => false,
+        };
+        let s = self.successor.as_ref().expect("looked");
         let began = self.draining.map(|(began, _)| began).unwrap_or(now);
         match s.finishing {
             None if drained => {
@@ -464,6 +530,39 @@ impl Supervisor {
                 }
             }
             _ => Stage::Serving,
+        }
+    }
+
+    /// The drain's credit: while fewer than `in_flight_bound` of the clients let go have
+    /// not logged in again at the new server, more are let go now, ahead of the window,
+    /// each worker its share (`ToWorker::DrainTo`).
+    fn grant_drain(&mut self, now: Instant) {
+        let Some(s) = self.successor.as_mut() else {
+            return;
+        };
+        if s.held_total == 0 || s.granted >= s.held_total {
+            return;
+        }
+        if s.granted_at
+            .is_some_and(|t| now.duration_since(t) < GRANT_EVERY)
+        {
+            return;
+        }
+        let target = (s.admitted + in_flight_bound(s.held_total)).min(s.held_total);
+        if target <= s.granted {
+            return;
+        }
+        s.granted = target;
+        s.granted_at = Some(now);
+        for (w, count) in shares(&s.held, s.held_total, target) {
+            if let Some(link) = self
+                .worker_links
+                .get(&w)
+                .and_then(|&k| self.links.get_mut(k))
+            {
+                let count = count.min(u32::MAX.into()) as u32;
+                link::encode(&ToWorker::DrainTo { count }, &mut link.outbuf);
+            }
         }
     }
 
@@ -547,4 +646,24 @@ fn send_blocking(stream: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> std::io::R
     let sent = fdpass::send_with_fds(&*view, bytes, fds);
     view.set_nonblocking(true)?;
     sent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hundredth_may_be_on_the_way_and_each_worker_lets_go_its_share() {
+        assert_eq!(in_flight_bound(200_000), 2_000);
+        assert_eq!(in_flight_bound(500), MIN_IN_FLIGHT);
+        // 1,000 of 3,000 for 3 workers holding 1,000, 1,500 and 500: a third each, up.
+        let held = [(0, 1_000), (1, 1_500), (2, 500)];
+        assert_eq!(shares(&held, 3_000, 1_000), [(0, 334), (1, 500), (2, 167)]);
+        // All, and no more than each holds.
+        assert_eq!(
+            shares(&held, 3_000, 5_000),
+            [(0, 1_000), (1, 1_500), (2, 500)]
+        );
+        assert_eq!(shares(&[], 0, 10), []);
+    }
 }

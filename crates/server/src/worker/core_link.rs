@@ -155,6 +155,7 @@ impl Worker {
                 server_time_us,
                 text,
             } => self.start_broadcast(id, server_time_us, text),
+            ToWorker::DrainTo { count } => self.grant_drain(count as usize),
             ToWorker::Drain {
                 window_ms,
                 retry_after_ms,

@@ -7,6 +7,10 @@
 //! let go, not as one storm. Once it holds no connection (or the window is over and the
 //! last are kicked) the worker stops.
 //!
+//! In an upgrade the window is a ceiling: the supervisor also lets connections go ahead
+//! of it (`grant`, `ToWorker::DrainTo`) while the new server keeps up — the k-th goes at
+//! its turn on the window's clock or once k are granted, whichever comes first.
+//!
 //! `Drain` is the pacing alone, on the worker's clock, so that a test can drive it with
 //! the times it chooses.
 
@@ -37,6 +41,8 @@ pub(super) struct Drain {
     done: usize,
     /// What each is told: come back in this many milliseconds.
     retry_after_ms: u32,
+    /// How many the supervisor has let go ahead of the window (an upgrade's credit).
+    granted: usize,
     /// Connections whose turn came while a request of theirs was with the core: let go
     /// once its answer is written (a win is told before the kick), or at the window's end.
     answering: Vec<usize>,
@@ -50,6 +56,7 @@ impl Drain {
             total,
             done: 0,
             retry_after_ms: DRAIN_RETRY_AFTER_MS,
+            granted: 0,
             answering: Vec::new(),
         }
     }
@@ -62,11 +69,17 @@ impl Drain {
             self.total
         } else {
             let share = self.total as u128 * elapsed.as_nanos() / self.window.as_nanos();
-            share as usize
+            (share as usize).max(self.granted.min(self.total))
         };
         let due = by_now.saturating_sub(self.done);
         self.done += due;
         due
+    }
+
+    /// The supervisor lets the first `count` go, whatever the window says (never fewer
+    /// than before).
+    pub(super) fn grant(&mut self, count: usize) {
+        self.granted = self.granted.max(count);
     }
 
     /// How long from `now` until the next one's turn (none when all have gone).
@@ -148,6 +161,15 @@ impl Worker {
         }
     }
 
+    /// The supervisor lets the first `count` go now (`Drain::grant`).
+    pub(super) fn grant_drain(&mut self, count: usize) {
+        if let Some(drain) = self.drain.as_mut() {
+            drain.grant(count);
+        }
+        let now = self.time.polled;
+        self.drain_step(now);
+    }
+
     /// How long the loop may wait before the drain's next kick.
     pub(super) fn drain_wait(&self) -> Option<Duration> {
         self.drain
@@ -181,6 +203,24 @@ mod tests {
         assert_eq!(d.next_in(at(105_000)), None);
         assert!(!d.over(at(105_999)));
         assert!(d.over(at(106_000)));
+    }
+
+    #[test]
+    fn a_grant_lets_them_go_ahead_of_the_window_never_behind_it() {
+        // 100 over 100 s: one a second by the window.
+        let mut d = Drain::new(at(0), Duration::from_secs(100), 100);
+        assert_eq!(d.due(at(1_000)), 1);
+        // The new server keeps up: 30 granted, 29 more go now.
+        d.grant(30);
+        assert_eq!(d.due(at(1_000)), 29);
+        assert_eq!(d.due(at(2_000)), 0, "the window is behind the grant");
+        // A smaller grant takes nothing back; the window overtakes it.
+        d.grant(10);
+        assert_eq!(d.due(at(31_000)), 1);
+        // More than there are: all, no more.
+        d.grant(1_000);
+        assert_eq!(d.due(at(31_000)), 69);
+        assert_eq!(d.next_in(at(31_000)), None);
     }
 
     #[test]

@@ -62,6 +62,38 @@ pub struct Ledger {
     head: Head,
 }
 
+/// Keeps the write-ahead log and its shared memory when `conn` closes (SQLite's
+/// `SQLITE_FCNTL_PERSIST_WAL`), every connection of ours: SQLite's last connection to close
+/// otherwise removes both, and in an upgrade the old server's last close came while the new
+/// server's connections were open on the same files — removing the files they write to
+/// (a commit into a removed write-ahead log is lost with it). `tidy_wal` removes them at a
+/// clean stop instead, once no connection is left.
+pub(crate) fn keep_wal(conn: &Connection) {
+    let mut on: std::os::raw::c_int = 1;
+    // SAFETY: the handle is this live connection's, used for this one call on this thread;
+    // PERSIST_WAL reads and writes the one int it is given.
+    unsafe {
+        rusqlite::ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            rusqlite::ffi::SQLITE_FCNTL_PERSIST_WAL,
+            &mut on as *mut std::os::raw::c_int as *mut std::os::raw::c_void,
+        );
+    }
+}
+
+/// At a clean stop, once every connection is closed and the write-ahead log folded in
+/// (`wal_checkpoint(TRUNCATE)`, empty): its two files removed, so the ledger is one file.
+/// A log with anything in it is left for the next open to apply.
+pub fn tidy_wal(dir: &Path) {
+    let path = dir.join("ledger.sqlite");
+    let wal = PathBuf::from(format!("{}-wal", path.display()));
+    if std::fs::metadata(&wal).is_ok_and(|m| m.len() == 0) {
+        let _ = std::fs::remove_file(&wal);
+        let _ = std::fs::remove_file(format!("{}-shm", path.display()));
+    }
+}
+
 impl Ledger {
     /// Opens (creating if needed) `DIR/ledger.sqlite`.
     pub fn open(dir: &Path) -> Result<Ledger> {
@@ -74,6 +106,7 @@ impl Ledger {
         let conn = Connection::open(&path).map_err(|e| Error::ledger("opening", e))?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(|e| Error::ledger("WAL", e))?;
+        keep_wal(&conn);
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(|e| Error::ledger("sync", e))?;
         conn.execute_batch(SCHEMA)
@@ -291,6 +324,7 @@ impl Reader {
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags)
             .map_err(|e| Error::ledger("opening a reader", e))?;
+        keep_wal(&conn);
         Ok(Reader { conn })
     }
 
