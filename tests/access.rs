@@ -405,9 +405,10 @@ fn the_admin_key_cli_adds_lists_and_removes_while_the_server_runs() {
     assert_eq!(mode & 0o777, 0o600);
 }
 
-/// The worker link has no address: nothing listens on a Unix socket in the server's
-/// processes, and no abstract name of the old form exists; the workers got theirs as an
-/// inherited descriptor.
+/// The worker link has no address: no worker listens on a Unix socket, the supervisor
+/// only on DIR/upgrade.sock (0600: its owner's, for `serve --upgrade`), and no abstract
+/// name of the old form exists; the workers got theirs as an inherited descriptor (its number on the command line). A
+/// stranger (another user) asking to take over starts nothing.
 #[test]
 fn a_stranger_finds_no_worker_link_to_join() {
     let server = Serve::new().start();
@@ -415,14 +416,29 @@ fn a_stranger_finds_no_worker_link_to_join() {
     pids.push(server.pid());
     let unix = std::fs::read_to_string("/proc/net/unix").unwrap();
     // Inode → (flags, path) of every Unix socket; flag 0x10000 is __SO_ACCEPTCON: listening.
+    let upgrade_sock = server.data_dir.join("upgrade.sock");
+    let mut upgrade_inode = None;
     let listening: BTreeSet<String> = unix
         .lines()
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
+            if f.get(7)
+                .is_some_and(|p| std::path::Path::new(p) == upgrade_sock)
+            {
+                upgrade_inode = Some(f[6].to_string());
+                return None;
+            }
             (u32::from_str_radix(f[3], 16).ok()? & 0x10000 != 0).then(|| f[6].to_string())
         })
         .collect();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&upgrade_sock)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{}", upgrade_sock.display());
+    let upgrade_inode = upgrade_inode.expect("the supervisor's upgrade.sock");
     for pid in &pids {
         for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
             .unwrap()
@@ -438,6 +454,10 @@ fn a_stranger_finds_no_worker_link_to_join() {
                     !listening.contains(inode),
                     "process {pid} listens on a Unix socket {inode}"
                 );
+                assert!(
+                    *pid == server.pid() || inode != upgrade_inode,
+                    "worker {pid} holds the upgrade socket"
+                );
             }
         }
     }
@@ -445,8 +465,31 @@ fn a_stranger_finds_no_worker_link_to_join() {
     for pid in server.worker_pids() {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        assert!(cmdline.contains("--link-fd 3"), "{cmdline}");
+        assert!(cmdline.contains("--link-fd "), "{cmdline}");
         assert!(!cmdline.contains(SECRET), "{cmdline}");
+    }
+    // A stranger (another user) asking to take over: refused, nothing started, the
+    // workers the same. Only root can become another user.
+    let workers = server.worker_pids();
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    });
+    if root {
+        let stranger = {
+            use std::os::unix::process::CommandExt;
+            Command::new(env!("CARGO_BIN_EXE_hongbao"))
+                .args(["serve", "--upgrade", "--admin", "127.0.0.1:0"])
+                .arg("--data-dir")
+                .arg(&server.data_dir)
+                .env("HONGBAO_SECRET", SECRET)
+                .uid(65534)
+                .gid(65534)
+                .output()
+                .unwrap()
+        };
+        assert!(!stranger.status.success(), "a stranger's upgrade ran");
+        assert_eq!(server.worker_pids(), workers);
     }
     // The server still serves: the link is whole.
     still_serves(&server);
