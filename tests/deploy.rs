@@ -686,6 +686,49 @@ fn the_kustomizations_name_every_manifest_beside_them() {
     }
 }
 
+/// The number after `key` (`key = N` in the gateways' serve.toml, `key: N` in a
+/// manifest), the first time it is set in `text`.
+fn setting(text: &str, key: &str) -> u64 {
+    text.lines()
+        .map(str::trim)
+        .find_map(|l| {
+            let rest = l.strip_prefix(key)?.trim_start();
+            let value = rest.strip_prefix('=').or_else(|| rest.strip_prefix(':'))?;
+            value.trim().trim_matches('"').parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
+}
+
+/// The gateways' grace period holds their drain: a rolling update SIGTERMs a pod after
+/// its `preStop` pause, serve lets its connections go over `drain_secs` and stops up to
+/// 3 s after, and the kubelet's SIGKILL at the end of the grace must come later still.
+/// And the drain is long enough for the others to take its clients: the connections a
+/// gateway holds over the TLS logins a second the others make (docs/admin-api.md).
+#[test]
+fn the_gateways_grace_period_holds_their_drain() {
+    /// TLS logins a second the gateways left take from one drained (docs/admin-api.md,
+    /// "100,000 TLS clients at ~5,000 a second").
+    const ADMITTED_PER_SEC: u64 = 5_000;
+    let config = std::fs::read_to_string(repo().join("deploy/k8s/gateway-config.yaml")).unwrap();
+    let gateway = std::fs::read_to_string(repo().join("deploy/k8s/gateway.yaml")).unwrap();
+    let drain = setting(&config, "drain_secs");
+    let connections = setting(&config, "connections");
+    let grace = setting(&gateway, "terminationGracePeriodSeconds");
+    let pause = setting(&gateway, "seconds");
+    assert!(gateway.contains("preStop:\n              sleep:\n                seconds:"));
+    assert!(
+        drain * ADMITTED_PER_SEC >= connections,
+        "{connections} connections over {drain} s: more than {ADMITTED_PER_SEC} a second"
+    );
+    assert!(
+        pause + drain + 3 < grace,
+        "preStop {pause} s + drain {drain} s + 3 s is not under the grace {grace} s"
+    );
+    // The next pod goes only once the last has been ready a while, and one at a time.
+    assert!(setting(&gateway, "minReadySeconds") > 0);
+    assert!(gateway.contains("updateStrategy:\n    type: RollingUpdate"));
+}
+
 // --- the systemd units ----------------------------------------------------------------
 
 /// The units copied to a directory of their own, running the binary at `exe`.
