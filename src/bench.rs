@@ -88,12 +88,18 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5.0)]
     fault_at: f64,
     /// Upgrade the local server in place this many seconds into the first phase
-    /// (`--fault upgrade --fault-at SECS`: `serve --upgrade`, docs/deploy.md)
+    /// (`--fault upgrade --fault-at SECS`: `serve --upgrade`, docs/deploy.md); with
+    /// --hosts, every gateway one after another (SIGTERM drains it, then it starts again
+    /// on the new binary)
     #[arg(long, value_name = "SECS", conflicts_with_all = ["fault", "fault_at"])]
     upgrade_at: Option<f64>,
     /// The binary --upgrade-at starts [default: this one]
     #[arg(long, value_name = "BINARY", requires = "upgrade_at")]
     upgrade_to: Option<std::path::PathBuf>,
+    /// The binary the server (or every gateway) starts on, for --upgrade-at to upgrade
+    /// from [default: this one]
+    #[arg(long, value_name = "BINARY", requires = "upgrade_at")]
+    upgrade_from: Option<std::path::PathBuf>,
     /// Faults at random moments through every steady phase, drawn with this seed (the
     /// same seed, the same faults in the same order; docs/bench.md)
     #[arg(long, value_name = "SEED")]
@@ -289,8 +295,11 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
         opts.fault_at_secs = at;
     }
     opts.upgrade_to = args.upgrade_to;
+    opts.upgrade_from = args.upgrade_from;
     match opts.fault {
-        Some(f) if !f.needs_lab() && opts.hosts > 0 => {
+        Some(f)
+            if !f.needs_lab() && f != hongbao_bench::bench::Fault::Upgrade && opts.hosts > 0 =>
+        {
             anyhow::bail!(
                 "--fault {} is done to one local server: no --hosts",
                 f.name()

@@ -566,6 +566,58 @@ fn an_upgrade_mid_run_refuses_no_one_and_loses_nothing() {
     assert_eq!(summary["send"]["opened_server"], summary["send"]["shares"]);
 }
 
+/// `--upgrade-at` with `--hosts`: a rolling upgrade of the lab's gateways under load
+/// through nginx, to the binary of `--upgrade-to` — each in turn drained by SIGTERM
+/// (its clients back at the others) and started again on the new binary: no connection
+/// attempt refused, each gateway out within its drain window and up again, every user
+/// back, and every cent where it belongs (cluster mode; root).
+#[test]
+fn a_rolling_upgrade_of_the_lab_refuses_no_one_and_loses_nothing() {
+    let out = tempfile::tempdir().unwrap();
+    let next = out.path().join("hongbao-next");
+    std::fs::copy(env!("CARGO_BIN_EXE_hongbao"), &next).unwrap();
+    let summary = run_bench(
+        out.path(),
+        &format!(
+            "--hosts 2 --connections 2000 --workers 1 --procs 2 --phase-qps 500 \
+             --campaign-rate 200 --shake-packets 2000 --send-packets 60 \
+             --upgrade-at 1 --upgrade-to {}",
+            next.display()
+        ),
+    );
+    assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
+    assert_eq!(summary["history"]["ok"], true, "{}", summary["history"]);
+    assert_eq!(summary["history"]["missing"]["count"], 0);
+    let fault = &summary["fault"];
+    let what = fault["what"].as_str().unwrap();
+    assert!(
+        what.starts_with(&format!(
+            "rolling upgrade: 2 gateways upgraded to {} one at a time",
+            next.display()
+        )),
+        "{fault}"
+    );
+    assert_eq!(fault["refused_connects"], 0, "{fault}");
+    assert!(fault["reconnected_secs"].as_u64().is_some(), "{fault}");
+    let rolled = fault["rolled"].as_array().unwrap();
+    let hosts: Vec<&str> = rolled.iter().map(|s| s["host"].as_str().unwrap()).collect();
+    assert_eq!(hosts, ["gw1", "gw2"], "{fault}");
+    for step in rolled {
+        assert_eq!(step["drained_in_window"], true, "{step}");
+        assert!(step["connections"].as_u64().unwrap() > 0, "{step}");
+        assert!(step["start_ms"].as_u64().is_some(), "{step}");
+    }
+    // The first gateway's clients went to the second, which let them go in its turn:
+    // every user but those still on their way back when the second was asked.
+    let moved: u64 = rolled
+        .iter()
+        .map(|s| s["connections"].as_u64().unwrap())
+        .sum();
+    assert!(moved >= 1800, "{fault}");
+    assert_eq!(summary["shake"]["won_server"], 2000, "{}", summary["shake"]);
+    assert_eq!(summary["send"]["opened_server"], summary["send"]["shares"]);
+}
+
 /// `disk-full` by chaos (root): the ledger on a tmpfs of its own, filled until ENOSPC and
 /// held full for 5 s at a time while the clients work, then given its room back; nothing
 /// acknowledged is lost, the tmpfs is gone at the end and the ledger kept where it always

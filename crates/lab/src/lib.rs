@@ -120,6 +120,8 @@ pub struct LabState {
 pub struct Gateway {
     pub host: Host,
     pub proc: Option<Proc>,
+    /// The binary it runs when not the plan's (a rolling upgrade's new one).
+    pub exe: Option<PathBuf>,
 }
 
 impl Gateway {
@@ -299,7 +301,11 @@ impl Lab {
         // Gateways, each waited for.
         for i in 1..=self.plan.gateways {
             let host = self.host(&format!("gw{i}"), 30 + i as u8, HOST_SYSCTLS)?;
-            self.gateways.push(Gateway { host, proc: None });
+            self.gateways.push(Gateway {
+                host,
+                proc: None,
+                exe: None,
+            });
             self.start_gateway(i - 1)?;
         }
         for i in 1..=self.plan.loads {
@@ -371,7 +377,7 @@ impl Lab {
             host_name: Some(gw.host.name.clone()),
             ..plan.serve.clone()
         };
-        let mut command = gw.host.command(&plan.hongbao);
+        let mut command = gw.host.command(gw.exe.as_ref().unwrap_or(&plan.hongbao));
         command.arg("serve");
         flags.apply(&mut command);
         if let Some(key) = &plan.monitor_key {

@@ -110,8 +110,14 @@ impl Proc {
 
     /// SIGTERM, then SIGKILL after `grace`; waits for the exit either way.
     pub fn stop(&mut self, grace: Duration) {
+        self.terminate(grace);
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; waits for the exit either way, and says
+    /// whether it exited on its own (within `grace`, or before it was asked).
+    pub fn terminate(&mut self, grace: Duration) -> bool {
         if !self.running() {
-            return;
+            return true;
         }
         // SAFETY: kill(2) on our own child's id, which is not reaped yet (try_wait said
         // running), so it cannot have been reused.
@@ -121,11 +127,12 @@ impl Proc {
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if !self.running() {
-                return;
+                return true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         self.kill();
+        false
     }
 }
 

@@ -16,6 +16,7 @@ use super::disk;
 use super::local::Local;
 use super::options::{Fault, RedisAim, DISK_FULL_HOLD, WORKER_STALL};
 use super::primary;
+use super::rolling::{self, RolledGateway};
 
 /// How long a killed gateway host stays down before chaos starts it again.
 const GATEWAY_DOWN: Duration = Duration::from_secs(5);
@@ -53,6 +54,9 @@ pub(crate) struct Injector {
     pub(super) admin: String,
     /// The server's admin key.
     pub(super) key: String,
+    /// A lab's rolling upgrade: the binary it starts, and where its steps are kept.
+    pub(super) upgrade_to: std::path::PathBuf,
+    pub(super) rolled: Arc<Mutex<Vec<RolledGateway>>>,
 }
 
 impl Injector {
@@ -73,9 +77,14 @@ impl Injector {
                 Some(local) => local.kill_and_restart(HEAL_TIMEOUT),
                 None => "supervisor-kill: one local server only (no --hosts)".to_string(),
             },
-            Fault::Upgrade => match &self.local {
-                Some(local) => local.upgrade(UPGRADE_TIMEOUT),
-                None => "upgrade: one local server only (no --hosts)".to_string(),
+            Fault::Upgrade => match (&self.local, &self.lab) {
+                (Some(local), _) => local.upgrade(UPGRADE_TIMEOUT),
+                (None, Some(lab)) => {
+                    let (what, steps) = rolling::roll(lab, &self.upgrade_to, &self.key);
+                    *self.rolled.lock().unwrap() = steps;
+                    what
+                }
+                (None, None) => "upgrade: no server of the bench's own to upgrade".to_string(),
             },
             Fault::DiskFull => match &self.local {
                 Some(local) => self.fill_disk(&local.data_dir),
@@ -284,12 +293,11 @@ fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -
             Ok(did) => did,
             Err(e) => format!("no PostgreSQL disk filled: {e:#}"),
         },
-        Fault::WorkerStall
-        | Fault::WorkerKill
-        | Fault::SupervisorKill
-        | Fault::DiskFull
-        | Fault::Upgrade => {
+        Fault::WorkerStall | Fault::WorkerKill | Fault::SupervisorKill | Fault::DiskFull => {
             unreachable!("a local server's fault needs no lab")
+        }
+        Fault::Upgrade => {
+            unreachable!("a lab's upgrade is rolling::roll's")
         }
         Fault::PrimaryLost | Fault::PrimaryFreeze | Fault::PrimaryIsolate => {
             unreachable!("the primary's faults are primary::inject's")

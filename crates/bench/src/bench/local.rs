@@ -109,7 +109,10 @@ impl Local {
         };
         let mut local = Local {
             child: Mutex::new(None),
-            exe: std::env::current_exe()?,
+            exe: match &opts.upgrade_from {
+                Some(from) => from.clone(),
+                None => std::env::current_exe()?,
+            },
             nice: opts.server_nice,
             monitor_key: monitor_key.to_string(),
             flags,

@@ -33,6 +33,7 @@ mod ledger;
 mod local;
 mod options;
 mod primary;
+mod rolling;
 pub(crate) mod server;
 pub mod summary;
 
@@ -451,6 +452,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             .with_served(fault_phase, &seconds);
         if opts.fault == Some(options::Fault::Upgrade) {
             f.upgrade = server.last_upgrade();
+            f.rolled = server.rolled();
         }
         let back = match f.reconnected_secs {
             Some(0) => "no client was dropped".to_string(),

@@ -75,6 +75,9 @@ pub struct BenchOptions {
     /// `--upgrade-to`: the binary `--fault upgrade` (`--upgrade-at`) starts; this one
     /// when not given.
     pub upgrade_to: Option<std::path::PathBuf>,
+    /// `--upgrade-from`: the binary the server (or the lab's gateways) starts on, to be
+    /// upgraded from; this one when not given.
+    pub upgrade_from: Option<std::path::PathBuf>,
     /// HTTP: a keep-alive connection per user, or a connection per request.
     pub http_connection: HttpConnection,
     /// HTTP: each user looks for packets to open every this many seconds.
@@ -154,7 +157,9 @@ pub enum Fault {
     DiskFull,
     /// One local server upgraded in place (`serve --upgrade`: `--upgrade-to`'s binary,
     /// or this one): its sockets handed over, its clients drained to the new process, its
-    /// ledger passed last. `--upgrade-at S` is `--fault upgrade --fault-at S`.
+    /// ledger passed last. With `--hosts`, a rolling upgrade: each gateway in turn
+    /// drained by SIGTERM and started again on the new binary (`rolling.rs`).
+    /// `--upgrade-at S` is `--fault upgrade --fault-at S`.
     Upgrade,
     /// A lab's PostgreSQL on a small tmpfs (the bench mounts it, root): fill it until
     /// ENOSPC, hold it full for [`DISK_FULL_HOLD`], delete the filler (and start
@@ -340,10 +345,7 @@ impl Fault {
     /// Whether the fault is done only to one local server (no `--hosts`): a lab's
     /// gateway is killed by `gateway-kill`, and its ledger is PostgreSQL's.
     pub fn one_server_only(self) -> bool {
-        matches!(
-            self,
-            Fault::SupervisorKill | Fault::DiskFull | Fault::Upgrade
-        )
+        matches!(self, Fault::SupervisorKill | Fault::DiskFull)
     }
 
     /// Whether the fault needs the server's ledger on a small tmpfs the bench mounts.
@@ -438,6 +440,7 @@ impl BenchOptions {
             chaos: None,
             fault_at_secs: 5.0,
             upgrade_to: None,
+            upgrade_from: None,
             http_connection: HttpConnection::KeepAlive,
             notice_poll_secs: DEFAULT_NOTICE_POLL_SECS,
         };
@@ -473,7 +476,7 @@ mod tests {
             assert!(!fault.needs_lab(), "{name}");
         }
         assert!(Fault::SupervisorKill.one_server_only() && Fault::DiskFull.one_server_only());
-        assert!(!Fault::WorkerKill.one_server_only());
+        assert!(!Fault::WorkerKill.one_server_only() && !Fault::Upgrade.one_server_only());
         let e = Fault::parse("disk").unwrap_err().to_string();
         assert!(e.contains("disk-full") && e.contains("core-kill"), "{e}");
     }

@@ -16,6 +16,7 @@ use super::admin::admin_request;
 use super::inject::Injector;
 use super::local::Local;
 use super::options::{BenchOptions, Fault, SECRET};
+use super::rolling::RolledGateway;
 use hongbao_server::config::ServeFlags;
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
@@ -41,6 +42,10 @@ pub(crate) struct Server {
     pub load_hosts: Vec<hongbao_lab::Host>,
     /// With a lab: the monitor, reachable from its hosts at the bridge's address.
     _monitor_relay: Option<hongbao_lab::Relay>,
+    /// With a lab: the binary a rolling upgrade starts (`--upgrade-to`, else this one),
+    /// and what each gateway's step of the last one did.
+    upgrade_to: PathBuf,
+    rolled: Arc<Mutex<Vec<RolledGateway>>>,
 }
 
 /// A lab's load hosts: as many as client processes, up to two — the load, like the
@@ -104,6 +109,8 @@ impl Server {
             lab_dir: None,
             load_hosts: Vec::new(),
             _monitor_relay: None,
+            upgrade_to: PathBuf::new(),
+            rolled: Arc::default(),
             admins: vec![format!("{scheme}://{}", a.admin)],
             admin: format!("{scheme}://{}", a.admin),
             listen: a.listen,
@@ -134,7 +141,10 @@ impl Server {
                 (_, procs) => LOAD_HOSTS.min(procs as usize),
             },
             nginx: true,
-            hongbao: std::env::current_exe()?,
+            hongbao: match &opts.upgrade_from {
+                Some(from) => from.clone(),
+                None => std::env::current_exe()?,
+            },
             serve: ServeFlags {
                 secret: Some(SECRET.into()),
                 monitor: Some(monitor_there.to_string()),
@@ -176,6 +186,11 @@ impl Server {
             key: lab.admin_key.clone(),
             load_hosts,
             _monitor_relay: Some(relay),
+            upgrade_to: match &opts.upgrade_to {
+                Some(to) => to.clone(),
+                None => std::env::current_exe()?,
+            },
+            rolled: Arc::default(),
             local: None,
             admin: admins[0].clone(),
             admins,
@@ -203,6 +218,8 @@ impl Server {
             http: Some(target.clients),
             load_hosts: Vec::new(),
             _monitor_relay: None,
+            upgrade_to: PathBuf::new(),
+            rolled: Arc::default(),
         }
     }
 
@@ -230,6 +247,8 @@ impl Server {
             lab: self.lab.clone(),
             local: self.local.clone(),
             admin: self.admin.clone(),
+            upgrade_to: self.upgrade_to.clone(),
+            rolled: self.rolled.clone(),
         }
     }
 
@@ -243,6 +262,11 @@ impl Server {
             }
             None => SocketAddr::from(([127, 0, 0, 1], 0)),
         }
+    }
+
+    /// What each gateway's step of the last rolling upgrade did (a lab).
+    pub fn rolled(&self) -> Vec<RolledGateway> {
+        self.rolled.lock().unwrap().clone()
     }
 
     /// What the last `upgrade` did (one local server).

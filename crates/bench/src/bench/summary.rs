@@ -131,6 +131,9 @@ pub struct FaultSummary {
     /// `upgrade`: what the upgrade did, as the new server said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<super::local::Upgraded>,
+    /// `upgrade` of a lab: each gateway's step of the rolling upgrade, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rolled: Vec<super::rolling::RolledGateway>,
 }
 
 /// How many seconds from a fault's on its served rate is judged.
