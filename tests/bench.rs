@@ -598,6 +598,7 @@ fn a_rolling_upgrade_of_the_lab_refuses_no_one_and_loses_nothing() {
         "{fault}"
     );
     assert_eq!(fault["refused_connects"], 0, "{fault}");
+    assert_eq!(fault["error_replies"], 0, "{fault}");
     assert!(fault["reconnected_secs"].as_u64().is_some(), "{fault}");
     let rolled = fault["rolled"].as_array().unwrap();
     let hosts: Vec<&str> = rolled.iter().map(|s| s["host"].as_str().unwrap()).collect();

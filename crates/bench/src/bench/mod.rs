@@ -446,6 +446,7 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
                 overloaded: r.counters.overloaded,
                 backed_off: r.counters.backed_off,
                 refused: r.counters.failed_refused,
+                error_replies: r.counters.error_replies,
             })
             .collect();
         let mut f = FaultSummary::from_rows(what, fault_second, opts.connections, &seconds)
@@ -463,8 +464,8 @@ pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
             None => format!("{} connections dropped; some users never logged in again", f.dropped),
         };
         say(&format!(
-            "bench: fault: {} (second {}); {back}; served under 90% of the rate in {} s ({} shakes short), {} overloaded, {} firings backed off, {} connection attempts refused",
-            f.what, f.at_second, f.reduced_secs, f.shakes_short, f.overloaded, f.backed_off, f.refused_connects
+            "bench: fault: {} (second {}); {back}; served under 90% of the rate in {} s ({} shakes short), {} overloaded, {} firings backed off, {} connection attempts refused, {} error answers",
+            f.what, f.at_second, f.reduced_secs, f.shakes_short, f.overloaded, f.backed_off, f.refused_connects, f.error_replies
         ));
         f
     });

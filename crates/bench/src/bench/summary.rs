@@ -128,6 +128,10 @@ pub struct FaultSummary {
     /// Connection attempts refused (ECONNREFUSED) from the fault's second on.
     #[serde(default)]
     pub refused_connects: u64,
+    /// Requests answered with an error from the fault's second on (a commit refused
+    /// would be one).
+    #[serde(default)]
+    pub error_replies: u64,
     /// `upgrade`: what the upgrade did, as the new server said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<super::local::Upgraded>,
@@ -152,6 +156,8 @@ pub struct FaultSecond {
     pub backed_off: u64,
     /// Connection attempts refused.
     pub refused: u64,
+    /// Requests answered with an error.
+    pub error_replies: u64,
 }
 
 impl FaultSummary {
@@ -159,7 +165,7 @@ impl FaultSummary {
     pub fn from_rows(what: String, at_second: u64, users: u64, rows: &[FaultSecond]) -> Self {
         let before = rows.iter().rev().find(|r| r.second < at_second);
         let (d0, l0) = before.map_or((0, 0), |r| (r.disconnects, r.logins));
-        let r0 = before.map_or(0, |r| r.refused);
+        let (r0, e0) = before.map_or((0, 0), |r| (r.refused, r.error_replies));
         let after: Vec<&FaultSecond> = rows.iter().filter(|r| r.second >= at_second).collect();
         let dropped = after.last().map_or(0, |r| r.disconnects - d0);
         let reconnected_secs = if dropped == 0 {
@@ -180,6 +186,7 @@ impl FaultSummary {
             logged_in_min: after.iter().map(|r| r.logged_in).min().unwrap_or(users),
             reconnected_secs,
             refused_connects: after.last().map_or(0, |r| r.refused - r0),
+            error_replies: after.last().map_or(0, |r| r.error_replies - e0),
             ..FaultSummary::default()
         }
     }
@@ -815,11 +822,12 @@ mod tests {
             .iter()
             .map(|r| FaultSecond {
                 refused: if r.second >= 6 { 7 } else { 3 },
+                error_replies: if r.second >= 5 { 2 } else { 1 },
                 ..*r
             })
             .collect();
         let f = FaultSummary::from_rows("killed".into(), 5, 100, &refusing);
-        assert_eq!(f.refused_connects, 4);
+        assert_eq!((f.refused_connects, f.error_replies), (4, 1));
         // One more drop than logins: a connection closed before it logged in (nginx
         // took it and found its gateway gone). Everyone is back all the same.
         let closed = [
