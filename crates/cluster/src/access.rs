@@ -16,7 +16,7 @@ use hongbao_money::error::{Error, Result};
 use tokio_postgres::Client;
 
 use crate::connect::pg_connect;
-use crate::store::pg_error;
+use crate::pg::pg_error;
 use crate::PgTarget;
 
 /// How long one call may wait on PostgreSQL.

@@ -7,7 +7,8 @@ use hongbao_money::seam::{AdminAnswer, AdminRequest};
 use hongbao_money::Error;
 
 use crate::campaign::CampaignRow;
-use crate::store::{pg_error, Store};
+use crate::pg::pg_error;
+use crate::store::Store;
 
 /// An operator's request, answered from the ledger (and Redis for what is released).
 pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAnswer {

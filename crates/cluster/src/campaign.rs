@@ -8,7 +8,8 @@ use hongbao_money::Error;
 use redis::AsyncCommands;
 
 use crate::commit::Commit;
-use crate::store::{pg_error, Store};
+use crate::pg::pg_error;
+use crate::store::Store;
 
 /// A campaign as this host needs it to hand out its packets.
 #[derive(Debug, Clone)]

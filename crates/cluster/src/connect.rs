@@ -12,7 +12,7 @@ use std::time::Duration;
 use hongbao_money::Error;
 use tokio_postgres::{Client, NoTls};
 
-use crate::store::pg_error;
+use crate::pg::pg_error;
 use crate::{redact, PgTarget};
 
 /// How long one host may take to become a connection: TCP, TLS, login, the read-write

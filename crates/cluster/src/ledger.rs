@@ -9,7 +9,8 @@ use hongbao_money::Error;
 use hongbao_money::{Audit, Notice, UserId, UserView};
 
 use crate::chain::{Chains, Walked};
-use crate::store::{i64s, pg_error, Store};
+use crate::pg::{i64s, pg_error};
+use crate::store::Store;
 
 /// Ids per block of `hb_packet_blocks`.
 const PACKET_BLOCK: u64 = 4096;

@@ -60,6 +60,7 @@ mod host;
 mod ledger;
 mod mesh;
 mod outcome;
+mod pg;
 mod release;
 mod shared;
 mod standby;

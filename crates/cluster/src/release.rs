@@ -7,7 +7,8 @@ use hongbao_money::Error;
 use redis::AsyncCommands;
 
 use crate::campaign::CampaignRow;
-use crate::store::{pg_error, Store};
+use crate::pg::pg_error;
+use crate::store::Store;
 use crate::HOST_DEAD_AFTER_MS;
 
 /// What one call of release.lua gave this host.

@@ -22,8 +22,9 @@ use std::time::Duration;
 use hongbao_money::Error;
 use tokio_postgres::Client;
 
+use crate::pg::pg_error;
 use crate::shared::Shared;
-use crate::store::{pg_error, Store};
+use crate::store::Store;
 
 /// How often the primary is asked.
 const ASK_EVERY: Duration = Duration::from_secs(5);

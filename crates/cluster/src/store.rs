@@ -15,6 +15,7 @@ use tokio_postgres::Client;
 
 use crate::connect::pg_connect;
 use crate::mesh::channel;
+use crate::pg::pg_error;
 use crate::{redact, ClusterConfig, PgTarget};
 
 pub(crate) const SCHEMA: &str = include_str!("schema.sql");
@@ -68,37 +69,12 @@ pub(crate) struct Inner {
     pub(crate) gate: Script,
 }
 
-/// A PostgreSQL failure while `what`, of the kind its SQLSTATE class says: a lost
-/// connection, a transaction rolled back, resources or the server gone (08, 40, 53, 57,
-/// 58) are `Unavailable` — asked again, it may succeed; any other refusal of our SQL
-/// (a constraint, a type, a missing table) is ours, a `Bug`.
-pub(crate) fn pg_error(what: &str, e: impl std::borrow::Borrow<tokio_postgres::Error>) -> Error {
-    let e = e.borrow();
-    let what = format!("PostgreSQL, {what}");
-    match e.as_db_error() {
-        Some(db) => {
-            let code = db.code().code();
-            let why = format!("{} ({code})", db.message());
-            if ["08", "40", "53", "57", "58"].contains(&&code[..2.min(code.len())]) {
-                Error::unavailable(what, why)
-            } else {
-                Error::bug(format!("{what}: {why}"))
-            }
-        }
-        None => Error::unavailable(what, e.to_string()),
-    }
-}
-
 /// The Redis TLS trust for `rediss://` nodes: the CA of the engines.
 pub(crate) fn redis_tls(ca: Option<&[u8]>) -> redis::TlsCertificates {
     redis::TlsCertificates {
         client_tls: None,
         root_cert: ca.map(<[u8]>::to_vec),
     }
-}
-
-pub(crate) fn i64s(v: &[u64]) -> Vec<i64> {
-    v.iter().map(|&x| x as i64).collect()
 }
 
 impl Store {

@@ -19,7 +19,7 @@
 
 use hongbao_money::Error;
 
-use crate::store::pg_error;
+use crate::pg::pg_error;
 
 /// The schema version this binary runs. 2: the first release that records it (every
 /// release before counts as 1).

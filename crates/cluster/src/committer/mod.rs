@@ -14,14 +14,16 @@ use std::time::Duration;
 
 use hongbao_money::Error;
 use hongbao_money::{Account, Event};
+use hongbao_sys::clock::UnixTime;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_postgres::Client;
 
 use crate::commit::{Commit, Done};
 use crate::connect::pg_connect;
 use crate::outcome::{after_commit, refuse, LEFT_OUT, UNAVAILABLE};
+use crate::pg::{i64s, pg_error};
 use crate::shared::Shared;
-use crate::store::{i64s, pg_error, Store};
+use crate::store::Store;
 use crate::{ClusterConfig, PgTarget};
 
 struct Statements {
@@ -196,9 +198,10 @@ async fn commit_batch(
     client: &Client,
     st: &Statements,
     host: &str,
+    at: UnixTime,
     ops: &[Commit],
 ) -> Result<Vec<Option<Done>>, tokio_postgres::Error> {
-    let at = hongbao_sys::clock::unix_ms() as i64;
+    let at = at.as_millis() as i64;
     let mut left_out = vec![false; ops.len()];
     let mut attempt = 0;
     loop {
@@ -288,6 +291,7 @@ async fn commit_until_known(
     lost: &std::sync::atomic::AtomicU64,
     target: &PgTarget,
     host: &str,
+    at: UnixTime,
     batch: &[Commit],
 ) -> Result<Vec<Option<Done>>, Error> {
     let started = tokio::time::Instant::now();
@@ -306,7 +310,7 @@ async fn commit_until_known(
         };
         let attempt = {
             let _turn = chain.lock().await;
-            tokio::time::timeout(ATTEMPT_TIMEOUT, commit_batch(client, st, host, batch)).await
+            tokio::time::timeout(ATTEMPT_TIMEOUT, commit_batch(client, st, host, at, batch)).await
         };
         let why = match attempt {
             Ok(Ok(done)) if resent => return Ok(settle(batch, done)),
@@ -433,6 +437,7 @@ pub async fn committer(
             &store.0.pg_lost,
             &cfg.postgres,
             &cfg.host,
+            UnixTime::now(),
             &batch,
         )
         .await;

@@ -163,6 +163,9 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         let chain = tokio::sync::Mutex::new(());
         let lost = std::sync::atomic::AtomicU64::new(0);
         let mut conn = None;
+        // Every batch at the time it is given (the committer's clock read once a batch):
+        // sent again, it keeps it.
+        let at = UnixTime::from_millis(1_800_000_000_123);
         // Before the cut: user 7 wins 1,000 and sends 100 to users 8 and 9 (packet 50).
         let win = |packet, cents, op_id| Commit::Win {
             to: origin(7),
@@ -171,15 +174,31 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             cents,
             op_id,
         };
-        let done = commit_until_known(&mut conn, &chain, &lost, &target, "h1", &[win(1, 1_000, 1)])
-            .await
-            .unwrap();
+        let done = commit_until_known(
+            &mut conn,
+            &chain,
+            &lost,
+            &target,
+            "h1",
+            at,
+            &[win(1, 1_000, 1)],
+        )
+        .await
+        .unwrap();
         assert!(matches!(done[..], [Some(Done::Won(true))]));
         // The same packet dealt again to the same user (back from a failed batch, or
         // restored after Redis lost its state) is another op: not won twice.
-        let done = commit_until_known(&mut conn, &chain, &lost, &target, "h1", &[win(1, 1_000, 2)])
-            .await
-            .unwrap();
+        let done = commit_until_known(
+            &mut conn,
+            &chain,
+            &lost,
+            &target,
+            "h1",
+            at,
+            &[win(1, 1_000, 2)],
+        )
+        .await
+        .unwrap();
         assert!(matches!(done[..], [Some(Done::Won(false))]));
         let send = [Commit::Send {
             to: origin(7),
@@ -190,7 +209,7 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             expires_ms: u64::MAX >> 2,
             key: None,
         }];
-        commit_until_known(&mut conn, &chain, &lost, &target, "h1", &send)
+        commit_until_known(&mut conn, &chain, &lost, &target, "h1", at, &send)
             .await
             .unwrap();
         let open = |user, op_id| Commit::Open {
@@ -198,7 +217,7 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             packet: 50,
             op_id,
         };
-        commit_until_known(&mut conn, &chain, &lost, &target, "h1", &[open(9, 3)])
+        commit_until_known(&mut conn, &chain, &lost, &target, "h1", at, &[open(9, 3)])
             .await
             .unwrap();
         // The batch cut after its COMMIT: an open, a win, a send without a key, a send
@@ -230,7 +249,7 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         ];
         let events_before = scalar(&setup, "SELECT count(*) FROM hb_events").await;
         relay.cut.store(true, Ordering::SeqCst);
-        let done = commit_until_known(&mut conn, &chain, &lost, &target, "h1", &batch)
+        let done = commit_until_known(&mut conn, &chain, &lost, &target, "h1", at, &batch)
             .await
             .unwrap();
         assert_eq!(relay.cuts.load(Ordering::SeqCst), 1, "the COMMIT was cut");
@@ -294,8 +313,9 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             .await
             .unwrap()
         {
-            let (seq, at): (i64, i64) = (r.get(1), r.get(2));
-            chains.step(r.get(0), seq as u64, at as u64, r.get(3), r.get(4));
+            let (seq, at_ms): (i64, i64) = (r.get(1), r.get(2));
+            assert_eq!(at_ms as u64, at.as_millis(), "event {seq}");
+            chains.step(r.get(0), seq as u64, at_ms as u64, r.get(3), r.get(4));
         }
         let walked = chains.finish();
         assert!(walked.problems.is_empty(), "{:?}", walked.problems);
