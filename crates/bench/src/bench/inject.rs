@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::admin::admin_request;
 use super::disk;
+pub use super::injected::Injected;
 use super::local::Local;
 use super::options::{Fault, RedisAim, DISK_FULL_HOLD, WORKER_STALL};
 use super::primary;
@@ -26,23 +27,6 @@ const HEAL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long an upgrade may take, from the new binary's start to the old one's exit: its
 /// drain window (a million connections at 2,500 a second on 2 cores: 200 s) and more.
 const UPGRADE_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// What a fault did: the line the bench prints, and for a fault to the ledger's primary,
-/// how long after the fault the ledger first committed again.
-#[derive(Debug, Clone, Default)]
-pub struct Injected {
-    pub what: String,
-    pub first_commit_ms: Option<u64>,
-}
-
-impl From<String> for Injected {
-    fn from(what: String) -> Injected {
-        Injected {
-            what,
-            first_commit_ms: None,
-        }
-    }
-}
 
 /// What can do faults to the server: its lab (with `--hosts`), the local server's child
 /// (without), and its admin API (the workers' ids). Cheap to clone, for a thread of its

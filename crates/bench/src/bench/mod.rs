@@ -29,6 +29,7 @@ pub mod chaos;
 mod disk;
 mod history;
 mod inject;
+mod injected;
 mod ledger;
 mod local;
 mod options;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use hongbao_lab::Lab;
 use hongbao_sys::clock::unix_ms;
 
-use super::inject::Injected;
+use super::injected::Injected;
 use super::options::{Fault, PRIMARY_OUT};
 
 /// How long after it is asked for a freeze or a cut is taken to have landed.
