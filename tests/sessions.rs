@@ -479,6 +479,35 @@ fn a_removed_key_refuses_its_tokens_and_kicks_its_sessions_on_reload() {
     server.stop();
 }
 
+/// SIGHUP applies what it can (a login key) and names, in the log, the settings changed
+/// in the file that wait for the next start, instead of ignoring them.
+#[test]
+fn a_reload_names_the_settings_it_cannot_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = keys_config(dir.path(), "max_queue_ms = 200\ndrain_secs = 5", &["hs"]);
+    let mut server = Serve::new()
+        .args(["--config".to_string(), config.display().to_string()])
+        .start();
+    keys_config(
+        dir.path(),
+        "max_queue_ms = 300\ndrain_secs = 7",
+        &["hs", "ed"],
+    );
+    signal(server.pid(), "-HUP");
+    wait_until("the new key to verify", Duration::from_secs(10), || {
+        let mut client = connect(&server);
+        (client.login(&jwt("ed", 65, 600)).ok()? == ResultCode::Ok).then_some(())
+    });
+    let log = server.process.log();
+    let said = log
+        .lines()
+        .find(|l| l.contains("a reload does not apply them"))
+        .unwrap_or_else(|| panic!("no line names them:\n{log}"));
+    assert!(said.contains("drain_secs, max_queue_ms"), "{said}");
+    assert!(!said.contains("login_keys"), "{said}");
+    server.stop();
+}
+
 #[test]
 fn a_bot_over_its_limits_is_told_to_wait_and_nobody_else_is() {
     let server = Serve::new()

@@ -206,8 +206,28 @@ pub const DEFAULT_DRAIN_SECS: u32 = 5;
 /// plain five times that: what a core admits while it serves the shakes besides.
 pub const UPGRADE_ADMIT_PER_CORE: [u32; 2] = [2_500, 500];
 
+/// The settings a SIGHUP applies to the running server (`Supervisor::reload_config`):
+/// the login keys and token rules, the certificate, the user limits and the idle timeout.
+/// Any other setting changed in the file takes effect at the next start (or upgrade), and
+/// the reload names it.
+pub const RELOADED: [&str; 13] = [
+    "login_keys",
+    "secret",
+    "secret_file",
+    "token_leeway_secs",
+    "token_audience",
+    "max_token_lifetime_secs",
+    "refresh_before_secs",
+    "hmac_login",
+    "demo_login",
+    "tls_cert",
+    "tls_key",
+    "user_limits",
+    "idle_timeout_secs",
+];
+
 /// Every option of `hongbao serve`; each can be given in the TOML file under the same name.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServeConfig {
     /// Where clients connect (raw TCP, binary frames).
@@ -374,7 +394,7 @@ pub enum ReadyOrder {
     #[default]
     Adaptive,
     /// Oldest first always, all of them before epoll is asked again, and the shake cap
-    /// (worker/cap.rs) after a queue past `max_queue_ms`.
+    /// (worker/overload.rs) after a queue past `max_queue_ms`.
     Fifo,
 }
 
@@ -649,14 +669,30 @@ impl ServeConfig {
         }
     }
 
+    /// The settings, by name, that `next` gives other values than this one does and that
+    /// a reload does not apply (not in [`RELOADED`]): they wait for the next start.
+    pub fn changed_for_next_start(&self, next: &ServeConfig) -> Vec<String> {
+        let table = |cfg: &ServeConfig| match serde_json::to_value(cfg) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        let (now, then) = (table(self), table(next));
+        now.iter()
+            .filter(|(name, value)| {
+                !RELOADED.contains(&name.as_str()) && then.get(name.as_str()) != Some(value)
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// The TLS certificate and key read (and checked usable), when TLS is on.
-    pub fn tls_pem(&self) -> Result<Option<crate::link::TlsPem>> {
+    pub fn tls_pem(&self) -> Result<Option<TlsPem>> {
         let Some(files) = self.tls_files()? else {
             return Ok(None);
         };
         let (cert, key) = files.read().map_err(Error::config)?;
         hongbao_http::tls::server_config(&cert, &key, &[]).map_err(Error::config)?;
-        Ok(Some(crate::link::TlsPem {
+        Ok(Some(TlsPem {
             cert,
             key,
             ticket_key: hongbao_http::tls::new_ticket_key(),
@@ -758,9 +794,51 @@ impl ServeConfig {
     }
 }
 
+/// A certificate chain and its key (PEM), for the client listeners' TLS: read by the
+/// supervisor (at start, and again on SIGHUP) and handed to the workers over their links.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsPem {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    /// The key every worker seals its TLS 1.3 tickets with (a client resumes on any).
+    pub ticket_key: [u8; 32],
+}
+
+impl std::fmt::Debug for TlsPem {
+    /// Never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsPem")
+            .field("cert_bytes", &self.cert.len())
+            .finish_non_exhaustive()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reload names every setting it does not apply that the file changed, and none
+    /// that it applies or that stayed.
+    #[test]
+    fn a_reload_names_the_settings_that_wait_for_the_next_start() {
+        let now = ServeConfig::default();
+        let next = ServeConfig {
+            listen: "127.0.0.1:1".into(),
+            max_queue_ms: now.max_queue_ms + 1,
+            idle_timeout_secs: now.idle_timeout_secs + 1,
+            token_leeway_secs: now.token_leeway_secs + 1,
+            ..now.clone()
+        };
+        let mut waiting = now.changed_for_next_start(&next);
+        waiting.sort();
+        assert_eq!(waiting, ["listen", "max_queue_ms"]);
+        assert!(now.changed_for_next_start(&now.clone()).is_empty());
+        // Every name a reload applies is a setting.
+        let names = serde_json::to_value(&now).unwrap();
+        for name in RELOADED {
+            assert!(names.get(name).is_some(), "{name}");
+        }
+    }
 
     #[test]
     fn auto_workers_follow_the_file_limit_and_cores() {

@@ -6,7 +6,7 @@
 use hongbao_money::seam::Op;
 use hongbao_money::{ConnId, Push, Reply, UserId, WorkerId};
 
-use crate::config::ReadyOrder;
+use crate::config::{ReadyOrder, TlsPem};
 use crate::stats::WorkerStats;
 use hongbao_proto::token::{KeySpec, Rules};
 use serde::de::DeserializeOwned;
@@ -111,25 +111,6 @@ pub enum ToWorker {
         count: u32,
     },
     Shutdown,
-}
-
-/// A certificate chain and its key (PEM), for the client listeners' TLS: read by the
-/// supervisor (at start, and again on SIGHUP) and handed to the workers over their links.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TlsPem {
-    pub cert: Vec<u8>,
-    pub key: Vec<u8>,
-    /// The key every worker seals its TLS 1.3 tickets with (a client resumes on any).
-    pub ticket_key: [u8; 32],
-}
-
-impl std::fmt::Debug for TlsPem {
-    /// Never the key.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsPem")
-            .field("cert_bytes", &self.cert.len())
-            .finish_non_exhaustive()
-    }
 }
 
 /// How a worker checks logins: the keys by `kid`, the rules, and the rest. Sent in the

@@ -441,20 +441,8 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
     let result = sup.event_loop(admin_addr, replayed);
     sup.health.stopping(result.is_err());
     sup.tell_systemd(|n| n.stopping("stopping"));
-    // An upgrade's last step comes first, for the commits paused meanwhile: any worker
-    // still linked let go (its clients are the new server's to take), the ledger closed,
-    // the answers it released last, then the ledger handed over.
-    let handed_over = sup.successor.is_some().then(|| {
-        let linked: Vec<usize> = sup.links.iter().map(|(key, _)| key).collect();
-        for key in linked {
-            sup.drop_link(key);
-        }
-        let flushed = sup.money.finish();
-        let mut outs = Vec::new();
-        sup.route_outputs(&mut outs);
-        sup.hand_over_ledger(sup.money.snapshot().committed_seq);
-        flushed
-    });
+    // An upgrade's last step comes first, for the commits paused meanwhile.
+    let handed_over = sup.successor.is_some().then(|| sup.hand_over_last());
     sup.stop_workers();
     if let Some(monitor) = sup.monitor.clone() {
         // The last second's counts, so the monitor's series adds up to the totals.
@@ -940,6 +928,13 @@ impl Supervisor {
                 return;
             }
         };
+        let waiting = self.cfg.changed_for_next_start(&cfg);
+        if !waiting.is_empty() {
+            tracing::warn!(
+                settings = waiting.join(", "),
+                "SIGHUP: changed, but a reload does not apply them: they take effect at the next start (or serve --upgrade)"
+            );
+        }
         let kids: Vec<&str> = login.keys.iter().map(|k| k.kid.as_str()).collect();
         tracing::info!(?kids, "SIGHUP: login keys reloaded");
         self.worker_cfg.login = login;

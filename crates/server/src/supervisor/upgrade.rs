@@ -221,6 +221,21 @@ pub(super) enum Stage {
 }
 
 impl Supervisor {
+    /// An upgrade's last step, once the event loop is over: any worker still linked let
+    /// go (its clients are the new server's to take), the ledger closed, the answers it
+    /// released last sent, then the ledger handed over. What closing it said.
+    pub(super) fn hand_over_last(&mut self) -> hongbao_money::error::Result<()> {
+        let linked: Vec<usize> = self.links.iter().map(|(key, _)| key).collect();
+        for key in linked {
+            self.drop_link(key);
+        }
+        let flushed = self.money.finish();
+        let mut outs = Vec::new();
+        self.route_outputs(&mut outs);
+        self.hand_over_ledger(self.money.snapshot().committed_seq);
+        flushed
+    }
+
     /// A process connected to the upgrade socket: kept if it is this user and no other
     /// upgrade is under way.
     pub(super) fn accept_successor(&mut self) {

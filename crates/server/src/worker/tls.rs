@@ -23,7 +23,7 @@ use hongbao_proto::tls::session::ServerSession;
 use rustls::server::UnbufferedServerConnection;
 use rustls::ServerConfig;
 
-use crate::link::TlsPem;
+use crate::config::TlsPem;
 
 /// The configs a worker's TLS sessions begin with: one per kind of listener (they say
 /// different ALPN names).
