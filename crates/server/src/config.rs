@@ -199,12 +199,13 @@ pub const DEFAULT_TLS_ACCEPT_QUEUE_SECS: u32 = 20;
 /// a server before SIGKILL, well within systemd's 90 s and the StatefulSet's grace.
 pub const DEFAULT_DRAIN_SECS: u32 = 5;
 
-/// The slowest an upgrade lets its connections go, per core, when `upgrade_admit_per_sec`
-/// is 0 (plain, TLS): its window is the connections over this, a ceiling — the drain goes
-/// faster while the new server logs them in again (`supervisor/upgrade.rs`). Under TLS a
-/// tenth of the handshakes one core makes alone (5,638 a second, docs/BENCHMARKS.md),
-/// plain five times that: what a core admits while it serves the shakes besides.
-pub const UPGRADE_ADMIT_PER_CORE: [u32; 2] = [2_500, 500];
+/// The fastest an upgrade lets its connections go, per core, when `upgrade_admit_per_sec`
+/// is 0 (plain, TLS): what a core logs in again while it serves the shakes besides, the
+/// clients' side too when the load shares the machine (`supervisor/upgrade.rs`). Under TLS
+/// a tenth of the handshakes one core makes alone (5,638 a second, docs/BENCHMARKS.md):
+/// at 4,500 a second on 2 cores both were busy and the shakes served fell under 90% for
+/// 8 s. Plain, the 15,000 a second on 2 cores that cost no second under 90%.
+pub const UPGRADE_ADMIT_PER_CORE: [u32; 2] = [7_500, 500];
 
 /// The settings a SIGHUP applies to the running server (`Supervisor::reload_config`):
 /// the login keys and token rules, the certificate, the user limits and the idle timeout.
@@ -333,10 +334,10 @@ pub struct ServeConfig {
     /// back in about a second, not kicked at once (`worker/drain.rs`); 0: at once, as
     /// SIGINT does.
     pub drain_secs: u32,
-    /// In an upgrade, the slowest the old server lets its connections go, a second: its
-    /// window is `connections / this` seconds (never under `drain_secs`), a ceiling — it
-    /// lets them go faster while the new server logs them in again; 0:
-    /// `UPGRADE_ADMIT_PER_CORE` (TLS or plain) times the cores.
+    /// In an upgrade, the fastest the old server lets its connections go, a second, and
+    /// only while the new server logs them in again (at most a hundredth on their way);
+    /// its window, the ceiling, is twice `connections / this` seconds (never under
+    /// `drain_secs`); 0: `UPGRADE_ADMIT_PER_CORE` (TLS or plain) times the cores.
     pub upgrade_admit_per_sec: u32,
     /// Close a logged-in connection silent this long; 0 never.
     pub idle_timeout_secs: u32,
@@ -753,15 +754,22 @@ impl ServeConfig {
         Ok(())
     }
 
-    /// How long an upgrade's drain lets `held` connections go over: at the rate the new
-    /// server admits (`upgrade_admit_per_sec`), never under `drain_secs` (nor 1 s).
-    pub fn upgrade_drain_window(&self, held: u64, tls: bool) -> std::time::Duration {
+    /// The fastest an upgrade's drain lets connections go, a second: as given
+    /// (`upgrade_admit_per_sec`), or `UPGRADE_ADMIT_PER_CORE` times the cores.
+    pub fn upgrade_admit_rate(&self, tls: bool) -> u64 {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-        let rate = match self.upgrade_admit_per_sec {
+        match self.upgrade_admit_per_sec {
             0 => u64::from(UPGRADE_ADMIT_PER_CORE[usize::from(tls)]) * cores,
             given => u64::from(given),
-        };
-        let ms = held.saturating_mul(1000) / rate.max(1);
+        }
+    }
+
+    /// How long an upgrade's drain may take to let `held` connections go: twice what they
+    /// take at the admit rate (the drain's ceiling: it lets them go at that rate while
+    /// the new server keeps up, and at half of it at least), never under `drain_secs`
+    /// (nor 1 s).
+    pub fn upgrade_drain_window(&self, held: u64, tls: bool) -> std::time::Duration {
+        let ms = held.saturating_mul(2000) / self.upgrade_admit_rate(tls).max(1);
         let floor = u64::from(self.drain_secs.max(1)) * 1000;
         std::time::Duration::from_millis(ms.max(floor))
     }

@@ -184,6 +184,9 @@ pub(super) struct Successor {
     held_total: u64,
     granted: u64,
     granted_at: Option<Instant>,
+    /// When the drain began, and the fastest it lets connections go (a second).
+    drain_from: Option<Instant>,
+    admit_rate: u64,
     /// When the workers still up at the window's end were told to stop.
     stopping_workers: Option<Instant>,
 }
@@ -193,6 +196,15 @@ pub(super) struct Successor {
 /// While fewer are, more are let go ahead of the window; the window is the ceiling.
 pub(super) fn in_flight_bound(held: u64) -> u64 {
     (held / 100).max(MIN_IN_FLIGHT)
+}
+
+/// How many of `held` may have been let go `elapsed` into the drain, `admitted` of them
+/// logged in again at the new server: never more than `in_flight_bound` ahead of those
+/// logins, nor more than that bound and `rate` a second since the drain began.
+pub(super) fn drain_credit(held: u64, admitted: u64, rate: u64, elapsed: Duration) -> u64 {
+    let bound = in_flight_bound(held);
+    let paced = bound.saturating_add(rate.saturating_mul(elapsed.as_millis() as u64) / 1000);
+    admitted.saturating_add(bound).min(paced).min(held)
 }
 
 const MIN_IN_FLIGHT: u64 = 100;
@@ -291,6 +303,8 @@ impl Supervisor {
                 held_total: 0,
                 granted: 0,
                 granted_at: None,
+                drain_from: None,
+                admit_rate: 0,
                 stopping_workers: None,
             });
         }
@@ -451,13 +465,14 @@ impl Supervisor {
             .filter_map(|(&w, p)| Some((w, p.latest.as_ref()?.levels.connections)))
             .collect();
         let held: u64 = by_worker.iter().map(|&(_, n)| n).sum();
+        let tls = self.worker_cfg.tls.is_some();
         if let Some(s) = self.successor.as_mut() {
             s.held = by_worker;
             s.held_total = held;
+            s.drain_from = Some(now);
+            s.admit_rate = self.cfg.upgrade_admit_rate(tls);
         }
-        let window = self
-            .cfg
-            .upgrade_drain_window(held, self.worker_cfg.tls.is_some());
+        let window = self.cfg.upgrade_drain_window(held, tls);
         self.shutting_down = true;
         self.sockets.close_all();
         // The new server answers on the admin address now: ours closes its copy, off the
@@ -563,7 +578,10 @@ impl Supervisor {
         {
             return;
         }
-        let target = (s.admitted + in_flight_bound(s.held_total)).min(s.held_total);
+        let elapsed = s
+            .drain_from
+            .map_or(Duration::ZERO, |t| now.duration_since(t));
+        let target = drain_credit(s.held_total, s.admitted, s.admit_rate, elapsed);
         if target <= s.granted {
             return;
         }
@@ -680,5 +698,21 @@ mod tests {
             [(0, 1_000), (1, 1_500), (2, 500)]
         );
         assert_eq!(shares(&[], 0, 10), []);
+    }
+
+    /// On a simulated clock: 200,000 held, let go at most 1,000 a second after a first
+    /// 2,000, and never more than 2,000 ahead of the new server's logins.
+    #[test]
+    fn the_drain_goes_no_faster_than_the_rate_nor_ahead_of_the_logins() {
+        let at = |ms| Duration::from_millis(ms);
+        // At the start: the bound, whatever the logins.
+        assert_eq!(drain_credit(200_000, 0, 1_000, at(0)), 2_000);
+        // The new server keeps up: the rate decides.
+        assert_eq!(drain_credit(200_000, 11_000, 1_000, at(10_000)), 12_000);
+        // It lags: the logins decide.
+        assert_eq!(drain_credit(200_000, 3_000, 1_000, at(10_000)), 5_000);
+        // Never past what is held.
+        assert_eq!(drain_credit(200_000, 199_000, 1_000, at(900_000)), 200_000);
+        assert_eq!(drain_credit(50, 0, 1_000, at(0)), 50);
     }
 }
