@@ -11,10 +11,14 @@
 //! samples for the monitor and Prometheus text.
 //!
 //! - `workers`: worker processes and their links;
-//! - `report`: `/v1/stats`, monitor samples, `/metrics`.
+//! - `report`: `/v1/stats`, monitor samples, `/metrics`;
+//! - `reload`: SIGHUP; `broadcast`: an operator's broadcast and its answer;
+//! - `drain`: SIGTERM's drain; `upgrade`, `successor`, `listen`: an upgrade in place.
 
+mod broadcast;
 mod drain;
 mod listen;
+mod reload;
 mod report;
 mod successor;
 pub mod upgrade;
@@ -52,20 +56,18 @@ use crate::embedded::{Embedded, EmbeddedConfig};
 use crate::error::{Error, Result};
 use crate::health::Health;
 use crate::limits::{Action, Users};
-use crate::link::{self, LoginSetup, ToCore, ToWorker, WorkerConfig};
+use crate::link::{self, ToCore, ToWorker, WorkerConfig};
 use crate::presence::{Delivery, Presence};
 use hongbao_cluster::PgAccess;
 use hongbao_http::access::BrowserGuard;
 use hongbao_money::access::AccessStore;
-use hongbao_proto::token::Alg;
 
+use broadcast::PendingBroadcast;
 use listen::Kind;
+use reload::{login_setup, revocation_horizon};
 use workers::{Link, WorkerProc};
 
 const WAKER: Token = Token(usize::MAX - 2);
-
-/// How long a broadcast's admin answer waits for the workers' counts.
-const BROADCAST_ANSWER_WAIT: Duration = Duration::from_secs(5);
 
 /// How long after a whole second the supervisor reports it: the workers report theirs
 /// about 20 ms after the second.
@@ -135,17 +137,6 @@ struct Supervisor {
     spawned: Option<std::process::Child>,
     /// Whether the server being taken over was told this one is ready.
     told_predecessor: bool,
-}
-
-/// A broadcast handed to the workers, answered once each has said how many connections
-/// it is writing it to.
-struct PendingBroadcast {
-    reply: Sender<Response>,
-    server_time_us: u64,
-    waiting: Vec<WorkerId>,
-    workers: usize,
-    connections: u64,
-    deadline: Instant,
 }
 
 /// Runs `hongbao serve` until `stop`. Prints one "ready" line on stdout with the bound
@@ -468,38 +459,6 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
     flushed?;
     tracing::info!(ledger_seq = sup.money.snapshot().ledger_seq, "stopped");
     Ok(())
-}
-
-/// How workers check logins under `cfg`: its keys (read from their files), rules, the
-/// old HMAC secret when allowed, the demo key when on. Revocations are added as each
-/// welcome is sent (`Supervisor::welcome`).
-fn login_setup(cfg: &ServeConfig) -> Result<LoginSetup> {
-    let keys = cfg.login_specs()?;
-    let demo_key = if cfg.demo_login {
-        let key = keys.iter().find(|k| k.alg == Alg::HS256).cloned();
-        if key.is_none() {
-            return Err(Error::config(
-                "demo_login mints tokens, which takes an HS256 login key".to_string(),
-            ));
-        }
-        key
-    } else {
-        None
-    };
-    Ok(LoginSetup {
-        keys,
-        rules: cfg.token_rules(),
-        refresh_before_secs: cfg.refresh_before_secs,
-        hmac_secret: cfg.hmac_login.then(|| cfg.secret.as_bytes().to_vec()),
-        demo_key,
-        revoked: Vec::new(),
-    })
-}
-
-/// How long a revocation matters: past the longest a token lives (and the leeways on
-/// both ends), every token it refuses has expired.
-fn revocation_horizon(cfg: &ServeConfig) -> u64 {
-    cfg.max_token_lifetime_secs + 2 * cfg.token_leeway_secs
 }
 
 fn pg_target(cfg: &ServeConfig) -> hongbao_cluster::PgTarget {
@@ -901,74 +860,6 @@ impl Supervisor {
         )
     }
 
-    /// SIGHUP: the configuration file and the key files are read again, and the login
-    /// setup (keys, rules) goes to every worker in a new welcome. Sessions whose key is
-    /// gone are kicked there. A configuration that does not load, or would expose the
-    /// development secret, is refused whole: the running one stays.
-    fn reload_config(&mut self) {
-        let Some(flags) = self.cfg.flags.clone() else {
-            tracing::warn!("SIGHUP: this server was not started from flags; nothing to reload");
-            return;
-        };
-        let loaded = ServeConfig::load(&flags).and_then(|cfg| {
-            cfg.check_exposure()?;
-            let login = login_setup(&cfg)?;
-            let tls = cfg.tls_pem()?;
-            if tls.is_some() != self.worker_cfg.tls.is_some() {
-                return Err(Error::config(
-                    "TLS cannot be turned on or off by a reload: restart".to_string(),
-                ));
-            }
-            Ok((cfg, login, tls))
-        });
-        let (cfg, login, tls) = match loaded {
-            Ok(loaded) => loaded,
-            Err(e) => {
-                tracing::error!(error = %e, "SIGHUP: the configuration does not load; the running one stays");
-                return;
-            }
-        };
-        let waiting = self.cfg.changed_for_next_start(&cfg);
-        if !waiting.is_empty() {
-            tracing::warn!(
-                settings = waiting.join(", "),
-                "SIGHUP: changed, but a reload does not apply them: they take effect at the next start (or serve --upgrade)"
-            );
-        }
-        let kids: Vec<&str> = login.keys.iter().map(|k| k.kid.as_str()).collect();
-        tracing::info!(?kids, "SIGHUP: login keys reloaded");
-        self.worker_cfg.login = login;
-        if let (Some(pem), Some(admin)) = (&tls, &self.admin_tls) {
-            match hongbao_http::tls::server_config(
-                &pem.cert,
-                &pem.key,
-                &[hongbao_http::tls::ALPN_HTTP],
-            ) {
-                Ok(config) => admin.set(config),
-                Err(e) => {
-                    tracing::error!(error = %e, "SIGHUP: the admin address kept its certificate")
-                }
-            }
-            tracing::info!("SIGHUP: TLS certificate reloaded");
-        }
-        // The ticket key stays: sessions resume across a new certificate.
-        let keep = self.worker_cfg.tls.as_ref().map(|t| t.ticket_key);
-        self.worker_cfg.tls = tls.map(|mut t| {
-            t.ticket_key = keep.unwrap_or(t.ticket_key);
-            t
-        });
-        self.worker_cfg.idle_timeout_secs = cfg.idle_timeout_secs;
-        self.worker_cfg.shake_limit = cfg.user_limits.shake;
-        self.users.set_limits(cfg.user_limits.clone());
-        self.cfg.login_keys = cfg.login_keys;
-        self.cfg.token_leeway_secs = cfg.token_leeway_secs;
-        self.cfg.max_token_lifetime_secs = cfg.max_token_lifetime_secs;
-        let welcome = ToWorker::Welcome(Box::new(self.welcome()));
-        for &key in self.worker_links.values() {
-            link::encode(&welcome, &mut self.links[key].outbuf);
-        }
-    }
-
     /// Answers `origin`'s request `rate-limited`: over one of its user's limits.
     fn refuse(&mut self, origin: Origin, refused: crate::limits::Refused) {
         let reply = ToWorker::Reply {
@@ -987,57 +878,6 @@ impl Supervisor {
         let mut cfg = self.worker_cfg.clone();
         cfg.login.revoked = self.presence.revocations();
         cfg
-    }
-
-    fn broadcast(&mut self, text: String, reply: Sender<Response>) {
-        let id = self.next_broadcast;
-        self.next_broadcast += 1;
-        let server_time_us = unix_us();
-        self.money.broadcast_elsewhere(server_time_us, text.clone());
-        let msg = ToWorker::Broadcast {
-            id,
-            server_time_us,
-            text,
-        };
-        let mut waiting = Vec::new();
-        for (&w, &key) in &self.worker_links {
-            link::encode(&msg, &mut self.links[key].outbuf);
-            waiting.push(w);
-        }
-        self.broadcasts.insert(
-            id,
-            PendingBroadcast {
-                reply,
-                server_time_us,
-                workers: waiting.len(),
-                waiting,
-                connections: 0,
-                deadline: Instant::now() + BROADCAST_ANSWER_WAIT,
-            },
-        );
-        self.answer_broadcasts(false);
-    }
-
-    /// Answers the broadcasts every worker has counted (or, with `overdue`, those whose
-    /// wait is over: a worker that does not answer is left out of the count).
-    fn answer_broadcasts(&mut self, overdue: bool) {
-        let now = Instant::now();
-        let done: Vec<u64> = self
-            .broadcasts
-            .iter()
-            .filter(|(_, b)| b.waiting.is_empty() || (overdue && now >= b.deadline))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in done {
-            let b = self.broadcasts.remove(&id).expect("listed");
-            let answer = json!({
-                "id": id,
-                "server_time_us": b.server_time_us,
-                "connections": b.connections,
-                "workers": b.workers - b.waiting.len(),
-            });
-            let _ = b.reply.send(Response::json(200, &answer));
-        }
     }
 }
 

@@ -1,0 +1,81 @@
+//! An operator's broadcast (`POST /v1/broadcast`): handed to every worker and to the other
+//! hosts, and answered once each worker has said how many connections it is writing it
+//! to, or once the wait is over.
+
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use hongbao_http::Response;
+use hongbao_money::WorkerId;
+use hongbao_sys::clock::unix_us;
+use serde_json::json;
+
+use super::Supervisor;
+use crate::link::{self, ToWorker};
+
+/// How long a broadcast's admin answer waits for the workers' counts.
+const BROADCAST_ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// A broadcast handed to the workers, answered once each has said how many connections
+/// it is writing it to.
+pub(super) struct PendingBroadcast {
+    pub(super) reply: Sender<Response>,
+    pub(super) server_time_us: u64,
+    pub(super) waiting: Vec<WorkerId>,
+    pub(super) workers: usize,
+    pub(super) connections: u64,
+    pub(super) deadline: Instant,
+}
+
+impl Supervisor {
+    pub(super) fn broadcast(&mut self, text: String, reply: Sender<Response>) {
+        let id = self.next_broadcast;
+        self.next_broadcast += 1;
+        let server_time_us = unix_us();
+        self.money.broadcast_elsewhere(server_time_us, text.clone());
+        let msg = ToWorker::Broadcast {
+            id,
+            server_time_us,
+            text,
+        };
+        let mut waiting = Vec::new();
+        for (&w, &key) in &self.worker_links {
+            link::encode(&msg, &mut self.links[key].outbuf);
+            waiting.push(w);
+        }
+        self.broadcasts.insert(
+            id,
+            PendingBroadcast {
+                reply,
+                server_time_us,
+                workers: waiting.len(),
+                waiting,
+                connections: 0,
+                deadline: Instant::now() + BROADCAST_ANSWER_WAIT,
+            },
+        );
+        self.answer_broadcasts(false);
+    }
+
+    /// Answers the broadcasts every worker has counted (or, with `overdue`, those whose
+    /// wait is over: a worker that does not answer is left out of the count).
+    pub(super) fn answer_broadcasts(&mut self, overdue: bool) {
+        let now = Instant::now();
+        let done: Vec<u64> = self
+            .broadcasts
+            .iter()
+            .filter(|(_, b)| b.waiting.is_empty() || (overdue && now >= b.deadline))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            let b = self.broadcasts.remove(&id).expect("listed");
+            let answer = json!({
+                "id": id,
+                "server_time_us": b.server_time_us,
+                "connections": b.connections,
+                "workers": b.workers - b.waiting.len(),
+            });
+            let _ = b.reply.send(Response::json(200, &answer));
+        }
+    }
+}
