@@ -66,7 +66,7 @@ pub struct NginxArgs {
 }
 
 pub fn run(args: NginxArgs) -> Result<()> {
-    use hongbao_server::nginx::{render, Plan, DEBIAN_STREAM_MODULE};
+    use hongbao_lab::nginx::{render, Plan, DEBIAN_STREAM_MODULE};
     let pair = |listen: Option<std::net::SocketAddr>, upstream: Vec<std::net::SocketAddr>| {
         listen.map(|l| (l, upstream))
     };
@@ -131,7 +131,7 @@ pub fn run(args: NginxArgs) -> Result<()> {
 fn upstream_sources(text: &str, loopback: bool) -> Result<Vec<std::net::IpAddr>> {
     use std::net::{IpAddr, Ipv4Addr};
     match text {
-        "auto" if loopback => Ok(hongbao_server::nginx::loopback_upstream_sources()),
+        "auto" if loopback => Ok(hongbao_lab::nginx::loopback_upstream_sources()),
         "auto" | "none" | "" => Ok(Vec::new()),
         range if range.contains('-') => {
             let (a, b) = range.split_once('-').expect("a dash");

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{token, wait_until, Admin, Hongbao, Serve, WsClient, IO_TIMEOUT, SECRET};
+use hongbao_lab::nginx::OWN_ANSWERS;
 use hongbao_proto::{Message, ResultCode};
-use hongbao_server::nginx::OWN_ANSWERS;
 use serde_json::{json, Value};
 
 /// A free loopback port (bound and let go: nginx binds it next).
@@ -819,7 +819,7 @@ fn nginx_terminates_tls_and_passes_the_clients_address() {
     let files = certs.write(&dir.path().join("tls")).unwrap();
     // nginx's connections leave from its eight loopback sources (`--upstream-sources`
     // auto): the gateway trusts them as the proxy's.
-    let sources: Vec<String> = hongbao_server::nginx::loopback_upstream_sources()
+    let sources: Vec<String> = hongbao_lab::nginx::loopback_upstream_sources()
         .iter()
         .map(|s| format!("\"{s}\""))
         .collect();
@@ -949,7 +949,7 @@ fn nginx_spreads_its_upstream_connections_over_source_addresses() {
         .collect();
     let sources: std::collections::BTreeSet<_> =
         peers_of_port(serve.listen.port()).into_iter().collect();
-    let allowed: Vec<std::net::IpAddr> = hongbao_server::nginx::loopback_upstream_sources();
+    let allowed: Vec<std::net::IpAddr> = hongbao_lab::nginx::loopback_upstream_sources();
     assert!(
         sources
             .iter()

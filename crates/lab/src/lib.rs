@@ -27,12 +27,15 @@
 //! - `failover`: with a standby, the primary lost with its disk, frozen or cut off, the
 //!   new primary waited for, the old node brought back as the standby;
 //! - `counters`: what the engines have done, for a run's costs per operation.
+//! - `nginx`: `hongbao nginx-conf`'s configuration, nginx in front of the gateways (the
+//!   lab's, a bench's, an operator's).
 
 mod counters;
 pub mod disk;
 mod failover;
 mod faults;
 pub use hongbao_sys::netns;
+pub mod nginx;
 pub mod postgres;
 pub mod proc;
 pub mod redis;

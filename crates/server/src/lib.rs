@@ -12,7 +12,6 @@
 //!   operator console's sessions;
 //! - `stats`: what workers count, as fields, and the report each sends once a second;
 //! - `config`: `hongbao serve` settings — defaults, then the TOML file, then flags;
-//! - `nginx`: `hongbao nginx-conf`, nginx in front of the gateways;
 //! - `error`: the crate's error — what kind of failure, and what we were doing.
 
 pub mod access;
@@ -23,7 +22,6 @@ pub mod error;
 pub mod health;
 pub mod limits;
 pub mod link;
-pub mod nginx;
 pub mod presence;
 pub mod stats;
 pub mod supervisor;

@@ -19,7 +19,7 @@ use hongbao_proto::http::MAX_HEAD_LEN;
 use hongbao_proto::ResultCode;
 use serde::Serialize;
 
-use crate::config::ServeConfig;
+use hongbao_server::config::ServeConfig;
 
 /// Where Debian's `libnginx-mod-stream` puts the stream module.
 pub const DEBIAN_STREAM_MODULE: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
