@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A rolling upgrade of a lab's gateways under load, measured (issue 52;
-# docs/BENCHMARKS.md, "Upgrades without a storm"): `hongbao bench --hosts 3 --standby`
+# A rolling upgrade of a lab's gateways under load, measured (issue 52; docs/benchmarks/diary.md,
+# "A rolling upgrade of the lab"): `hongbao bench --hosts 3 --standby`
 # (cluster mode, PostgreSQL with a synchronous standby, Redis Cluster, nginx in front)
 # with USERS connections (15,000: the lab's nginx, two workers under the 20,000-file
 # limit, carries about 19,000 clients) shaking at QPS (2,000) a second, every gateway

@@ -339,6 +339,11 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
                 f.name()
             );
         }
+        if opts.hosts > 0 && faults.contains(&hongbao_bench::bench::Fault::Upgrade) {
+            anyhow::bail!(
+                "--chaos-faults upgrade: with --hosts an upgrade rolls every gateway; give it alone, as --upgrade-at"
+            );
+        }
         if opts.hosts < 2 && faults.contains(&hongbao_bench::bench::Fault::Gateway) {
             anyhow::bail!("--chaos-faults gateway-kill needs --hosts 2 or more");
         }

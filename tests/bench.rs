@@ -214,6 +214,11 @@ fn a_bench_that_could_not_finish_starts_nothing() {
             "--hosts 2 --chaos 1 --chaos-faults disk-full",
             "one local server only",
         ),
+        (
+            "--hosts 2 --chaos 1 --chaos-faults upgrade",
+            "give it alone, as --upgrade-at",
+        ),
+        ("--upgrade-from /bin/true", "--upgrade-at"),
     ] {
         let out = dir.path().join("out");
         let output = Command::new(env!("CARGO_BIN_EXE_hongbao"))
@@ -535,10 +540,17 @@ fn core_kill_is_the_supervisors_kill_and_healed_as_it() {
 #[test]
 fn an_upgrade_mid_run_refuses_no_one_and_loses_nothing() {
     let out = tempfile::tempdir().unwrap();
+    // Started on a copy (`--upgrade-from`), upgraded to this binary.
+    let from = out.path().join("hongbao-before");
+    std::fs::copy(env!("CARGO_BIN_EXE_hongbao"), &from).unwrap();
     let summary = run_bench(
         out.path(),
-        "--connections 1000 --workers 2 --procs 1 --phase-qps 500 \
-         --shake-packets 300 --send-packets 60 --campaign-rate 100 --upgrade-at 1",
+        &format!(
+            "--connections 1000 --workers 2 --procs 1 --phase-qps 500 \
+             --shake-packets 300 --send-packets 60 --campaign-rate 100 --upgrade-at 1 \
+             --upgrade-from {}",
+            from.display()
+        ),
     );
     assert_eq!(summary["audit"]["ok"], true, "{}", summary["audit"]);
     let history = &summary["history"];
@@ -546,8 +558,12 @@ fn an_upgrade_mid_run_refuses_no_one_and_loses_nothing() {
     assert_eq!(history["missing"]["count"], 0, "{history}");
     assert_eq!(summary["options"]["fault"], "upgrade");
     let fault = &summary["fault"];
+    let this = std::fs::canonicalize(env!("CARGO_BIN_EXE_hongbao")).unwrap();
     assert!(
-        fault["what"].as_str().unwrap().starts_with("upgraded to "),
+        fault["what"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("upgraded to {} ", this.display())),
         "{fault}"
     );
     assert_eq!(fault["refused_connects"], 0, "{fault}");

@@ -270,7 +270,14 @@ impl Local {
             return "no server to upgrade: it was stopped".to_string();
         };
         let old_pid = old.id();
-        let exe = self.upgrade_to.clone().unwrap_or_else(|| self.exe.clone());
+        let exe = match &self.upgrade_to {
+            Some(to) => to.clone(),
+            // This one (not the one it started on, which `--upgrade-from` may have named).
+            None => match std::env::current_exe() {
+                Ok(exe) => exe,
+                Err(e) => return format!("upgrade: which binary is this: {e}"),
+            },
+        };
         let t = Instant::now();
         let (new, ready, lines) = match self.spawn(&exe, true) {
             Ok(started) => started,

@@ -67,6 +67,13 @@ pub(super) fn roll(
                 rolled,
             );
         };
+        if !proc.running() {
+            lab.lock().unwrap().gateways[i].proc = Some(proc);
+            return (
+                format!("rolling upgrade: gateway host {host} had exited before its turn"),
+                rolled,
+            );
+        }
         let connections = held(&format!("http://{admin}/v1/stats"), key);
         let workers = hongbao_lab::children_of(proc.pid());
         let t = Instant::now();
