@@ -437,6 +437,11 @@ pub async fn committer(
             &store.0.pg_lost,
             &cfg.postgres,
             &cfg.host,
+            // The batch's time, kept if it is sent again: an open judged against its
+            // packet's expiry as of when it was asked (a packet refunded meanwhile still
+            // answers `expired`: hb_open checks `refunded` under the row's lock). So a
+            // host's `at_ms` follows the order its batches were formed in, which the
+            // chain's `seq` need not (another holder of the chain may commit between).
             UnixTime::now(),
             &batch,
         )
