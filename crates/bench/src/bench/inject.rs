@@ -9,9 +9,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
-use super::admin::admin_request;
+use super::admin::{admin_request, stats};
 use super::disk;
 pub use super::injected::Injected;
 use super::local::Local;
@@ -85,13 +83,7 @@ impl Injector {
 
     /// The ids of the server's workers (`/v1/stats`), in their order.
     fn worker_pids(&self) -> Vec<u64> {
-        let url = format!("{}/v1/stats", self.admin);
-        let stats: Option<Value> = admin_request("GET", &url, &self.key)
-            .timeout(Duration::from_secs(5))
-            .call()
-            .ok()
-            .and_then(|r| r.into_json().ok());
-        stats
+        stats(&self.admin, &self.key)
             .and_then(|s| {
                 s["workers"].as_array().map(|ws| {
                     ws.iter()

@@ -10,9 +10,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use super::admin::admin_request;
+use super::admin::stats;
 
 /// The drain the lab's gateways are given: serve's default `drain_secs` (the lab sets
 /// none), and the 3 s a server may take after it for its last commits.
@@ -74,7 +73,10 @@ pub(super) fn roll(
                 rolled,
             );
         }
-        let connections = held(&format!("http://{admin}/v1/stats"), key);
+        // The connections it holds (`totals.connections`); 0 if it does not say.
+        let connections = stats(&format!("http://{admin}"), key)
+            .and_then(|s| s["totals"]["connections"].as_u64())
+            .unwrap_or(0);
         let workers = hongbao_lab::children_of(proc.pid());
         let t = Instant::now();
         let exited = proc.terminate(DRAIN_WINDOW + PAST_WINDOW);
@@ -139,16 +141,4 @@ pub(super) fn roll(
         ),
         rolled,
     )
-}
-
-/// The connections a gateway holds (`totals.connections` of its `/v1/stats`); 0 if it
-/// does not say.
-fn held(url: &str, key: &str) -> u64 {
-    admin_request("GET", url, key)
-        .timeout(Duration::from_secs(5))
-        .call()
-        .ok()
-        .and_then(|r| r.into_json::<Value>().ok())
-        .and_then(|s| s["totals"]["connections"].as_u64())
-        .unwrap_or(0)
 }

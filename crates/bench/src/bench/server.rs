@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::admin::admin_request;
+use super::admin::{admin_request, stats};
 use super::inject::Injector;
 use super::local::Local;
 use super::options::{BenchOptions, Fault, SECRET};
@@ -372,14 +372,8 @@ impl Server {
 pub(super) fn sample_all(admins: &[String], key: &str) -> Option<ServerSample> {
     let mut total: Option<ServerSample> = None;
     for admin in admins {
-        let url = format!("{admin}/v1/stats");
         // A gateway that does not answer (killed on purpose) is left out.
-        let Some(v) = admin_request("GET", &url, key)
-            .timeout(Duration::from_secs(5))
-            .call()
-            .ok()
-            .and_then(|r| r.into_json::<Value>().ok())
-        else {
+        let Some(v) = stats(admin, key) else {
             continue;
         };
         let s = sample(&v);
