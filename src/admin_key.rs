@@ -73,7 +73,7 @@ impl Ledger {
                 };
                 Arc::new(hongbao_cluster::PgAccess::connect(&target)?)
             }
-            None => Arc::new(hongbao_server::embedded::access::SqliteAccess::open(
+            None => Arc::new(hongbao_embedded::access::SqliteAccess::open(
                 &self.data_dir,
             )?),
         })

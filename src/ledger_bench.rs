@@ -1,13 +1,13 @@
 //! `hongbao ledger-bench`: what a win's commit costs on this disk, alone
-//! (`hongbao_server::embedded::commit_bench`); one result line.
+//! (`hongbao_embedded::commit_bench`); one result line.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use hongbao_server::embedded::commit_bench::{self, Settings};
-use hongbao_server::embedded::ledger::GroupCommit;
+use hongbao_embedded::commit_bench::{self, Settings};
+use hongbao_embedded::ledger::GroupCommit;
 use hongbao_server::ServeConfig;
 
 #[derive(Args)]

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use hongbao_server::embedded::ledger::verify::{self, Verified};
-use hongbao_server::embedded::ledger::Head;
+use hongbao_embedded::ledger::verify::{self, Verified};
+use hongbao_embedded::ledger::Head;
 
 /// The data directory `serve` uses unless told.
 const DATA_DIR: &str = "hongbao-data";

@@ -13,7 +13,9 @@
 //! - `chain`: the ledger's hash chain (one per embedded ledger, one per cluster host);
 //! - `error`: what kind of failure (refused, unavailable, a bug), and its cause;
 //! - `access`: admin keys and the admin log as the ledger keeps them, and the store
-//!   each backend gives them.
+//!   each backend gives them;
+//! - `presence`: which connection each logged-in user is on, beside the money side:
+//!   logins, chat, and where a notice goes.
 
 pub mod access;
 pub mod api;
@@ -22,6 +24,7 @@ pub mod error;
 pub mod event;
 pub mod gateway;
 pub mod ids;
+pub mod presence;
 pub mod rules;
 pub mod seam;
 pub mod split;

@@ -715,7 +715,7 @@ mod tests {
     fn the_probes_need_no_key_pass_the_browser_checks_and_are_not_logged() {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn AccessStore> =
-            Arc::new(crate::embedded::access::SqliteAccess::open(dir.path()).unwrap());
+            Arc::new(hongbao_embedded::access::SqliteAccess::open(dir.path()).unwrap());
         let bound = "127.0.0.1:7001".parse().unwrap();
         let door = Door::new(
             store.clone(),

@@ -1,8 +1,7 @@
 //! The server crate's error: what kind of failure, and what we were doing. Its
-//! `kind` is the money side's (`hongbao_money::ErrorKind`): a configuration refused, a
-//! ledger or I/O failure that may pass if tried again, or ours (a ledger that does not
-//! read back) — so the supervisor's caller, and the money seam's, match on kinds, not
-//! on text.
+//! `kind` is the money side's (`hongbao_money::ErrorKind`): a configuration refused, an
+//! I/O failure that may pass if tried again, a bad link, or the money backend's own —
+//! so the supervisor's caller, and the money seam's, match on kinds, not on text.
 
 use hongbao_money::ErrorKind;
 use thiserror::Error;
@@ -11,14 +10,6 @@ use thiserror::Error;
 pub enum Error {
     #[error("configuration: {0}")]
     Config(String),
-    #[error("ledger, while {doing}: {source}")]
-    Ledger {
-        doing: &'static str,
-        #[source]
-        source: rusqlite::Error,
-    },
-    #[error("ledger is inconsistent: {0}")]
-    Corrupt(String),
     #[error("{doing}: {source}")]
     Io {
         doing: String,
@@ -29,6 +20,9 @@ pub enum Error {
     /// dropped.
     #[error("link: {0}")]
     Link(String),
+    /// The embedded backend failed (its SQLite ledger, a ledger that does not read back).
+    #[error(transparent)]
+    Embedded(#[from] hongbao_embedded::Error),
     /// The money side failed (cluster mode's engines, the ledger writer).
     #[error(transparent)]
     Money(#[from] hongbao_money::Error),
@@ -37,10 +31,6 @@ pub enum Error {
 impl Error {
     pub fn config(msg: impl Into<String>) -> Error {
         Error::Config(msg.into())
-    }
-
-    pub fn ledger(doing: &'static str, source: rusqlite::Error) -> Error {
-        Error::Ledger { doing, source }
     }
 
     pub fn io(doing: impl Into<String>, source: std::io::Error) -> Error {
@@ -53,8 +43,8 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Config(_) | Error::Link(_) => ErrorKind::Refused,
-            Error::Ledger { .. } | Error::Io { .. } => ErrorKind::Unavailable,
-            Error::Corrupt(_) => ErrorKind::Bug,
+            Error::Io { .. } => ErrorKind::Unavailable,
+            Error::Embedded(e) => e.kind(),
             Error::Money(e) => e.kind(),
         }
     }
@@ -70,6 +60,7 @@ impl From<Error> for hongbao_money::Error {
     fn from(e: Error) -> hongbao_money::Error {
         match e {
             Error::Money(e) => e,
+            Error::Embedded(e) => e.into(),
             e => match e.kind() {
                 ErrorKind::Refused => hongbao_money::Error::refused(e.to_string()),
                 ErrorKind::Unavailable => hongbao_money::Error::unavailable("SQLite", e),
@@ -87,21 +78,16 @@ mod tests {
 
     #[test]
     fn kinds_cross_the_money_seam() {
-        let corrupt = Error::Corrupt("event 7 is stored as a win but is a send".into());
+        let corrupt = hongbao_embedded::Error::Corrupt("event 7 is a send".into());
+        let corrupt: Error = corrupt.into();
         assert_eq!(corrupt.kind(), ErrorKind::Bug);
         let money: hongbao_money::Error = corrupt.into();
         assert_eq!(money.kind(), ErrorKind::Bug);
-        let io = Error::io(
-            "reading the ledger",
-            std::io::Error::other("disk I/O error"),
-        );
-        assert!(io.retryable());
-        let money: hongbao_money::Error = io.into();
-        assert!(money.retryable());
         assert_eq!(
             money.to_string(),
-            "SQLite: reading the ledger: disk I/O error"
+            "ledger is inconsistent: event 7 is a send"
         );
         assert_eq!(Error::config("workers").kind(), ErrorKind::Refused);
+        assert_eq!(Error::Link("short".into()).kind(), ErrorKind::Refused);
     }
 }

@@ -1,10 +1,8 @@
-//! `hongbao serve`: gateway workers, the core that owns the money, its ledger, and the
-//! admin API.
+//! `hongbao serve`: gateway workers, the supervisor that hosts the money backend (the
+//! embedded one is crates/embedded, the cluster one crates/cluster), and the admin API.
 //!
 //! - `supervisor`: the serve process — its loop, worker processes, links, admin glue;
 //! - `worker`: one gateway worker process (mio event loop, slab of connections);
-//! - `embedded`: the default money backend — the core (plain code) and its SQLite ledger;
-//! - `presence`: who is connected where; logins, chat, notice delivery;
 //! - `link`: worker ↔ supervisor messages, length-prefixed on one Unix stream each;
 //! - `admin`: the admin HTTP API (JSON), answered from the supervisor's loop;
 //! - `health`: what the probes (`/healthz`, `/readyz`) and systemd are told;
@@ -17,12 +15,10 @@
 pub mod access;
 pub mod admin;
 pub mod config;
-pub mod embedded;
 pub mod error;
 pub mod health;
 pub mod limits;
 pub mod link;
-pub mod presence;
 pub mod stats;
 pub mod supervisor;
 pub mod worker;

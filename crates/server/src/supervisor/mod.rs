@@ -49,18 +49,18 @@ use hongbao_money::seam::LedgerRead;
 use crate::access::{self, Door};
 use crate::admin::{self, AdminCommand, AdminRequest};
 use crate::config::ServeConfig;
-use crate::embedded::access::SqliteAccess;
-use crate::embedded::core::CoreConfig;
-use crate::embedded::ledger::{GroupCommit, Reader};
-use crate::embedded::{Embedded, EmbeddedConfig};
 use crate::error::{Error, Result};
 use crate::health::Health;
 use crate::limits::{Action, Users};
 use crate::link::{self, ToCore, ToWorker, WorkerConfig};
-use crate::presence::{Delivery, Presence};
 use hongbao_cluster::PgAccess;
+use hongbao_embedded::access::SqliteAccess;
+use hongbao_embedded::core::CoreConfig;
+use hongbao_embedded::ledger::{GroupCommit, Reader};
+use hongbao_embedded::{Embedded, EmbeddedConfig};
 use hongbao_http::access::BrowserGuard;
 use hongbao_money::access::AccessStore;
+use hongbao_money::presence::{Delivery, Presence};
 
 use broadcast::PendingBroadcast;
 use listen::Kind;
@@ -243,7 +243,7 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
             let reader = successor::ReaderAcross::new(&cfg.data_dir.join("ledger.sqlite"), &handle);
             let reader = Some(Box::new(reader) as Box<dyn LedgerRead>);
             predecessor = Some(handle);
-            let tick = Duration::from_millis(crate::embedded::core::TICK_INTERVAL_MS);
+            let tick = Duration::from_millis(hongbao_embedded::core::TICK_INTERVAL_MS);
             (Box::new(money), reader, 0, tick)
         } else if cfg.cluster()? {
             let host = if cfg.host_name.is_empty() {
@@ -447,7 +447,7 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
         None => {
             let flushed = sup.money.finish();
             // Every connection closed: the ledger left as one file (`keep_wal`).
-            crate::embedded::ledger::tidy_wal(&sup.cfg.data_dir);
+            hongbao_embedded::ledger::tidy_wal(&sup.cfg.data_dir);
             if sup.upgrade_listener.take().is_some() {
                 let _ = std::fs::remove_file(upgrade::socket_path(&sup.cfg.data_dir));
             }

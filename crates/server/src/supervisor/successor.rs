@@ -22,8 +22,8 @@ use hongbao_sys::fdpass;
 
 use super::listen::GroupShape;
 use super::upgrade::{decode_all, encode, socket_path, ToNew, ToOld};
-use crate::embedded::{Embedded, EmbeddedConfig, Wake};
 use crate::error::{Error, Result};
+use hongbao_embedded::{Embedded, EmbeddedConfig, Wake};
 
 /// How long the new server waits for the old one's handover.
 const HANDOVER_WAIT: Duration = Duration::from_secs(10);
@@ -598,7 +598,7 @@ pub(super) struct ReaderAcross {
     path: std::path::PathBuf,
     local: Arc<AtomicBool>,
     /// The connection, and whether the ledger was this server's when it was opened.
-    reader: std::sync::Mutex<Option<(bool, crate::embedded::ledger::Reader)>>,
+    reader: std::sync::Mutex<Option<(bool, hongbao_embedded::ledger::Reader)>>,
 }
 
 impl ReaderAcross {
@@ -612,7 +612,7 @@ impl ReaderAcross {
 
     fn with<T>(
         &self,
-        read: impl Fn(&crate::embedded::ledger::Reader) -> hongbao_money::error::Result<T>,
+        read: impl Fn(&hongbao_embedded::ledger::Reader) -> hongbao_money::error::Result<T>,
     ) -> hongbao_money::error::Result<T> {
         let mut held = self.reader.lock().unwrap();
         let local = self.local.load(Ordering::Acquire);
@@ -623,7 +623,7 @@ impl ReaderAcross {
             *held = None;
         }
         if held.is_none() {
-            *held = Some((local, crate::embedded::ledger::Reader::open(&self.path)?));
+            *held = Some((local, hongbao_embedded::ledger::Reader::open(&self.path)?));
         }
         read(&held.as_ref().expect("opened").1)
     }

@@ -19,7 +19,7 @@ use rusqlite::{Connection, OpenFlags};
 use serde::Serialize;
 
 use super::chain::{Head, Walk};
-use crate::embedded::core::{Core, CoreConfig};
+use crate::core::{Core, CoreConfig};
 use crate::error::{Error, Result};
 
 /// The ledger file in a data directory or a backup (or the file itself).

@@ -20,7 +20,7 @@ use hongbao_proto::message::MAX_RECIPIENTS;
 use hongbao_proto::KickReason;
 
 use super::*;
-use crate::presence::{Delivery, Presence};
+use hongbao_money::presence::{Delivery, Presence};
 
 const TTL_MS: u64 = 10_000;
 const START_MS: u64 = 1_700_000_000_000;

@@ -5,12 +5,19 @@
 //! - `core`: the money state machine (plain code, no I/O);
 //! - `ledger`: SQLite — events plus derived balances, the group-commit writer, readers;
 //! - `commit_bench`: `hongbao ledger-bench`, what a win's commit costs on this disk;
-//! - `access`: admin keys and the admin log, in the ledger's file.
+//! - `access`: admin keys and the admin log, in the ledger's file;
+//! - `error`: what kind of failure, and what we were doing.
+//!
+//! `hongbao serve`'s supervisor (crates/server) hosts it; `hongbao backup`, `restore`,
+//! `ledger verify` and `ledger-bench` use the ledger without a server.
 
 pub mod access;
 pub mod commit_bench;
 pub mod core;
+pub mod error;
 pub mod ledger;
+
+pub use error::{Error, Result};
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -22,7 +29,6 @@ use hongbao_proto::ResultCode;
 
 use self::core::{Core, CoreConfig};
 use self::ledger::{GroupCommit, Ledger, LedgerWriter, Reader};
-use crate::error::{Error, Result};
 
 /// `Op::Me` requests waiting for the reader; beyond this they are answered `unavailable`.
 const READS_QUEUED: usize = 1024;

@@ -66,7 +66,7 @@ impl SqliteAccess {
         let conn = Connection::open(dir.join("ledger.sqlite")).map_err(sqlite("opening"))?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sqlite("WAL"))?;
-        crate::embedded::ledger::keep_wal(&conn);
+        crate::ledger::keep_wal(&conn);
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(sqlite("sync"))?;
         conn.execute_batch(SCHEMA)

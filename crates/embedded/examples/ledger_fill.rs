@@ -4,7 +4,7 @@
 //! the writer thread commits them. For the backup, restore and verify timings of
 //! docs/BENCHMARKS.md ("The ledger").
 //!
-//!   cargo run --release -p hongbao-server --example ledger_fill -- DIR N
+//!   cargo run --release -p hongbao-embedded --example ledger_fill -- DIR N
 //!
 //! Prints the events a second and the file's bytes an event; also, with `--chain-cost`,
 //! what the chain itself costs: the hash of an event (ns) and its bytes in the file (the
@@ -12,8 +12,8 @@
 
 use std::time::Instant;
 
+use hongbao_embedded::ledger::{chain, Ledger};
 use hongbao_money::event::{shake_amount, Event, Record};
-use hongbao_server::embedded::ledger::{chain, Ledger};
 
 const BATCH: u64 = 4096;
 const USERS: u64 = 1_000_000;

@@ -6,8 +6,8 @@
 
 use std::collections::HashMap;
 
-use hongbao_money::seam::{OpKind, Origin, ReplyCounts};
-use hongbao_money::{ConnId, Notice, Push, Reply, UserId, WorkerId};
+use crate::seam::{OpKind, Origin, ReplyCounts};
+use crate::{ConnId, Notice, Push, Reply, UserId, WorkerId};
 use hongbao_proto::{KickReason, ResultCode};
 
 /// Where a user is connected.
