@@ -39,10 +39,12 @@ pub fn run(args: LedgerBenchArgs) -> Result<()> {
         bail!("{} exists: give a directory that does not", dir.display());
     }
     let serve = ServeConfig::default();
-    let ms = args.commit_interval_ms.unwrap_or(serve.commit_interval_ms);
+    let ms = args
+        .commit_interval_ms
+        .unwrap_or(serve.ledger.commit_interval_ms);
     let group = GroupCommit {
         commit_interval: Duration::from_millis(ms),
-        max_batch: serve.commit_max_batch,
+        max_batch: serve.ledger.commit_max_batch,
     };
     let settings = Settings {
         rate: args.rate,

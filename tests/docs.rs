@@ -189,7 +189,7 @@ fn the_ledger_bench_sample_is_what_it_prints_with_the_defaults() {
     let serve = hongbao_server::ServeConfig::default();
     assert_eq!(
         value("interval_ms"),
-        serve.commit_interval_ms.to_string(),
+        serve.ledger.commit_interval_ms.to_string(),
         "the sample's interval is not serve's default"
     );
     let (help, _) = hongbao(&["ledger-bench", "--help"], &repo());

@@ -479,8 +479,9 @@ fn a_removed_key_refuses_its_tokens_and_kicks_its_sessions_on_reload() {
     server.stop();
 }
 
-/// SIGHUP applies what it can (a login key) and names, in the log, the settings changed
-/// in the file that wait for the next start, instead of ignoring them.
+/// SIGHUP applies what it can (a login key, `[overload]`'s rate) and names, in the log,
+/// the settings changed in the file that wait for the next start, instead of ignoring
+/// them.
 #[test]
 fn a_reload_names_the_settings_it_cannot_apply() {
     let dir = tempfile::tempdir().unwrap();
@@ -488,9 +489,34 @@ fn a_reload_names_the_settings_it_cannot_apply() {
     let mut server = Serve::new()
         .args(["--config".to_string(), config.display().to_string()])
         .start();
+    // Shakes answered "overloaded" of a burst of 30, on a connection of user `user`.
+    let overloaded = |server: &Server, user: u64| {
+        let mut client = connect(server);
+        assert_eq!(client.login(&jwt("hs", user, 600)).unwrap(), ResultCode::Ok);
+        let ids: Vec<u32> = (0..30)
+            .map(|_| client.send(&Message::Shake).unwrap())
+            .collect();
+        ids.iter()
+            .filter(|_| {
+                let frame = client.recv().unwrap();
+                matches!(
+                    frame.message,
+                    Message::ShakeReply {
+                        result: ResultCode::Overloaded,
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    assert_eq!(
+        overloaded(&server, 64),
+        0,
+        "the default rate sheds none of 30"
+    );
     keys_config(
         dir.path(),
-        "max_queue_ms = 300\ndrain_secs = 7",
+        "max_queue_ms = 300\ndrain_secs = 7\n[ledger]\npacket_ttl_secs = 600\n[overload]\nmax_shake_qps = 2",
         &["hs", "ed"],
     );
     signal(server.pid(), "-HUP");
@@ -498,13 +524,16 @@ fn a_reload_names_the_settings_it_cannot_apply() {
         let mut client = connect(&server);
         (client.login(&jwt("ed", 65, 600)).ok()? == ResultCode::Ok).then_some(())
     });
+    // [overload] is live: 2 a second for the server now.
+    assert!(overloaded(&server, 66) > 0, "the reloaded rate sheds");
     let log = server.process.log();
     let said = log
         .lines()
         .find(|l| l.contains("a reload does not apply them"))
         .unwrap_or_else(|| panic!("no line names them:\n{log}"));
-    assert!(said.contains("drain_secs, max_queue_ms"), "{said}");
+    assert!(said.contains("drain_secs, packet_ttl_secs"), "{said}");
     assert!(!said.contains("login_keys"), "{said}");
+    assert!(!said.contains("max_queue_ms"), "{said}");
     server.stop();
 }
 

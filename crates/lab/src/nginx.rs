@@ -256,7 +256,7 @@ fn http_server(
     tls: &Option<(PathBuf, PathBuf)>,
     sources: &[std::net::IpAddr],
 ) {
-    let header_secs = ServeConfig::default().login_timeout_secs;
+    let header_secs = ServeConfig::default().admission.login_timeout_secs;
     let body_secs = header_secs + BODY_STALL_GRACE_SECS;
     let (body_k, head_k) = (MAX_BODY_BYTES / 1024, MAX_HEAD_LEN / 1024);
     let head_max_k = head_k + 1;

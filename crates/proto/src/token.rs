@@ -101,6 +101,14 @@ pub struct Rules {
     pub max_lifetime_secs: u64,
 }
 
+impl Rules {
+    /// How long a revocation matters: past the longest a token lives (and the leeways on
+    /// both ends), every token it refuses has expired.
+    pub fn revocation_horizon_secs(&self) -> u64 {
+        self.max_lifetime_secs + 2 * self.leeway_secs
+    }
+}
+
 impl Default for Rules {
     fn default() -> Rules {
         Rules {

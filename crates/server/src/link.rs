@@ -1,5 +1,5 @@
-//! The link between a gateway worker and the core: one Unix stream per worker, carrying
-//! length-prefixed bincode messages both ways. It is our own processes talking, so the
+//! The link between a gateway worker and the supervisor: one Unix stream per worker,
+//! carrying length-prefixed bincode messages both ways. It is our own processes talking, so the
 //! format is private; the length is still checked so a confused peer cannot make us
 //! allocate without bound.
 
@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 pub const MAX_LINK_MSG: usize = 64 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum ToCore {
+pub enum ToSupervisor {
     Hello {
         worker: WorkerId,
         pid: u32,
@@ -24,7 +24,7 @@ pub enum ToCore {
     /// `user`'s token checked out on `conn`; presence answers the login (`req`) once the
     /// route is its, so that of two logins the one answered first is the one replaced.
     /// `issued`: the token's `iat`, checked once more against the revocations (one may
-    /// have reached the core before the worker).
+    /// have reached the supervisor before the worker).
     Online {
         conn: ConnId,
         req: u32,
@@ -130,7 +130,7 @@ pub struct LoginSetup {
     pub revoked: Vec<(u64, u64)>,
 }
 
-/// What a worker needs to know, sent by the core on connect so that restarts pick up the
+/// What a worker needs to know, sent by the supervisor on connect so that restarts pick up the
 /// same settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkerConfig {
@@ -239,7 +239,7 @@ mod tests {
         };
         let user = UserId::new(9).unwrap();
         encode(
-            &ToCore::Online {
+            &ToSupervisor::Online {
                 conn,
                 req: 1,
                 user,
@@ -248,7 +248,7 @@ mod tests {
             &mut bytes,
         );
         encode(
-            &ToCore::Chat {
+            &ToSupervisor::Chat {
                 conn,
                 req: 2,
                 user,
@@ -260,9 +260,9 @@ mod tests {
         for cut in 0..bytes.len() {
             let mut buf = bytes[..cut].to_vec();
             let mut got = Vec::new();
-            decode_all::<ToCore>(&mut buf, |m| got.push(m)).unwrap();
+            decode_all::<ToSupervisor>(&mut buf, |m| got.push(m)).unwrap();
             buf.extend_from_slice(&bytes[cut..]);
-            decode_all::<ToCore>(&mut buf, |m| got.push(m)).unwrap();
+            decode_all::<ToSupervisor>(&mut buf, |m| got.push(m)).unwrap();
             assert_eq!(got.len(), 2);
             assert!(buf.is_empty());
         }

@@ -3,11 +3,11 @@
 //! to, or once the wait is over.
 
 use std::sync::mpsc::Sender;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hongbao_http::Response;
 use hongbao_money::WorkerId;
-use hongbao_sys::clock::unix_us;
+use hongbao_sys::clock::Uptime;
 use serde_json::json;
 
 use super::Supervisor;
@@ -24,14 +24,14 @@ pub(super) struct PendingBroadcast {
     pub(super) waiting: Vec<WorkerId>,
     pub(super) workers: usize,
     pub(super) connections: u64,
-    pub(super) deadline: Instant,
+    pub(super) deadline: Uptime,
 }
 
 impl Supervisor {
     pub(super) fn broadcast(&mut self, text: String, reply: Sender<Response>) {
         let id = self.next_broadcast;
         self.next_broadcast += 1;
-        let server_time_us = unix_us();
+        let server_time_us = self.time.unix().as_micros();
         self.money.broadcast_elsewhere(server_time_us, text.clone());
         let msg = ToWorker::Broadcast {
             id,
@@ -51,16 +51,15 @@ impl Supervisor {
                 workers: waiting.len(),
                 waiting,
                 connections: 0,
-                deadline: Instant::now() + BROADCAST_ANSWER_WAIT,
+                deadline: self.time.now + BROADCAST_ANSWER_WAIT,
             },
         );
-        self.answer_broadcasts(false);
+        self.answer_broadcasts(false, self.time.now);
     }
 
     /// Answers the broadcasts every worker has counted (or, with `overdue`, those whose
-    /// wait is over: a worker that does not answer is left out of the count).
-    pub(super) fn answer_broadcasts(&mut self, overdue: bool) {
-        let now = Instant::now();
+    /// wait is over at `now`: a worker that does not answer is left out of the count).
+    pub(super) fn answer_broadcasts(&mut self, overdue: bool, now: Uptime) {
         let done: Vec<u64> = self
             .broadcasts
             .iter()

@@ -1,6 +1,8 @@
 //! SIGTERM's drain, as the supervisor runs it (the workers' side: `worker/drain.rs`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use hongbao_sys::clock::Uptime;
 
 use super::Supervisor;
 use crate::link::{self, ToWorker};
@@ -17,12 +19,12 @@ impl Supervisor {
     /// (`worker/drain.rs`); the ledger commits on for the shakes still coming in. It is
     /// over once every worker has stopped, at the window's end (with a little room for
     /// the last writes), or at SIGINT.
-    pub(super) fn draining(&mut self, now: Instant) -> bool {
-        if !self.stop.gently() || self.cfg.drain_secs == 0 {
+    pub(super) fn draining(&mut self, now: Uptime) -> bool {
+        if !self.stop.gently() || self.cfg.processes.drain_secs == 0 {
             return false;
         }
         let Some((began, until)) = self.draining else {
-            let window = Duration::from_secs(self.cfg.drain_secs.into());
+            let window = Duration::from_secs(self.cfg.processes.drain_secs.into());
             self.draining = Some((now, now + window + DRAIN_LAST_WRITES));
             self.shutting_down = true; // a worker that stops is not started again
                                        // The supervisor's copies of the listening sockets closed with the workers'
@@ -33,7 +35,7 @@ impl Supervisor {
             self.tell_systemd(|n| n.stopping("draining"));
             tracing::info!(
                 workers = self.worker_links.len(),
-                window_secs = self.cfg.drain_secs,
+                window_secs = self.cfg.processes.drain_secs,
                 "SIGTERM: draining, the connections let go over the window (SIGINT stops at once)"
             );
             let window_ms = window.as_millis().min(u32::MAX.into()) as u32;
@@ -48,7 +50,7 @@ impl Supervisor {
         };
         if self.worker_links.is_empty() || now >= until {
             tracing::info!(
-                took_ms = now.duration_since(began).as_millis() as u64,
+                took_ms = now.since(began).as_millis() as u64,
                 workers_left = self.worker_links.len(),
                 "drained"
             );

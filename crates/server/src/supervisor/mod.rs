@@ -10,6 +10,8 @@
 //! link closes) and is started again. `report.rs` turns what it knows into stats,
 //! samples for the monitor and Prometheus text.
 //!
+//! - `start`: `run` — the backend opened, the sockets bound, the admin address served;
+//! - `timers`: every deadline of the loop in one table — the tick, the second, the check;
 //! - `workers`: worker processes and their links;
 //! - `report`: `/v1/stats`, monitor samples, `/metrics`;
 //! - `reload`: SIGHUP; `broadcast`: an operator's broadcast and its answer;
@@ -20,63 +22,54 @@ mod drain;
 mod listen;
 mod reload;
 mod report;
+mod start;
 mod successor;
+mod timers;
 pub mod upgrade;
 mod workers;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{ErrorKind, Write};
 use std::net::SocketAddr;
-use std::sync::mpsc::{sync_channel, Receiver, Sender};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use hongbao_sys::clock::{unix_ms, unix_us, UnixTime};
+use hongbao_sys::clock::{Clock, UnixTime, Uptime};
 
 use hongbao_money::seam::{AdminAnswer, AdminRequest as MoneyRequest, Op, Origin, Output};
 use hongbao_money::{error as money, ConnId, Money, UserId, WorkerId};
 use hongbao_sys::notify::Notifier;
-use hongbao_sys::{limits, net, Reload, Stop};
-use hongbao_telemetry::sample;
+use hongbao_sys::{Reload, Stop};
 use hongbao_telemetry::Reporter;
-use mio::{Events, Poll, Token, Waker};
+use mio::{Events, Poll, Token};
 use serde_json::json;
 use slab::Slab;
 
 use hongbao_http::Response;
-use hongbao_money::seam::LedgerRead;
 
-use crate::access::{self, Door};
+use crate::access::{self};
 use crate::admin::{self, AdminCommand, AdminRequest};
 use crate::config::ServeConfig;
 use crate::error::{Error, Result};
 use crate::health::Health;
 use crate::limits::{Action, Users};
-use crate::link::{self, ToCore, ToWorker, WorkerConfig};
-use hongbao_cluster::PgAccess;
-use hongbao_embedded::access::SqliteAccess;
-use hongbao_embedded::core::CoreConfig;
-use hongbao_embedded::ledger::{GroupCommit, Reader};
-use hongbao_embedded::{Embedded, EmbeddedConfig};
-use hongbao_http::access::BrowserGuard;
-use hongbao_money::access::AccessStore;
+use crate::link::{self, ToSupervisor, ToWorker, WorkerConfig};
 use hongbao_money::presence::{Delivery, Presence};
 
 use broadcast::PendingBroadcast;
-use listen::Kind;
-use reload::{login_setup, revocation_horizon};
+pub use start::run;
+use timers::Timers;
 use workers::{Link, WorkerProc};
 
 const WAKER: Token = Token(usize::MAX - 2);
 
-/// How long after a whole second the supervisor reports it: the workers report theirs
-/// about 20 ms after the second.
-const SECOND_REPORT_DELAY: Duration = Duration::from_millis(150);
-
 struct Supervisor {
     cfg: ServeConfig,
     money: Box<dyn Money>,
-    tick_interval: Duration,
+    /// The clock, as the turn read it.
+    time: TurnClock,
+    /// Every deadline of the loop (`timers.rs`).
+    timers: Timers,
     presence: Presence,
     /// Each user's sends, opens, chats, notices and logins (`limits.rs`).
     users: Users,
@@ -105,7 +98,7 @@ struct Supervisor {
     broadcasts: BTreeMap<u64, PendingBroadcast>,
     shutting_down: bool,
     /// Draining (SIGTERM): when it began, and when it is given up on.
-    draining: Option<(Instant, Instant)>,
+    draining: Option<(Uptime, Uptime)>,
     stop: Stop,
     reload: Reload,
     /// The admin address's TLS config, replaced on reload.
@@ -139,342 +132,6 @@ struct Supervisor {
     told_predecessor: bool,
 }
 
-/// Runs `hongbao serve` until `stop`. Prints one "ready" line on stdout with the bound
-/// addresses once every worker has connected.
-///
-/// `upgrade`: take over the server running on the same data directory instead
-/// (`upgrade.rs`): its sockets, then its ledger, once it has drained.
-pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
-    // systemd is told when this serves and when it stops (`health.rs`); a variable that
-    // names nothing reachable is logged, not fatal.
-    let notifier = Notifier::from_env().unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "NOTIFY_SOCKET cannot be used; systemd will not be told");
-        None
-    });
-    // Before anything is made: a port another server holds is refused, saying which
-    // process holds it (`placeholder`), and so is a data directory another process is
-    // using (its lock is held until this process ends).
-    cfg.check_exposure()?;
-    if upgrade && cfg.cluster()? {
-        return Err(Error::config(
-            "serve --upgrade takes over an embedded server; in cluster mode, upgrade one \
-             gateway at a time behind nginx (SIGTERM drains it)"
-                .to_string(),
-        ));
-    }
-    // An upgrade is handed the sockets and the lock of the server it replaces.
-    let mut inherited = upgrade
-        .then(|| successor::take_over(&cfg.data_dir))
-        .transpose()?;
-    for (addr, what) in [
-        (&cfg.listen, "client"),
-        (&cfg.ws_listen, "WebSocket"),
-        (&cfg.http_listen, "HTTP"),
-        (&cfg.admin, "admin"),
-    ] {
-        if let (Ok(addr), None) = (addr.parse::<SocketAddr>(), &inherited) {
-            net::ensure_free(addr).map_err(|e| Error::io(format!("the {what} address"), e))?;
-        }
-    }
-    let data_dir_lock = match inherited.as_mut() {
-        Some(inherited) => inherited.lock.take().expect("taken once"),
-        None => hongbao_sys::dirlock::DirLock::acquire(&cfg.data_dir, "hongbao serve")
-            .map_err(|e| Error::config(e.to_string()))?,
-    };
-    let lock_fd = data_dir_lock
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| Error::io("the data directory's lock", e))?;
-    let login = login_setup(&cfg)?;
-    let mut tls = cfg.tls_pem()?;
-    // An upgrade keeps the old server's ticket key: its clients resume their sessions.
-    if let (Some(pem), Some(key)) = (tls.as_mut(), inherited.as_ref().and_then(|i| i.ticket_key)) {
-        pem.ticket_key = key;
-    }
-    // The admin address speaks TLS with the same certificate, reloaded with it.
-    let admin_tls = match &tls {
-        Some(pem) => Some(hongbao_http::tls::Reloadable::new(
-            hongbao_http::tls::server_config(&pem.cert, &pem.key, &[hongbao_http::tls::ALPN_HTTP])
-                .map_err(Error::config)?,
-        )),
-        None => None,
-    };
-    let nofile = limits::raise_nofile_limit();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let worker_count = cfg.worker_count(nofile, cores)?;
-    if cfg.dev_secret_in_use() {
-        tracing::warn!(
-            "login tokens are signed with the built-in development secret: listening on \
-             loopback only; give a secret (HONGBAO_SECRET or secret_file) or [[login_keys]] \
-             for real use"
-        );
-    }
-
-    let poll = Poll::new().map_err(|e| Error::io("creating the event loop", e))?;
-    let waker =
-        Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| Error::io("creating a waker", e))?);
-    let wake = waker.clone();
-    let wake_money: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-        let _ = wake.wake();
-    });
-    let embedded_cfg = || EmbeddedConfig {
-        data_dir: cfg.data_dir.clone(),
-        core: CoreConfig {
-            packet_ttl_ms: cfg.packet_ttl_secs * 1000,
-            rng_seed: None,
-        },
-        group: GroupCommit {
-            commit_interval: Duration::from_millis(cfg.commit_interval_ms),
-            max_batch: cfg.commit_max_batch.max(1),
-        },
-    };
-    let mut predecessor = None;
-    let (money, reader, replayed, tick_interval): (Box<dyn Money>, _, u64, Duration) =
-        if let Some(inherited) = inherited.as_mut() {
-            let link = inherited.link.take().expect("taken once");
-            let rest = std::mem::take(&mut inherited.rest);
-            let (money, handle) = successor::Handover::start(
-                link,
-                rest,
-                inherited.old_pid,
-                embedded_cfg(),
-                wake_money,
-            )?;
-            let reader = successor::ReaderAcross::new(&cfg.data_dir.join("ledger.sqlite"), &handle);
-            let reader = Some(Box::new(reader) as Box<dyn LedgerRead>);
-            predecessor = Some(handle);
-            let tick = Duration::from_millis(hongbao_embedded::core::TICK_INTERVAL_MS);
-            (Box::new(money), reader, 0, tick)
-        } else if cfg.cluster()? {
-            let host = if cfg.host_name.is_empty() {
-                format!("{}:{}", hostname(), cfg.listen)
-            } else {
-                cfg.host_name.clone()
-            };
-            let cluster = hongbao_cluster::Cluster::open(
-                hongbao_cluster::ClusterConfig {
-                    redis: cfg.redis.split(',').map(|s| s.trim().to_string()).collect(),
-                    redis_password: cfg.redis_password.clone(),
-                    postgres: pg_target(&cfg),
-                    host,
-                    packet_ttl_ms: cfg.packet_ttl_secs * 1000,
-                    commit_window: Duration::from_millis(cfg.commit_window_ms),
-                    max_batch: cfg.commit_max_batch.max(1),
-                },
-                wake_money,
-            )
-            .map_err(|e| e.context("cluster mode"))?;
-            let reader = Some(cluster.reader());
-            (Box::new(cluster), reader, 0, Duration::from_millis(10))
-        } else {
-            let (money, replayed) = Embedded::open(embedded_cfg(), unix_ms(), wake_money)?;
-            let reader = Reader::open(money.ledger_path())
-                .map(|r| Box::new(r) as Box<dyn LedgerRead>)
-                .map_err(|e| tracing::error!(error = %e, "no ledger reader for the admin API"))
-                .ok();
-            let tick = Duration::from_millis(money.tick_interval_ms());
-            (Box::new(money), reader, replayed, tick)
-        };
-
-    // Who may speak for the server: keys and their log beside the money.
-    let access: Arc<dyn AccessStore> = if cfg.cluster()? {
-        Arc::new(PgAccess::connect(&pg_target(&cfg)).map_err(|e| e.context("cluster mode"))?)
-    } else {
-        Arc::new(SqliteAccess::open(&cfg.data_dir)?)
-    };
-    if let Some(path) = access::ensure_first_key(access.as_ref(), &cfg.data_dir)? {
-        tracing::warn!(
-            file = %path.display(),
-            "no admin key existed: made an operator key; the admin API and console take it \
-             (Authorization: Bearer $(cat FILE)); hongbao admin-key makes more"
-        );
-    }
-
-    let sockets = match inherited.as_mut() {
-        Some(inherited) => listen::Sockets::adopt(
-            &inherited.groups,
-            std::mem::take(&mut inherited.sockets),
-            worker_count,
-        )?,
-        None => listen::Sockets::bind(
-            &[
-                (Kind::Client, &cfg.listen),
-                (Kind::WebSocket, &cfg.ws_listen),
-                (Kind::Http, &cfg.http_listen),
-            ],
-            worker_count,
-        )?,
-    };
-    let client_addr = sockets
-        .addr(Kind::Client)
-        .expect("a client address is required");
-    let ws_addr = sockets.addr(Kind::WebSocket);
-    let http_addr = sockets.addr(Kind::Http);
-
-    let (admin_tx, admin_rx) = sync_channel(256);
-    let (hosts, origins) = (cfg.admin_hosts.clone(), cfg.admin_origins.clone());
-    let horizon = revocation_horizon(&cfg);
-    // Its own stop: it watches on through a drain, and ends with the server.
-    let watching = Stop::new();
-    let revocations = admin::watch_revocations(
-        access.clone(),
-        horizon,
-        admin_tx.clone(),
-        waker.clone(),
-        watching.clone(),
-    );
-    // Over https the console's cookie is `Secure`: a browser never sends it in clear.
-    let secure_cookies = admin_tls.is_some();
-    let refusals = Arc::new(access::Refusals::default());
-    let door_refusals = refusals.clone();
-    let door = move |bound| {
-        let guard = BrowserGuard::new(bound, &hosts, &origins);
-        Door::new(access, guard, secure_cookies, door_refusals)
-    };
-    let health = Arc::new(Health::new());
-    let admin_listener = match inherited.as_mut() {
-        Some(inherited) => inherited.admin.take().expect("taken once"),
-        None => admin::bind(&cfg.admin)?,
-    };
-    let admin_socket = admin_listener
-        .try_clone()
-        .map_err(|e| Error::io("the admin socket", e))?;
-    let admin = admin::start(
-        admin_listener,
-        door,
-        health.clone(),
-        admin_tls.clone(),
-        reader,
-        admin_tx,
-        waker.clone(),
-    )?;
-    let admin_addr = admin.addr();
-
-    let worker_cfg = WorkerConfig {
-        login,
-        tls,
-        shake_limit: cfg.user_limits.shake,
-        trusted_proxies: cfg.trusted_proxies.clone(),
-        max_shakes_per_sec: cfg.max_shake_qps.div_ceil(worker_count as u32),
-        max_connections: limits::sockets_per_process(nofile) as u32,
-        max_unauthenticated: cfg.max_unauthenticated,
-        max_unauthenticated_per_source: cfg.max_unauthenticated_per_source,
-        max_tls_handshakes: cfg.tls_handshakes_per_worker(worker_count, cores),
-        tls_handshake_timeout_secs: cfg.tls_handshake_timeout_secs.max(1),
-        tls_accept_queue_secs: cfg.tls_accept_queue_secs.max(1),
-        login_timeout_secs: cfg.login_timeout_secs,
-        idle_timeout_secs: cfg.idle_timeout_secs,
-        http_keepalive_secs: cfg.http_keepalive_secs,
-        max_output_bytes: cfg.max_output_bytes,
-        max_queue_ms: cfg.max_queue_ms,
-        ready_order: cfg.ready_order,
-        broadcast_yield_ms: cfg.broadcast_yield_ms,
-    };
-    let monitor = (!cfg.monitor.is_empty()).then(|| {
-        Reporter::start(
-            &cfg.monitor,
-            Reporter::key_from(cfg.monitor_key_file.clone()),
-        )
-    });
-    let users = Users::new(cfg.user_limits.clone());
-    let mut sup = Supervisor {
-        cfg,
-        money,
-        tick_interval,
-        presence: Presence::default(),
-        users,
-        poll,
-        links: Slab::new(),
-        worker_links: HashMap::new(),
-        workers: BTreeMap::new(),
-        worker_cfg,
-        sockets,
-        workers_wanted: worker_count,
-        client_addr,
-        ws_addr,
-        http_addr,
-        admin_rx,
-        deferred_admin: VecDeque::new(),
-        tickets: HashMap::new(),
-        next_ticket: 1,
-        report: report::Report::new(sample::interface_for(client_addr.ip())),
-        monitor,
-        next_broadcast: 1,
-        broadcasts: BTreeMap::new(),
-        shutting_down: false,
-        draining: None,
-        stop,
-        reload: Reload::on_sighup().map_err(|e| Error::io("handling SIGHUP", e))?,
-        admin_tls,
-        health,
-        notifier,
-        told_linked: None,
-        admin_refusals: refusals,
-        admin: Some(admin),
-        admin_socket: Some(admin_socket),
-        lock_fd,
-        upgrade_listener: None,
-        successor: None,
-        predecessor,
-        upgrade_signal: Reload::on_signal(hongbao_sys::stop::SIGUSR2)
-            .map_err(|e| Error::io("handling SIGUSR2", e))?,
-        exe: std::env::current_exe().ok(),
-        spawned: None,
-        told_predecessor: false,
-    };
-    if sup.predecessor.is_none() {
-        sup.listen_for_upgrades();
-    }
-    for w in 0..worker_count as WorkerId {
-        let child = sup.spawn_worker(w)?;
-        sup.workers.insert(w, WorkerProc::new(child));
-    }
-    let result = sup.event_loop(admin_addr, replayed);
-    sup.health.stopping(result.is_err());
-    sup.tell_systemd(|n| n.stopping("stopping"));
-    // An upgrade's last step comes first, for the commits paused meanwhile.
-    let handed_over = sup.successor.is_some().then(|| sup.hand_over_last());
-    sup.stop_workers();
-    if let Some(monitor) = sup.monitor.clone() {
-        // The last second's counts, so the monitor's series adds up to the totals.
-        monitor.send_final(&sup.sample(unix_ms() / 1000));
-    }
-    drop(sup.admin.take());
-    watching.request();
-    let _ = revocations.join();
-    let flushed = match handed_over {
-        Some(flushed) => flushed,
-        None => {
-            let flushed = sup.money.finish();
-            // Every connection closed: the ledger left as one file (`keep_wal`).
-            hongbao_embedded::ledger::tidy_wal(&sup.cfg.data_dir);
-            if sup.upgrade_listener.take().is_some() {
-                let _ = std::fs::remove_file(upgrade::socket_path(&sup.cfg.data_dir));
-            }
-            flushed
-        }
-    };
-    drop(data_dir_lock);
-    result?;
-    flushed?;
-    tracing::info!(ledger_seq = sup.money.snapshot().ledger_seq, "stopped");
-    Ok(())
-}
-
-fn pg_target(cfg: &ServeConfig) -> hongbao_cluster::PgTarget {
-    hongbao_cluster::PgTarget {
-        url: cfg.postgres.clone(),
-        password: cfg.postgres_password.clone(),
-        ca: cfg.engines_ca_pem.clone(),
-    }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "host".into())
-}
-
 fn origin(worker: WorkerId, conn: ConnId, request: u32, user: UserId) -> Origin {
     Origin {
         worker,
@@ -484,28 +141,40 @@ fn origin(worker: WorkerId, conn: ConnId, request: u32, user: UserId) -> Origin 
     }
 }
 
+/// The supervisor's clock as the turn read it: once a poll, and everything the turn does
+/// (a login's rate limit, a commit's time, a campaign's) is as of then.
+struct TurnClock {
+    clock: Clock,
+    now: Uptime,
+}
+
+impl TurnClock {
+    /// The Unix time of the turn (no clock read).
+    fn unix(&self) -> UnixTime {
+        self.clock.unix(self.now)
+    }
+}
+
 impl Supervisor {
     fn event_loop(&mut self, admin_addr: SocketAddr, replayed: u64) -> Result<()> {
         let mut events = Events::with_capacity(256);
-        let mut next_tick = Instant::now();
-        // Just after each whole wall-clock second, once the workers' reports are in.
-        let mut next_second =
-            Instant::now() + UnixTime::now().until_next_second() + SECOND_REPORT_DELAY;
-        let mut next_check = Instant::now();
         let mut ready_said = false;
         let mut outs = Vec::new();
         loop {
-            let timeout = next_tick.saturating_duration_since(Instant::now());
+            let timeout = self.timers.timeout(self.time.now);
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != ErrorKind::Interrupted {
                     return Err(Error::io("waiting for events", e));
                 }
             }
+            // One clock read a turn: what the turn does is as of when the poll returned.
+            self.time.now = self.time.clock.now();
+            let now = self.time.now;
             for event in events.iter() {
                 match event.token() {
                     WAKER => {}
                     upgrade::UPGRADE_LISTENER => self.accept_successor(),
-                    upgrade::UPGRADE_LINK => self.read_successor(unix_ms()),
+                    upgrade::UPGRADE_LINK => self.read_successor(self.time.unix().as_millis()),
                     Token(key) => self.read_link(key),
                 }
             }
@@ -518,32 +187,31 @@ impl Supervisor {
                 let status = self.status_line();
                 self.tell_systemd(|n| n.ready(&status));
             }
-            let now = Instant::now();
-            if now >= next_tick {
-                if self.ticking() {
-                    self.money.tick(unix_ms());
-                }
-                next_tick = now + self.tick_interval;
+            if self.timers.tick_due(now) && self.ticking() {
+                self.money.tick(self.time.unix().as_millis());
             }
-            if now >= next_second {
-                next_second = now + UnixTime::now().until_next_second() + SECOND_REPORT_DELAY;
+            if self.timers.second_due(now) {
+                // The round follows the wall clock if it was set meanwhile.
+                let unix = self.time.clock.resync();
+                self.timers.seconded(now, unix);
                 self.report.roll_rates(&self.replies());
                 self.log_token_refusals();
-                let horizon = revocation_horizon(&self.cfg);
-                self.presence.forget_revocations(unix_ms() / 1000, horizon);
-                self.users.forget_full(unix_us());
+                let horizon = self.cfg.tokens.revocation_horizon();
+                self.presence.forget_revocations(unix.second(), horizon);
+                self.users.forget_full(unix.as_micros());
                 if let Some(monitor) = self.monitor.clone() {
-                    let second = (unix_ms() / 1000).saturating_sub(1);
-                    monitor.send(self.sample(second));
+                    monitor.send(self.sample(unix.second().saturating_sub(1)));
                 }
-                self.answer_broadcasts(true);
+                self.answer_broadcasts(true, now);
             }
-            if now >= next_check {
-                next_check = now + Duration::from_millis(100);
-                self.check_workers()?;
+            if self.timers.check_due(now) {
+                self.check_workers(now)?;
             }
-            self.health
-                .turn(now, self.worker_links.len(), self.workers.len());
+            self.health.turn(
+                self.time.clock.instant(now),
+                self.worker_links.len(),
+                self.workers.len(),
+            );
             self.health
                 .ledger_failing(self.money.commits_failing().is_some());
             if !ready_said && self.worker_links.len() == self.workers.len() {
@@ -558,7 +226,7 @@ impl Supervisor {
                     self.client_addr,
                     admin_addr,
                     self.workers.len(),
-                    self.cfg.data_dir.display(),
+                    self.cfg.ledger.data_dir.display(),
                     replayed
                 );
                 let _ = std::io::stdout().flush();
@@ -711,17 +379,20 @@ impl Supervisor {
         self.tell_worker(worker, &msg);
     }
 
-    fn on_worker_message(&mut self, w: WorkerId, msg: ToCore, now: u64) {
+    fn on_worker_message(&mut self, w: WorkerId, msg: ToSupervisor, now: u64) {
         match msg {
-            ToCore::Hello { .. } => {}
-            ToCore::Online {
+            ToSupervisor::Hello { .. } => {}
+            ToSupervisor::Online {
                 conn,
                 req,
                 user,
                 issued,
             } => {
                 let origin = origin(w, conn, req, user);
-                if let Err(refused) = self.users.take(user, Action::Login, unix_us()) {
+                if let Err(refused) =
+                    self.users
+                        .take(user, Action::Login, self.time.unix().as_micros())
+                {
                     // Its worker let it in: it is not logged in after all.
                     self.refuse(origin, refused);
                     self.tell_worker(w, &ToWorker::LoginRefused { conn });
@@ -742,16 +413,16 @@ impl Supervisor {
                     }
                 }
             }
-            ToCore::Refreshed { conn, user, issued } => {
+            ToSupervisor::Refreshed { conn, user, issued } => {
                 self.presence.refreshed(w, conn, user, issued);
             }
-            ToCore::Offline { conn, user } => {
+            ToSupervisor::Offline { conn, user } => {
                 self.presence.offline(w, conn, user);
                 if self.presence.route(user).is_none() {
                     self.money.offline(user);
                 }
             }
-            ToCore::Op {
+            ToSupervisor::Op {
                 conn,
                 req,
                 user,
@@ -766,13 +437,15 @@ impl Supervisor {
                     _ => None,
                 };
                 if let Some(action) = action {
-                    if let Err(refused) = self.users.take(user, action, unix_us()) {
+                    if let Err(refused) =
+                        self.users.take(user, action, self.time.unix().as_micros())
+                    {
                         return self.refuse(origin, refused);
                     }
                 }
                 self.money.submit(now, origin, op);
             }
-            ToCore::Chat {
+            ToSupervisor::Chat {
                 conn,
                 req,
                 user,
@@ -780,7 +453,10 @@ impl Supervisor {
                 text,
             } => {
                 let from = origin(w, conn, req, user);
-                if let Err(refused) = self.users.take(user, Action::Chat, unix_us()) {
+                if let Err(refused) =
+                    self.users
+                        .take(user, Action::Chat, self.time.unix().as_micros())
+                {
                     return self.refuse(from, refused);
                 }
                 let here = UserId::new(to_user).and_then(|u| self.presence.route(u));
@@ -791,14 +467,14 @@ impl Supervisor {
                     self.deliver(delivery);
                 }
             }
-            ToCore::BroadcastTaken { id, connections } => {
+            ToSupervisor::BroadcastTaken { id, connections } => {
                 if let Some(b) = self.broadcasts.get_mut(&id) {
                     b.waiting.retain(|&x| x != w);
                     b.connections += connections;
                 }
-                self.answer_broadcasts(false);
+                self.answer_broadcasts(false, self.time.now);
             }
-            ToCore::Stats(stats) => {
+            ToSupervisor::Stats(stats) => {
                 self.report.worker_latency(&stats.shake_latency_us);
                 if let Some(proc_) = self.workers.get_mut(&w) {
                     proc_.previous = proc_.latest.take();
@@ -820,7 +496,8 @@ impl Supervisor {
                     MoneyRequest::CreateShake { .. } | MoneyRequest::CreateSend { .. }
                 );
                 self.tickets.insert(ticket, (cmd.reply, creates));
-                self.money.admin(unix_ms(), ticket, request);
+                self.money
+                    .admin(self.time.unix().as_millis(), ticket, request);
                 return;
             }
             AdminRequest::Broadcast(req) => return self.broadcast(req.text, cmd.reply),

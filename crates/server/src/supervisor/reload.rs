@@ -1,6 +1,7 @@
-//! SIGHUP: the configuration file and the key files read again; what can change live
-//! (`config::RELOADED`) applied, the login setup sent to every worker in a new welcome,
-//! and every other setting the file changed named, to wait for the next start.
+//! SIGHUP: the configuration file and the key files read again; the sections that can
+//! change live (`config::SECTIONS`: tokens, tls, limits, overload) applied and sent to
+//! every worker in a new welcome, and every other setting the file changed named, to
+//! wait for the next start.
 
 use hongbao_proto::token::Alg;
 
@@ -13,8 +14,8 @@ use crate::link::{self, LoginSetup, ToWorker};
 /// old HMAC secret when allowed, the demo key when on. Revocations are added as each
 /// welcome is sent (`Supervisor::welcome`).
 pub(super) fn login_setup(cfg: &ServeConfig) -> Result<LoginSetup> {
-    let keys = cfg.login_specs()?;
-    let demo_key = if cfg.demo_login {
+    let keys = cfg.tokens.login_specs()?;
+    let demo_key = if cfg.tokens.demo_login {
         let key = keys.iter().find(|k| k.alg == Alg::HS256).cloned();
         if key.is_none() {
             return Err(Error::config(
@@ -27,18 +28,15 @@ pub(super) fn login_setup(cfg: &ServeConfig) -> Result<LoginSetup> {
     };
     Ok(LoginSetup {
         keys,
-        rules: cfg.token_rules(),
-        refresh_before_secs: cfg.refresh_before_secs,
-        hmac_secret: cfg.hmac_login.then(|| cfg.secret.as_bytes().to_vec()),
+        rules: cfg.tokens.token_rules(),
+        refresh_before_secs: cfg.tokens.refresh_before_secs,
+        hmac_secret: cfg
+            .tokens
+            .hmac_login
+            .then(|| cfg.tokens.secret.as_bytes().to_vec()),
         demo_key,
         revoked: Vec::new(),
     })
-}
-
-/// How long a revocation matters: past the longest a token lives (and the leeways on
-/// both ends), every token it refuses has expired.
-pub(super) fn revocation_horizon(cfg: &ServeConfig) -> u64 {
-    cfg.max_token_lifetime_secs + 2 * cfg.token_leeway_secs
 }
 
 impl Supervisor {
@@ -54,7 +52,7 @@ impl Supervisor {
         let loaded = ServeConfig::load(&flags).and_then(|cfg| {
             cfg.check_exposure()?;
             let login = login_setup(&cfg)?;
-            let tls = cfg.tls_pem()?;
+            let tls = cfg.tls.tls_pem()?;
             if tls.is_some() != self.worker_cfg.tls.is_some() {
                 return Err(Error::config(
                     "TLS cannot be turned on or off by a reload: restart".to_string(),
@@ -98,12 +96,21 @@ impl Supervisor {
             t.ticket_key = keep.unwrap_or(t.ticket_key);
             t
         });
-        self.worker_cfg.idle_timeout_secs = cfg.idle_timeout_secs;
-        self.worker_cfg.shake_limit = cfg.user_limits.shake;
-        self.users.set_limits(cfg.user_limits.clone());
-        self.cfg.login_keys = cfg.login_keys;
-        self.cfg.token_leeway_secs = cfg.token_leeway_secs;
-        self.cfg.max_token_lifetime_secs = cfg.max_token_lifetime_secs;
+        // [limits]
+        self.worker_cfg.idle_timeout_secs = cfg.limits.idle_timeout_secs;
+        self.worker_cfg.shake_limit = cfg.limits.user_limits.shake;
+        self.users.set_limits(cfg.limits.user_limits.clone());
+        // [overload]: each worker's share of the rate, the queue it sheds past, the
+        // broadcasts' pace; the workers read them a shake (a broadcast) at a time.
+        let workers = self.workers_wanted.max(1) as u32;
+        self.worker_cfg.max_shakes_per_sec = cfg.overload.max_shake_qps.div_ceil(workers);
+        self.worker_cfg.max_queue_ms = cfg.overload.max_queue_ms;
+        self.worker_cfg.broadcast_yield_ms = cfg.overload.broadcast_yield_ms;
+        // The live sections as the file has them now; the others wait for the next start.
+        self.cfg.tokens = cfg.tokens;
+        self.cfg.tls = cfg.tls;
+        self.cfg.limits = cfg.limits;
+        self.cfg.overload = cfg.overload;
         let welcome = ToWorker::Welcome(Box::new(self.welcome()));
         for &key in self.worker_links.values() {
             link::encode(&welcome, &mut self.links[key].outbuf);

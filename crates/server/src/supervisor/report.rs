@@ -12,7 +12,6 @@ use hongbao_money::seam::{OpKind, ReplyCounts};
 use hongbao_money::WorkerId;
 use hongbao_proto::token::Refusal;
 use hongbao_proto::ResultCode;
-use hongbao_sys::clock::unix_ms;
 use hongbao_sys::usage;
 use hongbao_telemetry::prom::Page;
 use hongbao_telemetry::sample::{self, RoleSample, Sample};
@@ -152,7 +151,7 @@ impl Supervisor {
         let latency = sample::sparse(&self.report.latency_pending);
         self.report.latency_pending.reset();
         // A gateway host of a cluster goes by its host name (the series' `server@gw1`).
-        let instance = match self.cfg.host_name.as_str() {
+        let instance = match self.cfg.cluster.host_name.as_str() {
             "" => format!("serve@{}:{}", sample::hostname(), std::process::id()),
             name => name.to_string(),
         };
@@ -215,7 +214,7 @@ impl Supervisor {
         let (rss_bytes, cpu_ms) = usage::self_usage();
         let money = self.money.snapshot();
         Stats {
-            unix_ms: unix_ms(),
+            unix_ms: self.time.unix().as_millis(),
             connections: totals.levels.connections,
             logged_in: totals.levels.logged_in,
             online_users: self.presence.online_users() as u64,

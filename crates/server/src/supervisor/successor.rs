@@ -577,7 +577,7 @@ impl super::Supervisor {
 
     /// The upgrade socket, listening in this server's loop.
     pub(super) fn listen_for_upgrades(&mut self) {
-        let Some(mut listener) = super::upgrade::listen(&self.cfg.data_dir) else {
+        let Some(mut listener) = super::upgrade::listen(&self.cfg.ledger.data_dir) else {
             return;
         };
         match self.poll.registry().register(

@@ -27,7 +27,9 @@ use std::io::{ErrorKind, Read};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use hongbao_sys::clock::Uptime;
 
 use hongbao_money::seam::{AdminRequest, Op, Origin, Output};
 use hongbao_money::WorkerId;
@@ -174,7 +176,7 @@ pub(super) struct Successor {
     tickets: HashMap<u64, u64>,
     ready: bool,
     /// When `Finishing` was sent.
-    finishing: Option<Instant>,
+    finishing: Option<Uptime>,
     quiet: bool,
     /// Logins at the new server since it was ready (its `LoggedIn` operations, applied here).
     admitted: u64,
@@ -183,12 +185,12 @@ pub(super) struct Successor {
     held: Vec<(WorkerId, u64)>,
     held_total: u64,
     granted: u64,
-    granted_at: Option<Instant>,
+    granted_at: Option<Uptime>,
     /// When the drain began, and the fastest it lets connections go (a second).
-    drain_from: Option<Instant>,
+    drain_from: Option<Uptime>,
     admit_rate: u64,
     /// When the workers still up at the window's end were told to stop.
-    stopping_workers: Option<Instant>,
+    stopping_workers: Option<Uptime>,
 }
 
 /// How many of the old server's clients may be on their way to the new one at once (let
@@ -356,7 +358,7 @@ impl Supervisor {
             }
             ToOld::Ready => {
                 s.ready = true;
-                self.begin_upgrade_drain(std::time::Instant::now());
+                self.begin_upgrade_drain(self.time.now);
             }
             ToOld::WorkerUp(w) => {
                 let ours = SUCCESSOR_WORKERS + w;
@@ -458,7 +460,7 @@ impl Supervisor {
 
     /// The new server serves: stop accepting and drain, as SIGTERM does, over a window
     /// sized from the connections held and the rate the new server admits.
-    fn begin_upgrade_drain(&mut self, now: Instant) {
+    fn begin_upgrade_drain(&mut self, now: Uptime) {
         let by_worker: Vec<(WorkerId, u64)> = self
             .workers
             .iter()
@@ -470,9 +472,9 @@ impl Supervisor {
             s.held = by_worker;
             s.held_total = held;
             s.drain_from = Some(now);
-            s.admit_rate = self.cfg.upgrade_admit_rate(tls);
+            s.admit_rate = self.cfg.processes.upgrade_admit_rate(tls);
         }
-        let window = self.cfg.upgrade_drain_window(held, tls);
+        let window = self.cfg.processes.upgrade_drain_window(held, tls);
         self.shutting_down = true;
         self.sockets.close_all();
         // The new server answers on the admin address now: ours closes its copy, off the
@@ -513,7 +515,7 @@ impl Supervisor {
 
     /// An upgrade's turn of the loop: the drain over, the new server told to finish; once
     /// it is quiet and everything it sent is committed, the loop ends (`Stage::HandOver`).
-    pub(super) fn upgrade_turn(&mut self, now: Instant) -> Stage {
+    pub(super) fn upgrade_turn(&mut self, now: Uptime) -> Stage {
         let Some(s) = self.successor.as_ref() else {
             return Stage::Serving;
         };
@@ -536,7 +538,7 @@ impl Supervisor {
                 }
                 false
             }
-            Some(since) => now.duration_since(since) >= WORKERS_STOP_WAIT,
+            Some(since) => now.since(since) >= WORKERS_STOP_WAIT,
             None => false,
         };
         let s = self.successor.as_ref().expect("looked");
@@ -545,15 +547,14 @@ impl Supervisor {
             None if drained => {
                 let s = self.successor.as_mut().expect("looked");
                 s.finishing = Some(now);
-                let drain_ms = now.duration_since(began).as_millis() as u64;
+                let drain_ms = now.since(began).as_millis() as u64;
                 encode(&ToNew::Finishing { drain_ms }, &mut s.outbuf);
                 tracing::info!("upgrade: drained; asking the new server to stop sending");
                 Stage::Serving
             }
-            Some(since) if s.quiet || now.duration_since(since) >= QUIET_WAIT => {
+            Some(since) if s.quiet || now.since(since) >= QUIET_WAIT => {
                 let snap = self.money.snapshot();
-                if snap.committed_seq >= snap.ledger_seq || now.duration_since(since) >= QUIET_WAIT
-                {
+                if snap.committed_seq >= snap.ledger_seq || now.since(since) >= QUIET_WAIT {
                     Stage::HandOver
                 } else {
                     Stage::Serving
@@ -566,21 +567,17 @@ impl Supervisor {
     /// The drain's credit: while fewer than `in_flight_bound` of the clients let go have
     /// not logged in again at the new server, more are let go now, ahead of the window,
     /// each worker its share (`ToWorker::DrainTo`).
-    fn grant_drain(&mut self, now: Instant) {
+    fn grant_drain(&mut self, now: Uptime) {
         let Some(s) = self.successor.as_mut() else {
             return;
         };
         if s.held_total == 0 || s.granted >= s.held_total {
             return;
         }
-        if s.granted_at
-            .is_some_and(|t| now.duration_since(t) < GRANT_EVERY)
-        {
+        if s.granted_at.is_some_and(|t| now.since(t) < GRANT_EVERY) {
             return;
         }
-        let elapsed = s
-            .drain_from
-            .map_or(Duration::ZERO, |t| now.duration_since(t));
+        let elapsed = s.drain_from.map_or(Duration::ZERO, |t| now.since(t));
         let target = drain_credit(s.held_total, s.admitted, s.admit_rate, elapsed);
         if target <= s.granted {
             return;
@@ -651,7 +648,7 @@ impl Supervisor {
             return;
         };
         // The new server makes its own upgrade socket once the ledger is its.
-        let _ = std::fs::remove_file(socket_path(&self.cfg.data_dir));
+        let _ = std::fs::remove_file(socket_path(&self.cfg.ledger.data_dir));
         encode(&ToNew::LedgerYours { seq }, &mut s.outbuf);
         let out = std::mem::take(&mut s.outbuf);
         match send_blocking(&s.stream, &out, &[]) {

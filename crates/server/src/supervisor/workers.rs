@@ -6,7 +6,9 @@ use std::io::{ErrorKind, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use hongbao_sys::clock::Uptime;
 
 use hongbao_money::WorkerId;
 use hongbao_sys::net;
@@ -15,9 +17,8 @@ use mio::{Events, Interest, Token};
 
 use super::{Supervisor, WAKER};
 use crate::error::{Error, Result};
-use crate::link::{self, ToCore, ToWorker};
+use crate::link::{self, ToSupervisor, ToWorker};
 use crate::stats::WorkerStats;
-use hongbao_sys::clock::unix_ms;
 
 /// A worker whose link output backs up past this is treated as dead.
 const MAX_LINK_BACKLOG: usize = 256 << 20;
@@ -35,7 +36,7 @@ pub(super) struct Link {
 pub(super) struct WorkerProc {
     child: Option<Child>,
     pub(super) restarts: u32,
-    respawn_at: Option<Instant>,
+    respawn_at: Option<Uptime>,
     /// Stats reports: latest and the one a second before, for per-second rates.
     pub(super) latest: Option<WorkerStats>,
     pub(super) previous: Option<WorkerStats>,
@@ -53,11 +54,12 @@ impl WorkerProc {
     }
 
     /// Counts a restart and sets when to start the worker: later each time it keeps
-    /// dying (or failing to start), so a crash loop cannot spin. Returns the wait.
-    fn start_later(&mut self) -> Duration {
+    /// dying (or failing to start), so a crash loop cannot spin, from `now`. Returns the
+    /// wait.
+    fn start_later(&mut self, now: Uptime) -> Duration {
         self.restarts += 1;
         let delay = Duration::from_millis(100 * self.restarts.min(50) as u64);
-        self.respawn_at = Some(Instant::now() + delay);
+        self.respawn_at = Some(now + delay);
         delay
     }
 }
@@ -163,11 +165,11 @@ impl Supervisor {
             }
         }
         let mut inbox = Vec::new();
-        if let Err(e) = link::decode_all::<ToCore>(&mut link.inbuf, |m| inbox.push(m)) {
+        if let Err(e) = link::decode_all::<ToSupervisor>(&mut link.inbuf, |m| inbox.push(m)) {
             tracing::warn!(error = %e, "dropping a worker link");
             closed = true;
         }
-        let now = unix_ms();
+        let now = self.time.unix().as_millis();
         for msg in inbox {
             match self.links[key].worker {
                 Some(w) => self.on_worker_message(w, msg, now),
@@ -181,8 +183,8 @@ impl Supervisor {
 
     /// A new link's first message names its worker: the one it was made for, or the link
     /// is dropped.
-    fn hello(&mut self, key: usize, msg: ToCore) {
-        let ToCore::Hello { worker: w, .. } = msg else {
+    fn hello(&mut self, key: usize, msg: ToSupervisor) {
+        let ToSupervisor::Hello { worker: w, .. } = msg else {
             return;
         };
         if w != self.links[key].expected {
@@ -227,7 +229,7 @@ impl Supervisor {
             for b in self.broadcasts.values_mut() {
                 b.waiting.retain(|&x| x != w);
             }
-            self.answer_broadcasts(false);
+            self.answer_broadcasts(false, self.time.now);
         }
     }
 
@@ -251,7 +253,7 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn check_workers(&mut self) -> Result<()> {
+    pub(super) fn check_workers(&mut self, now: Uptime) -> Result<()> {
         if self.shutting_down {
             return Ok(());
         }
@@ -268,7 +270,7 @@ impl Supervisor {
                         "a worker exited; restarting it"
                     );
                     proc_.child = None;
-                    proc_.start_later();
+                    proc_.start_later(now);
                     self.sockets.close_worker(w, self.workers_wanted);
                     if let Some(key) = self.worker_links.get(&w).copied() {
                         self.drop_link(key);
@@ -276,13 +278,13 @@ impl Supervisor {
                 }
             }
             let proc_ = self.workers.get_mut(&w).expect("listed");
-            if proc_.child.is_none() && proc_.respawn_at.is_some_and(|t| Instant::now() >= t) {
+            if proc_.child.is_none() && proc_.respawn_at.is_some_and(|t| now >= t) {
                 proc_.respawn_at = None;
                 match self.spawn_worker(w) {
                     Ok(child) => self.workers.get_mut(&w).expect("listed").child = Some(child),
                     Err(e) => {
                         // The others serve on; this one is tried again, later each time.
-                        let delay = self.workers.get_mut(&w).expect("listed").start_later();
+                        let delay = self.workers.get_mut(&w).expect("listed").start_later(now);
                         tracing::error!(
                             worker = w,
                             error = format!("{e:#}"),
@@ -304,9 +306,9 @@ impl Supervisor {
             link::encode(&ToWorker::Shutdown, &mut link.outbuf);
         }
         self.flush_links();
-        let deadline = Instant::now() + Duration::from_secs(3);
+        let deadline = self.time.clock.now() + Duration::from_secs(3);
         let mut events = Events::with_capacity(64);
-        while !self.worker_links.is_empty() && Instant::now() < deadline {
+        while !self.worker_links.is_empty() && self.time.clock.now() < deadline {
             let _ = self.poll.poll(&mut events, Some(Duration::from_millis(10)));
             for event in events.iter() {
                 let Token(key) = event.token();
@@ -317,7 +319,7 @@ impl Supervisor {
         }
         for proc_ in self.workers.values_mut() {
             if let Some(child) = proc_.child.as_mut() {
-                while Instant::now() < deadline {
+                while self.time.clock.now() < deadline {
                     if let Ok(Some(_)) = child.try_wait() {
                         break;
                     }

@@ -263,24 +263,23 @@ impl Worker {
                         Codec::Frames
                     };
                     let tls = self.tls.as_ref().map(|t| t.session(http));
-                    let entry = self.conns.vacant_entry();
+                    let key = self.conns.next_key();
                     let interest = Interest::READABLE | Interest::WRITABLE;
                     if self
                         .poll
                         .registry()
-                        .register(&mut stream, Token(entry.key()), interest)
+                        .register(&mut stream, Token(key), interest)
                         .is_err()
                     {
                         continue;
                     }
-                    let generation = self.next_generation;
-                    self.next_generation = self.next_generation.wrapping_add(1).max(1);
-                    let key = entry.key();
                     let handshaking = tls.is_some();
-                    let mut conn = Conn::new(stream, generation, now, codec);
-                    conn.tls = tls;
-                    conn.proxied = proxied;
-                    entry.insert(conn);
+                    let id = self.conns.insert(|generation| {
+                        let mut conn = Conn::new(stream, generation, now, codec);
+                        conn.tls = tls;
+                        conn.proxied = proxied;
+                        conn
+                    });
                     let first = match handshaking {
                         true => {
                             self.listeners.handshaking += 1;
@@ -288,7 +287,8 @@ impl Worker {
                         }
                         false => self.first_visit(http, now),
                     };
-                    self.timers.file(first, conn_id(key, generation));
+                    debug_assert_eq!(id.key as usize, key, "the slot next_key named");
+                    self.timers.file(first, id);
                     if !http {
                         self.hold_unauthenticated(key, peer.ip());
                     }

@@ -16,7 +16,7 @@ use hongbao_sys::usage::CpuWait;
 use super::codec::{self, Form};
 use super::conn::State;
 use super::Worker;
-use crate::link::ToCore;
+use crate::link::ToSupervisor;
 
 /// Connections a broadcast is written to per turn of the loop, between two reads of
 /// every ready connection (`ready::read_batch`): a shake that comes during a broadcast
@@ -262,7 +262,7 @@ impl Worker {
             .iter()
             .filter(|(_, c)| c.state == State::Open && c.codec.form().is_some())
             .count() as u64;
-        self.tell_core(&ToCore::BroadcastTaken { id, connections });
+        self.tell_supervisor(&ToSupervisor::BroadcastTaken { id, connections });
         let now = self.now();
         let b = &mut self.broadcasts;
         if b.jobs.is_empty() {

@@ -13,12 +13,13 @@ use hongbao_proto::KickReason;
 use hongbao_sys::clock::UptimeSecs;
 use hongbao_sys::net;
 use mio::net::TcpStream;
+use slab::Slab;
 
 use super::codec::Codec;
 use super::session::Checked;
-use super::tls::{self, Opened};
+use super::tls;
 use super::Worker;
-use crate::link::ToCore;
+use crate::link::ToSupervisor;
 
 /// How long a kicked connection may take to read its kick before we close it.
 pub(super) const CLOSING_GRACE_SECS: u32 = 2;
@@ -50,7 +51,7 @@ pub(super) struct Conn {
     pub stream: TcpStream,
     pub generation: u32,
     pub state: State,
-    /// Requests handed to the core and not yet answered.
+    /// Requests handed to the supervisor and not yet answered.
     pub awaiting: u16,
     /// When the last bytes were read (or the connect); before a session's login, the
     /// connect (or the WebSocket upgrade) only.
@@ -194,6 +195,85 @@ fn reusable(mut bytes: Vec<u8>) -> Option<Vec<u8>> {
     (bytes.capacity() <= KEPT_BUFFER).then_some(bytes)
 }
 
+/// The connection table: the records in a slab, and the generation the next one gets.
+/// A `ConnId` is a slot and its generation, so an answer for a closed connection can
+/// never reach the next owner of its slot.
+pub(super) struct Conns {
+    slab: Slab<Conn>,
+    next_generation: u32,
+}
+
+impl Conns {
+    /// Room for `capacity`, reserved, not touched: only the records in use become
+    /// resident. A slab grown by doubling kept up to twice the records' memory resident
+    /// (its new half is written as it moves the old).
+    pub(super) fn with_capacity(capacity: usize) -> Conns {
+        Conns {
+            slab: Slab::with_capacity(capacity),
+            next_generation: 1,
+        }
+    }
+
+    /// The slot the next connection will take.
+    pub(super) fn next_key(&self) -> usize {
+        self.slab.vacant_key()
+    }
+
+    /// Files a new connection in the slot `next_key` named, with the next generation.
+    pub(super) fn insert(&mut self, conn: impl FnOnce(u32) -> Conn) -> ConnId {
+        let generation = self.next_generation;
+        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        let key = self.slab.insert(conn(generation));
+        conn_id(key, generation)
+    }
+
+    pub(super) fn get(&self, key: usize) -> Option<&Conn> {
+        self.slab.get(key)
+    }
+
+    pub(super) fn get_mut(&mut self, key: usize) -> Option<&mut Conn> {
+        self.slab.get_mut(key)
+    }
+
+    pub(super) fn contains(&self, key: usize) -> bool {
+        self.slab.contains(key)
+    }
+
+    pub(super) fn remove(&mut self, key: usize) -> Conn {
+        self.slab.remove(key)
+    }
+
+    pub(super) fn iter(&self) -> slab::Iter<'_, Conn> {
+        self.slab.iter()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.slab.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.slab.is_empty()
+    }
+
+    /// How many slots there are room for: every key is below it.
+    pub(super) fn capacity(&self) -> usize {
+        self.slab.capacity()
+    }
+}
+
+impl std::ops::Index<usize> for Conns {
+    type Output = Conn;
+    fn index(&self, key: usize) -> &Conn {
+        &self.slab[key]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Conns {
+    fn index_mut(&mut self, key: usize) -> &mut Conn {
+        &mut self.slab[key]
+    }
+}
+
 pub(super) fn conn_id(key: usize, generation: u32) -> ConnId {
     ConnId {
         key: key as u32,
@@ -285,45 +365,6 @@ impl Worker {
             if buffers.out.len() > self.cfg.max_output_bytes as usize {
                 self.stats.counters.kicks_slow_reader += 1;
                 self.close(key);
-            }
-        }
-    }
-
-    /// Reads `cipher` (bytes read from TLS connection `key`) through its session: the
-    /// plaintext, or none when the connection is done with — refused (not TLS, a bad
-    /// record: counted, sent rustls's alert and closed) or said goodbye (close_notify).
-    /// Writing what the session answers may find the peer gone and close the connection
-    /// too: the caller looks before it goes on.
-    pub(super) fn tls_read(&mut self, key: usize, cipher: &mut [u8]) -> Option<Vec<u8>> {
-        let session = self.conns.get_mut(key)?.tls.as_mut()?;
-        let handshaking = session.is_handshaking();
-        let (mut plain, mut out) = (self.output.take_plain(), Vec::new());
-        let opened = tls::open(session, cipher, &mut plain, &mut out);
-        if handshaking && !session.is_handshaking() && opened.is_ok() {
-            self.handshake_over(key, true);
-        }
-        if !out.is_empty() {
-            self.write_raw(key, &out);
-        }
-        match opened {
-            Ok(Opened::Data) => Some(plain),
-            Ok(Opened::PeerClosed) if !plain.is_empty() => Some(plain),
-            Ok(Opened::PeerClosed) => {
-                if self.is_handshaking(key) {
-                    self.stats.counters.tls_abandoned += 1;
-                }
-                self.peer_done(key);
-                None
-            }
-            Err(e) => {
-                if handshaking {
-                    self.stats.counters.tls_refused += 1;
-                    tracing::debug!(error = %e, "a TLS handshake refused");
-                } else {
-                    self.stats.counters.bad_frames += 1;
-                }
-                self.close(key);
-                None
             }
         }
     }
@@ -447,7 +488,7 @@ impl Worker {
         if let Some(user) = conn.user.take() {
             let conn = conn_id(key, conn.generation);
             self.stats.levels.logged_in -= 1;
-            self.tell_core(&ToCore::Offline { conn, user });
+            self.tell_supervisor(&ToSupervisor::Offline { conn, user });
         }
     }
 

@@ -43,7 +43,7 @@ pub(super) struct Drain {
     retry_after_ms: u32,
     /// How many the supervisor has let go ahead of the window (an upgrade's credit).
     granted: usize,
-    /// Connections whose turn came while a request of theirs was with the core: let go
+    /// Connections whose turn came while a request of theirs was with the supervisor: let go
     /// once its answer is written (a win is told before the kick), or at the window's end.
     answering: Vec<usize>,
 }

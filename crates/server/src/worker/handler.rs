@@ -18,15 +18,15 @@ use super::overload::{Limits, Overload, Shed, Verdict};
 use super::wire::{Auth, Inbound};
 use super::Worker;
 use crate::config::ReadyOrder;
-use crate::link::ToCore;
+use crate::link::ToSupervisor;
 
-/// The worker's shake side: its pool of packets to give (as the core dealt them), the
-/// won shakes waiting for the core to commit them, and the overload gate.
+/// The worker's shake side: its pool of packets to give (as the money side dealt them), the
+/// won shakes waiting for the money side to commit them, and the overload gate.
 #[derive(Default)]
 pub(super) struct Shakes {
     /// Packets `(id, amount_cents)` dealt to this worker, given out in order.
     pub pool: VecDeque<(u64, u64)>,
-    /// When each shake waiting on the core for a win was read, by (connection, request).
+    /// When each shake waiting on the supervisor for a win was read, by (connection, request).
     pub claims: HashMap<(ConnId, u32), Uptime>,
     /// The shake buckets of users shaking over HTTP (their bearer's), by user: a session
     /// keeps its own on its connection (`limits.rs`). Emptied of full ones each second.
@@ -109,14 +109,14 @@ impl Worker {
             Request::Shake => return self.shake(key, id, user, bearer),
             Request::Chat { to_user, text } => {
                 self.stats.counters.chats += 1;
-                let chat = ToCore::Chat {
+                let chat = ToSupervisor::Chat {
                     conn,
                     req: id,
                     user,
                     to_user,
                     text,
                 };
-                return self.ask_core(key, &chat);
+                return self.ask_supervisor(key, &chat);
             }
             Request::Send {
                 amount_cents,
@@ -140,9 +140,9 @@ impl Worker {
             Request::Notices => Op::Notices,
             Request::Ping { .. } | Request::Login { .. } => unreachable!("answered above"),
         };
-        self.ask_core(
+        self.ask_supervisor(
             key,
-            &ToCore::Op {
+            &ToSupervisor::Op {
                 conn,
                 req: id,
                 user,
@@ -151,15 +151,15 @@ impl Worker {
         );
     }
 
-    /// Hands request-bearing `msg` of connection `key` to the core, which answers it
+    /// Hands request-bearing `msg` of connection `key` to the supervisor, which answers it
     /// (`ToWorker::Reply`); a connection half-closed by its peer stays until it has.
-    fn ask_core(&mut self, key: usize, msg: &ToCore) {
+    fn ask_supervisor(&mut self, key: usize, msg: &ToSupervisor) {
         let conn = &mut self.conns[key];
         conn.awaiting = conn.awaiting.saturating_add(1);
-        self.tell_core(msg);
+        self.tell_supervisor(msg);
     }
 
-    /// A login: the first of a connection takes the user's route (the core answers it);
+    /// A login: the first of a connection takes the user's route (the supervisor answers it);
     /// another on a logged-in connection, for the same user, refreshes its session (its
     /// end moves to the new token's) and is answered here.
     /// The user an HTTP request's bearer token names, or `None` once its refusal is
@@ -219,12 +219,12 @@ impl Worker {
                     shakes,
                     ..Session::of(&checked)
                 };
-                let refreshed = ToCore::Refreshed {
+                let refreshed = ToSupervisor::Refreshed {
                     conn: conn_id(key, conn.generation),
                     user,
                     issued: checked.issued,
                 };
-                self.tell_core(&refreshed);
+                self.tell_supervisor(&refreshed);
                 self.stats.counters.refreshes += 1;
                 let ok = Reply::Login {
                     result: ResultCode::Ok,
@@ -248,9 +248,9 @@ impl Worker {
         let conn = conn_id(key, self.conns[key].generation);
         // Presence answers: it must own the route before the client hears "ok", or a
         // second login elsewhere could reach it first and be the one replaced.
-        self.ask_core(
+        self.ask_supervisor(
             key,
-            &ToCore::Online {
+            &ToSupervisor::Online {
                 conn,
                 req: id,
                 user,
@@ -295,17 +295,17 @@ impl Worker {
         }
         match self.shakes.pool.pop_front() {
             Some((packet, _amount)) => {
-                // Only the core may say "won": it commits the win to the ledger first.
+                // Only the money side may say "won": it commits the win to the ledger first.
                 self.stats.counters.shakes_won_claimed += 1;
                 let conn = conn_id(key, self.conns[key].generation);
                 self.shakes.claims.insert((conn, id), read_at);
-                let claim = ToCore::Op {
+                let claim = ToSupervisor::Op {
                     conn,
                     req: id,
                     user,
                     op: Op::Claim { packet },
                 };
-                self.ask_core(key, &claim);
+                self.ask_supervisor(key, &claim);
             }
             None => {
                 self.stats.counters.shakes_nothing += 1;

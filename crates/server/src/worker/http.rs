@@ -135,7 +135,7 @@ impl HttpCodec {
         let id = self.take_id(request.keep_alive);
         // A HEAD is answered as its GET would be, less the body (RFC 9110 §9.3.2): its
         // client reads no body, so one sent would be read as the next answer. Answered
-        // here: the API's reads go through the core and answer later, and HEAD is not
+        // here: the API's reads go through the supervisor and answer later, and HEAD is not
         // worth a second path there — a ping is answered at once, `route` refuses the rest.
         let head = request.method == "HEAD";
         let route = match route(&request, cx) {
@@ -587,7 +587,7 @@ fn api(segments: &[&str], request: &http::Request<'_>) -> Result<Request, Route>
                 None => None,
             };
             // Refused here with its reason: the send-reply a malformed send gets from
-            // the core has no words for the `error` field.
+            // the money side has no words for the `error` field.
             if let Some(why) =
                 hongbao_money::rules::send_refusal(body.amount_cents, body.shares, &body.recipients)
             {

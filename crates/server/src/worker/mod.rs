@@ -11,10 +11,11 @@
 //! generation, so an answer for a closed connection can never reach the next owner of its
 //! slot).
 //!
-//! This file: the worker's record, its start, the event loop and the read path. The rest:
+//! This file: the worker's record, its start and the event loop. The rest:
 //! - `accept`: taking connections in, and the limits on those not yet logged in;
 //! - `ready`: the connections reported readable and not yet read, and the order they
 //!   are read in (oldest first; newest first while a queue stands);
+//! - `read`: the read path, a step at a time — the socket, a PROXY header, TLS, the codec;
 //! - `conn`: the connection record, and writing, kicking, closing;
 //! - `codec`: the wire seam — binary frames, WebSocket;
 //! - `http`: HTTP on the listener — the API, the browser page, WebSocket upgrades;
@@ -24,26 +25,29 @@
 //! - `session`: who a connection is and until when — tokens, revocations, refreshes;
 //! - `overload`: a shake's way through overload — late, back-off, cap, rate — in one gate;
 //! - `broadcast`: operator broadcasts, a slice of connections per turn, paced;
-//! - `core_link`: this worker's end of the link — the welcome, the core's messages, ours;
+//! - `supervisor_link`: this worker's end of the link — the welcome, the supervisor's
+//!   messages, ours;
 //! - `timers`: every deadline of the loop in one table — the tick, each connection's next;
 //! - `tick`: once a second — the report, and the connections whose deadline came.
 //!
 //! The worker's record is made of parts, one per concern, each beside the code that owns
-//! it: `Listeners` (accept.rs), `CoreLink` (core_link.rs), `Shakes` (handler.rs),
-//! `Broadcasts` (broadcast.rs), `Output` (conn.rs), `Timers` (timers.rs), and here the
-//! clock as the turn read it (`TurnClock`). Time is typed (`hongbao_sys::clock`): the
+//! it: `Listeners` (accept.rs), `Conns`, the connection table, and `Output` (conn.rs),
+//! `SupervisorLink` (supervisor_link.rs), `Shakes` (handler.rs), `Broadcasts`
+//! (broadcast.rs), `Timers` (timers.rs), and here the clock as the turn read it
+//! (`TurnClock`). Time is typed (`hongbao_sys::clock`): the
 //! loop runs on `Uptime`, what it shares with other processes is `UnixTime`.
 
 mod accept;
 mod broadcast;
 mod codec;
 mod conn;
-mod core_link;
 mod drain;
+mod supervisor_link;
 pub use drain::DRAIN_RETRY_AFTER_MS;
 mod handler;
 mod http;
 mod overload;
+mod read;
 mod ready;
 mod session;
 mod tick;
@@ -51,32 +55,29 @@ mod timers;
 mod tls;
 mod wire;
 
-use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::io::{ErrorKind, Write};
+use std::os::fd::{FromRawFd, RawFd};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use hongbao_money::WorkerId;
 use hongbao_sys::clock::{Clock, UnixTime, Uptime};
-use hongbao_sys::{limits, net};
+use hongbao_sys::limits;
 use mio::net::{TcpListener, UnixStream};
 use mio::{Events, Interest, Poll, Token};
-use slab::Slab;
 
 use crate::config::ReadyOrder;
-use crate::link::{self, ToCore, WorkerConfig};
+use crate::link::{self, ToSupervisor, WorkerConfig};
 use crate::stats::WorkerStats;
 use accept::{Listener, Listeners, QueueBound};
 use broadcast::Broadcasts;
-use codec::Codec;
-use conn::{Conn, Output, State};
-use core_link::{read_welcome, CoreLink};
+use conn::{Conns, Output};
 use drain::Drain;
 use handler::Shakes;
 use ready::Ready;
 use session::Sessions;
+use supervisor_link::{read_welcome, SupervisorLink};
 use timers::Timers;
-use wire::{Cx, Then};
 
 const LINK: Token = Token(usize::MAX - 1);
 /// Listener `i` has token `LISTENERS - i`.
@@ -85,8 +86,6 @@ const LISTENERS: usize = usize::MAX - 2;
 const READ_BUF: usize = 64 * 1024;
 /// Events taken from epoll a call.
 const EVENTS: usize = 1024;
-/// Reads one connection may do per readiness event before others get a turn.
-const READS_PER_TURN: usize = 4;
 
 pub struct WorkerOptions {
     pub index: WorkerId,
@@ -116,8 +115,7 @@ struct Worker {
     poll: Poll,
     time: TurnClock,
     listeners: Listeners,
-    conns: Slab<Conn>,
-    next_generation: u32,
+    conns: Conns,
     /// Connections reported readable and not yet read.
     ready: Ready,
     /// Connections that hit `READS_PER_TURN` and still have input waiting. Not in
@@ -125,7 +123,7 @@ struct Worker {
     /// to "would block" (right after the batch that left them), not up to a short read.
     again: Vec<usize>,
     timers: Timers,
-    link: CoreLink,
+    link: SupervisorLink,
     sessions: Sessions,
     /// TLS on the client listeners, when it is on.
     tls: Option<tls::Tls>,
@@ -192,7 +190,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     })?;
     let mut hello = Vec::new();
     link::encode(
-        &ToCore::Hello {
+        &ToSupervisor::Hello {
             worker: opts.index,
             pid: std::process::id(),
         },
@@ -238,15 +236,11 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
             received: None,
         },
         listeners: Listeners::new(listeners, queue),
-        // Room for as many as it may hold, reserved, not touched: only the records in use
-        // become resident. A slab grown by doubling kept up to twice the records' memory
-        // resident (its new half is written as it moves the old).
-        conns: Slab::with_capacity(capacity),
-        next_generation: 1,
+        conns: Conns::with_capacity(capacity),
         ready,
         again: Vec::new(),
         timers,
-        link: CoreLink::new(link, link_in),
+        link: SupervisorLink::new(link, link_in),
         sessions,
         tls,
         shakes: Shakes::default(),
@@ -263,7 +257,7 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         shutdown: false,
     };
     for msg in early {
-        worker.on_core_message(msg);
+        worker.on_supervisor_message(msg);
     }
     worker.event_loop()
 }
@@ -375,220 +369,6 @@ impl Worker {
                 return Ok(());
             }
             timeout = Duration::ZERO;
-        }
-    }
-
-    // ----- the read path --------------------------------------------------------------
-
-    /// Reads the connections `ready` gives, in its order, as many as `ready::read_batch`
-    /// says: a batch in the adaptive order (four while a broadcast is being written: the
-    /// shakes first, a slice of the broadcast after), so that what epoll reports meanwhile
-    /// is seen between batches; all of them in FIFO order. The whole batch goes by the
-    /// poll's clock (`polled`): one clock read a turn, not one a read — at a million
-    /// connections most turns read one connection.
-    fn read_ready(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
-        let batch = ready::read_batch(self.cfg.ready_order, self.broadcasts.under_way());
-        let now = self.time.polled;
-        for _ in 0..batch {
-            let Some(key) = self.ready.pop(now) else {
-                return Ok(());
-            };
-            self.read_then_ask(key, buf, false, now)?;
-        }
-        Ok(())
-    }
-
-    /// Reads a connection (`on_readable`); what that read asked of the core — a claim, a
-    /// send, a login — goes up the link at once, not at the end of the turn: a won shake
-    /// waits for the ledger's next commit, and a turn of reads is long enough (~1 ms, more
-    /// on a busy machine) to miss one. A read that asked nothing writes nothing, even while
-    /// the link holds a backlog the core has not taken (the turn's end retries that).
-    fn read_then_ask(
-        &mut self,
-        key: usize,
-        buf: &mut [u8],
-        drain: bool,
-        now: Uptime,
-    ) -> anyhow::Result<()> {
-        let queued = self.link.queued();
-        self.on_readable(key, buf, drain, now);
-        if self.link.queued() > queued {
-            self.flush_link()?;
-        }
-        Ok(())
-    }
-
-    /// Reads what a connection sent, at most `READS_PER_TURN` buffers a turn. A short
-    /// read emptied the socket and ends it (epoll, edge-triggered, says when more
-    /// arrives: reading on only to hear "would block" would cost a system call per
-    /// request) — unless `drain`: the event said the peer closed or the socket failed, or
-    /// the connection is back from `again`; then it reads on to "would block". `now`:
-    /// the clock (since `started`) read just before, for everything the reads need.
-    fn on_readable(&mut self, key: usize, buf: &mut [u8], drain: bool, now: Uptime) {
-        self.time.read = now;
-        for _ in 0..READS_PER_TURN {
-            let Some(conn) = self
-                .conns
-                .get_mut(key)
-                .filter(|c| c.state != State::Draining)
-            else {
-                return; // the peer sent all it will; only answers go out
-            };
-            let read = if self.cfg.stamps() {
-                net::read_stamped(conn.stream.as_raw_fd(), buf)
-            } else {
-                conn.stream.read(buf).map(|n| (n, None))
-            };
-            let n = match read {
-                Ok((0, _)) => return self.peer_done(key),
-                Ok((n, received)) => {
-                    self.time.received = received;
-                    n
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => return self.close(key),
-            };
-            self.stats.counters.bytes_in += n as u64;
-            if conn.state == State::Closing {
-                continue; // discard until the peer closes
-            }
-            // Before a session's login the clock runs from the connect (or the WebSocket
-            // upgrade): what the client sends meanwhile does not buy it time.
-            if conn.user.is_some() || matches!(conn.codec, Codec::Http(_)) {
-                conn.last_seen = now.secs();
-            }
-            // From a trusted proxy, its PROXY header first, naming the client (nginx
-            // writes it whole before anything of the client's).
-            let mut start = 0;
-            if conn.proxied {
-                conn.proxied = false;
-                match net::proxy_header(&buf[..n]) {
-                    Ok(Some((client, len))) => {
-                        start = len;
-                        if !self.proxied_client(key, client) {
-                            self.stats.counters.rejected_unauthenticated += 1;
-                            return self.close(key);
-                        }
-                    }
-                    _ => {
-                        self.stats.counters.bad_frames += 1;
-                        return self.close(key);
-                    }
-                }
-            }
-            let conn = &mut self.conns[key];
-            // Over TLS, what the codec reads is what the bytes read decrypt to.
-            let plain = match conn.tls.is_some() {
-                true => match self.tls_read(key, &mut buf[start..n]) {
-                    Some(plain) => Some(plain),
-                    None => return, // refused, or the peer said goodbye
-                },
-                false => None,
-            };
-            // Writing the handshake's answer may have found the peer gone, and closed it.
-            let Some(conn) = self.conns.get_mut(key) else {
-                return;
-            };
-            let mut partial = conn.take_partial();
-            // The answers to what this read brought go out in one write: after a wait
-            // a read brings many requests, and a write each cost the most of each.
-            self.output.cork(key);
-            let rest = if let Some(mut plain) = plain {
-                if partial.is_empty() {
-                    // Read where it was decrypted; what is left of it is kept.
-                    let used = self.input(key, &mut plain);
-                    let rest = plain[used..].to_vec();
-                    self.output.give_plain(plain);
-                    rest
-                } else {
-                    partial.extend_from_slice(&plain);
-                    self.output.give_plain(plain);
-                    let used = self.input(key, &mut partial);
-                    partial.drain(..used);
-                    partial
-                }
-            } else if partial.is_empty() {
-                let used = self.input(key, &mut buf[start..n]);
-                buf[start + used..n].to_vec()
-            } else {
-                partial.extend_from_slice(&buf[start..n]);
-                let used = self.input(key, &mut partial);
-                partial.drain(..used);
-                partial
-            };
-            self.uncork();
-            if let Some(conn) = self.conns.get_mut(key).filter(|c| c.state == State::Open) {
-                conn.keep_partial(rest);
-            }
-            if n < buf.len() && !drain {
-                return;
-            }
-        }
-        self.again.push(key);
-    }
-
-    /// The one read path: decodes what a connection sent a request at a time, writes what
-    /// the transport answers by itself, and dispatches each request. Returns how many
-    /// bytes it used (the rest is an incomplete request, kept for the next read).
-    fn input(&mut self, key: usize, data: &mut [u8]) -> usize {
-        let mut at = 0;
-        while at < data.len() && self.is_open(key) {
-            let http = matches!(self.conns[key].codec, Codec::Http(_));
-            let may_upgrade = http && self.may_upgrade(key);
-            let trusted_peer = http && self.is_from_trusted_proxy(key);
-            let mut out = self.output.take_scratch();
-            let mut cx = Cx {
-                out: &mut out,
-                stats: &mut self.stats.counters,
-                cfg: &self.cfg,
-                sessions: &self.sessions,
-                now: self.time.read.secs(),
-                may_upgrade,
-                trusted_peer,
-                client: None,
-            };
-            let step = self.conns[key].codec.decode(&mut data[at..], &mut cx);
-            let client = cx.client;
-            at += step.used;
-            if http && matches!(self.conns[key].codec, Codec::WebSocket(_)) {
-                // Upgraded: a session, to log in from now, counted as its client's.
-                let peer = self.conns[key].stream.peer_addr().map(|p| p.ip());
-                if let Some(source) = client.or(peer.ok()) {
-                    if client.is_some() && !self.may_hold_source(source) {
-                        self.stats.counters.rejected_unauthenticated += 1;
-                        self.output.give_scratch(out);
-                        self.close(key);
-                        return data.len();
-                    }
-                    self.hold_unauthenticated(key, source);
-                }
-            }
-            if !out.is_empty() {
-                self.write(key, &out);
-            }
-            self.output.give_scratch(out);
-            match step.then {
-                Then::Read => {}
-                Then::Kick(reason, text) => {
-                    self.kick(key, reason, &text);
-                    return data.len();
-                }
-                Then::HangUp => {
-                    self.hang_up(key);
-                    return data.len();
-                }
-            }
-            match step.inbound {
-                Some(inbound) => self.dispatch(key, inbound),
-                None if step.used == 0 => break,
-                None => {}
-            }
-        }
-        if self.is_open(key) {
-            at
-        } else {
-            data.len()
         }
     }
 }

@@ -7,7 +7,7 @@
 //! then at its end, when it is kicked `expired` unless a login on the same connection
 //! moved the end meanwhile. A million sessions cost a timer entry each, visited twice a
 //! token's life. What the token says is checked here; what the connection does with it
-//! (`handler.rs`: the core's route, the reply) is not.
+//! (`handler.rs`: the supervisor's route, the reply) is not.
 
 use std::collections::HashMap;
 
@@ -27,7 +27,7 @@ pub(super) struct Checked {
     /// When the session ends: the token's `exp` plus the leeway it is accepted within,
     /// in Unix seconds.
     pub ends: u64,
-    /// The token's `iat` (0 for none), for the core's revocation check.
+    /// The token's `iat` (0 for none), for the supervisor's revocation check.
     pub issued: u64,
     /// The key it was signed with, as an index into `Sessions::kids`.
     pub kid: u16,
@@ -163,8 +163,7 @@ impl Sessions {
     /// Forgets revocations no token can outlive any more (their every token has
     /// expired): the map holds a day's revocations, not the server's whole life.
     pub(super) fn forget_old_revocations(&mut self, now: UnixTime) {
-        let rules = &self.setup.rules;
-        let horizon = rules.max_lifetime_secs + 2 * rules.leeway_secs;
+        let horizon = self.setup.rules.revocation_horizon_secs();
         let now = now.second();
         self.revoked
             .retain(|_, at| at.saturating_add(horizon) > now);

@@ -14,7 +14,7 @@ use hongbao_sys::{net, usage};
 use super::codec::Idle;
 use super::conn::{conn_id, Conn, State, CLOSING_GRACE_SECS};
 use super::Worker;
-use crate::link::ToCore;
+use crate::link::ToSupervisor;
 
 /// A claim unanswered this long is forgotten (its connection closed).
 pub(super) const CLAIM_FORGET: Duration = Duration::from_secs(30);
@@ -59,8 +59,8 @@ impl Worker {
         // A claim whose connection went away is never answered.
         self.shakes.forget_claims(self.time.polled, CLAIM_FORGET);
         self.shakes.forget_full_bearers(self.time.polled);
-        let stats = ToCore::Stats(Box::new(self.stats.clone()));
-        self.tell_core(&stats);
+        let stats = ToSupervisor::Stats(Box::new(self.stats.clone()));
+        self.tell_supervisor(&stats);
     }
 
     /// When a new connection is first visited: at its login deadline (a session), or in a

@@ -1,6 +1,7 @@
-//! This worker's end of the link to the core (in the supervisor): the welcome that
-//! starts it, the messages that come down it (packets dealt, replies, pushes, broadcasts,
-//! shutdown) and what each does here, and the queue of messages going up.
+//! This worker's end of the link to the supervisor (which hosts the money side): the
+//! welcome that starts it, the messages that come down it (packets dealt, replies,
+//! pushes, broadcasts, shutdown) and what each does here, and the queue of messages
+//! going up.
 
 use std::io::{ErrorKind, Read};
 
@@ -11,20 +12,20 @@ use mio::net::UnixStream;
 
 use super::conn::State;
 use super::Worker;
-use crate::link::{self, ToCore, ToWorker, WorkerConfig};
+use crate::link::{self, ToSupervisor, ToWorker, WorkerConfig};
 
 /// This worker's end of the link: the stream, the bytes of a message not yet whole, and
 /// the messages not yet written.
-pub(super) struct CoreLink {
+pub(super) struct SupervisorLink {
     pub stream: UnixStream,
     inbox: Vec<u8>,
     outbox: Vec<u8>,
 }
 
-impl CoreLink {
+impl SupervisorLink {
     /// The link, with what came after the welcome (`read_welcome`).
-    pub(super) fn new(stream: UnixStream, inbox: Vec<u8>) -> CoreLink {
-        CoreLink {
+    pub(super) fn new(stream: UnixStream, inbox: Vec<u8>) -> SupervisorLink {
+        SupervisorLink {
             stream,
             inbox,
             outbox: Vec::new(),
@@ -54,7 +55,7 @@ pub(super) fn read_welcome(
     loop {
         let n = stream.read(&mut chunk)?;
         if n == 0 {
-            anyhow::bail!("the core closed the link before welcoming this worker");
+            anyhow::bail!("the supervisor closed the link before welcoming this worker");
         }
         buf.extend_from_slice(&chunk[..n]);
         link::decode_all::<ToWorker>(&mut buf, |m| match m {
@@ -69,7 +70,7 @@ pub(super) fn read_welcome(
 }
 
 impl Worker {
-    pub(super) fn tell_core(&mut self, msg: &ToCore) {
+    pub(super) fn tell_supervisor(&mut self, msg: &ToSupervisor) {
         link::encode(msg, &mut self.link.outbox);
     }
 
@@ -81,7 +82,7 @@ impl Worker {
         loop {
             match self.link.stream.read(&mut chunk) {
                 Ok(0) => {
-                    // The core is gone: nothing we could acknowledge any more.
+                    // The supervisor is gone: nothing we could acknowledge any more.
                     self.shutdown = true;
                     return Ok(());
                 }
@@ -95,12 +96,12 @@ impl Worker {
         link::decode_all::<ToWorker>(&mut self.link.inbox, |m| inbox.push(m))
             .map_err(anyhow::Error::msg)?;
         for msg in inbox {
-            self.on_core_message(msg);
+            self.on_supervisor_message(msg);
         }
         Ok(())
     }
 
-    pub(super) fn on_core_message(&mut self, msg: ToWorker) {
+    pub(super) fn on_supervisor_message(&mut self, msg: ToWorker) {
         match msg {
             ToWorker::Deal { packets } => self.shakes.pool.extend(packets),
             ToWorker::Reply { conn, req, reply } => {
