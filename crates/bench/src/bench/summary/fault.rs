@@ -2,6 +2,7 @@
 //! saw of it — who was dropped, when all were back, and the served rate in its window —
 //! read off the load's seconds around it.
 
+use hongbao_load::coordinator::Row;
 use serde::{Deserialize, Serialize};
 
 /// A fault injected mid-run, and the clients' connections around it.
@@ -66,6 +67,22 @@ pub struct FaultSecond {
     pub refused: u64,
     /// Requests answered with an error.
     pub error_replies: u64,
+}
+
+impl From<&Row> for FaultSecond {
+    fn from(r: &Row) -> FaultSecond {
+        FaultSecond {
+            second: r.second,
+            logged_in: r.logged_in,
+            disconnects: r.counters.disconnects,
+            logins: r.counters.logins,
+            served: r.counters.won + r.counters.nothing,
+            overloaded: r.counters.overloaded,
+            backed_off: r.counters.backed_off,
+            refused: r.counters.failed_refused,
+            error_replies: r.counters.error_replies,
+        }
+    }
 }
 
 impl FaultSummary {
