@@ -97,8 +97,8 @@ impl Faults {
         }
     }
 
-    /// Whether chaos is doing faults.
-    pub fn chaos_running(&self) -> bool {
+    /// Whether chaos was started (told to stop since or not).
+    pub fn chaos_started(&self) -> bool {
         self.chaos.is_some()
     }
 

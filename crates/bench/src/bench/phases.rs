@@ -15,7 +15,7 @@ use super::connect::Connected;
 use super::faults::Faults;
 use super::say::say;
 use super::setup::Bench;
-use super::summary::{Discrepancy, Phase, PhaseSummary, SendAudit, ShakeAudit};
+use super::summary::{self, Discrepancy, Phase, PhaseSummary, SendAudit, ShakeAudit};
 
 /// How long the clients' reports are given to catch up with what the server said of the
 /// phase's campaigns.
@@ -103,7 +103,7 @@ impl Phases {
         let shake = campaign::wait(bench, load, &mut self.broadcaster, &shake, &mut printed)?;
         let send = campaign::start(bench, "send", &campaign::send_request(opts))?;
         let mut send = campaign::wait(bench, load, &mut self.broadcaster, &send, &mut printed)?;
-        if !super::summary::campaign_done(&send) && self.faults.chaos_running() {
+        if !summary::campaign_done(&send) && self.faults.chaos_started() {
             // Faults every second or two can keep a recipient away longer than the wait
             // (each loss starts its back-off again): the faults end here, and its last
             // shares are waited for as in any run, once the clients can come back.
