@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use hongbao_load::coordinator::{AgentSummary, LostSlice, Refusal};
 
-use super::options::AgentsChoice;
+use super::options::{AgentsChoice, BenchOptions};
 use super::server::Server;
 use super::summary::AgentsSummary;
-use super::BenchOptions;
 
 /// The agents' plan of `--agents`: the coordinator's address (with a lab, on its bridge,
 /// where the lab's hosts reach it) and files (OUT/agents unless told).

@@ -10,9 +10,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use hongbao_sys::clock::unix_ms;
+use hongbao_sys::clock::{Clock, UnixTime};
 
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -54,13 +54,17 @@ pub fn schedule(opts: &ChaosOptions) -> impl Iterator<Item = Planned> {
     })
 }
 
+/// How soon a gap's wait sees that it was told to stop.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
 /// A fault as it was done.
 #[derive(Debug, Clone)]
 pub struct Done {
     pub fault: Fault,
     pub what: String,
-    pub start_unix_ms: u64,
-    pub end_unix_ms: u64,
+    /// When it was done and when it was healed.
+    pub start: UnixTime,
+    pub end: UnixTime,
     /// A fault to the ledger's primary: from the fault to the ledger's first commit after
     /// it, in milliseconds.
     pub first_commit_ms: Option<u64>,
@@ -68,7 +72,7 @@ pub struct Done {
 
 /// Runs the schedule on a thread of its own until `stop`: waits each gap (returning
 /// early when told to stop), does the fault and its heal. A fault under way when `stop`
-/// comes is finished and healed first.
+/// comes is finished and healed first. The gaps are timed on `clock`.
 ///
 /// `mark` is told of each fault as it starts (`Some(fault)`) and once it is healed
 /// (`None`), so the series shows it.
@@ -76,40 +80,46 @@ pub(crate) fn start(
     injector: Injector,
     opts: ChaosOptions,
     stop: Arc<AtomicBool>,
+    clock: Clock,
     say: fn(&str),
-    mark: impl Fn(u64, Option<Fault>) + Send + 'static,
+    mark: impl Fn(UnixTime, Option<Fault>) + Send + 'static,
 ) -> std::thread::JoinHandle<Vec<Done>> {
     std::thread::spawn(move || {
         let mut done = Vec::new();
         for planned in schedule(&opts) {
-            let until = Instant::now() + Duration::from_secs_f64(planned.gap_secs);
-            while Instant::now() < until {
+            let until = clock.now() + Duration::from_secs_f64(planned.gap_secs);
+            while clock.now() < until {
                 if stop.load(Ordering::SeqCst) {
                     return done;
                 }
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(STOP_POLL);
             }
             if stop.load(Ordering::SeqCst) {
                 return done;
             }
-            let start_unix_ms = unix_ms();
-            mark(start_unix_ms, Some(planned.fault));
+            let start = UnixTime::now();
+            mark(start, Some(planned.fault));
             let injected = injector.inject(planned.fault, planned.target, true);
             let (what, first_commit_ms) = (injected.what, injected.first_commit_ms);
-            let end_unix_ms = unix_ms();
+            let end = UnixTime::now();
             // A fault healed in the second it started still gets a second of its own.
-            mark(end_unix_ms.max(start_unix_ms + 1000), None);
+            mark(end.max(start + Duration::from_secs(1)), None);
             say(&format!("bench: chaos: {what}"));
             done.push(Done {
                 fault: planned.fault,
                 what,
-                start_unix_ms,
-                end_unix_ms,
+                start,
+                end,
                 first_commit_ms,
             });
         }
         done
     })
+}
+
+/// The second of the run (from the load's `epoch`) `at` falls in.
+fn second_of(at: UnixTime, epoch: UnixTime) -> u64 {
+    at.since(epoch).as_secs()
 }
 
 /// `summary.json`'s `chaos`: the schedule asked for and every fault done.
@@ -153,10 +163,10 @@ pub struct ChaosFault {
 
 impl ChaosFault {
     /// The cost of fault `done`, judged over `rows` (the load's per-second rows, in
-    /// order) from its start's second to `window_end` (exclusive), with `users` users.
-    pub fn judge(done: &Done, rows: &[Row], epoch_ms: u64, window_end: u64, users: u64) -> Self {
-        let second_of = |ms: u64| ms.saturating_sub(epoch_ms) / 1000;
-        let (start, end) = (second_of(done.start_unix_ms), second_of(done.end_unix_ms));
+    /// order) from its start's second to `window_end` (exclusive), with `users` users;
+    /// the rows' seconds count from `epoch`.
+    pub fn judge(done: &Done, rows: &[Row], epoch: UnixTime, window_end: u64, users: u64) -> Self {
+        let (start, end) = (second_of(done.start, epoch), second_of(done.end, epoch));
         let mut fault = ChaosFault {
             kind: done.fault.name().to_string(),
             what: done.what.clone(),
@@ -198,20 +208,17 @@ pub fn summarize(
     opts: &ChaosOptions,
     done: &[Done],
     rows: &[Row],
-    epoch_ms: u64,
+    epoch: UnixTime,
     last_second: u64,
     users: u64,
 ) -> ChaosSummary {
-    let starts: Vec<u64> = done
-        .iter()
-        .map(|d| d.start_unix_ms.saturating_sub(epoch_ms) / 1000)
-        .collect();
+    let starts: Vec<u64> = done.iter().map(|d| second_of(d.start, epoch)).collect();
     let faults = done
         .iter()
         .enumerate()
         .map(|(i, d)| {
             let window_end = starts.get(i + 1).copied().unwrap_or(last_second + 1);
-            ChaosFault::judge(d, rows, epoch_ms, window_end, users)
+            ChaosFault::judge(d, rows, epoch, window_end, users)
         })
         .collect();
     ChaosSummary {
@@ -290,16 +297,17 @@ mod tests {
         let done = Done {
             fault: Fault::WorkerKill,
             what: "killed".into(),
-            start_unix_ms: 3_200,
-            end_unix_ms: 4_100,
+            start: UnixTime::from_millis(3_200),
+            end: UnixTime::from_millis(4_100),
             first_commit_ms: None,
         };
-        let f = ChaosFault::judge(&done, &rows, 0, 7, 10);
+        let epoch = UnixTime::from_millis(0);
+        let f = ChaosFault::judge(&done, &rows, epoch, 7, 10);
         assert_eq!((f.start_second, f.end_second), (3, 4));
         assert_eq!((f.dropped, f.reduced_secs, f.error_replies), (5, 2, 4));
         assert_eq!(f.whole_after_secs, Some(3));
         // Cut short by the next fault in second 5: never whole in its window.
-        let f = ChaosFault::judge(&done, &rows, 0, 5, 10);
+        let f = ChaosFault::judge(&done, &rows, epoch, 5, 10);
         assert_eq!(f.whole_after_secs, None);
     }
 }

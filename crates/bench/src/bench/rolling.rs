@@ -7,9 +7,11 @@
 
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use hongbao_sys::clock::Clock;
 
 use super::admin::stats;
 
@@ -44,6 +46,22 @@ pub struct RolledGateway {
     pub start_ms: Option<u64>,
 }
 
+impl RolledGateway {
+    /// Gateway `host`'s step as it drained: told to stop with `connections`, it exited
+    /// (or was killed, `exited` false) `drain` later.
+    fn drained(host: &str, connections: u64, drain: Duration, exited: bool) -> RolledGateway {
+        let drain_ms = drain.as_millis() as u64;
+        RolledGateway {
+            host: host.to_string(),
+            connections,
+            drain_window_ms: DRAIN_WINDOW.as_millis() as u64,
+            drain_ms,
+            drained_in_window: exited && drain_ms <= DRAIN_WINDOW.as_millis() as u64,
+            start_ms: None,
+        }
+    }
+}
+
 /// Upgrades every gateway of `lab`, one after another, to the binary `to`.
 /// Says what was done; each gateway's step comes back beside it. The lab is locked only
 /// to take a gateway out and to start it again, not while it drains.
@@ -52,6 +70,7 @@ pub(super) fn roll(
     to: &Path,
     key: &str,
 ) -> (String, Vec<RolledGateway>) {
+    let clock = Clock::start();
     let count = lab.lock().unwrap().gateways.len();
     let mut rolled = Vec::with_capacity(count);
     for i in 0..count {
@@ -78,24 +97,16 @@ pub(super) fn roll(
             .and_then(|s| s["totals"]["connections"].as_u64())
             .unwrap_or(0);
         let workers = hongbao_lab::children_of(proc.pid());
-        let t = Instant::now();
+        let told = clock.now();
         let exited = proc.terminate(DRAIN_WINDOW + PAST_WINDOW);
-        let drain_ms = t.elapsed().as_millis() as u64;
+        let mut step = RolledGateway::drained(&host, connections, clock.now().since(told), exited);
         if !exited {
             for pid in workers {
                 // SAFETY: kill(2) on ids read a moment ago as the killed gateway's children.
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             }
         }
-        let mut step = RolledGateway {
-            host: host.clone(),
-            connections,
-            drain_window_ms: DRAIN_WINDOW.as_millis() as u64,
-            drain_ms,
-            drained_in_window: exited && drain_ms <= DRAIN_WINDOW.as_millis() as u64,
-            start_ms: None,
-        };
-        let t = Instant::now();
+        let starting = clock.now();
         let started = {
             let mut lab = lab.lock().unwrap();
             lab.gateways[i].exe = Some(to.to_path_buf());
@@ -110,7 +121,7 @@ pub(super) fn roll(
                 rolled,
             );
         }
-        step.start_ms = Some(t.elapsed().as_millis() as u64);
+        step.start_ms = Some(clock.now().since(starting).as_millis() as u64);
         rolled.push(step);
         if i + 1 < count {
             std::thread::sleep(READY_FOR);
@@ -141,4 +152,27 @@ pub(super) fn roll(
         ),
         rolled,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gateway_drained_in_its_window_only_if_it_exited_within_it() {
+        let window = DRAIN_WINDOW;
+        let step = RolledGateway::drained("gw1", 500, window, true);
+        assert_eq!(
+            (step.drain_ms, step.drained_in_window),
+            (window.as_millis() as u64, true)
+        );
+        assert_eq!(
+            (step.host.as_str(), step.connections, step.start_ms),
+            ("gw1", 500, None)
+        );
+        let late = RolledGateway::drained("gw1", 500, window + Duration::from_millis(1), true);
+        assert!(!late.drained_in_window);
+        let killed = RolledGateway::drained("gw1", 500, Duration::from_secs(1), false);
+        assert!(!killed.drained_in_window, "killed past its window");
+    }
 }

@@ -18,6 +18,7 @@ use super::local::Local;
 use super::options::{BenchOptions, Fault, SECRET};
 use super::rolling::RolledGateway;
 use hongbao_server::config::ServeFlags;
+use hongbao_sys::clock::UnixTime;
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
 /// lab of N gateways in cluster mode behind nginx (taken down when dropped).
@@ -380,7 +381,7 @@ pub(super) fn sample_all(admins: &[String], key: &str) -> Option<ServerSample> {
         total = Some(match total {
             None => s,
             Some(t) => ServerSample {
-                unix_ms: t.unix_ms,
+                at: t.at,
                 shakes_per_sec: t.shakes_per_sec + s.shakes_per_sec,
                 rss_bytes: t.rss_bytes + s.rss_bytes,
                 cpu_ms: t.cpu_ms + s.cpu_ms,
@@ -394,7 +395,8 @@ pub(super) fn sample_all(admins: &[String], key: &str) -> Option<ServerSample> {
 /// One sample of the server's `/v1/stats`, taken once a second.
 #[derive(Debug, Clone)]
 pub(crate) struct ServerSample {
-    pub unix_ms: u64,
+    /// When the server took it (its `unix_ms`).
+    pub at: UnixTime,
     pub shakes_per_sec: u64,
     pub rss_bytes: u64,
     pub cpu_ms: u64,
@@ -409,7 +411,7 @@ pub(super) fn sample(stats: &Value) -> ServerSample {
         workers.iter().map(|w| n(&w["rss_bytes"])).sum::<u64>() + n(&stats["core"]["rss_bytes"]);
     let cpu = workers.iter().map(|w| n(&w["cpu_ms"])).sum::<u64>() + n(&stats["core"]["cpu_ms"]);
     ServerSample {
-        unix_ms: n(&stats["unix_ms"]),
+        at: UnixTime::from_millis(n(&stats["unix_ms"])),
         shakes_per_sec: n(&stats["per_sec"]["shakes"]),
         rss_bytes: rss,
         cpu_ms: cpu,
