@@ -3,49 +3,53 @@
 //! spread over each second.
 
 use hongbao_proto::{Frame, Message};
+use hongbao_sys::clock::UnixTime;
 
-use super::{Client, Inflight, Kind, State};
+use super::{micros_since, Client, Inflight, Kind, State};
 use crate::schedule::Firing;
 use crate::transport::{self, HttpConnection, Transport};
 
 impl Client {
-    /// Sends the shakes of `firings` (offsets from `base_us`) at `now_us`, recording how
-    /// late each went out against its intended time.
-    pub(super) fn fire(&mut self, firings: &[Firing], base_us: u64, now_us: u64) {
-        for f in firings {
-            let i = (f.user_index - self.first_index) as usize;
-            let intended_us = base_us + f.offset_ns as u64 / 1000;
-            if self.on_demand() {
-                if self.users[i].stream.is_some() {
-                    self.counters.skipped_busy += 1;
-                    continue;
-                }
-            } else if self.users[i].state != State::Ready {
-                self.counters.skipped_not_ready += 1;
-                continue;
+    /// Sends the shake of firing `f`, meant to go out at `intended`, at `now`, recording
+    /// how late it went out.
+    pub(super) fn fire(&mut self, f: Firing, intended: UnixTime, now: UnixTime) {
+        let i = (f.user_index - self.first_index) as usize;
+        if self.on_demand() {
+            if self.users[i].stream.is_some() {
+                self.counters.skipped_busy += 1;
+                return;
             }
-            if self.users[i].since_ms * 1000 > intended_us {
-                self.counters.backed_off += 1;
-                continue;
-            }
-            self.counters.shakes_sent += 1;
-            let _ = self
-                .lag_hist
-                .record(now_us.saturating_sub(intended_us).max(1));
-            self.request(i, Kind::Shake, intended_us, 0);
+        } else if self.users[i].state != State::Ready {
+            self.counters.skipped_not_ready += 1;
+            return;
         }
+        if self.users[i].since.time() > intended {
+            self.counters.backed_off += 1;
+            return;
+        }
+        self.counters.shakes_sent += 1;
+        let _ = self.lag_hist.record(micros_since(now, intended));
+        self.request(i, Kind::Shake, intended, 0, now);
     }
 
-    /// Asks the server something for user `i`, timed from `intended_us`. Over HTTP with a
-    /// connection per request, the ask waits for the connection it opens.
-    pub(super) fn request(&mut self, i: usize, kind: Kind, intended_us: u64, packet: u64) {
+    /// Asks the server something for user `i` at `now`, timed from `intended`. Over HTTP
+    /// with a connection per request, the ask waits for the connection it opens (begun,
+    /// for its timeout, when the ask was meant to go out).
+    pub(super) fn request(
+        &mut self,
+        i: usize,
+        kind: Kind,
+        intended: UnixTime,
+        packet: u64,
+        now: UnixTime,
+    ) {
         let user = &mut self.users[i];
         let request_id = user.next_request;
         user.next_request = user.next_request.wrapping_add(1).max(1);
         user.inflight.push(Inflight {
             request_id,
             kind,
-            intended_us,
+            intended,
             packet,
         });
         if self.opts.transport != Transport::Http {
@@ -60,21 +64,22 @@ impl Client {
                     request_id,
                     message,
                 },
+                now,
             );
         }
         // With a connection per request, a connection carries one ask; the others wait
         // for the next connection (`done_asking`).
         match self.users[i].state {
-            State::Ready if !self.on_demand() => self.send_http(i, kind, packet),
-            State::Idle if self.on_demand() => self.connect(i, intended_us / 1000),
+            State::Ready if !self.on_demand() => self.send_http(i, kind, packet, now),
+            State::Idle if self.on_demand() => self.connect(i, intended),
             _ => {}
         }
     }
 
     /// The HTTP request for an ask, with the user's bearer token.
-    pub(super) fn send_http(&mut self, i: usize, kind: Kind, packet: u64) {
+    pub(super) fn send_http(&mut self, i: usize, kind: Kind, packet: u64, now: UnixTime) {
         let user_id = self.user_id(i);
-        let bearer = self.bearer(user_id);
+        let bearer = self.bearer(user_id, now);
         let ask = match kind {
             Kind::Shake => transport::HttpAsk::Shake,
             Kind::Open => transport::HttpAsk::Open(packet),
@@ -88,7 +93,7 @@ impl Client {
             }
             _ => transport::http_request(ask, &bearer, server_closes, &mut bytes),
         }
-        self.write(i, &bytes);
+        self.write(i, &bytes, now);
     }
 
     /// The notice polls of `second` (see [`spread_polls`]); none but over HTTP.
@@ -102,7 +107,7 @@ impl Client {
     }
 
     /// User `i` looks for packets to open, if it is free to ask.
-    pub(super) fn poll_notices(&mut self, i: usize, now_us: u64) {
+    pub(super) fn poll_notices(&mut self, i: usize, now: UnixTime) {
         // With a connection per request a busy user's poll waits for its next connection
         // (as an open after a notice does) rather than being skipped: a user's polls and
         // shakes fall at the same offsets every second, so a skipped poll would be skipped
@@ -115,7 +120,7 @@ impl Client {
         };
         if ready {
             self.counters.notice_polls += 1;
-            self.request(i, Kind::Poll, now_us, 0);
+            self.request(i, Kind::Poll, now, 0, now);
         }
     }
 }

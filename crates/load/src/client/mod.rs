@@ -22,14 +22,14 @@
 //! - `login`: from connected to ready (TLS, the upgrade, the login, tokens);
 //! - `send`: writing to a user's connection;
 //! - `receive`: reading what the server sent and what each reply means for the counts;
-//! - `stdio`: the coordinator's commands in, the reports out.
+//! - `stdio`: the coordinator's commands in, the reports out;
+//! - `timers`: every deadline of the loop, in one table.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::time::Duration;
 
-use hongbao_sys::clock::unix_us;
+use hongbao_sys::clock::UnixTime;
 
 use hdrhistogram::Histogram;
 use hongbao_proto::tls::session::ClientSession;
@@ -45,6 +45,7 @@ mod options;
 mod receive;
 mod send;
 mod stdio;
+mod timers;
 
 pub use options::{
     start_process, ClientOptions, Command, Signer, DEFAULT_NOTICE_POLL_SECS,
@@ -55,6 +56,7 @@ use crate::broadcast::Receipts;
 use crate::report::{self, Counters, History, UserTotals};
 use crate::schedule::{partition, Firing, Schedule};
 use crate::transport::Transport;
+use timers::{Timers, UnixMs};
 
 const STDIN: Token = Token(usize::MAX - 1);
 /// How long a connection (or an HTTP request on one of its own) may take by default:
@@ -88,7 +90,8 @@ enum Kind {
 struct Inflight {
     request_id: u32,
     kind: Kind,
-    intended_us: u64,
+    /// When it was meant to go out: its latency is measured from then.
+    intended: UnixTime,
     packet: u64,
 }
 
@@ -104,9 +107,9 @@ struct User {
     /// upgrade's `Retry-After`): what the user does next.
     ended: Option<crate::backoff::Ended>,
     next_request: u32,
-    /// Unix ms. Connecting or upgrading: when the attempt began (for the connect timeout).
+    /// Connecting or upgrading: when the attempt began (for the connect timeout).
     /// Ready: until when the user backs off after an "overloaded" (in the past: not).
-    since_ms: u64,
+    since: UnixMs,
     partial: Vec<u8>,
     out: Vec<u8>,
     inflight: Vec<Inflight>,
@@ -124,9 +127,10 @@ struct Client {
     first_index: u64,
     users: Vec<User>,
     next_initial: usize,
-    retry: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Every deadline of the loop (`timers.rs`).
+    timers: Timers,
     connect_tokens: f64,
-    last_refill_ms: u64,
+    last_refill: UnixTime,
     source_cursor: usize,
     /// Signs the users' login tokens.
     minter: hongbao_proto::token::Minter,
@@ -156,7 +160,7 @@ struct Client {
     /// Ports of a source address, and the last reading of sockets in TIME_WAIT (when, how
     /// many), to tell the short-connection wall from running out of ports.
     port_range: u64,
-    time_wait: (u64, u64),
+    time_wait: (UnixTime, u64),
     stdin_buf: Vec<u8>,
     stop: bool,
 }
@@ -174,7 +178,7 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
             attempt: 0,
             ended: None,
             next_request: 1,
-            since_ms: 0,
+            since: UnixMs::default(),
             partial: Vec::new(),
             out: Vec::new(),
             inflight: Vec::new(),
@@ -198,6 +202,14 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    // The clock's one reading before the loop's: where the schedule and the connects
+    // start from.
+    let now = UnixTime::now();
+    let timers = Timers::new(
+        epoch(&opts),
+        UnixTime::from_millis(opts.connect_from_ms),
+        now,
+    );
     let mut client = Client {
         schedule: Schedule::new(opts.users, opts.qps),
         first_index: range.start,
@@ -205,9 +217,9 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
         poll,
         users,
         next_initial: 0,
-        retry: BinaryHeap::new(),
+        timers,
         connect_tokens: 0.0,
-        last_refill_ms: unix_us() / 1000,
+        last_refill: now,
         source_cursor: 0,
         minter,
         tls,
@@ -225,7 +237,7 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
         connected: 0,
         logged_in: 0,
         port_range: hongbao_sys::doctor::Limits::read().port_range_size(),
-        time_wait: (0, 0),
+        time_wait: (UnixTime::default(), 0),
         stdin_buf: Vec::new(),
         stop: false,
     };
@@ -238,110 +250,102 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
 }
 
 impl Client {
+    /// The one loop. A turn reads the clock once, when the poll returns, and everything
+    /// the turn does is as of then: what arrived, then what the schedule and the
+    /// connects have due. A firing falls at most a turn late, and is measured so.
     pub(super) fn event_loop(&mut self) -> anyhow::Result<()> {
         let mut events = Events::with_capacity(4096);
         let mut read_buf = vec![0u8; 64 * 1024];
-        let mut firings: Vec<Firing> = Vec::new();
-        let mut next_firing = 0usize;
-        let mut polls: Vec<(u64, usize)> = Vec::new();
-        let mut next_poll = 0usize;
-        let mut epoch_us = self.epoch_us();
-        // The second whose firings are loaded; the report for it goes out when it ends.
-        let mut second = unix_us().saturating_sub(epoch_us) / 1_000_000;
-        let mut firings_loaded = false;
+        let mut timeout = Duration::ZERO;
         while !self.stop {
-            epoch_us = self.epoch_us();
-            let now = unix_us();
-            let current = now.saturating_sub(epoch_us) / 1_000_000;
-            if now < epoch_us {
-                // Before the epoch: nothing fires yet.
-            } else {
-                if current > second || !firings_loaded {
-                    if firings_loaded {
-                        // Fire what is left of the second we were in (late, and measured so).
-                        self.fire(&firings[next_firing..], epoch_us + second * 1_000_000, now);
-                        for &(_, i) in &polls[next_poll..] {
-                            self.poll_notices(i, now);
-                        }
-                        self.report(second, false);
-                        second += 1;
-                        // Seconds skipped entirely (a long stall) are fired late, not dropped.
-                        while second < current {
-                            self.load_firings(second, &mut firings);
-                            self.fire(&firings, epoch_us + second * 1_000_000, now);
-                            self.report(second, false);
-                            second += 1;
-                        }
-                    }
-                    // Polls of seconds skipped in a stall are not made up: they only look.
-                    let first_second = !firings_loaded;
-                    second = second.max(current);
-                    self.load_firings(second, &mut firings);
-                    next_firing = 0;
-                    if first_second {
-                        polls.clear();
-                    } else {
-                        self.load_polls(second, &mut polls);
-                    }
-                    next_poll = 0;
-                    firings_loaded = true;
-                }
-                let base = epoch_us + second * 1_000_000;
-                let due = firings[next_firing..]
-                    .iter()
-                    .take_while(|f| base + f.offset_ns as u64 / 1000 <= now)
-                    .count();
-                self.fire(&firings[next_firing..next_firing + due], base, now);
-                next_firing += due;
-                while let Some(&(offset, i)) = polls.get(next_poll) {
-                    if base + offset > now {
-                        break;
-                    }
-                    self.poll_notices(i, now);
-                    next_poll += 1;
-                }
-            }
-            if now >= self.opts.connect_from_ms * 1000 {
-                self.start_connects(now / 1000);
-            } else {
-                self.last_refill_ms = now / 1000;
-            }
-
-            let now = unix_us();
-            let next_at = if !firings_loaded {
-                epoch_us.min(now + 10_000)
-            } else {
-                let base = epoch_us + second * 1_000_000;
-                let firing = firings.get(next_firing).map(|f| f.offset_ns as u64 / 1000);
-                let poll = polls.get(next_poll).map(|p| p.0);
-                base + firing.into_iter().chain(poll).min().unwrap_or(1_000_000)
-            };
-            let wait_us = next_at.saturating_sub(now).min(10_000);
-            let timeout = Duration::from_micros(wait_us);
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != ErrorKind::Interrupted {
                     return Err(e.into());
                 }
             }
+            let now = UnixTime::now();
             for event in events.iter() {
                 match event.token() {
                     STDIN => self.read_commands(),
                     Token(i) => {
                         if event.is_writable() {
-                            self.on_writable(i);
+                            self.on_writable(i, now);
                         }
                         let closing = event.is_read_closed() || event.is_error();
                         if event.is_readable() || closing {
-                            self.on_readable(i, &mut read_buf, closing);
+                            self.on_readable(i, &mut read_buf, closing, now);
                         }
                     }
                 }
             }
-            self.check_connect_timeouts();
+            self.check_connect_timeouts(now);
+            if self.stop {
+                break;
+            }
+            self.on_schedule(now);
+            if self.timers.connecting(now) {
+                self.start_connects(now);
+            } else {
+                self.last_refill = now;
+            }
+            timeout = self.timers.timeout(now);
         }
         self.say_unanswered_opens();
-        self.report(second, true);
+        // The last report is a turn of its own.
+        self.report(self.timers.second(), true, UnixTime::now());
         Ok(())
+    }
+
+    /// What the schedule has due at `now`: the second that ended finished and reported,
+    /// then the firings and notice polls whose time has come.
+    fn on_schedule(&mut self, now: UnixTime) {
+        self.timers.set_epoch(epoch(&self.opts));
+        if let Some(current) = self.timers.second_ended(now) {
+            self.next_second(current, now);
+        }
+        while let Some((f, intended)) = self.timers.firing_due(now) {
+            self.fire(f, intended, now);
+        }
+        while let Some(i) = self.timers.poll_due(now) {
+            self.poll_notices(i, now);
+        }
+    }
+
+    /// The loop is in second `current`: what is left of the second it was in goes out
+    /// (late, and measured so) and is reported, and `current`'s firings are loaded.
+    fn next_second(&mut self, current: u64, now: UnixTime) {
+        let first = !self.timers.loaded();
+        if !first {
+            while let Some((f, intended)) = self.timers.firing_left() {
+                self.fire(f, intended, now);
+            }
+            while let Some(i) = self.timers.poll_left() {
+                self.poll_notices(i, now);
+            }
+            let ended = self.timers.second();
+            self.report(ended, false, now);
+            // Seconds skipped entirely (a long stall) are fired late, not dropped.
+            for skipped in ended + 1..current {
+                self.load_second(skipped, false);
+                while let Some((f, intended)) = self.timers.firing_left() {
+                    self.fire(f, intended, now);
+                }
+                self.report(skipped, false, now);
+            }
+        }
+        // Polls of seconds skipped in a stall are not made up: they only look.
+        let second = self.timers.second().max(current);
+        self.load_second(second, !first);
+    }
+
+    /// Loads `second`'s firings into the table, and its notice polls if `polls`.
+    fn load_second(&mut self, second: u64, polls: bool) {
+        let (mut firings, mut notice_polls) = self.timers.spare();
+        self.load_firings(second, &mut firings);
+        if polls {
+            self.load_polls(second, &mut notice_polls);
+        }
+        self.timers.load(second, firings, notice_polls);
     }
 
     /// Opens asked and never answered, on stderr (the first few): a share left unopened
@@ -387,11 +391,17 @@ impl Client {
     pub(super) fn on_demand(&self) -> bool {
         self.opts.transport == Transport::Http && self.opts.http_connection.per_request()
     }
+}
 
-    /// Schedule second 0 on this machine's clock, µs.
-    fn epoch_us(&self) -> u64 {
-        (self.opts.epoch_ms as i64 * 1000 - self.opts.clock_offset_us).max(0) as u64
-    }
+/// Schedule second 0 on this machine's clock: the coordinator's epoch less the offset.
+fn epoch(opts: &ClientOptions) -> UnixTime {
+    UnixTime::from_micros((opts.epoch_ms as i64 * 1000 - opts.clock_offset_us).max(0) as u64)
+}
+
+/// A latency for the histograms: µs from `from` to `now`, at least 1 (a clock stepped
+/// back counts as the fastest).
+fn micros_since(now: UnixTime, from: UnixTime) -> u64 {
+    (now.since(from).as_micros() as u64).max(1)
 }
 
 #[cfg(test)]

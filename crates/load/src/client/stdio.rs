@@ -3,7 +3,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 
-use hongbao_sys::clock::unix_us;
+use hongbao_sys::clock::UnixTime;
 
 use super::{Client, Command};
 use crate::report::{self, Report};
@@ -37,14 +37,15 @@ impl Client {
         }
     }
 
-    pub(super) fn report(&mut self, second: u64, last: bool) {
+    /// Reports `second` at `now` (`last`: the run's last, with the per-user totals).
+    pub(super) fn report(&mut self, second: u64, last: bool, now: UnixTime) {
         let (rss_bytes, cpu_ms) = self_usage();
         let users = last.then(|| self.totals.iter().map(|(k, v)| (*k, v.clone())).collect());
         let report = Report {
             proc_index: self.opts.proc_index,
             pid: std::process::id(),
             second,
-            unix_ms: unix_us() / 1000,
+            unix_ms: now.as_millis(),
             connected: self.connected,
             logged_in: self.logged_in,
             rss_bytes,
