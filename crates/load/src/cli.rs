@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hongbao_sys::clock::unix_ms;
+use hongbao_sys::clock::UnixTime;
 
 use anyhow::bail;
 use hongbao_http::access::{changes_state, run_key, BrowserGuard, RunKey};
@@ -111,6 +111,8 @@ pub fn run_cli(
         }
         None => None,
     };
+    // The run's end, when it has a duration: that long after the schedule's second 0.
+    let end = duration.map(|d| UnixTime::from_millis(load.epoch_ms()) + Duration::from_secs(d));
     let mut last = None;
     loop {
         std::thread::sleep(Duration::from_millis(100));
@@ -120,7 +122,7 @@ pub fn run_cli(
                 println!("{}", p.line());
             }
         }
-        let done = duration.is_some_and(|d| unix_ms() >= load.epoch_ms() + d * 1000);
+        let done = end.is_some_and(|end| UnixTime::now() >= end);
         if done || stop.requested() {
             break;
         }

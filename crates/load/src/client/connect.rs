@@ -1,27 +1,27 @@
 //! A load client's connections: opened at a bounded rate from many loopback source
 //! addresses, timed out, retried with back-off, and every failure counted by its cause.
 
-use std::cmp::Reverse;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
+use std::time::Duration;
 
 use mio::net::TcpStream;
 use mio::{Interest, Token};
 use rand::Rng;
 use socket2::{Domain, Socket, Type};
 
-use hongbao_sys::clock::unix_us;
+use hongbao_sys::clock::UnixTime;
 
-use super::{Client, Kind, State};
+use super::{Client, Kind, State, UnixMs};
 use crate::backoff::{self, Ended};
 
 /// Connect calls a turn of the loop in a storm (~10 µs each).
 const STORM_CONNECTS_A_TURN: f64 = 2000.0;
 
 impl Client {
-    pub(super) fn start_connects(&mut self, now_ms: u64) {
-        let elapsed = now_ms.saturating_sub(self.last_refill_ms) as f64 / 1000.0;
-        self.last_refill_ms = now_ms;
+    pub(super) fn start_connects(&mut self, now: UnixTime) {
+        let elapsed = now.since(self.last_refill).as_secs_f64();
+        self.last_refill = now;
         if self.opts.connect_storm {
             // Everyone at once: only a turn's worth of connect calls at a time, so the
             // loop still reads what the first ones get back.
@@ -35,19 +35,18 @@ impl Client {
                 self.next_initial += 1;
                 self.next_initial - 1
             } else {
-                match self.retry.peek() {
-                    Some(Reverse((due, _))) if *due <= now_ms => {
-                        self.retry.pop().unwrap().0 .1 as usize
-                    }
-                    _ => return,
+                match self.timers.retry_due(now) {
+                    Some(i) => i,
+                    None => return,
                 }
             };
             self.connect_tokens -= 1.0;
-            self.connect(i, now_ms);
+            self.connect(i, now);
         }
     }
 
-    pub(super) fn connect(&mut self, i: usize, now_ms: u64) {
+    /// User `i` connects, its attempt begun at `now`.
+    pub(super) fn connect(&mut self, i: usize, now: UnixTime) {
         self.counters.connect_attempts += 1;
         let ip = self.opts.source_ips[self.source_cursor % self.opts.source_ips.len()];
         self.source_cursor += 1;
@@ -59,24 +58,24 @@ impl Client {
                     .registry()
                     .register(&mut stream, Token(i), interest)
                 {
-                    return self.connect_failed_before(i, &e, now_ms);
+                    return self.connect_failed_before(i, &e, now);
                 }
                 let user = &mut self.users[i];
                 user.stream = Some(stream);
                 user.state = State::Connecting;
-                user.since_ms = now_ms;
+                user.since = UnixMs::of(now);
             }
-            Err(e) => self.connect_failed_before(i, &e, now_ms),
+            Err(e) => self.connect_failed_before(i, &e, now),
         }
     }
 
-    pub(super) fn classify(&mut self, e: &std::io::Error) {
+    pub(super) fn classify(&mut self, e: &std::io::Error, now: UnixTime) {
         match e.raw_os_error() {
             Some(libc::ECONNREFUSED) => self.counters.failed_refused += 1,
             Some(libc::ETIMEDOUT) => self.counters.failed_timeout += 1,
             Some(libc::ECONNRESET) => self.counters.failed_reset += 1,
             Some(libc::EADDRNOTAVAIL) | Some(libc::EADDRINUSE) => {
-                if self.ports_held_in_time_wait() {
+                if self.ports_held_in_time_wait(now) {
                     self.counters.failed_time_wait += 1
                 } else {
                     self.counters.failed_out_of_ports += 1
@@ -87,43 +86,44 @@ impl Client {
         }
     }
 
-    pub(super) fn connect_failed_before(&mut self, i: usize, e: &std::io::Error, now_ms: u64) {
-        self.classify(e);
-        self.schedule_retry(i, now_ms);
+    pub(super) fn connect_failed_before(&mut self, i: usize, e: &std::io::Error, now: UnixTime) {
+        self.classify(e, now);
+        self.schedule_retry(i, now);
     }
 
-    pub(super) fn connect_failed(&mut self, i: usize, e: &std::io::Error) {
-        self.classify(e);
+    pub(super) fn connect_failed(&mut self, i: usize, e: &std::io::Error, now: UnixTime) {
+        self.classify(e, now);
         self.drop_stream(i);
-        self.schedule_retry(i, unix_us() / 1000);
+        self.schedule_retry(i, now);
     }
 
-    pub(super) fn check_connect_timeouts(&mut self) {
+    /// Drops the connections that took too long at `now`, when the table says it is time
+    /// to look (`Timers::timeouts_due`).
+    pub(super) fn check_connect_timeouts(&mut self, now: UnixTime) {
         // Cheap: only looked at while initial connects are still being made or retried.
         if self.next_initial < self.users.len()
-            || !self.retry.is_empty()
+            || self.timers.retrying()
             || self.connected < self.users.len() as u64
         {
-            let now_ms = unix_us() / 1000;
-            if now_ms % 1000 > 20 {
-                return; // once a second is plenty
+            if !self.timers.timeouts_due(now) {
+                return;
             }
             let on_demand = self.on_demand();
-            let timeout_ms = self.opts.connect_timeout_ms;
+            let timeout = Duration::from_millis(self.opts.connect_timeout_ms);
             for i in 0..self.users.len() {
                 let u = &self.users[i];
-                let age_ms = now_ms.saturating_sub(u.since_ms);
+                let age = UnixMs::of(now).since(u.since);
                 if matches!(
                     u.state,
                     State::Connecting | State::Upgrading | State::Handshaking
-                ) && age_ms > timeout_ms
+                ) && age > timeout
                 {
                     self.counters.failed_timeout += 1;
                     self.drop_stream(i);
-                    self.schedule_retry(i, now_ms);
+                    self.schedule_retry(i, now);
                 } else if on_demand
                     && matches!(u.state, State::Ready | State::Draining)
-                    && age_ms > timeout_ms
+                    && age > timeout
                 {
                     // A connection per request that has neither its answer nor (with
                     // `close`) the server's close after 10 s: given up, as an HTTP
@@ -132,7 +132,7 @@ impl Client {
                     if self.counters.failed_timeout < 5 {
                         tracing::warn!(
                             user = self.user_id(i),
-                            age_ms,
+                            age_ms = age.as_millis() as u64,
                             state = ?u.state,
                             waiting = u.inflight.len(),
                             "no answer or close in time; connection dropped"
@@ -147,37 +147,36 @@ impl Client {
 
     /// The connection failed: before the upgrade completed that is a failed handshake,
     /// after it a disconnect.
-    pub(super) fn lost(&mut self, i: usize) {
+    pub(super) fn lost(&mut self, i: usize, now: UnixTime) {
         if matches!(self.users[i].state, State::Upgrading | State::Handshaking) {
-            self.handshake_failed(i);
+            self.handshake_failed(i, now);
         } else {
-            self.disconnect(i);
+            self.disconnect(i, now);
         }
     }
 
-    pub(super) fn handshake_failed(&mut self, i: usize) {
+    pub(super) fn handshake_failed(&mut self, i: usize, now: UnixTime) {
         self.counters.failed_handshake += 1;
         self.drop_stream(i);
-        self.schedule_retry(i, unix_us() / 1000);
+        self.schedule_retry(i, now);
     }
 
     /// A connection that was up went away: count it and come back later.
-    pub(super) fn disconnect(&mut self, i: usize) {
+    pub(super) fn disconnect(&mut self, i: usize, now: UnixTime) {
         if self.users[i].stream.is_none() {
             return;
         }
         self.counters.disconnects += 1;
         self.drop_stream(i);
-        self.schedule_retry(i, unix_us() / 1000);
+        self.schedule_retry(i, now);
     }
 
     /// Whether the sockets in TIME_WAIT on this machine (`/proc/net/sockstat`, read at
     /// most every 100 ms) hold half a source address's port range or more: then running
     /// out of ports is the short-connection wall, not the number of connections open.
-    fn ports_held_in_time_wait(&mut self) -> bool {
-        let now_ms = unix_us() / 1000;
-        if now_ms.saturating_sub(self.time_wait.0) > 100 {
-            self.time_wait = (now_ms, sockets_in_time_wait());
+    fn ports_held_in_time_wait(&mut self, now: UnixTime) -> bool {
+        if now.since(self.time_wait.0) > Duration::from_millis(100) {
+            self.time_wait = (now, sockets_in_time_wait());
         }
         self.time_wait.1 * 2 >= self.port_range
     }
@@ -220,7 +219,7 @@ impl Client {
 
     /// When user `i` comes back (`backoff.rs`): after the server's wait, after a
     /// full-jitter back-off, or — a terminal kick — never.
-    pub(super) fn schedule_retry(&mut self, i: usize, now_ms: u64) {
+    pub(super) fn schedule_retry(&mut self, i: usize, now: UnixTime) {
         if self.on_demand() {
             return; // the ask failed with its connection; the next firing connects anew
         }
@@ -229,7 +228,9 @@ impl Client {
         let (wait, attempt) = backoff::next(ended, user.attempt, rand::thread_rng().gen());
         user.attempt = attempt;
         match wait {
-            Some(wait) => self.retry.push(Reverse((now_ms + wait, i as u32))),
+            Some(wait_ms) => self
+                .timers
+                .retry_at(now + Duration::from_millis(wait_ms), i),
             None => self.counters.stayed_away += 1,
         }
     }

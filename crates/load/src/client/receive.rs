@@ -3,22 +3,23 @@
 //! open after a notice, a back-off after "overloaded").
 
 use std::io::{ErrorKind, Read};
+use std::time::Duration;
 
 use hongbao_proto::tls::session::Opened;
 use hongbao_proto::{ws, Frame, Message, ResultCode};
 use rand::Rng;
 
-use hongbao_sys::clock::unix_us;
+use hongbao_sys::clock::UnixTime;
 
-use super::{Client, Inflight, Kind, State};
+use super::{micros_since, Client, Inflight, Kind, State, UnixMs};
 use crate::backoff::Ended;
 use crate::report::Acked;
 use crate::transport::{self, HttpConnection, Inbound};
 
 impl Client {
-    /// Reads what arrived for user `i`. `closing`: the event said the server closed (or
+    /// Reads what arrived for user `i` by `now`. `closing`: the event said the server closed (or
     /// the socket failed), so read on to the end however short a read was.
-    pub(super) fn on_readable(&mut self, i: usize, buf: &mut [u8], closing: bool) {
+    pub(super) fn on_readable(&mut self, i: usize, buf: &mut [u8], closing: bool, now: UnixTime) {
         if self.users[i].state == State::Connecting {
             // An error (refused, reset) shows up as readable too.
             let err = self.users[i]
@@ -26,7 +27,7 @@ impl Client {
                 .as_ref()
                 .and_then(|s| s.take_error().ok().flatten());
             if let Some(e) = err {
-                self.connect_failed(i, &e);
+                self.connect_failed(i, &e, now);
             }
             return;
         }
@@ -35,16 +36,18 @@ impl Client {
                 return;
             };
             let n = match stream.read(buf) {
-                Ok(0) if self.users[i].state == State::Draining => return self.next_connection(i),
-                Ok(0) => return self.lost(i),
+                Ok(0) if self.users[i].state == State::Draining => {
+                    return self.next_connection(i, now)
+                }
+                Ok(0) => return self.lost(i, now),
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => return self.lost(i),
+                Err(_) => return self.lost(i, now),
             };
             let mut data = std::mem::take(&mut self.users[i].partial);
             if self.users[i].tls.is_some() {
-                if self.tls_read(i, &buf[..n], &mut data).is_none() {
+                if self.tls_read(i, &buf[..n], &mut data, now).is_none() {
                     return;
                 }
                 if self.users[i].state == State::Handshaking {
@@ -59,7 +62,7 @@ impl Client {
             }
             let mut at = 0;
             if self.users[i].state == State::Upgrading {
-                match self.on_upgrade_answer(i, &data) {
+                match self.on_upgrade_answer(i, &data, now) {
                     Some(head) => at = head,
                     None => {
                         if self.users[i].stream.is_some() {
@@ -71,13 +74,14 @@ impl Client {
             }
             let t = self.opts.transport;
             let mut fragment = self.users[i].fragment.take();
-            let decoded =
-                transport::decode(t, &mut data[at..], &mut fragment, |m| self.on_inbound(i, m));
+            let decoded = transport::decode(t, &mut data[at..], &mut fragment, |m| {
+                self.on_inbound(i, m, now)
+            });
             match decoded {
                 Ok(used) => at += used,
                 Err(_) => {
                     self.counters.error_replies += 1;
-                    return self.disconnect(i);
+                    return self.disconnect(i, now);
                 }
             }
             let user = &mut self.users[i];
@@ -102,28 +106,34 @@ impl Client {
     /// and sending what the session has to send; the handshake done, the user is
     /// established (for WebSocket: its upgrade request goes out). `None`: the session
     /// failed or the server said goodbye (the user is dropped, to retry).
-    fn tls_read(&mut self, i: usize, cipher: &[u8], plain: &mut Vec<u8>) -> Option<()> {
+    fn tls_read(
+        &mut self,
+        i: usize,
+        cipher: &[u8],
+        plain: &mut Vec<u8>,
+        now: UnixTime,
+    ) -> Option<()> {
         let session = self.users[i].tls.as_mut()?;
         let mut out = Vec::new();
         let opened = session.open(cipher, plain, &mut out);
         let handshaking = session.is_handshaking();
         if !out.is_empty() {
-            self.write_raw(i, &out);
+            self.write_raw(i, &out, now);
         }
         match opened {
             Ok(Opened::Data) => {}
             Ok(Opened::PeerClosed) if !plain.is_empty() => {}
             Ok(Opened::PeerClosed) => {
-                self.lost(i);
+                self.lost(i, now);
                 return None;
             }
             Err(_) => {
-                self.handshake_failed(i);
+                self.handshake_failed(i, now);
                 return None;
             }
         }
         if !handshaking && self.users[i].state == State::Handshaking {
-            self.tls_established(i, unix_us() / 1000);
+            self.tls_established(i, now);
         }
         Some(())
     }
@@ -131,13 +141,18 @@ impl Client {
     /// Reads the server's answer to the upgrade request: `Some(head length)` once it is a
     /// valid 101 (the user is then logging in), `None` while incomplete or if it failed
     /// (the user is then dropped and will retry).
-    pub(super) fn on_upgrade_answer(&mut self, i: usize, answer: &[u8]) -> Option<usize> {
+    pub(super) fn on_upgrade_answer(
+        &mut self,
+        i: usize,
+        answer: &[u8],
+        now: UnixTime,
+    ) -> Option<usize> {
         let key = self.handshakes.get(&(i as u32)).copied()?;
         match ws::check_response(answer, &key) {
             Ok(None) => None,
             Ok(Some(head)) => {
                 self.handshakes.remove(&(i as u32));
-                self.established(i, unix_us() / 1000);
+                self.established(i, now);
                 Some(head)
             }
             Err(_) => {
@@ -146,37 +161,37 @@ impl Client {
                 if let Some(secs) = retry_after_secs(answer) {
                     self.users[i].ended = Some(Ended::Hinted(secs.saturating_mul(1000)));
                 }
-                self.handshake_failed(i);
+                self.handshake_failed(i, now);
                 None
             }
         }
     }
 
-    pub(super) fn on_inbound(&mut self, i: usize, m: Inbound<'_>) {
+    pub(super) fn on_inbound(&mut self, i: usize, m: Inbound<'_>, now: UnixTime) {
         if self.users[i].stream.is_none() {
             return; // dropped by an earlier message of the same read
         }
         match m {
-            Inbound::Frame(frame) => self.on_frame(i, frame),
+            Inbound::Frame(frame) => self.on_frame(i, frame, now),
             Inbound::BadFrame | Inbound::Text => self.counters.error_replies += 1,
             Inbound::Ping(payload) => {
                 let mut out = Vec::with_capacity(8 + payload.len());
                 transport::pong(payload, &mut out);
-                self.write(i, &out);
+                self.write(i, &out, now);
             }
             Inbound::Close => {
                 let mut out = Vec::with_capacity(8);
                 transport::close_reply(&mut out);
-                self.write(i, &out);
-                self.disconnect(i);
+                self.write(i, &out, now);
+                self.disconnect(i, now);
             }
-            Inbound::Response { status, body } => self.on_http_response(i, status, body),
+            Inbound::Response { status, body } => self.on_http_response(i, status, body, now),
         }
     }
 
     /// An HTTP answer, to the oldest ask still under way (answers come in request order):
     /// read as the protocol reply it stands for, so one path counts both.
-    fn on_http_response(&mut self, i: usize, status: u16, body: &[u8]) {
+    fn on_http_response(&mut self, i: usize, status: u16, body: &[u8], now: UnixTime) {
         let Some(&asked) = self.users[i].inflight.first() else {
             self.counters.error_replies += 1;
             return;
@@ -208,8 +223,9 @@ impl Client {
                     request_id,
                     message,
                 },
+                now,
             );
-            return self.done_asking(i);
+            return self.done_asking(i, now);
         }
         let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
         let result = v["result"].as_str().and_then(ResultCode::from_name);
@@ -244,9 +260,10 @@ impl Client {
                             request_id: 0,
                             message: push,
                         },
+                        now,
                     );
                 }
-                return self.done_asking(i);
+                return self.done_asking(i, now);
             }
             _ => Message::Error {
                 result: result.unwrap_or(ResultCode::BadRequest),
@@ -258,14 +275,14 @@ impl Client {
             request_id: asked.request_id,
             message,
         };
-        self.on_frame(i, frame);
-        self.done_asking(i);
+        self.on_frame(i, frame, now);
+        self.done_asking(i, now);
     }
 
     /// With a connection per request, the connection closes with its answer: the server
     /// closes it (`close`: read on to its end) or the client does (`client-close`: at
     /// once).
-    fn done_asking(&mut self, i: usize) {
+    fn done_asking(&mut self, i: usize, now: UnixTime) {
         if !self.on_demand() || self.users[i].stream.is_none() {
             return;
         }
@@ -273,17 +290,17 @@ impl Client {
             self.users[i].state = State::Draining;
             return;
         }
-        self.next_connection(i);
+        self.next_connection(i, now);
     }
 
     /// Closes user `i`'s connection; asks made meanwhile (an open after a notice) go out
     /// on a new one.
-    fn next_connection(&mut self, i: usize) {
+    fn next_connection(&mut self, i: usize, now: UnixTime) {
         let waiting = std::mem::take(&mut self.users[i].inflight);
         self.drop_stream(i);
         if !waiting.is_empty() {
             self.users[i].inflight = waiting;
-            self.connect(i, unix_us() / 1000);
+            self.connect(i, now);
         }
     }
 
@@ -298,8 +315,8 @@ impl Client {
         Some(found)
     }
 
-    pub(super) fn on_frame(&mut self, i: usize, frame: Frame) {
-        let now = unix_us();
+    /// What `frame`, read at `now`, means for user `i` and the counts.
+    pub(super) fn on_frame(&mut self, i: usize, frame: Frame, now: UnixTime) {
         let user_id = self.user_id(i);
         match frame.message {
             Message::LoginReply {
@@ -317,7 +334,7 @@ impl Client {
                 self.counters.logins += 1;
             }
             // The session's token ends soon: a fresh one, on this connection.
-            Message::Refresh { .. } => self.log_in(i),
+            Message::Refresh { .. } => self.log_in(i, now),
             Message::LoginReply { .. } => self.counters.login_failures += 1,
             Message::ShakeReply {
                 result,
@@ -329,7 +346,7 @@ impl Client {
                     return;
                 };
                 self.counters.shake_replies += 1;
-                let latency = now.saturating_sub(f.intended_us).max(1);
+                let latency = micros_since(now, f.intended);
                 let _ = self.shake_hist.record(latency);
                 if matches!(result, ResultCode::Won | ResultCode::Nothing) {
                     let _ = self.served_hist.record(latency);
@@ -359,7 +376,7 @@ impl Client {
                         };
                         if wait_ms > 0 && self.opts.overload_backoff_secs > 0 {
                             let ms = rand::thread_rng().gen_range(wait_ms / 2..=wait_ms * 3 / 2);
-                            self.users[i].since_ms = now / 1000 + ms;
+                            self.users[i].since = UnixMs::of(now + Duration::from_millis(ms));
                         }
                     }
                     _ => self.counters.error_replies += 1,
@@ -372,7 +389,7 @@ impl Client {
                 {
                     e.insert(None);
                     self.counters.opens_sent += 1;
-                    self.request(i, Kind::Open, now, packet_id);
+                    self.request(i, Kind::Open, now, packet_id, now);
                 }
             }
             Message::OpenReply {
@@ -383,9 +400,7 @@ impl Client {
                 let Some(f) = self.take_inflight(i, frame.request_id) else {
                     return;
                 };
-                let _ = self
-                    .open_hist
-                    .record(now.saturating_sub(f.intended_us).max(1));
+                let _ = self.open_hist.record(micros_since(now, f.intended));
                 match result {
                     ResultCode::Opened | ResultCode::AlreadyOpened => {
                         let counted = self.opens.entry((user_id, packet_id)).or_insert(None);
@@ -443,7 +458,7 @@ impl Client {
             }
             Message::Broadcast { server_time_us, .. } => {
                 self.counters.broadcast_delivered += 1;
-                self.receipts.record(server_time_us, now);
+                self.receipts.record(server_time_us, now.as_micros());
             }
             _ => {}
         }

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
@@ -25,6 +25,8 @@ use serde::{Deserialize, Serialize};
 use crate::agent::link::{self, ClockReading, Down, Link, Up};
 use crate::client::ClientOptions;
 use crate::report::Report;
+
+use super::link_files::LinkFiles;
 
 /// How a run's load goes out to agents.
 #[derive(Debug, Clone)]
@@ -215,55 +217,6 @@ impl AgentHub {
     pub fn refusals(&self) -> (u64, Vec<Refusal>) {
         let s = self.state.lock().unwrap();
         (s.refused, s.refusals.clone())
-    }
-}
-
-/// The key and TLS files of the agent link in a directory: used when there, made when
-/// not (a key of 256 bits, a throwaway CA and a certificate for the listen address).
-struct LinkFiles {
-    key: String,
-    key_file: PathBuf,
-    ca_file: PathBuf,
-    cert: Vec<u8>,
-    cert_key: Vec<u8>,
-}
-
-impl LinkFiles {
-    fn ensure(dir: &Path, listen: SocketAddr, names: &[String]) -> anyhow::Result<LinkFiles> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let key_file = dir.join(link::KEY_FILE);
-        let key = hongbao_http::access::run_key(link::KEY_ENV, &key_file, true)
-            .with_context(|| format!("the agent key {}", key_file.display()))?
-            .expect("made when missing");
-        let (ca_file, cert_file, cert_key_file) = (
-            dir.join(link::CA_FILE),
-            dir.join(link::CERT_FILE),
-            dir.join(link::CERT_KEY_FILE),
-        );
-        if !cert_file.exists() || !cert_key_file.exists() {
-            let mut all = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-            if !listen.ip().is_unspecified() {
-                all.push(listen.ip().to_string());
-            }
-            all.extend(names.iter().cloned());
-            all.dedup();
-            let names: Vec<&str> = all.iter().map(String::as_str).collect();
-            let certs = hongbao_http::tls::DevCerts::make(&names).map_err(anyhow::Error::msg)?;
-            certs.write(dir)?;
-            tracing::info!(dir = %dir.display(), names = ?all, "made the agent link's CA and certificate");
-        }
-        Ok(LinkFiles {
-            key,
-            key_file,
-            cert: std::fs::read(&cert_file)?,
-            cert_key: std::fs::read(&cert_key_file)?,
-            ca_file,
-        })
-    }
-
-    fn server_config(&self) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-        hongbao_http::tls::server_config(&self.cert, &self.cert_key, &[link::ALPN])
-            .map_err(anyhow::Error::msg)
     }
 }
 
@@ -559,6 +512,7 @@ pub(super) fn children_of(pid: u32) -> Vec<u32> {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::path::Path;
 
     fn hub(dir: &Path, count: u32) -> AgentHub {
         AgentHub::listen(&AgentPlan {

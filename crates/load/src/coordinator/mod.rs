@@ -33,6 +33,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 mod agents;
+mod link_files;
 mod monitor;
 mod rows;
 

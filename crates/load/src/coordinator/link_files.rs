@@ -1,0 +1,63 @@
+//! The agent link's key and TLS files (docs/agents.md): the coordinator's door serves
+//! with the certificate, and agents join with the key and trust the CA.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::agent::link;
+
+/// The key and TLS files of the agent link in a directory: used when there, made when
+/// not (a key of 256 bits, a throwaway CA and a certificate for the listen address).
+pub(super) struct LinkFiles {
+    pub(super) key: String,
+    pub(super) key_file: PathBuf,
+    pub(super) ca_file: PathBuf,
+    cert: Vec<u8>,
+    cert_key: Vec<u8>,
+}
+
+impl LinkFiles {
+    pub(super) fn ensure(
+        dir: &Path,
+        listen: SocketAddr,
+        names: &[String],
+    ) -> anyhow::Result<LinkFiles> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let key_file = dir.join(link::KEY_FILE);
+        let key = hongbao_http::access::run_key(link::KEY_ENV, &key_file, true)
+            .with_context(|| format!("the agent key {}", key_file.display()))?
+            .expect("made when missing");
+        let (ca_file, cert_file, cert_key_file) = (
+            dir.join(link::CA_FILE),
+            dir.join(link::CERT_FILE),
+            dir.join(link::CERT_KEY_FILE),
+        );
+        if !cert_file.exists() || !cert_key_file.exists() {
+            let mut all = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+            if !listen.ip().is_unspecified() {
+                all.push(listen.ip().to_string());
+            }
+            all.extend(names.iter().cloned());
+            all.dedup();
+            let names: Vec<&str> = all.iter().map(String::as_str).collect();
+            let certs = hongbao_http::tls::DevCerts::make(&names).map_err(anyhow::Error::msg)?;
+            certs.write(dir)?;
+            tracing::info!(dir = %dir.display(), names = ?all, "made the agent link's CA and certificate");
+        }
+        Ok(LinkFiles {
+            key,
+            key_file,
+            cert: std::fs::read(&cert_file)?,
+            cert_key: std::fs::read(&cert_key_file)?,
+            ca_file,
+        })
+    }
+
+    pub(super) fn server_config(&self) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+        hongbao_http::tls::server_config(&self.cert, &self.cert_key, &[link::ALPN])
+            .map_err(anyhow::Error::msg)
+    }
+}
