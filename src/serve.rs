@@ -44,12 +44,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
 }
 
 pub fn run_worker(args: WorkerArgs) -> Result<()> {
-    hongbao_server::worker::run(hongbao_server::worker::WorkerOptions {
-        index: args.index,
-        link_fd: args.link_fd,
-        listeners: args.listeners,
-        http_listeners: args.http_listeners,
-    })
+    Ok(hongbao_server::worker::run(
+        hongbao_server::worker::WorkerOptions {
+            index: args.index,
+            link_fd: args.link_fd,
+            listeners: args.listeners,
+            http_listeners: args.http_listeners,
+        },
+    )?)
 }
 
 fn serve_config(args: ServeArgs) -> Result<ServeConfig> {

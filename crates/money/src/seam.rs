@@ -298,11 +298,23 @@ impl std::fmt::Display for OpsCursor {
     }
 }
 
-impl std::str::FromStr for OpsCursor {
-    type Err = String;
+/// A `GET /v1/ledger/ops` cursor that is not one this API gave (`after=…`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadCursor(pub String);
 
-    fn from_str(s: &str) -> Result<OpsCursor, String> {
-        let bad = || format!("{s:?} is not a cursor this API gave");
+impl std::fmt::Display for BadCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} is not a cursor this API gave", self.0)
+    }
+}
+
+impl std::error::Error for BadCursor {}
+
+impl std::str::FromStr for OpsCursor {
+    type Err = BadCursor;
+
+    fn from_str(s: &str) -> Result<OpsCursor, BadCursor> {
+        let bad = || BadCursor(s.to_string());
         let (kind, rest) = s.split_once('.').ok_or_else(bad)?;
         let numbers: Vec<u64> = rest
             .split('.')

@@ -1,4 +1,12 @@
 use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hongbao_money::rules::shake_packet_id;
+use hongbao_money::seam::{LedgerOp, LedgerRead, OpsCursor};
+
+use super::writer::next_commit;
 
 fn won(seq: u64, user: u64, cents: u64) -> Record {
     Record {

@@ -507,7 +507,9 @@ fn ops_query(query: &str) -> Result<(Option<OpsCursor>, usize), String> {
     let (mut after, mut limit) = (None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
-            Some(("after", v)) if after.is_none() => after = Some(v.parse::<OpsCursor>()?),
+            Some(("after", v)) if after.is_none() => {
+                after = Some(v.parse::<OpsCursor>().map_err(|e| e.to_string())?)
+            }
             Some(("limit", v)) if limit.is_none() => {
                 limit = Some(
                     v.parse::<usize>()

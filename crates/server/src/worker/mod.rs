@@ -67,6 +67,7 @@ use mio::net::{TcpListener, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::config::ReadyOrder;
+use crate::error::{Error, Result};
 use crate::link::{self, ToSupervisor, WorkerConfig};
 use crate::stats::WorkerStats;
 use accept::{Listener, Listeners, QueueBound};
@@ -98,15 +99,20 @@ pub struct WorkerOptions {
 }
 
 /// A listening socket the supervisor left this process under `fd`.
-fn inherited_listener(fd: RawFd, index: WorkerId) -> anyhow::Result<TcpListener> {
+fn inherited_listener(fd: RawFd, index: WorkerId) -> Result<TcpListener> {
     // SAFETY: the supervisor made this descriptor a listening socket for this process
     // (inherited at exec) and nothing else here owns or closes it.
     let socket = unsafe { std::net::TcpListener::from_raw_fd(fd) };
     // Make sure it is a listening TCP socket before trusting it.
+    socket.local_addr().map_err(|e| {
+        Error::io(
+            format!("worker {index}: descriptor {fd} is not a listener"),
+            e,
+        )
+    })?;
     socket
-        .local_addr()
-        .map_err(|e| anyhow::anyhow!("worker {index}: descriptor {fd} is not a listener: {e}"))?;
-    socket.set_nonblocking(true)?;
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("making a listener non-blocking", e))?;
     Ok(TcpListener::from_std(socket))
 }
 
@@ -163,7 +169,7 @@ impl TurnClock {
 }
 
 /// Runs a worker until the supervisor tells it to stop or the link closes.
-pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
+pub fn run(opts: WorkerOptions) -> Result<()> {
     let _span = tracing::info_span!("worker", worker = opts.index).entered();
     limits::raise_nofile_limit();
     // The listening sockets are the supervisor's, inherited (`supervisor/listen.rs`):
@@ -182,10 +188,12 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
     let std_link = unsafe { std::os::unix::net::UnixStream::from_raw_fd(opts.link_fd) };
     // Make sure it is a socket before trusting it with anything.
     std_link.peer_addr().map_err(|e| {
-        anyhow::anyhow!(
-            "worker {}: descriptor {} is not a link: {e}",
-            opts.index,
-            opts.link_fd
+        Error::io(
+            format!(
+                "worker {}: descriptor {} is not a link",
+                opts.index, opts.link_fd
+            ),
+            e,
         )
     })?;
     let mut hello = Vec::new();
@@ -196,31 +204,33 @@ pub fn run(opts: WorkerOptions) -> anyhow::Result<()> {
         },
         &mut hello,
     );
-    (&std_link).write_all(&hello)?;
+    (&std_link)
+        .write_all(&hello)
+        .map_err(|e| Error::io("saying hello on the link", e))?;
     let (cfg, early, link_in) = read_welcome(&std_link)?;
-    let sessions = Sessions::new(cfg.login.clone()).map_err(anyhow::Error::msg)?;
-    let tls = cfg
-        .tls
-        .as_ref()
-        .map(tls::Tls::new)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
+    let sessions = Sessions::new(cfg.login.clone())?;
+    let tls = cfg.tls.as_ref().map(tls::Tls::new).transpose()?;
     let ready = Ready::new(cfg.ready_order);
     if cfg.stamps() {
         for l in &mut listeners {
-            l.stamp()?;
+            l.stamp()
+                .map_err(|e| Error::io("turning on receive timestamps", e))?;
         }
     }
-    std_link.set_nonblocking(true)?;
+    std_link
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("making the link non-blocking", e))?;
 
-    let poll = Poll::new()?;
+    let poll = Poll::new().map_err(|e| Error::io("making the poll", e))?;
     for (i, l) in listeners.iter_mut().enumerate() {
         poll.registry()
-            .register(&mut l.socket, Token(LISTENERS - i), Interest::READABLE)?;
+            .register(&mut l.socket, Token(LISTENERS - i), Interest::READABLE)
+            .map_err(|e| Error::io("polling a listener", e))?;
     }
     let mut link = UnixStream::from_std(std_link);
     poll.registry()
-        .register(&mut link, LINK, Interest::READABLE | Interest::WRITABLE)?;
+        .register(&mut link, LINK, Interest::READABLE | Interest::WRITABLE)
+        .map_err(|e| Error::io("polling the link", e))?;
     let clock = Clock::start();
     let timers = Timers::new(Uptime::ZERO, clock.unix(Uptime::ZERO));
     let capacity = cfg.max_connections as usize;
@@ -268,7 +278,7 @@ impl Worker {
         self.time.clock.now()
     }
 
-    fn event_loop(&mut self) -> anyhow::Result<()> {
+    fn event_loop(&mut self) -> Result<()> {
         let mut events = Events::with_capacity(EVENTS);
         let mut read_buf = vec![0u8; READ_BUF];
         while !self.shutdown {
@@ -326,12 +336,12 @@ impl Worker {
         events: &mut Events,
         timeout: Duration,
         read_buf: &mut [u8],
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         let mut timeout = timeout;
         loop {
             match self.poll.poll(events, Some(timeout)) {
                 Err(e) if e.kind() == ErrorKind::Interrupted => return Ok(()),
-                other => other?,
+                other => other.map_err(|e| Error::io("waiting for events", e))?,
             }
             // One clock read a poll: the events of one poll were reported together.
             let reported = self.now();

@@ -14,6 +14,7 @@ use super::conn::State;
 use super::tls::{self, Opened};
 use super::wire::{Cx, Then};
 use super::{ready, Worker};
+use crate::error::Result;
 
 /// Reads one connection may do per readiness event before others get a turn.
 pub(super) const READS_PER_TURN: usize = 4;
@@ -43,7 +44,7 @@ impl Worker {
     /// is seen between batches; all of them in FIFO order. The whole batch goes by the
     /// poll's clock (`polled`): one clock read a turn, not one a read — at a million
     /// connections most turns read one connection.
-    pub(super) fn read_ready(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
+    pub(super) fn read_ready(&mut self, buf: &mut [u8]) -> Result<()> {
         let batch = ready::read_batch(self.cfg.ready_order, self.broadcasts.under_way());
         let now = self.time.polled;
         for _ in 0..batch {
@@ -66,7 +67,7 @@ impl Worker {
         buf: &mut [u8],
         drain: bool,
         now: Uptime,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         let queued = self.link.queued();
         self.on_readable(key, buf, drain, now);
         if self.link.queued() > queued {

@@ -15,6 +15,7 @@ use hongbao_money::UserId;
 use hongbao_proto::token::{hmac, KeySpec, Minter, Refusal, Verifier};
 use hongbao_sys::clock::UnixTime;
 
+use crate::error::{Error, Result};
 use crate::link::LoginSetup;
 
 /// The `kid` of a connection that logged in with the old HMAC token.
@@ -45,8 +46,8 @@ pub(super) struct Sessions {
 }
 
 impl Sessions {
-    pub(super) fn new(setup: LoginSetup) -> Result<Sessions, String> {
-        let verifier = Verifier::new(&setup.keys, setup.rules.clone())?;
+    pub(super) fn new(setup: LoginSetup) -> Result<Sessions> {
+        let verifier = Verifier::new(&setup.keys, setup.rules.clone()).map_err(Error::Config)?;
         let revoked = setup
             .revoked
             .iter()
@@ -63,8 +64,8 @@ impl Sessions {
     /// The keys and rules change (a reload): the `kid` indices of the sessions whose key
     /// is gone, and the old HMAC sessions' if those are no longer allowed. Revocations
     /// learnt meanwhile are kept.
-    pub(super) fn reload(&mut self, setup: LoginSetup) -> Result<Vec<u16>, String> {
-        let verifier = Verifier::new(&setup.keys, setup.rules.clone())?;
+    pub(super) fn reload(&mut self, setup: LoginSetup) -> Result<Vec<u16>> {
+        let verifier = Verifier::new(&setup.keys, setup.rules.clone()).map_err(Error::Config)?;
         for &(user, at) in &setup.revoked {
             if let Some(user) = UserId::new(user) {
                 self.note_revoked(user, at);

@@ -12,6 +12,7 @@ use mio::net::UnixStream;
 
 use super::conn::State;
 use super::Worker;
+use crate::error::{Error, Result};
 use crate::link::{self, ToSupervisor, ToWorker, WorkerConfig};
 
 /// This worker's end of the link: the stream, the bytes of a message not yet whole, and
@@ -47,22 +48,25 @@ impl SupervisorLink {
 /// one not yet whole.
 pub(super) fn read_welcome(
     mut stream: &std::os::unix::net::UnixStream,
-) -> anyhow::Result<(WorkerConfig, Vec<ToWorker>, Vec<u8>)> {
+) -> Result<(WorkerConfig, Vec<ToWorker>, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let mut welcome = None;
     let mut early = Vec::new();
     loop {
-        let n = stream.read(&mut chunk)?;
+        let n = stream
+            .read(&mut chunk)
+            .map_err(|e| Error::io("reading the supervisor's welcome", e))?;
         if n == 0 {
-            anyhow::bail!("the supervisor closed the link before welcoming this worker");
+            return Err(Error::Link(
+                "the supervisor closed the link before welcoming this worker".into(),
+            ));
         }
         buf.extend_from_slice(&chunk[..n]);
         link::decode_all::<ToWorker>(&mut buf, |m| match m {
             ToWorker::Welcome(cfg) if welcome.is_none() => welcome = Some(*cfg),
             other => early.push(other),
-        })
-        .map_err(anyhow::Error::msg)?;
+        })?;
         if let Some(cfg) = welcome {
             return Ok((cfg, early, buf));
         }
@@ -74,7 +78,7 @@ impl Worker {
         link::encode(msg, &mut self.link.outbox);
     }
 
-    pub(super) fn on_link(&mut self, readable: bool) -> anyhow::Result<()> {
+    pub(super) fn on_link(&mut self, readable: bool) -> Result<()> {
         if !readable {
             return Ok(());
         }
@@ -89,12 +93,11 @@ impl Worker {
                 Ok(n) => self.link.inbox.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(Error::io("reading the link", e)),
             }
         }
         let mut inbox = Vec::new();
-        link::decode_all::<ToWorker>(&mut self.link.inbox, |m| inbox.push(m))
-            .map_err(anyhow::Error::msg)?;
+        link::decode_all::<ToWorker>(&mut self.link.inbox, |m| inbox.push(m))?;
         for msg in inbox {
             self.on_supervisor_message(msg);
         }
@@ -214,7 +217,7 @@ impl Worker {
         }
     }
 
-    pub(super) fn flush_link(&mut self) -> anyhow::Result<()> {
+    pub(super) fn flush_link(&mut self) -> Result<()> {
         match net::write_nonblocking(&mut self.link.stream, &self.link.outbox) {
             Ok(n) => {
                 link::consumed(&mut self.link.outbox, n);
@@ -224,7 +227,7 @@ impl Worker {
                 self.shutdown = true;
                 Ok(())
             }
-            Err(e) => Err(e.into()),
+            Err(e) => Err(Error::io("writing the link", e)),
         }
     }
 }

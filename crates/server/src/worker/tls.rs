@@ -24,6 +24,7 @@ use rustls::server::UnbufferedServerConnection;
 use rustls::ServerConfig;
 
 use crate::config::TlsPem;
+use crate::error::{Error, Result};
 
 /// The configs a worker's TLS sessions begin with: one per kind of listener (they say
 /// different ALPN names).
@@ -33,11 +34,12 @@ pub(super) struct Tls {
 }
 
 impl Tls {
-    pub(super) fn new(pem: &TlsPem) -> Result<Tls, String> {
+    pub(super) fn new(pem: &TlsPem) -> Result<Tls> {
         let tickets = Some(&pem.ticket_key);
+        let config = |alpn| server_config_with(&pem.cert, &pem.key, alpn, tickets);
         Ok(Tls {
-            frames: server_config_with(&pem.cert, &pem.key, &[ALPN_FRAMES], tickets)?,
-            http: server_config_with(&pem.cert, &pem.key, &[ALPN_HTTP], tickets)?,
+            frames: config(&[ALPN_FRAMES]).map_err(Error::Config)?,
+            http: config(&[ALPN_HTTP]).map_err(Error::Config)?,
         })
     }
 
