@@ -640,3 +640,52 @@ fn the_help_describes_every_argument_and_names_its_default() {
     let (list, _) = hongbao(&["admin-key", "list", "--data-dir", data], &repo());
     assert!(list.contains(" UTC by cli"), "{list}");
 }
+
+/// Every JSON answer http-api.md shows is exactly what the API's types write
+/// (`hongbao_proto::api`, which the gateway writes through and the load reads through):
+/// the same fields, the same spelling, keys sorted.
+#[test]
+fn the_http_api_examples_are_the_types_answers() {
+    use hongbao_proto::api;
+    use serde::de::DeserializeOwned;
+    use serde::Serialize;
+    fn same<T: DeserializeOwned + Serialize>(heading: &str, example: &str) {
+        let read: T = serde_json::from_str(example)
+            .unwrap_or_else(|e| panic!("{heading}: {example} does not read: {e}"));
+        assert_eq!(api::to_body(&read), example, "{heading}");
+    }
+    let doc = read("docs/http-api.md");
+    let mut checked = 0;
+    for heading in [
+        "### GET /v1/ping",
+        "### POST /v1/shake",
+        "### POST /v1/packets",
+        "### POST /v1/packets/{id}/open",
+        "### GET /v1/me",
+        "### GET /v1/notices",
+        "### POST /v1/chat",
+        "### A refusal",
+    ] {
+        let text = section(&doc, heading);
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line.trim() != "```json" {
+                continue;
+            }
+            let example = lines.next().expect("an example").trim();
+            match heading {
+                "### GET /v1/ping" => same::<api::Pong>(heading, example),
+                "### POST /v1/shake" | "### POST /v1/packets/{id}/open" => {
+                    same::<api::Taken>(heading, example)
+                }
+                "### POST /v1/packets" => same::<api::Sent>(heading, example),
+                "### GET /v1/me" => same::<api::Me>(heading, example),
+                "### GET /v1/notices" => same::<api::Notices>(heading, example),
+                "### POST /v1/chat" => same::<api::Done>(heading, example),
+                _ => same::<api::Refused>(heading, example),
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked} examples");
+}

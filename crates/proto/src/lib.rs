@@ -8,8 +8,10 @@
 //!   browser-facing listener and the load client;
 //! - `json`: the JSON form of every message, carried in WebSocket text messages;
 //! - `http`: HTTP/1.1 requests for the gateway's REST API (no I/O);
+//! - `api`: the HTTP API's answers, typed (what the gateway writes and the load reads);
 //! - `client`: a small blocking client over `std::net`, for tests and tools.
 
+pub mod api;
 pub mod client;
 pub mod frame;
 pub mod http;

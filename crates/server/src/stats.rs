@@ -171,7 +171,8 @@ impl WorkerStats {
 }
 
 /// `GET /v1/stats`: totals are counters, levels and CPU together in one flat object.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Totals {
     #[serde(flatten)]
     pub counters: WorkerCounters,
@@ -181,7 +182,8 @@ pub struct Totals {
 }
 
 /// One worker in `GET /v1/stats`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct WorkerView {
     pub worker: WorkerId,
     pub pid: u32,
@@ -193,7 +195,8 @@ pub struct WorkerView {
 }
 
 /// The supervisor process in `GET /v1/stats`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CoreView {
     pub ledger_seq: u64,
     pub ledger_committed_seq: u64,
@@ -201,8 +204,11 @@ pub struct CoreView {
     pub cpu_ms: u64,
 }
 
-/// `GET /v1/stats`.
-#[derive(Debug, Clone, Serialize)]
+/// `GET /v1/stats`: written by the supervisor (`supervisor/report.rs`), read by the bench
+/// through this same type. Every field has a default, so a server a build older or newer
+/// (a rolling upgrade's) still reads.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Stats {
     pub unix_ms: u64,
     pub connections: u64,

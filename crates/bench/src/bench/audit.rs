@@ -10,6 +10,7 @@ use hongbao_load::broadcast;
 use hongbao_load::coordinator::{AgentSummary, Finished, Refusal, Row};
 use hongbao_money::seam::Balances;
 use hongbao_money::Audit;
+use hongbao_server::stats::Stats;
 
 use super::agents;
 use super::broadcaster;
@@ -233,17 +234,17 @@ fn tls(
     samples: &[ServerSample],
     finished: &Finished,
 ) -> anyhow::Result<TlsSummary> {
-    let stats: serde_json::Value = server.get("/v1/stats")?;
-    let n = |name: &str| stats["totals"][name].as_u64().unwrap_or(0);
+    let stats: Stats = server.get("/v1/stats")?;
+    let counted = &stats.totals.counters;
     let t = &finished.totals;
     Ok(TlsSummary {
-        handshakes_full: n("tls_handshakes"),
-        handshakes_resumed: n("tls_resumed"),
-        refused: n("tls_refused"),
-        timed_out: n("tls_handshake_timeouts"),
-        abandoned: n("tls_abandoned"),
+        handshakes_full: counted.tls_handshakes,
+        handshakes_resumed: counted.tls_resumed,
+        refused: counted.tls_refused,
+        timed_out: counted.tls_handshake_timeouts,
+        abandoned: counted.tls_abandoned,
         in_progress_max: samples.iter().map(|s| s.tls_handshaking).max().unwrap_or(0),
-        accept_paused: n("accept_paused"),
+        accept_paused: counted.accept_paused,
         client_handshake_failures: t.failed_handshake,
         client_timeouts: t.failed_timeout,
     })

@@ -7,14 +7,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
-use serde_json::{json, Value};
-
 use super::say::say;
 use super::server::Server;
 use super::summary::Discrepancy;
 use hongbao_load::broadcast::{self, BroadcastStats, Sent};
 use hongbao_load::coordinator::Load;
+use hongbao_server::admin::{BroadcastRequest, Broadcasted};
 use hongbao_sys::clock::{Clock, Uptime};
 
 /// The longest nap of a wait that sends broadcasts: one falls due within it at most this
@@ -82,15 +80,11 @@ impl Broadcaster {
         // and the send only loosens the check (`broadcast::delivery_ok`).
         let t = load.totals();
         let text = format!("bench broadcast {}", self.sent.len() + 1);
-        let r: Value = server.post("/v1/broadcast", &json!({ "text": text }))?;
-        let field = |k: &str| {
-            r[k].as_u64()
-                .with_context(|| format!("POST /v1/broadcast answered without {k}: {r}"))
-        };
+        let r: Broadcasted = server.post("/v1/broadcast", &BroadcastRequest { text })?;
         self.sent.push(Sent {
-            id: field("id")?,
-            server_time_us: field("server_time_us")?,
-            connections: field("connections")?,
+            id: r.id,
+            server_time_us: r.server_time_us,
+            connections: r.connections,
             phase: self.phase.clone(),
             drops_before: t.disconnects + t.connect_failures(),
         });

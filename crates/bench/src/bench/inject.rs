@@ -84,13 +84,7 @@ impl Injector {
     /// The ids of the server's workers (`/v1/stats`), in their order.
     fn worker_pids(&self) -> Vec<u64> {
         stats(&self.admin, &self.key)
-            .and_then(|s| {
-                s["workers"].as_array().map(|ws| {
-                    ws.iter()
-                        .filter_map(|w| w["pid"].as_u64())
-                        .collect::<Vec<_>>()
-                })
-            })
+            .map(|s| s.workers.iter().map(|w| u64::from(w.pid)).collect())
             .unwrap_or_default()
     }
 

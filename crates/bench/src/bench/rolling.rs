@@ -93,9 +93,8 @@ pub(super) fn roll(
             );
         }
         // The connections it holds (`totals.connections`); 0 if it does not say.
-        let connections = stats(&format!("http://{admin}"), key)
-            .and_then(|s| s["totals"]["connections"].as_u64())
-            .unwrap_or(0);
+        let connections =
+            stats(&format!("http://{admin}"), key).map_or(0, |s| s.totals.levels.connections);
         let workers = hongbao_lab::children_of(proc.pid());
         let told = clock.now();
         let exited = proc.terminate(DRAIN_WINDOW + PAST_WINDOW);

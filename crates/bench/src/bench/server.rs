@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use serde_json::Value;
 
 use super::admin::{admin_request, stats};
 use super::inject::Injector;
@@ -18,6 +17,7 @@ use super::local::Local;
 use super::options::{BenchOptions, Fault, SECRET};
 use super::rolling::RolledGateway;
 use hongbao_server::config::ServeFlags;
+use hongbao_server::stats::Stats;
 use hongbao_sys::clock::UnixTime;
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
@@ -404,17 +404,15 @@ pub(crate) struct ServerSample {
     pub tls_handshaking: u64,
 }
 
-pub(super) fn sample(stats: &Value) -> ServerSample {
-    let n = |v: &Value| v.as_u64().unwrap_or(0);
-    let workers = stats["workers"].as_array().cloned().unwrap_or_default();
-    let rss =
-        workers.iter().map(|w| n(&w["rss_bytes"])).sum::<u64>() + n(&stats["core"]["rss_bytes"]);
-    let cpu = workers.iter().map(|w| n(&w["cpu_ms"])).sum::<u64>() + n(&stats["core"]["cpu_ms"]);
+pub(super) fn sample(stats: &Stats) -> ServerSample {
+    let workers = &stats.workers;
+    let rss = workers.iter().map(|w| w.levels.rss_bytes).sum::<u64>() + stats.core.rss_bytes;
+    let cpu = workers.iter().map(|w| w.cpu_ms).sum::<u64>() + stats.core.cpu_ms;
     ServerSample {
-        at: UnixTime::from_millis(n(&stats["unix_ms"])),
-        shakes_per_sec: n(&stats["per_sec"]["shakes"]),
+        at: UnixTime::from_millis(stats.unix_ms),
+        shakes_per_sec: stats.per_sec.shakes,
         rss_bytes: rss,
         cpu_ms: cpu,
-        tls_handshaking: n(&stats["totals"]["tls_handshaking"]),
+        tls_handshaking: stats.totals.levels.tls_handshaking,
     }
 }

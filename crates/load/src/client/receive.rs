@@ -5,6 +5,7 @@
 use std::io::{ErrorKind, Read};
 use std::time::Duration;
 
+use hongbao_proto::api;
 use hongbao_proto::tls::session::Opened;
 use hongbao_proto::{ws, Frame, Message, ResultCode};
 use rand::Rng;
@@ -227,48 +228,52 @@ impl Client {
             );
             return self.done_asking(i, now);
         }
-        let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-        let result = v["result"].as_str().and_then(ResultCode::from_name);
-        let n = |k: &str| v[k].as_u64().unwrap_or(0);
-        let message = match (asked.kind, result) {
-            (Kind::Shake, Some(result)) => Message::ShakeReply {
-                result,
-                packet_id: n("packet_id"),
-                amount_cents: n("amount_cents"),
-                retry_after_ms: u32::try_from(n("retry_after_ms")).unwrap_or(u32::MAX),
+        // Read through the API's own types (`hongbao_proto::api`): an answer that does
+        // not read as its kind's is an error of the status.
+        let refused = |result: Option<ResultCode>| Message::Error {
+            result: result.unwrap_or(ResultCode::BadRequest),
+            text: format!("HTTP {status}"),
+            retry_after_ms: 0,
+        };
+        let message = match asked.kind {
+            Kind::Shake | Kind::Open => match serde_json::from_slice::<api::Taken>(body) {
+                Ok(t) if asked.kind == Kind::Shake => Message::ShakeReply {
+                    result: t.result,
+                    packet_id: t.packet_id,
+                    amount_cents: t.amount_cents,
+                    retry_after_ms: t.retry_after_ms,
+                },
+                Ok(t) => Message::OpenReply {
+                    result: t.result,
+                    packet_id: t.packet_id,
+                    amount_cents: t.amount_cents,
+                },
+                Err(_) => refused(None),
             },
-            (Kind::Open, Some(result)) => Message::OpenReply {
-                result,
-                packet_id: n("packet_id"),
-                amount_cents: n("amount_cents"),
-            },
-            (Kind::Poll, Some(ResultCode::Ok)) => {
-                self.take_inflight(i, asked.request_id);
-                let notices = v["notices"].as_array().cloned().unwrap_or_default();
-                for notice in notices {
-                    let packet_id = notice["packet_id"].as_u64().unwrap_or(0);
-                    let push = Message::PacketNotice {
-                        packet_id,
-                        from_user: notice["from_user"].as_u64().unwrap_or(0),
-                        amount_cents: notice["amount_cents"].as_u64().unwrap_or(0),
-                        shares: notice["shares"].as_u64().unwrap_or(0) as u32,
-                        expires_at_ms: notice["expires_at_ms"].as_u64().unwrap_or(0),
-                    };
-                    self.on_frame(
-                        i,
-                        Frame {
-                            request_id: 0,
-                            message: push,
-                        },
-                        now,
-                    );
+            Kind::Poll => match serde_json::from_slice::<api::Notices>(body) {
+                Ok(answer) if answer.result == ResultCode::Ok => {
+                    self.take_inflight(i, asked.request_id);
+                    for notice in answer.notices {
+                        let push = Message::PacketNotice {
+                            packet_id: notice.packet_id,
+                            from_user: notice.from_user.unwrap_or(0),
+                            amount_cents: notice.amount_cents,
+                            shares: notice.shares,
+                            expires_at_ms: notice.expires_at_ms,
+                        };
+                        self.on_frame(
+                            i,
+                            Frame {
+                                request_id: 0,
+                                message: push,
+                            },
+                            now,
+                        );
+                    }
+                    return self.done_asking(i, now);
                 }
-                return self.done_asking(i, now);
-            }
-            _ => Message::Error {
-                result: result.unwrap_or(ResultCode::BadRequest),
-                text: format!("HTTP {status}"),
-                retry_after_ms: 0,
+                Ok(answer) => refused(Some(answer.result)),
+                Err(_) => refused(None),
             },
         };
         let frame = Frame {

@@ -50,10 +50,20 @@ pub enum AdminRequest {
 }
 
 /// `POST /v1/broadcast`.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BroadcastRequest {
     pub text: String,
+}
+
+/// `POST /v1/broadcast`'s answer: its id and time, and how many connections the workers
+/// that answered in time are writing it to (the bench reads it through this type).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+pub struct Broadcasted {
+    pub connections: u64,
+    pub id: u64,
+    pub server_time_us: u64,
+    pub workers: usize,
 }
 
 /// `POST /v1/admin-keys`.

@@ -8,9 +8,9 @@ use std::time::Duration;
 use hongbao_http::Response;
 use hongbao_money::WorkerId;
 use hongbao_sys::clock::Uptime;
-use serde_json::json;
 
 use super::Supervisor;
+use crate::admin::Broadcasted;
 use crate::link::{self, ToWorker};
 
 /// How long a broadcast's admin answer waits for the workers' counts.
@@ -68,12 +68,12 @@ impl Supervisor {
             .collect();
         for id in done {
             let b = self.broadcasts.remove(&id).expect("listed");
-            let answer = json!({
-                "id": id,
-                "server_time_us": b.server_time_us,
-                "connections": b.connections,
-                "workers": b.workers - b.waiting.len(),
-            });
+            let answer = Broadcasted {
+                connections: b.connections,
+                id,
+                server_time_us: b.server_time_us,
+                workers: b.workers - b.waiting.len(),
+            };
             let _ = b.reply.send(Response::json(200, &answer));
         }
     }

@@ -18,14 +18,17 @@
 use std::collections::BTreeMap;
 
 use hongbao_money::{Reply, Request};
+use hongbao_proto::api;
 use hongbao_proto::http;
 use hongbao_proto::message::{valid_idempotency_key, MAX_RECIPIENTS, MAX_TEXT_LEN, MAX_TOKEN_LEN};
 use hongbao_proto::ws::{self, Handshake};
 use hongbao_proto::{KickReason, ResultCode};
 use hongbao_sys::clock::{UnixTime, UptimeSecs};
 use serde::Deserialize;
-use serde_json::json;
 
+#[cfg(test)]
+use super::answer::status_of;
+use super::answer::{error_body, reply_json, retry_after_secs};
 use super::wire::{Auth, Cx, Inbound, Step, Then};
 
 /// The browser client, served at `GET /`.
@@ -358,114 +361,6 @@ fn head_only(mut answer: Vec<u8>, body: &[u8]) -> Vec<u8> {
     answer
 }
 
-fn error_body(result: ResultCode, text: &str) -> Vec<u8> {
-    json!({ "result": result.name(), "error": text })
-        .to_string()
-        .into_bytes()
-}
-
-/// The HTTP status of a result: success for outcomes a client asked for and got
-/// (including `nothing`, `already-opened` and `offline`), the nearest client or server
-/// error for the rest.
-pub(super) fn status_of(result: ResultCode) -> u16 {
-    use ResultCode::*;
-    match result {
-        Ok | Won | Nothing | Opened | AlreadyOpened | Delivered | Offline => 200,
-        Overloaded | RateLimited => 429,
-        Empty => 409,
-        NotARecipient => 403,
-        Expired => 410,
-        InsufficientFunds => 402,
-        BadRequest => 400,
-        BadToken | NotLoggedIn => 401,
-        UnknownType | NoSuchPacket => 404,
-        Unavailable => 503,
-    }
-}
-
-/// An `overloaded` or `rate-limited` answer's `Retry-After`: whole seconds (HTTP has no
-/// finer unit), rounded up from the reply's `retry_after_ms`, at least 1.
-fn retry_after_secs(reply: &Reply) -> Option<String> {
-    if !matches!(
-        reply.result(),
-        ResultCode::Overloaded | ResultCode::RateLimited
-    ) {
-        return None;
-    }
-    let ms = match reply {
-        Reply::Shake { retry_after_ms, .. } | Reply::RateLimited { retry_after_ms, .. } => {
-            *retry_after_ms
-        }
-        _ => 0,
-    };
-    Some(ms.div_ceil(1000).max(1).to_string())
-}
-
-/// A reply's status and JSON body.
-fn reply_json(reply: &Reply) -> (u16, String) {
-    let result = reply.result();
-    let mut status = status_of(result);
-    let body = match reply {
-        Reply::Shake {
-            result,
-            packet_id,
-            amount_cents,
-            retry_after_ms,
-        } if *retry_after_ms != 0 => json!({
-            "result": result.name(),
-            "packet_id": packet_id,
-            "amount_cents": amount_cents,
-            "retry_after_ms": retry_after_ms,
-        }),
-        Reply::Shake {
-            result,
-            packet_id,
-            amount_cents,
-            ..
-        }
-        | Reply::Open {
-            result,
-            packet_id,
-            amount_cents,
-        } => json!({"result": result.name(), "packet_id": packet_id, "amount_cents": amount_cents}),
-        Reply::Send {
-            result,
-            packet_id,
-            balance_cents,
-        } => {
-            if *result == ResultCode::Ok {
-                status = 201;
-            }
-            json!({"result": result.name(), "packet_id": packet_id, "balance_cents": balance_cents})
-        }
-        Reply::Chat { result } => json!({"result": result.name()}),
-        Reply::Login { result, user_id } => json!({"result": result.name(), "user_id": user_id}),
-        Reply::Pong {
-            client_time_us,
-            server_time_us,
-        } => {
-            json!({"result": "ok", "client_time_us": client_time_us, "server_time_us": server_time_us})
-        }
-        Reply::Me(view) => json!({
-            "result": "ok",
-            "user": view.user,
-            "balance_cents": view.balance_cents,
-            "recent_events": view.recent_events,
-        }),
-        Reply::Notices(notices) => json!({"result": "ok", "notices": notices}),
-        Reply::Error { result, text } => json!({"result": result.name(), "error": text}),
-        Reply::RateLimited {
-            retry_after_ms,
-            text,
-        } => json!({
-            "result": ResultCode::RateLimited.name(),
-            "error": text,
-            "retry_after_ms": retry_after_ms,
-        }),
-    };
-    (status, body.to_string())
-}
-
 /// What a request is.
 enum Route {
     /// For the handlers, acting for the user the bearer token names (`None`: needs no
@@ -654,8 +549,11 @@ fn demo_token(query: &str, cx: &Cx<'_>) -> Route {
     match user {
         Some(user) => match cx.sessions.demo_token(user, UnixTime::now()) {
             Some(token) => {
-                let body = json!({"user_id": user, "token": token});
-                Route::Answer(200, "application/json", body.to_string().into_bytes())
+                let body = api::to_body(&api::DemoToken {
+                    token,
+                    user_id: user,
+                });
+                Route::Answer(200, "application/json", body.into_bytes())
             }
             None => Route::Refuse(
                 503,

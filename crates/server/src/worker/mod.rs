@@ -19,6 +19,7 @@
 //! - `conn`: the connection record, and writing, kicking, closing;
 //! - `codec`: the wire seam — binary frames, WebSocket;
 //! - `http`: HTTP on the listener — the API, the browser page, WebSocket upgrades;
+//!   `answer`: its answers' statuses and bodies;
 //! - `wire`: what a decode step is made of, shared by `codec` and `http`;
 //! - `tls`: TLS under the codecs, on every client listener when it is on;
 //! - `handler`: requests → logins, the shake pool, the link;
@@ -38,6 +39,7 @@
 //! loop runs on `Uptime`, what it shares with other processes is `UnixTime`.
 
 mod accept;
+mod answer;
 mod broadcast;
 mod codec;
 mod conn;
