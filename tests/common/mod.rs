@@ -1,11 +1,13 @@
 //! What the integration tests share: running `hongbao` subcommands, reading their output,
 //! `hongbao serve` started by one builder (`Serve`), its admin API, one WebSocket client,
-//! `hongbao bench` run to its summary, waiting. Each test file compiles its own copy and uses part of it.
+//! `hongbao bench` run to its summary, waiting; `wire`: what the serve tests say and
+//! expect on the wire. Each test file compiles its own copy and uses part of it.
 #![allow(dead_code)]
 
 mod admin;
 mod bench;
 mod serve;
+pub mod wire;
 mod ws;
 
 use std::io::{BufRead, BufReader, ErrorKind, Read};

@@ -25,16 +25,37 @@ use crate::link::ToSupervisor;
 #[derive(Default)]
 pub(super) struct Shakes {
     /// Packets `(id, amount_cents)` dealt to this worker, given out in order.
-    pub pool: VecDeque<(u64, u64)>,
+    pool: VecDeque<(u64, u64)>,
     /// When each shake waiting on the supervisor for a win was read, by (connection, request).
-    pub claims: HashMap<(ConnId, u32), Uptime>,
+    claims: HashMap<(ConnId, u32), Uptime>,
     /// The shake buckets of users shaking over HTTP (their bearer's), by user: a session
     /// keeps its own on its connection (`limits.rs`). Emptied of full ones each second.
-    pub bearers: HashMap<UserId, u32>,
-    pub overload: Overload,
+    bearers: HashMap<UserId, u32>,
+    overload: Overload,
 }
 
 impl Shakes {
+    /// Packets the money side dealt this worker, to give after those it holds.
+    pub(super) fn deal(&mut self, packets: impl IntoIterator<Item = (u64, u64)>) {
+        self.pool.extend(packets);
+    }
+
+    /// The packets held, not given yet.
+    pub(super) fn pooled(&self) -> usize {
+        self.pool.len()
+    }
+
+    /// The shake cap's shakes a second now; 0: no cap (`overload.rs`).
+    pub(super) fn cap_per_sec(&self) -> u32 {
+        self.overload.cap_per_sec()
+    }
+
+    /// The claim of request `req` of `conn` answered: when its shake was read, if it was
+    /// still waiting.
+    pub(super) fn claimed(&mut self, conn: ConnId, req: u32) -> Option<Uptime> {
+        self.claims.remove(&(conn, req))
+    }
+
     /// Forgets claims older than `after` at `now`: their connection went away, and they
     /// are never answered.
     pub(super) fn forget_claims(&mut self, now: Uptime, after: Duration) {

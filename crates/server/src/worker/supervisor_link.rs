@@ -18,7 +18,7 @@ use crate::link::{self, ToSupervisor, ToWorker, WorkerConfig};
 /// This worker's end of the link: the stream, the bytes of a message not yet whole, and
 /// the messages not yet written.
 pub(super) struct SupervisorLink {
-    pub stream: UnixStream,
+    stream: UnixStream,
     inbox: Vec<u8>,
     outbox: Vec<u8>,
 }
@@ -106,10 +106,10 @@ impl Worker {
 
     pub(super) fn on_supervisor_message(&mut self, msg: ToWorker) {
         match msg {
-            ToWorker::Deal { packets } => self.shakes.pool.extend(packets),
+            ToWorker::Deal { packets } => self.shakes.deal(packets),
             ToWorker::Reply { conn, req, reply } => {
                 if matches!(reply, Reply::Shake { .. }) {
-                    if let Some(read_at) = self.shakes.claims.remove(&(conn, req)) {
+                    if let Some(read_at) = self.shakes.claimed(conn, req) {
                         self.record_latency(read_at);
                     }
                 }

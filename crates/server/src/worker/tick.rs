@@ -47,8 +47,8 @@ impl Worker {
         self.sessions.forget_old_revocations(unix);
         self.stats.unix_second = unix.second();
         self.stats.levels.connections = self.conns.len() as u64;
-        self.stats.levels.pool_packets = self.shakes.pool.len() as u64;
-        self.stats.levels.shake_cap = self.shakes.overload.cap_per_sec().into();
+        self.stats.levels.pool_packets = self.shakes.pooled() as u64;
+        self.stats.levels.shake_cap = self.shakes.cap_per_sec().into();
         self.size_accept_queues();
         self.stats.levels.tls_handshaking = self.handshaking().into();
         let (rss, cpu) = usage::self_usage();
