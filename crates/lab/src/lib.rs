@@ -251,7 +251,7 @@ impl Lab {
             .netns
             .push(netns::netns_name(self.plan.lab, name));
         self.save()?;
-        netns::create_host(self.plan.lab, name, last, sysctls)
+        Ok(netns::create_host(self.plan.lab, name, last, sysctls)?)
     }
 
     fn bring_up(&mut self) -> anyhow::Result<()> {

@@ -511,8 +511,8 @@ pub fn ehash_buckets_wanted(connections: u64) -> u64 {
 ///
 /// Only the calling thread moves (and the processes it starts after): call it before any
 /// other thread exists. Needs root. Returns what it did, a line each.
-pub fn enter_network_namespace(connections: u64) -> anyhow::Result<Vec<String>> {
-    use anyhow::Context;
+pub fn enter_network_namespace(connections: u64) -> crate::error::Result<Vec<String>> {
+    use crate::error::Error;
     use std::os::unix::fs::FileExt;
     let path = "/proc/sys/net/ipv4/tcp_child_ehash_entries";
     let host_buckets = ehash_buckets();
@@ -522,21 +522,24 @@ pub fn enter_network_namespace(connections: u64) -> anyhow::Result<Vec<String>> 
         .read(true)
         .write(true)
         .open(path)
-        .with_context(|| format!("opening {path} (needs root and a kernel ≥ 6.1)"))?;
+        .map_err(|e| Error::io(format!("opening {path} (needs root and a kernel ≥ 6.1)"), e))?;
     let mut before = [0u8; 32];
-    let n = file.read_at(&mut before, 0)?;
+    let n = file
+        .read_at(&mut before, 0)
+        .map_err(|e| Error::io(format!("reading {path}"), e))?;
     let buckets = ehash_buckets_wanted(connections);
     file.write_at(buckets.to_string().as_bytes(), 0)
-        .with_context(|| format!("writing {path}"))?;
+        .map_err(|e| Error::io(format!("writing {path}"), e))?;
     // SAFETY: unshare takes flags only; it moves the calling thread.
     let moved = unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0;
     let error = std::io::Error::last_os_error();
     file.write_at(&before[..n], 0)
-        .with_context(|| format!("restoring {path}"))?;
+        .map_err(|e| Error::io(format!("restoring {path}"), e))?;
     if !moved {
-        return Err(error).context("unshare(CLONE_NEWNET)");
+        return Err(Error::io("unshare(CLONE_NEWNET)", error));
     }
-    crate::net::bring_loopback_up().context("bringing lo up in the new namespace")?;
+    crate::net::bring_loopback_up()
+        .map_err(|e| Error::io("bringing lo up in the new namespace", e))?;
     let mut lines = vec![format!(
         "a network namespace of its own: established hash {} buckets (the host's: {host_buckets})",
         ehash_buckets()

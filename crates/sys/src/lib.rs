@@ -18,6 +18,7 @@
 pub mod clock;
 pub mod dirlock;
 pub mod doctor;
+pub mod error;
 pub mod fdpass;
 pub mod limits;
 pub mod net;
@@ -27,4 +28,5 @@ pub mod priority;
 pub mod stop;
 pub mod usage;
 
+pub use error::Error;
 pub use stop::{Reload, Stop};

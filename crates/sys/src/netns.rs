@@ -15,7 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use anyhow::{bail, Context};
+use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// One test host: a network namespace with one address on the lab's bridge.
@@ -45,7 +45,7 @@ pub fn bridge_addr(lab: u8) -> Ipv4Addr {
 
 /// Runs `ip -batch -` with `commands`, one per line (inside namespace `netns` if given:
 /// a batch line cannot name one itself).
-fn ip_batch_in(netns: Option<&str>, commands: &[String]) -> anyhow::Result<()> {
+fn ip_batch_in(netns: Option<&str>, commands: &[String]) -> Result<()> {
     use std::io::Write;
     let mut ip = Command::new("ip");
     if let Some(ns) = netns {
@@ -57,41 +57,47 @@ fn ip_batch_in(netns: Option<&str>, commands: &[String]) -> anyhow::Result<()> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .context("running ip (iproute2)")?;
+        .map_err(|e| Error::io("running ip (iproute2)", e))?;
     let mut stdin = child.stdin.take().expect("piped");
-    stdin.write_all(commands.join("\n").as_bytes())?;
+    stdin
+        .write_all(commands.join("\n").as_bytes())
+        .map_err(|e| Error::io("writing to ip -batch", e))?;
     drop(stdin);
-    let out = child.wait_with_output()?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Error::io("waiting for ip -batch", e))?;
     if !out.status.success() {
-        bail!(
+        return Err(Error::Refused(format!(
             "ip -batch failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
-        );
+        )));
     }
     Ok(())
 }
 
-fn ip_batch(commands: &[String]) -> anyhow::Result<()> {
+fn ip_batch(commands: &[String]) -> Result<()> {
     ip_batch_in(None, commands)
 }
 
 /// Creates lab `n`'s bridge. Fails if it exists: another lab holds this subnet.
-pub fn create_bridge(lab: u8) -> anyhow::Result<()> {
+pub fn create_bridge(lab: u8) -> Result<()> {
     let br = bridge_name(lab);
     if Path::new(&format!("/sys/class/net/{br}")).exists() {
-        bail!("the bridge {br} exists already: lab {lab} is in use (hongbao lab down, or another --lab)");
+        return Err(Error::Refused(format!(
+            "the bridge {br} exists already: lab {lab} is in use (hongbao lab down, or another --lab)"
+        )));
     }
     ip_batch(&[
         format!("link add {br} type bridge"),
         format!("addr add {}/24 dev {br}", bridge_addr(lab)),
         format!("link set {br} up"),
     ])
-    .with_context(|| format!("creating the bridge {br}"))
+    .map_err(|e| e.within(format!("creating the bridge {br}")))
 }
 
 /// Creates host `name` with address `198.18.n.last` on lab `n`'s bridge, and applies
 /// `sysctls` (`name=value`, net.* only: they are per namespace) inside it.
-pub fn create_host(lab: u8, name: &str, last: u8, sysctls: &[&str]) -> anyhow::Result<Host> {
+pub fn create_host(lab: u8, name: &str, last: u8, sysctls: &[&str]) -> Result<Host> {
     let host = Host {
         name: name.to_string(),
         netns: netns_name(lab, name),
@@ -117,15 +123,16 @@ pub fn create_host(lab: u8, name: &str, last: u8, sysctls: &[&str]) -> anyhow::R
             ],
         )
     })
-    .with_context(|| format!("creating the host {ns}"))?;
+    .map_err(|e| e.within(format!("creating the host {ns}")))?;
     for sysctl in sysctls {
         let (key, value) = sysctl.split_once('=').expect("name=value");
         let status = host
             .command("sysctl")
             .args(["-qw", &format!("{key}={value}")])
-            .status()?;
+            .status()
+            .map_err(|e| Error::io(format!("running sysctl in {ns}"), e))?;
         if !status.success() {
-            bail!("sysctl {sysctl} in {ns} failed");
+            return Err(Error::Refused(format!("sysctl {sysctl} in {ns} failed")));
         }
     }
     Ok(host)
