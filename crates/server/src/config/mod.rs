@@ -367,8 +367,15 @@ mod tests {
             (cfg.processes.workers.as_str(), cfg.overload.max_queue_ms),
             ("4", 200)
         );
-        let cfg = load("[cluster]\ntls_ca = \"\"\n").unwrap();
-        assert!(cfg.cluster.engines_ca.as_os_str().is_empty());
+        // `engines_ca`'s older name, in its section or at the top: read as `engines_ca`
+        // (whose file is read at load, and here is not there).
+        for text in [
+            "[cluster]\ntls_ca = \"/ca.pem\"\n",
+            "tls_ca = \"/ca.pem\"\n",
+        ] {
+            let refused = load(text).err().unwrap().to_string();
+            assert!(refused.contains("reading the CA file /ca.pem"), "{refused}");
+        }
         let wrong = load("[overload]\nidle_timeout_secs = 5\n").err().unwrap();
         assert!(
             wrong

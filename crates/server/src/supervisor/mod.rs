@@ -160,6 +160,8 @@ impl Supervisor {
         let mut events = Events::with_capacity(256);
         let mut ready_said = false;
         let mut outs = Vec::new();
+        self.time.now = self.time.clock.now();
+        self.timers.restart(self.time.now, self.time.unix());
         loop {
             let timeout = self.timers.timeout(self.time.now);
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {

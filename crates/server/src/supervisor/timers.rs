@@ -35,6 +35,12 @@ impl Timers {
         }
     }
 
+    /// The loop starts at `now` (the Unix time then: `unix`): every deadline as `new`
+    /// files them, from there (the start before it may have taken seconds).
+    pub(super) fn restart(&mut self, now: Uptime, unix: UnixTime) {
+        *self = Timers::new(now, unix, self.tick_every);
+    }
+
     /// How long the loop may wait at `now` before its nearest deadline.
     pub(super) fn timeout(&self, now: Uptime) -> Duration {
         self.tick.min(self.second).min(self.check).since(now)
@@ -99,5 +105,9 @@ mod tests {
         assert!(!t.check_due(ms(229)) && t.check_due(ms(230)));
         // Past every deadline, the loop does not wait.
         assert_eq!(t.timeout(ms(10_000)), Duration::ZERO);
+        // The loop starting late (at 20 s, 900 ms into a Unix second) files them afresh.
+        t.restart(ms(20_000), UnixTime::from_millis(9_900));
+        assert!(t.tick_due(ms(20_000)) && t.check_due(ms(20_000)));
+        assert!(!t.second_due(ms(20_249)) && t.second_due(ms(20_250)));
     }
 }
