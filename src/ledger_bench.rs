@@ -1,12 +1,12 @@
 //! `hongbao ledger-bench`: what a win's commit costs on this disk, alone
-//! (`hongbao_embedded::commit_bench`); one result line.
+//! (`hongbao_bench::commit_bench`); one result line.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use hongbao_embedded::commit_bench::{self, Settings};
+use hongbao_bench::commit_bench::{self, Settings};
 use hongbao_embedded::ledger::GroupCommit;
 use hongbao_server::ServeConfig;
 

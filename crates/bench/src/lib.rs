@@ -6,7 +6,10 @@
 //!
 //! - `bench`: `hongbao bench`: the phases, faults and chaos, the money audit, the history
 //!   check and `summary.json`;
-//! - `capacity`: `hongbao capacity`, stages of layers loaded in steps up to their knee.
+//! - `capacity`: `hongbao capacity`, stages of layers loaded in steps up to their knee;
+//! - `commit_bench`: `hongbao ledger-bench`, what a win's commit costs on this disk, on
+//!   the embedded ledger's own writer.
 
 pub mod bench;
 pub mod capacity;
+pub mod commit_bench;

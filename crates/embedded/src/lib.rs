@@ -4,7 +4,6 @@
 //!
 //! - `core`: the money state machine (plain code, no I/O);
 //! - `ledger`: SQLite — events plus derived balances, the group-commit writer, readers;
-//! - `commit_bench`: `hongbao ledger-bench`, what a win's commit costs on this disk;
 //! - `access`: admin keys and the admin log, in the ledger's file;
 //! - `error`: what kind of failure, and what we were doing.
 //!
@@ -12,7 +11,6 @@
 //! `ledger verify` and `ledger-bench` use the ledger without a server.
 
 pub mod access;
-pub mod commit_bench;
 pub mod core;
 pub mod error;
 pub mod ledger;

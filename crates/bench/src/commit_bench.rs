@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use hongbao_money::event::{Event, Record};
 
-use super::ledger::{GroupCommit, Ledger, LedgerWriter};
-use crate::error::Result;
+use hongbao_embedded::ledger::{GroupCommit, Ledger, LedgerWriter};
+use hongbao_embedded::Result;
 
 /// The campaign every win is drawn from.
 const CAMPAIGN: u32 = 1;
