@@ -277,7 +277,7 @@ impl Worker {
                     let id = self.conns.insert(|generation| {
                         let mut conn = Conn::new(stream, generation, now, codec);
                         conn.tls = tls;
-                        conn.proxied = proxied;
+                        conn.state.proxy_header = proxied;
                         conn
                     });
                     let first = match handshaking {

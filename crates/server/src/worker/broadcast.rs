@@ -14,7 +14,6 @@ use hongbao_sys::clock::Uptime;
 use hongbao_sys::usage::CpuWait;
 
 use super::codec::{self, Form};
-use super::conn::State;
 use super::Worker;
 use crate::link::ToSupervisor;
 
@@ -260,7 +259,7 @@ impl Worker {
         let connections = self
             .conns
             .iter()
-            .filter(|(_, c)| c.state == State::Open && c.codec.form().is_some())
+            .filter(|(_, c)| c.state.is_open() && c.codec.form().is_some())
             .count() as u64;
         self.tell_supervisor(&ToSupervisor::BroadcastTaken { id, connections });
         let now = self.now();
@@ -309,7 +308,7 @@ impl Worker {
                 continue;
             };
             visited += 1;
-            if conn.state != State::Open {
+            if !conn.state.is_open() {
                 continue;
             }
             let Some(form) = conn.codec.form() else {

@@ -27,8 +27,9 @@ pub(super) const CLOSING_GRACE_SECS: u32 = 2;
 /// large answer's is dropped.
 const KEPT_BUFFER: usize = 64 * 1024;
 
+/// How far a connection's life has come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum State {
+pub(super) enum Phase {
     Open,
     /// The peer shut its write side (`shutdown(SHUT_WR)`): nothing more is read, but the
     /// answers to what it sent are still written; closed once none is awaited and all
@@ -47,24 +48,54 @@ pub(super) struct Buffers {
     pub out: Vec<u8>,
 }
 
+/// One connection: its state, and the I/O it is read and written with (the socket, its
+/// TLS session, the codec its transport speaks, the bytes held between reads and writes).
 pub(super) struct Conn {
     pub stream: TcpStream,
     pub generation: u32,
-    pub state: State,
+    /// When the last bytes were read (or the connect); before a session's login, the
+    /// connect (or the WebSocket upgrade) only: what the idle clocks (`tick.rs`) run from.
+    pub last_seen: UptimeSecs,
+    pub state: ConnState,
+    /// The connection's TLS session, on a TLS listener (`tls.rs`).
+    pub tls: Option<Box<tls::Session>>,
+    pub codec: Codec,
+    pub buffers: Option<Box<Buffers>>,
+}
+
+/// A connection's state in one place, the way hyper keeps an HTTP/1 connection's
+/// (`proto::h1::conn::State`): how far its life has come, what it reads first, what it
+/// is owed, who it is and its session. What the transport itself has come to (a
+/// WebSocket's upgrade, a TLS handshake) is the I/O's, beside it in `Conn`; when it was
+/// last heard from is the idle clocks', beside it too (kept out so the record stays 64
+/// bytes: inside, the alignment cost 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ConnState {
+    pub phase: Phase,
+    /// From a trusted proxy, its PROXY header not read yet (it comes first, whole).
+    pub proxy_header: bool,
     /// Requests handed to the supervisor and not yet answered.
     pub awaiting: u16,
-    /// When the last bytes were read (or the connect); before a session's login, the
-    /// connect (or the WebSocket upgrade) only.
-    pub last_seen: UptimeSecs,
     pub user: Option<UserId>,
     /// The logged-in session's token: when it ends, its key.
     pub session: Session,
-    /// The connection's TLS session, on a TLS listener (`tls.rs`).
-    pub tls: Option<Box<tls::Session>>,
-    /// From a trusted proxy, its PROXY header not read yet (it comes first, whole).
-    pub proxied: bool,
-    pub codec: Codec,
-    pub buffers: Option<Box<Buffers>>,
+}
+
+impl ConnState {
+    fn new() -> ConnState {
+        ConnState {
+            phase: Phase::Open,
+            proxy_header: false,
+            awaiting: 0,
+            user: None,
+            session: Session::default(),
+        }
+    }
+
+    /// Open both ways: neither the peer's half-close nor our goodbye has come.
+    pub fn is_open(&self) -> bool {
+        self.phase == Phase::Open
+    }
 }
 
 /// What a connection keeps of its session (`session.rs`): eleven bytes.
@@ -97,13 +128,9 @@ impl Conn {
         Conn {
             stream,
             generation,
-            state: State::Open,
-            awaiting: 0,
             last_seen: now,
-            user: None,
-            session: Session::default(),
+            state: ConnState::new(),
             tls: None,
-            proxied: false,
             codec,
             buffers: None,
         }
@@ -283,7 +310,7 @@ pub(super) fn conn_id(key: usize, generation: u32) -> ConnId {
 
 impl Worker {
     pub(super) fn is_open(&self, key: usize) -> bool {
-        self.conns.get(key).is_some_and(|c| c.state == State::Open)
+        self.conns.get(key).is_some_and(|c| c.state.is_open())
     }
 
     /// The connection `id` names, if it is still the one it named and still takes
@@ -292,7 +319,7 @@ impl Worker {
         let key = id.key as usize;
         self.conns
             .get(key)
-            .is_some_and(|c| c.generation == id.generation && c.state != State::Closing)
+            .is_some_and(|c| c.generation == id.generation && c.state.phase != Phase::Closing)
             .then_some(key)
     }
 
@@ -302,8 +329,8 @@ impl Worker {
     pub(super) fn peer_done(&mut self, key: usize) {
         let now = self.now().secs();
         match self.conns.get_mut(key) {
-            Some(c) if c.state == State::Open && (c.awaiting > 0 || c.has_output()) => {
-                c.state = State::Draining;
+            Some(c) if c.state.is_open() && (c.state.awaiting > 0 || c.has_output()) => {
+                c.state.phase = Phase::Draining;
                 c.last_seen = now;
                 if let Some(b) = c.buffers.as_mut() {
                     b.partial = Vec::new();
@@ -316,11 +343,9 @@ impl Worker {
 
     /// Closes a draining connection once nothing more is owed to it.
     pub(super) fn finish_draining(&mut self, key: usize) {
-        if self
-            .conns
-            .get(key)
-            .is_some_and(|c| c.state == State::Draining && c.awaiting == 0 && !c.has_output())
-        {
+        if self.conns.get(key).is_some_and(|c| {
+            c.state.phase == Phase::Draining && c.state.awaiting == 0 && !c.has_output()
+        }) {
             self.close(key);
         }
     }
@@ -397,12 +422,12 @@ impl Worker {
         if buffers.out.is_empty() {
             buffers.out = Vec::new();
             conn.drop_empty_buffers();
-            match conn.state {
-                State::Closing => {
+            match conn.state.phase {
+                Phase::Closing => {
                     let _ = conn.stream.shutdown(Shutdown::Write);
                 }
-                State::Draining => self.finish_draining(key),
-                State::Open => {}
+                Phase::Draining => self.finish_draining(key),
+                Phase::Open => {}
             }
         }
     }
@@ -459,7 +484,7 @@ impl Worker {
         let Some(conn) = self.conns.get_mut(key) else {
             return; // the write before this closed it
         };
-        conn.state = State::Closing;
+        conn.state.phase = Phase::Closing;
         conn.last_seen = now;
         // Over TLS, its goodbye (close_notify) is the last it is sent.
         if let Some(session) = conn.tls.as_mut() {
@@ -485,7 +510,7 @@ impl Worker {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        if let Some(user) = conn.user.take() {
+        if let Some(user) = conn.state.user.take() {
             let conn = conn_id(key, conn.generation);
             self.stats.levels.logged_in -= 1;
             self.tell_supervisor(&ToSupervisor::Offline { conn, user });

@@ -19,7 +19,7 @@ use std::time::Duration;
 use hongbao_proto::KickReason;
 use hongbao_sys::clock::Uptime;
 
-use super::conn::State;
+use super::conn::Phase;
 use super::Worker;
 
 /// When a client drained by SIGTERM is told to come back: about a second (a client takes
@@ -137,23 +137,23 @@ impl Worker {
         turn.extend(self.drain_order.drain(..due.min(self.drain_order.len())));
         for key in turn {
             let conn = self.conns.get(key);
-            match conn.map(|c| c.state) {
+            match conn.map(|c| c.state.phase) {
                 // Its handshake not done: nothing to tell it over, nothing lost.
-                Some(State::Open) if self.is_handshaking(key) => self.close(key),
+                Some(Phase::Open) if self.is_handshaking(key) => self.close(key),
                 // Its answer first: what it was told it won, it is told.
-                Some(State::Open) if !over && conn.is_some_and(|c| c.awaiting > 0) => {
+                Some(Phase::Open) if !over && conn.is_some_and(|c| c.state.awaiting > 0) => {
                     if let Some(drain) = self.drain.as_mut() {
                         drain.answering.push(key);
                     }
                 }
-                Some(State::Open) => self.kick_after(
+                Some(Phase::Open) => self.kick_after(
                     key,
                     KickReason::Shutdown,
                     "server shutting down: come back soon",
                     retry_after_ms,
                 ),
                 // Half closed or saying goodbye: it closes itself once written.
-                Some(State::Draining | State::Closing) | None => {}
+                Some(Phase::Draining | Phase::Closing) | None => {}
             }
         }
         if self.conns.is_empty() || over {

@@ -115,7 +115,7 @@ impl Worker {
                 Some(user) => Some(user),
                 None => return,
             },
-            Auth::Connection => self.conns[key].user,
+            Auth::Connection => self.conns[key].state.user,
         };
         let Some(user) = user else {
             self.stats.counters.not_logged_in += 1;
@@ -176,7 +176,7 @@ impl Worker {
     /// (`ToWorker::Reply`); a connection half-closed by its peer stays until it has.
     fn ask_supervisor(&mut self, key: usize, msg: &ToSupervisor) {
         let conn = &mut self.conns[key];
-        conn.awaiting = conn.awaiting.saturating_add(1);
+        conn.state.awaiting = conn.state.awaiting.saturating_add(1);
         self.tell_supervisor(msg);
     }
 
@@ -214,7 +214,7 @@ impl Worker {
                 };
                 self.reply(key, id, &reply);
                 // A session keeps its token until that ends: a bad refresh ends nothing.
-                if self.conns.get(key).is_some_and(|c| c.user.is_none()) {
+                if self.conns.get(key).is_some_and(|c| c.state.user.is_none()) {
                     let why = format!("bad token: {}", refusal.name());
                     self.kick(key, KickReason::BadToken, &why);
                 }
@@ -223,7 +223,7 @@ impl Worker {
         };
         let user = checked.user;
         let conn = &mut self.conns[key];
-        match conn.user {
+        match conn.state.user {
             // One user per connection: logging in as another is refused, and the
             // connection stays its first user's.
             Some(other) if other != user => {
@@ -235,8 +235,8 @@ impl Worker {
                 return self.reply(key, id, &refused);
             }
             Some(_) => {
-                let shakes = conn.session.shakes;
-                conn.session = Session {
+                let shakes = conn.state.session.shakes;
+                conn.state.session = Session {
                     shakes,
                     ..Session::of(&checked)
                 };
@@ -254,8 +254,8 @@ impl Worker {
                 return self.reply(key, id, &ok);
             }
             None => {
-                conn.user = Some(user);
-                conn.session = Session::of(&checked);
+                conn.state.user = Some(user);
+                conn.state.session = Session::of(&checked);
                 let now = self.time.clock.now().secs();
                 conn.last_seen = now;
                 self.stats.levels.logged_in += 1;
@@ -346,7 +346,7 @@ impl Worker {
         let bucket = if bearer {
             self.shakes.bearers.entry(user).or_insert(now_ms as u32)
         } else {
-            &mut self.conns[key].session.shakes
+            &mut self.conns[key].state.session.shakes
         };
         *bucket = limit.take_compact(*bucket, now_ms)?;
         Ok(())

@@ -10,7 +10,7 @@ use hongbao_sys::clock::Uptime;
 use hongbao_sys::net;
 
 use super::codec::Codec;
-use super::conn::State;
+use super::conn::Phase;
 use super::tls::{self, Opened};
 use super::wire::{Cx, Then};
 use super::{ready, Worker};
@@ -111,7 +111,7 @@ impl Worker {
         let Some(conn) = self
             .conns
             .get_mut(key)
-            .filter(|c| c.state != State::Draining)
+            .filter(|c| c.state.phase != Phase::Draining)
         else {
             return Got::Stop; // the peer sent all it will; only answers go out
         };
@@ -137,12 +137,12 @@ impl Worker {
             }
         };
         self.stats.counters.bytes_in += n as u64;
-        if conn.state == State::Closing {
+        if conn.state.phase == Phase::Closing {
             return Got::Again; // discard until the peer closes
         }
         // Before a session's login the clock runs from the connect (or the WebSocket
         // upgrade): what the client sends meanwhile does not buy it time.
-        if conn.user.is_some() || matches!(conn.codec, Codec::Http(_)) {
+        if conn.state.user.is_some() || matches!(conn.codec, Codec::Http(_)) {
             conn.last_seen = now.secs();
         }
         Got::Bytes(n)
@@ -153,10 +153,10 @@ impl Worker {
     /// or none when the connection was closed for it.
     fn proxy_header(&mut self, key: usize, read: &[u8]) -> Option<usize> {
         let conn = &mut self.conns[key];
-        if !conn.proxied {
+        if !conn.state.proxy_header {
             return Some(0);
         }
-        conn.proxied = false;
+        conn.state.proxy_header = false;
         match net::proxy_header(read) {
             Ok(Some((client, len))) => {
                 if !self.proxied_client(key, client) {
@@ -221,7 +221,7 @@ impl Worker {
             }
         };
         self.uncork();
-        if let Some(conn) = self.conns.get_mut(key).filter(|c| c.state == State::Open) {
+        if let Some(conn) = self.conns.get_mut(key).filter(|c| c.state.is_open()) {
             conn.keep_partial(rest);
         }
     }

@@ -10,7 +10,6 @@ use hongbao_proto::KickReason;
 use hongbao_sys::net;
 use mio::net::UnixStream;
 
-use super::conn::State;
 use super::Worker;
 use crate::error::{Error, Result};
 use crate::link::{self, ToSupervisor, ToWorker, WorkerConfig};
@@ -116,7 +115,7 @@ impl Worker {
                 if let Some(key) = self.key_of(conn) {
                     self.reply(key, req, &reply);
                     if let Some(c) = self.conns.get_mut(key) {
-                        c.awaiting = c.awaiting.saturating_sub(1);
+                        c.state.awaiting = c.state.awaiting.saturating_sub(1);
                     }
                     self.finish_draining(key);
                 }
@@ -128,7 +127,7 @@ impl Worker {
                 self.push(key, &push);
                 if close {
                     // Presence already routed the user elsewhere: just close.
-                    if self.conns[key].user.take().is_some() {
+                    if self.conns[key].state.user.take().is_some() {
                         self.stats.levels.logged_in -= 1;
                     }
                     let reason = match push {
@@ -146,9 +145,9 @@ impl Worker {
                 };
                 // Its reply (`rate-limited`) comes as any reply does.
                 let c = &mut self.conns[key];
-                if c.user.take().is_some() {
+                if c.state.user.take().is_some() {
                     self.stats.levels.logged_in -= 1;
-                    c.session = Default::default();
+                    c.state.session = Default::default();
                     // It must log in again within the login deadline, from now.
                     c.last_seen = self.time.polled.secs();
                     self.visit_soon(key);
@@ -172,7 +171,7 @@ impl Worker {
                 let open: Vec<usize> = self
                     .conns
                     .iter()
-                    .filter(|(_, c)| c.state == State::Open)
+                    .filter(|(_, c)| c.state.is_open())
                     .map(|(key, _)| key)
                     .collect();
                 for key in open {
@@ -204,7 +203,7 @@ impl Worker {
         let keys: Vec<usize> = self.conns.iter().map(|(key, _)| key).collect();
         for key in keys {
             let c = &self.conns[key];
-            if c.user.is_some() && gone.contains(&c.session.kid) {
+            if c.state.user.is_some() && gone.contains(&c.state.session.kid) {
                 self.stats.counters.kicks_revoked += 1;
                 self.kick(
                     key,

@@ -12,7 +12,7 @@ use hongbao_sys::clock::{UnixTime, UptimeSecs};
 use hongbao_sys::{net, usage};
 
 use super::codec::Idle;
-use super::conn::{conn_id, Conn, State, CLOSING_GRACE_SECS};
+use super::conn::{conn_id, Conn, Phase, CLOSING_GRACE_SECS};
 use super::Worker;
 use crate::link::ToSupervisor;
 
@@ -110,8 +110,8 @@ impl Worker {
                 }
                 Visit::Refresh => {
                     let conn = &mut self.conns[key];
-                    conn.session.asked = true;
-                    let ends = u64::from(conn.session.ends);
+                    conn.state.session.asked = true;
+                    let ends = u64::from(conn.state.session.ends);
                     self.stats.counters.refresh_asked += 1;
                     let push = Push::Refresh {
                         expires_at_ms: ends * 1000,
@@ -145,13 +145,13 @@ impl Worker {
                 Some(Visit::Again(c.last_seen.after(secs)))
             }
         };
-        match c.state {
-            State::Closing => return past(CLOSING_GRACE_SECS).unwrap_or(Visit::Close),
+        match c.state.phase {
+            Phase::Closing => return past(CLOSING_GRACE_SECS).unwrap_or(Visit::Close),
             // Answers owed to a half-closed client that never came.
-            State::Draining => {
+            Phase::Draining => {
                 return past(CLAIM_FORGET.as_secs() as u32).unwrap_or(Visit::Close);
             }
-            State::Open => {}
+            Phase::Open => {}
         }
         // A request already waiting in the socket is not the client's delay but ours (a
         // starved worker during a connect storm): it will be read next turn.
@@ -166,7 +166,7 @@ impl Worker {
         match c.codec.idle() {
             // Counted from the connect: a request waiting unread may be ours to read,
             // but not for long.
-            Idle::Session if c.user.is_none() => {
+            Idle::Session if c.state.user.is_none() => {
                 let timeout = cfg.login_timeout_secs;
                 match past(timeout) {
                     Some(again) => again,
@@ -205,7 +205,7 @@ impl Worker {
     /// the refresh asked for before it, and the idle timeout if any; none of them, never.
     fn session_visit(&self, c: &Conn, now: UptimeSecs, unix: u64) -> Visit {
         let mut next: Option<UptimeSecs> = None;
-        let session = c.session;
+        let session = c.state.session;
         if session.ends != 0 {
             let ends = u64::from(session.ends);
             if unix >= ends {
