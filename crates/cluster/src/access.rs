@@ -117,7 +117,9 @@ impl PgAccess {
 
 fn role_of(text: &str) -> Result<Role> {
     text.parse()
-        .map_err(|e: String| Error::bug(format!("hb_admin_keys holds an unknown role: {e}")))
+        .map_err(|e: hongbao_money::access::UnknownRole| {
+            Error::bug(format!("hb_admin_keys holds an unknown role: {e}"))
+        })
 }
 
 impl AccessStore for PgAccess {

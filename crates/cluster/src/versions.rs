@@ -40,25 +40,42 @@ pub enum Plan {
     Keep { host: String, version: u32 },
 }
 
+/// Why a start may not run beside the schema or the hosts alive.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error(
+        "the schema was contracted to version {contracted} by a newer release, dropping \
+         what this binary (schema version {ours}) calls: run the newer release"
+    )]
+    Contracted { contracted: u32, ours: u32 },
+    #[error(
+        "gateway host {host} runs schema version {theirs}; this binary (version {ours}) runs \
+         beside versions {} to {} only: upgrade one version at a time",
+        ours.saturating_sub(1).max(1),
+        ours + 1
+    )]
+    TooFarApart {
+        host: String,
+        theirs: u32,
+        ours: u32,
+    },
+}
+
 /// The rule, without I/O: this binary runs version `ours`; the schema was contracted to
 /// `contracted` (1: never); `live` are the other hosts alive with their versions.
-pub fn plan(ours: u32, contracted: u32, live: &[(String, u32)]) -> Result<Plan, String> {
+pub fn plan(ours: u32, contracted: u32, live: &[(String, u32)]) -> Result<Plan, Refused> {
     if contracted > ours {
-        return Err(format!(
-            "the schema was contracted to version {contracted} by a newer release, dropping \
-             what this binary (schema version {ours}) calls: run the newer release"
-        ));
+        return Err(Refused::Contracted { contracted, ours });
     }
     if let Some((host, v)) = live
         .iter()
         .find(|(_, v)| v.saturating_add(1) < ours || *v > ours.saturating_add(1))
     {
-        return Err(format!(
-            "gateway host {host} runs schema version {v}; this binary (version {ours}) runs \
-             beside versions {} to {} only: upgrade one version at a time",
-            ours.saturating_sub(1).max(1),
-            ours + 1
-        ));
+        return Err(Refused::TooFarApart {
+            host: host.clone(),
+            theirs: *v,
+            ours,
+        });
     }
     match live
         .iter()
@@ -107,7 +124,8 @@ pub(crate) async fn apply(
             (h.clone(), v)
         })
         .collect();
-    let plan = plan(SCHEMA_VERSION, contracted as u32, &versions).map_err(Error::refused)?;
+    let plan = plan(SCHEMA_VERSION, contracted as u32, &versions)
+        .map_err(|e| Error::refused(e.to_string()))?;
     pg.execute(
         "INSERT INTO hb_host_versions (host, version, started_ms) VALUES ($1, $2, $3) \
          ON CONFLICT (host) DO UPDATE SET version = excluded.version, started_ms = excluded.started_ms",
@@ -179,12 +197,14 @@ mod tests {
 
     #[test]
     fn more_than_one_version_apart_is_refused_naming_the_host() {
-        let e = plan(4, 2, &hosts(&[("gw1", 4), ("gw2", 2)])).unwrap_err();
+        let e = plan(4, 2, &hosts(&[("gw1", 4), ("gw2", 2)]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("gw2") && e.contains("version 2"), "{e}");
-        let e = plan(2, 1, &hosts(&[("gw9", 4)])).unwrap_err();
+        let e = plan(2, 1, &hosts(&[("gw9", 4)])).unwrap_err().to_string();
         assert!(e.contains("gw9"), "{e}");
         // Contracted by a newer release: what this one calls may be gone.
-        let e = plan(2, 3, &[]).unwrap_err();
+        let e = plan(2, 3, &[]).unwrap_err().to_string();
         assert!(e.contains("contracted to version 3"), "{e}");
     }
 

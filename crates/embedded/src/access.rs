@@ -79,7 +79,9 @@ impl SqliteAccess {
 
 fn role_of(text: &str) -> Result<Role> {
     text.parse()
-        .map_err(|e: String| Error::bug(format!("admin_keys holds an unknown role: {e}")))
+        .map_err(|e: hongbao_money::access::UnknownRole| {
+            Error::bug(format!("admin_keys holds an unknown role: {e}"))
+        })
 }
 
 impl AccessStore for SqliteAccess {

@@ -38,14 +38,30 @@ impl Role {
     }
 }
 
-impl std::str::FromStr for Role {
-    type Err = String;
+/// A role's name that is none of ours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownRole(pub String);
 
-    fn from_str(s: &str) -> Result<Role, String> {
+impl std::fmt::Display for UnknownRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "role must be metrics, viewer or operator, not {:?}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownRole {}
+
+impl std::str::FromStr for Role {
+    type Err = UnknownRole;
+
+    fn from_str(s: &str) -> Result<Role, UnknownRole> {
         Role::ALL
             .into_iter()
             .find(|r| r.name() == s)
-            .ok_or_else(|| format!("role must be metrics, viewer or operator, not {s:?}"))
+            .ok_or_else(|| UnknownRole(s.to_string()))
     }
 }
 

@@ -57,16 +57,45 @@ impl Alg {
 }
 
 impl std::str::FromStr for Alg {
-    type Err = String;
+    type Err = KeyError;
 
-    fn from_str(s: &str) -> Result<Alg, String> {
+    fn from_str(s: &str) -> Result<Alg, KeyError> {
         match s {
             "HS256" => Ok(Alg::HS256),
             "ES256" => Ok(Alg::ES256),
             "EdDSA" => Ok(Alg::EdDSA),
-            _ => Err(format!("alg must be HS256, ES256 or EdDSA, not {s:?}")),
+            _ => Err(KeyError::UnknownAlg(s.to_string())),
         }
     }
+}
+
+/// A key that cannot be used to verify or to sign: which, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("alg must be HS256, ES256 or EdDSA, not {0:?}")]
+    UnknownAlg(String),
+    #[error("login key {0:?} is configured twice")]
+    Twice(String),
+    #[error("login key {0:?}: the HS256 secret is empty")]
+    EmptySecret(String),
+    #[error(
+        "login key {0:?}: an HS256 secret that is a PEM file: a public key must be \
+         configured as ES256 or EdDSA (public_key_file), never as an HMAC secret"
+    )]
+    PemAsSecret(String),
+    /// The material does not read as a key of its algorithm (jsonwebtoken's words).
+    #[error("login key {kid:?} ({alg}): not a usable key: {why}")]
+    NotAKey {
+        kid: String,
+        alg: &'static str,
+        why: String,
+    },
+    #[error("signing key {kid:?} ({alg}): {why}")]
+    NotASigningKey {
+        kid: String,
+        alg: &'static str,
+        why: String,
+    },
 }
 
 /// One verification key as configured: its `kid`, its algorithm, and its material
@@ -242,7 +271,7 @@ fn seconds(n: &serde_json::Number) -> Option<u64> {
 
 impl Verifier {
     /// Keys from their specs; an error names the key that cannot be used.
-    pub fn new(specs: &[KeySpec], rules: Rules) -> Result<Verifier, String> {
+    pub fn new(specs: &[KeySpec], rules: Rules) -> Result<Verifier, KeyError> {
         let mut keys = HashMap::new();
         for spec in specs {
             let decoding = decoding_key(spec)?;
@@ -259,7 +288,7 @@ impl Verifier {
                 validation,
             };
             if keys.insert(spec.kid.clone(), key).is_some() {
-                return Err(format!("login key {:?} is configured twice", spec.kid));
+                return Err(KeyError::Twice(spec.kid.clone()));
             }
         }
         Ok(Verifier { keys, rules })
@@ -353,29 +382,19 @@ fn is_decimal(s: &str) -> bool {
     !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()) && !s.starts_with('0')
 }
 
-fn decoding_key(spec: &KeySpec) -> Result<DecodingKey, String> {
-    let what = |e: jsonwebtoken::errors::Error| {
-        format!(
-            "login key {:?} ({}): not a usable key: {e}",
-            spec.kid,
-            spec.alg.name()
-        )
+fn decoding_key(spec: &KeySpec) -> Result<DecodingKey, KeyError> {
+    let what = |e: jsonwebtoken::errors::Error| KeyError::NotAKey {
+        kid: spec.kid.clone(),
+        alg: spec.alg.name(),
+        why: e.to_string(),
     };
     match spec.alg {
         Alg::HS256 => {
             if spec.material.is_empty() {
-                return Err(format!(
-                    "login key {:?}: the HS256 secret is empty",
-                    spec.kid
-                ));
+                return Err(KeyError::EmptySecret(spec.kid.clone()));
             }
             if spec.material.starts_with(b"-----BEGIN") {
-                return Err(format!(
-                    "login key {:?}: an HS256 secret that is a PEM file: a public key \
-                     must be configured as ES256 or EdDSA (public_key_file), never as an \
-                     HMAC secret",
-                    spec.kid
-                ));
+                return Err(KeyError::PemAsSecret(spec.kid.clone()));
             }
             Ok(DecodingKey::from_secret(&spec.material))
         }
@@ -429,13 +448,17 @@ impl Minter {
 
     /// A key `kid` of `alg` from its private key's PEM (PKCS#8 for ES256 and EdDSA), or
     /// for HS256 the secret's bytes.
-    pub fn new(kid: &str, alg: Alg, material: &[u8]) -> Result<Minter, String> {
+    pub fn new(kid: &str, alg: Alg, material: &[u8]) -> Result<Minter, KeyError> {
         let key = match alg {
             Alg::HS256 => return Ok(Minter::hs256(kid, material)),
             Alg::ES256 => EncodingKey::from_ec_pem(material),
             Alg::EdDSA => EncodingKey::from_ed_pem(material),
         }
-        .map_err(|e| format!("signing key {kid:?} ({}): {e}", alg.name()))?;
+        .map_err(|e| KeyError::NotASigningKey {
+            kid: kid.to_string(),
+            alg: alg.name(),
+            why: e.to_string(),
+        })?;
         let mut header = Header::new(alg.jose());
         header.kid = Some(kid.to_string());
         Ok(Minter { header, key })

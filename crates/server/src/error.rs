@@ -10,6 +10,9 @@ use thiserror::Error;
 pub enum Error {
     #[error("configuration: {0}")]
     Config(String),
+    /// A login or signing key that cannot be used (configuration too).
+    #[error("configuration: {0}")]
+    Key(#[from] hongbao_proto::token::KeyError),
     #[error("{doing}: {source}")]
     Io {
         doing: String,
@@ -42,7 +45,7 @@ impl Error {
 
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Config(_) | Error::Link(_) => ErrorKind::Refused,
+            Error::Config(_) | Error::Key(_) | Error::Link(_) => ErrorKind::Refused,
             Error::Io { .. } => ErrorKind::Unavailable,
             Error::Embedded(e) => e.kind(),
             Error::Money(e) => e.kind(),

@@ -37,16 +37,30 @@ impl LogFormat {
     }
 }
 
-impl FromStr for LogFormat {
-    type Err = String;
+/// A log format that is none of ours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownFormat(pub String);
 
-    fn from_str(s: &str) -> Result<LogFormat, String> {
+impl std::fmt::Display for UnknownFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "log format must be \"human\" or \"json\", not {:?}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownFormat {}
+
+impl FromStr for LogFormat {
+    type Err = UnknownFormat;
+
+    fn from_str(s: &str) -> Result<LogFormat, UnknownFormat> {
         match s {
             "human" => Ok(LogFormat::Human),
             "json" => Ok(LogFormat::Json),
-            _ => Err(format!(
-                "log format must be \"human\" or \"json\", not {s:?}"
-            )),
+            _ => Err(UnknownFormat(s.to_string())),
         }
     }
 }

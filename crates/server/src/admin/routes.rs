@@ -10,7 +10,7 @@ use hongbao_http::access::changes_state;
 use hongbao_http::{json_object, Request, Response};
 use hongbao_money::access::{Revocation, Role};
 use hongbao_money::error as money;
-use hongbao_money::seam::{AdminRequest as MoneyRequest, LedgerRead, OpsCursor};
+use hongbao_money::seam::{AdminRequest as MoneyRequest, BadCursor, LedgerRead, OpsCursor};
 
 use super::{AdminRequest, BroadcastRequest, NewKey, MAX_OPS_PAGE, OPS_PAGE};
 use crate::access::{self, console, error_text, Caller, Door};
@@ -293,7 +293,7 @@ fn user(c: &Call) -> Response {
 fn ops(c: &Call) -> Response {
     match ops_query(&c.request.query) {
         Ok((after, limit)) => c.read(&|r| Ok(Response::json(200, &r.ops(after, limit)?))),
-        Err(e) => Response::error(400, e),
+        Err(e) => Response::error(400, e.to_string()),
     }
 }
 
@@ -363,7 +363,7 @@ fn admin_log(c: &Call) -> Response {
             }
             Err(e) => failed(&e),
         },
-        Err(e) => Response::error(400, e),
+        Err(e) => Response::error(400, e.to_string()),
     }
 }
 
@@ -473,15 +473,30 @@ fn revoke(c: &Call) -> Response {
     (c.ask)(AdminRequest::Revoked { user, at })
 }
 
+/// A query an admin route does not take, in the words its 400 says.
+#[derive(Debug, thiserror::Error)]
+enum BadQuery {
+    #[error("before {0:?} is not an entry id")]
+    NotAnEntry(String),
+    #[error(transparent)]
+    Cursor(#[from] BadCursor),
+    #[error("limit must be 1..={0}")]
+    Limit(usize),
+    /// A parameter the route does not take (or takes once, given twice), and those it
+    /// takes.
+    #[error("unknown query parameter {0:?}: only {1}")]
+    Unknown(String, &'static str),
+    #[error("unknown or repeated query parameter {0:?}: only {1}")]
+    UnknownOrRepeated(String, &'static str),
+}
+
 /// `GET /v1/admin-log`'s query: `before` (a page's `next`) and `limit` (1..=1000, 100).
-fn log_query(query: &str) -> Result<(Option<u64>, usize), String> {
+fn log_query(query: &str) -> Result<(Option<u64>, usize), BadQuery> {
     let (mut before, mut limit) = (None, 100);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("before", v)) => {
-                let id = v
-                    .parse()
-                    .map_err(|_| format!("before {v:?} is not an entry id"))?;
+                let id = v.parse().map_err(|_| BadQuery::NotAnEntry(v.into()))?;
                 before = Some(id);
             }
             Some(("limit", v)) => {
@@ -489,13 +504,9 @@ fn log_query(query: &str) -> Result<(Option<u64>, usize), String> {
                     .parse()
                     .ok()
                     .filter(|n| (1..=1000).contains(n))
-                    .ok_or("limit must be 1..=1000")?;
+                    .ok_or(BadQuery::Limit(1000))?;
             }
-            _ => {
-                return Err(format!(
-                    "unknown query parameter {pair:?}: only before and limit"
-                ))
-            }
+            _ => return Err(BadQuery::Unknown(pair.into(), "before and limit")),
         }
     }
     Ok((before, limit))
@@ -503,25 +514,22 @@ fn log_query(query: &str) -> Result<(Option<u64>, usize), String> {
 
 /// `GET /v1/ledger/ops`'s query: `after` (a page's `next`) and `limit`, each at most
 /// once; nothing else.
-fn ops_query(query: &str) -> Result<(Option<OpsCursor>, usize), String> {
+fn ops_query(query: &str) -> Result<(Option<OpsCursor>, usize), BadQuery> {
     let (mut after, mut limit) = (None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
-            Some(("after", v)) if after.is_none() => {
-                after = Some(v.parse::<OpsCursor>().map_err(|e| e.to_string())?)
-            }
+            Some(("after", v)) if after.is_none() => after = Some(v.parse::<OpsCursor>()?),
             Some(("limit", v)) if limit.is_none() => {
                 limit = Some(
                     v.parse::<usize>()
                         .ok()
                         .filter(|n| (1..=MAX_OPS_PAGE).contains(n))
-                        .ok_or_else(|| format!("limit must be 1..={MAX_OPS_PAGE}"))?,
+                        .ok_or(BadQuery::Limit(MAX_OPS_PAGE))?,
                 )
             }
             _ => {
-                return Err(format!(
-                    "unknown or repeated query parameter {pair:?}: only after and limit"
-                ))
+                let takes = "after and limit";
+                return Err(BadQuery::UnknownOrRepeated(pair.into(), takes));
             }
         }
     }

@@ -117,10 +117,33 @@ pub fn reloaded() -> Vec<String> {
         .collect()
 }
 
+/// A configuration file's setting that is none, or is given twice.
+#[derive(Debug, thiserror::Error)]
+enum BadFile {
+    #[error("[{section}] has no setting `{name}`: it takes {takes}")]
+    NotInSection {
+        section: &'static str,
+        name: String,
+        takes: String,
+    },
+    #[error("`{name}` is given twice: at the top and in [{section}]")]
+    Twice { name: String, section: &'static str },
+    /// Worded as serde's `deny_unknown_fields` was (the docs test reads the list).
+    #[error(
+        "unknown field `{name}` (a setting may also sit in its section's table: {sections}), \
+         expected one of {expected}"
+    )]
+    Unknown {
+        name: String,
+        sections: String,
+        expected: String,
+    },
+}
+
 /// `table` (a file's) with every section's table laid out flat: `[overload]
 /// max_queue_ms = 200` is `max_queue_ms = 200`. A section's table may hold only its own
 /// settings, and a setting given both at the top and in its section is refused.
-fn flat(mut table: toml::Table) -> std::result::Result<toml::Table, String> {
+fn flat(mut table: toml::Table) -> std::result::Result<toml::Table, BadFile> {
     for (section, _) in SECTIONS {
         let Some(toml::Value::Table(inner)) = table.get(section).cloned() else {
             continue;
@@ -133,15 +156,15 @@ fn flat(mut table: toml::Table) -> std::result::Result<toml::Table, String> {
                     .iter()
                     .any(|(old, new)| *old == name && own.iter().any(|n| n == new));
             if !known {
-                return Err(format!(
-                    "[{section}] has no setting `{name}`: it takes {}",
-                    own.join(", ")
-                ));
+                let takes = own.join(", ");
+                return Err(BadFile::NotInSection {
+                    section,
+                    name,
+                    takes,
+                });
             }
             if table.insert(name.clone(), value).is_some() {
-                return Err(format!(
-                    "`{name}` is given twice: at the top and in [{section}]"
-                ));
+                return Err(BadFile::Twice { name, section });
             }
         }
     }
@@ -149,7 +172,7 @@ fn flat(mut table: toml::Table) -> std::result::Result<toml::Table, String> {
 }
 
 /// Refuses a name in `table` that is no setting (a typo would otherwise be ignored).
-fn unknown(table: &toml::Table) -> std::result::Result<(), String> {
+fn unknown(table: &toml::Table) -> std::result::Result<(), BadFile> {
     let all: Vec<String> = SECTIONS.iter().flat_map(|(s, _)| names_of(s)).collect();
     let older = |name: &str| OLDER_NAMES.iter().any(|(old, _)| *old == name);
     match table
@@ -159,12 +182,11 @@ fn unknown(table: &toml::Table) -> std::result::Result<(), String> {
         Some(name) => {
             let sections: Vec<String> = SECTIONS.iter().map(|(s, _)| format!("[{s}]")).collect();
             let expected: Vec<String> = all.iter().map(|n| format!("`{n}`")).collect();
-            Err(format!(
-                "unknown field `{name}` (a setting may also sit in its section's table: {}), \
-                 expected one of {}",
-                sections.join(", "),
-                expected.join(", ")
-            ))
+            Err(BadFile::Unknown {
+                name: name.clone(),
+                sections: sections.join(", "),
+                expected: expected.join(", "),
+            })
         }
         None => Ok(()),
     }

@@ -447,16 +447,19 @@ pub enum ReadyOrder {
     Fifo,
 }
 
-impl std::str::FromStr for ReadyOrder {
-    type Err = String;
+/// A ready order that is none of ours.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("ready order must be \"adaptive\" or \"fifo\", not {0:?}")]
+pub struct UnknownReadyOrder(String);
 
-    fn from_str(s: &str) -> std::result::Result<ReadyOrder, String> {
+impl std::str::FromStr for ReadyOrder {
+    type Err = UnknownReadyOrder;
+
+    fn from_str(s: &str) -> std::result::Result<ReadyOrder, UnknownReadyOrder> {
         match s {
             "adaptive" => Ok(ReadyOrder::Adaptive),
             "fifo" => Ok(ReadyOrder::Fifo),
-            _ => Err(format!(
-                "ready order must be \"adaptive\" or \"fifo\", not {s:?}"
-            )),
+            _ => Err(UnknownReadyOrder(s.to_string())),
         }
     }
 }

@@ -74,7 +74,7 @@ impl Tokens {
                 .map(LoginKeyConfig::spec)
                 .collect::<Result<_>>()?
         };
-        hongbao_proto::token::Verifier::new(&specs, self.token_rules()).map_err(Error::config)?;
+        hongbao_proto::token::Verifier::new(&specs, self.token_rules())?;
         Ok(specs)
     }
     /// What a token must satisfy beyond its signature.

@@ -281,10 +281,10 @@ fn inbound_of(frame: Result<Frame, FrameError>, version: u8) -> Inbound {
                 request,
                 auth: Auth::Connection,
             },
-            Err(text) => Inbound::Refused {
+            Err(e) => Inbound::Refused {
                 id: frame.request_id,
                 result: ResultCode::BadRequest,
-                text,
+                text: e.to_string(),
                 bearer: None,
             },
         },
@@ -297,9 +297,14 @@ fn inbound_of(frame: Result<Frame, FrameError>, version: u8) -> Inbound {
     }
 }
 
+/// A message of a kind only servers send, come from a client: its kind.
+#[derive(Debug, thiserror::Error)]
+#[error("message type {0:#04x} is sent by servers only")]
+struct ServerOnly(u8);
+
 /// A client message as a request; server-only kinds are refused. A version-1 login is
 /// the old HMAC token's, whatever its bytes.
-fn request_of(message: Message, version: u8) -> Result<Request, String> {
+fn request_of(message: Message, version: u8) -> Result<Request, ServerOnly> {
     Ok(match message {
         Message::Login { user_id, token } => Request::Login {
             user_id,
@@ -321,12 +326,7 @@ fn request_of(message: Message, version: u8) -> Result<Request, String> {
         },
         Message::Open { packet_id } => Request::Open { packet_id },
         Message::Chat { to_user, text } => Request::Chat { to_user, text },
-        other => {
-            return Err(format!(
-                "message type {:#04x} is sent by servers only",
-                other.kind()
-            ))
-        }
+        other => return Err(ServerOnly(other.kind())),
     })
 }
 

@@ -15,7 +15,7 @@ use hongbao_money::UserId;
 use hongbao_proto::token::{hmac, KeySpec, Minter, Refusal, Verifier};
 use hongbao_sys::clock::UnixTime;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::link::LoginSetup;
 
 /// The `kid` of a connection that logged in with the old HMAC token.
@@ -47,7 +47,7 @@ pub(super) struct Sessions {
 
 impl Sessions {
     pub(super) fn new(setup: LoginSetup) -> Result<Sessions> {
-        let verifier = Verifier::new(&setup.keys, setup.rules.clone()).map_err(Error::Config)?;
+        let verifier = Verifier::new(&setup.keys, setup.rules.clone())?;
         let revoked = setup
             .revoked
             .iter()
@@ -65,7 +65,7 @@ impl Sessions {
     /// is gone, and the old HMAC sessions' if those are no longer allowed. Revocations
     /// learnt meanwhile are kept.
     pub(super) fn reload(&mut self, setup: LoginSetup) -> Result<Vec<u16>> {
-        let verifier = Verifier::new(&setup.keys, setup.rules.clone()).map_err(Error::Config)?;
+        let verifier = Verifier::new(&setup.keys, setup.rules.clone())?;
         for &(user, at) in &setup.revoked {
             if let Some(user) = UserId::new(user) {
                 self.note_revoked(user, at);
