@@ -12,11 +12,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hongbao_money::seam::{AdminRequest, MoneySnapshot, Op, Origin, Output};
 use hongbao_money::{Audit, Money, WorkerId};
-use hongbao_sys::clock::unix_ms;
+use hongbao_sys::clock::{unix_ms, Clock, Uptime};
 use hongbao_sys::dirlock::DirLock;
 use hongbao_sys::fdpass;
 
@@ -205,7 +205,7 @@ enum State {
     Lent,
     /// The old server is finishing: calls are held.
     Switching {
-        since: Instant,
+        since: Uptime,
     },
     Local(Box<Embedded>),
     /// The old server went away while it still runs, or the ledger did not open.
@@ -224,6 +224,8 @@ pub(super) struct Handover {
     old_pid: u32,
     local: Arc<AtomicBool>,
     record: Arc<std::sync::Mutex<Upgraded>>,
+    /// What the pause while the ledger passes over is timed with.
+    clock: Clock,
 }
 
 impl Handover {
@@ -298,6 +300,7 @@ impl Handover {
                 old_pid,
                 local,
                 record,
+                clock: Clock::start(),
             },
             predecessor,
         ))
@@ -311,7 +314,7 @@ impl Handover {
 
     /// The ledger is this server's: opened (replayed), every worker up again, what was
     /// held applied.
-    fn take_ledger(&mut self, since: Instant, after_crash: bool) {
+    fn take_ledger(&mut self, since: Uptime, after_crash: bool) {
         let Some(cfg) = self.open.take() else {
             return;
         };
@@ -334,7 +337,7 @@ impl Handover {
                 Held::Down(w) => money.worker_down(w),
             }
         }
-        let paused = since.elapsed();
+        let paused = self.clock.now().since(since);
         {
             let mut record = self.record.lock().unwrap();
             record.commits_paused_ms = paused.as_secs_f64() * 1e3;
@@ -365,7 +368,7 @@ impl Handover {
         let alive = unsafe { libc::kill(self.old_pid as i32, 0) } == 0;
         let since = match self.state {
             State::Switching { since } => since,
-            _ => Instant::now(),
+            _ => self.clock.now(),
         };
         if alive {
             // It may be on its way out: give it a moment before judging.
@@ -443,7 +446,7 @@ impl Money for Handover {
                 Ok(ToNew::Finishing { drain_ms }) => {
                     self.record.lock().unwrap().drain_ms = drain_ms;
                     self.state = State::Switching {
-                        since: Instant::now(),
+                        since: self.clock.now(),
                     };
                     self.send(&ToOld::Quiet);
                     tracing::info!("upgrade: the old server has drained; holding calls while the ledger passes over");
@@ -451,7 +454,7 @@ impl Money for Handover {
                 Ok(ToNew::LedgerYours { seq }) => {
                     let since = match self.state {
                         State::Switching { since } => since,
-                        _ => Instant::now(),
+                        _ => self.clock.now(),
                     };
                     tracing::info!(
                         ledger_seq = seq,
