@@ -18,11 +18,12 @@
 //! What a decode step is made of (`Step`, `Inbound`, `Auth`, `Then`, `Cx`) lives in
 //! `wire.rs`, which both codec files use: this file imports `http.rs`, never the reverse.
 
+use std::ops::ControlFlow;
+
 use hongbao_money::{Push, Reply, Request, UserId};
 use hongbao_proto::ws::{self, Incoming, Limits, Opcode, Role};
 use hongbao_proto::{json, Frame, FrameError, KickReason, Message, ResultCode, VERSION};
 use hongbao_sys::clock::UptimeSecs;
-use std::ops::ControlFlow;
 
 use super::http::{Answered, HttpCodec};
 use super::wire::{Auth, Cx, Inbound, Step, Then};

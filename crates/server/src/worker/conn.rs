@@ -1,25 +1,20 @@
-//! One client connection, and what the worker does to connections: write (queueing what
-//! the kernel will not take), flush, kick, hang up, close.
+//! The connection table, one client connection (its state, and the I/O it is read and
+//! written with), and the worker's reused output buffers. What the worker does to
+//! connections (write, flush, kick, hang up, close) is `write.rs`.
 //!
 //! The record is what a million connections cost, so it is kept small: the transport is
 //! a small enum (`codec.rs`), and the bytes of a request cut by a read (`partial`) or of
 //! output the kernel would not take (`out`) live in a box that exists only while there
 //! are any.
 
-use std::net::Shutdown;
-
-use hongbao_money::{ConnId, Push, UserId};
-use hongbao_proto::KickReason;
+use hongbao_money::{ConnId, UserId};
 use hongbao_sys::clock::UptimeSecs;
-use hongbao_sys::net;
 use mio::net::TcpStream;
 use slab::Slab;
 
 use super::codec::Codec;
 use super::session::Checked;
 use super::tls;
-use super::Worker;
-use crate::link::ToSupervisor;
 
 /// How long a kicked connection may take to read its kick before we close it.
 pub(super) const CLOSING_GRACE_SECS: u32 = 2;
@@ -156,7 +151,7 @@ impl Conn {
         self.drop_empty_buffers();
     }
 
-    fn drop_empty_buffers(&mut self) {
+    pub(super) fn drop_empty_buffers(&mut self) {
         if self
             .buffers
             .as_ref()
@@ -212,6 +207,40 @@ impl Output {
     /// Holds what is written to `key` until `uncork`.
     pub(super) fn cork(&mut self, key: usize) {
         self.cork = Some(key);
+    }
+
+    /// Whether what is written to `key` is being held.
+    pub(super) fn is_corked(&self, key: usize) -> bool {
+        self.cork == Some(key)
+    }
+
+    /// Holds `bytes` for `key` if it is corked; false if it is not (write them now).
+    pub(super) fn hold(&mut self, key: usize, bytes: &[u8]) -> bool {
+        if self.cork != Some(key) {
+            return false;
+        }
+        self.corked.extend_from_slice(bytes);
+        true
+    }
+
+    /// Uncorks: the corked connection and what was held for it (empty if nothing), its
+    /// buffer to be given back (`give_corked`).
+    pub(super) fn uncork(&mut self) -> Option<(usize, Vec<u8>)> {
+        let key = self.cork.take()?;
+        Some((key, std::mem::take(&mut self.corked)))
+    }
+
+    /// Gives the held bytes' buffer back once written.
+    pub(super) fn give_corked(&mut self, bytes: Vec<u8>) {
+        self.corked = reusable(bytes).unwrap_or_default();
+    }
+
+    /// Uncorks `key` without writing what was held (it is closing).
+    pub(super) fn drop_cork(&mut self, key: usize) {
+        if self.cork == Some(key) {
+            self.cork = None;
+            self.corked.clear();
+        }
     }
 }
 
@@ -305,233 +334,6 @@ pub(super) fn conn_id(key: usize, generation: u32) -> ConnId {
     ConnId {
         key: key as u32,
         generation,
-    }
-}
-
-impl Worker {
-    pub(super) fn is_open(&self, key: usize) -> bool {
-        self.conns.get(key).is_some_and(|c| c.state.is_open())
-    }
-
-    /// The connection `id` names, if it is still the one it named and still takes
-    /// answers (open, or draining after the peer's half-close).
-    pub(super) fn key_of(&self, id: ConnId) -> Option<usize> {
-        let key = id.key as usize;
-        self.conns
-            .get(key)
-            .is_some_and(|c| c.generation == id.generation && c.state.phase != Phase::Closing)
-            .then_some(key)
-    }
-
-    /// The peer will send no more (a read returned 0). A connection still owed answers,
-    /// or with output queued, drains first: a client that half-closes gets a reply to
-    /// everything it sent, then the server closes.
-    pub(super) fn peer_done(&mut self, key: usize) {
-        let now = self.now().secs();
-        match self.conns.get_mut(key) {
-            Some(c) if c.state.is_open() && (c.state.awaiting > 0 || c.has_output()) => {
-                c.state.phase = Phase::Draining;
-                c.last_seen = now;
-                if let Some(b) = c.buffers.as_mut() {
-                    b.partial = Vec::new();
-                }
-                self.visit_soon(key);
-            }
-            _ => self.close(key),
-        }
-    }
-
-    /// Closes a draining connection once nothing more is owed to it.
-    pub(super) fn finish_draining(&mut self, key: usize) {
-        if self.conns.get(key).is_some_and(|c| {
-            c.state.phase == Phase::Draining && c.state.awaiting == 0 && !c.has_output()
-        }) {
-            self.close(key);
-        }
-    }
-
-    /// Writes `bytes` to connection `key`: sealed first over TLS (`tls.rs`), then as
-    /// `write_raw` writes. While `key` is corked (its read is being answered), only adds
-    /// to what `uncork` writes.
-    pub(super) fn write(&mut self, key: usize, bytes: &[u8]) {
-        if self.output.cork == Some(key) {
-            self.output.corked.extend_from_slice(bytes);
-            return;
-        }
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
-        if let Some(session) = conn.tls.as_mut() {
-            let mut sealed = Vec::with_capacity(bytes.len() + 64);
-            tls::seal(session, bytes, &mut sealed);
-            return self.write_raw(key, &sealed);
-        }
-        self.write_raw(key, bytes);
-    }
-
-    /// Writes at once when nothing is queued; queues what the kernel will not take;
-    /// closes a connection whose queue grows past the limit (a client that does not read).
-    pub(super) fn write_raw(&mut self, key: usize, bytes: &[u8]) {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
-        let mut written = 0;
-        if !conn.has_output() {
-            self.stats.counters.writes += 1;
-            match net::write_nonblocking(&mut conn.stream, bytes) {
-                Ok(n) => written = n,
-                Err(_) => return self.close(key),
-            }
-        }
-        self.stats.counters.bytes_out += written as u64;
-        if written < bytes.len() {
-            let buffers = conn.buffers.get_or_insert_with(Box::default);
-            buffers.out.extend_from_slice(&bytes[written..]);
-            if buffers.out.len() > self.cfg.max_output_bytes as usize {
-                self.stats.counters.kicks_slow_reader += 1;
-                self.close(key);
-            }
-        }
-    }
-
-    /// Writes what was held for the corked connection, in one write, and holds no more.
-    pub(super) fn uncork(&mut self) {
-        let Some(key) = self.output.cork.take() else {
-            return;
-        };
-        if !self.output.corked.is_empty() {
-            let bytes = std::mem::take(&mut self.output.corked);
-            self.write(key, &bytes);
-            self.output.corked = reusable(bytes).unwrap_or_default();
-        }
-    }
-
-    pub(super) fn flush_conn(&mut self, key: usize) {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
-        let Some(buffers) = conn.buffers.as_mut().filter(|b| !b.out.is_empty()) else {
-            return;
-        };
-        self.stats.counters.writes += 1;
-        let Ok(written) = net::write_nonblocking(&mut conn.stream, &buffers.out) else {
-            return self.close(key);
-        };
-        self.stats.counters.bytes_out += written as u64;
-        buffers.out.drain(..written);
-        if buffers.out.is_empty() {
-            buffers.out = Vec::new();
-            conn.drop_empty_buffers();
-            match conn.state.phase {
-                Phase::Closing => {
-                    let _ = conn.stream.shutdown(Shutdown::Write);
-                }
-                Phase::Draining => self.finish_draining(key),
-                Phase::Open => {}
-            }
-        }
-    }
-
-    /// Tells the client why, then closes once it has read that (or after a grace period).
-    pub(super) fn kick(&mut self, key: usize, reason: KickReason, text: &str) {
-        self.kick_after(key, reason, text, 0);
-    }
-
-    /// `kick`, telling the client to come back after about `retry_after_ms` (0: the
-    /// reason says whether to come back, the client's back-off when).
-    pub(super) fn kick_after(
-        &mut self,
-        key: usize,
-        reason: KickReason,
-        text: &str,
-        retry_after_ms: u32,
-    ) {
-        let push = Push::Kick {
-            reason,
-            text: text.to_string(),
-            retry_after_ms,
-        };
-        self.push(key, &push);
-        self.leave(key);
-        self.goodbye(key, reason);
-    }
-
-    /// After a kick's push: the transport's goodbye, then closing.
-    pub(super) fn goodbye(&mut self, key: usize, reason: KickReason) {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
-        let mut bytes = Vec::new();
-        conn.codec.close(reason, &mut bytes);
-        if !bytes.is_empty() {
-            self.write(key, &bytes);
-        }
-        self.closing(key);
-    }
-
-    /// Closes once what is queued is written (the codec wrote its own goodbye).
-    pub(super) fn hang_up(&mut self, key: usize) {
-        self.leave(key);
-        self.closing(key);
-    }
-
-    fn closing(&mut self, key: usize) {
-        // What it was answered goes out before the goodbye.
-        if self.output.cork == Some(key) {
-            self.uncork();
-        }
-        let now = self.now().secs();
-        let Some(conn) = self.conns.get_mut(key) else {
-            return; // the write before this closed it
-        };
-        conn.state.phase = Phase::Closing;
-        conn.last_seen = now;
-        // Over TLS, its goodbye (close_notify) is the last it is sent.
-        if let Some(session) = conn.tls.as_mut() {
-            let mut bye = Vec::new();
-            tls::close(session, &mut bye);
-            self.write_raw(key, &bye);
-        }
-        let Some(conn) = self.conns.get_mut(key) else {
-            return; // the write closed it
-        };
-        if let Some(b) = conn.buffers.as_mut() {
-            b.partial = Vec::new();
-        }
-        conn.drop_empty_buffers();
-        if !conn.has_output() {
-            let _ = conn.stream.shutdown(Shutdown::Write);
-        }
-        self.visit_soon(key);
-    }
-
-    /// The connection's user goes offline (its socket may linger in `Closing`).
-    pub(super) fn leave(&mut self, key: usize) {
-        let Some(conn) = self.conns.get_mut(key) else {
-            return;
-        };
-        if let Some(user) = conn.state.user.take() {
-            let conn = conn_id(key, conn.generation);
-            self.stats.levels.logged_in -= 1;
-            self.tell_supervisor(&ToSupervisor::Offline { conn, user });
-        }
-    }
-
-    pub(super) fn close(&mut self, key: usize) {
-        if !self.conns.contains(key) {
-            return;
-        }
-        if self.output.cork == Some(key) {
-            self.output.cork = None;
-            self.output.corked.clear();
-        }
-        self.leave(key);
-        self.authenticated(key);
-        self.handshake_over(key, false);
-        self.ready.remove(key);
-        let mut conn = self.conns.remove(key);
-        let _ = self.poll.registry().deregister(&mut conn.stream);
-        self.stats.counters.closed += 1;
     }
 }
 

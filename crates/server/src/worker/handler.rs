@@ -4,71 +4,20 @@
 //! (a winning shake's claim, a send, an open) or concerns other users (chat) to the
 //! supervisor.
 
-use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use hongbao_money::seam::Op;
-use hongbao_money::{ConnId, Reply, Request, UserId};
+use hongbao_money::{Reply, Request, UserId};
 use hongbao_proto::{KickReason, ResultCode};
 use hongbao_sys::clock::{UnixTime, Uptime};
 
 use super::codec::Sent;
 use super::conn::{conn_id, Session};
-use super::overload::{Limits, Overload, Shed, Verdict};
+use super::event_loop::Worker;
+use super::overload::{Limits, Shed, Verdict};
 use super::wire::{Auth, Inbound};
-use super::Worker;
 use crate::config::ReadyOrder;
 use crate::link::ToSupervisor;
-
-/// The worker's shake side: its pool of packets to give (as the money side dealt them), the
-/// won shakes waiting for the money side to commit them, and the overload gate.
-#[derive(Default)]
-pub(super) struct Shakes {
-    /// Packets `(id, amount_cents)` dealt to this worker, given out in order.
-    pool: VecDeque<(u64, u64)>,
-    /// When each shake waiting on the supervisor for a win was read, by (connection, request).
-    claims: HashMap<(ConnId, u32), Uptime>,
-    /// The shake buckets of users shaking over HTTP (their bearer's), by user: a session
-    /// keeps its own on its connection (`limits.rs`). Emptied of full ones each second.
-    bearers: HashMap<UserId, u32>,
-    overload: Overload,
-}
-
-impl Shakes {
-    /// Packets the money side dealt this worker, to give after those it holds.
-    pub(super) fn deal(&mut self, packets: impl IntoIterator<Item = (u64, u64)>) {
-        self.pool.extend(packets);
-    }
-
-    /// The packets held, not given yet.
-    pub(super) fn pooled(&self) -> usize {
-        self.pool.len()
-    }
-
-    /// The shake cap's shakes a second now; 0: no cap (`overload.rs`).
-    pub(super) fn cap_per_sec(&self) -> u32 {
-        self.overload.cap_per_sec()
-    }
-
-    /// The claim of request `req` of `conn` answered: when its shake was read, if it was
-    /// still waiting.
-    pub(super) fn claimed(&mut self, conn: ConnId, req: u32) -> Option<Uptime> {
-        self.claims.remove(&(conn, req))
-    }
-
-    /// Forgets claims older than `after` at `now`: their connection went away, and they
-    /// are never answered.
-    pub(super) fn forget_claims(&mut self, now: Uptime, after: Duration) {
-        self.claims.retain(|_, read_at| now.since(*read_at) < after);
-    }
-
-    /// Forgets the HTTP users' shake buckets that are full again at `now`.
-    pub(super) fn forget_full_bearers(&mut self, now: Uptime) {
-        let now = (now.as_micros() / 1000) as u32;
-        self.bearers
-            .retain(|_, tat| (tat.wrapping_sub(now) as i32) > 0);
-    }
-}
 
 impl Worker {
     pub(super) fn dispatch(&mut self, key: usize, inbound: Inbound) {
@@ -303,7 +252,7 @@ impl Worker {
         if let Verdict::Shed {
             why,
             retry_after_ms,
-        } = self.shakes.overload.gate(now, waited, users, limits)
+        } = self.shakes.gate(now, waited, users, limits)
         {
             let counters = &mut self.stats.counters;
             match why {
@@ -314,12 +263,11 @@ impl Worker {
             counters.shakes_overloaded += 1;
             return self.answer_shake(key, id, ResultCode::Overloaded, retry_after_ms, read_at);
         }
-        match self.shakes.pool.pop_front() {
-            Some((packet, _amount)) => {
+        let conn = conn_id(key, self.conns[key].generation);
+        match self.shakes.claim(conn, id, read_at) {
+            Some(packet) => {
                 // Only the money side may say "won": it commits the win to the ledger first.
                 self.stats.counters.shakes_won_claimed += 1;
-                let conn = conn_id(key, self.conns[key].generation);
-                self.shakes.claims.insert((conn, id), read_at);
                 let claim = ToSupervisor::Op {
                     conn,
                     req: id,
@@ -344,7 +292,7 @@ impl Worker {
         }
         let now_ms = self.time.read.as_micros() / 1000;
         let bucket = if bearer {
-            self.shakes.bearers.entry(user).or_insert(now_ms as u32)
+            self.shakes.bearer_bucket(user, now_ms)
         } else {
             &mut self.conns[key].state.session.shakes
         };
