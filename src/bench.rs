@@ -321,7 +321,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
             Some(list) => list
                 .split(',')
                 .map(|name| hongbao_bench::bench::Fault::parse(name.trim()))
-                .collect::<Result<Vec<_>>>()?,
+                .collect::<Result<Vec<_>, _>>()?,
             None => hongbao_bench::bench::ChaosOptions::default_faults(opts.hosts, opts.standby),
         };
         if faults.is_empty() {

@@ -13,3 +13,6 @@
 pub mod bench;
 pub mod capacity;
 pub mod commit_bench;
+mod error;
+
+pub use error::{Error, Result};

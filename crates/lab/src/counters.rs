@@ -2,10 +2,9 @@
 //! PostgreSQL's transactions and rows, read before and after a run for its costs per
 //! operation (`hongbao bench --hosts`, summary.json's `engines`).
 
-use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
-use crate::{redis, Lab};
+use crate::{redis, Error, Lab, Result};
 
 /// What the engines have done so far, summed over the lab: Redis commands by name (over
 /// the masters, scripts' inner commands included, as `INFO commandstats` counts them) and PostgreSQL's transactions and rows (`pg_stat_database`).
@@ -54,7 +53,7 @@ pub fn parse_commandstats(info: &str) -> Vec<(String, u64)> {
 
 impl Lab {
     /// The engines' counters now (see [`EngineCounters`]).
-    pub fn engine_counters(&self) -> anyhow::Result<EngineCounters> {
+    pub fn engine_counters(&self) -> Result<EngineCounters> {
         let mut counters = EngineCounters::default();
         // Masters only: a replica counts again every write it is sent.
         let masters = self.live_masters()?;
@@ -79,7 +78,9 @@ impl Lab {
             .filter_map(|f| f.parse().ok())
             .collect();
         if fields.len() != 3 {
-            bail!("psql: unexpected pg_stat_database row {text:?}");
+            return Err(Error::Answer(format!(
+                "psql: unexpected pg_stat_database row {text:?}"
+            )));
         }
         counters.pg_commits = fields[0];
         counters.pg_rows_inserted = fields[1];

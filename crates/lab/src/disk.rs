@@ -13,7 +13,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context;
+use crate::error::{Error, Result};
 
 /// What the filler is called, in the directory filled.
 const FILLER: &str = "disk-full.filler";
@@ -28,8 +28,9 @@ pub struct SmallDisk {
 
 impl SmallDisk {
     /// Mounts a tmpfs of `bytes` on `dir` (created if missing).
-    pub fn mount(dir: &Path, bytes: u64) -> anyhow::Result<SmallDisk> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    pub fn mount(dir: &Path, bytes: u64) -> Result<SmallDisk> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         let (fs, target) = (c_string("tmpfs")?, c_string(dir.as_os_str().as_bytes())?);
         let data = c_string(format!("size={bytes},mode=0755"))?;
         // SAFETY: every pointer is to a NUL-terminated string that outlives the call.
@@ -44,11 +45,14 @@ impl SmallDisk {
         };
         if rc != 0 {
             let e = std::io::Error::last_os_error();
-            anyhow::bail!(
-                "mounting a {} MiB tmpfs on {} (needs root): {e}",
-                bytes >> 20,
-                dir.display()
-            );
+            return Err(Error::io(
+                format!(
+                    "mounting a {} MiB tmpfs on {} (needs root)",
+                    bytes >> 20,
+                    dir.display()
+                ),
+                e,
+            ));
         }
         Ok(SmallDisk {
             dir: dir.to_path_buf(),
@@ -59,23 +63,31 @@ impl SmallDisk {
 
     /// Unmounts the tmpfs, keeping its files (not the filler): copied aside first and put
     /// back in the directory, on the disk under it. Whatever wrote them must have stopped.
-    pub fn unmount_keeping(mut self) -> anyhow::Result<()> {
+    pub fn unmount_keeping(mut self) -> Result<()> {
         let kept = self.dir.with_extension("kept");
+        let at = |doing: &str, path: &Path| format!("{doing} {}", path.display());
         if kept.exists() {
-            std::fs::remove_dir_all(&kept)?;
+            std::fs::remove_dir_all(&kept).map_err(|e| Error::io(at("removing", &kept), e))?;
         }
-        std::fs::create_dir_all(&kept)?;
-        for entry in std::fs::read_dir(&self.dir)? {
-            let entry = entry?;
-            if entry.file_type()?.is_file() && entry.file_name() != FILLER {
+        std::fs::create_dir_all(&kept).map_err(|e| Error::io(at("creating", &kept), e))?;
+        let reading = |e| Error::io(at("reading", &self.dir), e);
+        for entry in std::fs::read_dir(&self.dir).map_err(reading)? {
+            let entry = entry.map_err(reading)?;
+            let is_file = entry.file_type().map_err(reading)?.is_file();
+            if is_file && entry.file_name() != FILLER {
                 std::fs::copy(entry.path(), kept.join(entry.file_name()))
-                    .with_context(|| format!("keeping {}", entry.path().display()))?;
+                    .map_err(|e| Error::io(at("keeping", &entry.path()), e))?;
             }
         }
         self.mounted = false;
         unmount(&self.dir)?;
-        std::fs::remove_dir(&self.dir)?;
-        std::fs::rename(&kept, &self.dir)?;
+        std::fs::remove_dir(&self.dir).map_err(|e| Error::io(at("removing", &self.dir), e))?;
+        std::fs::rename(&kept, &self.dir).map_err(|e| {
+            Error::io(
+                format!("moving {} to {}", kept.display(), self.dir.display()),
+                e,
+            )
+        })?;
         Ok(())
     }
 
@@ -98,18 +110,19 @@ impl Drop for SmallDisk {
     }
 }
 
-fn unmount(dir: &Path) -> anyhow::Result<()> {
+fn unmount(dir: &Path) -> Result<()> {
     let target = c_string(dir.as_os_str().as_bytes())?;
     // SAFETY: a NUL-terminated path that outlives the call.
     if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
         let e = std::io::Error::last_os_error();
-        anyhow::bail!("unmounting {}: {e}", dir.display());
+        return Err(Error::io(format!("unmounting {}", dir.display()), e));
     }
     Ok(())
 }
 
-fn c_string(s: impl Into<Vec<u8>>) -> anyhow::Result<CString> {
-    Ok(CString::new(s)?)
+/// A path or an option for a system call; one with a NUL byte in it is refused.
+fn c_string(s: impl Into<Vec<u8>>) -> Result<CString> {
+    CString::new(s).map_err(|e| Error::Refused(e.to_string()))
 }
 
 /// Whether `dir` is on a tmpfs.
@@ -132,17 +145,18 @@ pub struct Filled {
 
 /// Fills the tmpfs of `dir` with a filler file until ENOSPC, holds it full for `hold`,
 /// then deletes the filler. Refuses a directory that is not on a tmpfs.
-pub fn fill(dir: &Path, hold: Duration) -> anyhow::Result<Filled> {
-    anyhow::ensure!(
-        is_tmpfs(dir),
-        "{} is not on a tmpfs: only a small disk mounted for the purpose is filled",
-        dir.display()
-    );
+pub fn fill(dir: &Path, hold: Duration) -> Result<Filled> {
+    if !is_tmpfs(dir) {
+        return Err(Error::Refused(format!(
+            "{} is not on a tmpfs: only a small disk mounted for the purpose is filled",
+            dir.display()
+        )));
+    }
     let path = dir.join(FILLER);
     let mut bytes = 0u64;
     let full = {
-        let mut file =
-            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let mut file = std::fs::File::create(&path)
+            .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
         let chunk = vec![0u8; 1 << 20];
         loop {
             match file.write(&chunk) {
@@ -159,12 +173,13 @@ pub fn fill(dir: &Path, hold: Duration) -> anyhow::Result<Filled> {
             std::thread::sleep(hold);
             Ok(Filled { bytes })
         }
-        other => Err(anyhow::anyhow!(
+        other => Err(Error::Failed(format!(
             "writing {} stopped without ENOSPC after {bytes} bytes: {other:?}",
             path.display()
-        )),
+        ))),
     };
-    std::fs::remove_file(&path).with_context(|| format!("deleting {}", path.display()))?;
+    std::fs::remove_file(&path)
+        .map_err(|e| Error::io(format!("deleting {}", path.display()), e))?;
     result
 }
 

@@ -15,14 +15,20 @@ use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-
 use crate::standby::{wait_until, Formation};
-use crate::{netns, postgres, Host, Lab};
+use crate::{netns, postgres, Error, Host, Lab, Result};
 
 /// How long `wait_new_primary` gives one commit through the multi-host URL: past the
 /// connect timeouts of both hosts (2 s each).
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(6);
+
+fn no_standby() -> Error {
+    Error::Refused("the lab's ledger has no standby (the lab plan's `standby`)".into())
+}
+
+fn no_data_node(addr: Ipv4Addr) -> Error {
+    Error::Refused(format!("no data node at {addr}"))
+}
 
 impl Lab {
     /// Whether the lab's ledger is a primary with a synchronous standby (the plan's `standby`).
@@ -30,20 +36,18 @@ impl Lab {
         self.formation.is_some()
     }
 
-    fn formation(&self) -> anyhow::Result<&Formation> {
-        self.formation
-            .as_ref()
-            .context("the lab's ledger has no standby (the lab plan's `standby`)")
+    fn formation(&self) -> Result<&Formation> {
+        self.formation.as_ref().ok_or_else(no_standby)
     }
 
     /// The address of the data node the monitor names primary now.
-    pub fn pg_primary(&self) -> anyhow::Result<Ipv4Addr> {
+    pub fn pg_primary(&self) -> Result<Ipv4Addr> {
         self.formation()?.primary()
     }
 
     /// The primary's host lost with its disk: every process on it SIGKILLed (keeper and
     /// postgres), its data directory removed. Returns its address.
-    pub fn lose_primary(&mut self) -> anyhow::Result<Ipv4Addr> {
+    pub fn lose_primary(&mut self) -> Result<Ipv4Addr> {
         let addr = self.pg_primary()?;
         let node = self
             .formation
@@ -66,14 +70,14 @@ impl Lab {
             std::thread::sleep(Duration::from_millis(20));
         }
         std::fs::remove_dir_all(&node.dir)
-            .with_context(|| format!("removing {}", node.dir.display()))?;
+            .map_err(|e| Error::io(format!("removing {}", node.dir.display()), e))?;
         self.save()?;
         Ok(addr)
     }
 
     /// Every process of the primary's host stopped (SIGSTOP) for `frozen`, then let go on
     /// (SIGCONT). Returns its address.
-    pub fn freeze_primary(&mut self, frozen: Duration) -> anyhow::Result<Ipv4Addr> {
+    pub fn freeze_primary(&mut self, frozen: Duration) -> Result<Ipv4Addr> {
         let addr = self.pg_primary()?;
         let host = self.data_host(addr)?;
         let mut stopped: Vec<u32> = Vec::new();
@@ -94,7 +98,7 @@ impl Lab {
     /// The primary's host cut off from every other lab host (the standby, the monitor,
     /// the gateways, and this machine) for `cut`: blackhole routes inside its namespace,
     /// as `partition` does for a gateway. Returns its address.
-    pub fn isolate_primary(&mut self, cut: Duration) -> anyhow::Result<Ipv4Addr> {
+    pub fn isolate_primary(&mut self, cut: Duration) -> Result<Ipv4Addr> {
         let addr = self.pg_primary()?;
         let host = self.data_host(addr)?;
         let others: Vec<Ipv4Addr> = std::iter::once(netns::bridge_addr(self.plan.lab))
@@ -107,7 +111,7 @@ impl Lab {
 
     /// Waits until a node other than `old` is primary and takes a write (a commit through
     /// the multi-host URL); returns its address.
-    pub fn wait_new_primary(&self, old: Ipv4Addr, timeout: Duration) -> anyhow::Result<Ipv4Addr> {
+    pub fn wait_new_primary(&self, old: Ipv4Addr, timeout: Duration) -> Result<Ipv4Addr> {
         let deadline = Instant::now() + timeout;
         let mut last = String::from("nothing tried yet");
         while Instant::now() < deadline {
@@ -124,7 +128,9 @@ impl Lab {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        bail!("no new primary in {timeout:?}: {last}")
+        Err(Error::Timeout(format!(
+            "no new primary in {timeout:?}: {last}"
+        )))
     }
 
     /// Brings the node at `addr` back as a synchronous standby and waits until it is one:
@@ -132,16 +138,13 @@ impl Lab {
     /// the primary; a node frozen or cut off rejoins by itself (its keeper rewinds it
     /// with pg_rewind and follows the new primary). After it returns, the pair can lose
     /// its primary again.
-    pub fn rejoin_standby(&mut self, addr: Ipv4Addr, timeout: Duration) -> anyhow::Result<()> {
-        let formation = self
-            .formation
-            .as_mut()
-            .context("the lab's ledger has no standby (the lab plan's `standby`)")?;
+    pub fn rejoin_standby(&mut self, addr: Ipv4Addr, timeout: Duration) -> Result<()> {
+        let formation = self.formation.as_mut().ok_or_else(no_standby)?;
         let i = formation
             .nodes
             .iter()
             .position(|n| n.host.addr == addr)
-            .with_context(|| format!("no data node at {addr}"))?;
+            .ok_or_else(|| no_data_node(addr))?;
         if formation.nodes[i].keeper.is_none() {
             formation.drop_node(addr)?;
             formation.start_node(i)?;
@@ -153,22 +156,22 @@ impl Lab {
             timeout,
             || formation.synchronous(addr),
         )
-        .with_context(|| format!("the monitor says {:?}", formation.states()))
+        .map_err(|e| e.within(format!("the monitor says {:?}", formation.states())))
     }
 
     /// The host of the data node at `addr`.
-    fn data_host(&self, addr: Ipv4Addr) -> anyhow::Result<Host> {
+    fn data_host(&self, addr: Ipv4Addr) -> Result<Host> {
         self.formation()?
             .nodes
             .iter()
             .find(|n| n.host.addr == addr)
             .map(|n| n.host.clone())
-            .with_context(|| format!("no data node at {addr}"))
+            .ok_or_else(|| no_data_node(addr))
     }
 
     /// One commit through the ledger's URL (`psql`, bounded by `COMMIT_TIMEOUT`): the
     /// address of the server that took it.
-    fn commit_through_url(&self) -> anyhow::Result<Ipv4Addr> {
+    fn commit_through_url(&self) -> Result<Ipv4Addr> {
         // txid_current() gives the transaction an id, so its end is a commit written to
         // the WAL (and, with a standby, acknowledged by it).
         let mut child = Command::new(postgres::bin_dir()?.join("psql"))
@@ -180,26 +183,32 @@ impl Lab {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .context("running psql")?;
+            .map_err(|e| Error::io("running psql", e))?;
+        let waiting = |e| Error::io("waiting for psql", e);
         let deadline = Instant::now() + COMMIT_TIMEOUT;
-        while child.try_wait()?.is_none() {
+        while child.try_wait().map_err(waiting)?.is_none() {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                bail!("a commit through the ledger's URL took over {COMMIT_TIMEOUT:?}");
+                return Err(Error::Timeout(format!(
+                    "a commit through the ledger's URL took over {COMMIT_TIMEOUT:?}"
+                )));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let out = child.wait_with_output()?;
+        let out = child.wait_with_output().map_err(waiting)?;
         if !out.status.success() {
-            bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
+            return Err(Error::Failed(format!(
+                "psql: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
         }
         let text = String::from_utf8_lossy(&out.stdout);
         text.trim()
             .rsplit('|')
             .next()
             .and_then(|a| a.parse().ok())
-            .with_context(|| format!("psql: unexpected answer {text:?}"))
+            .ok_or_else(|| Error::Answer(format!("psql: unexpected answer {text:?}")))
     }
 }
 

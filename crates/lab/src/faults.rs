@@ -7,9 +7,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use anyhow::Context;
-
-use crate::{children_of, disk, redis, Host, Lab, GRACE};
+use crate::{children_of, disk, redis, Error, Host, Lab, Result, GRACE};
 
 impl Lab {
     /// SIGKILLs gateway `i`'s processes: the supervisor, and its workers with it (they
@@ -37,7 +35,7 @@ impl Lab {
     }
 
     /// The address of a Redis master (as the cluster sees it now).
-    pub fn redis_master(&self) -> anyhow::Result<Ipv4Addr> {
+    pub fn redis_master(&self) -> Result<Ipv4Addr> {
         let (first, _) = &self.redis[0];
         let live = self.live_redis();
         let witness = live.first().copied().unwrap_or(first.addr);
@@ -45,13 +43,13 @@ impl Lab {
             .into_iter()
             .find(|n| n.master && !n.failed && live.contains(&n.addr))
             .map(|n| n.addr)
-            .context("no live Redis master")
+            .ok_or_else(|| Error::Refused("no live Redis master".into()))
     }
 
     /// Every live master forgets everything it holds (`FLUSHALL`): what a Redis Cluster
     /// restarted without persistence, or a master lost with its replica, comes to. Its
     /// replicas follow. Returns the masters wiped.
-    pub fn wipe_redis(&self) -> anyhow::Result<Vec<Ipv4Addr>> {
+    pub fn wipe_redis(&self) -> Result<Vec<Ipv4Addr>> {
         let masters = self.live_masters()?;
         for &addr in &masters {
             redis::cli(&self.redis_auth(), addr, &["FLUSHALL"])?;
@@ -60,9 +58,11 @@ impl Lab {
     }
 
     /// The addresses of the Redis masters that are live now, as the cluster sees it.
-    pub(crate) fn live_masters(&self) -> anyhow::Result<Vec<Ipv4Addr>> {
+    pub(crate) fn live_masters(&self) -> Result<Vec<Ipv4Addr>> {
         let live = self.live_redis();
-        let witness = *live.first().context("no live Redis node")?;
+        let witness = *live
+            .first()
+            .ok_or_else(|| Error::Refused("no live Redis node".into()))?;
         Ok(redis::nodes(&self.redis_auth(), witness)?
             .into_iter()
             .filter(|n| n.master && !n.failed && live.contains(&n.addr))
@@ -72,21 +72,23 @@ impl Lab {
 
     /// The address of the live Redis master that serves `key`'s slot now (for faults
     /// aimed at what a key holds: `{rel}`, the release of campaign packets).
-    pub fn redis_master_of(&self, key: &str) -> anyhow::Result<Ipv4Addr> {
+    pub fn redis_master_of(&self, key: &str) -> Result<Ipv4Addr> {
         let (first, _) = &self.redis[0];
         let live = self.live_redis();
         let witness = live.first().copied().unwrap_or(first.addr);
         let slot: u16 = redis::cli(&self.redis_auth(), witness, &["CLUSTER", "KEYSLOT", key])?
             .trim()
             .parse()
-            .with_context(|| format!("the slot of {key:?}"))?;
+            .map_err(|e| Error::Answer(format!("the slot of {key:?}: {e}")))?;
         redis::nodes(&self.redis_auth(), witness)?
             .into_iter()
             .find(|n| {
                 n.master && !n.failed && live.contains(&n.addr) && redis::serves(&n.slots, slot)
             })
             .map(|n| n.addr)
-            .with_context(|| format!("no live Redis master serves {key:?} (slot {slot})"))
+            .ok_or_else(|| {
+                Error::Refused(format!("no live Redis master serves {key:?} (slot {slot})"))
+            })
     }
 
     /// SIGKILLs the Redis node at `addr`.
@@ -103,7 +105,7 @@ impl Lab {
     /// Starts the killed Redis node at `addr` again; it rejoins the cluster as a replica.
     /// Waits until every node is connected, the cluster is whole and the node has synced
     /// its master's data (until then it is no replica to fail over to).
-    pub fn restart_redis(&mut self, addr: Ipv4Addr, timeout: Duration) -> anyhow::Result<()> {
+    pub fn restart_redis(&mut self, addr: Ipv4Addr, timeout: Duration) -> Result<()> {
         let dir = self.plan.dir.clone();
         let auth = self.redis_auth();
         let (i, (host, proc)) = self
@@ -111,7 +113,7 @@ impl Lab {
             .iter_mut()
             .enumerate()
             .find(|(_, (h, _))| h.addr == addr)
-            .with_context(|| format!("no Redis node at {addr}"))?;
+            .ok_or_else(|| Error::Refused(format!("no Redis node at {addr}")))?;
         if proc.is_none() {
             *proc = Some(redis::start_node_again(
                 host,
@@ -132,7 +134,7 @@ impl Lab {
 
     /// Waits until the Redis replica at `addr` has synced its master's data: until then
     /// it is no replica to fail over to (promoted, it would serve its slots empty).
-    pub fn wait_synced(&self, addr: Ipv4Addr, timeout: Duration) -> anyhow::Result<()> {
+    pub fn wait_synced(&self, addr: Ipv4Addr, timeout: Duration) -> Result<()> {
         redis::wait_until("the node to sync from its master", timeout, || {
             redis::cli(&self.redis_auth(), addr, &["INFO", "replication"]).is_ok_and(|info| {
                 info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0")
@@ -159,11 +161,7 @@ impl Lab {
 
     /// Waits until the Redis Cluster serves every slot again with three masters none of
     /// which is `gone` (a master killed: its replica has taken over).
-    pub fn wait_redis_whole(
-        &self,
-        gone: Option<Ipv4Addr>,
-        timeout: Duration,
-    ) -> anyhow::Result<()> {
+    pub fn wait_redis_whole(&self, gone: Option<Ipv4Addr>, timeout: Duration) -> Result<()> {
         let live = self.live_redis();
         redis::wait_whole(&self.redis_auth(), &live, gone, timeout)
     }
@@ -172,11 +170,12 @@ impl Lab {
     /// would, but cleanly) and starts it again after `down`.
     /// With a standby there is no one PostgreSQL to restart: refused (`lose_primary`,
     /// `freeze_primary`).
-    pub fn restart_postgres(&mut self, down: Duration) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            self.formation.is_none(),
-            "the lab's ledger is a primary with a standby: lose or freeze the primary instead of restarting PostgreSQL"
-        );
+    pub fn restart_postgres(&mut self, down: Duration) -> Result<()> {
+        if self.formation.is_some() {
+            return Err(Error::Refused(
+                "the lab's ledger is a primary with a standby: lose or freeze the primary instead of restarting PostgreSQL".into(),
+            ));
+        }
         if let Some(mut proc) = self.postgres.1.take() {
             // SAFETY: kill(2) on our running child.
             unsafe {
@@ -193,11 +192,13 @@ impl Lab {
     /// full for `hold`, and gives the room back; PostgreSQL is started again if it
     /// stopped meanwhile (a WAL segment it could not write is a PANIC). Returns what it
     /// did.
-    pub fn fill_postgres_disk(&mut self, hold: Duration) -> anyhow::Result<String> {
-        anyhow::ensure!(
-            self.postgres_disk.is_some(),
-            "PostgreSQL's data is not on a disk of its own (the lab plan's postgres_disk)"
-        );
+    pub fn fill_postgres_disk(&mut self, hold: Duration) -> Result<String> {
+        if self.postgres_disk.is_none() {
+            return Err(Error::Refused(
+                "PostgreSQL's data is not on a disk of its own (the lab plan's postgres_disk)"
+                    .into(),
+            ));
+        }
         let filled = disk::fill(&self.postgres_dir, hold)?;
         let mut did = format!(
             "filled PostgreSQL's tmpfs with {:.1} MiB until ENOSPC, held it full for {} s, deleted the filler",
@@ -219,7 +220,7 @@ impl Lab {
     /// namespace, so its packets to them vanish as across a broken link (no error, no
     /// reset: the connections hang until the route is gone). Nothing outside the lab's
     /// namespaces is touched. The routes are taken away again even if adding one failed.
-    pub fn partition(&self, i: usize, to: Cut, cut: Duration) -> anyhow::Result<()> {
+    pub fn partition(&self, i: usize, to: Cut, cut: Duration) -> Result<()> {
         let addrs: Vec<Ipv4Addr> = match to {
             Cut::Redis => self.redis.iter().map(|(h, _)| h.addr).collect(),
             // With a standby: both data nodes, whichever is primary.
@@ -234,21 +235,22 @@ impl Lab {
 
 /// Cuts `host` off from `addrs` for `cut`: a blackhole route to each inside the host's
 /// own namespace, taken away again even if adding one failed.
-pub(crate) fn blackhole(host: &Host, addrs: &[Ipv4Addr], cut: Duration) -> anyhow::Result<()> {
-    let route = |verb: &str, addr: Ipv4Addr| -> anyhow::Result<()> {
+pub(crate) fn blackhole(host: &Host, addrs: &[Ipv4Addr], cut: Duration) -> Result<()> {
+    let route = |verb: &str, addr: Ipv4Addr| -> Result<()> {
         let status = host
             .command("ip")
             .args(["route", verb, "blackhole", &format!("{addr}/32")])
             .status()
-            .context("running ip route")?;
-        anyhow::ensure!(
-            status.success(),
-            "ip route {verb} blackhole {addr} in {}",
-            host.netns
-        );
+            .map_err(|e| Error::io("running ip route", e))?;
+        if !status.success() {
+            return Err(Error::Failed(format!(
+                "ip route {verb} blackhole {addr} in {}",
+                host.netns
+            )));
+        }
         Ok(())
     };
-    let added: anyhow::Result<()> = addrs.iter().try_for_each(|&a| route("add", a));
+    let added: Result<()> = addrs.iter().try_for_each(|&a| route("add", a));
     if added.is_ok() {
         std::thread::sleep(cut);
     }

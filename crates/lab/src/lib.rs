@@ -32,6 +32,7 @@
 
 mod counters;
 pub mod disk;
+mod error;
 mod failover;
 mod faults;
 pub use hongbao_sys::netns;
@@ -49,11 +50,11 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use hongbao_server::config::ServeFlags;
 use serde::{Deserialize, Serialize};
 
 pub use counters::{parse_commandstats, EngineCounters};
+pub use error::{Error, Result};
 pub use faults::Cut;
 pub use netns::Host;
 use proc::{Proc, ProcRecord};
@@ -185,12 +186,14 @@ pub struct Lab {
 
 impl Lab {
     /// Brings the lab up. On any failure what was started is stopped again.
-    pub fn up(plan: LabPlan) -> anyhow::Result<Lab> {
+    pub fn up(plan: LabPlan) -> Result<Lab> {
         if plan.lab == 0 || plan.lab == 255 {
-            bail!("the lab number must be 1 to 254 (its subnet is 198.18.n.0/24)");
+            return Err(Error::Refused(
+                "the lab number must be 1 to 254 (its subnet is 198.18.n.0/24)".into(),
+            ));
         }
         std::fs::create_dir_all(&plan.dir)
-            .with_context(|| format!("creating {}", plan.dir.display()))?;
+            .map_err(|e| Error::io(format!("creating {}", plan.dir.display()), e))?;
         netns::create_bridge(plan.lab)?;
         let postgres_dir = std::env::temp_dir().join(format!("hongbao-lab{}-postgres", plan.lab));
         let secrets = LabSecrets {
@@ -203,10 +206,13 @@ impl Lab {
         ] {
             let path = plan.dir.join(file);
             hongbao_server::access::write_secret_file(&path, secret)
-                .with_context(|| format!("writing {}", path.display()))?;
+                .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
         }
         if plan.standby && plan.postgres_disk.is_some() {
-            bail!("a lab with a standby keeps no PostgreSQL data on a small disk (postgres_disk)");
+            return Err(Error::Refused(
+                "a lab with a standby keeps no PostgreSQL data on a small disk (postgres_disk)"
+                    .into(),
+            ));
         }
         // The engines speak TLS only: a CA of the lab's own, and one certificate naming
         // every engine host (PostgreSQL's, with a standby's and the monitor's, the Redis
@@ -218,9 +224,9 @@ impl Lab {
             .collect();
         let names: Vec<&str> = engines.iter().map(String::as_str).collect();
         hongbao_http::tls::DevCerts::make(&names)
-            .map_err(anyhow::Error::msg)?
+            .map_err(Error::Failed)?
             .write(&plan.dir.join(TLS_DIR))
-            .context("writing the lab's certificates")?;
+            .map_err(|e| Error::io("writing the lab's certificates", e))?;
         let mut lab = Lab {
             secrets,
             admin_key: String::new(),
@@ -245,7 +251,7 @@ impl Lab {
         Ok(lab)
     }
 
-    fn host(&mut self, name: &str, last: u8, sysctls: &[&str]) -> anyhow::Result<Host> {
+    fn host(&mut self, name: &str, last: u8, sysctls: &[&str]) -> Result<Host> {
         // Recorded first: a host half made is taken down with the rest.
         self.state
             .netns
@@ -254,7 +260,7 @@ impl Lab {
         Ok(netns::create_host(self.plan.lab, name, last, sysctls)?)
     }
 
-    fn bring_up(&mut self) -> anyhow::Result<()> {
+    fn bring_up(&mut self) -> Result<()> {
         let dir = self.plan.dir.clone();
         // PostgreSQL.
         let pg = self.host("pg", PG_LAST, &[])?;
@@ -280,17 +286,17 @@ impl Lab {
         // The gateways' first operator key, made in the ledger before any gateway: each
         // would otherwise make its own, known only to its host.
         let access = hongbao_cluster::PgAccess::connect(&self.pg_target())
-            .context("the lab's PostgreSQL, for its admin key")?;
+            .map_err(|e| Error::from(e).within("the lab's PostgreSQL, for its admin key"))?;
         self.admin_key = hongbao_server::access::make_key(
             &access,
             "lab-operator",
             hongbao_money::access::Role::Operator,
             "lab",
         )
-        .context("making the lab's admin key")?;
+        .map_err(|e| Error::from(e).within("making the lab's admin key"))?;
         let key_file = dir.join(ADMIN_KEY_FILE);
         hongbao_server::access::write_secret_file(&key_file, &self.admin_key)
-            .with_context(|| format!("writing {}", key_file.display()))?;
+            .map_err(|e| Error::io(format!("writing {}", key_file.display()), e))?;
         // Redis Cluster.
         for (i, last) in (1..=6u8).zip(REDIS_LAST) {
             let host = self.host(&format!("redis{i}"), last, &[])?;
@@ -351,7 +357,7 @@ impl Lab {
     }
 
     /// Starts the lab's PostgreSQL over its data; on a small disk with a small WAL.
-    fn start_postgres(&self) -> anyhow::Result<Proc> {
+    fn start_postgres(&self) -> Result<Proc> {
         postgres::start(
             &self.postgres.0,
             &self.postgres_dir,
@@ -360,7 +366,7 @@ impl Lab {
     }
 
     /// (Re)starts gateway `i` (from 0) and waits for its ready line.
-    pub fn start_gateway(&mut self, i: usize) -> anyhow::Result<()> {
+    pub fn start_gateway(&mut self, i: usize) -> Result<()> {
         let redis_urls = self.redis_urls();
         let postgres_url = self.postgres_url();
         let plan = &self.plan;
@@ -402,18 +408,18 @@ impl Lab {
             Ok(line) if line.starts_with("hongbao serve ready") => {}
             other => {
                 proc.stop(GRACE);
-                bail!(
+                return Err(Error::Failed(format!(
                     "gateway {} did not start ({other:?}):\n{}",
                     self.gateways[i].host.name,
                     proc.log_tail()
-                );
+                )));
             }
         }
         self.gateways[i].proc = Some(proc);
         self.save()
     }
 
-    fn start_nginx(&self, host: &Host) -> anyhow::Result<Proc> {
+    fn start_nginx(&self, host: &Host) -> Result<Proc> {
         let prefix = self.plan.dir.join("nginx");
         let conf = prefix.join("nginx.conf");
         let list = |f: fn(&Gateway) -> SocketAddr| {
@@ -458,7 +464,7 @@ impl Lab {
         Some((at(NGINX_TCP), at(NGINX_HTTP), at(NGINX_WS)))
     }
 
-    pub(crate) fn save(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn save(&mut self) -> Result<()> {
         let mut procs = Vec::new();
         procs.extend(self.postgres.1.iter().map(Proc::record));
         procs.extend(
@@ -481,8 +487,11 @@ impl Lab {
         }
         self.state.procs = procs;
         let path = self.plan.dir.join("lab.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&self.state)?)
-            .with_context(|| format!("writing {}", path.display()))
+        let writing = || format!("writing {}", path.display());
+        // The state is plain fields: were it ever to fail as JSON, it is the file not written.
+        let json =
+            serde_json::to_vec_pretty(&self.state).map_err(|e| Error::io(writing(), e.into()))?;
+        std::fs::write(&path, json).map_err(|e| Error::io(writing(), e))
     }
 
     /// Every host, for printing.
@@ -542,12 +551,13 @@ impl Drop for Lab {
 /// recorded (only those whose ids still name them) and any other still running inside
 /// its hosts (one started there by hand, such as a PostgreSQL restarted), removes its
 /// hosts and bridge.
-pub fn down(dir: &Path) -> anyhow::Result<LabState> {
+pub fn down(dir: &Path) -> Result<LabState> {
     let path = dir.join("lab.json");
-    let state: LabState = serde_json::from_slice(
-        &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
-    )
-    .with_context(|| format!("reading {}", path.display()))?;
+    let reading = || format!("reading {}", path.display());
+    let text = std::fs::read(&path).map_err(|e| Error::io(reading(), e))?;
+    // A state file that is not JSON is one that does not read (InvalidData, its words).
+    let state: LabState =
+        serde_json::from_slice(&text).map_err(|e| Error::io(reading(), e.into()))?;
     for record in state.procs.iter().rev() {
         for child in children_of(record.pid) {
             if proc::start_ticks(record.pid) == Some(record.start_ticks) {
@@ -597,7 +607,7 @@ pub fn write_nginx_conf(
     workers: u32,
     prefix: &Path,
     conf: &Path,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let status = command
         .args(["--worker-processes", &workers.to_string()])
         .arg("--prefix")
@@ -605,9 +615,9 @@ pub fn write_nginx_conf(
         .arg("--out")
         .arg(conf)
         .status()
-        .context("running hongbao nginx-conf")?;
+        .map_err(|e| Error::io("running hongbao nginx-conf", e))?;
     if !status.success() {
-        bail!("hongbao nginx-conf failed");
+        return Err(Error::Failed("hongbao nginx-conf failed".into()));
     }
     Ok(())
 }
@@ -621,7 +631,7 @@ pub fn run_nginx(
     conf: &Path,
     addr: SocketAddr,
     workers: usize,
-) -> anyhow::Result<Proc> {
+) -> Result<Proc> {
     command
         .arg("-p")
         .arg(prefix)
@@ -629,7 +639,7 @@ pub fn run_nginx(
         .arg(conf)
         .args(["-g", "daemon off;"]);
     let mut proc = Proc::spawn("nginx", command, &prefix.join("stderr.log"))
-        .context("starting nginx (apt-get install nginx)")?;
+        .map_err(|e| e.within("starting nginx (apt-get install nginx)"))?;
     for _ in 0..100 {
         let up = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
         if up && children_of(proc.pid()).len() >= workers {
@@ -642,7 +652,7 @@ pub fn run_nginx(
     }
     let tail = proc.log_tail();
     proc.stop(GRACE);
-    bail!("nginx did not start:\n{tail}")
+    Err(Error::Failed(format!("nginx did not start:\n{tail}")))
 }
 
 /// nginx on the PATH, or Debian's.

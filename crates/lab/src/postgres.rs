@@ -16,8 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-
+use crate::error::{Error, Result};
 use crate::proc::Proc;
 use hongbao_sys::netns::Host;
 
@@ -27,22 +26,28 @@ pub const USER: &str = "hongbao";
 pub const DATABASE: &str = "hongbao";
 
 /// Where Debian keeps PostgreSQL 15's server binaries.
-pub fn bin_dir() -> anyhow::Result<PathBuf> {
+pub fn bin_dir() -> Result<PathBuf> {
     let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .context("PostgreSQL is not installed (/usr/lib/postgresql; apt-get install postgresql)")?
+        .map_err(|e| {
+            Error::io(
+                "PostgreSQL is not installed (/usr/lib/postgresql; apt-get install postgresql)",
+                e,
+            )
+        })?
         .flatten()
         .map(|e| e.path().join("bin"))
         .filter(|p| p.join("postgres").exists())
         .collect();
     versions.sort();
-    versions
-        .pop()
-        .context("no PostgreSQL server binaries under /usr/lib/postgresql")
+    versions.pop().ok_or_else(|| {
+        Error::Refused("no PostgreSQL server binaries under /usr/lib/postgresql".into())
+    })
 }
 
 /// The `postgres` user's (uid, gid).
-pub(crate) fn postgres_ids() -> anyhow::Result<(u32, u32)> {
-    let passwd = std::fs::read_to_string("/etc/passwd")?;
+pub(crate) fn postgres_ids() -> Result<(u32, u32)> {
+    let passwd =
+        std::fs::read_to_string("/etc/passwd").map_err(|e| Error::io("reading /etc/passwd", e))?;
     passwd
         .lines()
         .find_map(|line| {
@@ -50,7 +55,9 @@ pub(crate) fn postgres_ids() -> anyhow::Result<(u32, u32)> {
             (f.first() == Some(&"postgres"))
                 .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
         })
-        .context("no postgres user (it comes with Debian's postgresql package)")
+        .ok_or_else(|| {
+            Error::Refused("no postgres user (it comes with Debian's postgresql package)".into())
+        })
 }
 
 /// The connection URL of the lab's database, as the gateways' role (its password apart).
@@ -73,11 +80,11 @@ pub fn multi_host_url(addrs: &[Ipv4Addr]) -> String {
 /// `initdb` in `dir/data` (owned by the postgres user), passwords over the network. The
 /// postgres user must be able to reach `dir`: the lab keeps it under the system's
 /// temporary directory rather than in a lab directory that may sit in root's home.
-pub fn init(dir: &Path, subnet: Ipv4Addr, tls: &Path) -> anyhow::Result<()> {
+pub fn init(dir: &Path, subnet: Ipv4Addr, tls: &Path) -> Result<()> {
     let (uid, gid) = postgres_ids()?;
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-    chown(dir, Some(uid), Some(gid))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    owned(dir, 0o755, (uid, gid))?;
     let data = dir.join("data");
     let out = Command::new(bin_dir()?.join("initdb"))
         .uid(uid)
@@ -87,40 +94,52 @@ pub fn init(dir: &Path, subnet: Ipv4Addr, tls: &Path) -> anyhow::Result<()> {
         .args(["--auth-local=peer", "--auth-host=scram-sha-256"])
         .args(["-U", "postgres", "--no-sync", "-E", "UTF8"])
         .output()
-        .context("running initdb")?;
+        .map_err(|e| Error::io("running initdb", e))?;
     if !out.status.success() {
-        bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        return Err(Error::Failed(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
     }
     let hba = format!(
         "local all postgres peer\nhostssl all all {subnet}/24 scram-sha-256\nhostssl all all 127.0.0.1/32 scram-sha-256\n"
     );
-    std::fs::write(data.join("pg_hba.conf"), hba)?;
+    let path = data.join("pg_hba.conf");
+    std::fs::write(&path, hba).map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
     // The server's certificate and key, the postgres user's alone (it refuses a key
     // others may read).
     for (from, to) in [("cert.pem", "server.crt"), ("key.pem", "server.key")] {
         let path = data.join(to);
-        std::fs::copy(tls.join(from), &path)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        chown(&path, Some(uid), Some(gid))?;
+        std::fs::copy(tls.join(from), &path)
+            .map_err(|e| Error::io(format!("copying {}", tls.join(from).display()), e))?;
+        owned(&path, 0o600, (uid, gid))?;
     }
     Ok(())
 }
 
+/// `path` given `mode` and to the postgres user (`ids`).
+pub(crate) fn owned(path: &Path, mode: u32, (uid, gid): (u32, u32)) -> Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| Error::io(format!("chmod {mode:o} {}", path.display()), e))?;
+    chown(path, Some(uid), Some(gid))
+        .map_err(|e| Error::io(format!("chown postgres {}", path.display()), e))
+}
+
 /// Makes the gateways' role with `password` and its database, as the local `postgres`
 /// user over the socket in `dir`.
-pub fn make_role(dir: &Path, password: &str) -> anyhow::Result<()> {
+pub fn make_role(dir: &Path, password: &str) -> Result<()> {
     let quoted = password.replace('\'', "''");
     let sql = format!(
         "CREATE ROLE {USER} LOGIN PASSWORD '{quoted}';\nCREATE DATABASE {DATABASE} OWNER {USER};\n"
     );
-    local_sql(dir, "postgres", &sql).context("making the gateways' role")?;
+    local_sql(dir, "postgres", &sql).map_err(|e| e.within("making the gateways' role"))?;
     Ok(())
 }
 
 /// Runs `sql` on `database` as the local `postgres` user over the socket in `dir` (peer
 /// authentication): its output, unaligned. The SQL goes on stdin: a password in it would
 /// be seen by every local user on a command line.
-pub(crate) fn local_sql(dir: &Path, database: &str, sql: &str) -> anyhow::Result<String> {
+pub(crate) fn local_sql(dir: &Path, database: &str, sql: &str) -> Result<String> {
     use std::io::Write;
     let (uid, gid) = postgres_ids()?;
     let mut child = Command::new(bin_dir()?.join("psql"))
@@ -134,22 +153,28 @@ pub(crate) fn local_sql(dir: &Path, database: &str, sql: &str) -> anyhow::Result
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .context("running psql")?;
+        .map_err(|e| Error::io("running psql", e))?;
     child
         .stdin
         .take()
         .expect("piped")
-        .write_all(sql.as_bytes())?;
-    let out = child.wait_with_output()?;
+        .write_all(sql.as_bytes())
+        .map_err(|e| Error::io("writing psql's SQL", e))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Error::io("waiting for psql", e))?;
     if !out.status.success() {
-        bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
+        return Err(Error::Failed(format!(
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Starts the server of `dir/data` in `host` and waits until it accepts connections.
 /// `small_disk`: `dir` is a small tmpfs, so the WAL is kept to a few segments.
-pub fn start(host: &Host, dir: &Path, small_disk: bool) -> anyhow::Result<Proc> {
+pub fn start(host: &Host, dir: &Path, small_disk: bool) -> Result<Proc> {
     let ids = postgres_ids()?;
     let mut command = host.command_as(bin_dir()?.join("postgres"), Some(ids));
     command
@@ -176,7 +201,10 @@ pub fn start(host: &Host, dir: &Path, small_disk: bool) -> anyhow::Result<Proc> 
             return Ok(proc);
         }
         if !proc.running() || Instant::now() > deadline {
-            bail!("PostgreSQL did not start:\n{}", proc.log_tail());
+            return Err(Error::Failed(format!(
+                "PostgreSQL did not start:\n{}",
+                proc.log_tail()
+            )));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -211,26 +239,29 @@ impl crate::Lab {
     }
 
     /// `psql` on the ledger as the gateways' role, running `sql`: its output, unaligned.
-    pub fn psql(&self, sql: &str) -> anyhow::Result<String> {
+    pub fn psql(&self, sql: &str) -> Result<String> {
         self.psql_url(&self.postgres_url(), sql)
     }
 
     /// `psql` on the ledger's node at `addr` alone, whatever its role: reads there see
     /// what that node holds. Unlike the multi-host URL, a node being demoted (its
     /// server closing connections as it stops) is never tried on the way.
-    pub fn psql_on(&self, addr: Ipv4Addr, sql: &str) -> anyhow::Result<String> {
+    pub fn psql_on(&self, addr: Ipv4Addr, sql: &str) -> Result<String> {
         self.psql_url(&node_url(addr), sql)
     }
 
-    fn psql_url(&self, url: &str, sql: &str) -> anyhow::Result<String> {
+    fn psql_url(&self, url: &str, sql: &str) -> Result<String> {
         let out = Command::new(bin_dir()?.join("psql"))
             .env("PGPASSWORD", &self.secrets.postgres)
             .env("PGSSLROOTCERT", self.tls_dir().join("ca.pem"))
             .args(["-X", "-At", "-d", url, "-c", sql])
             .output()
-            .context("running psql")?;
+            .map_err(|e| Error::io("running psql", e))?;
         if !out.status.success() {
-            bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
+            return Err(Error::Failed(format!(
+                "psql: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }

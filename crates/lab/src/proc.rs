@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// What the state file records of a process.
@@ -30,18 +30,20 @@ pub use hongbao_sys::usage::start_ticks;
 
 impl Proc {
     /// Starts `command` with its stdout and stderr appended to `log`.
-    pub fn spawn(name: &str, mut command: Command, log: &Path) -> anyhow::Result<Proc> {
+    pub fn spawn(name: &str, mut command: Command, log: &Path) -> Result<Proc> {
+        let opening = || format!("opening {}", log.display());
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
-            .with_context(|| format!("opening {}", log.display()))?;
+            .map_err(|e| Error::io(opening(), e))?;
+        let stdout = file.try_clone().map_err(|e| Error::io(opening(), e))?;
         let child = command
             .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
+            .stdout(stdout)
             .stderr(file)
             .spawn()
-            .with_context(|| format!("starting {name}"))?;
+            .map_err(|e| Error::io(format!("starting {name}"), e))?;
         let start_ticks = start_ticks(child.id()).unwrap_or(0);
         Ok(Proc {
             name: name.to_string(),
@@ -56,17 +58,18 @@ impl Proc {
         name: &str,
         mut command: Command,
         log: &Path,
-    ) -> anyhow::Result<(Proc, std::process::ChildStdout)> {
+    ) -> Result<(Proc, std::process::ChildStdout)> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(log)?;
+            .open(log)
+            .map_err(|e| Error::io(format!("opening {}", log.display()), e))?;
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(file)
             .spawn()
-            .with_context(|| format!("starting {name}"))?;
+            .map_err(|e| Error::io(format!("starting {name}"), e))?;
         let stdout = child.stdout.take().expect("piped");
         let start_ticks = start_ticks(child.id()).unwrap_or(0);
         let proc = Proc {

@@ -17,8 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-
+use crate::error::{Error, Result};
 use crate::proc::Proc;
 use hongbao_sys::netns::Host;
 
@@ -49,23 +48,24 @@ fn redis_cli(auth: &Auth) -> Command {
 }
 
 /// `redis-server` for `host`, its files in `dir`.
-pub fn start_node(host: &Host, dir: &Path, auth: &Auth) -> anyhow::Result<Proc> {
+pub fn start_node(host: &Host, dir: &Path, auth: &Auth) -> Result<Proc> {
     // A fresh node: no nodes.conf of an earlier cluster, no dump.rdb (a replica writes
     // the RDB it syncs from, and would load its keys at the next start).
     let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     run_node(host, dir, auth)
 }
 
 /// The node of `host` started again after it was killed: its `nodes.conf` kept, so it
 /// rejoins the cluster (as a replica of the master that took its slots), its dump.rdb
 /// dropped (the master's data is synced afresh).
-pub fn start_node_again(host: &Host, dir: &Path, auth: &Auth) -> anyhow::Result<Proc> {
+pub fn start_node_again(host: &Host, dir: &Path, auth: &Auth) -> Result<Proc> {
     let _ = std::fs::remove_file(dir.join("dump.rdb"));
     run_node(host, dir, auth)
 }
 
-fn run_node(host: &Host, dir: &Path, auth: &Auth) -> anyhow::Result<Proc> {
+fn run_node(host: &Host, dir: &Path, auth: &Auth) -> Result<Proc> {
     let password = &auth.password;
     // The users, in a file only root reads: the default user off, ours on, and what a
     // replica logs in to its master as.
@@ -81,7 +81,7 @@ fn run_node(host: &Host, dir: &Path, auth: &Auth) -> anyhow::Result<Proc> {
             auth.ca.display()
         ),
     )
-    .with_context(|| format!("writing {}", conf.display()))?;
+    .map_err(|e| Error::io(format!("writing {}", conf.display()), e))?;
     let mut command = host.command("redis-server");
     command.current_dir(dir).arg(&conf).args([
         "--bind",
@@ -122,18 +122,18 @@ fn run_node(host: &Host, dir: &Path, auth: &Auth) -> anyhow::Result<Proc> {
 
 /// `redis-cli -h ADDR -p PORT ARGS…` as the lab's user, from the machine's own
 /// namespace: its output.
-pub fn cli(auth: &Auth, addr: Ipv4Addr, args: &[&str]) -> anyhow::Result<String> {
+pub fn cli(auth: &Auth, addr: Ipv4Addr, args: &[&str]) -> Result<String> {
     let out = redis_cli(auth)
         .args(["-h", &addr.to_string(), "-p", &PORT.to_string()])
         .args(args)
         .output()
-        .context("running redis-cli")?;
+        .map_err(|e| Error::io("running redis-cli", e))?;
     if !out.status.success() {
-        bail!(
+        return Err(Error::Failed(format!(
             "redis-cli {}: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
-        );
+        )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -142,11 +142,13 @@ pub(crate) fn wait_until(
     what: &str,
     timeout: Duration,
     mut ok: impl FnMut() -> bool,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     while !ok() {
         if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
+            return Err(Error::Timeout(format!(
+                "timed out after {timeout:?} waiting for {what}"
+            )));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -155,7 +157,7 @@ pub(crate) fn wait_until(
 
 /// Makes the nodes at `addrs` (first half masters, second half their replicas) one
 /// cluster and waits until every node says it is whole.
-pub fn create_cluster(auth: &Auth, addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
+pub fn create_cluster(auth: &Auth, addrs: &[Ipv4Addr]) -> Result<()> {
     for &addr in addrs {
         wait_until(&format!("redis at {addr}"), Duration::from_secs(10), || {
             cli(auth, addr, &["PING"]).is_ok_and(|s| s.trim() == "PONG")
@@ -167,13 +169,13 @@ pub fn create_cluster(auth: &Auth, addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
         .args(&nodes)
         .args(["--cluster-replicas", "1", "--cluster-yes"])
         .output()
-        .context("running redis-cli --cluster create")?;
+        .map_err(|e| Error::io("running redis-cli --cluster create", e))?;
     if !out.status.success() {
-        bail!(
+        return Err(Error::Failed(format!(
             "redis-cli --cluster create failed: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
-        );
+        )));
     }
     for &addr in addrs {
         wait_until(
@@ -208,7 +210,7 @@ pub fn serves(ranges: &[String], slot: u16) -> bool {
 }
 
 /// `CLUSTER NODES` as `addr` sees it.
-pub fn nodes(auth: &Auth, addr: Ipv4Addr) -> anyhow::Result<Vec<Node>> {
+pub fn nodes(auth: &Auth, addr: Ipv4Addr) -> Result<Vec<Node>> {
     let text = cli(auth, addr, &["CLUSTER", "NODES"])?;
     Ok(parse_nodes(&text))
 }
@@ -240,7 +242,7 @@ pub fn wait_whole(
     addrs: &[Ipv4Addr],
     gone: Option<Ipv4Addr>,
     timeout: Duration,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let witness = addrs
         .iter()
         .copied()

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
+use crate::error::{Error, Result};
 
 /// Relays connections from `addr` to a target until dropped (connections under way end
 /// on their own).
@@ -19,10 +19,12 @@ pub struct Relay {
 
 impl Relay {
     /// Listens on `addr` and relays every connection to `target`.
-    pub fn start(addr: SocketAddr, target: SocketAddr) -> anyhow::Result<Relay> {
-        let listener =
-            TcpListener::bind(addr).with_context(|| format!("relay: listening on {addr}"))?;
-        listener.set_nonblocking(true)?;
+    pub fn start(addr: SocketAddr, target: SocketAddr) -> Result<Relay> {
+        let listening = || format!("relay: listening on {addr}");
+        let listener = TcpListener::bind(addr).map_err(|e| Error::io(listening(), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(listening(), e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         std::thread::Builder::new()
@@ -42,7 +44,8 @@ impl Relay {
                         Err(_) => std::thread::sleep(Duration::from_millis(20)),
                     }
                 }
-            })?;
+            })
+            .map_err(|e| Error::io(format!("relay: starting the thread of {addr}"), e))?;
         Ok(Relay { addr, stop })
     }
 

@@ -22,14 +22,12 @@
 //! directories, one set per node: the hosts share one filesystem).
 
 use std::net::Ipv4Addr;
-use std::os::unix::fs::{chown, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-
-use crate::postgres::{self, bin_dir, local_sql, postgres_ids, PORT};
+use crate::error::{Error, Result};
+use crate::postgres::{self, bin_dir, local_sql, owned, postgres_ids, PORT};
 use crate::proc::Proc;
 use hongbao_sys::netns::Host;
 
@@ -155,22 +153,19 @@ impl Formation {
         logs: &Path,
         monitor: Host,
         nodes: [Host; 2],
-    ) -> anyhow::Result<Formation> {
-        let (uid, gid) = postgres_ids()?;
-        let owned = |path: &Path, mode: u32| -> anyhow::Result<()> {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-            chown(path, Some(uid), Some(gid))
-                .with_context(|| format!("chown postgres {}", path.display()))
-        };
-        std::fs::create_dir_all(root.join(TLS))?;
-        owned(root, 0o755)?;
-        owned(&root.join(TLS), 0o755)?;
+    ) -> Result<Formation> {
+        let ids = postgres_ids()?;
+        let own = |path: &Path, mode: u32| owned(path, mode, ids);
+        std::fs::create_dir_all(root.join(TLS))
+            .map_err(|e| Error::io(format!("creating {}", root.join(TLS).display()), e))?;
+        own(root, 0o755)?;
+        own(&root.join(TLS), 0o755)?;
         // The postgres user must read them, and it refuses a key others may read.
         for (file, mode) in [("ca.pem", 0o644), ("cert.pem", 0o644), ("key.pem", 0o600)] {
             let to = root.join(TLS).join(file);
             std::fs::copy(tls.join(file), &to)
-                .with_context(|| format!("copying {}", tls.join(file).display()))?;
-            owned(&to, mode)?;
+                .map_err(|e| Error::io(format!("copying {}", tls.join(file).display()), e))?;
+            own(&to, mode)?;
         }
         let formation = Formation {
             root: root.to_path_buf(),
@@ -201,8 +196,9 @@ impl Formation {
                 formation.monitor_password,
                 formation.replicator_password
             ),
-        )?;
-        owned(&passfile, 0o600)?;
+        )
+        .map_err(|e| Error::io(format!("writing {}", passfile.display()), e))?;
+        own(&passfile, 0o600)?;
         Ok(formation)
     }
 
@@ -211,11 +207,11 @@ impl Formation {
         self.nodes.iter().map(|n| n.host.addr).collect()
     }
 
-    pub(crate) fn node_mut(&mut self, addr: Ipv4Addr) -> anyhow::Result<&mut Node> {
+    pub(crate) fn node_mut(&mut self, addr: Ipv4Addr) -> Result<&mut Node> {
         self.nodes
             .iter_mut()
             .find(|n| n.host.addr == addr)
-            .with_context(|| format!("no data node at {addr}"))
+            .ok_or_else(|| Error::Refused(format!("no data node at {addr}")))
     }
 
     /// The keepers running, for the state file.
@@ -228,7 +224,7 @@ impl Formation {
 
     /// `pg_autoctl` as the postgres user inside `node`'s host, with its files in the
     /// node's directory and its passwords in the password file.
-    fn pg_autoctl(&self, node: &Node) -> anyhow::Result<Command> {
+    fn pg_autoctl(&self, node: &Node) -> Result<Command> {
         let bin = bin_dir()?;
         let dir = &node.dir;
         let mut command = node
@@ -254,7 +250,7 @@ impl Formation {
 
     /// The options of `pg_autoctl create` every host shares: TLS with the lab's files,
     /// pg_hba.conf ours.
-    fn create_args(&self, node: &Node) -> anyhow::Result<Vec<String>> {
+    fn create_args(&self, node: &Node) -> Result<Vec<String>> {
         let tls = self.root.join(TLS);
         let path = |p: PathBuf| p.display().to_string();
         Ok(vec![
@@ -293,7 +289,7 @@ impl Formation {
     }
 
     /// Makes the monitor, starts its keeper and gives `autoctl_node` its password.
-    pub(crate) fn start_monitor(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn start_monitor(&mut self) -> Result<()> {
         let node = &self.monitor;
         fresh_dir(&node.dir)?;
         let mut create = self.pg_autoctl(node)?;
@@ -324,14 +320,14 @@ impl Formation {
                 self.monitor_password
             ),
         )
-        .context("setting autoctl_node's password")?;
+        .map_err(|e| e.within("setting autoctl_node's password"))?;
         Ok(())
     }
 
     /// Makes data node `i` and starts its keeper: the first node made becomes the
     /// primary (`single` until it has a standby), a later one is cloned from the primary
     /// as its standby. Returns once its keeper runs.
-    pub(crate) fn start_node(&mut self, i: usize) -> anyhow::Result<()> {
+    pub(crate) fn start_node(&mut self, i: usize) -> Result<()> {
         let node = &self.nodes[i];
         fresh_dir(&node.dir)?;
         let mut create = self.pg_autoctl(node)?;
@@ -347,7 +343,9 @@ impl Formation {
         )?;
         let conf = data.join("postgresql.conf");
         // A standby's copy has them already.
-        if !std::fs::read_to_string(&conf)?.contains(MARK) {
+        let settings = std::fs::read_to_string(&conf)
+            .map_err(|e| Error::io(format!("reading {}", conf.display()), e))?;
+        if !settings.contains(MARK) {
             append_owned(&conf, &format!("{MARK}\n{SERVER_SETTINGS}"))?;
         }
         let mut set = self.pg_autoctl(node)?;
@@ -363,7 +361,7 @@ impl Formation {
 
     /// The first node, once it is `single`: the replication user's password (it made the
     /// user without one) and the gateways' role, which its standby will copy.
-    pub(crate) fn prepare_primary(&self, gateway_password: &str) -> anyhow::Result<()> {
+    pub(crate) fn prepare_primary(&self, gateway_password: &str) -> Result<()> {
         let first = &self.nodes[0];
         // The monitor knows it `single` from its creation; its keeper starts its server.
         wait_until("the first node to be primary", CREATE_TIMEOUT, || {
@@ -380,12 +378,12 @@ impl Formation {
                 self.replicator_password
             ),
         )
-        .context("setting the replication user's password")?;
+        .map_err(|e| e.within("setting the replication user's password"))?;
         postgres::make_role(&first.dir, gateway_password)
     }
 
     /// `pg_autoctl run` for `node`, logging to `NAME-keeper.log` in the lab's directory.
-    fn start_keeper(&self, node: &Node) -> anyhow::Result<Proc> {
+    fn start_keeper(&self, node: &Node) -> Result<Proc> {
         let mut run = self.pg_autoctl(node)?;
         run.arg("run").arg("--pgdata").arg(node.dir.join("data"));
         let log = self.logs.join(format!("{}-keeper.log", node.host.name));
@@ -394,49 +392,54 @@ impl Formation {
 
     /// Runs a `pg_autoctl` step to its end (at most `CREATE_TIMEOUT`), its output in
     /// `NAME-WHAT.log` in the lab's directory.
-    fn run_to_end(&self, what: &str, node: &Node, mut command: Command) -> anyhow::Result<()> {
+    fn run_to_end(&self, what: &str, node: &Node, mut command: Command) -> Result<()> {
         let log = self.logs.join(format!("{}-{what}.log", node.host.name));
+        let opening = || format!("opening {}", log.display());
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)
-            .with_context(|| format!("opening {}", log.display()))?;
+            .map_err(|e| Error::io(opening(), e))?;
+        let stdout = file.try_clone().map_err(|e| Error::io(opening(), e))?;
         let mut child = command
             .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
+            .stdout(stdout)
             .stderr(file)
             .spawn()
-            .context("running pg_autoctl (apt-get install pg-auto-failover-cli postgresql-15-auto-failover)")?;
+            .map_err(|e| Error::io("running pg_autoctl (apt-get install pg-auto-failover-cli postgresql-15-auto-failover)", e))?;
         let deadline = Instant::now() + CREATE_TIMEOUT;
         let status = loop {
-            if let Some(status) = child.try_wait()? {
+            let exited = child
+                .try_wait()
+                .map_err(|e| Error::io(format!("waiting for pg_autoctl {what}"), e))?;
+            if let Some(status) = exited {
                 break status;
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                bail!(
+                return Err(Error::Timeout(format!(
                     "pg_autoctl {what} on {} did not finish in {CREATE_TIMEOUT:?} (see {})",
                     node.host.name,
                     log.display()
-                );
+                )));
             }
             std::thread::sleep(Duration::from_millis(50));
         };
         if !status.success() {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
-            bail!(
+            return Err(Error::Failed(format!(
                 "pg_autoctl {what} on {} failed ({status}):\n{}",
                 node.host.name,
                 lines[lines.len().saturating_sub(15)..].join("\n")
-            );
+            )));
         }
         Ok(())
     }
 
     /// The data nodes' states, from the monitor.
-    pub fn states(&self) -> anyhow::Result<Vec<NodeState>> {
+    pub fn states(&self) -> Result<Vec<NodeState>> {
         let text = local_sql(
             &self.monitor.dir,
             MONITOR_DB,
@@ -446,11 +449,13 @@ impl Formation {
             .filter(|l| !l.is_empty())
             .map(|line| {
                 let f: Vec<&str> = line.split('|').collect();
-                anyhow::ensure!(f.len() == 3, "the monitor's node row {line:?}");
+                if f.len() != 3 {
+                    return Err(Error::Answer(format!("the monitor's node row {line:?}")));
+                }
                 Ok(NodeState {
                     addr: f[0]
                         .parse()
-                        .with_context(|| format!("node host {:?}", f[0]))?,
+                        .map_err(|e| Error::Answer(format!("node host {:?}: {e}", f[0])))?,
                     reported: f[1].to_string(),
                     goal: f[2].to_string(),
                 })
@@ -459,13 +464,13 @@ impl Formation {
     }
 
     /// The data node the monitor names primary now.
-    pub fn primary(&self) -> anyhow::Result<Ipv4Addr> {
+    pub fn primary(&self) -> Result<Ipv4Addr> {
         let states = self.states()?;
         states
             .iter()
             .find(|n| n.is_primary())
             .map(|n| n.addr)
-            .with_context(|| format!("the monitor names no primary now: {states:?}"))
+            .ok_or_else(|| Error::Refused(format!("the monitor names no primary now: {states:?}")))
     }
 
     /// Whether the pair is whole: `standby` a synchronous standby, the other node its
@@ -485,7 +490,7 @@ impl Formation {
 
     /// Forgets the data node at `addr` on the monitor (lost with its disk: it will not
     /// report again, hence `--force`).
-    pub(crate) fn drop_node(&self, addr: Ipv4Addr) -> anyhow::Result<()> {
+    pub(crate) fn drop_node(&self, addr: Ipv4Addr) -> Result<()> {
         if !self.states()?.iter().any(|n| n.addr == addr) {
             return Ok(());
         }
@@ -505,7 +510,7 @@ impl Formation {
 impl crate::Lab {
     /// The ledger with a standby: the monitor, the first data node (the primary, with
     /// the gateways' role), then the second cloned from it as its synchronous standby.
-    pub(crate) fn bring_up_formation(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn bring_up_formation(&mut self) -> Result<()> {
         let monitor = self.host("pgmon", MONITOR_LAST, &[])?;
         let second = self.host("pg2", STANDBY_LAST, &[])?;
         self.formation = Some(Formation::new(
@@ -535,7 +540,7 @@ impl crate::Lab {
             Duration::from_secs(120),
             || formation.synchronous(standby),
         )
-        .with_context(|| format!("the monitor says {:?}", formation.states()))
+        .map_err(|e| e.within(format!("the monitor says {:?}", formation.states())))
     }
 }
 
@@ -577,27 +582,25 @@ fn node_hba(nodes: &[Ipv4Addr], monitor: Ipv4Addr) -> String {
 }
 
 /// An empty directory for a host's files, the postgres user's alone.
-fn fresh_dir(dir: &Path) -> anyhow::Result<()> {
+fn fresh_dir(dir: &Path) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let (uid, gid) = postgres_ids()?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    chown(dir, Some(uid), Some(gid))?;
-    Ok(())
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    owned(dir, 0o700, postgres_ids()?)
 }
 
 /// Writes a server's configuration file (the postgres user's, as pg_autoctl left it).
-fn write_owned(path: &Path, text: &str) -> anyhow::Result<()> {
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+fn write_owned(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
-fn append_owned(path: &Path, text: &str) -> anyhow::Result<()> {
+fn append_owned(path: &Path, text: &str) -> Result<()> {
     use std::io::Write;
     std::fs::OpenOptions::new()
         .append(true)
         .open(path)
         .and_then(|mut f| f.write_all(text.as_bytes()))
-        .with_context(|| format!("appending to {}", path.display()))
+        .map_err(|e| Error::io(format!("appending to {}", path.display()), e))
 }
 
 /// Polls `done` every 100 ms until it holds or `timeout` has passed.
@@ -605,7 +608,7 @@ pub(crate) fn wait_until(
     what: &str,
     timeout: Duration,
     mut done: impl FnMut() -> bool,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if done() {
@@ -613,7 +616,7 @@ pub(crate) fn wait_until(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    bail!("waited {timeout:?} for {what}")
+    Err(Error::Timeout(format!("waited {timeout:?} for {what}")))
 }
 
 #[cfg(test)]

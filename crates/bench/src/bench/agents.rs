@@ -14,7 +14,7 @@ use super::summary::AgentsSummary;
 pub(super) fn plan(
     opts: &BenchOptions,
     server: &Server,
-) -> anyhow::Result<Option<hongbao_load::coordinator::AgentPlan>> {
+) -> crate::Result<Option<hongbao_load::coordinator::AgentPlan>> {
     let Some(a) = &opts.agents else {
         return Ok(None);
     };

@@ -22,6 +22,7 @@ use super::say::say;
 use super::server::{Server, ServerSample};
 use super::setup::Bench;
 use super::summary::{self, AgentsSummary, Discrepancy, EngineSummary, HistorySummary, TlsSummary};
+use crate::Result;
 
 /// Against a running deployment, how long after the load's last second it is stopped:
 /// the deployment's own campaigns go on releasing, and a shake fired in that second may
@@ -66,7 +67,7 @@ impl Bench<'_> {
         phases: &mut Phases,
         rows: &[Row],
         drops_after: u64,
-    ) -> anyhow::Result<Unloaded> {
+    ) -> Result<Unloaded> {
         let Connected {
             load,
             seconds,
@@ -122,7 +123,7 @@ impl Bench<'_> {
     /// Reads the server's last word (its audit, the ledger's balances and operations, its
     /// counters), stops it and finishes the series, then holds the ledger user by user
     /// against what each client was told.
-    pub fn audit(self, phases: &mut Phases, unloaded: &mut Unloaded) -> anyhow::Result<Audited> {
+    pub fn audit(self, phases: &mut Phases, unloaded: &mut Unloaded) -> Result<Audited> {
         let opts = self.opts;
         let samples = self.sampler.stop();
         let server = &self.server;
@@ -229,11 +230,7 @@ fn engines(server: &Server, phases: &Phases, unloaded: &Unloaded) -> Option<Engi
 
 /// The handshakes of a TLS run: the server's counters over the run (a fresh server),
 /// and the clients'.
-fn tls(
-    server: &Server,
-    samples: &[ServerSample],
-    finished: &Finished,
-) -> anyhow::Result<TlsSummary> {
+fn tls(server: &Server, samples: &[ServerSample], finished: &Finished) -> Result<TlsSummary> {
     let stats: Stats = server.get("/v1/stats")?;
     let counted = &stats.totals.counters;
     let t = &finished.totals;

@@ -15,6 +15,8 @@ use hongbao_load::coordinator::Load;
 use hongbao_server::admin::{BroadcastRequest, Broadcasted};
 use hongbao_sys::clock::{Clock, Uptime};
 
+use crate::{Error, Result};
+
 /// The longest nap of a wait that sends broadcasts: one falls due within it at most this
 /// late.
 const NAP: Duration = Duration::from_millis(50);
@@ -72,7 +74,7 @@ impl Broadcaster {
     }
 
     /// Sends a broadcast if one is due at `now`; whether it did.
-    fn tick(&mut self, now: Uptime, server: &Server, load: &Load) -> anyhow::Result<bool> {
+    fn tick(&mut self, now: Uptime, server: &Server, load: &Load) -> Result<bool> {
         if !self.due(now) {
             return Ok(false);
         }
@@ -92,7 +94,7 @@ impl Broadcaster {
     }
 
     /// Sleeps for `d`, sending what falls due meanwhile.
-    pub fn sleep(&mut self, d: Duration, server: &Server, load: &Load) -> anyhow::Result<()> {
+    pub fn sleep(&mut self, d: Duration, server: &Server, load: &Load) -> Result<()> {
         let mut now = self.clock.now();
         let end = now + d;
         loop {
@@ -144,14 +146,14 @@ pub(super) fn judge(
     deliveries: &[BroadcastStats],
     drops_after: u64,
     discrepancies: &mut Vec<Discrepancy>,
-) -> anyhow::Result<broadcast::Summary> {
+) -> Result<broadcast::Summary> {
     let entries = broadcast::entries(sent, deliveries);
     let summary = broadcast::summary(sent, deliveries);
     // Written before the monitor finishes, so its last report draws the curves.
-    std::fs::write(
-        out.join("broadcasts.json"),
-        serde_json::to_string_pretty(&entries)?,
-    )?;
+    let path = out.join("broadcasts.json");
+    let writing = || format!("writing {}", path.display());
+    let json = serde_json::to_string_pretty(&entries).map_err(|e| Error::json(writing(), e))?;
+    std::fs::write(&path, json).map_err(|e| Error::io(writing(), e))?;
     for (s, e) in sent.iter().zip(&entries) {
         if !broadcast::delivery_ok(s, e.delivered, drops_after) {
             discrepancies.push(Discrepancy::new(

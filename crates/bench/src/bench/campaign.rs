@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
 use hongbao_load::coordinator::Load;
 use hongbao_money::rules::{SendCampaignRequest, ShakeCampaignRequest};
 use hongbao_money::CampaignStatus;
@@ -14,6 +13,7 @@ use super::options::BenchOptions;
 use super::say::say;
 use super::setup::Bench;
 use super::summary;
+use crate::Result;
 
 /// How often a campaign's status is asked for while it runs.
 const POLL: Duration = Duration::from_millis(100);
@@ -46,11 +46,11 @@ pub(super) fn start(
     bench: &Bench,
     kind: &str,
     request: &impl serde::Serialize,
-) -> anyhow::Result<CampaignStatus> {
+) -> Result<CampaignStatus> {
     bench
         .server
         .post(&format!("/v1/campaigns/{kind}"), request)
-        .with_context(|| format!("starting a {kind} campaign"))
+        .map_err(|e| e.within(format!("starting a {kind} campaign")))
 }
 
 /// Polls a campaign until it has run its course (or for twice its packets' time and
@@ -63,7 +63,7 @@ pub(super) fn wait(
     broadcaster: &mut Broadcaster,
     started: &CampaignStatus,
     printed: &mut u64,
-) -> anyhow::Result<CampaignStatus> {
+) -> Result<CampaignStatus> {
     let (server, clock) = (&bench.server, &bench.clock);
     let rate = started.rate_per_sec.max(1);
     let deadline = clock.now() + Duration::from_secs(30 + (started.packets / rate) as u64 * 2);

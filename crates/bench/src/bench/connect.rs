@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
 use hongbao_load::client::DEFAULT_OVERLOAD_BACKOFF_SECS;
 use hongbao_load::coordinator::{AgentPlan, Load, LoadOptions};
 use hongbao_load::report::Counters;
@@ -19,6 +18,7 @@ use super::options::SECRET;
 use super::say::say;
 use super::seconds::RunSeconds;
 use super::setup::Bench;
+use crate::{Error, Result};
 
 /// How long before the load's epoch (when its clients start connecting) its baseline
 /// memory is read: time to read every client process's usage while none has connected.
@@ -51,7 +51,7 @@ pub(super) struct AtStart {
 
 impl Bench<'_> {
     /// Starts the load and waits for every user to log in (for a while).
-    pub fn connect(&self) -> anyhow::Result<Connected> {
+    pub fn connect(&self) -> Result<Connected> {
         let (opts, server, monitor) = (self.opts, &self.server, &self.monitor);
         let agents = agents::plan(opts, server)?;
         if let Some(plan) = &agents {
@@ -125,13 +125,17 @@ impl Bench<'_> {
     }
 
     /// The load the bench asks for: every user at QPS 0 until the first steady phase.
-    fn load_options(&self, agents: Option<AgentPlan>) -> anyhow::Result<LoadOptions> {
+    fn load_options(&self, agents: Option<AgentPlan>) -> Result<LoadOptions> {
         let (opts, server, monitor) = (self.opts, &self.server, &self.monitor);
         Ok(LoadOptions {
             server: match opts.transport {
                 Transport::Tcp => server.listen,
-                Transport::Ws => server.ws.context("the server has no WebSocket listener")?,
-                Transport::Http => server.http.context("the server has no HTTP listener")?,
+                Transport::Ws => server
+                    .ws
+                    .ok_or_else(|| Error::Failed("the server has no WebSocket listener".into()))?,
+                Transport::Http => server
+                    .http
+                    .ok_or_else(|| Error::Failed("the server has no HTTP listener".into()))?,
             },
             transport: opts.transport,
             users: opts.connections,

@@ -1,8 +1,6 @@
 //! The bench's last step: `summary.json` from what the steps before found, and the
 //! report drawn from the run's directory.
 
-use anyhow::Context;
-
 use super::audit::{Audited, Unloaded};
 use super::faults::Judged;
 use super::options::BenchOptions;
@@ -12,6 +10,7 @@ use super::summary::{
     AuditSummary, ConnectionsSummary, LoadSummary, NetworkSummary, OptionsSummary, Resources,
     Summary,
 };
+use crate::{Error, Result};
 
 /// The run's summary, from each step's findings.
 pub(super) fn summary(
@@ -112,12 +111,13 @@ fn options(opts: &BenchOptions) -> OptionsSummary {
 }
 
 /// Writes `summary.json` and the report, and says where they are.
-pub(super) fn write(opts: &BenchOptions, summary: &Summary) -> anyhow::Result<()> {
-    std::fs::write(
-        opts.out.join("summary.json"),
-        serde_json::to_string_pretty(summary)?,
-    )?;
-    let charts = hongbao_report::write_report(&opts.out).context("writing the report")?;
+pub(super) fn write(opts: &BenchOptions, summary: &Summary) -> Result<()> {
+    let path = opts.out.join("summary.json");
+    let writing = || format!("writing {}", path.display());
+    let json = serde_json::to_string_pretty(summary).map_err(|e| Error::json(writing(), e))?;
+    std::fs::write(&path, json).map_err(|e| Error::io(writing(), e))?;
+    let charts = hongbao_report::write_report(&opts.out)
+        .map_err(|e| Error::from(e).within("writing the report"))?;
     say(&format!(
         "bench: report {} ({} charts)",
         opts.out.join("report.html").display(),

@@ -22,6 +22,7 @@ use hongbao_money::seam::{LedgerOp, OpsPage};
 
 use super::server::Server;
 use super::summary::{Discrepancy, Finding, HistorySummary, Operation, Payee};
+use crate::{Error, Result};
 use hongbao_load::report::{Acked, History};
 
 /// What of a deployment's ledger is the run's (`--target`): the wins of its campaigns,
@@ -35,7 +36,7 @@ pub(super) struct Scope {
 
 impl Scope {
     /// The ledger's operations as the run begins.
-    pub(super) fn before(server: &Server) -> anyhow::Result<Scope> {
+    pub(super) fn before(server: &Server) -> Result<Scope> {
         let (_, opens) = read_ledger(|path| server.get(path))?;
         Ok(Scope {
             campaigns: Vec::new(),
@@ -58,7 +59,7 @@ pub(super) fn check(
     scope: Option<&Scope>,
     discrepancies: &mut Vec<Discrepancy>,
     say: fn(&str),
-) -> anyhow::Result<HistorySummary> {
+) -> Result<HistorySummary> {
     let (mut wins, mut opens) = read_ledger(|path| server.get(path))?;
     let mut told = told.clone();
     if let Some(scope) = scope {
@@ -87,8 +88,8 @@ pub(super) fn check(
 
 /// Every win and every opened share the ledger holds, page by page through `get`.
 fn read_ledger(
-    mut get: impl FnMut(&str) -> anyhow::Result<OpsPage>,
-) -> anyhow::Result<(Vec<LedgerOp>, Vec<LedgerOp>)> {
+    mut get: impl FnMut(&str) -> Result<OpsPage>,
+) -> Result<(Vec<LedgerOp>, Vec<LedgerOp>)> {
     let (mut wins, mut opens) = (Vec::new(), Vec::new());
     let mut path = "/v1/ledger/ops".to_string();
     loop {
@@ -98,10 +99,11 @@ fn read_ledger(
         match page.next {
             Some(next) => {
                 let after = format!("/v1/ledger/ops?after={next}");
-                anyhow::ensure!(
-                    after != path,
-                    "the ledger's pages do not move on from {next}"
-                );
+                if after == path {
+                    return Err(Error::Answer(format!(
+                        "the ledger's pages do not move on from {next}"
+                    )));
+                }
                 path = after;
             }
             None => return Ok((wins, opens)),

@@ -277,7 +277,7 @@ fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -
 }
 
 /// The Redis master a fault aims at, as the cluster sees it now.
-fn aimed_master(lab: &hongbao_lab::Lab, aim: RedisAim) -> anyhow::Result<Ipv4Addr> {
+fn aimed_master(lab: &hongbao_lab::Lab, aim: RedisAim) -> hongbao_lab::Result<Ipv4Addr> {
     match aim.key() {
         Some(key) => lab.redis_master_of(key),
         None => lab.redis_master(),

@@ -11,12 +11,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-
 use super::options::{BenchOptions, SECRET};
 use hongbao_load::transport::Transport;
 use hongbao_server::config::ServeFlags;
 use hongbao_telemetry::reporter::MONITOR_KEY_ENV;
+
+use crate::Error;
 
 /// How long a `hongbao serve` child has to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -70,18 +70,13 @@ pub struct Upgraded {
 }
 
 impl Upgraded {
-    fn parse(line: &str) -> anyhow::Result<Upgraded> {
-        let field = |name: &str| -> anyhow::Result<&str> {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
-                .with_context(|| format!("no {name}= in {line:?}"))
-        };
+    fn parse(line: &str) -> crate::Result<Upgraded> {
         Ok(Upgraded {
-            drained_connections: field("drained_connections")?.parse()?,
-            drain_window_ms: field("drain_window_ms")?.parse()?,
-            drain_ms: field("drain_ms")?.parse()?,
-            commits_paused_ms: field("commits_paused_ms")?.parse()?,
-            replayed_events: field("replayed_events")?.parse()?,
+            drained_connections: field(line, "drained_connections")?,
+            drain_window_ms: field(line, "drain_window_ms")?,
+            drain_ms: field(line, "drain_ms")?,
+            commits_paused_ms: field(line, "commits_paused_ms")?,
+            replayed_events: field(line, "replayed_events")?,
             took_ms: 0,
         })
     }
@@ -99,8 +94,8 @@ impl Local {
         data_dir: &Path,
         monitor: SocketAddr,
         monitor_key: &str,
-    ) -> anyhow::Result<Local> {
-        let any: SocketAddr = "127.0.0.1:0".parse()?;
+    ) -> crate::Result<Local> {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
         let flags = ServeFlags {
             monitor: Some(monitor.to_string()),
             data_dir: Some(data_dir.to_path_buf()),
@@ -111,7 +106,7 @@ impl Local {
             child: Mutex::new(None),
             exe: match &opts.upgrade_from {
                 Some(from) => from.clone(),
-                None => std::env::current_exe()?,
+                None => this_binary()?,
             },
             nice: opts.server_nice,
             monitor_key: monitor_key.to_string(),
@@ -138,7 +133,7 @@ impl Local {
         &self,
         exe: &Path,
         upgrade: bool,
-    ) -> anyhow::Result<(Child, Ready, mpsc::Receiver<String>)> {
+    ) -> crate::Result<(Child, Ready, mpsc::Receiver<String>)> {
         let mut command = Command::new(exe);
         let server_nice = self.nice;
         // SAFETY: the closure runs in the forked child before exec and only calls
@@ -169,7 +164,7 @@ impl Local {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
-            .context("starting hongbao serve")?;
+            .map_err(|e| Error::io("starting hongbao serve", e))?;
         let stdout = child.stdout.take().expect("piped");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -179,7 +174,7 @@ impl Local {
         });
         let ready = rx
             .recv_timeout(READY_TIMEOUT)
-            .context("hongbao serve did not become ready")
+            .map_err(|e| Error::Failed(format!("hongbao serve did not become ready: {e}")))
             .and_then(|line| Ready::parse(&line, a));
         match ready {
             Ok(ready) => Ok((child, ready, rx)),
@@ -344,7 +339,7 @@ impl Local {
     }
 
     /// Asks the server to stop (SIGINT) and waits for it, for good.
-    pub(super) fn stop(&self) -> anyhow::Result<()> {
+    pub(super) fn stop(&self) -> crate::Result<()> {
         let Some(mut child) = self.child.lock().unwrap().take() else {
             return Ok(());
         };
@@ -354,27 +349,27 @@ impl Local {
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if child.try_wait()?.is_some() {
+            let exited = child
+                .try_wait()
+                .map_err(|e| Error::io("waiting for hongbao serve", e))?;
+            if exited.is_some() {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = child.kill();
         let _ = child.wait();
-        bail!("hongbao serve did not stop within 30 s")
+        Err(Error::Failed(
+            "hongbao serve did not stop within 30 s".into(),
+        ))
     }
 }
 
 impl Ready {
     /// `hongbao serve ready: listen=… admin=… [ws=…] [http=…] … replayed_events=N`, with
     /// the listeners `asked` for.
-    fn parse(line: &str, asked: &Addrs) -> anyhow::Result<Ready> {
-        let field = |name: &str| -> anyhow::Result<&str> {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
-                .with_context(|| format!("no {name}= in {line:?}"))
-        };
-        let addr = |name: &str| -> anyhow::Result<SocketAddr> { Ok(field(name)?.parse()?) };
+    fn parse(line: &str, asked: &Addrs) -> crate::Result<Ready> {
+        let addr = |name: &str| field::<SocketAddr>(line, name);
         Ok(Ready {
             addrs: Addrs {
                 listen: addr("listen")?,
@@ -382,9 +377,31 @@ impl Ready {
                 ws: asked.ws.map(|_| addr("ws")).transpose()?,
                 http: asked.http.map(|_| addr("http")).transpose()?,
             },
-            replayed_events: field("replayed_events")?.parse()?,
+            replayed_events: field(line, "replayed_events")?,
         })
     }
+}
+
+/// This binary, which the bench's servers (and an upgrade, a lab's gateways) run unless
+/// told.
+pub(super) fn this_binary() -> crate::Result<PathBuf> {
+    std::env::current_exe().map_err(|e| Error::io("which binary is this", e))
+}
+
+/// The value of `NAME=value` in a line the server printed (`hongbao serve ready: …`,
+/// `hongbao serve upgraded: …`).
+fn field<T>(line: &str, name: &str) -> crate::Result<T>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let value = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+        .ok_or_else(|| Error::Answer(format!("no {name}= in {line:?}")))?;
+    value
+        .parse()
+        .map_err(|e| Error::Answer(format!("{name}={value} in {line:?}: {e}")))
 }
 
 /// Waits until every process of `pids` is gone (or a zombie: it holds nothing) or

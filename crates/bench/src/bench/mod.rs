@@ -67,7 +67,7 @@ use setup::Bench;
 
 /// Runs the bench; returns the summary (also written to `out/summary.json`). The caller
 /// exits non-zero when `summary.audit.ok` is false.
-pub fn run(opts: BenchOptions) -> anyhow::Result<Summary> {
+pub fn run(opts: BenchOptions) -> crate::Result<Summary> {
     let bench = Bench::set_up(&opts)?;
     let connected = bench.connect()?;
     let mut phases = Phases::new(&bench);

@@ -261,7 +261,7 @@ pub const PRIMARY_OUT: Duration = Duration::from_secs(20);
 pub const DISK_FULL_HOLD: Duration = Duration::from_secs(5);
 
 impl Fault {
-    pub fn parse(name: &str) -> anyhow::Result<Fault> {
+    pub fn parse(name: &str) -> crate::Result<Fault> {
         match name {
             "gateway" => Ok(Fault::Gateway),
             "redis-master" => Ok(Fault::RedisMaster(RedisAim::First)),
@@ -285,11 +285,9 @@ impl Fault {
             "primary-lost" => Ok(Fault::PrimaryLost),
             "primary-freeze" => Ok(Fault::PrimaryFreeze),
             "primary-isolate" => Ok(Fault::PrimaryIsolate),
-            other => {
-                anyhow::bail!(
-                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, upgrade, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full, partition-redis|postgres or primary-lost|freeze|isolate, not {other:?}"
-                )
-            }
+            other => Err(crate::Error::Invalid(format!(
+                "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, upgrade, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full, partition-redis|postgres or primary-lost|freeze|isolate, not {other:?}"
+            ))),
         }
     }
 
@@ -379,8 +377,7 @@ impl BenchOptions {
 
     /// The CA (PEM) the clients trust: the run's own with `--tls`, a target's with
     /// `--target-client-tls`, else none (plain).
-    pub fn client_ca(&self) -> anyhow::Result<Option<String>> {
-        use anyhow::Context;
+    pub fn client_ca(&self) -> crate::Result<Option<String>> {
         let file = match (&self.tls_dir, &self.target) {
             (Some(dir), _) => dir.join("ca.pem"),
             (
@@ -394,7 +391,7 @@ impl BenchOptions {
             _ => return Ok(None),
         };
         let pem = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
+            .map_err(|e| crate::Error::io(format!("reading {}", file.display()), e))?;
         Ok(Some(pem))
     }
 

@@ -16,6 +16,7 @@ use super::faults::Faults;
 use super::say::say;
 use super::setup::Bench;
 use super::summary::{self, Discrepancy, Phase, PhaseSummary, SendAudit, ShakeAudit};
+use crate::Result;
 
 /// How long the clients' reports are given to catch up with what the server said of the
 /// phase's campaigns.
@@ -71,7 +72,7 @@ impl Phases {
     }
 
     /// Runs phase `n` (0 for the first steady phase) at `qps`.
-    pub fn run(&mut self, bench: &Bench, c: &Connected, n: usize, qps: u64) -> anyhow::Result<()> {
+    pub fn run(&mut self, bench: &Bench, c: &Connected, n: usize, qps: u64) -> Result<()> {
         let (load, seconds) = (&c.load, c.seconds);
         let name = phase_name(qps);
         let from = load.set_qps(qps)?;
@@ -94,7 +95,7 @@ impl Phases {
     }
 
     /// The phase's shake campaign, then its send campaign, each run to its end.
-    fn campaigns(&mut self, bench: &Bench, c: &Connected) -> anyhow::Result<Campaigns> {
+    fn campaigns(&mut self, bench: &Bench, c: &Connected) -> Result<Campaigns> {
         let (opts, load) = (bench.opts, &c.load);
         let before = load.totals();
         // The newest progress line printed: the send campaign's wait goes on from it.
@@ -123,12 +124,7 @@ impl Phases {
 
     /// Lets the clients' reports catch up with what the server has said, then lets the
     /// phase's load run a little longer; the phase's broadcasts end.
-    fn catch_up(
-        &mut self,
-        bench: &Bench,
-        c: &Connected,
-        campaigns: &Campaigns,
-    ) -> anyhow::Result<()> {
+    fn catch_up(&mut self, bench: &Bench, c: &Connected, campaigns: &Campaigns) -> Result<()> {
         let (server, load, clock) = (&bench.server, &c.load, &bench.clock);
         let Campaigns {
             shake,
@@ -160,7 +156,7 @@ impl Phases {
         qps: u64,
         from: u64,
         campaigns: Campaigns,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         let (opts, load, seconds) = (bench.opts, &c.load, c.seconds);
         let (
             name,

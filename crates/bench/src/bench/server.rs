@@ -7,18 +7,19 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::admin::{admin_request, stats};
 use super::inject::Injector;
-use super::local::Local;
+use super::local::{this_binary, Local};
 use super::options::{BenchOptions, Fault, SECRET};
 use super::rolling::RolledGateway;
 use hongbao_server::config::ServeFlags;
 use hongbao_server::stats::Stats;
 use hongbao_sys::clock::UnixTime;
+
+use crate::{Error, Result};
 
 /// A `hongbao serve` child (killed if still running when dropped), or with `--hosts N` a
 /// lab of N gateways in cluster mode behind nginx (taken down when dropped).
@@ -85,7 +86,7 @@ impl Server {
         data_dir: &Path,
         monitor: SocketAddr,
         monitor_key: &str,
-    ) -> anyhow::Result<Server> {
+    ) -> Result<Server> {
         if let Some(target) = &opts.target {
             return Ok(Server::target(target));
         }
@@ -95,8 +96,12 @@ impl Server {
         let local = Local::start(opts, data_dir, monitor, monitor_key)?;
         let a = local.addrs.clone();
         let key_file = data_dir.join(hongbao_server::access::FIRST_KEY_FILE);
-        let key = hongbao_server::access::read_secret_file(&key_file)
-            .with_context(|| format!("reading the server's admin key {}", key_file.display()))?;
+        let key = hongbao_server::access::read_secret_file(&key_file).map_err(|e| {
+            Error::io(
+                format!("reading the server's admin key {}", key_file.display()),
+                e,
+            )
+        })?;
         // Over TLS the admin address speaks it too (trusted through `CA_ENV`).
         let scheme = if opts.tls_dir.is_some() {
             "https"
@@ -123,17 +128,15 @@ impl Server {
     /// `opts.hosts` gateways in cluster mode on a lab's hosts, nginx in front: the load
     /// goes to nginx; the audit and campaigns to the first gateway. The gateways report
     /// to the bench's `monitor` through a relay on the lab's bridge.
-    fn start_lab(
-        opts: &BenchOptions,
-        monitor: SocketAddr,
-        monitor_key: &str,
-    ) -> anyhow::Result<Server> {
+    fn start_lab(opts: &BenchOptions, monitor: SocketAddr, monitor_key: &str) -> Result<Server> {
         let number = hongbao_lab::free_lab_number(std::process::id());
         let monitor_there =
             SocketAddr::from((hongbao_lab::netns::bridge_addr(number), monitor.port()));
+        let lab_dir = opts.out.join("lab");
         let lab = hongbao_lab::Lab::up(hongbao_lab::LabPlan {
             lab: number,
-            dir: std::path::absolute(opts.out.join("lab"))?,
+            dir: std::path::absolute(&lab_dir)
+                .map_err(|e| Error::io(format!("resolving {}", lab_dir.display()), e))?,
             gateways: opts.hosts,
             loads: match (&opts.agents, opts.procs) {
                 // Agents started here: one load host each, up to four.
@@ -144,7 +147,7 @@ impl Server {
             nginx: true,
             hongbao: match &opts.upgrade_from {
                 Some(from) => from.clone(),
-                None => std::env::current_exe()?,
+                None => this_binary()?,
             },
             serve: ServeFlags {
                 secret: Some(SECRET.into()),
@@ -158,9 +161,10 @@ impl Server {
                 .then_some(POSTGRES_DISK_BYTES),
             standby: opts.lab_standby(),
         })
-        .context("bringing the lab up")?;
+        .map_err(|e| Error::from(e).within("bringing the lab up"))?;
         // Interrupted (Ctrl-C, SIGTERM), the bench takes the lab down before it goes.
-        let stop = hongbao_sys::Stop::on_signals()?;
+        let stop = hongbao_sys::Stop::on_signals()
+            .map_err(|e| Error::io("watching for SIGINT and SIGTERM", e))?;
         let lab_dir = lab.plan.dir.clone();
         std::thread::spawn(move || loop {
             if stop.requested() {
@@ -175,7 +179,9 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(100));
         });
-        let (tcp, http, ws) = lab.nginx_addrs().context("the lab has no nginx")?;
+        let (tcp, http, ws) = lab
+            .nginx_addrs()
+            .ok_or_else(|| Error::Failed("the lab has no nginx".into()))?;
         let admins: Vec<String> = lab
             .gateways
             .iter()
@@ -189,7 +195,7 @@ impl Server {
             _monitor_relay: Some(relay),
             upgrade_to: match &opts.upgrade_to {
                 Some(to) => to.clone(),
-                None => std::env::current_exe()?,
+                None => this_binary()?,
             },
             rolled: Arc::default(),
             local: None,
@@ -302,13 +308,14 @@ impl Server {
     }
 
     /// One sample over every gateway: rates, memory and CPU summed.
-    pub fn sample(&self) -> anyhow::Result<ServerSample> {
-        sample_all(&self.admins, &self.key).context("no /v1/stats from the gateways")
+    pub fn sample(&self) -> Result<ServerSample> {
+        sample_all(&self.admins, &self.key)
+            .ok_or_else(|| Error::Failed("no /v1/stats from the gateways".into()))
     }
 
     /// `GET path` of the admin API. Asked again for up to 30 s while the answer is 503
     /// or no answer (a lab's ledger restarting).
-    pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         let url = format!("{}{path}", self.admin);
         self.retrying(path, || {
             admin_request("GET", &url, &self.key)
@@ -318,13 +325,9 @@ impl Server {
         })
     }
 
-    pub fn post<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &impl Serialize,
-    ) -> anyhow::Result<T> {
+    pub fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
         let url = format!("{}{path}", self.admin);
-        let body = serde_json::to_value(body)?;
+        let body = serde_json::to_value(body).map_err(|e| Error::json(path, e))?;
         self.retrying(path, || {
             admin_request("POST", &url, &self.key)
                 .timeout(Duration::from_secs(15))
@@ -337,11 +340,11 @@ impl Server {
         &self,
         path: &str,
         mut ask: impl FnMut() -> Result<ureq::Response, Box<ureq::Error>>,
-    ) -> anyhow::Result<T> {
+    ) -> Result<T> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let error = match ask() {
-                Ok(r) => return Ok(r.into_json()?),
+                Ok(r) => return r.into_json().map_err(|e| Error::io(path, e)),
                 Err(e) => *e,
             };
             match error {
@@ -351,7 +354,8 @@ impl Server {
                     std::thread::sleep(Duration::from_millis(200));
                 }
                 ureq::Error::Status(code, r) => {
-                    bail!("{path}: {code} {}", r.into_string()?)
+                    let body = r.into_string().map_err(|e| Error::io(path, e))?;
+                    return Err(Error::Answer(format!("{path}: {code} {body}")));
                 }
                 e => return Err(e.into()),
             }
@@ -359,7 +363,7 @@ impl Server {
     }
 
     /// Asks the server to stop (SIGINT) and waits for it; a lab is taken down.
-    pub fn stop(mut self) -> anyhow::Result<()> {
+    pub fn stop(mut self) -> Result<()> {
         // The last holder: the fault thread, if any, was joined.
         drop(self.lab.take());
         match &self.local {

@@ -6,7 +6,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
 use hongbao_monitor::Monitor;
 use hongbao_sys::clock::Clock;
 
@@ -15,6 +14,7 @@ use super::options::BenchOptions;
 use super::sampler::Sampler;
 use super::say::say;
 use super::server::{Server, ServerSample};
+use crate::{Error, Result};
 
 /// How long a server just started is left before its baseline is sampled: its workers
 /// up and their first per-second report written, so the baseline is the idle server's
@@ -39,14 +39,15 @@ pub(super) struct Bench<'a> {
 
 impl<'a> Bench<'a> {
     /// Makes `opts.out` ready and starts the monitor, the server and the sampler.
-    pub fn set_up(opts: &'a BenchOptions) -> anyhow::Result<Bench<'a>> {
+    pub fn set_up(opts: &'a BenchOptions) -> Result<Bench<'a>> {
         let clock = Clock::start();
         std::fs::create_dir_all(&opts.out)
-            .with_context(|| format!("creating {}", opts.out.display()))?;
+            .map_err(|e| Error::io(format!("creating {}", opts.out.display()), e))?;
         let data_dir = opts.out.join("data");
         if data_dir.exists() {
             SmallDisk::clear_stale(&data_dir);
-            std::fs::remove_dir_all(&data_dir).context("clearing the previous bench's ledger")?;
+            std::fs::remove_dir_all(&data_dir)
+                .map_err(|e| Error::io("clearing the previous bench's ledger", e))?;
         }
         let small_disk = small_disk(opts, &data_dir)?;
         let monitor = Monitor::start(opts.monitor_listen, Some(&opts.out), "hongbao bench")?;
@@ -74,7 +75,7 @@ impl<'a> Bench<'a> {
 }
 
 /// `disk-full` fills a tmpfs of the ledger's own (a local server's only).
-fn small_disk(opts: &BenchOptions, data_dir: &Path) -> anyhow::Result<Option<SmallDisk>> {
+fn small_disk(opts: &BenchOptions, data_dir: &Path) -> Result<Option<SmallDisk>> {
     if opts.hosts == 0 && opts.faults().any(|f| f.needs_small_disk()) {
         let disk = SmallDisk::mount(data_dir, disk::bytes_for(opts))?;
         say(&format!(

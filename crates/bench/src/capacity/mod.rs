@@ -28,11 +28,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use hongbao_monitor::Monitor;
 use hongbao_sys::clock::unix_ms;
 
 use crate::bench::SECRET;
+use crate::{Error, Result};
 use hongbao_load::coordinator::{Load, LoadOptions, Row};
 use hongbao_load::transport::Transport;
 use judge::{StepRecord, Window};
@@ -72,15 +72,14 @@ fn slug(name: &str) -> String {
 }
 
 /// Runs the plan; writes DIR/summary.json, DIR/report.html and the charts.
-pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
+pub fn run(opts: CapacityOptions) -> Result<Summary> {
     let out = &opts.out;
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    std::fs::write(
-        out.join("plan.json"),
-        serde_json::to_vec_pretty(&opts.plan)?,
-    )?;
+    std::fs::create_dir_all(out)
+        .map_err(|e| Error::io(format!("creating {}", out.display()), e))?;
+    write_json(&out.join("plan.json"), &opts.plan)?;
     let series_dir = out.join("series");
-    std::fs::create_dir_all(&series_dir)?;
+    std::fs::create_dir_all(&series_dir)
+        .map_err(|e| Error::io(format!("creating {}", series_dir.display()), e))?;
     let monitor = Monitor::start(opts.monitor_listen, Some(&series_dir), "hongbao capacity")?;
     say(&format!(
         "capacity: plan {:?}, {} runs; dashboard at http://{}/",
@@ -90,7 +89,8 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
     ));
     // Ctrl-C or SIGTERM: the step under way ends, its layers go down, what was measured
     // is written.
-    let stop = hongbao_sys::Stop::on_signals()?;
+    let stop = hongbao_sys::Stop::on_signals()
+        .map_err(|e| Error::io("watching for SIGINT and SIGTERM", e))?;
     let mut summary = Summary {
         schema: SCHEMA,
         plan_name: opts.plan.name.clone(),
@@ -169,7 +169,7 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
     }
     summary.charts = page::charts(out, &summary)?;
     write_summary(out, &summary)?;
-    std::fs::write(out.join("report.html"), page::html(&summary))?;
+    write_page(out, &summary)?;
     for line in page::table(&summary).lines() {
         say(&format!("capacity: {line}"));
     }
@@ -183,15 +183,15 @@ pub fn run(opts: CapacityOptions) -> anyhow::Result<Summary> {
 
 /// Redraws DIR/report.html and the charts from DIR/summary.json (`hongbao report DIR`
 /// on a capacity run's directory).
-pub fn redraw(dir: &Path) -> anyhow::Result<Summary> {
+pub fn redraw(dir: &Path) -> Result<Summary> {
     let path = dir.join("summary.json");
-    let mut summary: Summary = serde_json::from_slice(
-        &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
-    )
-    .with_context(|| format!("reading {}", path.display()))?;
+    let reading = || format!("reading {}", path.display());
+    let text = std::fs::read(&path).map_err(|e| Error::io(reading(), e))?;
+    let mut summary: Summary =
+        serde_json::from_slice(&text).map_err(|e| Error::json(reading(), e))?;
     summary.charts = page::charts(dir, &summary)?;
     write_summary(dir, &summary)?;
-    std::fs::write(dir.join("report.html"), page::html(&summary))?;
+    write_page(dir, &summary)?;
     Ok(summary)
 }
 
@@ -203,12 +203,22 @@ pub fn is_capacity_dir(dir: &Path) -> bool {
         .is_some_and(|v| v["schema"].is_number() && v["runs"].is_array() && v["slo"].is_object())
 }
 
-fn write_summary(out: &Path, summary: &Summary) -> anyhow::Result<()> {
-    std::fs::write(
-        out.join("summary.json"),
-        serde_json::to_vec_pretty(summary)?,
-    )
-    .with_context(|| format!("writing {}", out.join("summary.json").display()))
+fn write_summary(out: &Path, summary: &Summary) -> Result<()> {
+    write_json(&out.join("summary.json"), summary)
+}
+
+/// `path` written as pretty JSON.
+fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let writing = || format!("writing {}", path.display());
+    let json = serde_json::to_vec_pretty(value).map_err(|e| Error::json(writing(), e))?;
+    std::fs::write(path, json).map_err(|e| Error::io(writing(), e))
+}
+
+/// DIR/report.html, of the summary.
+fn write_page(dir: &Path, summary: &Summary) -> Result<()> {
+    let path = dir.join("report.html");
+    std::fs::write(&path, page::html(summary))
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
 /// The load's complete row for `second` (every client process reported), waiting up to
@@ -250,7 +260,7 @@ struct Run<'a> {
     out: &'a Path,
 }
 
-fn run_stage(cx: &Run, dir: &Path, run: &mut RunRecord) -> anyhow::Result<()> {
+fn run_stage(cx: &Run, dir: &Path, run: &mut RunRecord) -> Result<()> {
     let Run {
         plan,
         stage,
@@ -277,7 +287,7 @@ fn run_stage(cx: &Run, dir: &Path, run: &mut RunRecord) -> anyhow::Result<()> {
     down
 }
 
-fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> anyhow::Result<()> {
+fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> Result<()> {
     let Run {
         plan,
         stage,
@@ -328,10 +338,11 @@ fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> anyhow::Result<()> {
     let result = steps(cx, stack, &load, run);
     let stopped = load.stop();
     result?;
-    stopped.map(|_| ())
+    stopped?;
+    Ok(())
 }
 
-fn steps(cx: &Run, stack: &Stack, load: &Load, run: &mut RunRecord) -> anyhow::Result<()> {
+fn steps(cx: &Run, stack: &Stack, load: &Load, run: &mut RunRecord) -> Result<()> {
     let Run {
         plan,
         stage,
@@ -343,10 +354,10 @@ fn steps(cx: &Run, stack: &Stack, load: &Load, run: &mut RunRecord) -> anyhow::R
     let users = plan.load.users;
     let per_request = plan.load.http_connection.per_request();
     if !per_request && !load.wait_logged_in(Duration::from_secs(120)) {
-        bail!(
+        return Err(Error::Failed(format!(
             "only {} of {users} users connected within 120 s",
             load.logged_in()
-        );
+        )));
     }
     let mut watched = stack.watched.clone();
     for (k, pid) in load.pids().into_iter().enumerate() {
@@ -447,7 +458,7 @@ fn steps(cx: &Run, stack: &Stack, load: &Load, run: &mut RunRecord) -> anyhow::R
         if stop.requested() {
             // A step cut short by the operator says nothing about the SLO: left out.
             let _ = load.set_qps(0);
-            bail!("interrupted at {qps}/s");
+            return Err(Error::Failed(format!("interrupted at {qps}/s")));
         }
         let meets = step.meets_slo;
         run.steps.push(step);

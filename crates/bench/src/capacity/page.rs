@@ -327,7 +327,7 @@ fn per_run(
 }
 
 /// Writes the charts; returns their names.
-pub fn charts(dir: &Path, summary: &Summary) -> anyhow::Result<Vec<String>> {
+pub fn charts(dir: &Path, summary: &Summary) -> crate::Result<Vec<String>> {
     let runs: Vec<&RunRecord> = summary
         .runs
         .iter()

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context};
+use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 use hongbao_load::transport::{HttpConnection, RequestTemplate};
@@ -245,16 +245,16 @@ fn default_headroom() -> f64 {
 
 /// `http://HOST[:PORT][/PATH]`: the address to connect to, the Host header, and the
 /// path (with its query).
-pub fn parse_url(url: &str) -> anyhow::Result<(std::net::SocketAddr, String, String)> {
+pub fn parse_url(url: &str) -> Result<(std::net::SocketAddr, String, String)> {
     let rest = url
         .strip_prefix("http://")
-        .with_context(|| format!("url {url:?}: only http:// targets (no TLS)"))?;
+        .ok_or_else(|| Error::Invalid(format!("url {url:?}: only http:// targets (no TLS)")))?;
     let (authority, path) = match rest.find('/') {
         Some(at) => (&rest[..at], rest[at..].to_string()),
         None => (rest, "/".to_string()),
     };
     if authority.is_empty() {
-        bail!("url {url:?} has no host");
+        return Err(Error::Invalid(format!("url {url:?} has no host")));
     }
     let with_port = if authority.contains(':') {
         authority.to_string()
@@ -264,9 +264,9 @@ pub fn parse_url(url: &str) -> anyhow::Result<(std::net::SocketAddr, String, Str
     use std::net::ToSocketAddrs;
     let addr = with_port
         .to_socket_addrs()
-        .with_context(|| format!("url {url:?}: resolving {with_port}"))?
+        .map_err(|e| Error::io(format!("url {url:?}: resolving {with_port}"), e))?
         .find(|a| a.is_ipv4())
-        .with_context(|| format!("url {url:?}: no IPv4 address"))?;
+        .ok_or_else(|| Error::Invalid(format!("url {url:?}: no IPv4 address")))?;
     Ok((addr, authority.to_string(), path))
 }
 
@@ -280,7 +280,7 @@ impl Stage {
     }
 
     /// The request each firing sends, `None` for the gateway's shake.
-    pub fn template(&self) -> anyhow::Result<Option<RequestTemplate>> {
+    pub fn template(&self) -> Result<Option<RequestTemplate>> {
         let from_plan = |host: String, default_path: &str| {
             let r = self.request.clone().unwrap_or_default();
             let method = if self.request.is_some() {
@@ -295,12 +295,15 @@ impl Stage {
                 headers: r.headers.into_iter().collect(),
                 body: r.body,
             };
-            t.check().map_err(|e| anyhow::anyhow!("{e}"))?;
-            anyhow::Ok(Some(t))
+            t.check().map_err(Error::Invalid)?;
+            Ok(Some(t))
         };
         match self.layers {
             Layers::External => {
-                let url = self.url.as_deref().context("an external stage needs url")?;
+                let url = self
+                    .url
+                    .as_deref()
+                    .ok_or_else(|| Error::Invalid("an external stage needs url".into()))?;
                 let (_, host, path) = parse_url(url)?;
                 from_plan(host, &path)
             }
@@ -318,98 +321,122 @@ fn positive(x: f64) -> bool {
 
 impl Plan {
     /// Reads and checks a plan.
-    pub fn from_toml(text: &str) -> anyhow::Result<Plan> {
-        let plan: Plan = toml::from_str(text).context("reading the plan")?;
+    pub fn from_toml(text: &str) -> Result<Plan> {
+        let plan: Plan =
+            toml::from_str(text).map_err(|e| Error::Invalid(format!("reading the plan: {e}")))?;
         plan.check()?;
         Ok(plan)
     }
 
     /// Everything that would make the run fail or mean nothing, said before it starts.
-    pub fn check(&self) -> anyhow::Result<()> {
+    pub fn check(&self) -> Result<()> {
         let slo = &self.slo;
         if !positive(slo.p99_ms) {
-            bail!("slo.p99_ms must be above 0");
+            return Err(Error::Invalid("slo.p99_ms must be above 0".into()));
         }
         if slo.mean_ms.is_some_and(|m| !positive(m)) {
-            bail!("slo.mean_ms must be above 0");
+            return Err(Error::Invalid("slo.mean_ms must be above 0".into()));
         }
         if !(0.0..=1.0).contains(&slo.error_rate) || !(0.0..=1.0).contains(&slo.min_achieved) {
-            bail!("slo.error_rate and slo.min_achieved are shares from 0 to 1");
+            return Err(Error::Invalid(
+                "slo.error_rate and slo.min_achieved are shares from 0 to 1".into(),
+            ));
         }
         for (layer, cpu) in &slo.cpu {
             if !positive(*cpu) {
-                bail!("slo.cpu.{layer} must be above 0 (cores of one instance)");
+                return Err(Error::Invalid(format!(
+                    "slo.cpu.{layer} must be above 0 (cores of one instance)"
+                )));
             }
         }
         let load = &self.load;
         if load.users == 0 {
-            bail!("load.users must be at least 1");
+            return Err(Error::Invalid("load.users must be at least 1".into()));
         }
         if load.step_secs < 2 {
-            bail!("load.step_secs must be at least 2");
+            return Err(Error::Invalid("load.step_secs must be at least 2".into()));
         }
         if self.stages.is_empty() {
-            bail!("the plan has no [[stage]]");
+            return Err(Error::Invalid("the plan has no [[stage]]".into()));
         }
         let mut names = std::collections::BTreeSet::new();
         for stage in &self.stages {
             let at = format!("stage {:?}", stage.name);
             if !names.insert(stage.name.as_str()) {
-                bail!("{at}: two stages have this name");
+                return Err(Error::Invalid(format!("{at}: two stages have this name")));
             }
             if stage.steps.is_empty() || stage.steps.contains(&0) {
-                bail!("{at}: steps must be a list of QPS above 0");
+                return Err(Error::Invalid(format!(
+                    "{at}: steps must be a list of QPS above 0"
+                )));
             }
             if stage.steps.windows(2).any(|w| w[0] >= w[1]) {
-                bail!("{at}: steps must rise");
+                return Err(Error::Invalid(format!("{at}: steps must rise")));
             }
             if stage.instances.is_empty() || stage.instances.contains(&0) {
-                bail!("{at}: instances must be a list of counts above 0");
+                return Err(Error::Invalid(format!(
+                    "{at}: instances must be a list of counts above 0"
+                )));
             }
             if stage.instances.windows(2).any(|w| w[0] >= w[1]) {
-                bail!("{at}: instances must rise");
+                return Err(Error::Invalid(format!("{at}: instances must rise")));
             }
             if stage.nginx_workers == 0 || stage.gateway_workers == 0 {
-                bail!("{at}: nginx_workers and gateway_workers must be at least 1");
+                return Err(Error::Invalid(format!(
+                    "{at}: nginx_workers and gateway_workers must be at least 1"
+                )));
             }
             match stage.scale.as_deref() {
                 None => {}
                 Some("gateway" | "nginx") if stage.layers == Layers::NginxGateway => {}
-                Some(other) => bail!(
-                    "{at}: scale {other:?}: only an nginx+gateway stage chooses, gateway or nginx"
-                ),
+                Some(other) => {
+                    let why = "only an nginx+gateway stage chooses, gateway or nginx";
+                    return Err(Error::Invalid(format!("{at}: scale {other:?}: {why}")));
+                }
             }
             match stage.layers {
                 Layers::External => {
                     if stage.url.is_none() {
-                        bail!("{at}: an external stage needs url = \"http://…\"");
+                        return Err(Error::Invalid(format!(
+                            "{at}: an external stage needs url = \"http://…\""
+                        )));
                     }
                     if stage.instances != [1] {
-                        bail!("{at}: an external stage has one instance (its own)");
+                        return Err(Error::Invalid(format!(
+                            "{at}: an external stage has one instance (its own)"
+                        )));
                     }
                 }
                 _ => {
                     if stage.url.is_some() || !stage.watch.is_empty() {
-                        bail!("{at}: url and watch are for external stages");
+                        return Err(Error::Invalid(format!(
+                            "{at}: url and watch are for external stages"
+                        )));
                     }
                 }
             }
             if matches!(stage.layers, Layers::NginxStatic | Layers::External)
                 && (stage.max_shake_qps.is_some() || stage.campaign_rate > 0)
             {
-                bail!("{at}: max_shake_qps and campaign_rate are a gateway's; this stage has none");
+                return Err(Error::Invalid(format!(
+                    "{at}: max_shake_qps and campaign_rate are a gateway's; this stage has none"
+                )));
             }
             // SAFETY: geteuid(2) has no preconditions.
             if stage.layers == Layers::Cluster && unsafe { libc::geteuid() } != 0 {
-                bail!("{at}: a cluster stage brings up a lab of network namespaces: run as root");
+                return Err(Error::Invalid(format!(
+                    "{at}: a cluster stage brings up a lab of network namespaces: run as root"
+                )));
             }
             stage
                 .template()
-                .with_context(|| format!("{at}: the request"))?;
+                .map_err(|e| e.within(format!("{at}: the request")))?;
         }
         if let Some(target) = &self.target {
             if target.qps == 0 || !(positive(target.headroom) || target.headroom == 0.0) {
-                bail!("target.qps must be above 0 and target.headroom at least 0");
+                return Err(Error::Invalid(
+                    "target.qps must be above 0 and target.headroom at least 0".into(),
+                ));
             }
         }
         Ok(())

@@ -138,7 +138,7 @@ pub struct Probe {
 }
 
 impl Probe {
-    pub fn start(watched: Vec<Watched>) -> anyhow::Result<Probe> {
+    pub fn start(watched: Vec<Watched>) -> crate::Result<Probe> {
         let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (out, halt) = (samples.clone(), stop.clone());
@@ -150,7 +150,8 @@ impl Probe {
                     let ms = hongbao_sys::clock::unix_ms() % 1000;
                     std::thread::sleep(Duration::from_millis(1000 - ms));
                 }
-            })?;
+            })
+            .map_err(|e| crate::Error::io("starting the capacity probe's thread", e))?;
         Ok(Probe {
             samples,
             stop,

@@ -8,13 +8,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::Context;
 use hongbao_lab::proc::Proc;
 
 use super::plan::{parse_url, Layers, Stage};
 use super::probe::Watched;
 use crate::bench::server::Server;
 use crate::bench::{BenchOptions, Preset};
+use crate::{Error, Result};
 use hongbao_load::transport::Transport;
 
 pub struct Stack {
@@ -52,8 +52,9 @@ impl Stack {
         campaign_secs: u64,
         dir: &Path,
         (monitor, monitor_key): (SocketAddr, &str),
-    ) -> anyhow::Result<Stack> {
-        std::fs::create_dir_all(dir)?;
+    ) -> Result<Stack> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         let scaled = stage.scaled_layer();
         let gateway_workers = if scaled == "gateway" {
             instances
@@ -65,7 +66,7 @@ impl Stack {
         } else {
             stage.nginx_workers
         };
-        let gateway = |hosts: usize, workers: u32| -> anyhow::Result<Server> {
+        let gateway = |hosts: usize, workers: u32| -> Result<Server> {
             let mut opts = BenchOptions::preset(Preset::Quick);
             opts.out = dir.to_path_buf();
             opts.connections = users;
@@ -94,7 +95,9 @@ impl Stack {
             }
             Layers::Gateway | Layers::NginxGateway => {
                 let server = gateway(0, gateway_workers)?;
-                let http = server.http.context("the gateway has no HTTP listener")?;
+                let http = server
+                    .http
+                    .ok_or_else(|| Error::Failed("the gateway has no HTTP listener".into()))?;
                 stack
                     .watched
                     .extend(gateway_processes(&server, gateway_workers)?);
@@ -110,7 +113,9 @@ impl Stack {
             }
             Layers::Cluster => {
                 let server = gateway(instances as usize, stage.gateway_workers)?;
-                stack.target = server.http.context("the lab has no nginx")?;
+                stack.target = server
+                    .http
+                    .ok_or_else(|| Error::Failed("the lab has no nginx".into()))?;
                 stack.load_hosts = server.load_hosts.clone();
                 stack.watched.extend(lab_processes(&server)?);
                 stack.server = Some(server);
@@ -119,7 +124,7 @@ impl Stack {
                 let url = stage
                     .url
                     .as_deref()
-                    .context("an external stage needs url")?;
+                    .ok_or_else(|| Error::Invalid("an external stage needs url".into()))?;
                 stack.target = parse_url(url)?.0;
                 for (layer, comm) in &stage.watch {
                     let pids = processes_named(comm);
@@ -141,7 +146,7 @@ impl Stack {
             let server = stack
                 .server
                 .as_ref()
-                .context("campaign_rate needs a gateway")?;
+                .ok_or_else(|| Error::Invalid("campaign_rate needs a gateway".into()))?;
             let request = hongbao_money::rules::ShakeCampaignRequest {
                 packets: stage
                     .campaign_rate
@@ -152,7 +157,7 @@ impl Stack {
             };
             let _: serde_json::Value = server
                 .post("/v1/campaigns/shake", &request)
-                .context("starting the stage's shake campaign")?;
+                .map_err(|e| e.within("starting the stage's shake campaign"))?;
         }
         if !stack.watched.iter().any(|w| w.layer == "machine") {
             stack.watched.push(Watched::machine());
@@ -161,7 +166,7 @@ impl Stack {
     }
 
     /// Stops what the stage started, front to back.
-    pub fn down(mut self) -> anyhow::Result<()> {
+    pub fn down(mut self) -> Result<()> {
         drop(self.nginx.take());
         match self.server.take() {
             Some(server) => server.stop(),
@@ -172,8 +177,10 @@ impl Stack {
 
 /// The embedded gateway's processes: the supervisor (the core: the money and its
 /// ledger) and its workers.
-fn gateway_processes(server: &Server, workers: u32) -> anyhow::Result<Vec<Watched>> {
-    let pid = server.pid().context("no gateway process")?;
+fn gateway_processes(server: &Server, workers: u32) -> Result<Vec<Watched>> {
+    let pid = server
+        .pid()
+        .ok_or_else(|| Error::Failed("no gateway process".into()))?;
     let mut children = Vec::new();
     for _ in 0..100 {
         children = hongbao_lab::children_of(pid);
@@ -197,8 +204,8 @@ fn gateway_processes(server: &Server, workers: u32) -> anyhow::Result<Vec<Watche
 
 /// The lab's hosts: each gateway host (its supervisor and workers), nginx (master and
 /// workers), each Redis node, PostgreSQL (every backend), each with its own interface.
-fn lab_processes(server: &Server) -> anyhow::Result<Vec<Watched>> {
-    let lab = server.lab().context("no lab")?;
+fn lab_processes(server: &Server) -> Result<Vec<Watched>> {
+    let lab = server.lab().ok_or_else(|| Error::Failed("no lab".into()))?;
     let lab = lab.lock().unwrap();
     let with_children = |pid: u32| {
         let mut all = vec![pid];
@@ -262,17 +269,25 @@ struct Nginx {
     listen: SocketAddr,
 }
 
-fn free_port() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+fn free_port() -> Result<SocketAddr> {
+    let finding = |e| Error::io("finding a free port on 127.0.0.1", e);
+    TcpListener::bind("127.0.0.1:0")
+        .map_err(finding)?
+        .local_addr()
+        .map_err(finding)
 }
 
 impl Nginx {
-    fn start(dir: &Path, workers: u32, upstream: Option<SocketAddr>) -> anyhow::Result<Nginx> {
-        let prefix = std::path::absolute(dir.join("nginx"))?;
-        std::fs::create_dir_all(&prefix)?;
+    fn start(dir: &Path, workers: u32, upstream: Option<SocketAddr>) -> Result<Nginx> {
+        let prefix = dir.join("nginx");
+        let prefix = std::path::absolute(&prefix)
+            .map_err(|e| Error::io(format!("resolving {}", prefix.display()), e))?;
+        std::fs::create_dir_all(&prefix)
+            .map_err(|e| Error::io(format!("creating {}", prefix.display()), e))?;
         let conf = prefix.join("nginx.conf");
         let listen = free_port()?;
-        let mut command = Command::new(std::env::current_exe()?);
+        let exe = std::env::current_exe().map_err(|e| Error::io("which binary is this", e))?;
+        let mut command = Command::new(exe);
         command.arg("nginx-conf");
         match upstream {
             Some(up) => command.args([
