@@ -495,7 +495,15 @@ fn clients_that_gave_up_in_the_queue_cost_no_handshake() {
         drop(tcp);
     }
     std::thread::sleep(Duration::from_millis(300));
-    let before = worker_stats(&server, &certs.ca_pem);
+    // The worker reports once a second, just after each whole second: its first report
+    // may come after these 600 ms.
+    let before = common::wait_until("the worker's first report", Duration::from_secs(5), || {
+        let s = worker_stats(&server, &certs.ca_pem);
+        s["workers"][0]["tls_handshaking"]
+            .as_u64()
+            .is_some()
+            .then_some(s)
+    });
     assert_eq!(
         before["workers"][0]["tls_handshaking"].as_u64(),
         Some(2),
