@@ -6,26 +6,14 @@ use std::sync::mpsc::Sender;
 use std::time::Duration;
 
 use hongbao_http::Response;
-use hongbao_money::WorkerId;
 use hongbao_sys::clock::Uptime;
 
-use super::Supervisor;
+use super::event_loop::{PendingBroadcast, Supervisor};
 use crate::admin::Broadcasted;
 use crate::link::{self, ToWorker};
 
 /// How long a broadcast's admin answer waits for the workers' counts.
 const BROADCAST_ANSWER_WAIT: Duration = Duration::from_secs(5);
-
-/// A broadcast handed to the workers, answered once each has said how many connections
-/// it is writing it to.
-pub(super) struct PendingBroadcast {
-    pub(super) reply: Sender<Response>,
-    pub(super) server_time_us: u64,
-    pub(super) waiting: Vec<WorkerId>,
-    pub(super) workers: usize,
-    pub(super) connections: u64,
-    pub(super) deadline: Uptime,
-}
 
 impl Supervisor {
     pub(super) fn broadcast(&mut self, text: String, reply: Sender<Response>) {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use hongbao_sys::clock::Uptime;
 
-use super::Supervisor;
+use super::event_loop::Supervisor;
 use crate::link::{self, ToWorker};
 
 /// How long past a drain's window the supervisor waits for its workers to stop (their

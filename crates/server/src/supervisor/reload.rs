@@ -5,7 +5,7 @@
 
 use hongbao_proto::token::Alg;
 
-use super::Supervisor;
+use super::event_loop::Supervisor;
 use crate::config::ServeConfig;
 use crate::error::{Error, Result};
 use crate::link::{self, LoginSetup, ToWorker};

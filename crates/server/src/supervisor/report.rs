@@ -4,10 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use super::workers::WorkerProc;
-use super::Supervisor;
-use crate::stats::{CoreView, Stats, Totals, WorkerCounters, WorkerStats, WorkerView};
-use hdrhistogram::Histogram;
 use hongbao_money::seam::{OpKind, ReplyCounts};
 use hongbao_money::WorkerId;
 use hongbao_proto::token::Refusal;
@@ -16,59 +12,9 @@ use hongbao_sys::usage;
 use hongbao_telemetry::prom::Page;
 use hongbao_telemetry::sample::{self, RoleSample, Sample};
 
-/// What a worker index's exited processes counted, so its totals never go backwards.
-#[derive(Default)]
-struct Retired {
-    counters: WorkerCounters,
-    cpu_ms: u64,
-}
-
-pub(super) struct Report {
-    retired: BTreeMap<WorkerId, Retired>,
-    previous_replies: ReplyCounts,
-    /// Replies in the last whole second.
-    reply_rates: Vec<(OpKind, ResultCode, u64)>,
-    /// Workers' shake latency not yet reported to the monitor, and since the start.
-    latency_pending: Histogram<u64>,
-    latency_total: Histogram<u64>,
-    net_interface: String,
-    /// The token refusals as last logged (`log_token_refusals`).
-    refusals_logged: Vec<u64>,
-}
-
-impl Report {
-    pub(super) fn new(net_interface: String) -> Report {
-        Report {
-            retired: BTreeMap::new(),
-            previous_replies: ReplyCounts::default(),
-            reply_rates: Vec::new(),
-            latency_pending: sample::new_histogram(),
-            latency_total: sample::new_histogram(),
-            net_interface,
-            refusals_logged: Vec::new(),
-        }
-    }
-
-    pub(super) fn worker_latency(&mut self, sparse: &[(u64, u64)]) {
-        sample::merge_sparse(&mut self.latency_pending, sparse);
-        sample::merge_sparse(&mut self.latency_total, sparse);
-    }
-
-    pub(super) fn retire(&mut self, last: &WorkerStats) {
-        let retired = self.retired.entry(last.worker).or_default();
-        retired.counters.add(&last.counters);
-        retired.cpu_ms += last.cpu_ms;
-    }
-
-    /// Once a second: the replies of the second just ended.
-    pub(super) fn roll_rates(&mut self, now: &ReplyCounts) {
-        self.reply_rates = now
-            .nonzero()
-            .map(|(op, result, n)| (op, result, n - self.previous_replies.get(op, result)))
-            .collect();
-        self.previous_replies = now.clone();
-    }
-}
+use super::event_loop::Supervisor;
+use super::procs::WorkerProc;
+use crate::stats::{CoreView, Stats, Totals, WorkerCounters, WorkerStats, WorkerView};
 
 impl Supervisor {
     /// Replies by operation and result: the money side's and presence's (chat).

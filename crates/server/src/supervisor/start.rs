@@ -8,25 +8,6 @@ use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hongbao_sys::clock::{unix_ms, Clock, UnixTime, Uptime};
-
-use hongbao_money::{Money, WorkerId};
-use hongbao_sys::notify::Notifier;
-use hongbao_sys::{limits, net, Reload, Stop};
-use hongbao_telemetry::sample;
-use hongbao_telemetry::Reporter;
-use mio::{Poll, Waker};
-use slab::Slab;
-
-use hongbao_money::seam::LedgerRead;
-
-use crate::access::{self, Door};
-use crate::admin;
-use crate::config::ServeConfig;
-use crate::error::{Error, Result};
-use crate::health::Health;
-use crate::limits::Users;
-use crate::link::WorkerConfig;
 use hongbao_cluster::PgAccess;
 use hongbao_embedded::access::SqliteAccess;
 use hongbao_embedded::core::CoreConfig;
@@ -35,13 +16,29 @@ use hongbao_embedded::{Embedded, EmbeddedConfig};
 use hongbao_http::access::BrowserGuard;
 use hongbao_money::access::AccessStore;
 use hongbao_money::presence::Presence;
+use hongbao_money::seam::LedgerRead;
+use hongbao_money::{Money, WorkerId};
+use hongbao_sys::clock::{unix_ms, Clock, UnixTime, Uptime};
+use hongbao_sys::notify::Notifier;
+use hongbao_sys::{limits, net, Reload, Stop};
+use hongbao_telemetry::sample;
+use hongbao_telemetry::Reporter;
+use mio::{Poll, Waker};
+use slab::Slab;
 
+use super::event_loop::{Supervisor, TurnClock, WAKER};
 use super::listen::Kind;
+use super::procs::WorkerProc;
 use super::reload::login_setup;
 use super::timers::Timers;
-use super::workers::WorkerProc;
-
-use super::{listen, report, successor, upgrade, Supervisor, TurnClock, WAKER};
+use super::{listen, successor, tallies, upgrade};
+use crate::access::{self, Door};
+use crate::admin;
+use crate::config::ServeConfig;
+use crate::error::{Error, Result};
+use crate::health::Health;
+use crate::limits::Users;
+use crate::link::WorkerConfig;
 
 /// Runs `hongbao serve` until `stop`. Prints one "ready" line on stdout with the bound
 /// addresses once every worker has connected.
@@ -315,7 +312,7 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
         deferred_admin: VecDeque::new(),
         tickets: HashMap::new(),
         next_ticket: 1,
-        report: report::Report::new(sample::interface_for(client_addr.ip())),
+        report: tallies::Report::new(sample::interface_for(client_addr.ip())),
         monitor,
         next_broadcast: 1,
         broadcasts: BTreeMap::new(),

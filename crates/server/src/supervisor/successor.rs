@@ -14,6 +14,7 @@ use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hongbao_embedded::{Embedded, EmbeddedConfig, Wake};
 use hongbao_money::seam::{AdminRequest, MoneySnapshot, Op, Origin, Output};
 use hongbao_money::{Audit, Money, WorkerId};
 use hongbao_sys::clock::{unix_ms, Clock, Uptime};
@@ -23,7 +24,6 @@ use hongbao_sys::fdpass;
 use super::listen::GroupShape;
 use super::upgrade::{decode_all, encode, socket_path, ToNew, ToOld};
 use crate::error::{Error, Result};
-use hongbao_embedded::{Embedded, EmbeddedConfig, Wake};
 
 /// How long the new server waits for the old one's handover.
 const HANDOVER_WAIT: Duration = Duration::from_secs(10);
@@ -512,84 +512,6 @@ impl Money for Handover {
         match &mut self.state {
             State::Local(money) => money.finish(),
             _ => Ok(()),
-        }
-    }
-}
-
-impl super::Supervisor {
-    /// Once a turn: an upgrade's progress on the new server's side — the old one told
-    /// once every worker is up, and the upgrade socket made once the ledger is here (so
-    /// that this server can be upgraded in turn); on the old one's, the process SIGUSR2
-    /// started waited for if it ended.
-    pub(super) fn upgrade_progress(&mut self, ready: bool) {
-        if let Some(child) = self.spawned.as_mut() {
-            if let Ok(Some(status)) = child.try_wait() {
-                tracing::warn!(%status, "the upgrade SIGUSR2 started ended");
-                self.spawned = None;
-            }
-        }
-        let Some(predecessor) = &self.predecessor else {
-            return;
-        };
-        if ready && !self.told_predecessor {
-            self.told_predecessor = true;
-            predecessor.ready();
-            // Under systemd this process is the service now (the unit's NotifyAccess=all).
-            let pid = std::process::id();
-            self.tell_systemd(|n| n.send(&format!("MAINPID={pid}")));
-            tracing::info!(
-                "upgrade: every worker is up on the sockets handed over; the old server drains"
-            );
-        }
-        if predecessor.done() {
-            println!("{}", predecessor.record().line());
-            let _ = std::io::Write::flush(&mut std::io::stdout());
-            self.predecessor = None;
-            self.listen_for_upgrades();
-        }
-    }
-
-    /// SIGUSR2: this binary as the file is now (a deploy replaced it) starts with the same
-    /// arguments and `--upgrade`, and takes this server over.
-    pub(super) fn start_successor(&mut self) {
-        if self.successor.is_some() || self.spawned.is_some() || self.predecessor.is_some() {
-            tracing::warn!("SIGUSR2: an upgrade is already under way");
-            return;
-        }
-        let Some(exe) = self.exe.clone() else {
-            tracing::error!(
-                "SIGUSR2: this binary's path is unknown; run `hongbao serve --upgrade` by hand"
-            );
-            return;
-        };
-        let mut command = std::process::Command::new(&exe);
-        command
-            .args(std::env::args_os().skip(1).filter(|a| a != "--upgrade"))
-            .arg("--upgrade")
-            .stdin(std::process::Stdio::null());
-        match command.spawn() {
-            Ok(child) => {
-                tracing::info!(exe = %exe.display(), pid = child.id(), "SIGUSR2: the new binary started, taking over");
-                self.spawned = Some(child);
-            }
-            Err(e) => {
-                tracing::error!(exe = %exe.display(), error = %e, "SIGUSR2: starting the new binary")
-            }
-        }
-    }
-
-    /// The upgrade socket, listening in this server's loop.
-    pub(super) fn listen_for_upgrades(&mut self) {
-        let Some(mut listener) = super::upgrade::listen(&self.cfg.ledger.data_dir) else {
-            return;
-        };
-        match self.poll.registry().register(
-            &mut listener,
-            super::upgrade::UPGRADE_LISTENER,
-            mio::Interest::READABLE,
-        ) {
-            Ok(()) => self.upgrade_listener = Some(listener),
-            Err(e) => tracing::warn!(error = %e, "watching the upgrade socket"),
         }
     }
 }

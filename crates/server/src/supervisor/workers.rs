@@ -8,61 +8,16 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use hongbao_sys::clock::Uptime;
-
 use hongbao_money::WorkerId;
+use hongbao_sys::clock::Uptime;
 use hongbao_sys::net;
 use mio::net::UnixStream;
 use mio::{Events, Interest, Token};
 
-use super::{Supervisor, WAKER};
+use super::event_loop::{Supervisor, WAKER};
+use super::procs::{Link, MAX_LINK_BACKLOG};
 use crate::error::{Error, Result};
 use crate::link::{self, ToSupervisor, ToWorker};
-use crate::stats::WorkerStats;
-
-/// A worker whose link output backs up past this is treated as dead.
-const MAX_LINK_BACKLOG: usize = 256 << 20;
-
-pub(super) struct Link {
-    stream: UnixStream,
-    /// Set once the worker said hello.
-    worker: Option<WorkerId>,
-    /// The worker this link was made for.
-    expected: WorkerId,
-    inbuf: Vec<u8>,
-    pub(super) outbuf: Vec<u8>,
-}
-
-pub(super) struct WorkerProc {
-    child: Option<Child>,
-    pub(super) restarts: u32,
-    respawn_at: Option<Uptime>,
-    /// Stats reports: latest and the one a second before, for per-second rates.
-    pub(super) latest: Option<WorkerStats>,
-    pub(super) previous: Option<WorkerStats>,
-}
-
-impl WorkerProc {
-    pub(super) fn new(child: Child) -> WorkerProc {
-        WorkerProc {
-            child: Some(child),
-            restarts: 0,
-            respawn_at: None,
-            latest: None,
-            previous: None,
-        }
-    }
-
-    /// Counts a restart and sets when to start the worker: later each time it keeps
-    /// dying (or failing to start), so a crash loop cannot spin, from `now`. Returns the
-    /// wait.
-    fn start_later(&mut self, now: Uptime) -> Duration {
-        self.restarts += 1;
-        let delay = Duration::from_millis(100 * self.restarts.min(50) as u64);
-        self.respawn_at = Some(now + delay);
-        delay
-    }
-}
 
 impl Supervisor {
     /// Starts worker `w` from the supervisor's own binary: `/proc/self/exe`, which names
