@@ -328,7 +328,8 @@ fn drive(cx: &Run, stack: &Stack, run: &mut RunRecord) -> anyhow::Result<()> {
     let result = steps(cx, stack, &load, run);
     let stopped = load.stop();
     result?;
-    stopped.map(|_| ())
+    stopped?;
+    Ok(())
 }
 
 fn steps(cx: &Run, stack: &Stack, load: &Load, run: &mut RunRecord) -> anyhow::Result<()> {
