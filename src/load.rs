@@ -100,7 +100,7 @@ pub enum ConnectMode {
 pub fn run(args: LoadArgs) -> Result<()> {
     match (args.set_qps, &args.control) {
         (Some(qps), Some(control)) => {
-            hongbao_load::cli::set_remote_qps(control, qps, &args.control_key_file)
+            hongbao_load::cli::set_remote_qps(control, qps, &args.control_key_file)?
         }
         _ => hongbao_load::cli::run_cli(
             load_options(&args)?,
@@ -108,8 +108,9 @@ pub fn run(args: LoadArgs) -> Result<()> {
             &args.control_key_file,
             args.duration,
             &Stop::on_signals()?,
-        ),
+        )?,
     }
+    Ok(())
 }
 
 /// `--procs` of `load` and `bench`: a count, or 0 for auto.
@@ -235,7 +236,7 @@ pub fn run_agent(args: LoadAgentArgs) -> Result<()> {
     loop {
         let result = hongbao_load::agent::run(options.clone(), &stop);
         if args.runs == 1 || stop.requested() {
-            return result;
+            return Ok(result?);
         }
         match result {
             Ok(()) => done += 1,

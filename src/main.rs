@@ -149,9 +149,9 @@ fn main() -> std::process::ExitCode {
             // One message, its causes after colons: never a backtrace (RUST_BACKTRACE is
             // for panics, not for what the command tells its user).
             eprintln!("hongbao: {}", one_line(&e));
-            let code = match e.downcast_ref::<hongbao_load::cli::Unreached>() {
-                Some(_) => hongbao_load::cli::Unreached::EXIT_CODE,
-                None => 1,
+            let code = match e.downcast_ref::<hongbao_load::Error>() {
+                Some(hongbao_load::Error::Unreached(_)) => hongbao_load::cli::Unreached::EXIT_CODE,
+                _ => 1,
             };
             std::process::ExitCode::from(code)
         }
@@ -186,7 +186,7 @@ fn run() -> Result<()> {
         Command::LoadClient => {
             let mut options = String::new();
             std::io::stdin().read_line(&mut options)?;
-            hongbao_load::client::run(serde_json::from_str(&options)?)
+            Ok(hongbao_load::client::run(serde_json::from_str(&options)?)?)
         }
         Command::LoadAgent(args) => load::run_agent(args),
         Command::Bench(args) => bench::run(args),

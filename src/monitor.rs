@@ -40,5 +40,6 @@ pub fn run(args: MonitorArgs) -> Result<()> {
         key_file,
         tls.as_ref(),
         &Stop::on_signals()?,
-    )
+    )?;
+    Ok(())
 }

@@ -41,9 +41,15 @@ pub enum Error {
     /// The lab of hosts (`--hosts`, cluster stages), its faults and its engines.
     #[error(transparent)]
     Lab(#[from] hongbao_lab::Error),
-    /// TEMPORARY: load, monitor and report, until their typed errors land
+    /// The load it drives (its clients, agents and controls).
     #[error(transparent)]
-    Tools(#[from] anyhow::Error),
+    Load(#[from] hongbao_load::Error),
+    /// The monitor it runs beside the server.
+    #[error(transparent)]
+    Monitor(#[from] hongbao_monitor::Error),
+    /// The report and charts it writes at the end.
+    #[error(transparent)]
+    Report(#[from] hongbao_report::Error),
 }
 
 impl Error {
@@ -115,10 +121,11 @@ mod tests {
         assert_eq!(one_line(&e), e.to_string());
     }
 
-    /// The tools' errors (anyhow's, for now) keep every cause, under a context too.
+    /// The tools' errors keep every cause, under a context too.
     #[test]
     fn the_tools_errors_keep_their_causes() {
-        let tool = anyhow::anyhow!("no such file").context("reading series.csv");
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let tool = hongbao_report::Error::io("reading series.csv", io);
         let e = Error::from(tool).within("writing the report");
         assert_eq!(
             one_line(&e),

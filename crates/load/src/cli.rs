@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use hongbao_sys::clock::UnixTime;
 
-use anyhow::bail;
 use hongbao_http::access::{changes_state, run_key, BrowserGuard, RunKey};
 use hongbao_http::{json_object, Request, Response, Server};
 use hongbao_sys::Stop;
@@ -19,6 +18,7 @@ use serde_json::json;
 
 use crate::broadcast::LatencyDistMs;
 use crate::coordinator::{Load, LoadOptions};
+use crate::error::{Error, Result};
 use crate::report::{self, Counters};
 
 /// The fastest a load may be asked to fire.
@@ -30,10 +30,10 @@ pub const CONTROL_KEY_ENV: &str = "HONGBAO_LOAD_KEY";
 pub const CONTROL_KEY_FILE: &str = "hongbao-load.key";
 
 /// Serves `POST /qps {"qps": N}` (with the key) and `GET /stats` for a running load.
-pub fn serve_control(addr: &str, load: Arc<Load>, key: &str) -> anyhow::Result<Server> {
-    let listener = std::net::TcpListener::bind(addr)
-        .map_err(|e| anyhow::anyhow!("binding control address {addr}: {e}"))?;
-    let guard = BrowserGuard::new(listener.local_addr()?, &[], &[]);
+pub fn serve_control(addr: &str, load: Arc<Load>, key: &str) -> Result<Server> {
+    let binding = |e| Error::io(format!("binding control address {addr}"), e);
+    let listener = std::net::TcpListener::bind(addr).map_err(binding)?;
+    let guard = BrowserGuard::new(listener.local_addr().map_err(binding)?, &[], &[]);
     let key = RunKey::of(key);
     Server::serve(listener, "load-control", 4096, move |r| {
         let checked = guard.check(&r).and_then(|()| {
@@ -48,7 +48,7 @@ pub fn serve_control(addr: &str, load: Arc<Load>, key: &str) -> anyhow::Result<S
             Err(refused) => refused,
         }
     })
-    .map_err(|e| anyhow::anyhow!("serving control address {addr}: {e}"))
+    .map_err(|e| Error::io(format!("serving control address {addr}"), e))
 }
 
 /// `POST /qps`.
@@ -86,7 +86,7 @@ pub fn run_cli(
     key_file: &std::path::Path,
     duration: Option<u64>,
     stop: &Stop,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let users = opts.users;
     let (server, tls) = (opts.server, opts.tls_ca.is_some());
     let load = Arc::new(Load::start(opts)?);
@@ -99,7 +99,7 @@ pub fn run_cli(
     let control = match control {
         Some(addr) => {
             let key = run_key(CONTROL_KEY_ENV, key_file, true)
-                .map_err(|e| anyhow::anyhow!("the control key file {}: {e}", key_file.display()))?
+                .map_err(|e| Error::io(format!("the control key file {}", key_file.display()), e))?
                 .expect("made when missing");
             let server = serve_control(&addr, load.clone(), &key)?;
             let bound = server.addr();
@@ -168,7 +168,7 @@ pub fn run_cli(
     };
     println!("{}", serde_json::to_string_pretty(&summary)?);
     match unreached(&summary.totals, users, server, tls) {
-        Some(why) => Err(Unreached(why).into()),
+        Some(why) => Err(Error::Unreached(Unreached(why))),
         None => Ok(()),
     }
 }
@@ -263,14 +263,17 @@ struct BroadcastLine {
 
 /// `hongbao load --control ADDR --set-qps N`: changes the QPS of a running load, with
 /// its key (`HONGBAO_LOAD_KEY`, else `key_file`).
-pub fn set_remote_qps(control: &str, qps: u64, key_file: &std::path::Path) -> anyhow::Result<()> {
+pub fn set_remote_qps(control: &str, qps: u64, key_file: &std::path::Path) -> Result<()> {
     let url = format!("http://{control}/qps");
-    let Some(key) = run_key(CONTROL_KEY_ENV, key_file, false)? else {
-        bail!(
+    let key = run_key(CONTROL_KEY_ENV, key_file, false)
+        .map_err(|e| Error::io(format!("the control key file {}", key_file.display()), e))?;
+    let Some(key) = key else {
+        return Err(Error::Config(format!(
             "no control key: {CONTROL_KEY_ENV} is not set and {} does not exist (the running load makes it)",
             key_file.display()
-        );
+        )));
     };
+    let reading = |e| Error::io(format!("reading the answer of {url}"), e);
     match hongbao_http::tls::agent_builder()
         .build()
         .post(&url)
@@ -279,10 +282,13 @@ pub fn set_remote_qps(control: &str, qps: u64, key_file: &std::path::Path) -> an
         .send_json(json!({ "qps": qps }))
     {
         Ok(r) => {
-            println!("{}", r.into_string()?);
+            println!("{}", r.into_string().map_err(reading)?);
             Ok(())
         }
-        Err(ureq::Error::Status(code, r)) => bail!("{url}: {code} {}", r.into_string()?),
-        Err(e) => Err(e.into()),
+        Err(ureq::Error::Status(code, r)) => Err(Error::Refused(format!(
+            "{url}: {code} {}",
+            r.into_string().map_err(reading)?
+        ))),
+        Err(e) => Err(Box::new(e).into()),
     }
 }

@@ -13,6 +13,7 @@
 //! - `cli`: `hongbao load` on the command line (control endpoint, progress, totals);
 //! - `client`: one client process's event loop over its slice of the users;
 //! - `coordinator`: starts clients, merges their reports, changes QPS live;
+//! - `error`: the crate's error: what failed, and what we were doing;
 //! - `report`: what a client tells its coordinator, once a second;
 //! - `schedule`: which users fire when, computed alike in every process;
 //! - `transport`: a client's bytes ↔ frames over TCP, WebSocket or HTTP.
@@ -23,6 +24,9 @@ pub mod broadcast;
 pub mod cli;
 pub mod client;
 pub mod coordinator;
+pub mod error;
 pub mod report;
 pub mod schedule;
 pub mod transport;
+
+pub use error::{Error, Result};

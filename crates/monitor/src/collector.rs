@@ -13,6 +13,7 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 
+use crate::error::{Error, Result};
 use hongbao_telemetry::prom::Page;
 use hongbao_telemetry::sample::{
     merge_sparse, new_histogram, Sample, COUNTERS, LEVELS, NET_COLUMNS,
@@ -81,13 +82,18 @@ fn header() -> String {
 
 impl Collector {
     /// A collector that writes `dir/series.csv` (when given) as rows are closed.
-    pub fn new(dir: Option<&Path>) -> anyhow::Result<Collector> {
+    pub fn new(dir: Option<&Path>) -> Result<Collector> {
         let out = match dir {
             Some(dir) => {
-                std::fs::create_dir_all(dir)?;
-                let mut w = BufWriter::new(File::create(dir.join("series.csv"))?);
-                w.write_all(header().as_bytes())?;
-                w.flush()?;
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+                let path = dir.join("series.csv");
+                let writing = || format!("writing {}", path.display());
+                let file = File::create(&path).map_err(|e| Error::io(writing(), e))?;
+                let mut w = BufWriter::new(file);
+                w.write_all(header().as_bytes())
+                    .and_then(|()| w.flush())
+                    .map_err(|e| Error::io(writing(), e))?;
                 Some(w)
             }
             None => None,
@@ -238,19 +244,19 @@ impl Collector {
     }
 
     /// Writes the rows of every second that ended `GRACE_SECS` before `now_second`.
-    pub fn close_before(&mut self, now_second: u64) -> anyhow::Result<()> {
+    pub fn close_before(&mut self, now_second: u64) -> Result<()> {
         self.close_through(now_second.saturating_sub(GRACE_SECS + 1))
     }
 
     /// Writes the rows of every second reported so far.
-    pub fn finish(&mut self) -> anyhow::Result<()> {
+    pub fn finish(&mut self) -> Result<()> {
         match self.open.keys().next_back().copied() {
             Some(last) => self.close_through(last),
             None => Ok(()),
         }
     }
 
-    fn close_through(&mut self, last: u64) -> anyhow::Result<()> {
+    fn close_through(&mut self, last: u64) -> Result<()> {
         let Some(first) = self.next_open.or_else(|| self.open.keys().next().copied()) else {
             return Ok(());
         };
@@ -259,12 +265,13 @@ impl Collector {
             self.next_open = Some(second + 1);
         }
         if let Some(out) = self.out.as_mut() {
-            out.flush()?;
+            out.flush()
+                .map_err(|e| Error::io("writing series.csv", e))?;
         }
         Ok(())
     }
 
-    fn close_second(&mut self, second: u64) -> anyhow::Result<()> {
+    fn close_second(&mut self, second: u64) -> Result<()> {
         let mut cells = self.open.remove(&second).unwrap_or_default();
         let phase = self.phase_at(second).to_string();
         let roles: Vec<String> = self
@@ -298,7 +305,8 @@ impl Collector {
                 .collect();
             let line = line.join(",") + "\n";
             if let Some(out) = self.out.as_mut() {
-                out.write_all(line.as_bytes())?;
+                out.write_all(line.as_bytes())
+                    .map_err(|e| Error::io("writing series.csv", e))?;
             }
             self.csv.push_str(&line);
             self.rows_written += 1;

@@ -5,9 +5,11 @@
 //!
 //! Modules (the HTTP side, dashboard and `/metrics`, is here in lib.rs):
 //! - `collector`: merges samples by wall-clock second into one row per second per role, and
-//!   writes each row once its second is closed.
+//!   writes each row once its second is closed;
+//! - `error`: the crate's error: what failed, and what we were doing.
 
 pub mod collector;
+pub mod error;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,13 +19,13 @@ use std::time::Duration;
 
 use hongbao_sys::clock::unix_ms;
 
-use anyhow::Context;
 use hongbao_http::access::{changes_state, run_key, BrowserGuard, RunKey};
 use hongbao_http::{json_object, Request, Response, Server};
 use hongbao_telemetry::reporter::{MONITOR_KEY_ENV, MONITOR_KEY_FILE};
 use serde_json::{json, Value};
 
 pub use collector::Collector;
+pub use error::{Error, Result};
 use hongbao_telemetry::Sample;
 
 /// Largest request body accepted.
@@ -54,7 +56,7 @@ impl Monitor {
     /// Listens on `listen` and writes `dir/series.csv` (and reads `dir/broadcasts.json` for
     /// the dashboard) when `dir` is given. Reports and marks must carry a key made for
     /// this run (`key`: hand it to the processes that report, out of sight).
-    pub fn start(listen: SocketAddr, dir: Option<&Path>, title: &str) -> anyhow::Result<Monitor> {
+    pub fn start(listen: SocketAddr, dir: Option<&Path>, title: &str) -> Result<Monitor> {
         Monitor::start_with_key(listen, dir, title, &hongbao_http::access::new_key())
     }
 
@@ -64,7 +66,7 @@ impl Monitor {
         dir: Option<&Path>,
         title: &str,
         key: &str,
-    ) -> anyhow::Result<Monitor> {
+    ) -> Result<Monitor> {
         Monitor::start_tls(listen, dir, title, key, None)
     }
 
@@ -76,13 +78,13 @@ impl Monitor {
         title: &str,
         key: &str,
         tls: Option<&hongbao_http::tls::TlsFiles>,
-    ) -> anyhow::Result<Monitor> {
+    ) -> Result<Monitor> {
         let tls = match tls {
             Some(files) => {
-                let (cert, key) = files.read().map_err(anyhow::Error::msg)?;
+                let (cert, key) = files.read().map_err(Error::Tls)?;
                 let config =
                     hongbao_http::tls::server_config(&cert, &key, &[hongbao_http::tls::ALPN_HTTP])
-                        .map_err(anyhow::Error::msg)?;
+                        .map_err(Error::Tls)?;
                 Some(hongbao_http::ServeTls {
                     config: hongbao_http::tls::Reloadable::new(config),
                     on_refused: Arc::new(
@@ -93,14 +95,18 @@ impl Monitor {
             None => None,
         };
         let collector = Arc::new(Mutex::new(Collector::new(dir)?));
-        let listener = std::net::TcpListener::bind(listen)
-            .with_context(|| format!("monitor cannot listen on {listen}"))?;
+        let cannot_listen = || format!("monitor cannot listen on {listen}");
+        let listener =
+            std::net::TcpListener::bind(listen).map_err(|e| Error::io(cannot_listen(), e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io(cannot_listen(), e))?;
         let shared = Shared {
             collector: collector.clone(),
             dir: dir.map(Path::to_path_buf),
             title: title.to_string(),
             key: RunKey::of(key),
-            guard: BrowserGuard::new(listener.local_addr()?, &[], &[]),
+            guard: BrowserGuard::new(addr, &[], &[]),
         };
         let server = Server::serve_tls(listener, "monitor-http", MAX_BODY, tls, move |r| {
             let answer = match shared.guard.check(&r) {
@@ -109,7 +115,7 @@ impl Monitor {
             };
             answer.with_header("Cache-Control", "no-store")
         })
-        .with_context(|| format!("monitor cannot listen on {listen}"))?;
+        .map_err(|e| Error::io(cannot_listen(), e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (ticker_collector, ticker_stop) = (collector.clone(), stop.clone());
         let ticker = Some(
@@ -123,7 +129,8 @@ impl Monitor {
                             tracing::warn!(error = %e, "writing the series failed");
                         }
                     }
-                })?,
+                })
+                .map_err(|e| Error::io("starting the monitor's ticker", e))?,
         );
         Ok(Monitor {
             addr: server.addr(),
@@ -175,7 +182,7 @@ impl Monitor {
     }
 
     /// Writes every second reported so far and stops serving.
-    pub fn finish(mut self) -> anyhow::Result<()> {
+    pub fn finish(mut self) -> Result<()> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.ticker.take() {
             let _ = t.join();
@@ -296,10 +303,10 @@ pub fn run_cli(
     key_file: Option<&Path>,
     tls: Option<&hongbao_http::tls::TlsFiles>,
     stop: &hongbao_sys::Stop,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let key_file = key_file.unwrap_or(Path::new(MONITOR_KEY_FILE));
     let key = run_key(MONITOR_KEY_ENV, key_file, true)
-        .with_context(|| format!("the monitor's key file {}", key_file.display()))?
+        .map_err(|e| Error::io(format!("the monitor's key file {}", key_file.display()), e))?
         .expect("made when missing");
     let monitor = Monitor::start_tls(listen, Some(out), "hongbao monitor", &key, tls)?;
     let scheme = if tls.is_some() { "https" } else { "http" };

@@ -25,7 +25,7 @@ pub struct Broadcast {
 
 impl Broadcast {
     /// Parses `broadcasts.json` (an array of entries).
-    pub fn from_json(text: &str) -> anyhow::Result<Vec<Broadcast>> {
+    pub fn from_json(text: &str) -> crate::Result<Vec<Broadcast>> {
         Ok(serde_json::from_str(text)?)
     }
 

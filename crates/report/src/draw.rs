@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Once;
 
-use anyhow::anyhow;
+use crate::error::{Error, Result};
 use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::types::RangedCoordf64;
 use plotters::element::DashedPathElement;
@@ -46,25 +46,32 @@ fn register_font() {
 }
 
 /// The plot as an SVG document.
-pub(crate) fn svg(plot: &Plot) -> anyhow::Result<String> {
+pub(crate) fn svg(plot: &Plot) -> Result<String> {
     register_font();
     let mut out = String::with_capacity(64 * 1024);
     {
         let root = SVGBackend::with_string(&mut out, (WIDTH, HEIGHT)).into_drawing_area();
-        draw(&root, plot).map_err(|e| anyhow!("while drawing {:?} as SVG: {e}", plot.title))?;
+        draw(&root, plot)
+            .map_err(|e| Error::Draw(format!("while drawing {:?} as SVG: {e}", plot.title)))?;
         root.present()
-            .map_err(|e| anyhow!("while finishing {:?} as SVG: {e}", plot.title))?;
+            .map_err(|e| Error::Draw(format!("while finishing {:?} as SVG: {e}", plot.title)))?;
     }
     Ok(out)
 }
 
 /// The plot as a PNG file at `path`.
-pub(crate) fn png(plot: &Plot, path: &Path) -> anyhow::Result<()> {
+pub(crate) fn png(plot: &Plot, path: &Path) -> Result<()> {
     register_font();
     let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
-    draw(&root, plot).map_err(|e| anyhow!("while drawing {:?} as PNG: {e}", plot.title))?;
-    root.present()
-        .map_err(|e| anyhow!("while writing {:?} to {}: {e}", plot.title, path.display()))?;
+    draw(&root, plot)
+        .map_err(|e| Error::Draw(format!("while drawing {:?} as PNG: {e}", plot.title)))?;
+    root.present().map_err(|e| {
+        Error::Draw(format!(
+            "while writing {:?} to {}: {e}",
+            plot.title,
+            path.display()
+        ))
+    })?;
     Ok(())
 }
 

@@ -14,12 +14,14 @@
 //! - `html`: escaping and the stylesheet that report.html and the dashboard share;
 //! - `render`: the named chart drawn: an SVG document, or a PNG file;
 //! - `report`: writes the report directory (report.html and a PNG of every chart);
-//! - `dashboard`: the live page, which polls the monitor and swaps each chart's SVG in.
+//! - `dashboard`: the live page, which polls the monitor and swaps each chart's SVG in;
+//! - `error`: the crate's error: what failed, and what we were doing.
 
 mod broadcast;
 mod chart;
 mod dashboard;
 mod draw;
+mod error;
 mod html;
 mod render;
 mod report;
@@ -30,6 +32,7 @@ use std::path::Path;
 
 pub use broadcast::Broadcast;
 pub use chart::{chart_list, ChartEntry, ChartInfo, CHAOS_PHASE, CHARTS};
+pub use error::{Error, Result};
 pub use html::escape;
 pub use render::{render_png, render_svg, CHART_SIZE};
 pub use series::{PhaseStart, Role, Series, COLUMNS};
@@ -41,7 +44,7 @@ pub use xy::XyChart;
 ///
 /// An unreadable summary.json or broadcasts.json is reported on the page rather than
 /// failing the report; a missing or malformed series.csv is an error.
-pub fn write_report(dir: &Path) -> anyhow::Result<Vec<String>> {
+pub fn write_report(dir: &Path) -> Result<Vec<String>> {
     report::write_report(dir)
 }
 

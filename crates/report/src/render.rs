@@ -27,7 +27,7 @@ pub fn render_png(
     broadcasts: &[Broadcast],
     name: &str,
     path: &Path,
-) -> anyhow::Result<bool> {
+) -> crate::Result<bool> {
     let Some(plot) = chart::plot(series, broadcasts, name) else {
         return Ok(false);
     };

@@ -7,11 +7,11 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::Context;
 use serde_json::Value;
 
 use crate::broadcast::Broadcast;
 use crate::chart::chart_list;
+use crate::error::{Error, Result};
 use crate::html::{escape, STYLE};
 use crate::series::Series;
 
@@ -26,7 +26,7 @@ enum Optional<T> {
     Unreadable(String),
 }
 
-fn read_optional<T>(path: &Path, parse: impl FnOnce(&str) -> anyhow::Result<T>) -> Optional<T> {
+fn read_optional<T>(path: &Path, parse: impl FnOnce(&str) -> Result<T>) -> Optional<T> {
     match std::fs::read_to_string(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Optional::Absent,
         Err(e) => Optional::Unreadable(format!("{}: {e}", path.display())),
@@ -38,12 +38,12 @@ fn read_optional<T>(path: &Path, parse: impl FnOnce(&str) -> anyhow::Result<T>) 
 }
 
 /// See [`crate::write_report`].
-pub(crate) fn write_report(dir: &Path) -> anyhow::Result<Vec<String>> {
+pub(crate) fn write_report(dir: &Path) -> Result<Vec<String>> {
     let series_path = dir.join("series.csv");
     let series_text = std::fs::read_to_string(&series_path)
-        .with_context(|| format!("while reading {}", series_path.display()))?;
+        .map_err(|e| Error::io(format!("while reading {}", series_path.display()), e))?;
     let series = Series::from_csv(&series_text)
-        .with_context(|| format!("while parsing {}", series_path.display()))?;
+        .map_err(|e| e.within(format!("while parsing {}", series_path.display())))?;
     let summary = read_optional(&dir.join("summary.json"), |t| {
         Ok(serde_json::from_str::<Value>(t)?)
     });
@@ -124,7 +124,7 @@ pub(crate) fn write_report(dir: &Path) -> anyhow::Result<Vec<String>> {
 
     let report_path = dir.join("report.html");
     std::fs::write(&report_path, page)
-        .with_context(|| format!("while writing {}", report_path.display()))?;
+        .map_err(|e| Error::io(format!("while writing {}", report_path.display()), e))?;
     Ok(written)
 }
 

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context};
+use crate::error::{Error, Result};
 
 /// Who a row describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -108,7 +108,7 @@ impl Series {
     /// Parses `series.csv`. The header must name `unix_second` and `role`; unknown columns
     /// and roles are ignored. A last line without its newline is skipped when it has fewer
     /// cells than the header, since the monitor may be in the middle of writing it.
-    pub fn from_csv(text: &str) -> anyhow::Result<Series> {
+    pub fn from_csv(text: &str) -> Result<Series> {
         let mut lines = text.lines().enumerate();
         let Some((_, header)) = lines.by_ref().find(|(_, line)| !line.trim().is_empty()) else {
             return Ok(Series::default());
@@ -116,10 +116,16 @@ impl Series {
         let header = split_csv_line(header);
         let column = |name: &str| header.iter().position(|h| h.trim() == name);
         let Some(second_at) = column("unix_second") else {
-            bail!("series.csv header has no unix_second column: {:?}", header);
+            return Err(Error::BadInput(format!(
+                "series.csv header has no unix_second column: {:?}",
+                header
+            )));
         };
         let Some(role_at) = column("role") else {
-            bail!("series.csv header has no role column: {:?}", header);
+            return Err(Error::BadInput(format!(
+                "series.csv header has no role column: {:?}",
+                header
+            )));
         };
         let phase_at = column("phase");
         let metric_at: Vec<(usize, usize)> = header
@@ -140,12 +146,12 @@ impl Series {
                 continue;
             }
             let cell = |at: usize| cells.get(at).map(|c| c.trim()).unwrap_or("");
-            let second: u64 = cell(second_at).parse().with_context(|| {
-                format!(
-                    "while reading series.csv line {}: unix_second {:?} is not a whole number",
+            let second: u64 = cell(second_at).parse().map_err(|e| {
+                Error::BadInput(format!(
+                    "while reading series.csv line {}: unix_second {:?} is not a whole number: {e}",
                     index + 1,
                     cell(second_at)
-                )
+                ))
             })?;
             let Some(role) = Role::parse(cell(role_at)) else {
                 continue;

@@ -79,13 +79,15 @@ impl XyChart {
     }
 
     /// The chart as an SVG document.
-    pub fn svg(&self) -> anyhow::Result<String> {
+    pub fn svg(&self) -> crate::Result<String> {
         crate::draw::svg(&self.plot())
     }
 
     /// Writes DIR/NAME.svg and DIR/NAME.png.
-    pub fn write(&self, dir: &Path, name: &str) -> anyhow::Result<()> {
-        std::fs::write(dir.join(format!("{name}.svg")), self.svg()?)?;
+    pub fn write(&self, dir: &Path, name: &str) -> crate::Result<()> {
+        let path = dir.join(format!("{name}.svg"));
+        std::fs::write(&path, self.svg()?)
+            .map_err(|e| crate::Error::io(format!("while writing {}", path.display()), e))?;
         crate::draw::png(&self.plot(), &dir.join(format!("{name}.png")))
     }
 }

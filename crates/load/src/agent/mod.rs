@@ -20,13 +20,13 @@ use std::sync::mpsc::{self, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use hongbao_sys::clock::unix_us;
 use hongbao_sys::Stop;
 
 pub mod link;
 
 use crate::client::Command;
+use crate::error::{Error, Result};
 use link::{ClockFilter, ClockReading, ClockSample, Down, Link, Up};
 
 /// What `hongbao load-agent` is told.
@@ -51,46 +51,72 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const TURN: Duration = Duration::from_millis(100);
 /// Pings when joining; the best of them sets the first offset.
 const JOIN_PINGS: usize = link::CLOCK_SAMPLES;
+/// What the agent was doing when the link failed under it.
+const PINGING: &str = "pinging the coordinator";
+const TELLING_THE_CLOCK: &str = "telling the coordinator its clock";
 
 /// Runs an agent until its client has finished (or the coordinator is gone: an error).
-pub fn run(opts: AgentOptions, stop: &Stop) -> anyhow::Result<()> {
+pub fn run(opts: AgentOptions, stop: &Stop) -> Result<()> {
     let key = hongbao_http::access::run_key(link::KEY_ENV, &opts.key_file, false)
-        .with_context(|| format!("reading the agent key {}", opts.key_file.display()))?
-        .with_context(|| {
-            format!(
+        .map_err(|e| {
+            Error::io(
+                format!("reading the agent key {}", opts.key_file.display()),
+                e,
+            )
+        })?
+        .ok_or_else(|| {
+            Error::Config(format!(
                 "no agent key: {} is not set and {} does not exist (the coordinator makes it)",
                 link::KEY_ENV,
                 opts.key_file.display()
-            )
+            ))
         })?;
-    let ca = std::fs::read(&opts.ca_file)
-        .with_context(|| format!("reading the coordinator's CA {}", opts.ca_file.display()))?;
-    let config =
-        hongbao_proto::tls::client_config(&ca, &[link::ALPN]).map_err(anyhow::Error::msg)?;
+    let ca = std::fs::read(&opts.ca_file).map_err(|e| {
+        Error::io(
+            format!("reading the coordinator's CA {}", opts.ca_file.display()),
+            e,
+        )
+    })?;
+    let config = hongbao_proto::tls::client_config(&ca, &[link::ALPN]).map_err(Error::Config)?;
     let mut link = dial(&opts.coordinator, config, opts.join_timeout, stop)?;
     link.send(&Up::Hello {
         protocol: link::PROTOCOL,
         key,
         name: opts.name.clone(),
         index: opts.index,
-    })?;
+    })
+    .map_err(|e| Error::io("saying hello to the coordinator", e))?;
     let (index, agents) = match next_message(&mut link, ANSWER_TIMEOUT)? {
         Down::Welcome { index, agents } => (index, agents),
-        Down::Refused { reason } => bail!("the coordinator refused this agent: {reason}"),
-        other => bail!("the coordinator answered the hello with {other:?}"),
+        Down::Refused { reason } => {
+            return Err(Error::Refused(format!(
+                "the coordinator refused this agent: {reason}"
+            )))
+        }
+        other => {
+            return Err(Error::Refused(format!(
+                "the coordinator answered the hello with {other:?}"
+            )))
+        }
     };
     let _span = tracing::info_span!("load_agent", index).entered();
     let mut clock = Clock::default();
     for _ in 0..JOIN_PINGS {
         let t0_us = unix_us();
-        link.send(&Up::Ping { t0_us })?;
+        link.send(&Up::Ping { t0_us })
+            .map_err(|e| Error::io(PINGING, e))?;
         match next_message(&mut link, ANSWER_TIMEOUT)? {
             Down::Pong { t0_us, t1_us } => clock.pong(t0_us, t1_us),
-            other => bail!("the coordinator answered a ping with {other:?}"),
+            other => {
+                return Err(Error::Refused(format!(
+                    "the coordinator answered a ping with {other:?}"
+                )))
+            }
         }
     }
     clock.applied_us = clock.filter.best().map_or(0, |s| s.offset_us);
-    link.send(&Up::Clock(clock.reading()))?;
+    link.send(&Up::Clock(clock.reading()))
+        .map_err(|e| Error::io(TELLING_THE_CLOCK, e))?;
     tracing::info!(
         index,
         agents,
@@ -107,12 +133,16 @@ pub fn run(opts: AgentOptions, stop: &Stop) -> anyhow::Result<()> {
         let mut start = None;
         for line in link
             .lines()
-            .context("the coordinator went away before the start")?
+            .map_err(|e| Error::io("the coordinator went away before the start", e))?
         {
             match serde_json::from_slice::<Down>(&line)? {
                 Down::Pong { t0_us, t1_us } => clock.pong(t0_us, t1_us),
                 Down::Start(options) => start = Some(options),
-                Down::Refused { reason } => bail!("the coordinator sent this agent away: {reason}"),
+                Down::Refused { reason } => {
+                    return Err(Error::Refused(format!(
+                        "the coordinator sent this agent away: {reason}"
+                    )))
+                }
                 other => tracing::warn!(message = ?other, "unexpected before the start"),
             }
         }
@@ -120,7 +150,8 @@ pub fn run(opts: AgentOptions, stop: &Stop) -> anyhow::Result<()> {
             break options;
         }
         if last_ping.elapsed().as_millis() as u64 >= link::PING_EVERY_MS {
-            link.send(&Up::Ping { t0_us: unix_us() })?;
+            link.send(&Up::Ping { t0_us: unix_us() })
+                .map_err(|e| Error::io(PINGING, e))?;
             last_ping = Instant::now();
         }
     };
@@ -183,9 +214,9 @@ struct Relay {
 }
 
 impl Relay {
-    fn start(options: &crate::client::ClientOptions) -> anyhow::Result<Relay> {
-        let (child, stdin, stdout) =
-            crate::client::start_process(Process::new(std::env::current_exe()?), options)?;
+    fn start(options: &crate::client::ClientOptions) -> Result<Relay> {
+        let exe = std::env::current_exe().map_err(|e| Error::io("finding this executable", e))?;
+        let (child, stdin, stdout) = crate::client::start_process(Process::new(exe), options)?;
         let (tx, reports) = mpsc::channel();
         std::thread::Builder::new()
             .name("agent-client-reports".into())
@@ -196,7 +227,8 @@ impl Relay {
                         break;
                     }
                 }
-            })?;
+            })
+            .map_err(|e| Error::io("starting the client's report reader", e))?;
         Ok(Relay {
             child,
             stdin: Some(stdin),
@@ -214,7 +246,7 @@ impl Relay {
     }
 
     /// Relays until the client has sent its last report and ended.
-    fn relay(&mut self, link: &mut Link, clock: &mut Clock, stop: &Stop) -> anyhow::Result<()> {
+    fn relay(&mut self, link: &mut Link, clock: &mut Clock, stop: &Stop) -> Result<()> {
         let mut last_ping = Instant::now();
         let mut stopping = false;
         loop {
@@ -223,8 +255,10 @@ impl Relay {
                 // After the client's last report the coordinator closes: that is the end.
                 Err(_) if self.ended_within(Duration::from_secs(2)) => return Ok(()),
                 Err(e) => {
-                    return Err(anyhow::Error::new(e)
-                        .context("the coordinator went away (the client is stopped)"))
+                    return Err(Error::io(
+                        "the coordinator went away (the client is stopped)",
+                        e,
+                    ))
                 }
             };
             for line in lines {
@@ -235,7 +269,8 @@ impl Relay {
                             tracing::info!(offset_us, "the clock moved: the schedule follows");
                             self.command(&Command::Clock { offset_us });
                         }
-                        link.send(&Up::Clock(clock.reading()))?;
+                        link.send(&Up::Clock(clock.reading()))
+                            .map_err(|e| Error::io(TELLING_THE_CLOCK, e))?;
                     }
                     Ok(Down::Command(command)) => self.command(&command),
                     Ok(other) => tracing::warn!(message = ?other, "unexpected while running"),
@@ -244,7 +279,9 @@ impl Relay {
             }
             loop {
                 match self.reports.try_recv() {
-                    Ok(report) => link.send_raw(&link::report_line(&report))?,
+                    Ok(report) => link
+                        .send_raw(&link::report_line(&report))
+                        .map_err(|e| Error::io("relaying a report to the coordinator", e))?,
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => return Ok(()),
                 }
@@ -256,7 +293,8 @@ impl Relay {
                 self.command(&Command::Stop);
             }
             if last_ping.elapsed().as_millis() as u64 >= link::PING_EVERY_MS {
-                link.send(&Up::Ping { t0_us: unix_us() })?;
+                link.send(&Up::Ping { t0_us: unix_us() })
+                    .map_err(|e| Error::io(PINGING, e))?;
                 last_ping = Instant::now();
             }
         }
@@ -292,13 +330,16 @@ impl Relay {
 }
 
 /// The next line, decoded, within `timeout`.
-fn next_message(link: &mut Link, timeout: Duration) -> anyhow::Result<Down> {
+fn next_message(link: &mut Link, timeout: Duration) -> Result<Down> {
     match link
         .line_within(timeout)
-        .context("the coordinator closed the link")?
+        .map_err(|e| Error::io("the coordinator closed the link", e))?
     {
-        Some(line) => serde_json::from_slice(&line).context("a bad line from the coordinator"),
-        None => bail!("the coordinator did not answer within {timeout:?}"),
+        Some(line) => serde_json::from_slice(&line)
+            .map_err(|e| Error::Json(e).within("a bad line from the coordinator")),
+        None => Err(Error::Timeout(format!(
+            "the coordinator did not answer within {timeout:?}"
+        ))),
     }
 }
 
@@ -309,13 +350,16 @@ fn dial(
     config: Arc<rustls::ClientConfig>,
     timeout: Duration,
     stop: &Stop,
-) -> anyhow::Result<Link> {
+) -> Result<Link> {
     let (host, _) = coordinator
         .rsplit_once(':')
-        .with_context(|| format!("--coordinator {coordinator:?} is not HOST:PORT"))?;
+        .ok_or_else(|| Error::Config(format!("--coordinator {coordinator:?} is not HOST:PORT")))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let name = rustls::pki_types::ServerName::try_from(host.to_string())
-        .with_context(|| format!("{host:?} is not a name a certificate can have"))?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
+        Error::Config(format!(
+            "{host:?} is not a name a certificate can have: {e}"
+        ))
+    })?;
     let deadline = Instant::now() + timeout;
     let tcp = loop {
         let attempt = coordinator
@@ -332,13 +376,20 @@ fn dial(
                 tracing::debug!(error = %e, "the coordinator is not there yet");
                 std::thread::sleep(Duration::from_secs(1));
             }
-            Err(e) => bail!("reaching the coordinator at {coordinator}: {e}"),
+            Err(e) => {
+                return Err(Error::io(
+                    format!("reaching the coordinator at {coordinator}"),
+                    e,
+                ))
+            }
         }
     };
-    tcp.set_nodelay(true)?;
-    let conn = rustls::ClientConnection::new(config, name)?;
-    let mut link = handshake(conn, tcp)
-        .with_context(|| format!("TLS with the coordinator at {coordinator}"))?;
+    let tls_with = || format!("TLS with the coordinator at {coordinator}");
+    tcp.set_nodelay(true)
+        .map_err(|e| Error::io(format!("reaching the coordinator at {coordinator}"), e))?;
+    let conn =
+        rustls::ClientConnection::new(config, name).map_err(|e| Error::Config(e.to_string()))?;
+    let mut link = handshake(conn, tcp).map_err(|e| e.within(tls_with()))?;
     // The coordinator's certificate is proved: its lines may be long (a start's options).
     link.set_max_line(link::LINE_MAX);
     Ok(link)
@@ -346,19 +397,24 @@ fn dial(
 
 /// Completes a TLS handshake (within [`ANSWER_TIMEOUT`]), insists on the agent link's
 /// application protocol, and makes the link, its reads waiting at most a [`TURN`].
-pub fn handshake<C, S>(mut conn: C, mut tcp: TcpStream) -> anyhow::Result<Link>
+pub fn handshake<C, S>(mut conn: C, mut tcp: TcpStream) -> Result<Link>
 where
     C: std::ops::DerefMut + std::ops::Deref<Target = rustls::ConnectionCommon<S>> + Send + 'static,
     S: rustls::SideData + 'static,
 {
-    tcp.set_read_timeout(Some(ANSWER_TIMEOUT))?;
+    let timing_out = |e| Error::io("setting the link's read timeout", e);
+    tcp.set_read_timeout(Some(ANSWER_TIMEOUT))
+        .map_err(timing_out)?;
     while conn.is_handshaking() {
-        conn.complete_io(&mut tcp)?;
+        conn.complete_io(&mut tcp)
+            .map_err(|e| Error::io("completing the handshake", e))?;
     }
     if conn.alpn_protocol() != Some(link::ALPN) {
-        bail!("the other end does not speak the agent link");
+        return Err(Error::Refused(
+            "the other end does not speak the agent link".into(),
+        ));
     }
-    tcp.set_read_timeout(Some(TURN))?;
+    tcp.set_read_timeout(Some(TURN)).map_err(timing_out)?;
     Ok(Link::new(
         Box::new(rustls::StreamOwned::new(conn, tcp)),
         link::HELLO_MAX,

@@ -166,11 +166,11 @@ struct Client {
 }
 
 /// Runs one client process until told to stop (or its stdin closes).
-pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
+pub fn run(opts: ClientOptions) -> crate::Result<()> {
     let _span = tracing::info_span!("load_client", proc = opts.proc_index).entered();
     hongbao_sys::limits::raise_nofile_limit();
     let range = partition(opts.users, opts.procs, opts.proc_index);
-    let poll = Poll::new()?;
+    let poll = Poll::new().map_err(|e| crate::Error::io("making the poll", e))?;
     let users = (range.start..range.end)
         .map(|_| User {
             stream: None,
@@ -188,7 +188,8 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
         .collect();
     stdio::set_nonblocking(0);
     poll.registry()
-        .register(&mut SourceFd(&0), STDIN, Interest::READABLE)?;
+        .register(&mut SourceFd(&0), STDIN, Interest::READABLE)
+        .map_err(|e| crate::Error::io("polling stdin", e))?;
     let minter = opts.signer.minter(&opts.secret)?;
     // Each listener says what it speaks: binary frames, or HTTP (and WebSocket upgrades).
     let alpn = match opts.transport {
@@ -198,7 +199,7 @@ pub fn run(opts: ClientOptions) -> anyhow::Result<()> {
     let tls = match &opts.tls_ca {
         Some(ca) => Some(
             hongbao_proto::tls::client_config(ca.as_bytes(), &[alpn])
-                .map_err(anyhow::Error::msg)?,
+                .map_err(crate::Error::Config)?,
         ),
         None => None,
     };
@@ -253,14 +254,14 @@ impl Client {
     /// The one loop. A turn reads the clock once, when the poll returns, and everything
     /// the turn does is as of then: what arrived, then what the schedule and the
     /// connects have due. A firing falls at most a turn late, and is measured so.
-    pub(super) fn event_loop(&mut self) -> anyhow::Result<()> {
+    pub(super) fn event_loop(&mut self) -> crate::Result<()> {
         let mut events = Events::with_capacity(4096);
         let mut read_buf = vec![0u8; 64 * 1024];
         let mut timeout = Duration::ZERO;
         while !self.stop {
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != ErrorKind::Interrupted {
-                    return Err(e.into());
+                    return Err(crate::Error::io("waiting for events", e));
                 }
             }
             let now = UnixTime::now();

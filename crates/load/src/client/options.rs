@@ -104,12 +104,13 @@ impl Default for Signer {
 
 impl Signer {
     /// The minter of these tokens, with `secret` for HS256.
-    pub fn minter(&self, secret: &str) -> anyhow::Result<hongbao_proto::token::Minter> {
+    pub fn minter(&self, secret: &str) -> crate::Result<hongbao_proto::token::Minter> {
         let material = match self.alg {
             hongbao_proto::token::Alg::HS256 => secret.as_bytes(),
             _ => self.private_key_pem.as_bytes(),
         };
-        hongbao_proto::token::Minter::new(&self.kid, self.alg, material).map_err(anyhow::Error::msg)
+        hongbao_proto::token::Minter::new(&self.kid, self.alg, material)
+            .map_err(|e| crate::Error::Config(e.to_string()))
     }
 }
 
@@ -135,12 +136,12 @@ pub enum Command {
 pub fn start_process(
     mut command: std::process::Command,
     options: &ClientOptions,
-) -> anyhow::Result<(
+) -> crate::Result<(
     std::process::Child,
     std::process::ChildStdin,
     std::process::ChildStdout,
 )> {
-    use anyhow::Context;
+    use crate::Error;
     use std::io::Write;
     use std::process::Stdio;
     let mut child = command
@@ -148,11 +149,11 @@ pub fn start_process(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .context("starting a load client process")?;
+        .map_err(|e| Error::io("starting a load client process", e))?;
     let mut stdin = child.stdin.take().expect("piped");
     stdin
         .write_all((serde_json::to_string(options)? + "\n").as_bytes())
-        .context("giving a load client its options")?;
+        .map_err(|e| Error::io("giving a load client its options", e))?;
     let stdout = child.stdout.take().expect("piped");
     Ok((child, stdin, stdout))
 }

@@ -18,7 +18,7 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use crate::error::{Error, Result};
 use hongbao_sys::clock::{unix_ms, unix_us};
 use serde::{Deserialize, Serialize};
 
@@ -122,15 +122,17 @@ impl Drop for AgentHub {
 
 impl AgentHub {
     /// Listens for agents (the key and TLS files read from `plan.dir`, made if missing).
-    pub fn listen(plan: &AgentPlan) -> anyhow::Result<AgentHub> {
+    pub fn listen(plan: &AgentPlan) -> Result<AgentHub> {
         if plan.count == 0 {
-            bail!("--agents must be at least 1");
+            return Err(Error::Config("--agents must be at least 1".into()));
         }
         let files = LinkFiles::ensure(&plan.dir, plan.listen, &plan.cert_names)?;
-        let listener = TcpListener::bind(plan.listen)
-            .with_context(|| format!("binding the agents' address {}", plan.listen))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+        let binding = || format!("binding the agents' address {}", plan.listen);
+        let listener = TcpListener::bind(plan.listen).map_err(|e| Error::io(binding(), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(binding(), e))?;
+        let addr = listener.local_addr().map_err(|e| Error::io(binding(), e))?;
         let state = Arc::new(Mutex::new(State {
             count: plan.count,
             ..State::default()
@@ -146,7 +148,8 @@ impl AgentHub {
         let accepting = stop.clone();
         std::thread::Builder::new()
             .name("agent-door".into())
-            .spawn(move || door.accept(listener, &accepting))?;
+            .spawn(move || door.accept(listener, &accepting))
+            .map_err(|e| Error::io("starting the agents' door", e))?;
         Ok(AgentHub {
             addr,
             state,
@@ -167,7 +170,7 @@ impl AgentHub {
 
     /// Waits until every agent has joined (and measured its clock); an error naming how
     /// many did on timeout.
-    pub fn wait_joined(&self, timeout: Duration) -> anyhow::Result<()> {
+    pub fn wait_joined(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             let (joined, count) = {
@@ -179,7 +182,9 @@ impl AgentHub {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("{joined} of {count} agents joined within {timeout:?}");
+                return Err(Error::Timeout(format!(
+                    "{joined} of {count} agents joined within {timeout:?}"
+                )));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -190,12 +195,15 @@ impl AgentHub {
     pub(super) fn start(
         &self,
         options: impl Fn(u32) -> ClientOptions,
-    ) -> anyhow::Result<(Vec<Sender<Down>>, Receiver<Event>)> {
+    ) -> Result<(Vec<Sender<Down>>, Receiver<Event>)> {
         let mut s = self.state.lock().unwrap();
         s.started = true;
         let mut senders = Vec::new();
         for (&index, joined) in &s.joined {
-            joined.tx.send(Down::Start(Box::new(options(index))))?;
+            joined
+                .tx
+                .send(Down::Start(Box::new(options(index))))
+                .map_err(|e| Error::Refused(e.to_string()))?;
             senders.push(joined.tx.clone());
         }
         let events = self
@@ -203,7 +211,7 @@ impl AgentHub {
             .lock()
             .unwrap()
             .take()
-            .context("started twice")?;
+            .ok_or_else(|| Error::Refused("started twice".into()))?;
         Ok((senders, events))
     }
 
@@ -472,7 +480,7 @@ pub(super) fn spawn_agents(
     hub: &AgentHub,
     count: u32,
     hosts: &[hongbao_sys::netns::Host],
-) -> anyhow::Result<Vec<Child>> {
+) -> Result<Vec<Child>> {
     let mut children = Vec::new();
     for i in 0..count {
         let mut command = match hosts.get(i as usize % hosts.len().max(1)) {
@@ -493,7 +501,7 @@ pub(super) fn spawn_agents(
             .arg(format!("agent-{i}"))
             .stdin(Stdio::null())
             .spawn()
-            .context("starting a load agent")?;
+            .map_err(|e| Error::io("starting a load agent", e))?;
         children.push(child);
     }
     Ok(children)
@@ -527,11 +535,12 @@ mod tests {
     }
 
     /// A TLS link to the hub, trusting `ca`.
-    fn dial(hub: &AgentHub, ca: &[u8]) -> anyhow::Result<Link> {
+    fn dial(hub: &AgentHub, ca: &[u8]) -> Result<Link> {
         let config = hongbao_proto::tls::client_config(ca, &[link::ALPN]).unwrap();
         let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let conn = rustls::ClientConnection::new(config, name)?;
-        crate::agent::handshake(conn, TcpStream::connect(hub.addr())?)
+        let conn = rustls::ClientConnection::new(config, name).unwrap();
+        let tcp = TcpStream::connect(hub.addr()).map_err(|e| Error::io("connecting", e))?;
+        crate::agent::handshake(conn, tcp)
     }
 
     fn hello(link: &mut Link, key: &str, index: Option<u32>) -> Down {

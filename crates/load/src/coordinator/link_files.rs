@@ -5,9 +5,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context;
-
 use crate::agent::link;
+use crate::error::{Error, Result};
 
 /// The key and TLS files of the agent link in a directory: used when there, made when
 /// not (a key of 256 bits, a throwaway CA and a certificate for the listen address).
@@ -20,15 +19,12 @@ pub(super) struct LinkFiles {
 }
 
 impl LinkFiles {
-    pub(super) fn ensure(
-        dir: &Path,
-        listen: SocketAddr,
-        names: &[String],
-    ) -> anyhow::Result<LinkFiles> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    pub(super) fn ensure(dir: &Path, listen: SocketAddr, names: &[String]) -> Result<LinkFiles> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         let key_file = dir.join(link::KEY_FILE);
         let key = hongbao_http::access::run_key(link::KEY_ENV, &key_file, true)
-            .with_context(|| format!("the agent key {}", key_file.display()))?
+            .map_err(|e| Error::io(format!("the agent key {}", key_file.display()), e))?
             .expect("made when missing");
         let (ca_file, cert_file, cert_key_file) = (
             dir.join(link::CA_FILE),
@@ -43,21 +39,30 @@ impl LinkFiles {
             all.extend(names.iter().cloned());
             all.dedup();
             let names: Vec<&str> = all.iter().map(String::as_str).collect();
-            let certs = hongbao_http::tls::DevCerts::make(&names).map_err(anyhow::Error::msg)?;
-            certs.write(dir)?;
+            let certs = hongbao_http::tls::DevCerts::make(&names).map_err(Error::Config)?;
+            certs.write(dir).map_err(|e| {
+                Error::io(
+                    format!("writing the agent link's certificate in {}", dir.display()),
+                    e,
+                )
+            })?;
             tracing::info!(dir = %dir.display(), names = ?all, "made the agent link's CA and certificate");
         }
         Ok(LinkFiles {
             key,
             key_file,
-            cert: std::fs::read(&cert_file)?,
-            cert_key: std::fs::read(&cert_key_file)?,
+            cert: read(&cert_file)?,
+            cert_key: read(&cert_key_file)?,
             ca_file,
         })
     }
 
-    pub(super) fn server_config(&self) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    pub(super) fn server_config(&self) -> Result<Arc<rustls::ServerConfig>> {
         hongbao_http::tls::server_config(&self.cert, &self.cert_key, &[link::ALPN])
-            .map_err(anyhow::Error::msg)
+            .map_err(Error::Config)
     }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
 }

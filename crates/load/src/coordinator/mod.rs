@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 
 use hongbao_sys::clock::unix_ms;
 
-use anyhow::{bail, Context};
 use serde::Serialize;
 
 mod agents;
@@ -40,6 +39,7 @@ mod rows;
 use crate::agent::link::Down;
 use crate::broadcast::BroadcastStats;
 use crate::client::{self, ClientOptions};
+use crate::error::{Error, Result};
 use crate::report::{Counters, History, Report, UserTotals};
 use crate::schedule::{partition, Schedule};
 use crate::transport::{HttpConnection, Transport};
@@ -149,11 +149,16 @@ enum Input {
 }
 
 impl Input {
-    fn send(&mut self, command: &client::Command) -> anyhow::Result<()> {
+    /// Sends `command`; a failure says it was `doing` that.
+    fn send(&mut self, command: &client::Command, doing: &str) -> Result<()> {
         match self {
             Input::Pipe(stdin) => {
-                let line = serde_json::to_string(command)? + "\n";
-                stdin.write_all(line.as_bytes())?;
+                let line = serde_json::to_string(command)
+                    .map_err(|e| Error::Json(e).within(doing))?
+                    + "\n";
+                stdin
+                    .write_all(line.as_bytes())
+                    .map_err(|e| Error::io(doing, e))?;
             }
             // An agent lost meanwhile is the merge's to report, not the command's.
             Input::Agent(tx) => {
@@ -200,10 +205,13 @@ pub fn default_source_ips(users: u64) -> Vec<Ipv4Addr> {
         .collect()
 }
 
-pub fn ip_range(first: Ipv4Addr, last: Ipv4Addr) -> anyhow::Result<Vec<Ipv4Addr>> {
+pub fn ip_range(first: Ipv4Addr, last: Ipv4Addr) -> Result<Vec<Ipv4Addr>> {
     let (a, b) = (u32::from(first), u32::from(last));
     if b < a || b - a > 65_536 || first.octets()[0] != 127 || last.octets()[0] != 127 {
-        bail!("source addresses must be a range within 127.0.0.0/8, first ≤ last, at most 65536");
+        return Err(Error::Config(
+            "source addresses must be a range within 127.0.0.0/8, first ≤ last, at most 65536"
+                .into(),
+        ));
     }
     Ok((a..=b).map(Ipv4Addr::from).collect())
 }
@@ -211,9 +219,9 @@ pub fn ip_range(first: Ipv4Addr, last: Ipv4Addr) -> anyhow::Result<Vec<Ipv4Addr>
 impl Load {
     /// Starts the client processes (or waits for the agents to join and starts them).
     /// Connecting begins at once; firing starts at the epoch (about two seconds from now).
-    pub fn start(opts: LoadOptions) -> anyhow::Result<Load> {
+    pub fn start(opts: LoadOptions) -> Result<Load> {
         if opts.users == 0 {
-            bail!("--users must be at least 1");
+            return Err(Error::Config("--users must be at least 1".into()));
         }
         let nofile = hongbao_sys::limits::raise_nofile_limit();
         let procs = match (&opts.agents, opts.procs) {
@@ -223,7 +231,7 @@ impl Load {
         };
         let per_proc = partition(opts.users, procs, 0).end;
         if opts.agents.is_none() && per_proc + 100 > nofile {
-            bail!("{per_proc} connections per client process exceed the open-file limit {nofile}; use more --procs");
+            return Err(Error::Config(format!("{per_proc} connections per client process exceed the open-file limit {nofile}; use more --procs")));
         }
         let source_ips = match opts.source_ips {
             Some((a, b)) => ip_range(a, b)?,
@@ -233,7 +241,7 @@ impl Load {
         };
         let shared = Arc::new(Mutex::new(Shared::new(procs)));
         let schedule = Arc::new(Mutex::new(Schedule::new(opts.users, opts.qps)));
-        let exe = std::env::current_exe()?;
+        let exe = std::env::current_exe().map_err(|e| Error::io("finding this executable", e))?;
         let mut children = Vec::new();
         let started = (Instant::now(), hongbao_sys::usage::self_usage().1);
         let hub = match &opts.agents {
@@ -287,7 +295,8 @@ impl Load {
                                 agents::Event::Lost { index, why } => lose(&shared, index, why),
                             }
                         }
-                    })?;
+                    })
+                    .map_err(|e| Error::io("starting the agents' report reader", e))?;
             }
             None => {
                 for p in 0..procs {
@@ -314,7 +323,8 @@ impl Load {
                             if !finished {
                                 lose(&shared, p, "the client process ended without its last report".into());
                             }
-                        })?;
+                        })
+                        .map_err(|e| Error::io(format!("starting the reader of load client {p}"), e))?;
                     children.push(child);
                 }
             }
@@ -401,7 +411,7 @@ impl Load {
     }
 
     /// Changes the QPS of every client from the next whole second; returns that second.
-    pub fn set_qps(&self, qps: u64) -> anyhow::Result<u64> {
+    pub fn set_qps(&self, qps: u64) -> Result<u64> {
         let from_second = if unix_ms() < self.epoch_ms {
             0
         } else {
@@ -410,9 +420,7 @@ impl Load {
         self.schedule.lock().unwrap().set_qps(from_second, qps);
         let command = client::Command::SetQps { from_second, qps };
         for input in self.inputs.lock().unwrap().iter_mut() {
-            input
-                .send(&command)
-                .context("telling a load client the new QPS")?;
+            input.send(&command, "telling a load client the new QPS")?;
         }
         Ok(from_second)
     }
@@ -491,15 +499,18 @@ impl Load {
 
     /// Stops the clients and collects their final reports (a lost slice: what it had
     /// reported).
-    pub fn stop(&self) -> anyhow::Result<Finished> {
+    pub fn stop(&self) -> Result<Finished> {
         let stopping = Instant::now();
         for input in self.inputs.lock().unwrap().iter_mut() {
-            let _ = input.send(&client::Command::Stop);
+            let _ = input.send(&client::Command::Stop, "telling a load client to stop");
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         for child in self.children.lock().unwrap().iter_mut() {
             loop {
-                if child.try_wait()?.is_some() {
+                let ended = child
+                    .try_wait()
+                    .map_err(|e| Error::io("waiting for a load client to end", e))?;
+                if ended.is_some() {
                     break;
                 }
                 if Instant::now() > deadline {

@@ -28,7 +28,7 @@ impl LoadMonitor {
         shared: Arc<Mutex<Shared>>,
         epoch_s: u64,
         server: SocketAddr,
-    ) -> anyhow::Result<LoadMonitor> {
+    ) -> crate::Result<LoadMonitor> {
         let key = match key {
             Some(k) => Box::new(move || Some(k.clone())),
             None => Reporter::key_from(key_file.unwrap_or_else(|| MONITOR_KEY_FILE.into())),
@@ -61,7 +61,8 @@ impl LoadMonitor {
                     }
                     std::thread::sleep(Duration::from_millis(200));
                 }
-            })?;
+            })
+            .map_err(|e| crate::Error::io("starting the load's monitor feed", e))?;
         Ok(LoadMonitor {
             reporter,
             stop,
