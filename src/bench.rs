@@ -276,8 +276,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
         }
         // A throwaway CA and a certificate it signed, for this run only.
         let dir = opts.out.join("tls");
-        let certs = hongbao_http::tls::DevCerts::make(&["127.0.0.1", "localhost"])
-            .map_err(anyhow::Error::msg)?;
+        let certs = hongbao_http::tls::DevCerts::make(&["127.0.0.1", "localhost"])?;
         certs
             .write(&dir)
             .with_context(|| format!("writing the run's certificate to {}", dir.display()))?;

@@ -127,7 +127,7 @@ struct DevCertArgs {
 
 fn dev_cert(args: DevCertArgs) -> Result<()> {
     let names: Vec<&str> = args.names.iter().map(String::as_str).collect();
-    let certs = hongbao_http::tls::DevCerts::make(&names).map_err(anyhow::Error::msg)?;
+    let certs = hongbao_http::tls::DevCerts::make(&names)?;
     let files = certs.write(&args.out)?;
     println!(
         "hongbao dev-cert: CA {} certificate {} key {} for {}",

@@ -86,7 +86,8 @@ async fn connect_one(target: &PgTarget, url: &str, tls: bool) -> Result<Client, 
                 "PostgreSQL over TLS needs the CA to trust it by (engines_ca)".to_string(),
             )
         })?;
-        let tls_config = hongbao_proto::tls::client_config(ca, &[]).map_err(Error::refused)?;
+        let tls_config = hongbao_proto::tls::client_config(ca, &[])
+            .map_err(|e| Error::refused(e.to_string()))?;
         config.ssl_mode(tokio_postgres::config::SslMode::Require);
         let connector = tokio_postgres_rustls::MakeRustlsConnect::new((*tls_config).clone());
         let (client, connection) = config

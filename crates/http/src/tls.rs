@@ -16,7 +16,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::PrivateKeyDer;
 use rustls::ServerConfig;
 
-pub use hongbao_proto::tls::{certificates, client_config, provider, ALPN_FRAMES, ALPN_HTTP};
+pub use hongbao_proto::tls::{
+    certificates, client_config, provider, TlsError, ALPN_FRAMES, ALPN_HTTP,
+};
 
 /// Sessions a server process remembers for TLS 1.2 resumption.
 const SESSION_CACHE: usize = 64 * 1024;
@@ -30,10 +32,13 @@ pub struct TlsFiles {
 
 impl TlsFiles {
     /// Both files' bytes: the chain, then the key.
-    pub fn read(&self) -> Result<(Vec<u8>, Vec<u8>), String> {
-        let read = |path: &Path, what: &str| {
-            std::fs::read(path)
-                .map_err(|e| format!("reading the TLS {what} {}: {e}", path.display()))
+    pub fn read(&self) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
+        let read = |path: &Path, what: &'static str| {
+            std::fs::read(path).map_err(|source| TlsError::File {
+                what,
+                path: path.display().to_string(),
+                source,
+            })
         };
         Ok((read(&self.cert, "certificate")?, read(&self.key, "key")?))
     }
@@ -46,7 +51,7 @@ pub fn server_config(
     cert_pem: &[u8],
     key_pem: &[u8],
     alpn: &[&[u8]],
-) -> Result<Arc<ServerConfig>, String> {
+) -> Result<Arc<ServerConfig>, TlsError> {
     server_config_with(cert_pem, key_pem, alpn, None)
 }
 
@@ -57,23 +62,21 @@ pub fn server_config_with(
     key_pem: &[u8],
     alpn: &[&[u8]],
     ticket_key: Option<&[u8; 32]>,
-) -> Result<Arc<ServerConfig>, String> {
+) -> Result<Arc<ServerConfig>, TlsError> {
     let certs = certificates(cert_pem)?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|e| format!("reading the private key: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| TlsError::Key(e.to_string()))?;
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| e.to_string())?
+        .map_err(|e| TlsError::Config(e.to_string()))?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| format!("the certificate and key do not make a server: {e}"))?;
+        .map_err(|e| TlsError::NotAServer(e.to_string()))?;
     config.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
     config.ticketer = match ticket_key {
         Some(key) => Arc::new(SharedTickets::new(key)),
-        None => {
-            rustls::crypto::aws_lc_rs::Ticketer::new().map_err(|e| format!("a ticket key: {e}"))?
-        }
+        None => rustls::crypto::aws_lc_rs::Ticketer::new()
+            .map_err(|e| TlsError::TicketKey(e.to_string()))?,
     };
     // No 0-RTT: a replayed early shake or send is not worth the round trip saved.
     config.max_early_data_size = 0;
@@ -99,7 +102,7 @@ pub fn agent_builder() -> ureq::AgentBuilder {
     };
     match std::fs::read(&file)
         .map_err(|e| e.to_string())
-        .and_then(|ca| client_config(&ca, &[ALPN_HTTP]))
+        .and_then(|ca| client_config(&ca, &[ALPN_HTTP]).map_err(|e| e.to_string()))
     {
         Ok(config) => builder.tls_connector(Arc::new(UreqTls(config))),
         Err(e) => {
@@ -264,12 +267,12 @@ pub struct DevCerts {
 impl DevCerts {
     /// A CA named `hongbao dev CA`, and a certificate for `names` (DNS names or IP
     /// addresses) signed by it.
-    pub fn make(names: &[&str]) -> Result<DevCerts, String> {
+    pub fn make(names: &[&str]) -> Result<DevCerts, TlsError> {
         use rcgen::{
             BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, PublicKeyData,
         };
         use sha2::Digest;
-        let fail = |e: rcgen::Error| format!("making a certificate: {e}");
+        let fail = |e: rcgen::Error| TlsError::Making(e.to_string());
         let ca_key = KeyPair::generate().map_err(fail)?;
         let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(fail)?;
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -375,11 +378,14 @@ mod tests {
     fn bad_pem_is_a_clear_error() {
         let certs = DevCerts::make(&["localhost"]).unwrap();
         assert!(server_config(b"", certs.key_pem.as_bytes(), &[]).is_err());
-        let err = server_config(certs.cert_pem.as_bytes(), b"not a key", &[]).unwrap_err();
+        let err = server_config(certs.cert_pem.as_bytes(), b"not a key", &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("private key"), "{err}");
         let other = DevCerts::make(&["localhost"]).unwrap();
-        let err =
-            server_config(certs.cert_pem.as_bytes(), other.key_pem.as_bytes(), &[]).unwrap_err();
+        let err = server_config(certs.cert_pem.as_bytes(), other.key_pem.as_bytes(), &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("do not make a server"), "{err}");
     }
 }

@@ -224,7 +224,7 @@ impl Lab {
             .collect();
         let names: Vec<&str> = engines.iter().map(String::as_str).collect();
         hongbao_http::tls::DevCerts::make(&names)
-            .map_err(Error::Failed)?
+            .map_err(|e| Error::Failed(e.to_string()))?
             .write(&plan.dir.join(TLS_DIR))
             .map_err(|e| Error::io("writing the lab's certificates", e))?;
         let mut lab = Lab {

@@ -19,6 +19,9 @@ pub enum Error {
     /// that does not read, no key file).
     #[error("{0}")]
     Config(String),
+    /// TLS material that does not make a config (a CA, the link's certificate).
+    #[error(transparent)]
+    Tls(#[from] hongbao_http::tls::TlsError),
     /// The other end refused us or answered what we do not take (the coordinator, an
     /// agent, the control endpoint), or a state is in the way (an agent gone, a hub
     /// started twice).

@@ -11,8 +11,8 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The monitor's certificate or key could not be read, or does not make a TLS server.
-    #[error("{0}")]
-    Tls(String),
+    #[error(transparent)]
+    Tls(#[from] hongbao_http::tls::TlsError),
 }
 
 impl Error {

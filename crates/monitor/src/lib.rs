@@ -81,10 +81,9 @@ impl Monitor {
     ) -> Result<Monitor> {
         let tls = match tls {
             Some(files) => {
-                let (cert, key) = files.read().map_err(Error::Tls)?;
+                let (cert, key) = files.read()?;
                 let config =
-                    hongbao_http::tls::server_config(&cert, &key, &[hongbao_http::tls::ALPN_HTTP])
-                        .map_err(Error::Tls)?;
+                    hongbao_http::tls::server_config(&cert, &key, &[hongbao_http::tls::ALPN_HTTP])?;
                 Some(hongbao_http::ServeTls {
                     config: hongbao_http::tls::Reloadable::new(config),
                     on_refused: Arc::new(

@@ -52,8 +52,8 @@ impl Client {
         ca_pem: &[u8],
     ) -> io::Result<Client> {
         let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
-        let config =
-            crate::tls::client_config(ca_pem, &[crate::tls::ALPN_FRAMES]).map_err(invalid)?;
+        let config = crate::tls::client_config(ca_pem, &[crate::tls::ALPN_FRAMES])
+            .map_err(|e| invalid(e.to_string()))?;
         let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
             .map_err(|e| invalid(format!("server name {server_name:?}: {e}")))?;
         let stream = TcpStream::connect(addr)?;

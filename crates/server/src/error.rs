@@ -13,6 +13,9 @@ pub enum Error {
     /// A login or signing key that cannot be used (configuration too).
     #[error("configuration: {0}")]
     Key(#[from] hongbao_proto::token::KeyError),
+    /// A certificate or key that does not read or make a TLS config (configuration too).
+    #[error("configuration: {0}")]
+    Tls(#[from] hongbao_http::tls::TlsError),
     #[error("{doing}: {source}")]
     Io {
         doing: String,
@@ -45,7 +48,7 @@ impl Error {
 
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Config(_) | Error::Key(_) | Error::Link(_) => ErrorKind::Refused,
+            Error::Config(_) | Error::Key(_) | Error::Tls(_) | Error::Link(_) => ErrorKind::Refused,
             Error::Io { .. } => ErrorKind::Unavailable,
             Error::Embedded(e) => e.kind(),
             Error::Money(e) => e.kind(),

@@ -77,7 +77,7 @@ pub fn run(opts: AgentOptions, stop: &Stop) -> Result<()> {
             e,
         )
     })?;
-    let config = hongbao_proto::tls::client_config(&ca, &[link::ALPN]).map_err(Error::Config)?;
+    let config = hongbao_proto::tls::client_config(&ca, &[link::ALPN])?;
     let mut link = dial(&opts.coordinator, config, opts.join_timeout, stop)?;
     link.send(&Up::Hello {
         protocol: link::PROTOCOL,

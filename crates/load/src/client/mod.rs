@@ -197,10 +197,7 @@ pub fn run(opts: ClientOptions) -> crate::Result<()> {
         Transport::Ws | Transport::Http => hongbao_proto::tls::ALPN_HTTP,
     };
     let tls = match &opts.tls_ca {
-        Some(ca) => Some(
-            hongbao_proto::tls::client_config(ca.as_bytes(), &[alpn])
-                .map_err(crate::Error::Config)?,
-        ),
+        Some(ca) => Some(hongbao_proto::tls::client_config(ca.as_bytes(), &[alpn])?),
         None => None,
     };
     // The clock's one reading before the loop's: where the schedule and the connects

@@ -39,7 +39,7 @@ impl LinkFiles {
             all.extend(names.iter().cloned());
             all.dedup();
             let names: Vec<&str> = all.iter().map(String::as_str).collect();
-            let certs = hongbao_http::tls::DevCerts::make(&names).map_err(Error::Config)?;
+            let certs = hongbao_http::tls::DevCerts::make(&names)?;
             certs.write(dir).map_err(|e| {
                 Error::io(
                     format!("writing the agent link's certificate in {}", dir.display()),
@@ -58,8 +58,11 @@ impl LinkFiles {
     }
 
     pub(super) fn server_config(&self) -> Result<Arc<rustls::ServerConfig>> {
-        hongbao_http::tls::server_config(&self.cert, &self.cert_key, &[link::ALPN])
-            .map_err(Error::Config)
+        Ok(hongbao_http::tls::server_config(
+            &self.cert,
+            &self.cert_key,
+            &[link::ALPN],
+        )?)
     }
 }
 

@@ -362,8 +362,8 @@ impl Tls {
         let Some(files) = self.tls_files()? else {
             return Ok(None);
         };
-        let (cert, key) = files.read().map_err(Error::config)?;
-        hongbao_http::tls::server_config(&cert, &key, &[]).map_err(Error::config)?;
+        let (cert, key) = files.read()?;
+        hongbao_http::tls::server_config(&cert, &key, &[])?;
         Ok(Some(TlsPem {
             cert,
             key,

@@ -95,8 +95,7 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
     // The admin address speaks TLS with the same certificate, reloaded with it.
     let admin_tls = match &tls {
         Some(pem) => Some(hongbao_http::tls::Reloadable::new(
-            hongbao_http::tls::server_config(&pem.cert, &pem.key, &[hongbao_http::tls::ALPN_HTTP])
-                .map_err(Error::config)?,
+            hongbao_http::tls::server_config(&pem.cert, &pem.key, &[hongbao_http::tls::ALPN_HTTP])?,
         )),
         None => None,
     };

@@ -24,7 +24,7 @@ use rustls::server::UnbufferedServerConnection;
 use rustls::ServerConfig;
 
 use crate::config::TlsPem;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The configs a worker's TLS sessions begin with: one per kind of listener (they say
 /// different ALPN names).
@@ -38,8 +38,8 @@ impl Tls {
         let tickets = Some(&pem.ticket_key);
         let config = |alpn| server_config_with(&pem.cert, &pem.key, alpn, tickets);
         Ok(Tls {
-            frames: config(&[ALPN_FRAMES]).map_err(Error::Config)?,
-            http: config(&[ALPN_HTTP]).map_err(Error::Config)?,
+            frames: config(&[ALPN_FRAMES])?,
+            http: config(&[ALPN_HTTP])?,
         })
     }
 
