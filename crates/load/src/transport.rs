@@ -29,14 +29,27 @@ pub enum Transport {
     Http,
 }
 
+/// A name the option does not take: which option, what it takes, what it was given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} must be {takes}, not {given:?}")]
+pub struct UnknownName {
+    what: &'static str,
+    takes: &'static str,
+    given: String,
+}
+
 impl FromStr for Transport {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Transport, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Transport, UnknownName> {
         match s {
             "tcp" => Ok(Transport::Tcp),
             "ws" => Ok(Transport::Ws),
             "http" => Ok(Transport::Http),
-            other => Err(format!("transport must be tcp, ws or http, not {other:?}")),
+            other => Err(UnknownName {
+                what: "transport",
+                takes: "tcp, ws or http",
+                given: other.to_string(),
+            }),
         }
     }
 }
@@ -74,15 +87,17 @@ impl HttpConnection {
 }
 
 impl FromStr for HttpConnection {
-    type Err = String;
-    fn from_str(s: &str) -> Result<HttpConnection, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<HttpConnection, UnknownName> {
         match s {
             "keep-alive" => Ok(HttpConnection::KeepAlive),
             "close" => Ok(HttpConnection::Close),
             "client-close" => Ok(HttpConnection::ClientClose),
-            other => Err(format!(
-                "the HTTP connection mode must be keep-alive, close or client-close, not {other:?}"
-            )),
+            other => Err(UnknownName {
+                what: "the HTTP connection mode",
+                takes: "keep-alive, close or client-close",
+                given: other.to_string(),
+            }),
         }
     }
 }
@@ -144,41 +159,52 @@ pub struct RequestTemplate {
     pub body: String,
 }
 
+/// Why a request template cannot make a valid request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadTemplate {
+    #[error("method {0:?} is not an HTTP method")]
+    Method(String),
+    #[error("path {0:?} must start with / and hold no spaces or control characters")]
+    Path(String),
+    #[error("header name {0:?} is not a token")]
+    HeaderName(String),
+    #[error("header {0} is set by the load itself")]
+    LoadsOwn(String),
+    #[error("header {0}'s value holds a line break")]
+    LineBreak(String),
+    #[error("host {0:?} holds spaces or control characters")]
+    Host(String),
+}
+
 impl RequestTemplate {
     /// Why the template cannot make a valid request, if it cannot.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BadTemplate> {
         let token = |s: &str| {
             !s.is_empty()
                 && s.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
         };
         if !token(&self.method) {
-            return Err(format!("method {:?} is not an HTTP method", self.method));
+            return Err(BadTemplate::Method(self.method.clone()));
         }
         if !self.path.starts_with('/') || self.path.bytes().any(|b| b <= b' ' || b == 0x7f) {
-            return Err(format!(
-                "path {:?} must start with / and hold no spaces or control characters",
-                self.path
-            ));
+            return Err(BadTemplate::Path(self.path.clone()));
         }
         for (name, value) in &self.headers {
             if !token(name) {
-                return Err(format!("header name {name:?} is not a token"));
+                return Err(BadTemplate::HeaderName(name.clone()));
             }
             if ["content-length", "host", "connection", "transfer-encoding"]
                 .contains(&name.to_ascii_lowercase().as_str())
             {
-                return Err(format!("header {name} is set by the load itself"));
+                return Err(BadTemplate::LoadsOwn(name.clone()));
             }
             if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
-                return Err(format!("header {name}'s value holds a line break"));
+                return Err(BadTemplate::LineBreak(name.clone()));
             }
         }
         if self.host.bytes().any(|b| b <= b' ') {
-            return Err(format!(
-                "host {:?} holds spaces or control characters",
-                self.host
-            ));
+            return Err(BadTemplate::Host(self.host.clone()));
         }
         Ok(())
     }

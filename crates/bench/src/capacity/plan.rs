@@ -295,7 +295,7 @@ impl Stage {
                 headers: r.headers.into_iter().collect(),
                 body: r.body,
             };
-            t.check().map_err(Error::Invalid)?;
+            t.check().map_err(|e| Error::Invalid(e.to_string()))?;
             Ok(Some(t))
         };
         match self.layers {

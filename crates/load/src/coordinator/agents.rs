@@ -285,7 +285,8 @@ impl Door {
         };
         let (index, name) = match self.hello(&mut link) {
             Ok(hello) => hello,
-            Err(reason) => {
+            Err(unwelcome) => {
+                let reason = unwelcome.to_string();
                 let _ = link.send(&Down::Refused {
                     reason: reason.clone(),
                 });
@@ -336,11 +337,11 @@ impl Door {
     }
 
     /// The hello: the right protocol and key, and a slice free; its index and name.
-    fn hello(&self, link: &mut Link) -> Result<(u32, String), String> {
+    fn hello(&self, link: &mut Link) -> Result<(u32, String), Unwelcome> {
         let line = match link.line_within(Duration::from_secs(10)) {
             Ok(Some(line)) => line,
-            Ok(None) => return Err("no hello within 10 s".into()),
-            Err(e) => return Err(format!("before its hello: {e}")),
+            Ok(None) => return Err(Unwelcome::NoHello),
+            Err(e) => return Err(Unwelcome::BeforeHello(e.to_string())),
         };
         let Ok(Up::Hello {
             protocol,
@@ -349,31 +350,32 @@ impl Door {
             index,
         }) = serde_json::from_slice::<Up>(&line)
         else {
-            return Err("the first line is not a hello".into());
+            return Err(Unwelcome::NotAHello);
         };
         if hongbao_http::access::key_hash(&key) != self.key_hash {
-            return Err(format!("{name:?}: a wrong agent key"));
+            return Err(Unwelcome::WrongKey(name));
         }
         if protocol != link::PROTOCOL {
-            return Err(format!(
-                "{name:?}: agent link protocol {protocol}, this coordinator speaks {}",
-                link::PROTOCOL
-            ));
+            return Err(Unwelcome::Protocol { name, protocol });
         }
         let s = self.state.lock().unwrap();
         if s.started {
-            return Err(format!("{name:?}: the run has started"));
+            return Err(Unwelcome::Started(name));
         }
         match index {
-            Some(i) if i >= s.count => Err(format!(
-                "{name:?}: slice {i} asked for, the run has {} (0..{})",
-                s.count, s.count
-            )),
-            Some(i) if s.joined.contains_key(&i) => Err(format!("{name:?}: slice {i} is taken")),
+            Some(i) if i >= s.count => Err(Unwelcome::NoSuchSlice {
+                name,
+                slice: i,
+                count: s.count,
+            }),
+            Some(i) if s.joined.contains_key(&i) => Err(Unwelcome::Taken { name, slice: i }),
             Some(i) => Ok((i, name)),
             None => match (0..s.count).find(|i| !s.joined.contains_key(i)) {
                 Some(i) => Ok((i, name)),
-                None => Err(format!("{name:?}: all {} slices are taken", s.count)),
+                None => Err(Unwelcome::AllTaken {
+                    name,
+                    count: s.count,
+                }),
             },
         }
     }
@@ -514,6 +516,36 @@ pub(super) fn children_of(pid: u32) -> Vec<u32> {
         .split_whitespace()
         .filter_map(|p| p.parse().ok())
         .collect()
+}
+
+/// Why an agent's hello is refused (the words it is sent, and the log's).
+#[derive(Debug, thiserror::Error)]
+enum Unwelcome {
+    #[error("no hello within 10 s")]
+    NoHello,
+    #[error("before its hello: {0}")]
+    BeforeHello(String),
+    #[error("the first line is not a hello")]
+    NotAHello,
+    #[error("{0:?}: a wrong agent key")]
+    WrongKey(String),
+    #[error(
+        "{name:?}: agent link protocol {protocol}, this coordinator speaks {}",
+        link::PROTOCOL
+    )]
+    Protocol { name: String, protocol: u32 },
+    #[error("{0:?}: the run has started")]
+    Started(String),
+    #[error("{name:?}: slice {slice} asked for, the run has {count} (0..{count})")]
+    NoSuchSlice {
+        name: String,
+        slice: u32,
+        count: u32,
+    },
+    #[error("{name:?}: slice {slice} is taken")]
+    Taken { name: String, slice: u32 },
+    #[error("{name:?}: all {count} slices are taken")]
+    AllTaken { name: String, count: u32 },
 }
 
 #[cfg(test)]
