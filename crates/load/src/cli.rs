@@ -18,6 +18,7 @@ use serde_json::json;
 
 use crate::broadcast::LatencyDistMs;
 use crate::coordinator::{Load, LoadOptions};
+pub use crate::error::Unreached;
 use crate::error::{Error, Result};
 use crate::report::{self, Counters};
 
@@ -172,23 +173,6 @@ pub fn run_cli(
         None => Ok(()),
     }
 }
-
-/// A load that reached no one, or most of whose users never logged in: what `hongbao
-/// load` fails with (exit code 3, `Unreached::EXIT_CODE`), saying why and what to do.
-#[derive(Debug)]
-pub struct Unreached(pub String);
-
-impl Unreached {
-    pub const EXIT_CODE: u8 = 3;
-}
-
-impl std::fmt::Display for Unreached {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Unreached {}
 
 /// Why a run whose totals are `t` reached too few of its `users` at `server`, or `None`
 /// when more than half logged in.

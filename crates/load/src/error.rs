@@ -3,8 +3,6 @@
 //! running load's control endpoint) refusing us or not answering in time; and a load that
 //! reached too few of its users, which `hongbao load` exits 3 for.
 
-use crate::cli::Unreached;
-
 /// What went wrong, and what we were doing.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -67,3 +65,20 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A load that reached no one, or most of whose users never logged in: what `hongbao
+/// load` fails with (exit code 3, `Unreached::EXIT_CODE`), saying why and what to do.
+#[derive(Debug)]
+pub struct Unreached(pub String);
+
+impl Unreached {
+    pub const EXIT_CODE: u8 = 3;
+}
+
+impl std::fmt::Display for Unreached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unreached {}
