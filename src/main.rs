@@ -150,7 +150,9 @@ fn main() -> std::process::ExitCode {
             // for panics, not for what the command tells its user).
             eprintln!("hongbao: {}", one_line(&e));
             let code = match e.downcast_ref::<hongbao_load::Error>() {
-                Some(hongbao_load::Error::Unreached(_)) => hongbao_load::cli::Unreached::EXIT_CODE,
+                Some(hongbao_load::Error::Unreached(_)) => {
+                    hongbao_load::error::Unreached::EXIT_CODE
+                }
                 _ => 1,
             };
             std::process::ExitCode::from(code)

@@ -18,8 +18,7 @@ use serde_json::json;
 
 use crate::broadcast::LatencyDistMs;
 use crate::coordinator::{Load, LoadOptions};
-pub use crate::error::Unreached;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Unreached};
 use crate::report::{self, Counters};
 
 /// The fastest a load may be asked to fire.
