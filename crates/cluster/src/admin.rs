@@ -98,7 +98,7 @@ pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAns
 /// Redis for release.
 async fn create(store: &Store, host: &str, c: CampaignRow) -> Result<AdminAnswer, Error> {
     store
-        .bounded("making a campaign", create_in_ledger(store, host, c))
+        .bounded(0, "making a campaign", create_in_ledger(store, host, c))
         .await
 }
 
@@ -135,7 +135,7 @@ async fn create_in_ledger(
         }
     };
     let body = serde_json::to_value(event).expect("serializable");
-    let turn = store.chain_turn().await;
+    let turn = store.chain_turn(0).await;
     let row = pg
         .query_one(
             "WITH c AS (INSERT INTO hb_campaigns (id, kind, packets, rate, amount_min, amount_max, recipients, user_min, user_max, seed, minted, started_ms, created_by) \

@@ -86,8 +86,10 @@ impl Store {
             .unwrap_or(None)
     }
 
+    /// A campaign's status: its row (shard 0), its packets and wins (every shard), its
+    /// release (Redis).
     pub(crate) async fn status(&self, c: &CampaignRow) -> Result<CampaignStatus, Error> {
-        let pg = self.pg().await?;
+        let id = c.id as i32;
         let mut status = CampaignStatus {
             id: c.id,
             kind: if c.send {
@@ -111,16 +113,16 @@ impl Store {
             created_by: c.created_by.clone(),
         };
         if c.send {
-            let r = pg
-                .query_one(
+            let r = self
+                .summed(
+                    "reading a campaign",
                     "SELECT count(*), coalesce(sum(cents),0)::bigint, coalesce(sum(shares),0)::bigint, \
                      coalesce(sum(opened),0)::bigint, coalesce(sum(opened_cents),0)::bigint, \
                      coalesce(sum(refunded),0)::bigint FROM hb_packets WHERE campaign = $1",
-                    &[&(c.id as i32)],
+                    &[&id],
                 )
-                .await
-                .map_err(|e| pg_error("reading a campaign", e))?;
-            let n = |i: usize| r.get::<_, i64>(i) as u64;
+                .await?;
+            let n = |i: usize| r[i] as u64;
             status.released = n(0) as u32;
             status.minted_cents = n(1);
             status.shares = n(2);
@@ -131,15 +133,15 @@ impl Store {
                 status.state = CampaignState::Done;
             }
         } else {
-            let r = pg
-                .query_one(
+            let r = self
+                .summed(
+                    "reading a campaign",
                     "SELECT count(*), coalesce(sum(cents),0)::bigint FROM hb_wins WHERE campaign = $1",
-                    &[&(c.id as i32)],
+                    &[&id],
                 )
-                .await
-                .map_err(|e| pg_error("reading a campaign", e))?;
-            status.won = r.get::<_, i64>(0) as u32;
-            status.won_cents = r.get::<_, i64>(1) as u64;
+                .await?;
+            status.won = r[0] as u32;
+            status.won_cents = r[1] as u64;
             let next: Option<u32> = self.release_field(c.id, "next").await;
             status.released = next.unwrap_or(c.packets).min(c.packets);
             if status.won == c.packets {

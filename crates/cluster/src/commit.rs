@@ -50,6 +50,16 @@ pub(crate) fn op_id(rng: &mut impl rand::Rng) -> i64 {
 }
 
 impl Commit {
+    /// The packet the op is about: where it commits, on a sharded ledger.
+    pub(crate) fn packet(&self) -> u64 {
+        match self {
+            Commit::Win { packet, .. }
+            | Commit::Send { packet, .. }
+            | Commit::Open { packet, .. }
+            | Commit::CampaignPacket { packet, .. } => *packet,
+        }
+    }
+
     /// The order a batch runs its ops in. Only packet rows are locked by two hosts at
     /// once (opens of one packet by users on different hosts; a user's balance row is
     /// touched by its own host only, and by expiry), so every batch locks packets first,

@@ -11,14 +11,15 @@ use hongbao_money::seam::{AdminRequest, Balances, Op, OpKind, OpsCursor, OpsPage
 use hongbao_money::Error;
 use hongbao_money::{Push, Reply, UserId, UserView, WorkerId};
 use hongbao_proto::ResultCode;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::campaign::{campaign_packet, CampaignRow};
 use crate::commit::Commit;
+use crate::committer::Committers;
 use crate::mesh::Mesh;
 use crate::shared::Shared;
 use crate::store::Store;
-use crate::{admin, committer, standby, ClusterConfig, RELEASE_EVERY};
+use crate::{admin, committer, relay, standby, ClusterConfig, RELEASE_EVERY};
 use hongbao_sys::clock::unix_ms;
 
 /// What the gateway's calls become, for this host's loop.
@@ -57,8 +58,9 @@ pub(crate) struct Host {
     undealt: Vec<(u64, u64)>,
     deal_cursor: usize,
     campaigns: HashMap<u32, CampaignRow>,
-    commits: Option<UnboundedSender<Commit>>,
-    committer: Option<tokio::task::JoinHandle<()>>,
+    /// Where ops go: the committer of their packet's shard.
+    commits: Option<Committers>,
+    committers: Vec<tokio::task::JoinHandle<()>>,
     rng: rand::rngs::SmallRng,
     /// The number of the last batch of released packets received (release.lua).
     release_batch: u64,
@@ -84,7 +86,7 @@ impl Host {
             deal_cursor: 0,
             campaigns: HashMap::new(),
             commits: None,
-            committer: None,
+            committers: Vec::new(),
             rng: rand::rngs::SmallRng::from_entropy(),
             release_batch: 0,
             unread: Vec::new(),
@@ -94,14 +96,22 @@ impl Host {
     }
 
     pub(crate) async fn run(mut self, mut rx: UnboundedReceiver<Cmd>) {
-        let (commit_tx, commit_rx) = unbounded_channel();
-        self.commits = Some(commit_tx);
-        self.committer = Some(tokio::spawn(committer::committer(
-            self.store.clone(),
-            self.cfg.clone(),
-            self.shared.clone(),
-            commit_rx,
-        )));
+        let mut to = Vec::new();
+        for shard in 0..self.store.shards().len() {
+            let (commit_tx, commit_rx) = unbounded_channel();
+            to.push(commit_tx);
+            self.committers.push(tokio::spawn(committer::committer(
+                self.store.clone(),
+                self.cfg.clone(),
+                self.shared.clone(),
+                commit_rx,
+                shard,
+            )));
+            if self.store.shards().len() > 1 {
+                tokio::spawn(relay::relay(self.store.clone(), shard));
+            }
+        }
+        self.commits = Some(Committers::new(self.store.map(), to));
         let mut pushes = self.store.take_pushes();
         let mut release = tokio::time::interval(RELEASE_EVERY);
         release.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -150,8 +160,8 @@ impl Host {
     }
 
     async fn finish(&mut self) -> Result<(), Error> {
-        self.commits = None; // the committer commits what it has, then ends
-        if let Some(task) = self.committer.take() {
+        self.commits = None; // each committer commits what it has, then ends
+        for task in std::mem::take(&mut self.committers) {
             let _ = task.await;
         }
         self.store.forget_host(&self.cfg.host).await;
@@ -162,8 +172,8 @@ impl Host {
     }
 
     fn commit(&self, op: Commit) {
-        if let Some(tx) = &self.commits {
-            let _ = tx.send(op);
+        if let Some(commits) = &self.commits {
+            commits.send(op);
         }
     }
 
@@ -319,7 +329,9 @@ impl Host {
                     });
                     return;
                 }
-                let packet = match self.store.next_packet_id().await {
+                // On the sender's wallet shard: the debit and the packet, one commit.
+                let wallet = self.store.map().wallet(to.user.get());
+                let packet = match self.store.next_packet_id_on(wallet).await {
                     Ok(id) => id,
                     Err(e) => return self.unavailable(to, OpKind::Send, e),
                 };
@@ -355,8 +367,8 @@ impl Host {
                             });
                         }
                         None => {
-                            if let Some(tx) = commits {
-                                let _ = tx.send(Commit::Open { to, packet, op_id });
+                            if let Some(commits) = commits {
+                                commits.send(Commit::Open { to, packet, op_id });
                             }
                         }
                     }

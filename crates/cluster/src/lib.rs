@@ -41,6 +41,10 @@
 //!   attempt bounded, dead connections found;
 //! - `access`: admin keys and the admin log in PostgreSQL, for the admin API's threads;
 //! - `standby`: whether the primary's commits are synchronous to a standby now.
+//! - `shard`: the shard map: which formation a packet and a wallet live on, and the
+//!   map's record in every formation;
+//! - `relay`: credits moved from a packet's shard to the winner's wallet shard (the
+//!   outbox), idempotently by op id.
 //!
 //! This file holds what every part agrees on: the configuration, the timings and the clock.
 //!
@@ -61,7 +65,9 @@ mod ledger;
 mod mesh;
 mod outcome;
 mod pg;
+mod relay;
 mod release;
+pub mod shard;
 mod shared;
 mod standby;
 mod store;
@@ -85,13 +91,29 @@ pub struct ClusterConfig {
     pub redis: Vec<String>,
     /// The Redis ACL user's password (from a file or the environment, never the URL).
     pub redis_password: Option<String>,
-    pub postgres: PgTarget,
+    /// The PostgreSQL formations of the ledger, shard 0 first (docs/scale-out.md,
+    /// "Shards"): one for a ledger that is not sharded. Shard 0 also holds what is global
+    /// (campaigns, packet numbering, admin keys, host versions).
+    pub postgres: Vec<PgTarget>,
+    /// The shard map's version: recorded in every formation at the first start, and a
+    /// host whose map disagrees with theirs refuses to start.
+    pub shard_map_version: u32,
     /// This host's name: unique among the hosts; its pub/sub channel and held packets.
     pub host: String,
     pub packet_ttl_ms: u64,
     /// How long a batch waits for more ops before it commits.
     pub commit_window: Duration,
     pub max_batch: usize,
+}
+
+impl ClusterConfig {
+    /// The shard map these formations make.
+    pub fn shard_map(&self) -> shard::ShardMap {
+        shard::ShardMap {
+            version: self.shard_map_version.max(1),
+            shards: self.postgres.len().max(1) as u32,
+        }
+    }
 }
 
 /// Where the PostgreSQL ledger is and how to log in to it: the password is kept apart

@@ -104,12 +104,77 @@ LANGUAGE sql AS $$
     ON CONFLICT (user_id) DO UPDATE SET cents = hb_balances.cents + EXCLUDED.cents
 $$;
 
+-- Shards (shard.rs, docs/scale-out.md "Shards"): the map as this formation recorded it,
+-- credits this formation owes wallets on other shards (its outbox: committed with the win
+-- or the open that makes them, relayed by relay.rs, marked moved once the wallet's shard
+-- has them), and credits this formation's wallets were paid from other shards, one row
+-- per op (the relay's idempotency: a credit relayed twice is paid once). Outbox rows are
+-- kept once moved: the audit sums both tables (credits in flight = sent - received).
+CREATE TABLE IF NOT EXISTS hb_shard_map (
+    version integer PRIMARY KEY,
+    shards integer NOT NULL,
+    me integer NOT NULL,
+    written_ms bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS hb_outbox (
+    op bigint PRIMARY KEY,
+    to_shard integer NOT NULL,
+    user_id bigint NOT NULL,
+    cents bigint NOT NULL CHECK (cents > 0),
+    made_ms bigint NOT NULL,
+    moved_ms bigint
+);
+CREATE INDEX IF NOT EXISTS hb_outbox_waiting ON hb_outbox (op) WHERE moved_ms IS NULL;
+CREATE TABLE IF NOT EXISTS hb_credits_in (
+    op bigint PRIMARY KEY,
+    from_shard integer NOT NULL,
+    user_id bigint NOT NULL,
+    cents bigint NOT NULL,
+    at_ms bigint NOT NULL
+);
+
+-- Pays `p_cents` to `p_user` for op `p_op`: here when the wallet is on this shard
+-- (`p_wallet` NULL), else as an outbox row for the wallet's shard `p_wallet`.
+CREATE OR REPLACE FUNCTION hb_pay(p_user bigint, p_cents bigint, p_op bigint,
+    p_wallet integer, p_at bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_wallet IS NULL THEN
+        PERFORM hb_credit(p_user, p_cents);
+    ELSIF p_cents > 0 THEN
+        INSERT INTO hb_outbox (op, to_shard, user_id, cents, made_ms)
+            VALUES (p_op, p_wallet, p_user, p_cents, p_at);
+    END IF;
+END $$;
+
+-- Credits relayed from shard `p_from`: each op paid once, however often it is relayed
+-- (a relay killed after this commit and before its outbox rows were marked moved sends
+-- them again). Returns how many were paid now. Ops come sorted by user (relay.rs), so two
+-- relays lock balance rows in one order.
+CREATE OR REPLACE FUNCTION hb_take_credits(p_from integer, p_ops bigint[], p_users bigint[],
+    p_cents bigint[], p_at bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE n integer := 0;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_ops), 0) LOOP
+        INSERT INTO hb_credits_in (op, from_shard, user_id, cents, at_ms)
+            VALUES (p_ops[i], p_from, p_users[i], p_cents[i], p_at) ON CONFLICT (op) DO NOTHING;
+        IF FOUND THEN
+            PERFORM hb_credit(p_users[i], p_cents[i]);
+            n := n + 1;
+        END IF;
+    END LOOP;
+    RETURN n;
+END $$;
+
 -- A shake packet won: once per packet. Asked again, it is true only for the same op (its
 -- batch sent again after its COMMIT went unanswered: the win is told, not paid twice); a
 -- packet dealt twice — back from a failed batch, or restored after Redis lost its state —
--- and won again, even by the same user, is another op: false.
+-- and won again, even by the same user, is another op: false. The winner is paid here,
+-- or by the outbox when their wallet is on shard `p_wallet` (hb_pay).
 CREATE OR REPLACE FUNCTION hb_win(p_packet bigint, p_campaign integer, p_user bigint,
-    p_cents bigint, p_op bigint, p_at bigint, p_host text, p_body jsonb) RETURNS boolean
+    p_cents bigint, p_op bigint, p_at bigint, p_host text, p_body jsonb, p_wallet integer)
+    RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO hb_wins (packet, campaign, user_id, cents, op_id)
@@ -117,10 +182,17 @@ BEGIN
     IF NOT FOUND THEN
         RETURN EXISTS (SELECT 1 FROM hb_wins WHERE packet = p_packet AND op_id = p_op);
     END IF;
-    PERFORM hb_credit(p_user, p_cents);
+    PERFORM hb_pay(p_user, p_cents, p_op, p_wallet, p_at);
     INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_at, p_host, p_user, p_body);
     RETURN true;
 END $$;
+
+-- The signature of hosts from before shards: the wallet here.
+CREATE OR REPLACE FUNCTION hb_win(p_packet bigint, p_campaign integer, p_user bigint,
+    p_cents bigint, p_op bigint, p_at bigint, p_host text, p_body jsonb) RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT hb_win(p_packet, p_campaign, p_user, p_cents, p_op, p_at, p_host, p_body, NULL::integer)
+$$;
 
 -- A user's send: 'ok' | 'insufficient-funds' | 'key-reused', the packet and the balance.
 -- Sent again (its batch's COMMIT unanswered), a send already made is found by its key, or
@@ -200,9 +272,10 @@ END $$;
 
 -- One share of a sent packet for a recipient: the result name and the cents. The share
 -- found opened by the same op (its batch sent again after its COMMIT went unanswered) is
--- told 'opened' again; by another op, 'already-opened'.
+-- told 'opened' again; by another op, 'already-opened'. The recipient is paid as a winner
+-- is (hb_pay).
 CREATE OR REPLACE FUNCTION hb_open(p_packet bigint, p_user bigint, p_op bigint, p_at bigint,
-    p_host text, OUT result text, OUT got bigint)
+    p_host text, p_wallet integer, OUT result text, OUT got bigint)
 LANGUAGE plpgsql AS $$
 DECLARE p hb_packets; mine bigint; found_me boolean; by_op bigint;
 BEGIN
@@ -224,12 +297,19 @@ BEGIN
         WHERE id = p_packet;
     UPDATE hb_recipients SET opened_cents = got, opened_by = p_op
         WHERE packet = p_packet AND user_id = p_user;
-    PERFORM hb_credit(p_user, got);
+    PERFORM hb_pay(p_user, got, p_op, p_wallet, p_at);
     INSERT INTO hb_events (at_ms, host, user_id, body) VALUES (p_at, p_host, p_user,
         jsonb_build_object('kind', 'share_opened', 'packet', p_packet, 'user', p_user,
             'amount_cents', got));
     result := 'opened';
 END $$;
+
+-- The signature of hosts from before shards: the wallet here.
+CREATE OR REPLACE FUNCTION hb_open(p_packet bigint, p_user bigint, p_op bigint, p_at bigint,
+    p_host text, OUT result text, OUT got bigint)
+LANGUAGE sql AS $$
+    SELECT * FROM hb_open(p_packet, p_user, p_op, p_at, p_host, NULL::integer)
+$$;
 
 -- Packets whose time ran out give what is unopened back to their sender (a user's
 -- balance; a campaign keeps its own). Any host may run it: SKIP LOCKED shares the work.

@@ -55,14 +55,26 @@ pub(crate) async fn watch(store: Store, shared: Arc<Shared>) {
     let mut said: Option<bool> = None;
     loop {
         every.tick().await;
-        let asked = async { sync_now(store.pg().await?.as_ref()).await };
-        let answer = match tokio::time::timeout(ASK_TIMEOUT, asked).await {
-            Ok(Ok(sync)) => Some(sync),
-            Ok(Err(e)) => {
-                tracing::debug!("asking the primary about its standby: {e}");
-                None
+        // Every formation's primary (a sharded ledger): synchronous only when all are,
+        // not when any one says not, unknown while any is silent.
+        let answers = futures_util::future::join_all(store.shards().iter().map(|shard| async {
+            let asked = async { sync_now(shard.pg().await?.as_ref()).await };
+            match tokio::time::timeout(ASK_TIMEOUT, asked).await {
+                Ok(Ok(sync)) => Some(sync),
+                Ok(Err(e)) => {
+                    tracing::debug!("asking the primary about its standby: {e}");
+                    None
+                }
+                Err(_) => None,
             }
-            Err(_) => None,
+        }))
+        .await;
+        let answer = if answers.contains(&Some(false)) {
+            Some(false)
+        } else if answers.contains(&None) {
+            None
+        } else {
+            Some(true)
         };
         if let Some(sync) = answer.filter(|&sync| said != Some(sync)) {
             match (said, sync) {

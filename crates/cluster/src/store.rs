@@ -16,6 +16,7 @@ use tokio_postgres::Client;
 use crate::connect::pg_connect;
 use crate::mesh::channel;
 use crate::pg::pg_error;
+use crate::shard::ShardMap;
 use crate::{redact, ClusterConfig, PgTarget};
 
 pub(crate) const SCHEMA: &str = include_str!("schema.sql");
@@ -35,15 +36,9 @@ pub struct Store(pub(crate) Arc<Inner>);
 /// Fields another file's `impl Store` needs are `pub(crate)`: each job's Redis and
 /// PostgreSQL calls live in a file of their own.
 pub(crate) struct Inner {
-    postgres: PgTarget,
-    read: Mutex<Arc<Client>>,
-    /// Raised each time a connection is given up as dead or silent (a primary lost or
-    /// frozen) — by the committer, and by `bounded` work past its deadline: the reading
-    /// connection, made before, is replaced at its next use rather than left to hang
-    /// until its host answers again.
-    pub(crate) pg_lost: std::sync::atomic::AtomicU64,
-    /// `pg_lost` when the reading connection was made.
-    read_made: std::sync::atomic::AtomicU64,
+    /// The ledger's formations, shard 0 first (`shard`).
+    pub(crate) shards: Vec<Shard>,
+    pub(crate) map: ShardMap,
     /// The cluster connection for commands (replaced when it stops answering), the one
     /// subscribed to this host's channel (never sent a command, so a push is never read
     /// as a command's reply: seen once, an `sunsubscribe` push taken for a release's
@@ -53,20 +48,88 @@ pub(crate) struct Inner {
     pub(crate) subscribed: Mutex<ClusterConnection>,
     pub(crate) redis_client: ClusterClient,
     pushes: Mutex<Option<UnboundedReceiver<String>>>,
-    /// The next packet id and the end of this host's block.
-    pub(crate) ids: tokio::sync::Mutex<(u64, u64)>,
-    /// Held by each of this host's transactions that append to `hb_events` (the
-    /// committer's batches, expiry, a new campaign) until it ends. The database already
-    /// queues them on this host's row in `hb_chain_hosts` (`hb_chain` in `schema.sql`);
-    /// queued here instead, a batch holding that row never waits inside PostgreSQL on a
-    /// packet row that this host's expiry holds while it waits for that row (a deadlock).
-    pub(crate) chain: tokio::sync::Mutex<()>,
+    /// Packet ids: this host's block, and ids drawn for one shard kept for the others.
+    pub(crate) ids: tokio::sync::Mutex<PacketIds>,
     pub(crate) release: Script,
     /// Packets given whose removal from this host's held set failed; the next release
     /// call removes them.
     pub(crate) ungiven: Mutex<Vec<String>>,
     pub(crate) restore: Script,
     pub(crate) gate: Script,
+}
+
+/// One formation of the ledger, as this host reaches it.
+pub(crate) struct Shard {
+    postgres: PgTarget,
+    read: Mutex<Arc<Client>>,
+    /// Raised each time a connection is given up as dead or silent (a primary lost or
+    /// frozen) — by the committer, and by `bounded` work past its deadline: the reading
+    /// connection, made before, is replaced at its next use rather than left to hang
+    /// until its host answers again.
+    pub(crate) pg_lost: std::sync::atomic::AtomicU64,
+    /// `pg_lost` when the reading connection was made.
+    read_made: std::sync::atomic::AtomicU64,
+    /// Held by each of this host's transactions that append to this formation's
+    /// `hb_events` (the committer's batches, expiry, a new campaign) until it ends. The
+    /// database already queues them on this host's row in `hb_chain_hosts` (`hb_chain` in
+    /// `schema.sql`); queued here instead, a batch holding that row never waits inside
+    /// PostgreSQL on a packet row that this host's expiry holds while it waits for that
+    /// row (a deadlock).
+    pub(crate) chain: tokio::sync::Mutex<()>,
+}
+
+/// The next packet id and the end of this host's block, and ids drawn while looking for
+/// one shard's, by shard (`Store::next_packet_id_on`).
+#[derive(Default)]
+pub(crate) struct PacketIds {
+    pub(crate) next: u64,
+    pub(crate) end: u64,
+    pub(crate) spare: Vec<std::collections::VecDeque<u64>>,
+}
+
+impl Shard {
+    /// The reading connection, opened again if it was lost (PostgreSQL restarted) or the
+    /// committer has given a connection up since it was made (`pg_lost`).
+    pub(crate) async fn pg(&self) -> Result<Arc<Client>, Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let current = self.read.lock().unwrap().clone();
+        let lost = self.pg_lost.load(SeqCst);
+        if !current.is_closed() && self.read_made.load(SeqCst) == lost {
+            return Ok(current);
+        }
+        let fresh = Arc::new(pg_connect(&self.postgres).await?);
+        *self.read.lock().unwrap() = fresh.clone();
+        self.read_made.store(lost, SeqCst);
+        Ok(fresh)
+    }
+
+    /// A connection of its own, for a transaction (the reading one is shared by every
+    /// task, whose statements would land inside it).
+    pub(crate) async fn pg_own(&self) -> Result<Client, Error> {
+        pg_connect(&self.postgres).await
+    }
+
+    pub(crate) fn target(&self) -> &PgTarget {
+        &self.postgres
+    }
+}
+
+/// Connects to formation `me`, creates the schema there (under the schema lock), and
+/// records the shard map there or checks it against what it holds (`shard::record`).
+async fn open_shard(target: &PgTarget, map: ShardMap, me: usize) -> Result<Client, Error> {
+    let pg = pg_connect(target)
+        .await
+        .map_err(|e| e.context(format!("shard {me}")))?;
+    pg.query("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK])
+        .await
+        .map_err(|e| pg_error("locking the schema", e))?;
+    let created = pg.batch_execute(SCHEMA).await;
+    let _ = pg
+        .query("SELECT pg_advisory_unlock($1)", &[&SCHEMA_LOCK])
+        .await;
+    created.map_err(|e| pg_error("creating the schema", e))?;
+    crate::shard::record(&pg, map, me).await?;
+    Ok(pg)
 }
 
 /// The Redis TLS trust for `rediss://` nodes: the CA of the engines.
@@ -79,15 +142,12 @@ pub(crate) fn redis_tls(ca: Option<&[u8]>) -> redis::TlsCertificates {
 
 impl Store {
     pub async fn connect(cfg: &ClusterConfig) -> Result<Store, Error> {
-        let pg = pg_connect(&cfg.postgres).await?;
-        pg.query("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK])
-            .await
-            .map_err(|e| pg_error("locking the schema", e))?;
-        let created = pg.batch_execute(SCHEMA).await;
-        let _ = pg
-            .query("SELECT pg_advisory_unlock($1)", &[&SCHEMA_LOCK])
-            .await;
-        created.map_err(|e| pg_error("creating the schema", e))?;
+        let map = cfg.shard_map();
+        let mut pgs = Vec::with_capacity(cfg.postgres.len());
+        for (me, target) in cfg.postgres.iter().enumerate() {
+            pgs.push(open_shard(target, map, me).await?);
+        }
+        let ca = cfg.postgres.first().and_then(|t| t.ca.clone());
 
         let (push_tx, mut push_rx) = unbounded_channel::<PushInfo>();
         let nodes: Vec<String> = cfg.redis.iter().map(|u| redact(u)).collect();
@@ -96,7 +156,7 @@ impl Store {
             builder = builder.password(password.clone());
         }
         if cfg.redis.iter().any(|u| u.starts_with("rediss://")) {
-            builder = builder.certs(redis_tls(cfg.postgres.ca.as_deref()));
+            builder = builder.certs(redis_tls(ca.as_deref()));
         }
         let client = builder
             .use_protocol(redis::ProtocolVersion::RESP3)
@@ -120,15 +180,17 @@ impl Store {
             redis::AsyncCommands::zrangebyscore(&mut redis.clone(), "{rel}:hosts", since, "+inf")
                 .await
                 .map_err(|e| Error::unavailable("Redis: reading the hosts alive", e))?;
-        pg.query("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK])
-            .await
-            .map_err(|e| pg_error("locking the schema", e))?;
-        let versioned =
-            crate::versions::apply(&pg, &cfg.host, &live, hongbao_sys::clock::unix_ms()).await;
-        let _ = pg
-            .query("SELECT pg_advisory_unlock($1)", &[&SCHEMA_LOCK])
-            .await;
-        versioned?;
+        for pg in &pgs {
+            pg.query("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK])
+                .await
+                .map_err(|e| pg_error("locking the schema", e))?;
+            let versioned =
+                crate::versions::apply(pg, &cfg.host, &live, hongbao_sys::clock::unix_ms()).await;
+            let _ = pg
+                .query("SELECT pg_advisory_unlock($1)", &[&SCHEMA_LOCK])
+                .await;
+            versioned?;
+        }
         subscribed
             .ssubscribe(channel(&cfg.host))
             .await
@@ -144,17 +206,26 @@ impl Store {
                 }
             }
         });
+        let shards = cfg
+            .postgres
+            .iter()
+            .zip(pgs)
+            .map(|(target, pg)| Shard {
+                postgres: target.clone(),
+                read: Mutex::new(Arc::new(pg)),
+                pg_lost: 0.into(),
+                read_made: 0.into(),
+                chain: tokio::sync::Mutex::new(()),
+            })
+            .collect();
         Ok(Store(Arc::new(Inner {
-            postgres: cfg.postgres.clone(),
-            read: Mutex::new(Arc::new(pg)),
-            pg_lost: 0.into(),
-            read_made: 0.into(),
+            shards,
+            map,
             redis: Mutex::new(redis),
             subscribed: Mutex::new(subscribed),
             redis_client: client,
             pushes: Mutex::new(Some(rx)),
-            ids: tokio::sync::Mutex::new((0, 0)),
-            chain: tokio::sync::Mutex::new(()),
+            ids: tokio::sync::Mutex::new(PacketIds::default()),
             release: Script::new(RELEASE),
             ungiven: Mutex::new(Vec::new()),
             restore: Script::new(RESTORE),
@@ -175,20 +246,34 @@ impl Store {
         self.0.redis.lock().unwrap().clone()
     }
 
-    /// `work` on the ledger that holds this host's chain turn, given up after
-    /// [`HELD_WORK_DEADLINE`]: a frozen primary answers nothing, and the turn held
+    /// Formation `i` of the ledger (`shard`).
+    pub(crate) fn shard(&self, i: usize) -> &Shard {
+        &self.0.shards[i]
+    }
+
+    pub(crate) fn shards(&self) -> &[Shard] {
+        &self.0.shards
+    }
+
+    pub(crate) fn map(&self) -> ShardMap {
+        self.0.map
+    }
+
+    /// `work` on formation `shard` that holds this host's chain turn there, given up
+    /// after [`HELD_WORK_DEADLINE`]: a frozen primary answers nothing, and the turn held
     /// meanwhile would stop the committer. Given up, it counts as a connection lost
-    /// (`Inner::pg_lost`): the reading connection is made again at its next use. Its
+    /// (`Shard::pg_lost`): the reading connection is made again at its next use. Its
     /// outcome is then unknown, as a commit's whose answer was lost.
     pub(crate) async fn bounded<T>(
         &self,
+        shard: usize,
         what: &str,
         work: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
         match tokio::time::timeout(HELD_WORK_DEADLINE, work).await {
             Ok(done) => done,
             Err(_) => {
-                self.0
+                self.shard(shard)
                     .pg_lost
                     .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 Err(Error::unavailable(
@@ -202,30 +287,15 @@ impl Store {
         }
     }
 
-    /// The reading connection, opened again if it was lost (PostgreSQL restarted) or the
-    /// committer has given a connection up since it was made (`Inner::pg_lost`).
+    /// Shard 0's reading connection: what is global (campaigns, numbering, keys).
     pub(crate) async fn pg(&self) -> Result<Arc<Client>, Error> {
-        use std::sync::atomic::Ordering::SeqCst;
-        let current = self.0.read.lock().unwrap().clone();
-        let lost = self.0.pg_lost.load(SeqCst);
-        if !current.is_closed() && self.0.read_made.load(SeqCst) == lost {
-            return Ok(current);
-        }
-        let fresh = Arc::new(pg_connect(&self.0.postgres).await?);
-        *self.0.read.lock().unwrap() = fresh.clone();
-        self.0.read_made.store(lost, SeqCst);
-        Ok(fresh)
+        self.shard(0).pg().await
     }
 
-    /// A connection of its own, for a transaction (the reading one is shared by every
-    /// task, whose statements would land inside it).
-    pub(crate) async fn pg_own(&self) -> Result<Client, Error> {
-        pg_connect(&self.0.postgres).await
-    }
-
-    /// Taken around each of this host's transactions that append events (`Inner::chain`).
-    pub(crate) async fn chain_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.0.chain.lock().await
+    /// Taken around each of this host's transactions that append events on formation
+    /// `shard` (`Shard::chain`).
+    pub(crate) async fn chain_turn(&self, shard: usize) -> tokio::sync::MutexGuard<'_, ()> {
+        self.shard(shard).chain.lock().await
     }
 
     /// A MULTI/EXEC on the slot of `key`, sent again while the cluster answers that it

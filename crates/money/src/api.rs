@@ -67,6 +67,11 @@ pub struct Audit {
     pub unopened_shares: u64,
     pub unclaimed_packets: u64,
     pub ledger_seq: u64,
+    /// Cluster mode with a sharded ledger: credits committed on a packet's shard (a win,
+    /// an opened share) that its winner's wallet shard has not received yet (the outbox;
+    /// docs/scale-out.md, "Shards").
+    #[serde(default)]
+    pub credits_in_flight_cents: u64,
     /// Cents minted by the campaigns of each admin key (by its name): every cent of
     /// `minted_cents`, each with who made it.
     #[serde(default)]
@@ -87,10 +92,11 @@ pub struct Audit {
 }
 
 impl Audit {
-    /// Money held anywhere: in users' and campaigns' balances, in unopened shares, in
-    /// shake packets nobody has won.
+    /// Money held anywhere: in users' and campaigns' balances, in credits on their way
+    /// to a wallet, in unopened shares, in shake packets nobody has won.
     pub fn held_cents(&self) -> u64 {
         self.user_balances_cents
+            + self.credits_in_flight_cents
             + self.campaign_balances_cents
             + self.unopened_cents
             + self.unclaimed_cents

@@ -8,6 +8,10 @@
 //! batch whose COMMIT went unanswered either added its events or did not, and the next
 //! batch chains on whatever the database holds, so no head is kept here to go stale or
 //! fork.
+//!
+//! A sharded ledger has one committer per formation (`Committers` routes each op to its
+//! packet's shard): a win or an open whose winner's wallet is on another shard commits
+//! its credit as an outbox row there (`hb_pay`), for `relay` to move.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,11 +26,53 @@ use crate::commit::{Commit, Done};
 use crate::connect::pg_connect;
 use crate::outcome::{after_commit, refuse, LEFT_OUT, UNAVAILABLE};
 use crate::pg::{i64s, pg_error};
+use crate::shard::ShardMap;
 use crate::shared::Shared;
 use crate::store::Store;
 use crate::{ClusterConfig, PgTarget};
 
-struct Statements {
+/// The formation a committer commits to, in the shard map: where a user's wallet is,
+/// seen from there.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Here {
+    pub(crate) map: ShardMap,
+    pub(crate) shard: usize,
+}
+
+impl Here {
+    /// One formation: every wallet here.
+    #[cfg(test)]
+    pub(crate) const ONE: Here = Here {
+        map: ShardMap::ONE,
+        shard: 0,
+    };
+
+    /// `user`'s wallet shard when it is another one (their credit goes by the outbox),
+    /// none when it is here.
+    fn wallet_elsewhere(&self, user: u64) -> Option<i32> {
+        let wallet = self.map.wallet(user);
+        (wallet != self.shard).then_some(wallet as i32)
+    }
+}
+
+/// A committer per formation, each op sent to its packet's.
+#[derive(Clone)]
+pub(crate) struct Committers {
+    map: ShardMap,
+    to: Vec<tokio::sync::mpsc::UnboundedSender<Commit>>,
+}
+
+impl Committers {
+    pub(crate) fn new(map: ShardMap, to: Vec<tokio::sync::mpsc::UnboundedSender<Commit>>) -> Self {
+        Committers { map, to }
+    }
+
+    pub(crate) fn send(&self, op: Commit) {
+        let _ = self.to[self.map.packet(op.packet())].send(op);
+    }
+}
+
+pub(crate) struct Statements {
     win: tokio_postgres::Statement,
     send: tokio_postgres::Statement,
     open: tokio_postgres::Statement,
@@ -36,13 +82,13 @@ struct Statements {
 async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
     Ok(Statements {
         win: client
-            .prepare("SELECT hb_win($1, $2, $3, $4, $5, $6, $7, $8)")
+            .prepare("SELECT hb_win($1, $2, $3, $4, $5, $6, $7, $8, $9)")
             .await?,
         send: client
             .prepare("SELECT * FROM hb_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
             .await?,
         open: client
-            .prepare("SELECT * FROM hb_open($1, $2, $3, $4, $5)")
+            .prepare("SELECT * FROM hb_open($1, $2, $3, $4, $5, $6)")
             .await?,
         campaign_packet: client
             .prepare("SELECT hb_campaign_packet($1, $2, $3, $4, $5, $6, $7, $8, $9)")
@@ -54,6 +100,7 @@ async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
 async fn run_op(
     client: &Client,
     st: &Statements,
+    here: Here,
     host: &str,
     at: i64,
     op: &Commit,
@@ -86,6 +133,7 @@ async fn run_op(
                         &at,
                         &host,
                         &body,
+                        &here.wallet_elsewhere(user),
                     ],
                 )
                 .await?;
@@ -144,6 +192,7 @@ async fn run_op(
                         op_id,
                         &at,
                         &host,
+                        &here.wallet_elsewhere(to.user.get()),
                     ],
                 )
                 .await?;
@@ -197,6 +246,7 @@ async fn run_op(
 async fn commit_batch(
     client: &Client,
     st: &Statements,
+    here: Here,
     host: &str,
     at: UnixTime,
     ops: &[Commit],
@@ -216,7 +266,7 @@ async fn commit_batch(
         let results = futures_util::future::join_all(
             running
                 .iter()
-                .map(|&i| run_op(client, st, host, at, &ops[i])),
+                .map(|&i| run_op(client, st, here, host, at, &ops[i])),
         )
         .await;
         if results.iter().all(Result::is_ok) {
@@ -285,11 +335,12 @@ const RESEND_FOR: Duration = Duration::from_secs(60);
 /// told then is told now (`settle`). A batch refused by the database, or never sent (no
 /// connection), is known not committed and fails at once. Each connection given up is
 /// counted in `lost` (`Inner::pg_lost`), so the host's reading connection is made again.
-async fn commit_until_known(
+pub(crate) async fn commit_until_known(
     conn: &mut Option<(Client, Statements)>,
     chain: &tokio::sync::Mutex<()>,
     lost: &std::sync::atomic::AtomicU64,
     target: &PgTarget,
+    here: Here,
     host: &str,
     at: UnixTime,
     batch: &[Commit],
@@ -310,7 +361,11 @@ async fn commit_until_known(
         };
         let attempt = {
             let _turn = chain.lock().await;
-            tokio::time::timeout(ATTEMPT_TIMEOUT, commit_batch(client, st, host, at, batch)).await
+            tokio::time::timeout(
+                ATTEMPT_TIMEOUT,
+                commit_batch(client, st, here, host, at, batch),
+            )
+            .await
         };
         let why = match attempt {
             Ok(Ok(done)) if resent => return Ok(settle(batch, done)),
@@ -390,14 +445,19 @@ async fn connect(target: &PgTarget) -> Option<(Client, Statements)> {
     }
 }
 
-/// Takes ops as they come, commits them in batches (one transaction each), and only then
-/// lets out what they tell.
+/// Takes ops as they come, commits them in batches (one transaction each) to formation
+/// `shard`, and only then lets out what they tell.
 pub async fn committer(
     store: Store,
     cfg: ClusterConfig,
     shared: Arc<Shared>,
     mut rx: UnboundedReceiver<Commit>,
+    shard: usize,
 ) {
+    let here = Here {
+        map: store.map(),
+        shard,
+    };
     let mut conn: Option<(Client, Statements)> = None;
     let max = cfg.max_batch.max(1);
     // Send-campaign packets whose batch failed: tried again with the next batch, or
@@ -433,9 +493,10 @@ pub async fn committer(
         let started = std::time::Instant::now();
         let result = commit_until_known(
             &mut conn,
-            &store.0.chain,
-            &store.0.pg_lost,
-            &cfg.postgres,
+            &store.shard(shard).chain,
+            &store.shard(shard).pg_lost,
+            store.shard(shard).target(),
+            here,
             &cfg.host,
             // The batch's time, kept if it is sent again: an open judged against its
             // packet's expiry as of when it was asked (a packet refunded meanwhile still

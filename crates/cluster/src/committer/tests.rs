@@ -179,6 +179,7 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             &chain,
             &lost,
             &target,
+            Here::ONE,
             "h1",
             at,
             &[win(1, 1_000, 1)],
@@ -193,6 +194,7 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             &chain,
             &lost,
             &target,
+            Here::ONE,
             "h1",
             at,
             &[win(1, 1_000, 2)],
@@ -209,17 +211,35 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             expires_ms: u64::MAX >> 2,
             key: None,
         }];
-        commit_until_known(&mut conn, &chain, &lost, &target, "h1", at, &send)
-            .await
-            .unwrap();
+        commit_until_known(
+            &mut conn,
+            &chain,
+            &lost,
+            &target,
+            Here::ONE,
+            "h1",
+            at,
+            &send,
+        )
+        .await
+        .unwrap();
         let open = |user, op_id| Commit::Open {
             to: origin(user),
             packet: 50,
             op_id,
         };
-        commit_until_known(&mut conn, &chain, &lost, &target, "h1", at, &[open(9, 3)])
-            .await
-            .unwrap();
+        commit_until_known(
+            &mut conn,
+            &chain,
+            &lost,
+            &target,
+            Here::ONE,
+            "h1",
+            at,
+            &[open(9, 3)],
+        )
+        .await
+        .unwrap();
         // The batch cut after its COMMIT: an open, a win, a send without a key, a send
         // with one; and ops that find work other ops did — user 9's share opened again,
         // packet 1 dealt a third time.
@@ -249,9 +269,18 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         ];
         let events_before = scalar(&setup, "SELECT count(*) FROM hb_events").await;
         relay.cut.store(true, Ordering::SeqCst);
-        let done = commit_until_known(&mut conn, &chain, &lost, &target, "h1", at, &batch)
-            .await
-            .unwrap();
+        let done = commit_until_known(
+            &mut conn,
+            &chain,
+            &lost,
+            &target,
+            Here::ONE,
+            "h1",
+            at,
+            &batch,
+        )
+        .await
+        .unwrap();
         assert_eq!(relay.cuts.load(Ordering::SeqCst), 1, "the COMMIT was cut");
         assert_eq!(lost.load(Ordering::SeqCst), 1, "one connection given up");
         assert_eq!(

@@ -103,10 +103,15 @@ pub struct ServeFlags {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis: Option<String>,
     /// Cluster mode: the PostgreSQL ledger, postgres://USER@HOST:PORT/DB (no password:
-    /// that comes from HONGBAO_POSTGRES_PASSWORD or --postgres-password-file)
+    /// that comes from HONGBAO_POSTGRES_PASSWORD or --postgres-password-file); a sharded
+    /// ledger's formations separated by ';', shard 0 first
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub postgres: Option<String>,
+    /// Cluster mode: the shard map's version, recorded in every formation [default: 1]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard_map_version: Option<u32>,
     /// Cluster mode: a file holding the PostgreSQL password
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -242,8 +242,13 @@ pub struct Cluster {
     /// Cluster mode (docs/scale-out.md): Redis Cluster seed nodes, comma-separated
     /// `redis://HOST:PORT`. With `postgres`, the ledger is PostgreSQL, not `data_dir`.
     pub redis: String,
-    /// Cluster mode: the PostgreSQL ledger, `postgres://USER@HOST:PORT/DB`.
+    /// Cluster mode: the PostgreSQL ledger, `postgres://USER@HOST:PORT/DB`; a sharded
+    /// ledger's formations separated by `;`, shard 0 first (docs/scale-out.md, "Shards").
     pub postgres: String,
+    /// Cluster mode: the shard map's version, recorded in every formation; a host whose
+    /// map (this version, the formations in `postgres`, their order) disagrees with
+    /// theirs refuses to start [default: 1].
+    pub shard_map_version: u32,
     /// Cluster mode: this host's name, unique among the gateways [default: the hostname
     /// and the client port].
     pub host_name: String,
@@ -273,6 +278,7 @@ impl Default for Cluster {
         Cluster {
             redis: String::new(),
             postgres: String::new(),
+            shard_map_version: 1,
             host_name: String::new(),
             engines_ca: PathBuf::new(),
             engines_ca_pem: None,
@@ -422,10 +428,27 @@ impl Processes {
 }
 
 impl Cluster {
+    /// The ledger's formations, as `postgres` names them (`;` between shards).
+    pub fn formations(&self) -> Vec<String> {
+        self.postgres
+            .split(';')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Cluster mode is on when both engines are named; one alone is a mistake.
     pub fn on(&self) -> Result<bool> {
         match (self.redis.is_empty(), self.postgres.is_empty()) {
             (true, true) => Ok(false),
+            (false, false) if self.formations().is_empty() => Err(Error::config(format!(
+                "--postgres {:?} names no formation",
+                self.postgres
+            ))),
+            (false, false) if self.shard_map_version == 0 => {
+                Err(Error::config("shard_map_version starts at 1".to_string()))
+            }
             (false, false) => Ok(true),
             _ => Err(Error::config(
                 "cluster mode needs both --redis and --postgres".to_string(),

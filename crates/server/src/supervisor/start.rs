@@ -161,7 +161,8 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
                         .map(|s| s.trim().to_string())
                         .collect(),
                     redis_password: cfg.cluster.redis_password.clone(),
-                    postgres: pg_target(&cfg),
+                    postgres: pg_targets(&cfg),
+                    shard_map_version: cfg.cluster.shard_map_version,
                     host,
                     packet_ttl_ms: cfg.ledger.packet_ttl_secs * 1000,
                     commit_window: Duration::from_millis(cfg.ledger.commit_window_ms),
@@ -184,7 +185,7 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
 
     // Who may speak for the server: keys and their log beside the money.
     let access: Arc<dyn AccessStore> = if cfg.cluster.on()? {
-        Arc::new(PgAccess::connect(&pg_target(&cfg)).map_err(|e| e.context("cluster mode"))?)
+        Arc::new(PgAccess::connect(&pg_targets(&cfg)[0]).map_err(|e| e.context("cluster mode"))?)
     } else {
         Arc::new(SqliteAccess::open(&cfg.ledger.data_dir)?)
     };
@@ -375,12 +376,17 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
     Ok(())
 }
 
-fn pg_target(cfg: &ServeConfig) -> hongbao_cluster::PgTarget {
-    hongbao_cluster::PgTarget {
-        url: cfg.cluster.postgres.clone(),
-        password: cfg.cluster.postgres_password.clone(),
-        ca: cfg.cluster.engines_ca_pem.clone(),
-    }
+/// The ledger's formations, shard 0 first, each with the one password and CA.
+fn pg_targets(cfg: &ServeConfig) -> Vec<hongbao_cluster::PgTarget> {
+    cfg.cluster
+        .formations()
+        .into_iter()
+        .map(|url| hongbao_cluster::PgTarget {
+            url,
+            password: cfg.cluster.postgres_password.clone(),
+            ca: cfg.cluster.engines_ca_pem.clone(),
+        })
+        .collect()
 }
 
 fn hostname() -> String {

@@ -1,0 +1,394 @@
+//! Two real PostgreSQL formations (and a one-node Redis Cluster for the `Store`): a win
+//! whose winner's wallet is on the other shard commits its credit as an outbox row; the
+//! relay pays it there once, however often it is relayed, and the audit across both
+//! shards balances at every step, credits in flight included.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use hongbao_money::seam::Origin;
+use hongbao_sys::clock::UnixTime;
+
+use super::*;
+use crate::commit::Commit;
+use crate::committer::{commit_until_known, Here};
+use crate::connect::pg_connect;
+use crate::shard::ShardMap;
+use crate::testpg::TestPg;
+use crate::{ClusterConfig, PgTarget};
+
+const TWO: ShardMap = ShardMap {
+    version: 1,
+    shards: 2,
+};
+
+/// A `redis-server` in cluster mode holding every slot: a Redis Cluster of one node.
+struct OneNodeCluster {
+    child: Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for OneNodeCluster {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli (Debian's redis-tools package) is needed");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+impl OneNodeCluster {
+    fn start() -> OneNodeCluster {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("hb-relay-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = Command::new("redis-server")
+            .current_dir(&dir)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (Debian's redis-server package) is needed");
+        let node = OneNodeCluster { child, port, dir };
+        wait("redis-server", || cli(port, &["PING"]) == "PONG");
+        cli(port, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+        wait("the cluster", || {
+            cli(port, &["CLUSTER", "INFO"]).contains("cluster_state:ok")
+        });
+        node
+    }
+}
+
+fn wait(what: &str, mut ok: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn target(pg: &TestPg) -> PgTarget {
+    PgTarget {
+        url: format!(
+            "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+            pg.port
+        ),
+        ..PgTarget::default()
+    }
+}
+
+fn config(redis: &OneNodeCluster, shards: &[&TestPg], version: u32) -> ClusterConfig {
+    ClusterConfig {
+        redis: vec![format!("redis://127.0.0.1:{}", redis.port)],
+        redis_password: None,
+        postgres: shards.iter().map(|pg| target(pg)).collect(),
+        shard_map_version: version,
+        host: "h1".into(),
+        packet_ttl_ms: 60_000,
+        commit_window: Duration::from_millis(1),
+        max_batch: 64,
+    }
+}
+
+fn origin(user: u64) -> Origin {
+    Origin {
+        worker: 0,
+        conn: hongbao_money::ConnId {
+            key: 1,
+            generation: 0,
+        },
+        request: 1,
+        user: hongbao_money::UserId::new(user).unwrap(),
+    }
+}
+
+async fn scalar(client: &Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// The first user id from 1 whose wallet is on `shard`, and the first packet of campaign
+/// 1 that lives on `shard`.
+fn user_on(shard: usize) -> u64 {
+    (1..).find(|&u| TWO.wallet(u) == shard).unwrap()
+}
+
+fn packet_on(shard: usize, after: u32) -> u64 {
+    (after..)
+        .map(|i| hongbao_money::rules::shake_packet_id(1, i))
+        .find(|&p| TWO.packet(p) == shard)
+        .unwrap()
+}
+
+/// Commits one batch on `shard` (its committer's way, one attempt known).
+async fn commit(pg: &TestPg, shard: usize, batch: &[Commit]) -> Vec<Option<crate::commit::Done>> {
+    let (chain, lost, mut conn) = (
+        tokio::sync::Mutex::new(()),
+        std::sync::atomic::AtomicU64::new(0),
+        None,
+    );
+    commit_until_known(
+        &mut conn,
+        &chain,
+        &lost,
+        &target(pg),
+        Here { map: TWO, shard },
+        "h1",
+        UnixTime::from_millis(1_800_000_000_000),
+        batch,
+    )
+    .await
+    .unwrap()
+}
+
+#[test]
+fn a_credit_crosses_shards_once_and_the_audit_balances_while_it_is_in_flight() {
+    let Some(a) = TestPg::start() else { return };
+    let b = TestPg::start().unwrap();
+    let redis = OneNodeCluster::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
+        let (pa, pb) = (
+            pg_connect(&target(&a)).await.unwrap(),
+            pg_connect(&target(&b)).await.unwrap(),
+        );
+        // A shake campaign minting 1,000 (its row on shard 0, as admin.rs makes it).
+        pa.batch_execute(
+            "INSERT INTO hb_campaigns (id, kind, packets, rate, amount_min, amount_max, \
+             recipients, user_min, user_max, seed, minted, started_ms) \
+             VALUES (1, 'shake', 10, 10, 100, 100, 0, 0, 0, 1, 1000, 0)",
+        )
+        .await
+        .unwrap();
+        let audit = store.audit().await.unwrap();
+        assert!(audit.ok, "{audit:?}");
+
+        // User `far` (wallet on shard 1) wins a packet that lives on shard 0, and user
+        // `near` (wallet on shard 0) another one there.
+        let (far, near) = (user_on(1), user_on(0));
+        let (p1, p2) = (packet_on(0, 0), packet_on(0, 1 + (packet_on(0, 0) as u32)));
+        let win = |user, packet, cents, op_id| Commit::Win {
+            to: origin(user),
+            campaign: 1,
+            packet,
+            cents,
+            op_id,
+        };
+        let done = commit(&a, 0, &[win(far, p1, 300, 11), win(near, p2, 200, 12)]).await;
+        assert!(done
+            .iter()
+            .all(|d| matches!(d, Some(crate::commit::Done::Won(true)))));
+        // The near one is paid at once; the far one waits in shard 0's outbox.
+        assert_eq!(store.balance(near).await.unwrap(), 200);
+        assert_eq!(store.balance(far).await.unwrap(), 0);
+        assert_eq!(
+            scalar(&pa, "SELECT count(*) FROM hb_outbox WHERE moved_ms IS NULL").await,
+            1
+        );
+        let audit = store.audit().await.unwrap();
+        assert!(audit.ok, "{audit:?}");
+        assert_eq!(audit.credits_in_flight_cents, 300);
+        assert_eq!(audit.unclaimed_cents, 500);
+
+        // A relay that paid shard 1 and was killed before marking the row moved: the
+        // row is still waiting; the audit counts the credit once (in the wallet now).
+        let mut source = pg_connect(&target(&a)).await.unwrap();
+        {
+            let tx = source.transaction().await.unwrap();
+            let credits = waiting(&tx, 10).await.unwrap();
+            assert_eq!(credits.len(), 1);
+            assert_eq!(pay(&pb, 0, &credits, 1).await.unwrap(), 1);
+            // Dropped without commit: the relay died here.
+        }
+        assert_eq!(store.balance(far).await.unwrap(), 300);
+        assert_eq!(
+            scalar(&pa, "SELECT count(*) FROM hb_outbox WHERE moved_ms IS NULL").await,
+            1
+        );
+        let audit = store.audit().await.unwrap();
+        assert!(audit.ok, "{audit:?}");
+        assert_eq!(audit.credits_in_flight_cents, 0);
+
+        // Relayed again, whole: paid once, marked moved; and relayed twice more, nothing.
+        assert_eq!(relay_once(&store, &mut source, 0).await.unwrap(), 1);
+        assert_eq!(relay_once(&store, &mut source, 0).await.unwrap(), 0);
+        let credits = [Credit {
+            op: 11,
+            to_shard: 1,
+            user: far as i64,
+            cents: 300,
+        }];
+        assert_eq!(
+            pay(&pb, 0, &credits, 2).await.unwrap(),
+            0,
+            "relayed twice, paid once"
+        );
+        assert_eq!(store.balance(far).await.unwrap(), 300);
+        assert_eq!(
+            scalar(&pa, "SELECT count(*) FROM hb_outbox WHERE moved_ms IS NULL").await,
+            0
+        );
+        assert_eq!(scalar(&pb, "SELECT count(*) FROM hb_credits_in").await, 1);
+        let audit = store.audit().await.unwrap();
+        assert!(audit.ok, "{audit:?}");
+        assert_eq!(audit.credits_in_flight_cents, 0);
+        assert_eq!(audit.user_balances_cents, 500);
+        // Both shards' chains are walked, each named by its shard.
+        assert!(
+            audit.ledger_heads.contains_key("0/h1"),
+            "{:?}",
+            audit.ledger_heads
+        );
+
+        // The wins page across shards as on one.
+        let page = store.ops(None, 10).await.unwrap();
+        assert_eq!(page.wins.len(), 2);
+        assert!(page.wins.windows(2).all(|w| w[0].packet < w[1].packet));
+
+        // The batch sent again (its COMMIT unanswered): told won, nothing more in the outbox.
+        let again = commit(&a, 0, &[win(far, p1, 300, 11)]).await;
+        assert!(matches!(again[0], Some(crate::commit::Done::Won(true))));
+        assert_eq!(scalar(&pa, "SELECT count(*) FROM hb_outbox").await, 1);
+        assert!(store.audit().await.unwrap().ok);
+    });
+}
+
+#[test]
+fn a_send_debits_and_makes_its_packet_on_the_senders_shard_or_does_neither() {
+    let Some(a) = TestPg::start() else { return };
+    let b = TestPg::start().unwrap();
+    let redis = OneNodeCluster::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
+        let pb = pg_connect(&target(&b)).await.unwrap();
+        let sender = user_on(1);
+        // Every id drawn for shard 1 lives there; none is handed out twice.
+        let mut ids = Vec::new();
+        for _ in 0..50 {
+            let id = store.next_packet_id_on(1).await.unwrap();
+            assert_eq!(TWO.packet(id), 1);
+            ids.push(id);
+        }
+        let zero = store.next_packet_id_on(0).await.unwrap();
+        assert_eq!(TWO.packet(zero), 0);
+        ids.push(zero);
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 51);
+
+        pb.execute("SELECT hb_credit($1, 1000)", &[&(sender as i64)])
+            .await
+            .unwrap();
+        let send = |packet: u64, cents: u64| Commit::Send {
+            to: origin(sender),
+            packet,
+            cents,
+            recipients: vec![user_on(0), user_on(1) + 1000],
+            shares: vec![cents / 2, cents - cents / 2],
+            expires_ms: 1_900_000_000_000,
+            key: None,
+        };
+        let packet = store.next_packet_id_on(1).await.unwrap();
+        let done = commit(&b, 1, &[send(packet, 400)]).await;
+        assert!(
+            matches!(&done[0], Some(crate::commit::Done::Sent(r, p, 600)) if r == "ok" && *p == packet)
+        );
+        // Its packet is on the same shard as the debit.
+        assert_eq!(
+            scalar(&pb, &format!("SELECT count(*) FROM hb_packets WHERE id = {packet}")).await,
+            1
+        );
+        // A send whose packet cannot be made (its id taken by another's packet) is left
+        // out of its batch whole — no debit without its packet — and its batch-mate
+        // commits.
+        let (taken, good) = (
+            store.next_packet_id_on(1).await.unwrap(),
+            store.next_packet_id_on(1).await.unwrap(),
+        );
+        pb.execute(
+            "INSERT INTO hb_packets (id, sender, cents, shares, expires_ms) VALUES ($1, 1, 1, 1, 0)",
+            &[&(taken as i64)],
+        )
+        .await
+        .unwrap();
+        let done = commit(&b, 1, &[send(taken, 100), send(good, 50)]).await;
+        assert!(done[0].is_none(), "left out");
+        assert!(matches!(&done[1], Some(crate::commit::Done::Sent(r, _, 550)) if r == "ok"));
+        assert_eq!(store.balance(sender).await.unwrap(), 550);
+    });
+}
+
+#[test]
+fn a_host_whose_shard_map_disagrees_with_the_formations_is_refused_at_start() {
+    let Some(a) = TestPg::start() else { return };
+    let b = TestPg::start().unwrap();
+    let redis = OneNodeCluster::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let refused = |cfg: ClusterConfig| async move {
+            match Store::connect(&cfg).await {
+                Ok(_) => panic!("started on {:?}", cfg.postgres),
+                Err(e) => e.to_string(),
+            }
+        };
+        // A single formation holding wallets from before any map: not spread over two.
+        let pa = pg_connect(&target(&a)).await.unwrap();
+        pa.batch_execute(crate::store::SCHEMA).await.unwrap();
+        pa.execute("SELECT hb_credit(7, 100)", &[]).await.unwrap();
+        let why = refused(config(&redis, &[&a, &b], 1)).await;
+        assert!(why.contains("moving wallets is not built"), "{why}");
+        pa.batch_execute("TRUNCATE hb_balances").await.unwrap();
+
+        Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
+        Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
+        // The formations swapped, another version, one formation left out: refused.
+        for (cfg, says) in [
+            (
+                config(&redis, &[&b, &a], 1),
+                "formation 0 records version 1 (2 shards, this formation shard 1)",
+            ),
+            (config(&redis, &[&a, &b], 2), "this host's map is version 2"),
+            (
+                config(&redis, &[&a], 1),
+                "this host's map is version 1 (1 shards",
+            ),
+        ] {
+            let why = refused(cfg).await;
+            assert!(why.contains(says), "{why}");
+        }
+        assert_eq!(scalar(&pa, "SELECT count(*) FROM hb_shard_map").await, 1);
+    });
+}
