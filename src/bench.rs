@@ -76,6 +76,11 @@ pub struct BenchArgs {
     /// primary-freeze and primary-isolate
     #[arg(long, requires = "hosts")]
     standby: bool,
+    /// With --hosts: the lab's ledger over this many shards (docs/scale-out.md,
+    /// "Shards"): shard 0 the lab's PostgreSQL (or its formation, with a standby, which
+    /// the primary faults then aim at), each other one a PostgreSQL of its own
+    #[arg(long, requires = "hosts", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8))]
+    shards: u16,
     /// Inject a failure into the first phase: worker-stall, worker-kill, supervisor-kill
     /// (or core-kill: the core is in the supervisor's process) or disk-full (root: the
     /// ledger goes on a tmpfs of its own) on one local server, or with --hosts gateway,
@@ -283,6 +288,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
         opts.tls_dir = Some(dir);
     }
     opts.standby = args.standby;
+    opts.shards = args.shards as usize;
     opts.fault = args
         .fault
         .as_deref()

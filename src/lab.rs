@@ -44,6 +44,11 @@ pub struct LabUpArgs {
     /// pg_auto_failover's monitor (host pgmon); the gateways use a multi-host URL
     #[arg(long)]
     standby: bool,
+    /// The ledger's shards: shard 0 is the lab's PostgreSQL (with --standby, its
+    /// formation), each other one a PostgreSQL of its own (hosts pgs1…); the gateways get
+    /// every shard (docs/scale-out.md, "Shards")
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8))]
+    shards: u16,
     /// The login secret of every gateway
     #[arg(long, env = "HONGBAO_SECRET", default_value = hongbao_server::config::DEV_SECRET)]
     secret: String,
@@ -73,6 +78,7 @@ fn up(args: LabUpArgs) -> Result<()> {
         monitor_key: None,
         postgres_disk: None,
         standby: args.standby,
+        shards: args.shards as usize,
     })?;
     println!("hongbao lab {} up: dir={}", args.lab, args.dir.display());
     for host in lab.hosts() {
@@ -88,6 +94,9 @@ fn up(args: LabUpArgs) -> Result<()> {
         lab.postgres_url(),
         args.dir.join(hongbao_lab::POSTGRES_PASSWORD_FILE).display()
     );
+    for k in 1..lab.shard_count() {
+        println!("  shard {k}  {}", lab.shard_url(k));
+    }
     if let Some(formation) = &lab.formation {
         println!(
             "  ledger   primary {} with a synchronous standby, failed over by pg_auto_failover's monitor on {}",

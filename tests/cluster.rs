@@ -50,6 +50,7 @@ fn lab(dir: &std::path::Path, gateways: usize) -> Lab {
         monitor_key: None,
         postgres_disk: None,
         standby: false,
+        shards: 1,
     })
     .expect("the lab comes up");
     *ADMIN_KEY.lock().unwrap() = lab.admin_key.clone();

@@ -70,6 +70,7 @@ fn lab(dir: &std::path::Path) -> Lab {
         monitor_key: None,
         postgres_disk: None,
         standby: true,
+        shards: 1,
     })
     .expect("the lab with a standby comes up")
 }

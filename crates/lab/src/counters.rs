@@ -69,22 +69,26 @@ impl Lab {
                 *counters.redis_calls.entry(name).or_insert(0) += calls;
             }
         }
-        let text = self.psql(
-            "SELECT xact_commit, tup_inserted, tup_updated FROM pg_stat_database WHERE datname = current_database()",
-        )?;
-        let fields: Vec<u64> = text
-            .trim()
-            .split('|')
-            .filter_map(|f| f.parse().ok())
-            .collect();
-        if fields.len() != 3 {
-            return Err(Error::Answer(format!(
-                "psql: unexpected pg_stat_database row {text:?}"
-            )));
+        // Every shard's database: the ledger's costs are theirs together.
+        for k in 0..self.shard_count() {
+            let text = self.psql_shard(
+                k,
+                "SELECT xact_commit, tup_inserted, tup_updated FROM pg_stat_database WHERE datname = current_database()",
+            )?;
+            let fields: Vec<u64> = text
+                .trim()
+                .split('|')
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            if fields.len() != 3 {
+                return Err(Error::Answer(format!(
+                    "psql: unexpected pg_stat_database row {text:?}"
+                )));
+            }
+            counters.pg_commits += fields[0];
+            counters.pg_rows_inserted += fields[1];
+            counters.pg_rows_updated += fields[2];
         }
-        counters.pg_commits = fields[0];
-        counters.pg_rows_inserted = fields[1];
-        counters.pg_rows_updated = fields[2];
         Ok(counters)
     }
 }

@@ -8,7 +8,8 @@
 //! (`DIR/lab.json`), by `hongbao lab down` after its owner was killed.
 //!
 //! Addresses in lab `n`: the machine 198.18.n.1, nginx .10, Redis .11–.16, PostgreSQL
-//! .20 (with a standby: the data nodes .20 and .21, the monitor .22), gateways .31
+//! .20 (with a standby: the data nodes .20 and .21, the monitor .22), the ledger's other
+//! shards .24 onward, gateways .31
 //! onward, load hosts .51 onward.
 //!
 //! Modules (the `Lab` itself, its plan and state file, are here in lib.rs):
@@ -26,6 +27,7 @@
 //!   frozen, PostgreSQL restarted;
 //! - `failover`: with a standby, the primary lost with its disk, frozen or cut off, the
 //!   new primary waited for, the old node brought back as the standby;
+//! - `shards`: the ledger's shards after the first (`--shards`), one PostgreSQL each;
 //! - `counters`: what the engines have done, for a run's costs per operation.
 //! - `nginx`: `hongbao nginx-conf`'s configuration, nginx in front of the gateways (the
 //!   lab's, a bench's, an operator's).
@@ -41,6 +43,7 @@ pub mod postgres;
 pub mod proc;
 pub mod redis;
 pub mod relay;
+pub mod shards;
 pub mod standby;
 
 use std::io::{BufRead, BufReader};
@@ -109,6 +112,9 @@ pub struct LabPlan {
     /// The ledger a primary with a synchronous standby, failed over by pg_auto_failover's
     /// monitor (`standby`); `false`: one PostgreSQL.
     pub standby: bool,
+    /// The ledger's shards (`shards`): 0 or 1 for one; shards after the first are one
+    /// PostgreSQL each.
+    pub shards: usize,
 }
 
 /// What `DIR/lab.json` records, for `hongbao lab down`.
@@ -117,6 +123,9 @@ pub struct LabState {
     pub lab: u8,
     pub netns: Vec<String>,
     pub postgres_dir: Option<PathBuf>,
+    /// The data of the shards after the first.
+    #[serde(default)]
+    pub shard_dirs: Vec<PathBuf>,
     pub procs: Vec<ProcRecord>,
 }
 
@@ -178,6 +187,8 @@ pub struct Lab {
     /// files are under `postgres_dir`; `postgres` then names the first data node's host,
     /// with no process of its own.
     pub formation: Option<standby::Formation>,
+    /// The ledger's shards after the first (`shards`).
+    pub shards: Vec<shards::Shard>,
     pub gateways: Vec<Gateway>,
     pub loads: Vec<Host>,
     pub nginx: Option<(Host, Option<Proc>)>,
@@ -220,7 +231,9 @@ impl Lab {
         let engines: Vec<String> = [PG_LAST, standby::STANDBY_LAST, standby::MONITOR_LAST]
             .into_iter()
             .chain(REDIS_LAST)
-            .map(|last| Ipv4Addr::new(198, 18, plan.lab, last).to_string())
+            .map(|last| Ipv4Addr::new(198, 18, plan.lab, last))
+            .chain(shards::extra_addrs(plan.lab, plan.shards))
+            .map(|addr| addr.to_string())
             .collect();
         let names: Vec<&str> = engines.iter().map(String::as_str).collect();
         hongbao_http::tls::DevCerts::make(&names)
@@ -240,6 +253,7 @@ impl Lab {
             postgres_dir,
             postgres_disk: None,
             formation: None,
+            shards: Vec::new(),
             gateways: Vec::new(),
             loads: Vec::new(),
             nginx: None,
@@ -283,6 +297,7 @@ impl Lab {
             self.save()?;
             postgres::make_role(&self.postgres_dir, &self.secrets.postgres)?;
         }
+        self.bring_up_shards()?;
         // The gateways' first operator key, made in the ledger before any gateway: each
         // would otherwise make its own, known only to its host.
         let access = hongbao_cluster::PgAccess::connect(&self.pg_target())
@@ -368,7 +383,7 @@ impl Lab {
     /// (Re)starts gateway `i` (from 0) and waits for its ready line.
     pub fn start_gateway(&mut self, i: usize) -> Result<()> {
         let redis_urls = self.redis_urls();
-        let postgres_url = self.postgres_url();
+        let postgres_url = self.ledger_urls();
         let plan = &self.plan;
         let gw = &self.gateways[i];
         let data = plan.dir.join(format!("{}-data", gw.host.name));
@@ -468,6 +483,11 @@ impl Lab {
         let mut procs = Vec::new();
         procs.extend(self.postgres.1.iter().map(Proc::record));
         procs.extend(
+            self.shards
+                .iter()
+                .filter_map(|s| s.proc.as_ref().map(Proc::record)),
+        );
+        procs.extend(
             self.formation
                 .iter()
                 .flat_map(|f| f.keepers().map(Proc::record)),
@@ -500,6 +520,7 @@ impl Lab {
         all.extend(self.nginx.iter().map(|(h, _)| h));
         all.extend(self.redis.iter().map(|(h, _)| h));
         all.push(&self.postgres.0);
+        all.extend(self.shards.iter().map(|s| &s.host));
         if let Some(formation) = &self.formation {
             all.extend(formation.nodes.iter().skip(1).map(|n| &n.host));
             all.push(&formation.monitor.host);
@@ -532,6 +553,9 @@ impl Drop for Lab {
             drop(p.take());
         }
         drop(self.postgres.1.take());
+        for shard in &mut self.shards {
+            drop(shard.proc.take());
+        }
         if let Some(formation) = &mut self.formation {
             // The data nodes, then the monitor; each keeper stops its PostgreSQL.
             for node in &mut formation.nodes {
@@ -543,6 +567,9 @@ impl Drop for Lab {
         netns::remove(self.plan.lab, &self.state.netns);
         drop(self.postgres_disk.take());
         let _ = std::fs::remove_dir_all(&self.postgres_dir);
+        for dir in &self.state.shard_dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         let _ = std::fs::remove_file(self.plan.dir.join("lab.json"));
     }
 }
@@ -574,6 +601,9 @@ pub fn down(dir: &Path) -> Result<LabState> {
     if let Some(pg) = &state.postgres_dir {
         disk::SmallDisk::clear_stale(pg);
         let _ = std::fs::remove_dir_all(pg);
+    }
+    for dir in &state.shard_dirs {
+        let _ = std::fs::remove_dir_all(dir);
     }
     let _ = std::fs::remove_file(&path);
     Ok(state)

@@ -212,7 +212,7 @@ pub fn start(host: &Host, dir: &Path, small_disk: bool) -> Result<Proc> {
 
 /// The ledger on the node at `addr` alone, as the gateways' role, over TLS verified
 /// against the lab's CA.
-fn node_url(addr: Ipv4Addr) -> String {
+pub(crate) fn node_url(addr: Ipv4Addr) -> String {
     format!("{}?sslmode=verify-full", url(addr))
 }
 
@@ -250,7 +250,7 @@ impl crate::Lab {
         self.psql_url(&node_url(addr), sql)
     }
 
-    fn psql_url(&self, url: &str, sql: &str) -> Result<String> {
+    pub(crate) fn psql_url(&self, url: &str, sql: &str) -> Result<String> {
         let out = Command::new(bin_dir()?.join("psql"))
             .env("PGPASSWORD", &self.secrets.postgres)
             .env("PGSSLROOTCERT", self.tls_dir().join("ca.pem"))

@@ -225,6 +225,7 @@ fn engines(server: &Server, phases: &Phases, unloaded: &Unloaded) -> Option<Engi
         wins: t.won - t0.won,
         opens: t.opens_sent - t0.opens_sent,
         packets_sent: phases.send_total.packets,
+        outbox: server.outbox(),
     })
 }
 

@@ -87,6 +87,8 @@ pub struct BenchOptions {
     /// With `--hosts`: the lab's ledger is a primary with a synchronous standby and a
     /// failover manager (docs/scale-out.md); implied by a fault to the primary.
     pub standby: bool,
+    /// With `--hosts`: the lab's ledger over this many shards (1: one).
+    pub shards: usize,
     /// Load a running deployment instead of starting a server (`--target-*`).
     pub target: Option<Target>,
     /// Every transport over TLS (`--tls`): the server's listeners and admin address speak
@@ -429,6 +431,7 @@ impl BenchOptions {
             netns: false,
             agents: None,
             standby: false,
+            shards: 1,
             target: None,
             tls_dir: None,
             connect_storm: false,

@@ -160,6 +160,7 @@ impl Server {
                 .any(Fault::needs_postgres_disk)
                 .then_some(POSTGRES_DISK_BYTES),
             standby: opts.lab_standby(),
+            shards: opts.shards,
         })
         .map_err(|e| Error::from(e).within("bringing the lab up"))?;
         // Interrupted (Ctrl-C, SIGTERM), the bench takes the lab down before it goes.
@@ -295,6 +296,31 @@ impl Server {
 
     /// The lab's engine counters (with `--hosts`), `None` without a lab or if they cannot
     /// be read.
+    /// A sharded lab's credits relayed between shards so far (none with one shard).
+    pub fn outbox(&self) -> Option<super::summary::OutboxSummary> {
+        let lab = self.lab.as_ref()?.lock().unwrap();
+        if lab.shard_count() < 2 {
+            return None;
+        }
+        let (lags, waiting) = lab
+            .outbox_lags()
+            .map_err(|e| tracing::warn!(error = format!("{e:#}"), "reading the outboxes failed"))
+            .ok()?;
+        let at = |q: f64| {
+            lags.get(((lags.len() as f64 * q).ceil() as usize).saturating_sub(1))
+                .copied()
+                .unwrap_or(0)
+        };
+        Some(super::summary::OutboxSummary {
+            shards: lab.shard_count() as u32,
+            credits: lags.len() as u64,
+            lag_p50_ms: at(0.5),
+            lag_p99_ms: at(0.99),
+            lag_max_ms: lags.last().copied().unwrap_or(0),
+            waiting,
+        })
+    }
+
     pub fn engine_counters(&self) -> Option<hongbao_lab::EngineCounters> {
         let lab = self.lab.as_ref()?.lock().unwrap();
         lab.engine_counters()

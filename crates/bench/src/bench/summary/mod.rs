@@ -125,6 +125,23 @@ pub struct EngineSummary {
     pub wins: u64,
     pub opens: u64,
     pub packets_sent: u64,
+    /// A sharded ledger (`--shards`): the credits relayed between shards over the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outbox: Option<OutboxSummary>,
+}
+
+/// Credits moved from a packet's shard to a wallet's (docs/scale-out.md, "Shards"): how
+/// many, how long each took from its batch to the wallet's shard, and how many were still
+/// waiting at the end.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxSummary {
+    pub shards: u32,
+    pub credits: u64,
+    pub lag_p50_ms: u64,
+    pub lag_p99_ms: u64,
+    pub lag_max_ms: u64,
+    pub waiting: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -1,0 +1,117 @@
+//! The ledger's other shards (`lab up --shards N`, docs/scale-out.md "Shards"): shard 0
+//! is the lab's PostgreSQL — or its formation, with a standby —, and shards 1 to N-1 are
+//! one PostgreSQL each, at .24 onward, made like shard 0's plain server (TLS, the
+//! gateways' role and password). A fault aimed at shard 0 (its primary lost, frozen or
+//! cut off) leaves the others carrying on.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+use crate::netns::{self, Host};
+use crate::postgres;
+use crate::proc::Proc;
+use crate::Lab;
+
+/// The last address byte of shard 1's host; shard k's is this + k - 1.
+const FIRST_LAST: u8 = 24;
+/// The most shards a lab holds: their hosts end before the gateways' (.31).
+pub const MOST: usize = 8;
+
+/// A shard after the first: its host, its server, its data.
+pub struct Shard {
+    pub host: Host,
+    pub proc: Option<Proc>,
+    pub dir: PathBuf,
+}
+
+/// The addresses of shards 1.. of lab `lab` with `shards` in all (for the engines'
+/// certificate).
+pub(crate) fn extra_addrs(lab: u8, shards: usize) -> Vec<Ipv4Addr> {
+    (1..shards.max(1))
+        .map(|k| Ipv4Addr::new(198, 18, lab, FIRST_LAST + k as u8 - 1))
+        .collect()
+}
+
+impl Lab {
+    /// Shards 1.. of the plan, each started and its role made.
+    pub(crate) fn bring_up_shards(&mut self) -> Result<()> {
+        if self.plan.shards > MOST {
+            return Err(Error::Refused(format!(
+                "a lab holds at most {MOST} shards, not {}",
+                self.plan.shards
+            )));
+        }
+        for k in 1..self.plan.shards.max(1) {
+            let host = self.host(&format!("pgs{k}"), FIRST_LAST + k as u8 - 1, &[])?;
+            let dir = PathBuf::from(format!("{}-shard{k}", self.postgres_dir.display()));
+            let _ = std::fs::remove_dir_all(&dir);
+            self.state.shard_dirs.push(dir.clone());
+            self.save()?;
+            postgres::init(&dir, netns::bridge_addr(self.plan.lab), &self.tls_dir())?;
+            let proc = postgres::start(&host, &dir, false)?;
+            self.shards.push(Shard {
+                host,
+                proc: Some(proc),
+                dir: dir.clone(),
+            });
+            self.save()?;
+            postgres::make_role(&dir, &self.secrets.postgres)
+                .map_err(|e| e.within(format!("shard {k}")))?;
+        }
+        Ok(())
+    }
+
+    /// Shard `k`'s URL as the gateways' role (shard 0's is `postgres_url`).
+    pub fn shard_url(&self, k: usize) -> String {
+        match k {
+            0 => self.postgres_url(),
+            k => postgres::node_url(self.shards[k - 1].host.addr),
+        }
+    }
+
+    /// Every shard's URL, shard 0 first, as `--postgres` takes them (`;` between).
+    pub fn ledger_urls(&self) -> String {
+        (0..=self.shards.len())
+            .map(|k| self.shard_url(k))
+            .collect::<Vec<_>>()
+            .join(";")
+    }
+
+    /// `psql` on shard `k` as the gateways' role.
+    pub fn psql_shard(&self, k: usize, sql: &str) -> Result<String> {
+        self.psql_url(&self.shard_url(k), sql)
+    }
+
+    /// Every credit relayed between shards so far: how long each took from its win's or
+    /// open's batch to its wallet's shard (`hb_outbox`'s `moved_ms - made_ms`), in ms, with
+    /// the credits still waiting. Empty with one shard.
+    pub fn outbox_lags(&self) -> Result<(Vec<u64>, u64)> {
+        let (mut lags, mut waiting) = (Vec::new(), 0);
+        if self.shard_count() < 2 {
+            return Ok((lags, waiting));
+        }
+        for k in 0..self.shard_count() {
+            let text =
+                self.psql_shard(k, "SELECT coalesce(moved_ms - made_ms, -1) FROM hb_outbox")?;
+            for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                match line.parse::<i64>() {
+                    Ok(-1) => waiting += 1,
+                    Ok(ms) => lags.push(ms.max(0) as u64),
+                    Err(_) => {
+                        return Err(Error::Answer(format!(
+                            "psql: unexpected outbox row {line:?}"
+                        )))
+                    }
+                }
+            }
+        }
+        lags.sort_unstable();
+        Ok((lags, waiting))
+    }
+
+    /// How many shards the ledger has.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len() + 1
+    }
+}
