@@ -110,6 +110,28 @@ impl Lab {
         Ok((lags, waiting))
     }
 
+    /// Shard `k`'s shake wins by the second their batch was formed in (Unix seconds): a
+    /// committer forms its next batch once the last has committed, so a shard whose
+    /// commits stall shows a gap here.
+    pub fn wins_by_second(&self, k: usize) -> Result<std::collections::BTreeMap<u64, u64>> {
+        let text = self.psql_shard(
+            k,
+            "SELECT at_ms / 1000, count(*) FROM hb_events WHERE body->>'kind' = 'shake_won' \
+             GROUP BY 1 ORDER BY 1",
+        )?;
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|line| {
+                let mut f = line.split('|').map(|f| f.trim().parse::<u64>());
+                match (f.next(), f.next()) {
+                    (Some(Ok(second)), Some(Ok(n))) => Ok((second, n)),
+                    _ => Err(Error::Answer(format!("psql: unexpected wins row {line:?}"))),
+                }
+            })
+            .collect()
+    }
+
     /// How many shards the ledger has.
     pub fn shard_count(&self) -> usize {
         self.shards.len() + 1

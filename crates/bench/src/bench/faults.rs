@@ -9,13 +9,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use hongbao_load::coordinator::{Load, Row};
+use hongbao_sys::clock::UnixTime;
 
 use super::chaos::{self, ChaosSummary, Done};
 use super::options::Fault;
 use super::say::say;
 use super::seconds::RunSeconds;
 use super::setup::Bench;
-use super::summary::{FaultSecond, FaultSummary};
+use super::summary::{FaultSecond, FaultSummary, ShardCarried};
 
 /// How long the users dropped by a fault are waited for, once the phases are over.
 const BACK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -147,8 +148,8 @@ impl Faults {
             say_chaos(&c);
             c
         });
-        let fault =
-            fault_done.map(|what| judge_fault(bench, what, self.fault_second, fault_phase, &rows));
+        let fault = fault_done
+            .map(|what| judge_fault(bench, what, self.fault_second, fault_phase, &rows, seconds));
         Judged { chaos, fault, rows }
     }
 }
@@ -168,11 +169,31 @@ fn judge_fault(
     at_second: u64,
     fault_phase: (u64, u64),
     rows: &[Row],
+    run: RunSeconds,
 ) -> FaultSummary {
     let (opts, server) = (bench.opts, &bench.server);
     let seconds: Vec<FaultSecond> = rows.iter().map(FaultSecond::from).collect();
     let mut f = FaultSummary::from_rows(what, at_second, opts.connections, &seconds)
         .with_served(fault_phase, &seconds);
+    if let Some(by_shard) = server.wins_by_shard() {
+        // Each shard's wins by run second (their batches' Unix seconds, from the epoch).
+        let by_run_second: Vec<std::collections::BTreeMap<u64, u64>> = by_shard
+            .iter()
+            .map(|wins| {
+                wins.iter()
+                    .filter(|(&unix, _)| unix * 1000 >= run.epoch().as_millis())
+                    .map(|(&unix, &n)| (run.second_at(UnixTime::from_millis(unix * 1000)), n))
+                    .collect()
+            })
+            .collect();
+        f.shards = ShardCarried::judge(&by_run_second, at_second, fault_phase.1);
+        for s in &f.shards {
+            say(&format!(
+                "bench: fault: shard {} won {} a second before it and at least {} a second in {} s after it ({:.2}x)",
+                s.shard, s.before_per_sec, s.min_per_sec, s.window_secs, s.min_ratio
+            ));
+        }
+    }
     if opts.fault == Some(Fault::Upgrade) {
         f.upgrade = server.last_upgrade();
         f.rolled = server.rolled();

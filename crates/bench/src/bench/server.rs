@@ -296,6 +296,22 @@ impl Server {
 
     /// The lab's engine counters (with `--hosts`), `None` without a lab or if they cannot
     /// be read.
+    /// A sharded lab's shake wins by shard, each by the Unix second its batch was formed
+    /// in (none with one shard).
+    pub fn wins_by_shard(&self) -> Option<Vec<std::collections::BTreeMap<u64, u64>>> {
+        let lab = self.lab.as_ref()?.lock().unwrap();
+        if lab.shard_count() < 2 {
+            return None;
+        }
+        (0..lab.shard_count())
+            .map(|k| lab.wins_by_second(k))
+            .collect::<hongbao_lab::Result<Vec<_>>>()
+            .map_err(|e| {
+                tracing::warn!(error = format!("{e:#}"), "reading the shards' wins failed")
+            })
+            .ok()
+    }
+
     /// A sharded lab's credits relayed between shards so far (none with one shard).
     pub fn outbox(&self) -> Option<super::summary::OutboxSummary> {
         let lab = self.lab.as_ref()?.lock().unwrap();

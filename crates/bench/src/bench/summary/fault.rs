@@ -2,6 +2,8 @@
 //! saw of it — who was dropped, when all were back, and the served rate in its window —
 //! read off the load's seconds around it.
 
+use std::collections::BTreeMap;
+
 use hongbao_load::coordinator::Row;
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +43,9 @@ pub struct FaultSummary {
     /// would be one).
     #[serde(default)]
     pub error_replies: u64,
+    /// A sharded lab (`--shards`): how each shard carried its wins through the fault.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardCarried>,
     /// `upgrade`: what the upgrade did, as the new server said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<crate::bench::local::Upgraded>,
@@ -82,6 +87,60 @@ impl From<&Row> for FaultSecond {
             refused: r.counters.failed_refused,
             error_replies: r.counters.error_replies,
         }
+    }
+}
+
+/// One shard's wins through a fault: the median a second over the five seconds before
+/// it, and the fewest in one second of the window after it (the fault's second and
+/// `FAULT_WINDOW_SECS - 1` after, within its phase and while the campaign still had
+/// packets), as a share of that median.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardCarried {
+    pub shard: u32,
+    pub before_per_sec: u64,
+    pub min_per_sec: u64,
+    pub min_ratio: f64,
+    /// The seconds judged.
+    pub window_secs: u64,
+}
+
+impl ShardCarried {
+    /// From each shard's wins by run second, a fault in `at_second`, and `last`, the
+    /// last second to judge.
+    pub fn judge(by_shard: &[BTreeMap<u64, u64>], at_second: u64, last: u64) -> Vec<Self> {
+        // The campaign's last second with wins anywhere: past it no shard has packets.
+        let last = by_shard
+            .iter()
+            .filter_map(|w| w.keys().next_back().copied())
+            .max()
+            .map_or(last, |end| last.min(end.saturating_sub(1)));
+        by_shard
+            .iter()
+            .enumerate()
+            .map(|(k, wins)| {
+                let n = |s: u64| wins.get(&s).copied().unwrap_or(0);
+                let mut before: Vec<u64> =
+                    (at_second.saturating_sub(5)..at_second).map(n).collect();
+                before.sort_unstable();
+                let median = before.get(before.len() / 2).copied().unwrap_or(0);
+                let window: Vec<u64> = (at_second..=last.min(at_second + FAULT_WINDOW_SECS - 1))
+                    .map(n)
+                    .collect();
+                let min = window.iter().copied().min().unwrap_or(0);
+                ShardCarried {
+                    shard: k as u32,
+                    before_per_sec: median,
+                    min_per_sec: min,
+                    min_ratio: if median == 0 {
+                        0.0
+                    } else {
+                        min as f64 / median as f64
+                    },
+                    window_secs: window.len() as u64,
+                }
+            })
+            .collect()
     }
 }
 

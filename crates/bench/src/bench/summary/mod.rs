@@ -20,7 +20,7 @@ use hongbao_load::broadcast;
 use hongbao_load::report::Counters;
 
 pub use audit::{AuditSummary, Discrepancy, SendAudit, ShakeAudit};
-pub use fault::{FaultSecond, FaultSummary, FAULT_WINDOW_SECS};
+pub use fault::{FaultSecond, FaultSummary, ShardCarried, FAULT_WINDOW_SECS};
 /// The history check's tests hold its findings to the summary's limit.
 #[cfg(test)]
 pub(super) use history::FIRST;
