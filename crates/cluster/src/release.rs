@@ -2,6 +2,13 @@
 //! the packets this host holds and has not given yet, and which hosts are alive: asking
 //! for the release is a host's heartbeat, and a silent host's packets go to the others;
 //! a release Redis lost is started again from what PostgreSQL says is done.
+//!
+//! The release is split over `ClusterConfig::release_tags` (K) Redis hash tags, each its
+//! own slot (and so, in a cluster of several masters, perhaps its own node and core):
+//! packet index i of a campaign is tag i mod K's, and every tag keeps its own hosts,
+//! held packets and batches. A host asks every tag at each release tick, all at once,
+//! so one host's calls cost each tag's slot a K-th of the packets and no more than one
+//! call's fixed commands (docs/scale-out.md, "The release over several slots").
 
 use hongbao_money::Error;
 use redis::AsyncCommands;
@@ -11,49 +18,165 @@ use crate::pg::pg_error;
 use crate::store::Store;
 use crate::HOST_DEAD_AFTER_MS;
 
-/// What one call of release.lua gave this host.
+/// The hash tag of the release's tag `t`, which every key of that part of the release is
+/// under: tag 0 is `{rel}`, the release's one tag before there were several (so one tag
+/// is the release as it was, key for key, and a host of the version before works beside
+/// this one), and tag t > 0 is `{rel.t}`, another slot.
+pub(crate) fn release_tag(t: u32) -> String {
+    if t == 0 {
+        "{rel}".to_string()
+    } else {
+        format!("{{rel.{t}}}")
+    }
+}
+
+/// The tag of `tags` that releases a campaign's packet `index`.
+pub(crate) fn tag_of(index: u32, tags: u32) -> u32 {
+    index % tags
+}
+
+/// How many of a campaign's `packets` tag `t` of `tags` releases: the indexes below
+/// `packets` that are t mod `tags` (release.lua counts the packets due the same way).
+pub(crate) fn tag_packets(packets: u32, tags: u32, t: u32) -> u32 {
+    if packets <= t {
+        0
+    } else {
+        (packets - t).div_ceil(tags)
+    }
+}
+
+/// Tag `t`'s hash of a campaign whose release starts (admin.rs makes one in every tag):
+/// its packets (this tag's), the campaign's rate and start, none released yet, and K
+/// and t. These two are kept in the hash, not passed by each call, so that a campaign
+/// keeps the split it was made with: a host told another K, or of the version before
+/// tags, releases a tag's indexes as they were dealt, never one twice. With one tag the
+/// hash is the one from before tags (no `tags`, no `tag`).
+pub(crate) fn release_fields(c: &CampaignRow, tags: u32, t: u32) -> Vec<(&'static str, u64)> {
+    let mut fields = vec![
+        ("packets", u64::from(tag_packets(c.packets, tags, t))),
+        ("rate", u64::from(c.rate)),
+        ("start", c.started_ms),
+        ("next", 0),
+    ];
+    if tags > 1 {
+        fields.extend([("tags", u64::from(tags)), ("tag", u64::from(t))]);
+    }
+    fields
+}
+
+/// restore.lua's call for tag `t` of `tags` of campaign `c`, whose packets `done` (of
+/// every tag, ascending) are won or created: only tag t's are passed.
+fn restore_call<'a>(
+    restore: &'a redis::Script,
+    c: &CampaignRow,
+    tags: u32,
+    t: u32,
+    done: &[u32],
+) -> redis::ScriptInvocation<'a> {
+    let done_here: Vec<u32> = done
+        .iter()
+        .copied()
+        .filter(|&i| tag_of(i, tags) == t)
+        .collect();
+    let mut call = restore.prepare_invoke();
+    call.key(format!("{}:c:{}", release_tag(t), c.id))
+        .arg(c.id)
+        .arg(c.packets)
+        .arg(c.rate)
+        .arg(c.started_ms)
+        .arg(tags)
+        .arg(t)
+        .arg(done_here);
+    call
+}
+
+/// What one call of release.lua, on one tag, gave this host.
 pub(crate) struct Released {
-    /// The batch's number.
+    /// The batch's number (each tag numbers its own).
     pub(crate) batch: u64,
     /// Its packets, as (campaign, index).
     pub(crate) due: Vec<(u32, u32)>,
-    /// This host was not among the hosts alive: its first call, a host found dead coming
-    /// back, or Redis having lost the `{rel}` keys (then every host is fresh).
+    /// This host was not among the tag's hosts alive: its first call, a host found dead
+    /// coming back, or Redis having lost the tag's keys (then every host is fresh).
     pub(crate) fresh: bool,
 }
 
 impl Store {
-    /// The packets due to this host now, as (campaign, index), in a batch numbered after
-    /// `received`, the last batch this host received (release.lua gives a batch again
-    /// until it is received). `users`: how many are logged in on this host now (its
-    /// share of what comes due).
+    /// The release's tags, `ClusterConfig::release_tags`.
+    pub(crate) fn release_tags(&self) -> u32 {
+        self.0.release_tags
+    }
+
+    /// The packets due to this host now on each release tag, as (campaign, index), in a
+    /// batch numbered after `received[t]`, the last batch this host received from tag t
+    /// (release.lua gives a batch again until it is received). `users`: how many are
+    /// logged in on this host now (its share of what comes due). The tags are asked all
+    /// at once (their calls pipelined on the one connection to each node); one tag that
+    /// does not answer leaves the others' answers whole.
     pub(crate) async fn release(
         &self,
         host: &str,
-        received: u64,
+        received: &[u64],
         users: usize,
-    ) -> Result<Released, Error> {
-        let mut redis = self.redis();
+    ) -> Vec<Result<Released, Error>> {
+        let tags = self.release_tags();
         let ungiven = self.0.ungiven.lock().unwrap().clone();
-        let out: Vec<redis::Value> = self
-            .0
-            .release
-            .key("{rel}:hosts")
-            .arg(host)
-            .arg(HOST_DEAD_AFTER_MS)
-            .arg(received)
-            .arg(users)
-            .arg(&ungiven)
-            .invoke_async(&mut redis)
-            .await
-            .map_err(|e| Error::unavailable("Redis: releasing packets", e))?;
-        if !ungiven.is_empty() {
+        // A given packet's removal is told to the tag its index belongs to.
+        let mut naming: Vec<Vec<String>> = vec![Vec::new(); tags as usize];
+        for p in &ungiven {
+            if let Some(i) = p.split_once(':').and_then(|(_, i)| i.parse::<u32>().ok()) {
+                naming[tag_of(i, tags) as usize].push(p.clone());
+            }
+        }
+        let calls = (0..tags).zip(&naming).map(|(t, named)| {
+            let received = received.get(t as usize).copied().unwrap_or(0);
+            self.release_on(t, host, received, users, named)
+        });
+        let released = futures_util::future::join_all(calls).await;
+        let told: Vec<&String> = naming
+            .iter()
+            .zip(&released)
+            .filter(|(_, r)| r.is_ok())
+            .flat_map(|(named, _)| named)
+            .collect();
+        if !told.is_empty() {
             self.0
                 .ungiven
                 .lock()
                 .unwrap()
-                .retain(|p| !ungiven.contains(p));
+                .retain(|p| !told.contains(&p));
         }
+        released
+    }
+
+    /// One call of release.lua on tag `t`.
+    async fn release_on(
+        &self,
+        t: u32,
+        host: &str,
+        received: u64,
+        users: usize,
+        ungiven: &[String],
+    ) -> Result<Released, Error> {
+        let mut redis = self.redis();
+        let out: Vec<redis::Value> = self
+            .0
+            .release
+            .key(format!("{}:hosts", release_tag(t)))
+            .arg(host)
+            .arg(HOST_DEAD_AFTER_MS)
+            .arg(received)
+            .arg(users)
+            .arg(ungiven)
+            .invoke_async(&mut redis)
+            .await
+            .map_err(|e| {
+                let doing = match t {
+                    0 => "Redis: releasing packets".to_string(),
+                    t => format!("Redis: releasing packets of {}", release_tag(t)),
+                };
+                Error::unavailable(doing, e)
+            })?;
         let batch = match out.get(1) {
             Some(redis::Value::Int(n)) => *n as u64,
             _ => received,
@@ -75,36 +198,43 @@ impl Store {
         Ok(Released { batch, due, fresh })
     }
 
-    /// Starts the release again of every campaign whose release Redis has lost (its
-    /// `{rel}:c:ID` gone while PostgreSQL has the campaign): restore.lua, with the
-    /// packets already won or created. Returns the campaigns restored and the packets
-    /// each put back in line.
+    /// Starts the release again of every campaign whose release Redis has lost in some
+    /// tag (its `TAG:c:ID` gone while PostgreSQL has the campaign): restore.lua, with
+    /// the packets of that tag already won or created. Returns the campaigns restored
+    /// and the packets each put back in line, over the tags restored.
     pub(crate) async fn restore_releases(&self) -> Result<Vec<(u32, i64)>, Error> {
+        let tags = self.release_tags();
         let mut restored = Vec::new();
         for c in self.campaign_rows().await? {
-            let key = format!("{{rel}}:c:{}", c.id);
-            let there: bool = self
-                .redis()
-                .exists(&key)
-                .await
-                .map_err(|e| Error::unavailable("Redis", e))?;
-            if there {
+            let keys: Vec<String> = (0..tags)
+                .map(|t| format!("{}:c:{}", release_tag(t), c.id))
+                .collect();
+            let there = futures_util::future::join_all(
+                keys.iter()
+                    .map(|key| async move { self.redis().exists::<_, bool>(key).await }),
+            )
+            .await;
+            let mut lost = Vec::new();
+            for (t, there) in (0..tags).zip(there) {
+                if !there.map_err(|e| Error::unavailable("Redis", e))? {
+                    lost.push(t);
+                }
+            }
+            if lost.is_empty() {
                 continue;
             }
             let done = self.packets_done(&c).await?;
-            let put_back: i64 = self
-                .0
-                .restore
-                .key(&key)
-                .arg(c.id)
-                .arg(c.packets)
-                .arg(c.rate)
-                .arg(c.started_ms)
-                .arg(done)
-                .invoke_async(&mut self.redis())
-                .await
-                .map_err(|e| Error::unavailable("Redis: restoring a release", e))?;
-            if put_back >= 0 {
+            let mut put_back_in_all = None;
+            for t in lost {
+                let put_back: i64 = restore_call(&self.0.restore, &c, tags, t, &done)
+                    .invoke_async(&mut self.redis())
+                    .await
+                    .map_err(|e| Error::unavailable("Redis: restoring a release", e))?;
+                if put_back >= 0 {
+                    *put_back_in_all.get_or_insert(0) += put_back;
+                }
+            }
+            if let Some(put_back) = put_back_in_all {
                 restored.push((c.id, put_back));
             }
         }
@@ -136,23 +266,28 @@ impl Store {
         let (c, i) = hongbao_money::rules::shake_packet_parts(packet);
         let member = format!("{c}:{i}");
         let mut redis = self.redis();
-        let told: Result<(), _> = redis.srem(format!("{{rel}}:held:{host}"), &member).await;
+        let tag = release_tag(tag_of(i, self.release_tags()));
+        let told: Result<(), _> = redis.srem(format!("{tag}:held:{host}"), &member).await;
         if told.is_err() {
             self.0.ungiven.lock().unwrap().push(member);
         }
     }
 
-    /// This host stops: what it holds goes back to the others at once.
+    /// This host stops: what it holds goes back to the others at once, on every tag.
     pub async fn forget_host(&self, host: &str) {
-        let mut redis = self.redis();
-        let _: Result<(), _> = redis.zadd("{rel}:hosts", host, 0).await;
+        futures_util::future::join_all((0..self.release_tags()).map(|t| async move {
+            let key = format!("{}:hosts", release_tag(t));
+            let _: Result<(), _> = self.redis().zadd(key, host, 0).await;
+        }))
+        .await;
     }
 
+    /// The hosts alive, as tag 0 has heard from them (every host calls every tag).
     pub async fn live_hosts(&self) -> Vec<String> {
         let mut redis = self.redis();
         let since = hongbao_sys::clock::unix_ms().saturating_sub(HOST_DEAD_AFTER_MS);
         redis
-            .zrangebyscore("{rel}:hosts", since, "+inf")
+            .zrangebyscore(format!("{}:hosts", release_tag(0)), since, "+inf")
             .await
             .unwrap_or_default()
     }
@@ -351,6 +486,9 @@ mod tests {
                 .arg(100)
                 .arg(10)
                 .arg(start)
+                // One tag, tag 0: the release as before tags.
+                .arg(1)
+                .arg(0)
                 .arg(done)
                 .invoke(con)
                 .unwrap()

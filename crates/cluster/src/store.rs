@@ -62,6 +62,8 @@ pub(crate) struct Inner {
     /// packet row that this host's expiry holds while it waits for that row (a deadlock).
     pub(crate) chain: tokio::sync::Mutex<()>,
     pub(crate) release: Script,
+    /// How many hash tags the release is split over (`ClusterConfig::release_tags`).
+    pub(crate) release_tags: u32,
     /// Packets given whose removal from this host's held set failed; the next release
     /// call removes them.
     pub(crate) ungiven: Mutex<Vec<String>>,
@@ -79,6 +81,12 @@ pub(crate) fn redis_tls(ca: Option<&[u8]>) -> redis::TlsCertificates {
 
 impl Store {
     pub async fn connect(cfg: &ClusterConfig) -> Result<Store, Error> {
+        if cfg.release_tags == 0 {
+            return Err(Error::refused(
+                "release_tags is 0: the release needs at least one Redis hash tag \
+                 (1 releases every campaign under {rel} alone, as before)",
+            ));
+        }
         let pg = pg_connect(&cfg.postgres).await?;
         pg.query("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK])
             .await
@@ -116,8 +124,9 @@ impl Store {
         // The schema's version: beside the hosts alive, what they need kept or dropped
         // (versions.rs), under the schema lock.
         let since = hongbao_sys::clock::unix_ms().saturating_sub(crate::HOST_DEAD_AFTER_MS);
+        let hosts = format!("{}:hosts", crate::release::release_tag(0));
         let live: Vec<String> =
-            redis::AsyncCommands::zrangebyscore(&mut redis.clone(), "{rel}:hosts", since, "+inf")
+            redis::AsyncCommands::zrangebyscore(&mut redis.clone(), hosts, since, "+inf")
                 .await
                 .map_err(|e| Error::unavailable("Redis: reading the hosts alive", e))?;
         pg.query("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK])
@@ -156,6 +165,7 @@ impl Store {
             ids: tokio::sync::Mutex::new((0, 0)),
             chain: tokio::sync::Mutex::new(()),
             release: Script::new(RELEASE),
+            release_tags: cfg.release_tags,
             ungiven: Mutex::new(Vec::new()),
             restore: Script::new(RESTORE),
             gate: Script::new(GATE),
@@ -271,15 +281,15 @@ fn not_run(e: &RedisError) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::process::{Child, Command, Stdio};
 
     /// Two `redis-server` cluster nodes on loopback, slots split between them, killed
-    /// when dropped.
-    struct TwoNodes {
+    /// when dropped (release.rs's tests use it too).
+    pub(crate) struct TwoNodes {
         children: Vec<Child>,
-        ports: [u16; 2],
+        pub(crate) ports: [u16; 2],
         _dir: std::path::PathBuf,
     }
 
@@ -301,7 +311,7 @@ mod tests {
             .port()
     }
 
-    fn cli(port: u16, args: &[&str]) -> String {
+    pub(crate) fn cli(port: u16, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
             .args(["-p", &port.to_string()])
             .args(args)
@@ -323,9 +333,14 @@ mod tests {
     impl TwoNodes {
         /// Slots 0..=8191 on the first node, the rest (`{rel}`'s 12189 among them) on the
         /// second.
-        fn start() -> TwoNodes {
-            let dir = std::env::temp_dir().join(format!("hb-two-nodes-{}", std::process::id()));
+        pub(crate) fn start() -> TwoNodes {
             let ports = [free_port(), free_port()];
+            // A directory of its own: tests run at once in one process.
+            let dir = std::env::temp_dir().join(format!(
+                "hb-two-nodes-{}-{}",
+                std::process::id(),
+                ports[0]
+            ));
             let mut nodes = TwoNodes {
                 children: Vec::new(),
                 ports,
