@@ -562,4 +562,351 @@ mod tests {
         assert_eq!(held, 0);
         assert_eq!(call(&mut con, "h1", 1, 20), 20);
     }
+
+    /// Tag 0 is the release's tag from before there were several; each tag's share of a
+    /// count is the indexes below it that are t mod K, so the shares add up to the count,
+    /// whatever it is and whatever K (release.lua counts what is due so).
+    #[test]
+    fn each_tags_share_of_a_count_is_its_indexes_and_the_shares_add_up() {
+        assert_eq!(release_tag(0), "{rel}");
+        assert_eq!(release_tag(2), "{rel.2}");
+        for tags in 1..=8 {
+            for count in 0..200 {
+                let shares: Vec<u32> = (0..tags).map(|t| tag_packets(count, tags, t)).collect();
+                assert_eq!(shares.iter().sum::<u32>(), count, "K {tags}, {count}");
+                for (t, share) in (0..tags).zip(shares) {
+                    let mine = (0..count).filter(|&i| tag_of(i, tags) == t).count() as u32;
+                    assert_eq!(share, mine, "K {tags}, {count}, tag {t}");
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn no_release_tag_at_all_is_refused_before_connecting() {
+        let cfg = crate::ClusterConfig {
+            redis: vec!["redis://127.0.0.1:1".into()],
+            redis_password: None,
+            postgres: crate::PgTarget::default(),
+            host: "h1".into(),
+            packet_ttl_ms: 1000,
+            commit_window: std::time::Duration::from_millis(2),
+            max_batch: 1,
+            release_tags: 0,
+        };
+        let refused = Store::connect(&cfg).await.err().expect("refused");
+        assert!(
+            refused.to_string().contains("release_tags is 0"),
+            "{refused}"
+        );
+    }
+
+    use crate::store::tests::{cli, TwoNodes};
+    use redis::cluster_async::ClusterConnection;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// A two-node Redis Cluster (`{rel}` and `{rel.2}` on the second node, `{rel.1}` on
+    /// the first) and a connection to it.
+    async fn two_nodes() -> (TwoNodes, ClusterConnection) {
+        let nodes = TwoNodes::start();
+        let url = format!("redis://127.0.0.1:{}", nodes.ports[0]);
+        let client = redis::cluster::ClusterClient::builder(vec![url])
+            .build()
+            .unwrap();
+        let con = client.get_async_connection().await.unwrap();
+        (nodes, con)
+    }
+
+    /// Shake campaign `id`: `packets` at `rate` a second from `started_ms`.
+    fn campaign(id: u32, packets: u32, rate: u32, started_ms: u64) -> CampaignRow {
+        CampaignRow {
+            id,
+            send: false,
+            packets,
+            rate,
+            amount_min: 1,
+            amount_max: 1,
+            recipients: 0,
+            user_min: 0,
+            user_max: 0,
+            seed: 1,
+            minted: packets.into(),
+            started_ms,
+            created_by: None,
+        }
+    }
+
+    /// The campaign's release started on every tag, as admin.rs starts it.
+    async fn start_campaign(con: &mut ClusterConnection, c: &CampaignRow, tags: u32) {
+        for t in 0..tags {
+            let tag = release_tag(t);
+            redis::pipe()
+                .atomic()
+                .hset_multiple(format!("{tag}:c:{}", c.id), &release_fields(c, tags, t))
+                .sadd(format!("{tag}:running"), c.id)
+                .query_async::<()>(con)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// A call of release.lua on tag `t` by `host` (one user logged in on it), which
+    /// counts a host silent for `dead_ms` as dead: the batch's number, whether the host
+    /// was fresh there, and its packets as (campaign, index).
+    async fn call_tag(
+        con: &mut ClusterConnection,
+        t: u32,
+        host: &str,
+        received: u64,
+        dead_ms: u64,
+    ) -> (u64, bool, Vec<(u32, u32)>) {
+        let out: Vec<redis::Value> = Script::new(RELEASE)
+            .key(format!("{}:hosts", release_tag(t)))
+            .arg(host)
+            .arg(dead_ms)
+            .arg(received)
+            .arg(1)
+            .invoke_async(con)
+            .await
+            .unwrap();
+        let batch = match out[1] {
+            redis::Value::Int(n) => n as u64,
+            ref other => panic!("batch number {other:?}"),
+        };
+        let packets = out[3..]
+            .iter()
+            .map(|v| match v {
+                redis::Value::BulkString(b) => {
+                    let text = String::from_utf8(b.clone()).unwrap();
+                    let (c, i) = text.split_once(':').unwrap();
+                    (c.parse().unwrap(), i.parse().unwrap())
+                }
+                other => panic!("packet {other:?}"),
+            })
+            .collect();
+        (batch, out[2] == redis::Value::Int(1), packets)
+    }
+
+    /// A host's side of the calls: the last batch it received from each tag.
+    struct Caller {
+        name: &'static str,
+        received: Vec<u64>,
+    }
+
+    impl Caller {
+        fn new(name: &'static str, tags: u32) -> Caller {
+            Caller {
+                name,
+                received: vec![0; tags as usize],
+            }
+        }
+
+        /// Every tag called once, as a host's release tick does: what each tag gave.
+        async fn call_every_tag(
+            &mut self,
+            con: &mut ClusterConnection,
+            dead_ms: u64,
+        ) -> Vec<Vec<u32>> {
+            let mut given = Vec::new();
+            for (t, received) in (0..).zip(self.received.iter_mut()) {
+                let (batch, _, packets) = call_tag(con, t, self.name, *received, dead_ms).await;
+                *received = batch;
+                given.push(packets.into_iter().map(|(_, i)| i).collect());
+            }
+            given
+        }
+    }
+
+    /// The campaign's release split over K tags, two hosts calling every tag as time
+    /// passes (Redis's clock): after each round of calls, what all tags gave together
+    /// is exactly the indexes below the campaign's count due, between the count at the
+    /// round's start and at its end (each tag reads its clock when called), no index
+    /// given twice, each given by its own tag; at the end every packet, once. K = 1 is
+    /// the release as before tags, its campaign hash without `tags` and `tag`; with
+    /// K = 3 the tags' keys really are on both nodes.
+    #[tokio::test]
+    async fn the_release_over_several_tags_gives_every_index_once_at_the_campaigns_rate() {
+        for tags in [1, 3] {
+            let (nodes, mut con) = two_nodes().await;
+            let mut hosts = [Caller::new("h1", tags), Caller::new("h2", tags)];
+            // Both hosts alive on every tag before the campaign.
+            for host in &mut hosts {
+                host.call_every_tag(&mut con, HOST_DEAD_AFTER_MS).await;
+            }
+            // 60 packets at 200 a second, 20 of them due at once.
+            let (packets, rate) = (60, 200);
+            let start = hongbao_sys::clock::unix_ms() - 100;
+            let c = campaign(1, packets, rate, start);
+            start_campaign(&mut con, &c, tags).await;
+            let due_at = |ms: u64| packets.min(((ms - start) * u64::from(rate) / 1000) as u32);
+
+            let fields: BTreeSet<String> = redis::cmd("HKEYS")
+                .arg(format!("{}:c:1", release_tag(tags - 1)))
+                .query_async::<Vec<String>>(&mut con)
+                .await
+                .unwrap()
+                .into_iter()
+                .collect();
+            if tags == 1 {
+                assert_eq!(
+                    fields,
+                    ["next", "packets", "rate", "start"]
+                        .map(String::from)
+                        .into()
+                );
+            } else {
+                assert!(
+                    fields.contains("tags") && fields.contains("tag"),
+                    "{fields:?}"
+                );
+                let on = |port: u16| {
+                    let mut keys: Vec<String> = cli(port, &["KEYS", "*:c:1"])
+                        .lines()
+                        .map(String::from)
+                        .collect();
+                    keys.sort();
+                    keys
+                };
+                assert_eq!(on(nodes.ports[0]), ["{rel.1}:c:1"]);
+                assert_eq!(on(nodes.ports[1]), ["{rel.2}:c:1", "{rel}:c:1"]);
+            }
+
+            let mut given = BTreeSet::new();
+            let mut rounds = 0;
+            while given.len() < packets as usize {
+                rounds += 1;
+                assert!(rounds < 500, "released {} of {packets}", given.len());
+                let before = hongbao_sys::clock::unix_ms();
+                for host in &mut hosts {
+                    for (t, from_tag) in (0..tags).zip(host.call_every_tag(&mut con, 3000).await) {
+                        for i in from_tag {
+                            assert_eq!(tag_of(i, tags), t, "{i} given by tag {t} of {tags}");
+                            assert!(given.insert(i), "{i} given twice (K {tags})");
+                        }
+                    }
+                }
+                let after = hongbao_sys::clock::unix_ms();
+                let (least, most) = (due_at(before), due_at(after));
+                assert!(
+                    given.iter().all(|&i| i < most) && (0..least).all(|i| given.contains(&i)),
+                    "K {tags}: {given:?} is not the first {least}..={most}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(7)).await;
+            }
+            assert_eq!(given, (0..packets).collect(), "K {tags}");
+            assert!(rounds > 3, "K {tags}: all at once, not at the rate");
+        }
+    }
+
+    /// A host that stops calling is found dead on every tag (each tag by the same rule,
+    /// and it stopped calling them all at once): what it held goes back on each tag and
+    /// is given to the other host, every tag's part to that tag's calls.
+    #[tokio::test]
+    async fn a_host_dead_on_the_tags_gives_back_its_packets_on_each() {
+        let tags = 3;
+        let (_nodes, mut con) = two_nodes().await;
+        let (mut h1, mut h2) = (Caller::new("h1", tags), Caller::new("h2", tags));
+        h1.call_every_tag(&mut con, HOST_DEAD_AFTER_MS).await;
+        h2.call_every_tag(&mut con, HOST_DEAD_AFTER_MS).await;
+        // 30 packets, all due: 10 a tag, half of each to each host.
+        let c = campaign(1, 30, 1000, hongbao_sys::clock::unix_ms() - 1000);
+        start_campaign(&mut con, &c, tags).await;
+        let held_by_h1 = h1.call_every_tag(&mut con, HOST_DEAD_AFTER_MS).await;
+        let first_to_h2 = h2.call_every_tag(&mut con, HOST_DEAD_AFTER_MS).await;
+        for (t, (a, b)) in (0..tags).zip(held_by_h1.iter().zip(&first_to_h2)) {
+            assert_eq!((a.len(), b.len()), (5, 5), "tag {t}: {a:?} {b:?}");
+        }
+        // h1 goes silent; h2, counting a host silent for 100 ms as dead, gets h1's
+        // packets back from each tag.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let again_to_h2 = h2.call_every_tag(&mut con, 100).await;
+        let sorted = |v: &[u32]| v.iter().copied().collect::<BTreeSet<u32>>();
+        let mut all = BTreeSet::new();
+        for t in 0..tags {
+            let tag = release_tag(t);
+            let (held, back) = (&held_by_h1[t as usize], &again_to_h2[t as usize]);
+            assert_eq!(sorted(back), sorted(held), "tag {t}");
+            let left: u64 = redis::cmd("SCARD")
+                .arg(format!("{tag}:held:h1"))
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            let alive: Vec<String> = redis::cmd("ZRANGE")
+                .arg(format!("{tag}:hosts"))
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            assert_eq!((left, alive), (0, vec!["h2".to_string()]), "tag {t}");
+            all.extend(first_to_h2[t as usize].iter().chain(back));
+        }
+        assert_eq!(all, (0..30).collect());
+    }
+
+    /// A master lost with its data takes the tags whose slots it held, and only those:
+    /// each lost tag is restored on its own, from the packets done that are its own,
+    /// those due and not done first in line again; the tag that was not lost is left
+    /// alone; and every tag goes on at its part of the rate.
+    #[tokio::test]
+    async fn a_release_lost_in_some_tags_is_restored_tag_by_tag() {
+        let tags = 3;
+        let (nodes, mut con) = two_nodes().await;
+        // 100 packets at 10/s, started 3.05 s ago: 30 due, 10 on each tag.
+        let c = campaign(7, 100, 10, hongbao_sys::clock::unix_ms() - 3050);
+        start_campaign(&mut con, &c, tags).await;
+        let mut h1 = Caller::new("h1", tags);
+        let first: Vec<u32> = h1
+            .call_every_tag(&mut con, HOST_DEAD_AFTER_MS)
+            .await
+            .concat();
+        assert_eq!(first.len(), 30, "{first:?}");
+        // The second node (`{rel}`, `{rel.2}`) loses everything.
+        cli(nodes.ports[1], &["FLUSHALL"]);
+        let done = [0, 1, 5, 29];
+        let restore = Script::new(RESTORE);
+        let mut put_back = Vec::new();
+        for t in 0..tags {
+            let n: i64 = restore_call(&restore, &c, tags, t, &done)
+                .invoke_async(&mut con)
+                .await
+                .unwrap();
+            put_back.push(n);
+        }
+        // Tag 0's 0, 3, …, 27 less 0; tag 1 still there; tag 2's 2, 5, …, 29 less 5, 29.
+        assert_eq!(put_back, [9, -1, 8]);
+        let fields: BTreeMap<String, u64> = redis::cmd("HGETALL")
+            .arg("{rel.2}:c:7")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                fields["packets"],
+                fields["next"],
+                fields["tags"],
+                fields["tag"]
+            ),
+            (33, 10, 3, 2)
+        );
+        let mut again = BTreeSet::new();
+        for t in [0, 2] {
+            let (batch, fresh, packets) =
+                call_tag(&mut con, t, "h1", h1.received[t as usize], 3000).await;
+            assert!(fresh, "tag {t} lost h1");
+            h1.received[t as usize] = batch;
+            again.extend(packets.into_iter().map(|(_, i)| i));
+        }
+        let expected: BTreeSet<u32> = (0..30)
+            .filter(|i| i % 3 != 1 && !done.contains(i))
+            .collect();
+        assert_eq!(again, expected);
+        // The rest comes at the campaign's rate, from where each tag's release stood.
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let more: Vec<u32> = h1.call_every_tag(&mut con, 3000).await.concat();
+        assert!(
+            !more.is_empty() && more.iter().all(|i| (30..=33).contains(i)),
+            "{more:?}"
+        );
+    }
 }
