@@ -10,7 +10,7 @@
 -- ever, to be given back — and given twice — when the host dies.
 -- Returns {now_ms, batch, fresh, 'campaign:index', ...}: the packets now this host's to
 -- give; fresh is 1 when this host was not among the hosts alive (its first call, a host
--- found dead coming back, or Redis having lost the {rel} keys: restore.lua's cue).
+-- found dead coming back, or Redis having lost this tag's keys: restore.lua's cue).
 --
 -- A batch is given until the host says it has it: a reply lost on the way (a client
 -- timeout while the cluster fails over, after the script ran) would otherwise leave its
@@ -27,8 +27,8 @@
 -- takes nothing, and gives back what it holds, instead of keeping half the packets
 -- where nobody shakes. A host silent for longer than ARGV[2] is dead: the packets it
 -- held and had not given go back, first in line.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local host = ARGV[1]
 local hosts = KEYS[1]
 local tag = string.sub(hosts, 1, -7)

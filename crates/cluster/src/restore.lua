@@ -17,8 +17,8 @@ if redis.call('EXISTS', k) == 1 then return -1 end
 local tag = string.match(k, '^(.*):c:%d+$')
 local c, packets, rate, start = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tags, t = tonumber(ARGV[5]), tonumber(ARGV[6])
-local t0 = redis.call('TIME')
-local now = tonumber(t0[1]) * 1000 + math.floor(tonumber(t0[2]) / 1000)
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 -- This tag's packets, and those due now, as release.lua counts them.
 local function below(n)
   if n <= t then return 0 end
