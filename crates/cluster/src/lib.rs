@@ -9,8 +9,9 @@
 //!   their exact rate (`release.lua`, over one hash tag or several, Redis's clock), the
 //!   packets each host holds (returned when a host dies), a gate per sent packet in
 //!   front of PostgreSQL (`gate.lua`), user → host routes, and sharded pub/sub channels
-//!   per host for notices, chat and broadcasts. Losing any of it costs speed or a push, never money; all of it
-//!   Redis may lose is told again from the hosts and PostgreSQL (`restore.lua`).
+//!   per host for notices, chat and broadcasts. Losing any of it costs speed or a
+//!   push, never money; all of it Redis may lose is told again from the hosts and
+//!   PostgreSQL (`restore.lua`).
 //!
 //! The gateways see the same [`Money`] interface as the embedded backend: calls go to a
 //! tokio runtime on a thread of its own, outputs come back through `drain` and a waker.
