@@ -909,4 +909,116 @@ mod tests {
             "{more:?}"
         );
     }
+
+    /// The host's side over three tags, through a `Store` on a real PostgreSQL and the
+    /// two-node cluster: a campaign made by the admin request starts on every tag, the
+    /// host's release calls bring all its packets (each tag numbering its own batches),
+    /// a packet won leaves the held set of its own tag, the status adds the tags up,
+    /// and the tags a node lost are found (the host is fresh there) and restored by
+    /// `restore_releases`, the tag still there left alone.
+    #[tokio::test]
+    async fn a_host_releases_over_three_tags_through_the_store() {
+        use hongbao_money::seam::{AdminAnswer, AdminRequest};
+        let Some(pg) = crate::testpg::TestPg::start() else {
+            return;
+        };
+        let (nodes, mut con) = two_nodes().await;
+        let cfg = crate::ClusterConfig {
+            redis: vec![format!("redis://127.0.0.1:{}", nodes.ports[0])],
+            redis_password: None,
+            postgres: crate::PgTarget {
+                url: format!(
+                    "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+                    pg.port
+                ),
+                ..Default::default()
+            },
+            host: "h1".into(),
+            packet_ttl_ms: 60_000,
+            commit_window: std::time::Duration::from_millis(2),
+            max_batch: 64,
+            release_tags: 3,
+        };
+        let store = Store::connect(&cfg).await.unwrap();
+        let request = AdminRequest::CreateShake {
+            request: hongbao_money::rules::ShakeCampaignRequest {
+                packets: 30,
+                rate_per_sec: 1000,
+                amount_min: 1,
+                amount_max: 1,
+            },
+            by: "ops".into(),
+        };
+        let answer = crate::admin::admin(&store, "h1", request).await;
+        let AdminAnswer::Campaign(status) = answer else {
+            panic!("{answer:?}");
+        };
+        let row = store.campaign_row(status.id).await.unwrap().unwrap();
+        // Every tag's calls, once: what they gave, and whether h1 was fresh on each.
+        let mut received = vec![0; 3];
+        let release = async |received: &mut Vec<u64>| {
+            let mut given = Vec::new();
+            let mut fresh = Vec::new();
+            for (t, released) in store
+                .release("h1", received, 1)
+                .await
+                .into_iter()
+                .enumerate()
+            {
+                let released = released.unwrap();
+                received[t] = released.batch;
+                fresh.push(released.fresh);
+                given.extend(released.due.into_iter().map(|(c, i)| {
+                    assert_eq!(c, row.id);
+                    i
+                }));
+            }
+            (given, fresh)
+        };
+        let mut all = BTreeSet::new();
+        for _ in 0..100 {
+            for i in release(&mut received).await.0 {
+                assert!(all.insert(i), "{i} given twice");
+            }
+            if all.len() == 30 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(all, (0..30).collect());
+        assert!(received.iter().all(|&b| b > 0), "{received:?}");
+        let held = async |con: &mut ClusterConnection, t: u32| -> u64 {
+            redis::cmd("SCARD")
+                .arg(format!("{}:held:h1", release_tag(t)))
+                .query_async(con)
+                .await
+                .unwrap()
+        };
+        // Won: 0 (tag 0), 1 and 4 (tag 1), 2 (tag 2).
+        for i in [0, 1, 2, 4] {
+            let packet = hongbao_money::rules::shake_packet_id(row.id, i);
+            store.given("h1", packet).await;
+        }
+        assert_eq!(
+            [
+                held(&mut con, 0).await,
+                held(&mut con, 1).await,
+                held(&mut con, 2).await
+            ],
+            [9, 8, 9]
+        );
+        let status = store.status(&row).await.unwrap();
+        assert_eq!(status.released, 30);
+        assert!(status.released_all_ms.is_some());
+
+        // The second node (`{rel}`, `{rel.2}`) loses everything.
+        cli(nodes.ports[1], &["FLUSHALL"]);
+        assert_eq!(release(&mut received).await.1, [true, false, true]);
+        // Nothing is won in the ledger: each lost tag's 10 go back in line.
+        assert_eq!(store.restore_releases().await.unwrap(), [(row.id, 20)]);
+        let (again, _) = release(&mut received).await;
+        let again: BTreeSet<u32> = again.into_iter().collect();
+        assert_eq!(again, (0..30).filter(|i| i % 3 != 1).collect());
+        assert_eq!(store.status(&row).await.unwrap().released, 30);
+    }
 }
