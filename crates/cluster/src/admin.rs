@@ -8,6 +8,7 @@ use hongbao_money::Error;
 
 use crate::campaign::CampaignRow;
 use crate::pg::pg_error;
+use crate::release::{release_fields, release_tag};
 use crate::store::Store;
 
 /// An operator's request, answered from the ledger (and Redis for what is released).
@@ -164,24 +165,29 @@ async fn create_in_ledger(
         .map_err(|e| pg_error("creating a campaign", e))?;
     drop(turn);
     c.id = row.get::<_, i32>(0) as u32;
-    let key = format!("{{rel}}:c:{}", c.id);
-    let mut pipe = redis::pipe();
-    pipe.atomic()
-        .hset_multiple(
-            &key,
-            &[
-                ("packets", c.packets as u64),
-                ("rate", c.rate as u64),
-                ("start", c.started_ms),
-                ("next", 0),
-            ],
-        )
-        .ignore()
-        .sadd("{rel}:running", c.id)
-        .ignore();
-    store
-        .transaction(&pipe, &key)
-        .await
-        .map_err(|e| Error::unavailable("Redis: starting the campaign's release", e))?;
+    start_release(store, &c).await?;
     store.status(&c).await.map(AdminAnswer::Campaign)
+}
+
+/// The campaign's release, in every release tag: its hash (`release_fields`) and a
+/// place in the tag's running set, one transaction per tag (each tag is a slot of its
+/// own), all at once.
+async fn start_release(store: &Store, c: &CampaignRow) -> Result<(), Error> {
+    let tags = store.release_tags();
+    let made = futures_util::future::join_all((0..tags).map(|t| async move {
+        let tag = release_tag(t);
+        let key = format!("{tag}:c:{}", c.id);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .hset_multiple(&key, &release_fields(c, tags, t))
+            .ignore()
+            .sadd(format!("{tag}:running"), c.id)
+            .ignore();
+        store.transaction(&pipe, &key).await
+    }))
+    .await;
+    for made in made {
+        made.map_err(|e| Error::unavailable("Redis: starting the campaign's release", e))?;
+    }
+    Ok(())
 }

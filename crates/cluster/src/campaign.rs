@@ -5,10 +5,10 @@
 use hongbao_money::api::{CampaignKind, CampaignState};
 use hongbao_money::CampaignStatus;
 use hongbao_money::Error;
-use redis::AsyncCommands;
 
 use crate::commit::Commit;
 use crate::pg::pg_error;
+use crate::release::{release_tag, tag_packets};
 use crate::store::Store;
 
 /// A campaign as this host needs it to hand out its packets.
@@ -77,13 +77,31 @@ impl Store {
         Ok(rows.iter().map(campaign_from).collect())
     }
 
-    /// A field of a campaign's release hash (`next`, `all`), if Redis has it.
-    async fn release_field<T: redis::FromRedisValue>(&self, id: u32, field: &str) -> Option<T> {
-        let mut redis = self.redis();
-        redis
-            .hget(format!("{{rel}}:c:{id}"), field)
-            .await
-            .unwrap_or(None)
+    /// How far campaign `c`'s release has come over its tags: the packets released (a
+    /// tag whose hash Redis does not have counts as all of its released, as one tag's
+    /// did before tags), and when the last was released (Redis's clock), once every tag
+    /// has released all of its.
+    async fn released(&self, c: &CampaignRow) -> (u32, Option<u64>) {
+        let tags = self.release_tags();
+        let fields = futures_util::future::join_all((0..tags).map(|t| async move {
+            let key = format!("{}:c:{}", release_tag(t), c.id);
+            let (next, all): (Option<u32>, Option<u64>) = redis::cmd("HMGET")
+                .arg(key)
+                .arg("next")
+                .arg("all")
+                .query_async(&mut self.redis())
+                .await
+                .unwrap_or((None, None));
+            (next.unwrap_or(tag_packets(c.packets, tags, t)), all)
+        }))
+        .await;
+        let released = fields.iter().map(|(next, _)| next).sum();
+        let all = fields
+            .iter()
+            .map(|(_, all)| *all)
+            .collect::<Option<Vec<u64>>>()
+            .and_then(|all| all.into_iter().max());
+        (released, all)
     }
 
     /// A campaign's status: its row (shard 0), its packets and wins (every shard), its
@@ -112,6 +130,8 @@ impl Store {
             refunded_cents: 0,
             created_by: c.created_by.clone(),
         };
+        // Released so far, and when the last was (Redis's clock).
+        let (released, released_all_ms) = self.released(c).await;
         if c.send {
             let r = self
                 .summed(
@@ -142,14 +162,12 @@ impl Store {
                 .await?;
             status.won = r[0] as u32;
             status.won_cents = r[1] as u64;
-            let next: Option<u32> = self.release_field(c.id, "next").await;
-            status.released = next.unwrap_or(c.packets).min(c.packets);
+            status.released = released.min(c.packets);
             if status.won == c.packets {
                 status.state = CampaignState::Done;
             }
         }
-        // When the release reached the campaign's last packet (Redis's clock).
-        status.released_all_ms = self.release_field(c.id, "all").await;
+        status.released_all_ms = released_all_ms;
         Ok(status)
     }
 }

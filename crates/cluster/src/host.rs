@@ -62,8 +62,9 @@ pub(crate) struct Host {
     commits: Option<Committers>,
     committers: Vec<tokio::task::JoinHandle<()>>,
     rng: rand::rngs::SmallRng,
-    /// The number of the last batch of released packets received (release.lua).
-    release_batch: u64,
+    /// The number of the last batch of released packets received from each release
+    /// tag (release.lua; each tag numbers its own).
+    release_batch: Vec<u64>,
     /// Released packets of campaigns not read yet (PostgreSQL unreachable): dealt or
     /// created at the next release.
     unread: Vec<(u32, u32)>,
@@ -77,6 +78,7 @@ pub(crate) struct Host {
 impl Host {
     pub(crate) fn new(cfg: ClusterConfig, store: Store, shared: Arc<Shared>) -> Host {
         use rand::SeedableRng;
+        let release_batch = vec![0; cfg.release_tags as usize];
         Host {
             cfg,
             store,
@@ -88,7 +90,7 @@ impl Host {
             commits: None,
             committers: Vec::new(),
             rng: rand::rngs::SmallRng::from_entropy(),
-            release_batch: 0,
+            release_batch,
             unread: Vec::new(),
             renewed: Arc::new(tokio::sync::Notify::new()),
             online: HashSet::new(),
@@ -451,28 +453,31 @@ impl Host {
         Ok(row)
     }
 
-    /// Asks Redis for the packets now due to this host: shake packets go to the workers'
-    /// pools, send-campaign packets are created. A packet of a campaign this host cannot
-    /// read yet (PostgreSQL unreachable) waits for the next call.
+    /// Asks Redis for the packets now due to this host, on every release tag: shake
+    /// packets go to the workers' pools, send-campaign packets are created. A packet of
+    /// a campaign this host cannot read yet (PostgreSQL unreachable) waits for the next
+    /// call; a tag that did not answer is asked again at the next call.
     async fn release(&mut self) {
         let users = self.online.len();
-        let released = match self
+        let released = self
             .store
-            .release(&self.cfg.host, self.release_batch, users)
-            .await
-        {
-            Ok(released) => released,
-            Err(e) => {
-                tracing::warn!("release: {e}");
-                return;
+            .release(&self.cfg.host, &self.release_batch, users)
+            .await;
+        let mut due = std::mem::take(&mut self.unread);
+        let mut fresh = false;
+        for (received, released) in self.release_batch.iter_mut().zip(released) {
+            match released {
+                Ok(released) => {
+                    *received = released.batch;
+                    fresh |= released.fresh;
+                    due.extend(released.due);
+                }
+                Err(e) => tracing::warn!("release: {e}"),
             }
-        };
-        self.release_batch = released.batch;
-        if released.fresh {
+        }
+        if fresh {
             self.fresh();
         }
-        let mut due = std::mem::take(&mut self.unread);
-        due.extend(released.due);
         if due.is_empty() {
             return;
         }
@@ -504,7 +509,7 @@ impl Host {
     }
 
     /// This host was not among the hosts alive in Redis (it has just started, it was
-    /// found dead and is back, or Redis lost the `{rel}` keys), or one of its markers on
+    /// found dead and is back, or Redis lost a release tag's keys), or one of its markers on
     /// the masters is gone (`keep_subscribed`): a master lost its data (promoted before
     /// its replica had synced, or restarted empty), and perhaps routes with it. What
     /// Redis should know is told again from what this host and PostgreSQL know: the

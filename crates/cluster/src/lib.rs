@@ -6,11 +6,12 @@
 //!   append the event. A reply that tells of money goes out only after the transaction
 //!   holding it has committed; ops are group-committed, one transaction per batch.
 //! - Redis holds what is hot and what crosses hosts: the release of campaign packets at
-//!   their exact rate (`release.lua`, one hash tag, Redis's clock), the packets each host
-//!   holds (returned when a host dies), a gate per sent packet in front of PostgreSQL
-//!   (`gate.lua`), user → host routes, and sharded pub/sub channels per host for notices,
-//!   chat and broadcasts. Losing any of it costs speed or a push, never money; all of it
-//!   Redis may lose is told again from the hosts and PostgreSQL (`restore.lua`).
+//!   their exact rate (`release.lua`, over one hash tag or several, Redis's clock), the
+//!   packets each host holds (returned when a host dies), a gate per sent packet in
+//!   front of PostgreSQL (`gate.lua`), user → host routes, and sharded pub/sub channels
+//!   per host for notices, chat and broadcasts. Losing any of it costs speed or a
+//!   push, never money; all of it Redis may lose is told again from the hosts and
+//!   PostgreSQL (`restore.lua`).
 //!
 //! The gateways see the same [`Money`] interface as the embedded backend: calls go to a
 //! tokio runtime on a thread of its own, outputs come back through `drain` and a waker.
@@ -104,6 +105,12 @@ pub struct ClusterConfig {
     /// How long a batch waits for more ops before it commits.
     pub commit_window: Duration,
     pub max_batch: usize,
+    /// How many Redis hash tags (slots) the release of every campaign is split over:
+    /// packet index i goes out from tag i mod K (`release::release_tag`), so each slot
+    /// serves a K-th of the release. 1 is the release under `{rel}` alone; 0 is refused.
+    /// The same on every host; changed only while no campaign is running (a campaign
+    /// keeps the K it was created with, but a packet won is told to tag i mod this K).
+    pub release_tags: u32,
 }
 
 impl ClusterConfig {

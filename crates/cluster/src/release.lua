@@ -1,5 +1,8 @@
 -- Releases the packets of every running campaign at its exact rate, across all hosts.
--- KEYS[1] = '{rel}:hosts' (every key used is under the {rel} hash tag, one slot).
+-- KEYS[1] = 'TAG:hosts', TAG one of the release's hash tags ('{rel}', '{rel.1}', …:
+-- release.rs's release_tag): every key used is under that tag, one slot. A campaign
+-- released over K tags has a hash in each; tag t releases its indices t, t+K, t+2K, …
+-- (the hash's 'tags' and 'tag': K and t, absent for K = 1, the release before tags).
 -- ARGV: this host's name, how long a silent host counts as alive (ms), the number of the
 -- last batch this host received (0 at first), the users logged in on this host, then the
 -- packets ('campaign:index') this host gave whose removal from its held set failed (a
@@ -7,7 +10,7 @@
 -- ever, to be given back — and given twice — when the host dies.
 -- Returns {now_ms, batch, fresh, 'campaign:index', ...}: the packets now this host's to
 -- give; fresh is 1 when this host was not among the hosts alive (its first call, a host
--- found dead coming back, or Redis having lost the {rel} keys: restore.lua's cue).
+-- found dead coming back, or Redis having lost this tag's keys: restore.lua's cue).
 --
 -- A batch is given until the host says it has it: a reply lost on the way (a client
 -- timeout while the cluster fails over, after the script ran) would otherwise leave its
@@ -24,27 +27,28 @@
 -- takes nothing, and gives back what it holds, instead of keeping half the packets
 -- where nobody shakes. A host silent for longer than ARGV[2] is dead: the packets it
 -- held and had not given go back, first in line.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local host = ARGV[1]
 local hosts = KEYS[1]
+local tag = string.sub(hosts, 1, -7)
 local fresh = redis.call('ZADD', hosts, now, host)
 if #ARGV > 4 then
-  redis.call('SREM', '{rel}:held:' .. host, unpack(ARGV, 5))
+  redis.call('SREM', tag .. ':held:' .. host, unpack(ARGV, 5))
 end
 -- The packets host h holds go back, first in line for whoever takes next.
 local function give_back(h)
-  local held = '{rel}:held:' .. h
+  local held = tag .. ':held:' .. h
   for _, p in ipairs(redis.call('SMEMBERS', held)) do
     local c, i = string.match(p, '^(%d+):(%d+)$')
-    redis.call('RPUSH', '{rel}:back:' .. c, i)
-    redis.call('SADD', '{rel}:running', c)
-    redis.call('HINCRBY', '{rel}:c:' .. c, 'returned', 1)
+    redis.call('RPUSH', tag .. ':back:' .. c, i)
+    redis.call('SADD', tag .. ':running', c)
+    redis.call('HINCRBY', tag .. ':c:' .. c, 'returned', 1)
   end
   redis.call('DEL', held)
 end
 local dead = redis.call('ZRANGEBYSCORE', hosts, '-inf', '(' .. (now - tonumber(ARGV[2])))
-local users_key = '{rel}:users'
+local users_key = tag .. ':users'
 local users = tonumber(ARGV[4])
 redis.call('HSET', users_key, host, users)
 for _, h in ipairs(dead) do
@@ -60,9 +64,9 @@ end
 -- This host's share of what comes due.
 local share = 1 / alive
 if all_users > 0 then share = users / all_users end
-local mine = '{rel}:held:' .. host
-local seqkey = '{rel}:batch:' .. host
-local lastkey = '{rel}:last:' .. host
+local mine = tag .. ':held:' .. host
+local seqkey = tag .. ':batch:' .. host
+local lastkey = tag .. ':last:' .. host
 local received = tonumber(ARGV[3])
 -- A host that has received nothing yet is a process just started — perhaps under the
 -- name of one killed a moment ago, before any host found it dead (its heartbeat above
@@ -82,16 +86,28 @@ if received < batch then
     if redis.call('SISMEMBER', mine, p) == 1 then table.insert(out, p) end
   end
 end
-for _, c in ipairs(redis.call('SMEMBERS', '{rel}:running')) do
-  local k = '{rel}:c:' .. c
-  local v = redis.call('HMGET', k, 'packets', 'rate', 'start', 'next', 'returned', 't:' .. host)
+-- How many of this tag's packets are due: of the campaign's D due in all (its rate over
+-- the time since its start), those of indices t, t+K, … below D, ceil((D - t) / K).
+-- Summed over the K tags that is D at every instant; capped at this tag's packets (the
+-- indices below the campaign's that are t mod K), as D is at the campaign's.
+local function due_here(start, rate, packets, tags, t)
+  local all = math.floor((now - start) * rate / 1000)
+  if all <= t then return 0 end
+  return math.min(packets, math.floor((all - t + tags - 1) / tags))
+end
+for _, c in ipairs(redis.call('SMEMBERS', tag .. ':running')) do
+  local k = tag .. ':c:' .. c
+  local v = redis.call('HMGET', k, 'packets', 'rate', 'start', 'next', 'returned', 't:' .. host,
+                       'tags', 'tag')
   local packets, rate, start, nxt = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
   local returned, taken = tonumber(v[5] or '0'), tonumber(v[6] or '0')
+  local tags, t = tonumber(v[7] or '1'), tonumber(v[8] or '0')
   if packets == nil then
-    redis.call('SREM', '{rel}:running', c)
+    redis.call('SREM', tag .. ':running', c)
   else
-    local due = math.min(packets, math.max(0, math.floor((now - start) * rate / 1000)))
-    local back = '{rel}:back:' .. c
+    -- 'next' and 'packets' count this tag's packets; the index of its n-th is t + n K.
+    local due = due_here(start, rate, packets, tags, t)
+    local back = tag .. ':back:' .. c
     -- This host's fair part of everything due so far, less what it already took.
     local take = math.min(math.ceil((due + returned) * share) - taken,
                           (due - nxt) + redis.call('LLEN', back))
@@ -104,15 +120,16 @@ for _, c in ipairs(redis.call('SMEMBERS', '{rel}:running')) do
       take = take - 1
     end
     while take > 0 and nxt < due do
-      table.insert(out, c .. ':' .. nxt)
-      redis.call('SADD', mine, c .. ':' .. nxt)
+      local p = c .. ':' .. (t + nxt * tags)
+      table.insert(out, p)
+      redis.call('SADD', mine, p)
       nxt = nxt + 1
       take = take - 1
     end
     redis.call('HSET', k, 'next', nxt)
     if nxt >= packets then redis.call('HSETNX', k, 'all', now) end
     if nxt >= packets and redis.call('LLEN', back) == 0 then
-      redis.call('SREM', '{rel}:running', c)
+      redis.call('SREM', tag .. ':running', c)
     end
   end
 end

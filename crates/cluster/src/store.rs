@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     /// Packet ids: this host's block, and ids drawn for one shard kept for the others.
     pub(crate) ids: tokio::sync::Mutex<PacketIds>,
     pub(crate) release: Script,
+    /// How many hash tags the release is split over (`ClusterConfig::release_tags`).
+    pub(crate) release_tags: u32,
     /// Packets given whose removal from this host's held set failed; the next release
     /// call removes them.
     pub(crate) ungiven: Mutex<Vec<String>>,
@@ -142,6 +144,12 @@ pub(crate) fn redis_tls(ca: Option<&[u8]>) -> redis::TlsCertificates {
 
 impl Store {
     pub async fn connect(cfg: &ClusterConfig) -> Result<Store, Error> {
+        if cfg.release_tags == 0 {
+            return Err(Error::refused(
+                "release_tags is 0: the release needs at least one Redis hash tag \
+                 (1 releases every campaign under {rel} alone, as before)",
+            ));
+        }
         let map = cfg.shard_map();
         let mut pgs = Vec::with_capacity(cfg.postgres.len());
         for (me, target) in cfg.postgres.iter().enumerate() {
@@ -176,8 +184,9 @@ impl Store {
         // The schema's version: beside the hosts alive, what they need kept or dropped
         // (versions.rs), under the schema lock.
         let since = hongbao_sys::clock::unix_ms().saturating_sub(crate::HOST_DEAD_AFTER_MS);
+        let hosts = format!("{}:hosts", crate::release::release_tag(0));
         let live: Vec<String> =
-            redis::AsyncCommands::zrangebyscore(&mut redis.clone(), "{rel}:hosts", since, "+inf")
+            redis::AsyncCommands::zrangebyscore(&mut redis.clone(), hosts, since, "+inf")
                 .await
                 .map_err(|e| Error::unavailable("Redis: reading the hosts alive", e))?;
         for pg in &pgs {
@@ -227,6 +236,7 @@ impl Store {
             pushes: Mutex::new(Some(rx)),
             ids: tokio::sync::Mutex::new(PacketIds::default()),
             release: Script::new(RELEASE),
+            release_tags: cfg.release_tags,
             ungiven: Mutex::new(Vec::new()),
             restore: Script::new(RESTORE),
             gate: Script::new(GATE),
@@ -341,15 +351,15 @@ fn not_run(e: &RedisError) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::process::{Child, Command, Stdio};
 
     /// Two `redis-server` cluster nodes on loopback, slots split between them, killed
-    /// when dropped.
-    struct TwoNodes {
+    /// when dropped (release.rs's tests use it too).
+    pub(crate) struct TwoNodes {
         children: Vec<Child>,
-        ports: [u16; 2],
+        pub(crate) ports: [u16; 2],
         _dir: std::path::PathBuf,
     }
 
@@ -371,7 +381,7 @@ mod tests {
             .port()
     }
 
-    fn cli(port: u16, args: &[&str]) -> String {
+    pub(crate) fn cli(port: u16, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
             .args(["-p", &port.to_string()])
             .args(args)
@@ -393,9 +403,14 @@ mod tests {
     impl TwoNodes {
         /// Slots 0..=8191 on the first node, the rest (`{rel}`'s 12189 among them) on the
         /// second.
-        fn start() -> TwoNodes {
-            let dir = std::env::temp_dir().join(format!("hb-two-nodes-{}", std::process::id()));
+        pub(crate) fn start() -> TwoNodes {
             let ports = [free_port(), free_port()];
+            // A directory of its own: tests run at once in one process.
+            let dir = std::env::temp_dir().join(format!(
+                "hb-two-nodes-{}-{}",
+                std::process::id(),
+                ports[0]
+            ));
             let mut nodes = TwoNodes {
                 children: Vec::new(),
                 ports,

@@ -110,6 +110,7 @@ fn config(redis: &OneNodeCluster, shards: &[&TestPg], version: u32) -> ClusterCo
         packet_ttl_ms: 60_000,
         commit_window: Duration::from_millis(1),
         max_batch: 64,
+        release_tags: 1,
     }
 }
 

@@ -125,6 +125,11 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_name: Option<String>,
+    /// Cluster mode: how many Redis hash tags the release of campaign packets is split
+    /// over, the same on every host (docs/scale-out.md) [default: 1]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_tags: Option<u32>,
     /// TOML file giving any of the options above (and the rest: see docs/admin-api.md)
     #[arg(long)]
     #[serde(skip)]

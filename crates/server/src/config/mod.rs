@@ -497,4 +497,27 @@ mod tests {
         );
         assert!(ServeFlags::default().to_args().is_empty());
     }
+
+    /// The release's tags (cluster mode): 1 unless the file's `[cluster]` or the flag
+    /// says otherwise, the flag winning, as every setting.
+    #[test]
+    fn release_tags_come_from_the_cluster_section_or_the_flag() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            flags: ServeFlags,
+        }
+        assert_eq!(ServeConfig::default().cluster.release_tags, 1);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hongbao.toml");
+        std::fs::write(&path, "[cluster]\nrelease_tags = 4\n").unwrap();
+        assert_eq!(
+            ServeConfig::from_file(&path).unwrap().cluster.release_tags,
+            4
+        );
+        let file = path.to_str().unwrap();
+        let flags = Cli::parse_from(["serve", "--config", file, "--release-tags", "6"]).flags;
+        assert_eq!(ServeConfig::load(&flags).unwrap().cluster.release_tags, 6);
+    }
 }

@@ -266,6 +266,10 @@ pub struct Cluster {
     /// A file holding the Redis ACL user's password ("" for none:
     /// `HONGBAO_REDIS_PASSWORD`, or none at all).
     pub redis_password_file: PathBuf,
+    /// Cluster mode: how many Redis hash tags (slots) the release of campaign packets is
+    /// split over (docs/scale-out.md, "The release over several slots"); 1 is `{rel}`
+    /// alone, as before; 0 is refused. The same on every host.
+    pub release_tags: u32,
     /// The engines' passwords, as read from their files or the environment.
     #[serde(skip)]
     pub postgres_password: Option<String>,
@@ -284,6 +288,7 @@ impl Default for Cluster {
             engines_ca_pem: None,
             postgres_password_file: PathBuf::new(),
             redis_password_file: PathBuf::new(),
+            release_tags: 1,
             postgres_password: None,
             redis_password: None,
         }

@@ -167,6 +167,7 @@ pub fn run(cfg: ServeConfig, stop: Stop, upgrade: bool) -> Result<()> {
                     packet_ttl_ms: cfg.ledger.packet_ttl_secs * 1000,
                     commit_window: Duration::from_millis(cfg.ledger.commit_window_ms),
                     max_batch: cfg.ledger.commit_max_batch.max(1),
+                    release_tags: cfg.cluster.release_tags,
                 },
                 wake_money,
             )
