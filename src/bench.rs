@@ -81,6 +81,10 @@ pub struct BenchArgs {
     /// the primary faults then aim at), each other one a PostgreSQL of its own
     #[arg(long, requires = "hosts", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8))]
     shards: u16,
+    /// With --hosts: the release of campaign packets split over this many Redis hash tags
+    /// (`serve --release-tags`, docs/scale-out.md "The release over several slots")
+    #[arg(long, requires = "hosts", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    release_tags: u32,
     /// Inject a failure into the first phase: worker-stall, worker-kill, supervisor-kill
     /// (or core-kill: the core is in the supervisor's process) or disk-full (root: the
     /// ledger goes on a tmpfs of its own) on one local server, or with --hosts gateway,
@@ -289,6 +293,7 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
     }
     opts.standby = args.standby;
     opts.shards = args.shards as usize;
+    opts.release_tags = args.release_tags;
     opts.fault = args
         .fault
         .as_deref()

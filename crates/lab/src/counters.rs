@@ -14,6 +14,11 @@ pub struct EngineCounters {
     pub pg_commits: u64,
     pub pg_rows_inserted: u64,
     pub pg_rows_updated: u64,
+    /// The CPU time of the engines' processes (every PostgreSQL server of every shard,
+    /// with its backends, and the keepers of a formation; every Redis node), in ms: a
+    /// process killed by a fault takes its own with it.
+    #[serde(default)]
+    pub cpu_ms: u64,
 }
 
 impl EngineCounters {
@@ -36,8 +41,36 @@ impl EngineCounters {
                 .pg_rows_inserted
                 .saturating_sub(earlier.pg_rows_inserted),
             pg_rows_updated: self.pg_rows_updated.saturating_sub(earlier.pg_rows_updated),
+            cpu_ms: self.cpu_ms.saturating_sub(earlier.cpu_ms),
         }
     }
+}
+
+/// The CPU time of process `pid` and everything under it, in ms: its own, its children's
+/// that it waited for (`cutime`, `cstime`), and its live children's, each the same way.
+fn tree_cpu_ms(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the command's closing parenthesis: utime is the 14th field of the
+    // line, the 12th after it (state is the 1st).
+    let times: u64 = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .skip(11)
+                .take(4)
+                .filter_map(|f| f.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0);
+    // SAFETY: sysconf reads a constant of the system.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    times * 1000 / ticks
+        + crate::children_of(pid)
+            .into_iter()
+            .map(tree_cpu_ms)
+            .sum::<u64>()
 }
 
 /// `cmdstat_get:calls=5,usec=…` lines of `INFO commandstats`: (command, calls).
@@ -69,6 +102,14 @@ impl Lab {
                 *counters.redis_calls.entry(name).or_insert(0) += calls;
             }
         }
+        let engines = self
+            .postgres
+            .1
+            .iter()
+            .chain(self.shards.iter().filter_map(|s| s.proc.as_ref()))
+            .chain(self.formation.iter().flat_map(|f| f.keepers()))
+            .chain(self.redis.iter().filter_map(|(_, p)| p.as_ref()));
+        counters.cpu_ms = engines.map(|p| tree_cpu_ms(p.pid())).sum();
         // Every shard's database: the ledger's costs are theirs together.
         for k in 0..self.shard_count() {
             let text = self.psql_shard(

@@ -221,6 +221,7 @@ fn engines(server: &Server, phases: &Phases, unloaded: &Unloaded) -> Option<Engi
         pg_commits: d.pg_commits,
         pg_rows_inserted: d.pg_rows_inserted,
         pg_rows_updated: d.pg_rows_updated,
+        cpu_seconds: d.cpu_ms as f64 / 1000.0,
         shake_replies: t.shake_replies - t0.shake_replies,
         wins: t.won - t0.won,
         opens: t.opens_sent - t0.opens_sent,

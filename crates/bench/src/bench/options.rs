@@ -89,6 +89,8 @@ pub struct BenchOptions {
     pub standby: bool,
     /// With `--hosts`: the lab's ledger over this many shards (1: one).
     pub shards: usize,
+    /// With `--hosts`: the release over this many Redis hash tags (1: `{rel}` alone).
+    pub release_tags: u32,
     /// Load a running deployment instead of starting a server (`--target-*`).
     pub target: Option<Target>,
     /// Every transport over TLS (`--tls`): the server's listeners and admin address speak
@@ -373,6 +375,7 @@ impl BenchOptions {
             broadcast_yield_ms: Some(self.broadcast_yield_ms),
             tls_cert: tls("cert.pem"),
             tls_key: tls("key.pem"),
+            release_tags: (self.release_tags > 1).then_some(self.release_tags),
             ..Default::default()
         }
     }
@@ -432,6 +435,7 @@ impl BenchOptions {
             agents: None,
             standby: false,
             shards: 1,
+            release_tags: 1,
             target: None,
             tls_dir: None,
             connect_storm: false,

@@ -119,6 +119,9 @@ pub struct EngineSummary {
     pub pg_commits: u64,
     pub pg_rows_inserted: u64,
     pub pg_rows_updated: u64,
+    /// The engines' processes' CPU time over the span, in seconds (lab::EngineCounters).
+    #[serde(default)]
+    pub cpu_seconds: f64,
     /// Over the same span: shake replies, wins, opens answered (from the clients), and
     /// packets sent (campaigns').
     pub shake_replies: u64,
