@@ -65,6 +65,8 @@ pub(crate) struct Host {
     /// The number of the last batch of released packets received from each release
     /// tag (release.lua; each tag numbers its own).
     release_batch: Vec<u64>,
+    /// Release ticks so far: each asks one tag, in turn (`release::tag_in_turn`).
+    release_turn: u64,
     /// Released packets of campaigns not read yet (PostgreSQL unreachable): dealt or
     /// created at the next release.
     unread: Vec<(u32, u32)>,
@@ -91,6 +93,7 @@ impl Host {
             committers: Vec::new(),
             rng: rand::rngs::SmallRng::from_entropy(),
             release_batch,
+            release_turn: 0,
             unread: Vec::new(),
             renewed: Arc::new(tokio::sync::Notify::new()),
             online: HashSet::new(),
@@ -459,16 +462,22 @@ impl Host {
     /// call; a tag that did not answer is asked again at the next call.
     async fn release(&mut self) {
         let users = self.online.len();
+        let asked = [crate::release::tag_in_turn(
+            &self.cfg.host,
+            self.release_turn,
+            self.cfg.release_tags,
+        )];
+        self.release_turn += 1;
         let released = self
             .store
-            .release(&self.cfg.host, &self.release_batch, users)
+            .release(&self.cfg.host, &asked, &self.release_batch, users)
             .await;
         let mut due = std::mem::take(&mut self.unread);
         let mut fresh = false;
-        for (received, released) in self.release_batch.iter_mut().zip(released) {
+        for (t, released) in released {
             match released {
                 Ok(released) => {
-                    *received = released.batch;
+                    self.release_batch[t as usize] = released.batch;
                     fresh |= released.fresh;
                     due.extend(released.due);
                 }

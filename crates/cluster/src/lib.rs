@@ -1,10 +1,13 @@
 //! The cluster money backend: any number of equal gateway hosts over a Redis Cluster and
-//! one PostgreSQL ledger (docs/scale-out.md).
+//! a PostgreSQL ledger of one formation or several shards (docs/scale-out.md).
 //!
 //! - PostgreSQL is the ledger and the only judge of money: wins, sends, opens and refunds
 //!   are PL/pgSQL functions (`schema.sql`) that check every rule under row locks and
 //!   append the event. A reply that tells of money goes out only after the transaction
-//!   holding it has committed; ops are group-committed, one transaction per batch.
+//!   holding it has committed; ops are group-committed, one transaction per batch. A
+//!   sharded ledger commits each op on its packet's shard; a credit for a wallet on
+//!   another shard goes there by the outbox (`relay`), never in a distributed
+//!   transaction.
 //! - Redis holds what is hot and what crosses hosts: the release of campaign packets at
 //!   their exact rate (`release.lua`, over one hash tag or several, Redis's clock), the
 //!   packets each host holds (returned when a host dies), a gate per sent packet in

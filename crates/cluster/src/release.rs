@@ -101,24 +101,38 @@ pub(crate) struct Released {
     pub(crate) fresh: bool,
 }
 
+/// The tag a host asks at its release tick `turn`: one tag a tick, each in turn, from an
+/// offset drawn from the host's name, so that a tag hears from every host every
+/// `tags` ticks (10 ms × K, far inside the 3 s after which a host is dead) and the hosts'
+/// calls spread over the tags instead of arriving together. Each tag then takes
+/// H × (1000 / tick) / K calls a second rather than H × (1000 / tick): what makes K
+/// divide a tag's load (docs/scale-out.md, "The release over several slots").
+pub(crate) fn tag_in_turn(host: &str, turn: u64, tags: u32) -> u32 {
+    let offset = host.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (offset.wrapping_add(turn) % u64::from(tags.max(1))) as u32
+}
+
 impl Store {
     /// The release's tags, `ClusterConfig::release_tags`.
     pub(crate) fn release_tags(&self) -> u32 {
         self.0.release_tags
     }
 
-    /// The packets due to this host now on each release tag, as (campaign, index), in a
-    /// batch numbered after `received[t]`, the last batch this host received from tag t
-    /// (release.lua gives a batch again until it is received). `users`: how many are
-    /// logged in on this host now (its share of what comes due). The tags are asked all
-    /// at once (their calls pipelined on the one connection to each node); one tag that
-    /// does not answer leaves the others' answers whole.
+    /// The packets due to this host now on release tags `asked`, as (campaign, index),
+    /// each tag's in a batch numbered after `received[t]`, the last batch this host
+    /// received from tag t (release.lua gives a batch again until it is received).
+    /// `users`: how many are logged in on this host now (its share of what comes due).
+    /// The tags are asked all at once (their calls pipelined on the one connection to
+    /// each node); one tag that does not answer leaves the others' answers whole.
     pub(crate) async fn release(
         &self,
         host: &str,
+        asked: &[u32],
         received: &[u64],
         users: usize,
-    ) -> Vec<Result<Released, Error>> {
+    ) -> Vec<(u32, Result<Released, Error>)> {
         let tags = self.release_tags();
         let ungiven = self.0.ungiven.lock().unwrap().clone();
         // A given packet's removal is told to the tag its index belongs to.
@@ -128,16 +142,16 @@ impl Store {
                 naming[tag_of(i, tags) as usize].push(p.clone());
             }
         }
-        let calls = (0..tags).zip(&naming).map(|(t, named)| {
+        let calls = asked.iter().map(|&t| {
             let received = received.get(t as usize).copied().unwrap_or(0);
-            self.release_on(t, host, received, users, named)
+            let named = &naming[t as usize];
+            async move { (t, self.release_on(t, host, received, users, named).await) }
         });
         let released = futures_util::future::join_all(calls).await;
-        let told: Vec<&String> = naming
+        let told: Vec<&String> = released
             .iter()
-            .zip(&released)
             .filter(|(_, r)| r.is_ok())
-            .flat_map(|(named, _)| named)
+            .flat_map(|(t, _)| &naming[*t as usize])
             .collect();
         if !told.is_empty() {
             self.0
@@ -594,6 +608,28 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_host_asks_each_tag_in_turn_and_hosts_spread_over_them() {
+        for tags in [1, 3, 8] {
+            for host in ["gw1", "gw2", "a-much-longer-host-name"] {
+                let asked: Vec<u32> = (0..tags as u64 * 2)
+                    .map(|turn| tag_in_turn(host, turn, tags))
+                    .collect();
+                // Every tag once in any `tags` consecutive ticks.
+                for window in asked.windows(tags as usize) {
+                    let mut seen = window.to_vec();
+                    seen.sort_unstable();
+                    assert_eq!(seen, (0..tags).collect::<Vec<_>>(), "{host} {asked:?}");
+                }
+            }
+        }
+        // Hosts start at different tags: 100 hosts' first ticks cover all of 8.
+        let first: std::collections::BTreeSet<u32> = (0..100)
+            .map(|h| tag_in_turn(&format!("gw{h}"), 0, 8))
+            .collect();
+        assert_eq!(first.len(), 8);
+    }
+
     #[tokio::test]
     async fn no_release_tag_at_all_is_refused_before_connecting() {
         let cfg = crate::ClusterConfig {
@@ -973,12 +1009,8 @@ mod tests {
         let release = async |received: &mut Vec<u64>| {
             let mut given = Vec::new();
             let mut fresh = Vec::new();
-            for (t, released) in store
-                .release("h1", received, 1)
-                .await
-                .into_iter()
-                .enumerate()
-            {
+            for (t, released) in store.release("h1", &[0, 1, 2], received, 1).await {
+                let t = t as usize;
                 let released = released.unwrap();
                 received[t] = released.batch;
                 fresh.push(released.fresh);
