@@ -332,7 +332,11 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
                 .split(',')
                 .map(|name| hongbao_bench::bench::Fault::parse(name.trim()))
                 .collect::<Result<Vec<_>, _>>()?,
-            None => hongbao_bench::bench::ChaosOptions::default_faults(opts.hosts, opts.standby),
+            None => hongbao_bench::bench::ChaosOptions::default_faults(
+                opts.hosts,
+                opts.lab_standby(),
+                opts.shards,
+            ),
         };
         if faults.is_empty() {
             anyhow::bail!("--chaos-faults names no fault");
@@ -365,10 +369,27 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
     } else if args.chaos_faults.is_some() {
         anyhow::bail!("--chaos-faults goes with --chaos SEED");
     }
+    if let Some((f, k)) = opts
+        .faults()
+        .find_map(|f| f.shard().map(|k| (f, k)))
+        .filter(|&(_, k)| k >= opts.shards.max(1))
+    {
+        anyhow::bail!(
+            "{} aims at shard {k}: the lab's ledger has {} (--shards)",
+            f.name(),
+            opts.shards.max(1)
+        );
+    }
     if opts.fault == Some(hongbao_bench::bench::Fault::Gateway) && opts.hosts < 2 {
         anyhow::bail!("--fault gateway needs --hosts 2 or more: one host must carry on");
     }
     if opts.lab_standby() {
+        if let Some(f) = opts.faults().find(|f| f.shard() == Some(0)) {
+            anyhow::bail!(
+                "{}: with a standby shard 0 is a formation, whose faults are primary-lost, primary-freeze and primary-isolate",
+                f.name()
+            );
+        }
         if let Some(f) = opts.faults().find(|f| f.needs_one_postgres()) {
             anyhow::bail!(
                 "{} is done to the one PostgreSQL of a lab without a standby; with one, the primary's faults are primary-lost, primary-freeze and primary-isolate",

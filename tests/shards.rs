@@ -1,7 +1,8 @@
 //! The ledger over several PostgreSQL formations, for real (docs/scale-out.md, "Shards"):
 //! labs whose ledger has two shards (root; Debian's redis-server and PostgreSQL, and
 //! pg_auto_failover for the standby). A bench over both balances to the cent with credits
-//! crossing between them; one shard's primary lost leaves the other winning every second;
+//! crossing between them; one shard's primary lost, or another shard frozen, leaves the
+//! other winning every second;
 //! a gateway given the shards in another order is refused at start and starts nothing.
 
 use std::io::Write;
@@ -105,6 +106,40 @@ fn one_shards_primary_lost_leaves_the_other_winning_and_loses_nothing() {
     assert!(
         shards[1]["min_per_sec"].as_u64().unwrap() > 0,
         "shard 1 stopped winning while shard 0's primary was lost: {fault}"
+    );
+    common::assert_faults_cost_nothing(&summary, out.path());
+}
+
+/// `bench --hosts 2 --shards 2 --fault shard-freeze:1`: shard 1's one PostgreSQL frozen
+/// for 20 s (every process of its host SIGSTOPped) while shard 0 carries on: shard 0 wins
+/// in every second of the fault's window, shard 1 commits again once let go, and its
+/// batches sent again meanwhile are each paid once — the audit and the history exact.
+#[test]
+fn one_shard_frozen_leaves_the_other_winning_and_loses_nothing() {
+    if !can_run("one_shard_frozen_leaves_the_other_winning_and_loses_nothing") {
+        return;
+    }
+    let _one = one_lab();
+    let out = tempfile::tempdir().unwrap();
+    let summary = common::run_bench(
+        out.path(),
+        "--hosts 2 --shards 2 --connections 1000 --workers 1 --procs 1 --phase-qps 1000 \
+         --campaign-rate 200 --shake-packets 7000 --send-packets 100 \
+         --fault shard-freeze:1 --fault-at 6",
+    );
+    assert_sharded(&summary);
+    let fault = &summary["fault"];
+    let what = fault["what"].as_str().unwrap();
+    assert!(what.contains("froze shard 1"), "{what}");
+    assert!(what.contains("shard 1 committed again"), "{what}");
+    let shards = fault["shards"]
+        .as_array()
+        .expect("each shard through the fault");
+    assert_eq!(shards.len(), 2, "{fault}");
+    assert!(shards[0]["window_secs"].as_u64().unwrap() > 3, "{fault}");
+    assert!(
+        shards[0]["min_per_sec"].as_u64().unwrap() > 0,
+        "shard 0 stopped winning while shard 1 was frozen: {fault}"
     );
     common::assert_faults_cost_nothing(&summary, out.path());
 }

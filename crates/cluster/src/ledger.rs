@@ -141,9 +141,8 @@ impl Store {
             .await?
             .into_iter()
             .flatten()
-            .map(|(at, seq, body)| (at, seq, body))
             .collect();
-        rows.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        rows.sort_by_key(|r| std::cmp::Reverse((r.0, r.1)));
         let recent_events = rows
             .into_iter()
             .take(limit)

@@ -79,19 +79,7 @@ impl Lab {
     /// (SIGCONT). Returns its address.
     pub fn freeze_primary(&mut self, frozen: Duration) -> Result<Ipv4Addr> {
         let addr = self.pg_primary()?;
-        let host = self.data_host(addr)?;
-        let mut stopped: Vec<u32> = Vec::new();
-        // Twice: a process forked while the first round was under way.
-        for _ in 0..2 {
-            let new: Vec<u32> = pids_inside(&host)
-                .into_iter()
-                .filter(|p| !stopped.contains(p))
-                .collect();
-            signal(&new, libc::SIGSTOP);
-            stopped.extend(new);
-        }
-        std::thread::sleep(frozen);
-        signal(&stopped, libc::SIGCONT);
+        freeze_host(&self.data_host(addr)?, frozen);
         Ok(addr)
     }
 
@@ -100,13 +88,17 @@ impl Lab {
     /// as `partition` does for a gateway. Returns its address.
     pub fn isolate_primary(&mut self, cut: Duration) -> Result<Ipv4Addr> {
         let addr = self.pg_primary()?;
-        let host = self.data_host(addr)?;
+        self.isolate_host(&self.data_host(addr)?, cut)?;
+        Ok(addr)
+    }
+
+    /// `host` cut off from every other lab host and this machine for `cut`.
+    pub(crate) fn isolate_host(&self, host: &Host, cut: Duration) -> Result<()> {
         let others: Vec<Ipv4Addr> = std::iter::once(netns::bridge_addr(self.plan.lab))
             .chain(self.hosts().into_iter().map(|h| h.addr))
-            .filter(|&a| a != addr)
+            .filter(|&a| a != host.addr)
             .collect();
-        crate::faults::blackhole(&host, &others, cut)?;
-        Ok(addr)
+        crate::faults::blackhole(host, &others, cut)
     }
 
     /// Waits until a node other than `old` is primary and takes a write (a commit through
@@ -210,6 +202,22 @@ impl Lab {
             .and_then(|a| a.parse().ok())
             .ok_or_else(|| Error::Answer(format!("psql: unexpected answer {text:?}")))
     }
+}
+
+/// Every process of `host` stopped (SIGSTOP) for `frozen`, then let go on (SIGCONT).
+pub(crate) fn freeze_host(host: &Host, frozen: Duration) {
+    let mut stopped: Vec<u32> = Vec::new();
+    // Twice: a process forked while the first round was under way.
+    for _ in 0..2 {
+        let new: Vec<u32> = pids_inside(host)
+            .into_iter()
+            .filter(|p| !stopped.contains(p))
+            .collect();
+        signal(&new, libc::SIGSTOP);
+        stopped.extend(new);
+    }
+    std::thread::sleep(frozen);
+    signal(&stopped, libc::SIGCONT);
 }
 
 /// The ids of every process inside `host`'s namespace.

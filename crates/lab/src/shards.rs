@@ -1,8 +1,9 @@
 //! The ledger's other shards (`lab up --shards N`, docs/scale-out.md "Shards"): shard 0
 //! is the lab's PostgreSQL — or its formation, with a standby —, and shards 1 to N-1 are
 //! one PostgreSQL each, at .24 onward, made like shard 0's plain server (TLS, the
-//! gateways' role and password). A fault aimed at shard 0 (its primary lost, frozen or
-//! cut off) leaves the others carrying on.
+//! gateways' role and password). A fault aimed at one shard leaves the others carrying
+//! on: shard 0's primary lost, frozen or cut off (`failover`), or any shard's one
+//! PostgreSQL frozen or cut off (`freeze_shard`, `isolate_shard`).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -130,6 +131,51 @@ impl Lab {
                 }
             })
             .collect()
+    }
+
+    /// The host of shard `k`'s one PostgreSQL. Shard 0 with a standby is a formation,
+    /// whose faults are the primary's (`lose_primary`, `freeze_primary`,
+    /// `isolate_primary`).
+    fn shard_host(&self, k: usize) -> Result<Host> {
+        match k {
+            0 if self.has_standby() => Err(Error::Refused(
+                "shard 0 is a primary with its standby: its faults are the primary's \
+                 (primary-lost, primary-freeze, primary-isolate)"
+                    .into(),
+            )),
+            0 => Ok(self.postgres.0.clone()),
+            k => self
+                .shards
+                .get(k - 1)
+                .map(|s| s.host.clone())
+                .ok_or_else(|| {
+                    Error::Refused(format!(
+                        "no shard {k}: the ledger has {} shards",
+                        self.shard_count()
+                    ))
+                }),
+        }
+    }
+
+    /// The address of shard `k`'s one PostgreSQL (refused for a formation).
+    pub fn shard_addr(&self, k: usize) -> Result<Ipv4Addr> {
+        self.shard_host(k).map(|h| h.addr)
+    }
+
+    /// Every process of shard `k`'s PostgreSQL host stopped (SIGSTOP) for `frozen`, then
+    /// let go on. Returns its address.
+    pub fn freeze_shard(&self, k: usize, frozen: std::time::Duration) -> Result<Ipv4Addr> {
+        let host = self.shard_host(k)?;
+        crate::failover::freeze_host(&host, frozen);
+        Ok(host.addr)
+    }
+
+    /// Shard `k`'s PostgreSQL host cut off from every other lab host for `cut`.
+    /// Returns its address.
+    pub fn isolate_shard(&self, k: usize, cut: std::time::Duration) -> Result<Ipv4Addr> {
+        let host = self.shard_host(k)?;
+        self.isolate_host(&host, cut)?;
+        Ok(host.addr)
     }
 
     /// How many shards the ledger has.

@@ -238,7 +238,7 @@ mod tests {
         ChaosOptions {
             seed,
             every_secs: 10.0,
-            faults: ChaosOptions::default_faults(2, false),
+            faults: ChaosOptions::default_faults(2, false, 1),
         }
     }
 

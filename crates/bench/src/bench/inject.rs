@@ -47,9 +47,10 @@ impl Injector {
     /// host (modulo their number); with `heal`, what the fault took down is brought back
     /// before this returns.
     pub fn inject(&self, fault: Fault, target: usize, heal: bool) -> Injected {
-        if fault.needs_standby() {
+        if fault.needs_standby() || fault.shard().is_some() {
             return match &self.lab {
-                Some(lab) => primary::inject(lab, fault, heal),
+                Some(lab) if fault.needs_standby() => primary::inject(lab, fault, heal),
+                Some(lab) => primary::inject_shard(lab, fault),
                 None => format!("{}: needs --hosts", fault.name()).into(),
             };
         }
@@ -272,6 +273,9 @@ fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -
         }
         Fault::PrimaryLost | Fault::PrimaryFreeze | Fault::PrimaryIsolate => {
             unreachable!("the primary's faults are primary::inject's")
+        }
+        Fault::ShardFreeze(_) | Fault::ShardIsolate(_) => {
+            unreachable!("a shard's faults are primary::inject_shard's")
         }
     }
 }

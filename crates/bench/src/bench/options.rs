@@ -182,7 +182,37 @@ pub enum Fault {
     /// The primary's host cut off from every other host (the standby, the monitor, the
     /// gateways) for [`PRIMARY_OUT`]; as for a freeze.
     PrimaryIsolate,
+    /// A lab with `--shards`: shard K's one PostgreSQL frozen (every process of its host
+    /// SIGSTOPped) for [`PRIMARY_OUT`], then let go on: its commits wait (each batch
+    /// sent again until its outcome is known) while the other shards carry on. Shard 0
+    /// with a standby is a formation, whose faults are the primary's.
+    ShardFreeze(u8),
+    /// Shard K's PostgreSQL host cut off from every other host for [`PRIMARY_OUT`]; as
+    /// for a freeze.
+    ShardIsolate(u8),
 }
+
+/// The shards a shard fault may aim at (`shard-freeze:K`): a lab holds up to 8.
+const SHARD_FREEZE: [&str; 8] = [
+    "shard-freeze:0",
+    "shard-freeze:1",
+    "shard-freeze:2",
+    "shard-freeze:3",
+    "shard-freeze:4",
+    "shard-freeze:5",
+    "shard-freeze:6",
+    "shard-freeze:7",
+];
+const SHARD_ISOLATE: [&str; 8] = [
+    "shard-isolate:0",
+    "shard-isolate:1",
+    "shard-isolate:2",
+    "shard-isolate:3",
+    "shard-isolate:4",
+    "shard-isolate:5",
+    "shard-isolate:6",
+    "shard-isolate:7",
+];
 
 /// Which Redis master a Redis fault hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,8 +246,9 @@ pub struct ChaosOptions {
 impl ChaosOptions {
     /// The faults chaos draws from when none are named: every one that fits the server.
     /// `disk-full` only as root, who can mount the tmpfs it needs. With a standby, the
-    /// primary's faults instead of those of the one PostgreSQL.
-    pub fn default_faults(hosts: usize, standby: bool) -> Vec<Fault> {
+    /// primary's faults instead of those of the one PostgreSQL. With several shards, each
+    /// shard's own PostgreSQL frozen and cut off too (shard 0's only without a standby).
+    pub fn default_faults(hosts: usize, standby: bool, shards: usize) -> Vec<Fault> {
         let mut faults = vec![Fault::WorkerKill, Fault::WorkerStall];
         if hosts == 0 {
             faults.push(Fault::SupervisorKill);
@@ -250,6 +281,12 @@ impl ChaosOptions {
                 Fault::PrimaryFreeze,
                 Fault::PrimaryIsolate,
             ]);
+        }
+        if hosts > 0 && shards > 1 {
+            let first = if standby { 1 } else { 0 };
+            for k in first..shards.min(SHARD_FREEZE.len()) {
+                faults.extend([Fault::ShardFreeze(k as u8), Fault::ShardIsolate(k as u8)]);
+            }
         }
         faults
     }
@@ -289,9 +326,18 @@ impl Fault {
             "primary-lost" => Ok(Fault::PrimaryLost),
             "primary-freeze" => Ok(Fault::PrimaryFreeze),
             "primary-isolate" => Ok(Fault::PrimaryIsolate),
-            other => Err(crate::Error::Invalid(format!(
-                "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, upgrade, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full, partition-redis|postgres or primary-lost|freeze|isolate, not {other:?}"
-            ))),
+            other => {
+                let shard = |names: &[&str]| names.iter().position(|n| *n == other);
+                if let Some(k) = shard(&SHARD_FREEZE) {
+                    return Ok(Fault::ShardFreeze(k as u8));
+                }
+                if let Some(k) = shard(&SHARD_ISOLATE) {
+                    return Ok(Fault::ShardIsolate(k as u8));
+                }
+                Err(crate::Error::Invalid(format!(
+                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, upgrade, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full, partition-redis|postgres, primary-lost|freeze|isolate or shard-freeze|isolate:K (K a shard, 0 to 7), not {other:?}"
+                )))
+            }
         }
     }
 
@@ -315,6 +361,16 @@ impl Fault {
             Fault::PrimaryLost => "primary-lost",
             Fault::PrimaryFreeze => "primary-freeze",
             Fault::PrimaryIsolate => "primary-isolate",
+            Fault::ShardFreeze(k) => SHARD_FREEZE[usize::from(k)],
+            Fault::ShardIsolate(k) => SHARD_ISOLATE[usize::from(k)],
+        }
+    }
+
+    /// The shard a shard fault aims at.
+    pub fn shard(self) -> Option<usize> {
+        match self {
+            Fault::ShardFreeze(k) | Fault::ShardIsolate(k) => Some(usize::from(k)),
+            _ => None,
         }
     }
 
@@ -487,12 +543,12 @@ mod tests {
 
     #[test]
     fn one_servers_chaos_kills_its_supervisor_and_fills_its_disk_as_root() {
-        let one = ChaosOptions::default_faults(0, false);
+        let one = ChaosOptions::default_faults(0, false, 1);
         assert!(one.contains(&Fault::SupervisorKill));
         // SAFETY: geteuid(2) cannot fail and touches no memory.
         let root = unsafe { libc::geteuid() } == 0;
         assert_eq!(one.contains(&Fault::DiskFull), root);
-        let lab = ChaosOptions::default_faults(2, false);
+        let lab = ChaosOptions::default_faults(2, false, 1);
         assert!(lab.iter().all(|f| !f.one_server_only()), "{lab:?}");
         assert_eq!(lab.contains(&Fault::PostgresDiskFull), root);
         assert!(Fault::parse("postgres-disk-full").unwrap().needs_lab());
@@ -500,7 +556,7 @@ mod tests {
 
     #[test]
     fn with_a_standby_chaos_does_the_primarys_faults_instead_of_the_one_postgress() {
-        let standby = ChaosOptions::default_faults(2, true);
+        let standby = ChaosOptions::default_faults(2, true, 1);
         for f in [
             Fault::PrimaryLost,
             Fault::PrimaryFreeze,
@@ -513,9 +569,21 @@ mod tests {
             !standby.iter().any(|f| f.needs_one_postgres()),
             "{standby:?}"
         );
-        assert!(!ChaosOptions::default_faults(2, false)
+        assert!(!ChaosOptions::default_faults(2, false, 1)
             .iter()
             .any(|f| f.needs_standby()));
+        let shards = ChaosOptions::default_faults(2, true, 3);
+        for f in [Fault::ShardFreeze(1), Fault::ShardIsolate(2)] {
+            assert!(shards.contains(&f) && !f.needs_standby() && f.needs_lab());
+            assert_eq!(Fault::parse(f.name()).unwrap(), f);
+        }
+        assert!(
+            !shards.contains(&Fault::ShardFreeze(0)),
+            "shard 0 is a formation"
+        );
+        assert!(ChaosOptions::default_faults(2, false, 2).contains(&Fault::ShardIsolate(0)));
+        assert_eq!(Fault::parse("shard-freeze:7").unwrap().shard(), Some(7));
+        assert!(Fault::parse("shard-freeze:8").is_err());
         let mut opts = BenchOptions::preset(Preset::Quick);
         assert!(!opts.lab_standby());
         opts.fault = Some(Fault::PrimaryLost);

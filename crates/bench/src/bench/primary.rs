@@ -4,7 +4,8 @@
 //! commit after it: the newest event's timestamp (the gateway's clock as its batch
 //! began) read on each data node at once, every 100 ms, on a thread of its own that needs
 //! no lock on the lab — a freeze or a cut is still under way when the standby has taken
-//! over.
+//! over. A sharded lab's shard frozen or cut off (`inject_shard`) is timed the same way,
+//! on that shard's one PostgreSQL.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -73,6 +74,46 @@ pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injecte
         Ok((old, what)) => finish(&mut lab, old, what, watch, started, heal),
         // Nothing was done: the watch, left to itself, ends at the next commit it sees.
         Err(e) => format!("no fault done to the primary: {e:#}").into(),
+    }
+}
+
+/// `fault` (`shard-freeze:K` or `shard-isolate:K`) done to shard K's one PostgreSQL now,
+/// and let go after [`PRIMARY_OUT`]: when that shard committed again.
+pub(crate) fn inject_shard(lab: &Arc<Mutex<Lab>>, fault: Fault) -> Injected {
+    let k = fault.shard().expect("a shard's fault");
+    let lab = lab.lock().unwrap();
+    let newest = NewestCommit::of_shard(&lab, k);
+    let out = PRIMARY_OUT.as_secs();
+    // As for the primary's freeze: the lab's call blocks for the whole of it, so the
+    // watch starts first, and a batch begun in the fault's first LANDING is not counted.
+    let fault_ms = unix_ms();
+    let watch = newest.watch_from(fault_ms, fault_ms + LANDING.as_millis() as u64);
+    let done = match fault {
+        Fault::ShardFreeze(_) => lab.freeze_shard(k, PRIMARY_OUT).map(|addr| {
+            format!("froze shard {k}'s PostgreSQL {addr} for {out} s (every process of its host SIGSTOPped, then SIGCONTed)")
+        }),
+        _ => lab.isolate_shard(k, PRIMARY_OUT).map(|addr| {
+            format!("cut shard {k}'s PostgreSQL {addr} off from every other host for {out} s")
+        }),
+    };
+    let mut what = match done {
+        Ok(what) => what,
+        Err(e) => return format!("no fault done to shard {k}: {e:#}").into(),
+    };
+    let first_commit_ms = watch.join().ok().flatten();
+    match first_commit_ms {
+        Some(ms) => what.push_str(&format!(
+            "; shard {k} committed again {:.1} s after the fault",
+            ms as f64 / 1000.0
+        )),
+        None => what.push_str(&format!(
+            "; no commit on shard {k} after the fault within {} s",
+            HEAL_TIMEOUT.as_secs()
+        )),
+    }
+    Injected {
+        what,
+        first_commit_ms,
     }
 }
 
@@ -151,6 +192,20 @@ impl NewestCommit {
                 .collect(),
             password: lab.secrets.postgres.clone(),
             ca: lab.tls_dir().join("ca.pem"),
+        }
+    }
+
+    /// Shard `k`'s one PostgreSQL (a shard without a standby).
+    fn of_shard(lab: &Lab, k: usize) -> NewestCommit {
+        NewestCommit {
+            urls: lab
+                .shard_addr(k)
+                .map(|addr| {
+                    let url = hongbao_lab::postgres::url(addr);
+                    vec![format!("{url}?sslmode=verify-full")]
+                })
+                .unwrap_or_default(),
+            ..NewestCommit::of(lab)
         }
     }
 

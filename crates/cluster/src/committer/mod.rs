@@ -327,6 +327,15 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// past any failover the ledger's standby makes (docs/scale-out.md).
 const RESEND_FOR: Duration = Duration::from_secs(60);
 
+/// What a committer holds of its formation (`store::Shard`'s parts): the host's turn at
+/// its hash chain, the count of connections given up, and where it is.
+#[derive(Clone, Copy)]
+pub(crate) struct Link<'a> {
+    pub(crate) chain: &'a tokio::sync::Mutex<()>,
+    pub(crate) lost: &'a std::sync::atomic::AtomicU64,
+    pub(crate) target: &'a PgTarget,
+}
+
 /// Commits `batch`, and when its outcome is unknown — the connection lost or silent with
 /// the batch sent, its COMMIT perhaps among what went out — sends it again, to whichever
 /// host is the primary by then, until one attempt's outcome is known. Every op is keyed
@@ -337,14 +346,17 @@ const RESEND_FOR: Duration = Duration::from_secs(60);
 /// counted in `lost` (`Inner::pg_lost`), so the host's reading connection is made again.
 pub(crate) async fn commit_until_known(
     conn: &mut Option<(Client, Statements)>,
-    chain: &tokio::sync::Mutex<()>,
-    lost: &std::sync::atomic::AtomicU64,
-    target: &PgTarget,
+    link: Link<'_>,
     here: Here,
     host: &str,
     at: UnixTime,
     batch: &[Commit],
 ) -> Result<Vec<Option<Done>>, Error> {
+    let Link {
+        chain,
+        lost,
+        target,
+    } = link;
     let started = tokio::time::Instant::now();
     let mut resent = false;
     loop {
@@ -493,9 +505,11 @@ pub async fn committer(
         let started = std::time::Instant::now();
         let result = commit_until_known(
             &mut conn,
-            &store.shard(shard).chain,
-            &store.shard(shard).pg_lost,
-            store.shard(shard).target(),
+            Link {
+                chain: &store.shard(shard).chain,
+                lost: &store.shard(shard).pg_lost,
+                target: store.shard(shard).target(),
+            },
             here,
             &cfg.host,
             // The batch's time, kept if it is sent again: an open judged against its

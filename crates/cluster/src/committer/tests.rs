@@ -176,9 +176,11 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         };
         let done = commit_until_known(
             &mut conn,
-            &chain,
-            &lost,
-            &target,
+            Link {
+                chain: &chain,
+                lost: &lost,
+                target: &target,
+            },
             Here::ONE,
             "h1",
             at,
@@ -191,9 +193,11 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         // restored after Redis lost its state) is another op: not won twice.
         let done = commit_until_known(
             &mut conn,
-            &chain,
-            &lost,
-            &target,
+            Link {
+                chain: &chain,
+                lost: &lost,
+                target: &target,
+            },
             Here::ONE,
             "h1",
             at,
@@ -213,9 +217,11 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         }];
         commit_until_known(
             &mut conn,
-            &chain,
-            &lost,
-            &target,
+            Link {
+                chain: &chain,
+                lost: &lost,
+                target: &target,
+            },
             Here::ONE,
             "h1",
             at,
@@ -230,9 +236,11 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         };
         commit_until_known(
             &mut conn,
-            &chain,
-            &lost,
-            &target,
+            Link {
+                chain: &chain,
+                lost: &lost,
+                target: &target,
+            },
             Here::ONE,
             "h1",
             at,
@@ -271,9 +279,11 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         relay.cut.store(true, Ordering::SeqCst);
         let done = commit_until_known(
             &mut conn,
-            &chain,
-            &lost,
-            &target,
+            Link {
+                chain: &chain,
+                lost: &lost,
+                target: &target,
+            },
             Here::ONE,
             "h1",
             at,

@@ -11,7 +11,7 @@ use hongbao_sys::clock::UnixTime;
 
 use super::*;
 use crate::commit::Commit;
-use crate::committer::{commit_until_known, Here};
+use crate::committer::{commit_until_known, Here, Link};
 use crate::connect::pg_connect;
 use crate::shard::ShardMap;
 use crate::testpg::TestPg;
@@ -152,9 +152,11 @@ async fn commit(pg: &TestPg, shard: usize, batch: &[Commit]) -> Vec<Option<crate
     );
     commit_until_known(
         &mut conn,
-        &chain,
-        &lost,
-        &target(pg),
+        Link {
+            chain: &chain,
+            lost: &lost,
+            target: &target(pg),
+        },
         Here { map: TWO, shard },
         "h1",
         UnixTime::from_millis(1_800_000_000_000),
