@@ -8,8 +8,9 @@ use hongbao_money::Error;
 
 use crate::campaign::CampaignRow;
 use crate::pg::pg_error;
-use crate::release::{release_fields, release_tag};
+use crate::release::release_fields;
 use crate::store::Store;
+use crate::tags::release_tag;
 
 /// An operator's request, answered from the ledger (and Redis for what is released).
 pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAnswer {
@@ -98,9 +99,50 @@ pub async fn admin(store: &Store, host: &str, request: AdminRequest) -> AdminAns
 /// ledger logs it, so that the money minted can be read from the events alone), then in
 /// Redis for release.
 async fn create(store: &Store, host: &str, c: CampaignRow) -> Result<AdminAnswer, Error> {
+    if let Some(why) = older_host(store).await? {
+        return Ok(AdminAnswer::Refused(why));
+    }
     store
         .bounded(0, "making a campaign", create_in_ledger(store, host, c))
         .await
+}
+
+/// Under a grown map (this host's version newer than the first), a campaign's packets
+/// spread over formations an older host does not have: while a live host runs an older
+/// version (or a build from before versions were recorded), why the campaign waits.
+async fn older_host(store: &Store) -> Result<Option<String>, Error> {
+    let map = store.map();
+    if map.campaign_bits() == 0 {
+        return Ok(None);
+    }
+    let live = store.live_hosts().await;
+    let pg = store.pg().await?;
+    let rows = pg
+        .query(
+            "SELECT host, version FROM hb_host_maps WHERE host = ANY($1)",
+            &[&live],
+        )
+        .await
+        .map_err(|e| pg_error("reading the hosts' shard maps", e))?;
+    let on: std::collections::HashMap<String, i32> =
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    Ok(live.iter().find_map(|h| {
+        let version = on.get(h).copied().unwrap_or(0);
+        (version < map.version as i32).then(|| {
+            format!(
+                "no campaign started: gateway host {h} runs shard map version {}, this host \
+                 version {v}; a campaign numbered under version {v} puts packets on \
+                 formations {h} does not have: restart every host on version {v} first \
+                 (docs/scale-out.md, \"Growing\")",
+                if version == 0 {
+                    "(none recorded)".to_string()
+                } else {
+                    version.to_string()
+                },
+                v = map.version,
+            )
+        })
+    }))
 }
 
 async fn create_in_ledger(
@@ -140,7 +182,7 @@ async fn create_in_ledger(
     let row = pg
         .query_one(
             "WITH c AS (INSERT INTO hb_campaigns (id, kind, packets, rate, amount_min, amount_max, recipients, user_min, user_max, seed, minted, started_ms, created_by) \
-                   VALUES (nextval('hb_campaign_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $14) RETURNING id), \
+                   VALUES (nextval('hb_campaign_ids') | $15, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $14) RETURNING id), \
              e AS (INSERT INTO hb_events (at_ms, host, user_id, body) \
                    SELECT $11, $12, NULL, jsonb_set($13::jsonb, '{campaign}', to_jsonb(c.id)) FROM c) \
              SELECT id FROM c",
@@ -159,6 +201,7 @@ async fn create_in_ledger(
                 &host,
                 &body,
                 &c.created_by,
+                &(store.map().campaign_bits() as i64),
             ],
         )
         .await

@@ -8,8 +8,8 @@ use hongbao_money::Error;
 
 use crate::commit::Commit;
 use crate::pg::pg_error;
-use crate::release::{release_tag, tag_packets};
 use crate::store::Store;
+use crate::tags::{release_tag, tag_packets};
 
 /// A campaign as this host needs it to hand out its packets.
 #[derive(Debug, Clone)]

@@ -65,7 +65,7 @@ pub(crate) struct Host {
     /// The number of the last batch of released packets received from each release
     /// tag (release.lua; each tag numbers its own).
     release_batch: Vec<u64>,
-    /// Release ticks so far: each asks one tag, in turn (`release::tag_in_turn`).
+    /// Release ticks so far: each asks one tag, in turn (`tags::tag_in_turn`).
     release_turn: u64,
     /// Released packets of campaigns not read yet (PostgreSQL unreachable): dealt or
     /// created at the next release.
@@ -116,7 +116,7 @@ impl Host {
                 tokio::spawn(relay::relay(self.store.clone(), shard));
             }
         }
-        self.commits = Some(Committers::new(self.store.map(), to));
+        self.commits = Some(Committers::new(self.store.map(), to, self.shared.clone()));
         let mut pushes = self.store.take_pushes();
         let mut release = tokio::time::interval(RELEASE_EVERY);
         release.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -462,7 +462,7 @@ impl Host {
     /// call; a tag that did not answer is asked again at the next call.
     async fn release(&mut self) {
         let users = self.online.len();
-        let asked = [crate::release::tag_in_turn(
+        let asked = [crate::tags::tag_in_turn(
             &self.cfg.host,
             self.release_turn,
             self.cfg.release_tags,

@@ -38,24 +38,32 @@ impl Store {
         Ok(id)
     }
 
-    /// A fresh packet id that lives on `shard` (a send's: its sender's wallet shard, so
+    /// A fresh packet id that lives on wallet shard `shard` (a send's: its sender's, so
     /// the debit and the packet are one transaction). Ids drawn on the way that belong
     /// to other shards are kept for their sends: none is wasted, and a send costs one
-    /// id drawn on average.
+    /// id drawn on average. Sends are numbered under the map's first version, whatever
+    /// this host's: they live on wallet shards, which every version has, so a host of
+    /// any version finds them.
     pub async fn next_packet_id_on(&self, shard: usize) -> Result<u64, Error> {
         let map = self.map();
         let mut ids = self.0.ids.lock().await;
-        ids.spare.resize_with(map.shards as usize, Default::default);
-        if let Some(id) = ids.spare[shard].pop_front() {
+        ids.spare
+            .resize_with(map.wallets as usize, Default::default);
+        if let Some(id) = ids.spare.get_mut(shard).and_then(|s| s.pop_front()) {
             return Ok(id);
         }
         loop {
             let id = self.draw_id(&mut ids).await?;
-            let on = map.packet(id);
-            if on == shard {
-                return Ok(id);
+            match map.packet(id) {
+                Some(on) if on == shard => return Ok(id),
+                Some(on) => ids.spare[on].push_back(id),
+                None => {
+                    return Err(Error::unavailable(
+                        "numbering a send",
+                        format!("packet id {id} carries no version of this host's map"),
+                    ))
+                }
             }
-            ids.spare[on].push_back(id);
         }
     }
 

@@ -75,6 +75,7 @@ pub mod shard;
 mod shared;
 mod standby;
 mod store;
+mod tags;
 #[cfg(test)]
 mod testpg;
 pub mod versions;
@@ -109,7 +110,7 @@ pub struct ClusterConfig {
     pub commit_window: Duration,
     pub max_batch: usize,
     /// How many Redis hash tags (slots) the release of every campaign is split over:
-    /// packet index i goes out from tag i mod K (`release::release_tag`), so each slot
+    /// packet index i goes out from tag i mod K (`tags::release_tag`), so each slot
     /// serves a K-th of the release. 1 is the release under `{rel}` alone; 0 is refused.
     /// The same on every host; changed only while no campaign is running (a campaign
     /// keeps the K it was created with, but a packet won is told to tag i mod this K).
@@ -117,12 +118,13 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
-    /// The shard map these formations make.
+    /// The shard map these formations make, as this host wants it: what the ledger
+    /// recorded before fills in the rest (`shard::record`).
     pub fn shard_map(&self) -> shard::ShardMap {
-        shard::ShardMap {
-            version: self.shard_map_version.max(1),
-            shards: self.postgres.len().max(1) as u32,
-        }
+        shard::ShardMap::first(
+            self.shard_map_version.max(1),
+            self.postgres.len().max(1) as u32,
+        )
     }
 }
 

@@ -384,6 +384,13 @@ CREATE TABLE IF NOT EXISTS hb_host_versions (
     version integer NOT NULL,
     started_ms bigint NOT NULL
 );
+-- The shard map version each host numbers campaigns under (shard.rs, "Growing"), on
+-- shard 0: a campaign under a newer version waits for every live host to run it.
+CREATE TABLE IF NOT EXISTS hb_host_maps (
+    host text PRIMARY KEY,
+    version integer NOT NULL,
+    written_ms bigint NOT NULL
+);
 CREATE TABLE IF NOT EXISTS hb_schema_contracted (
     version integer PRIMARY KEY,
     at_ms bigint NOT NULL

@@ -118,7 +118,12 @@ impl Shard {
 
 /// Connects to formation `me`, creates the schema there (under the schema lock), and
 /// records the shard map there or checks it against what it holds (`shard::record`).
-async fn open_shard(target: &PgTarget, map: ShardMap, me: usize) -> Result<Client, Error> {
+async fn open_shard(
+    target: &PgTarget,
+    wanted: ShardMap,
+    me: usize,
+    known: Option<ShardMap>,
+) -> Result<(Client, ShardMap), Error> {
     let pg = pg_connect(target)
         .await
         .map_err(|e| e.context(format!("shard {me}")))?;
@@ -130,8 +135,8 @@ async fn open_shard(target: &PgTarget, map: ShardMap, me: usize) -> Result<Clien
         .query("SELECT pg_advisory_unlock($1)", &[&SCHEMA_LOCK])
         .await;
     created.map_err(|e| pg_error("creating the schema", e))?;
-    crate::shard::record(&pg, map, me).await?;
-    Ok(pg)
+    let map = crate::shard::record(&pg, wanted, me, known).await?;
+    Ok((pg, map))
 }
 
 /// The Redis TLS trust for `rediss://` nodes: the CA of the engines.
@@ -150,11 +155,16 @@ impl Store {
                  (1 releases every campaign under {rel} alone, as before)",
             ));
         }
-        let map = cfg.shard_map();
+        // Shard 0 holds the map's history; every other formation is checked against it.
+        let wanted = cfg.shard_map();
+        let mut map = None;
         let mut pgs = Vec::with_capacity(cfg.postgres.len());
         for (me, target) in cfg.postgres.iter().enumerate() {
-            pgs.push(open_shard(target, map, me).await?);
+            let (pg, ledgers) = open_shard(target, wanted, me, map).await?;
+            map = Some(ledgers);
+            pgs.push(pg);
         }
+        let map = map.unwrap_or(wanted);
         let ca = cfg.postgres.first().and_then(|t| t.ca.clone());
 
         let (push_tx, mut push_rx) = unbounded_channel::<PushInfo>();
@@ -184,7 +194,7 @@ impl Store {
         // The schema's version: beside the hosts alive, what they need kept or dropped
         // (versions.rs), under the schema lock.
         let since = hongbao_sys::clock::unix_ms().saturating_sub(crate::HOST_DEAD_AFTER_MS);
-        let hosts = format!("{}:hosts", crate::release::release_tag(0));
+        let hosts = format!("{}:hosts", crate::tags::release_tag(0));
         let live: Vec<String> =
             redis::AsyncCommands::zrangebyscore(&mut redis.clone(), hosts, since, "+inf")
                 .await
@@ -200,6 +210,18 @@ impl Store {
                 .await;
             versioned?;
         }
+        pgs[0]
+            .execute(
+                "INSERT INTO hb_host_maps (host, version, written_ms) VALUES ($1, $2, $3) \
+                 ON CONFLICT (host) DO UPDATE SET version = $2, written_ms = $3",
+                &[
+                    &cfg.host,
+                    &(map.version as i32),
+                    &(hongbao_sys::clock::unix_ms() as i64),
+                ],
+            )
+            .await
+            .map_err(|e| pg_error("recording this host's shard map", e))?;
         subscribed
             .ssubscribe(channel(&cfg.host))
             .await

@@ -60,15 +60,38 @@ impl Here {
 pub(crate) struct Committers {
     map: ShardMap,
     to: Vec<tokio::sync::mpsc::UnboundedSender<Commit>>,
+    shared: Arc<Shared>,
 }
 
+/// What an op on a packet numbered under a map version newer than this host's is told.
+const NEWER_MAP: &str = "the packet was numbered under a newer shard map than this host's; \
+                         nothing was done (try again: hosts are being restarted on it)";
+
 impl Committers {
-    pub(crate) fn new(map: ShardMap, to: Vec<tokio::sync::mpsc::UnboundedSender<Commit>>) -> Self {
-        Committers { map, to }
+    pub(crate) fn new(
+        map: ShardMap,
+        to: Vec<tokio::sync::mpsc::UnboundedSender<Commit>>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        Committers { map, to, shared }
     }
 
+    /// `op` to its packet's committer; refused at once when its packet is on a shard
+    /// this host does not know (a host not yet restarted while the map grows).
     pub(crate) fn send(&self, op: Commit) {
-        let _ = self.to[self.map.packet(op.packet())].send(op);
+        match self.map.packet(op.packet()).and_then(|k| self.to.get(k)) {
+            Some(to) => {
+                let _ = to.send(op);
+            }
+            None => {
+                tracing::warn!(
+                    packet = op.packet(),
+                    "an op on a packet of a newer shard map than this host's, refused"
+                );
+                let shared = self.shared.clone();
+                tokio::spawn(async move { refuse(&shared, vec![op], NEWER_MAP).await });
+            }
+        }
     }
 }
 

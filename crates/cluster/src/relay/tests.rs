@@ -17,10 +17,7 @@ use crate::shard::ShardMap;
 use crate::testpg::TestPg;
 use crate::{ClusterConfig, PgTarget};
 
-const TWO: ShardMap = ShardMap {
-    version: 1,
-    shards: 2,
-};
+const TWO: ShardMap = ShardMap::first(1, 2);
 
 /// A `redis-server` in cluster mode holding every slot: a Redis Cluster of one node.
 struct OneNodeCluster {
@@ -139,12 +136,42 @@ fn user_on(shard: usize) -> u64 {
 fn packet_on(shard: usize, after: u32) -> u64 {
     (after..)
         .map(|i| hongbao_money::rules::shake_packet_id(1, i))
-        .find(|&p| TWO.packet(p) == shard)
+        .find(|&p| TWO.packet(p) == Some(shard))
         .unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Shake campaign 1, minting 1,000 in 10 packets of 100 (its row on shard 0, as
+/// admin.rs makes it).
+async fn campaign_one(shard_zero: &Client) {
+    shard_zero
+        .batch_execute(
+            "INSERT INTO hb_campaigns (id, kind, packets, rate, amount_min, amount_max, \
+             recipients, user_min, user_max, seed, minted, started_ms) \
+             VALUES (1, 'shake', 10, 10, 100, 100, 0, 0, 0, 1, 1000, 0)",
+        )
+        .await
+        .unwrap();
 }
 
 /// Commits one batch on `shard` (its committer's way, one attempt known).
 async fn commit(pg: &TestPg, shard: usize, batch: &[Commit]) -> Vec<Option<crate::commit::Done>> {
+    commit_on(pg, TWO, shard, batch).await
+}
+
+/// Commits one batch on `shard` of `map`.
+async fn commit_on(
+    pg: &TestPg,
+    map: ShardMap,
+    shard: usize,
+    batch: &[Commit],
+) -> Vec<Option<crate::commit::Done>> {
     let (chain, lost, mut conn) = (
         tokio::sync::Mutex::new(()),
         std::sync::atomic::AtomicU64::new(0),
@@ -157,7 +184,7 @@ async fn commit(pg: &TestPg, shard: usize, batch: &[Commit]) -> Vec<Option<crate
             lost: &lost,
             target: &target(pg),
         },
-        Here { map: TWO, shard },
+        Here { map, shard },
         "h1",
         UnixTime::from_millis(1_800_000_000_000),
         batch,
@@ -171,10 +198,7 @@ fn a_credit_crosses_shards_once_and_the_audit_balances_while_it_is_in_flight() {
     let Some(a) = TestPg::start() else { return };
     let b = TestPg::start().unwrap();
     let redis = OneNodeCluster::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let store = Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
         let (pa, pb) = (
@@ -182,13 +206,7 @@ fn a_credit_crosses_shards_once_and_the_audit_balances_while_it_is_in_flight() {
             pg_connect(&target(&b)).await.unwrap(),
         );
         // A shake campaign minting 1,000 (its row on shard 0, as admin.rs makes it).
-        pa.batch_execute(
-            "INSERT INTO hb_campaigns (id, kind, packets, rate, amount_min, amount_max, \
-             recipients, user_min, user_max, seed, minted, started_ms) \
-             VALUES (1, 'shake', 10, 10, 100, 100, 0, 0, 0, 1, 1000, 0)",
-        )
-        .await
-        .unwrap();
+        campaign_one(&pa).await;
         let audit = store.audit().await.unwrap();
         assert!(audit.ok, "{audit:?}");
 
@@ -287,10 +305,7 @@ fn a_send_debits_and_makes_its_packet_on_the_senders_shard_or_does_neither() {
     let Some(a) = TestPg::start() else { return };
     let b = TestPg::start().unwrap();
     let redis = OneNodeCluster::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let store = Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
         let pb = pg_connect(&target(&b)).await.unwrap();
@@ -299,11 +314,11 @@ fn a_send_debits_and_makes_its_packet_on_the_senders_shard_or_does_neither() {
         let mut ids = Vec::new();
         for _ in 0..50 {
             let id = store.next_packet_id_on(1).await.unwrap();
-            assert_eq!(TWO.packet(id), 1);
+            assert_eq!(TWO.packet(id), Some(1));
             ids.push(id);
         }
         let zero = store.next_packet_id_on(0).await.unwrap();
-        assert_eq!(TWO.packet(zero), 0);
+        assert_eq!(TWO.packet(zero), Some(0));
         ids.push(zero);
         ids.sort();
         ids.dedup();
@@ -356,10 +371,7 @@ fn a_host_whose_shard_map_disagrees_with_the_formations_is_refused_at_start() {
     let Some(a) = TestPg::start() else { return };
     let b = TestPg::start().unwrap();
     let redis = OneNodeCluster::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let refused = |cfg: ClusterConfig| async move {
             match Store::connect(&cfg).await {
@@ -393,5 +405,155 @@ fn a_host_whose_shard_map_disagrees_with_the_formations_is_refused_at_start() {
             assert!(why.contains(says), "{why}");
         }
         assert_eq!(scalar(&pa, "SELECT count(*) FROM hb_shard_map").await, 1);
+    });
+}
+
+/// Growing (docs/scale-out.md, "Growing"): a ledger over two formations grows a third
+/// for packets by a new map version. Nothing moves: a campaign of the first version
+/// stays on its two shards, wallets stay on theirs; a campaign made under the new
+/// version spreads its packets over all three, its wins credited across by the outbox,
+/// and the audit over the three shards exact. A host still on the old version starts
+/// (hosts are restarted one by one) and knows no packet of the new one; while it is
+/// alive, no campaign is numbered under the new version. Maps that shrink, reorder or
+/// grow by nothing are refused.
+#[test]
+fn a_shard_added_for_packets_takes_new_campaigns_and_moves_nothing() {
+    let Some(a) = TestPg::start() else { return };
+    let (b, c) = (TestPg::start().unwrap(), TestPg::start().unwrap());
+    let redis = OneNodeCluster::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let old = Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
+        // The first version numbers as a ledger that never grew.
+        assert_eq!((old.map().campaign_bits(), old.map().packet_bits()), (0, 0));
+        let pa = pg_connect(&target(&a)).await.unwrap();
+        campaign_one(&pa).await;
+        let win = |user, campaign, packet, cents, op_id| Commit::Win {
+            to: origin(user),
+            campaign,
+            packet,
+            cents,
+            op_id,
+        };
+
+        // Version 2 adds formation c at the end.
+        let grown_cfg = ClusterConfig {
+            host: "h2".into(),
+            ..config(&redis, &[&a, &b, &c], 2)
+        };
+        let grown = Store::connect(&grown_cfg).await.unwrap();
+        let map = grown.map();
+        assert_eq!((map.version, map.shards, map.wallets), (2, 3, 2));
+        assert_eq!((map.count_of(1), map.count_of(2)), (Some(2), Some(3)));
+        let pc = pg_connect(&target(&c)).await.unwrap();
+        let row = pc
+            .query_one("SELECT version, shards, me FROM hb_shard_map", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                row.get::<_, i32>(0),
+                row.get::<_, i32>(1),
+                row.get::<_, i32>(2)
+            ),
+            (2, 3, 2)
+        );
+        assert_eq!(scalar(&pa, "SELECT count(*) FROM hb_shard_map").await, 2);
+
+        // The first campaign's packets are where they were, for both hosts: one won on
+        // shard 1 under the grown map is the old map's shard 1.
+        let p_old = packet_on(1, 0);
+        assert_eq!(map.packet(p_old), Some(1));
+        let done = commit_on(&b, map, 1, &[win(user_on(0), 1, p_old, 100, 21)]).await;
+        assert!(matches!(done[0], Some(crate::commit::Done::Won(true))));
+
+        // A host still on version 1 starts beside it, and knows nothing of version 2.
+        let still_old = Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
+        assert_eq!(still_old.map().count_of(2), None);
+
+        // While it is alive, the grown host starts no campaign under version 2.
+        let now = hongbao_sys::clock::unix_ms();
+        let hosts = format!("{}:hosts", crate::tags::release_tag(0));
+        let mut r = grown.redis();
+        let _: () = redis::AsyncCommands::zadd(&mut r, &hosts, "h1", now)
+            .await
+            .unwrap();
+        let shake = || hongbao_money::seam::AdminRequest::CreateShake {
+            request: hongbao_money::rules::ShakeCampaignRequest {
+                packets: 300,
+                rate_per_sec: 1000,
+                amount_min: 10,
+                amount_max: 10,
+            },
+            by: "ops".into(),
+        };
+        match crate::admin::admin(&grown, "h2", shake()).await {
+            hongbao_money::seam::AdminAnswer::Refused(why) => assert!(
+                why.contains("gateway host h1 runs shard map version 1"),
+                "{why}"
+            ),
+            other => panic!("a campaign under version 2 beside a version-1 host: {other:?}"),
+        }
+        assert_eq!(scalar(&pa, "SELECT count(*) FROM hb_campaigns").await, 1);
+
+        // Once it is gone (restarted on version 2), the campaign starts, numbered under 2.
+        let _: () = redis::AsyncCommands::zrem(&mut r, &hosts, "h1")
+            .await
+            .unwrap();
+        let id = match crate::admin::admin(&grown, "h2", shake()).await {
+            hongbao_money::seam::AdminAnswer::Campaign(status) => status.id,
+            other => panic!("no campaign: {other:?}"),
+        };
+        assert_eq!(id >> 24, 2, "campaign {id} numbered under version 2");
+        let packets: Vec<u64> = (0..300)
+            .map(|i| hongbao_money::rules::shake_packet_id(id, i))
+            .collect();
+        let mut on = [0; 3];
+        for &p in &packets {
+            on[map.packet(p).unwrap()] += 1;
+            assert_eq!(still_old.map().packet(p), None, "the old host knows none");
+        }
+        assert!(on.iter().all(|&n| n > 60), "{on:?}");
+
+        // A packet of it on the new shard, won by a user whose wallet is on shard 1:
+        // committed on c with its credit in c's outbox, relayed to b once.
+        let p_new = *packets.iter().find(|&&p| map.packet(p) == Some(2)).unwrap();
+        let far = user_on(1);
+        let done = commit_on(&c, map, 2, &[win(far, id, p_new, 10, 22)]).await;
+        assert!(matches!(done[0], Some(crate::commit::Done::Won(true))));
+        let audit = grown.audit().await.unwrap();
+        assert!(audit.ok, "{audit:?}");
+        // In flight: this credit, and the first campaign's win on shard 1 for shard 0.
+        assert_eq!(audit.credits_in_flight_cents, 10 + 100);
+        let mut source = pg_connect(&target(&c)).await.unwrap();
+        assert_eq!(relay_once(&grown, &mut source, 2).await.unwrap(), 1);
+        let mut source = pg_connect(&target(&b)).await.unwrap();
+        assert_eq!(relay_once(&grown, &mut source, 1).await.unwrap(), 1);
+        assert_eq!(grown.balance(user_on(0)).await.unwrap(), 100);
+        assert_eq!(grown.balance(far).await.unwrap(), 10);
+        let audit = grown.audit().await.unwrap();
+        assert!(audit.ok, "{audit:?}");
+        assert_eq!(audit.credits_in_flight_cents, 0);
+        assert_eq!(audit.minted_cents, 1000 + 3000);
+        assert!(
+            audit.ledger_heads.keys().any(|h| h.starts_with("2/")),
+            "{audit:?}"
+        );
+
+        // Shrinking, reordering, or a new version that adds nothing: refused.
+        for (cfg, says) in [
+            (config(&redis, &[&a, &b], 2), "records version 2 (3 shards"),
+            (
+                config(&redis, &[&a, &c, &b], 2),
+                "formation 1 records version 2 (3 shards, this formation shard 2)",
+            ),
+            (config(&redis, &[&a, &b, &c], 3), "adds no formation"),
+        ] {
+            match Store::connect(&cfg).await {
+                Ok(_) => panic!("started on {:?}", cfg.postgres),
+                Err(e) => assert!(e.to_string().contains(says), "{e}"),
+            }
+        }
+        assert_eq!(scalar(&pa, "SELECT count(*) FROM hb_shard_map").await, 2);
     });
 }

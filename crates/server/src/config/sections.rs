@@ -451,8 +451,14 @@ impl Cluster {
                 "--postgres {:?} names no formation",
                 self.postgres
             ))),
-            (false, false) if self.shard_map_version == 0 => {
-                Err(Error::config("shard_map_version starts at 1".to_string()))
+            (false, false)
+                if !(1..=hongbao_cluster::shard::MAX_VERSION).contains(&self.shard_map_version) =>
+            {
+                Err(Error::config(format!(
+                    "shard_map_version is 1 to {} (the version a packet id carries), not {}",
+                    hongbao_cluster::shard::MAX_VERSION,
+                    self.shard_map_version
+                )))
             }
             (false, false) => Ok(true),
             _ => Err(Error::config(
