@@ -9,11 +9,15 @@
 #   four    four shards at a low rate (100 packets a second): the same line.
 #   fault   two shards, shard 0's primary lost with its disk 8 s into the phase: how each
 #           shard's wins went through it, when shard 0 committed again.
+#   freeze  two shards without a standby, shard 1's PostgreSQL frozen 20 s from 8 s into
+#           the phase (shard-freeze:1): how shard 0's wins went through it.
 #
 #   scripts/shards-sitting.sh [ROUNDS]      (root; release build)
+#   PARTS="cpu four fault freeze" (the default: all) picks the parts, in that order.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
+parts=" ${PARTS:-cpu four fault freeze} "
 hb=$PWD/target/release/hongbao
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -44,7 +48,8 @@ if f:
 EOF_PY
 }
 
-for r in $(seq "$rounds"); do
+part() { [[ "$parts" == *" $1 "* ]]; }
+part cpu && for r in $(seq "$rounds"); do
   for shards in 1 2; do
     # shellcheck disable=SC2086
     "$hb" bench --hosts 3 --shards "$shards" $load --campaign-rate 500 --shake-packets 15000 \
@@ -52,15 +57,22 @@ for r in $(seq "$rounds"); do
     line "cpu round=$r shards=$shards" "$work/cpu-$shards-$r/summary.json"
   done
 done
-for r in $(seq "$rounds"); do
+part four && for r in $(seq "$rounds"); do
   # shellcheck disable=SC2086
   "$hb" bench --hosts 3 --shards 4 $load --campaign-rate 100 --shake-packets 3000 \
     --out "$work/four-$r" > "$work/four-$r.log" 2>&1
   line "four round=$r shards=4" "$work/four-$r/summary.json"
 done
-for r in $(seq "$rounds"); do
+part fault && for r in $(seq "$rounds"); do
   # shellcheck disable=SC2086
   "$hb" bench --hosts 3 --shards 2 $load --campaign-rate 500 --shake-packets 15000 \
     --fault primary-lost --fault-at 8 --out "$work/fault-$r" > "$work/fault-$r.log" 2>&1
   line "fault round=$r shards=2" "$work/fault-$r/summary.json"
 done
+part freeze && for r in $(seq "$rounds"); do
+  # shellcheck disable=SC2086
+  "$hb" bench --hosts 3 --shards 2 $load --campaign-rate 500 --shake-packets 20000 \
+    --fault shard-freeze:1 --fault-at 8 --out "$work/freeze-$r" > "$work/freeze-$r.log" 2>&1
+  line "freeze round=$r shards=2" "$work/freeze-$r/summary.json"
+done
+true
