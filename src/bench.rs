@@ -384,10 +384,23 @@ fn bench_options(args: BenchArgs) -> Result<hongbao_bench::bench::BenchOptions> 
         anyhow::bail!("--fault gateway needs --hosts 2 or more: one host must carry on");
     }
     if opts.lab_standby() {
-        if let Some(f) = opts.faults().find(|f| f.shard() == Some(0)) {
+        if let Some(f) = opts.faults().find(|f| {
+            matches!(
+                f,
+                hongbao_bench::bench::Fault::ShardFreeze(_)
+                    | hongbao_bench::bench::Fault::ShardIsolate(_)
+            )
+        }) {
             anyhow::bail!(
-                "{}: with a standby shard 0 is a formation, whose faults are primary-lost, primary-freeze and primary-isolate",
+                "{}: with a standby every shard is a formation, whose faults are primary-lost, primary-freeze and primary-isolate (:K for shard K)",
                 f.name()
+            );
+        }
+        if opts.shards > hongbao_lab::shards::MOST_WITH_STANDBY {
+            anyhow::bail!(
+                "--shards {} with a standby: a lab holds at most {} formations (three hosts each)",
+                opts.shards,
+                hongbao_lab::shards::MOST_WITH_STANDBY
             );
         }
         if let Some(f) = opts.faults().find(|f| f.needs_one_postgres()) {

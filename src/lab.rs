@@ -44,9 +44,10 @@ pub struct LabUpArgs {
     /// pg_auto_failover's monitor (host pgmon); the gateways use a multi-host URL
     #[arg(long)]
     standby: bool,
-    /// The ledger's shards: shard 0 is the lab's PostgreSQL (with --standby, its
-    /// formation), each other one a PostgreSQL of its own (hosts pgs1…); the gateways get
-    /// every shard (docs/scale-out.md, "Shards")
+    /// The ledger's shards: shard 0 is the lab's PostgreSQL, each other one a PostgreSQL
+    /// of its own (hosts pgs1…); with --standby each a formation (at most 3: hosts pgsK,
+    /// pgsKb and their monitor pgsKm); the gateways get every shard (docs/scale-out.md,
+    /// "Shards")
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8))]
     shards: u16,
     /// The login secret of every gateway
@@ -97,12 +98,13 @@ fn up(args: LabUpArgs) -> Result<()> {
     for k in 1..lab.shard_count() {
         println!("  shard {k}  {}", lab.shard_url(k));
     }
-    if let Some(formation) = &lab.formation {
-        println!(
-            "  ledger   primary {} with a synchronous standby, failed over by pg_auto_failover's monitor on {}",
-            lab.pg_primary()?,
-            formation.monitor.host.addr
-        );
+    if lab.formation.is_some() {
+        for k in 0..lab.shard_count() {
+            println!(
+                "  shard {k}  primary {} with a synchronous standby, failed over by pg_auto_failover",
+                lab.pg_primary_of(k)?,
+            );
+        }
     }
     println!(
         "  TLS: the engines' CA {} (Redis and PostgreSQL speak TLS only)",

@@ -36,24 +36,51 @@ impl Lab {
         self.formation.is_some()
     }
 
-    fn formation(&self) -> Result<&Formation> {
-        self.formation.as_ref().ok_or_else(no_standby)
+    /// Shard `k`'s formation (shard 0's is the lab's ledger's).
+    pub(crate) fn formation_of(&self, k: usize) -> Result<&Formation> {
+        match k {
+            0 => self.formation.as_ref(),
+            k => self.shards.get(k - 1).and_then(|s| s.formation.as_ref()),
+        }
+        .ok_or_else(no_standby)
+    }
+
+    fn formation_of_mut(&mut self, k: usize) -> Result<&mut Formation> {
+        match k {
+            0 => self.formation.as_mut(),
+            k => self
+                .shards
+                .get_mut(k - 1)
+                .and_then(|s| s.formation.as_mut()),
+        }
+        .ok_or_else(no_standby)
+    }
+
+    /// Shard `k`'s data nodes' addresses (none without a standby).
+    pub fn formation_addrs(&self, k: usize) -> Vec<Ipv4Addr> {
+        self.formation_of(k).map(|f| f.addrs()).unwrap_or_default()
     }
 
     /// The address of the data node the monitor names primary now.
     pub fn pg_primary(&self) -> Result<Ipv4Addr> {
-        self.formation()?.primary()
+        self.pg_primary_of(0)
+    }
+
+    /// The address of the data node shard `k`'s monitor names primary now.
+    pub fn pg_primary_of(&self, k: usize) -> Result<Ipv4Addr> {
+        self.formation_of(k)?.primary()
     }
 
     /// The primary's host lost with its disk: every process on it SIGKILLed (keeper and
     /// postgres), its data directory removed. Returns its address.
     pub fn lose_primary(&mut self) -> Result<Ipv4Addr> {
-        let addr = self.pg_primary()?;
-        let node = self
-            .formation
-            .as_mut()
-            .expect("formation() above")
-            .node_mut(addr)?;
+        self.lose_primary_of(0)
+    }
+
+    /// Shard `k`'s primary lost with its disk, as `lose_primary`.
+    pub fn lose_primary_of(&mut self, k: usize) -> Result<Ipv4Addr> {
+        let addr = self.pg_primary_of(k)?;
+        let node = self.formation_of_mut(k)?.node_mut(addr)?;
         signal(&pids_inside(&node.host), libc::SIGKILL);
         if let Some(mut keeper) = node.keeper.take() {
             // Killed above with the rest; this reaps it.
@@ -78,8 +105,13 @@ impl Lab {
     /// Every process of the primary's host stopped (SIGSTOP) for `frozen`, then let go on
     /// (SIGCONT). Returns its address.
     pub fn freeze_primary(&mut self, frozen: Duration) -> Result<Ipv4Addr> {
-        let addr = self.pg_primary()?;
-        freeze_host(&self.data_host(addr)?, frozen);
+        self.freeze_primary_of(0, frozen)
+    }
+
+    /// Shard `k`'s primary frozen, as `freeze_primary`.
+    pub fn freeze_primary_of(&self, k: usize, frozen: Duration) -> Result<Ipv4Addr> {
+        let addr = self.pg_primary_of(k)?;
+        freeze_host(&self.data_host(k, addr)?, frozen);
         Ok(addr)
     }
 
@@ -87,8 +119,13 @@ impl Lab {
     /// the gateways, and this machine) for `cut`: blackhole routes inside its namespace,
     /// as `partition` does for a gateway. Returns its address.
     pub fn isolate_primary(&mut self, cut: Duration) -> Result<Ipv4Addr> {
-        let addr = self.pg_primary()?;
-        self.isolate_host(&self.data_host(addr)?, cut)?;
+        self.isolate_primary_of(0, cut)
+    }
+
+    /// Shard `k`'s primary cut off, as `isolate_primary`.
+    pub fn isolate_primary_of(&self, k: usize, cut: Duration) -> Result<Ipv4Addr> {
+        let addr = self.pg_primary_of(k)?;
+        self.isolate_host(&self.data_host(k, addr)?, cut)?;
         Ok(addr)
     }
 
@@ -104,11 +141,21 @@ impl Lab {
     /// Waits until a node other than `old` is primary and takes a write (a commit through
     /// the multi-host URL); returns its address.
     pub fn wait_new_primary(&self, old: Ipv4Addr, timeout: Duration) -> Result<Ipv4Addr> {
+        self.wait_new_primary_of(0, old, timeout)
+    }
+
+    /// As `wait_new_primary`, in shard `k`'s formation.
+    pub fn wait_new_primary_of(
+        &self,
+        k: usize,
+        old: Ipv4Addr,
+        timeout: Duration,
+    ) -> Result<Ipv4Addr> {
         let deadline = Instant::now() + timeout;
         let mut last = String::from("nothing tried yet");
         while Instant::now() < deadline {
-            match self.formation()?.primary() {
-                Ok(primary) if primary != old => match self.commit_through_url() {
+            match self.formation_of(k)?.primary() {
+                Ok(primary) if primary != old => match self.commit_through_url(k) {
                     // The write must have landed on the node the monitor names: a
                     // client may still reach the old primary, which has not stopped yet.
                     Ok(at) if at == primary => return Ok(primary),
@@ -131,7 +178,12 @@ impl Lab {
     /// with pg_rewind and follows the new primary). After it returns, the pair can lose
     /// its primary again.
     pub fn rejoin_standby(&mut self, addr: Ipv4Addr, timeout: Duration) -> Result<()> {
-        let formation = self.formation.as_mut().ok_or_else(no_standby)?;
+        self.rejoin_standby_of(0, addr, timeout)
+    }
+
+    /// As `rejoin_standby`, in shard `k`'s formation.
+    pub fn rejoin_standby_of(&mut self, k: usize, addr: Ipv4Addr, timeout: Duration) -> Result<()> {
+        let formation = self.formation_of_mut(k)?;
         let i = formation
             .nodes
             .iter()
@@ -142,7 +194,7 @@ impl Lab {
             formation.start_node(i)?;
             self.save()?;
         }
-        let formation = self.formation()?;
+        let formation = self.formation_of(k)?;
         wait_until(
             &format!("{addr} to be a synchronous standby"),
             timeout,
@@ -151,9 +203,9 @@ impl Lab {
         .map_err(|e| e.within(format!("the monitor says {:?}", formation.states())))
     }
 
-    /// The host of the data node at `addr`.
-    fn data_host(&self, addr: Ipv4Addr) -> Result<Host> {
-        self.formation()?
+    /// The host of shard `k`'s data node at `addr`.
+    fn data_host(&self, k: usize, addr: Ipv4Addr) -> Result<Host> {
+        self.formation_of(k)?
             .nodes
             .iter()
             .find(|n| n.host.addr == addr)
@@ -161,15 +213,15 @@ impl Lab {
             .ok_or_else(|| no_data_node(addr))
     }
 
-    /// One commit through the ledger's URL (`psql`, bounded by `COMMIT_TIMEOUT`): the
+    /// One commit through shard `k`'s URL (`psql`, bounded by `COMMIT_TIMEOUT`): the
     /// address of the server that took it.
-    fn commit_through_url(&self) -> Result<Ipv4Addr> {
+    fn commit_through_url(&self, k: usize) -> Result<Ipv4Addr> {
         // txid_current() gives the transaction an id, so its end is a commit written to
         // the WAL (and, with a standby, acknowledged by it).
         let mut child = Command::new(postgres::bin_dir()?.join("psql"))
             .env("PGPASSWORD", &self.secrets.postgres)
             .env("PGSSLROOTCERT", self.tls_dir().join("ca.pem"))
-            .args(["-X", "-At", "-d", &self.postgres_url()])
+            .args(["-X", "-At", "-d", &self.shard_url(k)])
             .args(["-c", "SELECT txid_current(), host(inet_server_addr())"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

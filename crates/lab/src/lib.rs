@@ -232,7 +232,7 @@ impl Lab {
             .into_iter()
             .chain(REDIS_LAST)
             .map(|last| Ipv4Addr::new(198, 18, plan.lab, last))
-            .chain(shards::extra_addrs(plan.lab, plan.shards))
+            .chain(shards::extra_addrs(plan.lab, plan.shards, plan.standby))
             .map(|addr| addr.to_string())
             .collect();
         let names: Vec<&str> = engines.iter().map(String::as_str).collect();
@@ -490,6 +490,7 @@ impl Lab {
         procs.extend(
             self.formation
                 .iter()
+                .chain(self.shards.iter().filter_map(|s| s.formation.as_ref()))
                 .flat_map(|f| f.keepers().map(Proc::record)),
         );
         procs.extend(
@@ -521,7 +522,11 @@ impl Lab {
         all.extend(self.redis.iter().map(|(h, _)| h));
         all.push(&self.postgres.0);
         all.extend(self.shards.iter().map(|s| &s.host));
-        if let Some(formation) = &self.formation {
+        for formation in self
+            .formation
+            .iter()
+            .chain(self.shards.iter().filter_map(|s| s.formation.as_ref()))
+        {
             all.extend(formation.nodes.iter().skip(1).map(|n| &n.host));
             all.push(&formation.monitor.host);
         }
@@ -556,7 +561,11 @@ impl Drop for Lab {
         for shard in &mut self.shards {
             drop(shard.proc.take());
         }
-        if let Some(formation) = &mut self.formation {
+        for formation in self
+            .formation
+            .iter_mut()
+            .chain(self.shards.iter_mut().filter_map(|s| s.formation.as_mut()))
+        {
             // The data nodes, then the monitor; each keeper stops its PostgreSQL.
             for node in &mut formation.nodes {
                 drop(node.keeper.take());

@@ -1,7 +1,8 @@
 //! The ledger's other shards (`lab up --shards N`, docs/scale-out.md "Shards"): shard 0
 //! is the lab's PostgreSQL — or its formation, with a standby —, and shards 1 to N-1 are
 //! one PostgreSQL each, at .24 onward, made like shard 0's plain server (TLS, the
-//! gateways' role and password). A fault aimed at one shard leaves the others carrying
+//! gateways' role and password); with a standby, each a formation of its own too (a
+//! primary, its synchronous standby and their monitor: three hosts a shard, from .24). A fault aimed at one shard leaves the others carrying
 //! on: shard 0's primary lost, frozen or cut off (`failover`), or any shard's one
 //! PostgreSQL frozen or cut off (`freeze_shard`, `isolate_shard`).
 
@@ -12,25 +13,42 @@ use crate::error::{Error, Result};
 use crate::netns::{self, Host};
 use crate::postgres;
 use crate::proc::Proc;
+use crate::standby::Formation;
 use crate::Lab;
 
 /// The last address byte of shard 1's host; shard k's is this + k - 1.
 const FIRST_LAST: u8 = 24;
 /// The most shards a lab holds: their hosts end before the gateways' (.31).
 pub const MOST: usize = 8;
+/// The most with a standby, each shard after the first three hosts.
+pub const MOST_WITH_STANDBY: usize = 3;
 
-/// A shard after the first: its host, its server, its data.
+/// A shard after the first: its host (with a standby, its first data node's), its
+/// server or its formation, its data.
 pub struct Shard {
     pub host: Host,
     pub proc: Option<Proc>,
+    pub formation: Option<Formation>,
     pub dir: PathBuf,
+}
+
+/// The last address bytes of shard `k`'s hosts: its PostgreSQL, or with a standby its
+/// two data nodes and its monitor.
+fn lasts(k: usize, standby: bool) -> Vec<u8> {
+    if standby {
+        let base = FIRST_LAST + 3 * (k as u8 - 1);
+        vec![base, base + 1, base + 2]
+    } else {
+        vec![FIRST_LAST + k as u8 - 1]
+    }
 }
 
 /// The addresses of shards 1.. of lab `lab` with `shards` in all (for the engines'
 /// certificate).
-pub(crate) fn extra_addrs(lab: u8, shards: usize) -> Vec<Ipv4Addr> {
+pub(crate) fn extra_addrs(lab: u8, shards: usize, standby: bool) -> Vec<Ipv4Addr> {
     (1..shards.max(1))
-        .map(|k| Ipv4Addr::new(198, 18, lab, FIRST_LAST + k as u8 - 1))
+        .flat_map(|k| lasts(k, standby))
+        .map(|last| Ipv4Addr::new(198, 18, lab, last))
         .collect()
 }
 
@@ -43,6 +61,16 @@ impl Lab {
                 self.plan.shards
             )));
         }
+        if self.plan.standby && self.plan.shards > MOST_WITH_STANDBY {
+            return Err(Error::Refused(format!(
+                "a lab with a standby holds at most {MOST_WITH_STANDBY} shards (each a \
+                 formation of three hosts), not {}",
+                self.plan.shards
+            )));
+        }
+        if self.plan.standby {
+            return self.bring_up_shard_formations();
+        }
         for k in 1..self.plan.shards.max(1) {
             let host = self.host(&format!("pgs{k}"), FIRST_LAST + k as u8 - 1, &[])?;
             let dir = PathBuf::from(format!("{}-shard{k}", self.postgres_dir.display()));
@@ -54,6 +82,7 @@ impl Lab {
             self.shards.push(Shard {
                 host,
                 proc: Some(proc),
+                formation: None,
                 dir: dir.clone(),
             });
             self.save()?;
@@ -63,11 +92,54 @@ impl Lab {
         Ok(())
     }
 
-    /// Shard `k`'s URL as the gateways' role (shard 0's is `postgres_url`).
+    /// Shards 1.. each a formation: its monitor, its primary, its synchronous standby.
+    fn bring_up_shard_formations(&mut self) -> Result<()> {
+        for k in 1..self.plan.shards.max(1) {
+            let hosts: Vec<Host> = ["", "b", "m"]
+                .into_iter()
+                .zip(lasts(k, true))
+                .map(|(end, last)| self.host(&format!("pgs{k}{end}"), last, &[]))
+                .collect::<Result<_>>()?;
+            let dir = PathBuf::from(format!("{}-shard{k}", self.postgres_dir.display()));
+            let _ = std::fs::remove_dir_all(&dir);
+            self.state.shard_dirs.push(dir.clone());
+            self.save()?;
+            let [first, second, monitor]: [Host; 3] = hosts
+                .try_into()
+                .map_err(|_| Error::Failed("three hosts".into()))?;
+            let mut formation = Formation::new(
+                &dir,
+                &self.tls_dir(),
+                &self.plan.dir,
+                monitor,
+                [first.clone(), second],
+            )?;
+            formation
+                .bring_up(&self.secrets.postgres)
+                .map_err(|e| e.within(format!("shard {k}")))?;
+            self.shards.push(Shard {
+                host: first,
+                proc: None,
+                formation: Some(formation),
+                dir,
+            });
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    /// Shard `k`'s URL as the gateways' role (shard 0's is `postgres_url`): with a
+    /// standby, both data nodes' (a client keeps the one that takes writes).
     pub fn shard_url(&self, k: usize) -> String {
         match k {
             0 => self.postgres_url(),
-            k => postgres::node_url(self.shards[k - 1].host.addr),
+            k => match &self.shards[k - 1].formation {
+                Some(f) => format!(
+                    "{}&sslmode=verify-full",
+                    postgres::multi_host_url(&f.addrs())
+                ),
+                None => postgres::node_url(self.shards[k - 1].host.addr),
+            },
         }
     }
 
@@ -138,11 +210,10 @@ impl Lab {
     /// `isolate_primary`).
     fn shard_host(&self, k: usize) -> Result<Host> {
         match k {
-            0 if self.has_standby() => Err(Error::Refused(
-                "shard 0 is a primary with its standby: its faults are the primary's \
+            k if self.formation_of(k).is_ok() => Err(Error::Refused(format!(
+                "shard {k} is a primary with its standby: its faults are the primary's \
                  (primary-lost, primary-freeze, primary-isolate)"
-                    .into(),
-            )),
+            ))),
             0 => Ok(self.postgres.0.clone()),
             k => self
                 .shards

@@ -507,40 +507,41 @@ impl Formation {
     }
 }
 
+impl Formation {
+    /// The monitor, the first data node (the primary, with the gateways' role), then the
+    /// second cloned from it as its synchronous standby. A formation that fails half up
+    /// is dropped by its caller: each keeper stops with its `Proc`, and whatever runs in
+    /// the hosts goes with the lab's namespaces.
+    pub(crate) fn bring_up(&mut self, gateway_password: &str) -> Result<()> {
+        self.start_monitor()?;
+        self.start_node(0)?;
+        self.prepare_primary(gateway_password)?;
+        self.start_node(1)?;
+        let standby = self.nodes[1].host.addr;
+        wait_until(
+            "the second node to be a synchronous standby",
+            Duration::from_secs(120),
+            || self.synchronous(standby),
+        )
+        .map_err(|e| e.within(format!("the monitor says {:?}", self.states())))
+    }
+}
+
 impl crate::Lab {
-    /// The ledger with a standby: the monitor, the first data node (the primary, with
-    /// the gateways' role), then the second cloned from it as its synchronous standby.
+    /// The ledger with a standby (shard 0's formation), made by `Formation::bring_up`.
     pub(crate) fn bring_up_formation(&mut self) -> Result<()> {
         let monitor = self.host("pgmon", MONITOR_LAST, &[])?;
         let second = self.host("pg2", STANDBY_LAST, &[])?;
-        self.formation = Some(Formation::new(
+        let mut formation = Formation::new(
             &self.postgres_dir,
             &self.tls_dir(),
             &self.plan.dir,
             monitor,
             [self.postgres.0.clone(), second],
-        )?);
-        let formation = self.formation.as_mut().expect("set above");
-        let started = formation.start_monitor();
-        self.save()?;
-        started?;
-        let formation = self.formation.as_mut().expect("set above");
-        let started = formation.start_node(0);
-        self.save()?;
-        started?;
-        let formation = self.formation.as_mut().expect("set above");
-        formation.prepare_primary(&self.secrets.postgres)?;
-        let started = formation.start_node(1);
-        self.save()?;
-        started?;
-        let formation = self.formation.as_ref().expect("set above");
-        let standby = formation.nodes[1].host.addr;
-        wait_until(
-            "the second node to be a synchronous standby",
-            Duration::from_secs(120),
-            || formation.synchronous(standby),
-        )
-        .map_err(|e| e.within(format!("the monitor says {:?}", formation.states())))
+        )?;
+        formation.bring_up(&self.secrets.postgres)?;
+        self.formation = Some(formation);
+        self.save()
     }
 }
 

@@ -271,7 +271,7 @@ fn in_lab(lab: &mut hongbao_lab::Lab, fault: Fault, target: usize, heal: bool) -
         Fault::Upgrade => {
             unreachable!("a lab's upgrade is rolling::roll's")
         }
-        Fault::PrimaryLost | Fault::PrimaryFreeze | Fault::PrimaryIsolate => {
+        Fault::PrimaryLost(_) | Fault::PrimaryFreeze(_) | Fault::PrimaryIsolate(_) => {
             unreachable!("the primary's faults are primary::inject's")
         }
         Fault::ShardFreeze(_) | Fault::ShardIsolate(_) => {

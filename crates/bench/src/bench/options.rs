@@ -172,16 +172,17 @@ pub enum Fault {
     /// Cut a gateway host off from Redis or PostgreSQL (blackhole routes in its
     /// namespace) for a while: 8 s alone, 5–15 s drawn by chaos.
     Partition(hongbao_lab::Cut),
-    /// A lab whose ledger has a synchronous standby (`--standby`): the primary's host
-    /// lost with its disk — its processes SIGKILLed, its data directory removed. The
-    /// standby takes over; healed by a new standby cloned from the new primary.
-    PrimaryLost,
+    /// A lab whose ledger has a synchronous standby (`--standby`): shard K's primary's
+    /// host (K = 0 without `:K`) lost with its disk — its processes SIGKILLed, its data
+    /// directory removed. The standby takes over; healed by a new standby cloned from the
+    /// new primary.
+    PrimaryLost(u8),
     /// The primary's host frozen (SIGSTOP) for [`PRIMARY_OUT`], then let go on; the
     /// standby takes over meanwhile and the old primary comes back as its standby.
-    PrimaryFreeze,
+    PrimaryFreeze(u8),
     /// The primary's host cut off from every other host (the standby, the monitor, the
     /// gateways) for [`PRIMARY_OUT`]; as for a freeze.
-    PrimaryIsolate,
+    PrimaryIsolate(u8),
     /// A lab with `--shards`: shard K's one PostgreSQL frozen (every process of its host
     /// SIGSTOPped) for [`PRIMARY_OUT`], then let go on: its commits wait (each batch
     /// sent again until its outcome is known) while the other shards carry on. Shard 0
@@ -191,6 +192,12 @@ pub enum Fault {
     /// for a freeze.
     ShardIsolate(u8),
 }
+
+/// The shards a primary's fault may aim at (`primary-lost:K`): a lab with a standby holds
+/// up to 3, and shard 0's is the fault without `:K`.
+const PRIMARY_LOST: [&str; 3] = ["primary-lost", "primary-lost:1", "primary-lost:2"];
+const PRIMARY_FREEZE: [&str; 3] = ["primary-freeze", "primary-freeze:1", "primary-freeze:2"];
+const PRIMARY_ISOLATE: [&str; 3] = ["primary-isolate", "primary-isolate:1", "primary-isolate:2"];
 
 /// The shards a shard fault may aim at (`shard-freeze:K`): a lab holds up to 8.
 const SHARD_FREEZE: [&str; 8] = [
@@ -246,8 +253,9 @@ pub struct ChaosOptions {
 impl ChaosOptions {
     /// The faults chaos draws from when none are named: every one that fits the server.
     /// `disk-full` only as root, who can mount the tmpfs it needs. With a standby, the
-    /// primary's faults instead of those of the one PostgreSQL. With several shards, each
-    /// shard's own PostgreSQL frozen and cut off too (shard 0's only without a standby).
+    /// primary's faults instead of those of the one PostgreSQL (every shard's primary's,
+    /// with several). With several shards and no standby, each shard's own PostgreSQL
+    /// frozen and cut off too.
     pub fn default_faults(hosts: usize, standby: bool, shards: usize) -> Vec<Fault> {
         let mut faults = vec![Fault::WorkerKill, Fault::WorkerStall];
         if hosts == 0 {
@@ -276,16 +284,17 @@ impl ChaosOptions {
         }
         if hosts > 0 && standby {
             faults.retain(|f| !f.needs_one_postgres());
-            faults.extend([
-                Fault::PrimaryLost,
-                Fault::PrimaryFreeze,
-                Fault::PrimaryIsolate,
-            ]);
+            for k in 0..shards.clamp(1, PRIMARY_LOST.len()) as u8 {
+                faults.extend([
+                    Fault::PrimaryLost(k),
+                    Fault::PrimaryFreeze(k),
+                    Fault::PrimaryIsolate(k),
+                ]);
+            }
         }
-        if hosts > 0 && shards > 1 {
-            let first = if standby { 1 } else { 0 };
-            for k in first..shards.min(SHARD_FREEZE.len()) {
-                faults.extend([Fault::ShardFreeze(k as u8), Fault::ShardIsolate(k as u8)]);
+        if hosts > 0 && shards > 1 && !standby {
+            for k in 0..shards.min(SHARD_FREEZE.len()) as u8 {
+                faults.extend([Fault::ShardFreeze(k), Fault::ShardIsolate(k)]);
             }
         }
         faults
@@ -323,11 +332,17 @@ impl Fault {
             "redis-master-kill:rel" => Ok(Fault::RedisMaster(RedisAim::Release)),
             "partition-redis" => Ok(Fault::Partition(hongbao_lab::Cut::Redis)),
             "partition-postgres" => Ok(Fault::Partition(hongbao_lab::Cut::Postgres)),
-            "primary-lost" => Ok(Fault::PrimaryLost),
-            "primary-freeze" => Ok(Fault::PrimaryFreeze),
-            "primary-isolate" => Ok(Fault::PrimaryIsolate),
             other => {
                 let shard = |names: &[&str]| names.iter().position(|n| *n == other);
+                if let Some(k) = shard(&PRIMARY_LOST) {
+                    return Ok(Fault::PrimaryLost(k as u8));
+                }
+                if let Some(k) = shard(&PRIMARY_FREEZE) {
+                    return Ok(Fault::PrimaryFreeze(k as u8));
+                }
+                if let Some(k) = shard(&PRIMARY_ISOLATE) {
+                    return Ok(Fault::PrimaryIsolate(k as u8));
+                }
                 if let Some(k) = shard(&SHARD_FREEZE) {
                     return Ok(Fault::ShardFreeze(k as u8));
                 }
@@ -335,7 +350,7 @@ impl Fault {
                     return Ok(Fault::ShardIsolate(k as u8));
                 }
                 Err(crate::Error::Invalid(format!(
-                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, upgrade, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full, partition-redis|postgres, primary-lost|freeze|isolate or shard-freeze|isolate:K (K a shard, 0 to 7), not {other:?}"
+                    "a fault is worker-stall, worker-kill, supervisor-kill (or core-kill), disk-full, upgrade, gateway[-kill], redis-master[-kill][:rel], redis-freeze[:rel], redis-wipe, postgres[-restart], postgres-disk-full, partition-redis|postgres, primary-lost|freeze|isolate[:K] (K a shard, 1 or 2) or shard-freeze|isolate:K (K a shard, 0 to 7), not {other:?}"
                 )))
             }
         }
@@ -358,18 +373,22 @@ impl Fault {
             Fault::PostgresDiskFull => "postgres-disk-full",
             Fault::Partition(hongbao_lab::Cut::Redis) => "partition-redis",
             Fault::Partition(hongbao_lab::Cut::Postgres) => "partition-postgres",
-            Fault::PrimaryLost => "primary-lost",
-            Fault::PrimaryFreeze => "primary-freeze",
-            Fault::PrimaryIsolate => "primary-isolate",
+            Fault::PrimaryLost(k) => PRIMARY_LOST[usize::from(k)],
+            Fault::PrimaryFreeze(k) => PRIMARY_FREEZE[usize::from(k)],
+            Fault::PrimaryIsolate(k) => PRIMARY_ISOLATE[usize::from(k)],
             Fault::ShardFreeze(k) => SHARD_FREEZE[usize::from(k)],
             Fault::ShardIsolate(k) => SHARD_ISOLATE[usize::from(k)],
         }
     }
 
-    /// The shard a shard fault aims at.
+    /// The shard a fault to one shard's PostgreSQL aims at (a primary's: 0 without `:K`).
     pub fn shard(self) -> Option<usize> {
         match self {
-            Fault::ShardFreeze(k) | Fault::ShardIsolate(k) => Some(usize::from(k)),
+            Fault::ShardFreeze(k)
+            | Fault::ShardIsolate(k)
+            | Fault::PrimaryLost(k)
+            | Fault::PrimaryFreeze(k)
+            | Fault::PrimaryIsolate(k) => Some(usize::from(k)),
             _ => None,
         }
     }
@@ -379,7 +398,7 @@ impl Fault {
     pub fn needs_standby(self) -> bool {
         matches!(
             self,
-            Fault::PrimaryLost | Fault::PrimaryFreeze | Fault::PrimaryIsolate
+            Fault::PrimaryLost(_) | Fault::PrimaryFreeze(_) | Fault::PrimaryIsolate(_)
         )
     }
 
@@ -558,9 +577,9 @@ mod tests {
     fn with_a_standby_chaos_does_the_primarys_faults_instead_of_the_one_postgress() {
         let standby = ChaosOptions::default_faults(2, true, 1);
         for f in [
-            Fault::PrimaryLost,
-            Fault::PrimaryFreeze,
-            Fault::PrimaryIsolate,
+            Fault::PrimaryLost(0),
+            Fault::PrimaryFreeze(0),
+            Fault::PrimaryIsolate(0),
         ] {
             assert!(standby.contains(&f) && f.needs_standby() && f.needs_lab());
             assert_eq!(Fault::parse(f.name()).unwrap(), f);
@@ -572,21 +591,25 @@ mod tests {
         assert!(!ChaosOptions::default_faults(2, false, 1)
             .iter()
             .any(|f| f.needs_standby()));
+        // Several shards with a standby: every shard's primary; without, each shard's one
+        // PostgreSQL frozen or cut off.
         let shards = ChaosOptions::default_faults(2, true, 3);
-        for f in [Fault::ShardFreeze(1), Fault::ShardIsolate(2)] {
-            assert!(shards.contains(&f) && !f.needs_standby() && f.needs_lab());
+        for f in [Fault::PrimaryLost(2), Fault::PrimaryIsolate(1)] {
+            assert!(shards.contains(&f) && f.needs_standby() && f.needs_lab());
             assert_eq!(Fault::parse(f.name()).unwrap(), f);
         }
-        assert!(
-            !shards.contains(&Fault::ShardFreeze(0)),
-            "shard 0 is a formation"
-        );
-        assert!(ChaosOptions::default_faults(2, false, 2).contains(&Fault::ShardIsolate(0)));
+        assert_eq!(Fault::PrimaryLost(0).name(), "primary-lost");
+        assert!(!shards.iter().any(|f| matches!(f, Fault::ShardFreeze(_))));
+        let plain = ChaosOptions::default_faults(2, false, 3);
+        for f in [Fault::ShardFreeze(1), Fault::ShardIsolate(0)] {
+            assert!(plain.contains(&f) && !f.needs_standby() && f.needs_lab());
+            assert_eq!(Fault::parse(f.name()).unwrap(), f);
+        }
         assert_eq!(Fault::parse("shard-freeze:7").unwrap().shard(), Some(7));
         assert!(Fault::parse("shard-freeze:8").is_err());
         let mut opts = BenchOptions::preset(Preset::Quick);
         assert!(!opts.lab_standby());
-        opts.fault = Some(Fault::PrimaryLost);
+        opts.fault = Some(Fault::PrimaryLost(1));
         assert!(
             opts.lab_standby(),
             "a fault to the primary brings a standby"

@@ -27,14 +27,20 @@ const HEAL_TIMEOUT: Duration = Duration::from_secs(120);
 /// standby again before this returns.
 pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injected {
     let mut lab = lab.lock().unwrap();
-    let newest = NewestCommit::of(&lab);
+    let k = fault.shard().unwrap_or(0);
+    let whose = if lab.shard_count() > 1 {
+        format!("shard {k}'s")
+    } else {
+        "the ledger's".to_string()
+    };
+    let newest = NewestCommit::of(&lab, k);
     let started = Instant::now();
     let out = PRIMARY_OUT.as_secs();
     let (done, watch) = match fault {
-        Fault::PrimaryLost => {
-            let done = lab.lose_primary().map(|addr| {
+        Fault::PrimaryLost(_) => {
+            let done = lab.lose_primary_of(k).map(|addr| {
                 (addr, format!(
-                    "lost the ledger's primary {addr} with its disk (every process of its host SIGKILLed, its data directory removed)"
+                    "lost {whose} primary {addr} with its disk (every process of its host SIGKILLed, its data directory removed)"
                 ))
             });
             // Its processes are gone when this returns: a batch that began later did
@@ -42,7 +48,7 @@ pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injecte
             let fault_ms = unix_ms();
             (done, newest.watch_from(fault_ms, fault_ms))
         }
-        Fault::PrimaryFreeze | Fault::PrimaryIsolate => {
+        Fault::PrimaryFreeze(_) | Fault::PrimaryIsolate(_) => {
             // The lab's call blocks for the whole freeze or cut, so the watch starts
             // before it, and the fault lands a moment after (the monitor is asked which
             // node is primary first): a batch begun in its first LANDING is not counted.
@@ -50,19 +56,17 @@ pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injecte
             // take 5 s), and a batch sent again is stamped anew.
             let fault_ms = unix_ms();
             let watch = newest.watch_from(fault_ms, fault_ms + LANDING.as_millis() as u64);
-            let done = if fault == Fault::PrimaryFreeze {
-                lab.freeze_primary(PRIMARY_OUT).map(|addr| {
+            let done = if matches!(fault, Fault::PrimaryFreeze(_)) {
+                lab.freeze_primary_of(k, PRIMARY_OUT).map(|addr| {
                     (addr, format!(
-                        "froze the ledger's primary {addr} for {out} s (every process of its host SIGSTOPped, then SIGCONTed)"
+                        "froze {whose} primary {addr} for {out} s (every process of its host SIGSTOPped, then SIGCONTed)"
                     ))
                 })
             } else {
-                lab.isolate_primary(PRIMARY_OUT).map(|addr| {
+                lab.isolate_primary_of(k, PRIMARY_OUT).map(|addr| {
                     (
                         addr,
-                        format!(
-                            "cut the ledger's primary {addr} off from every other host for {out} s"
-                        ),
+                        format!("cut {whose} primary {addr} off from every other host for {out} s"),
                     )
                 })
             };
@@ -71,7 +75,7 @@ pub(crate) fn inject(lab: &Arc<Mutex<Lab>>, fault: Fault, heal: bool) -> Injecte
         _ => unreachable!("not a fault to the primary"),
     };
     match done {
-        Ok((old, what)) => finish(&mut lab, old, what, watch, started, heal),
+        Ok((old, what)) => finish(&mut lab, k, old, what, watch, started, heal),
         // Nothing was done: the watch, left to itself, ends at the next commit it sees.
         Err(e) => format!("no fault done to the primary: {e:#}").into(),
     }
@@ -121,6 +125,7 @@ pub(crate) fn inject_shard(lab: &Arc<Mutex<Lab>>, fault: Fault) -> Injected {
 /// primary, and with `heal` the old node back as its synchronous standby.
 fn finish(
     lab: &mut Lab,
+    k: usize,
     old: std::net::Ipv4Addr,
     mut what: String,
     watch: std::thread::JoinHandle<Option<u64>>,
@@ -130,7 +135,12 @@ fn finish(
     let first_commit_ms = watch.join().ok().flatten();
     match first_commit_ms {
         Some(ms) => what.push_str(&format!(
-            "; the ledger committed again {:.1} s after the fault",
+            "; {} committed again {:.1} s after the fault",
+            if k == 0 {
+                "the ledger".to_string()
+            } else {
+                format!("shard {k}")
+            },
             ms as f64 / 1000.0
         )),
         None => what.push_str(&format!(
@@ -138,7 +148,7 @@ fn finish(
             HEAL_TIMEOUT.as_secs()
         )),
     }
-    match lab.wait_new_primary(old, HEAL_TIMEOUT) {
+    match lab.wait_new_primary_of(k, old, HEAL_TIMEOUT) {
         Ok(new) => what.push_str(&format!("; {new} is the primary")),
         Err(e) => {
             what.push_str(&format!("; no new primary: {e:#}"));
@@ -149,7 +159,7 @@ fn finish(
         }
     }
     if heal {
-        match lab.rejoin_standby(old, HEAL_TIMEOUT) {
+        match lab.rejoin_standby_of(k, old, HEAL_TIMEOUT) {
             Ok(()) => what.push_str(&format!(
                 "; {old} was its synchronous standby {:.1} s after the fault",
                 started.elapsed().as_secs_f64()
@@ -176,12 +186,9 @@ struct NewestCommit {
 }
 
 impl NewestCommit {
-    fn of(lab: &Lab) -> NewestCommit {
-        let nodes = lab
-            .formation
-            .as_ref()
-            .map(|f| f.addrs())
-            .unwrap_or_default();
+    /// Shard `k`'s data nodes.
+    fn of(lab: &Lab, k: usize) -> NewestCommit {
+        let nodes = lab.formation_addrs(k);
         NewestCommit {
             psql: hongbao_lab::postgres::bin_dir()
                 .map(|d| d.join("psql"))
@@ -205,7 +212,7 @@ impl NewestCommit {
                     vec![format!("{url}?sslmode=verify-full")]
                 })
                 .unwrap_or_default(),
-            ..NewestCommit::of(lab)
+            ..NewestCommit::of(lab, k)
         }
     }
 
