@@ -11,13 +11,18 @@
 #           shard's wins went through it, when shard 0 committed again.
 #   freeze  two shards without a standby, shard 1's PostgreSQL frozen 20 s from 8 s into
 #           the phase (shard-freeze:1): how shard 0's wins went through it.
+#   lost1   two shards, each a formation (--standby), shard 1's primary lost with its
+#           disk 8 s in (primary-lost:1), the campaign at FAULT_RATE packets a second
+#           (default 500): how shard 0's wins went through it, when shard 1 committed
+#           again.
 #
 #   scripts/shards-sitting.sh [ROUNDS]      (root; release build)
-#   PARTS="cpu four fault freeze" (the default: all) picks the parts, in that order.
+#   PARTS="cpu four fault freeze lost1" (the default: all) picks the parts, in that order.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
-parts=" ${PARTS:-cpu four fault freeze} "
+parts=" ${PARTS:-cpu four fault freeze lost1} "
+fault_rate=${FAULT_RATE:-500}
 hb=$PWD/target/release/hongbao
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -74,5 +79,12 @@ part freeze && for r in $(seq "$rounds"); do
   "$hb" bench --hosts 3 --shards 2 $load --campaign-rate 500 --shake-packets 20000 \
     --fault shard-freeze:1 --fault-at 8 --out "$work/freeze-$r" > "$work/freeze-$r.log" 2>&1
   line "freeze round=$r shards=2" "$work/freeze-$r/summary.json"
+done
+part lost1 && for r in $(seq "$rounds"); do
+  # shellcheck disable=SC2086
+  "$hb" bench --hosts 3 --shards 2 --standby $load --campaign-rate "$fault_rate" \
+    --shake-packets $((fault_rate * 40)) --fault primary-lost:1 --fault-at 8 \
+    --out "$work/lost1-$r" > "$work/lost1-$r.log" 2>&1
+  line "lost1 round=$r shards=2 rate=$fault_rate" "$work/lost1-$r/summary.json"
 done
 true
