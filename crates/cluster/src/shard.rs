@@ -177,6 +177,14 @@ pub(crate) async fn record(
         return Err(disagree(me, other, wanted, ""));
     }
     let map = match known {
+        Some(map) if here.is_empty() && holds_wallets(pg).await? => {
+            return Err(Error::refused(format!(
+                "shard map: formation {me} holds wallets from before any shard map, and \
+                 this host's map puts wallets on {} of its formations only; moving wallets is \
+                 not built (docs/scale-out.md, \"Growing\")",
+                map.wallets
+            )));
+        }
         Some(map) => {
             if let Some(&r) = here
                 .iter()
@@ -216,15 +224,19 @@ pub(crate) async fn record(
     Ok(map)
 }
 
+/// Whether formation `pg` holds any wallet.
+async fn holds_wallets(pg: &Client) -> Result<bool, Error> {
+    Ok(pg
+        .query_one("SELECT EXISTS (SELECT 1 FROM hb_balances)", &[])
+        .await
+        .map_err(|e| pg_error("reading the shard map", e))?
+        .get(0))
+}
+
 /// On shard 0: the map's history with `wanted` in it, as this host will use it.
 async fn history(pg: &Client, here: &[Recorded], wanted: ShardMap) -> Result<ShardMap, Error> {
     let Some(first) = here.first() else {
-        let wallets: bool = pg
-            .query_one("SELECT EXISTS (SELECT 1 FROM hb_balances)", &[])
-            .await
-            .map_err(|e| pg_error("reading the shard map", e))?
-            .get(0);
-        if wallets && wanted.shards > 1 {
+        if holds_wallets(pg).await? && wanted.shards > 1 {
             return Err(Error::refused(format!(
                 "shard map: formation 0 holds wallets from before any shard map, and this \
                  host's map spreads wallets over {} shards; moving wallets is not built \

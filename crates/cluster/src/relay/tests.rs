@@ -386,6 +386,13 @@ fn a_host_whose_shard_map_disagrees_with_the_formations_is_refused_at_start() {
         let why = refused(config(&redis, &[&a, &b], 1)).await;
         assert!(why.contains("moving wallets is not built"), "{why}");
         pa.batch_execute("TRUNCATE hb_balances").await.unwrap();
+        // Nor a second formation that holds some.
+        let pb = pg_connect(&target(&b)).await.unwrap();
+        pb.batch_execute(crate::store::SCHEMA).await.unwrap();
+        pb.execute("SELECT hb_credit(7, 100)", &[]).await.unwrap();
+        let why = refused(config(&redis, &[&a, &b], 1)).await;
+        assert!(why.contains("formation 1 holds wallets"), "{why}");
+        pb.batch_execute("TRUNCATE hb_balances").await.unwrap();
 
         Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
         Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
