@@ -42,14 +42,10 @@ fn can_run(test: &str) -> bool {
     if !common::is_root() {
         return skipped("the lab needs root (network namespaces)");
     }
-    if !std::path::Path::new("/usr/bin/pg_autoctl").exists() {
-        let install = "apt-get install pg-auto-failover-cli postgresql-15-auto-failover";
-        if std::env::var_os("HONGBAO_REQUIRE_DEPLOY_TOOLS").is_some_and(|v| v == "1") {
-            panic!("pg_autoctl is required here (HONGBAO_REQUIRE_DEPLOY_TOOLS=1) and is not installed: {install}");
-        }
-        return skipped(&format!("pg_autoctl is not installed ({install})"));
+    match common::missing_pg_autoctl() {
+        Some(why) => skipped(&why),
+        None => true,
     }
-    true
 }
 
 fn lab(dir: &std::path::Path) -> Lab {

@@ -79,37 +79,16 @@ fn one_shards_primary_lost_leaves_the_other_winning_and_loses_nothing() {
     if !can_run(test) {
         return;
     }
-    if !std::path::Path::new("/usr/bin/pg_autoctl").exists() {
-        let install = "apt-get install pg-auto-failover-cli postgresql-15-auto-failover";
-        if std::env::var_os("HONGBAO_REQUIRE_DEPLOY_TOOLS").is_some_and(|v| v == "1") {
-            panic!("pg_autoctl is required here (HONGBAO_REQUIRE_DEPLOY_TOOLS=1): {install}");
-        }
-        skipped(test, &format!("pg_autoctl is not installed ({install})"));
+    if let Some(why) = common::missing_pg_autoctl() {
+        skipped(test, &why);
         return;
     }
-    let _one = one_lab();
-    let out = tempfile::tempdir().unwrap();
-    let summary = common::run_bench(
-        out.path(),
-        "--hosts 2 --shards 2 --connections 1000 --workers 1 --procs 1 --phase-qps 1000 \
-         --campaign-rate 200 --shake-packets 5000 --send-packets 100 \
-         --fault primary-lost:1 --fault-at 6",
+    shard_one_faulted(
+        "primary-lost:1",
+        5000,
+        "lost shard 1's primary",
+        "shard 0 stopped winning while shard 1's primary was lost",
     );
-    assert_sharded(&summary);
-    let fault = &summary["fault"];
-    let what = fault["what"].as_str().unwrap();
-    assert!(what.contains("lost shard 1's primary"), "{what}");
-    assert!(what.contains("shard 1 committed again"), "{what}");
-    let shards = fault["shards"]
-        .as_array()
-        .expect("each shard through the fault");
-    assert_eq!(shards.len(), 2, "{fault}");
-    assert!(shards[0]["window_secs"].as_u64().unwrap() > 3, "{fault}");
-    assert!(
-        shards[0]["min_per_sec"].as_u64().unwrap() > 0,
-        "shard 0 stopped winning while shard 1's primary was lost: {fault}"
-    );
-    common::assert_faults_cost_nothing(&summary, out.path());
 }
 
 /// `bench --hosts 2 --shards 2 --fault shard-freeze:1`: shard 1's one PostgreSQL frozen
@@ -121,18 +100,32 @@ fn one_shard_frozen_leaves_the_other_winning_and_loses_nothing() {
     if !can_run("one_shard_frozen_leaves_the_other_winning_and_loses_nothing") {
         return;
     }
+    shard_one_faulted(
+        "shard-freeze:1",
+        7000,
+        "froze shard 1",
+        "shard 0 stopped winning while shard 1 was frozen",
+    );
+}
+
+/// A bench over two shards with `fault` done to shard 1 6 s in (a campaign of `packets`
+/// at 200 a second): the fault said `did`, shard 1 committed again, shard 0 won in every
+/// second of the fault's window, and the faults cost nothing.
+fn shard_one_faulted(fault: &str, packets: u32, did: &str, stalled: &str) {
     let _one = one_lab();
     let out = tempfile::tempdir().unwrap();
     let summary = common::run_bench(
         out.path(),
-        "--hosts 2 --shards 2 --connections 1000 --workers 1 --procs 1 --phase-qps 1000 \
-         --campaign-rate 200 --shake-packets 7000 --send-packets 100 \
-         --fault shard-freeze:1 --fault-at 6",
+        &format!(
+            "--hosts 2 --shards 2 --connections 1000 --workers 1 --procs 1 --phase-qps 1000 \
+             --campaign-rate 200 --shake-packets {packets} --send-packets 100 \
+             --fault {fault} --fault-at 6"
+        ),
     );
     assert_sharded(&summary);
     let fault = &summary["fault"];
     let what = fault["what"].as_str().unwrap();
-    assert!(what.contains("froze shard 1"), "{what}");
+    assert!(what.contains(did), "{what}");
     assert!(what.contains("shard 1 committed again"), "{what}");
     let shards = fault["shards"]
         .as_array()
@@ -141,7 +134,7 @@ fn one_shard_frozen_leaves_the_other_winning_and_loses_nothing() {
     assert!(shards[0]["window_secs"].as_u64().unwrap() > 3, "{fault}");
     assert!(
         shards[0]["min_per_sec"].as_u64().unwrap() > 0,
-        "shard 0 stopped winning while shard 1 was frozen: {fault}"
+        "{stalled}: {fault}"
     );
     common::assert_faults_cost_nothing(&summary, out.path());
 }

@@ -300,6 +300,19 @@ pub fn pings(client: &mut hongbao_proto::client::Client) -> bool {
 }
 
 /// Whether the tests run as root (the lab's namespaces, tmpfs mounts).
+/// Why a lab with a standby cannot come up here, if it cannot: pg_autoctl is missing
+/// (panics instead where CI installed it, `HONGBAO_REQUIRE_DEPLOY_TOOLS=1`).
+pub fn missing_pg_autoctl() -> Option<String> {
+    if std::path::Path::new("/usr/bin/pg_autoctl").exists() {
+        return None;
+    }
+    let install = "apt-get install pg-auto-failover-cli postgresql-15-auto-failover";
+    if std::env::var_os("HONGBAO_REQUIRE_DEPLOY_TOOLS").is_some_and(|v| v == "1") {
+        panic!("pg_autoctl is required here (HONGBAO_REQUIRE_DEPLOY_TOOLS=1) and is not installed: {install}");
+    }
+    Some(format!("pg_autoctl is not installed ({install})"))
+}
+
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
         s.lines()

@@ -107,12 +107,7 @@ impl Lab {
             .1
             .iter()
             .chain(self.shards.iter().filter_map(|s| s.proc.as_ref()))
-            .chain(
-                self.formation
-                    .iter()
-                    .chain(self.shards.iter().filter_map(|s| s.formation.as_ref()))
-                    .flat_map(|f| f.keepers()),
-            )
+            .chain(self.formations().flat_map(|f| f.keepers()))
             .chain(self.redis.iter().filter_map(|(_, p)| p.as_ref()));
         counters.cpu_ms = engines.map(|p| tree_cpu_ms(p.pid())).sum();
         // Every shard's database: the ledger's costs are theirs together.

@@ -37,6 +37,7 @@ pub mod disk;
 mod error;
 mod failover;
 mod faults;
+mod teardown;
 pub use hongbao_sys::netns;
 pub mod nginx;
 pub mod postgres;
@@ -62,6 +63,7 @@ pub use faults::Cut;
 pub use netns::Host;
 use proc::{Proc, ProcRecord};
 pub use relay::Relay;
+pub use teardown::{children_of, down};
 
 /// Ports on every gateway host.
 pub const GATEWAY_TCP: u16 = 7000;
@@ -488,9 +490,7 @@ impl Lab {
                 .filter_map(|s| s.proc.as_ref().map(Proc::record)),
         );
         procs.extend(
-            self.formation
-                .iter()
-                .chain(self.shards.iter().filter_map(|s| s.formation.as_ref()))
+            self.formations()
                 .flat_map(|f| f.keepers().map(Proc::record)),
         );
         procs.extend(
@@ -522,11 +522,7 @@ impl Lab {
         all.extend(self.redis.iter().map(|(h, _)| h));
         all.push(&self.postgres.0);
         all.extend(self.shards.iter().map(|s| &s.host));
-        for formation in self
-            .formation
-            .iter()
-            .chain(self.shards.iter().filter_map(|s| s.formation.as_ref()))
-        {
+        for formation in self.formations() {
             all.extend(formation.nodes.iter().skip(1).map(|n| &n.host));
             all.push(&formation.monitor.host);
         }
@@ -534,109 +530,6 @@ impl Lab {
         all.extend(self.loads.iter());
         all
     }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        // Front to back: nginx, the gateways, then the stores.
-        if let Some((_, p)) = &mut self.nginx {
-            drop(p.take());
-        }
-        for i in 0..self.gateways.len() {
-            if let Some(mut p) = self.gateways[i].proc.take() {
-                let children = children_of(p.pid());
-                p.stop(GRACE);
-                for pid in children {
-                    // SAFETY: the gateway's worker ids, read before it stopped.
-                    unsafe {
-                        libc::kill(pid as i32, libc::SIGKILL);
-                    }
-                }
-            }
-        }
-        for (_, p) in &mut self.redis {
-            drop(p.take());
-        }
-        drop(self.postgres.1.take());
-        for shard in &mut self.shards {
-            drop(shard.proc.take());
-        }
-        for formation in self
-            .formation
-            .iter_mut()
-            .chain(self.shards.iter_mut().filter_map(|s| s.formation.as_mut()))
-        {
-            // The data nodes, then the monitor; each keeper stops its PostgreSQL.
-            for node in &mut formation.nodes {
-                drop(node.keeper.take());
-            }
-            drop(formation.monitor.keeper.take());
-        }
-        netns::stop_inside(&self.state.netns, GRACE);
-        netns::remove(self.plan.lab, &self.state.netns);
-        drop(self.postgres_disk.take());
-        let _ = std::fs::remove_dir_all(&self.postgres_dir);
-        for dir in &self.state.shard_dirs {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        let _ = std::fs::remove_file(self.plan.dir.join("lab.json"));
-    }
-}
-
-/// Tears down a lab from its state file (`DIR/lab.json`): stops the processes it
-/// recorded (only those whose ids still name them) and any other still running inside
-/// its hosts (one started there by hand, such as a PostgreSQL restarted), removes its
-/// hosts and bridge.
-pub fn down(dir: &Path) -> Result<LabState> {
-    let path = dir.join("lab.json");
-    let reading = || format!("reading {}", path.display());
-    let text = std::fs::read(&path).map_err(|e| Error::io(reading(), e))?;
-    // A state file that is not JSON is one that does not read (InvalidData, its words).
-    let state: LabState =
-        serde_json::from_slice(&text).map_err(|e| Error::io(reading(), e.into()))?;
-    for record in state.procs.iter().rev() {
-        for child in children_of(record.pid) {
-            if proc::start_ticks(record.pid) == Some(record.start_ticks) {
-                // SAFETY: children of a process we recorded and which is still ours.
-                unsafe {
-                    libc::kill(child as i32, libc::SIGKILL);
-                }
-            }
-        }
-        proc::stop_recorded(record, GRACE);
-    }
-    netns::stop_inside(&state.netns, GRACE);
-    netns::remove(state.lab, &state.netns);
-    if let Some(pg) = &state.postgres_dir {
-        disk::SmallDisk::clear_stale(pg);
-        let _ = std::fs::remove_dir_all(pg);
-    }
-    for dir in &state.shard_dirs {
-        let _ = std::fs::remove_dir_all(dir);
-    }
-    let _ = std::fs::remove_file(&path);
-    Ok(state)
-}
-
-/// Ids of `pid`'s children, from /proc.
-pub fn children_of(pid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(pid) {
-            found.push(child);
-        }
-    }
-    found
 }
 
 /// Finishes `command` (`hongbao nginx-conf` with what to proxy) with the worker count,

@@ -92,6 +92,19 @@ impl Lab {
         Ok(())
     }
 
+    /// Every formation of the ledger (with a standby): shard 0's, then the other shards'.
+    pub(crate) fn formations(&self) -> impl Iterator<Item = &Formation> {
+        self.formation
+            .iter()
+            .chain(self.shards.iter().filter_map(|s| s.formation.as_ref()))
+    }
+
+    pub(crate) fn formations_mut(&mut self) -> impl Iterator<Item = &mut Formation> {
+        self.formation
+            .iter_mut()
+            .chain(self.shards.iter_mut().filter_map(|s| s.formation.as_mut()))
+    }
+
     /// Shards 1.. each a formation: its monitor, its primary, its synchronous standby.
     fn bring_up_shard_formations(&mut self) -> Result<()> {
         for k in 1..self.plan.shards.max(1) {

@@ -585,4 +585,4 @@ pub async fn committer(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

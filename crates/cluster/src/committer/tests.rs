@@ -126,7 +126,7 @@ fn relay_messages(
     let _ = server.shutdown(Shutdown::Both);
 }
 
-fn origin(user: u64) -> Origin {
+pub(crate) fn origin(user: u64) -> Origin {
     Origin {
         worker: 0,
         conn: hongbao_money::ConnId {
@@ -162,6 +162,11 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         setup.batch_execute(crate::store::SCHEMA).await.unwrap();
         let chain = tokio::sync::Mutex::new(());
         let lost = std::sync::atomic::AtomicU64::new(0);
+        let link = Link {
+            chain: &chain,
+            lost: &lost,
+            target: &target,
+        };
         let mut conn = None;
         // Every batch at the time it is given (the committer's clock read once a batch):
         // sent again, it keeps it.
@@ -174,37 +179,15 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             cents,
             op_id,
         };
-        let done = commit_until_known(
-            &mut conn,
-            Link {
-                chain: &chain,
-                lost: &lost,
-                target: &target,
-            },
-            Here::ONE,
-            "h1",
-            at,
-            &[win(1, 1_000, 1)],
-        )
-        .await
-        .unwrap();
+        let done = commit_until_known(&mut conn, link, Here::ONE, "h1", at, &[win(1, 1_000, 1)])
+            .await
+            .unwrap();
         assert!(matches!(done[..], [Some(Done::Won(true))]));
         // The same packet dealt again to the same user (back from a failed batch, or
         // restored after Redis lost its state) is another op: not won twice.
-        let done = commit_until_known(
-            &mut conn,
-            Link {
-                chain: &chain,
-                lost: &lost,
-                target: &target,
-            },
-            Here::ONE,
-            "h1",
-            at,
-            &[win(1, 1_000, 2)],
-        )
-        .await
-        .unwrap();
+        let done = commit_until_known(&mut conn, link, Here::ONE, "h1", at, &[win(1, 1_000, 2)])
+            .await
+            .unwrap();
         assert!(matches!(done[..], [Some(Done::Won(false))]));
         let send = [Commit::Send {
             to: origin(7),
@@ -215,39 +198,17 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
             expires_ms: u64::MAX >> 2,
             key: None,
         }];
-        commit_until_known(
-            &mut conn,
-            Link {
-                chain: &chain,
-                lost: &lost,
-                target: &target,
-            },
-            Here::ONE,
-            "h1",
-            at,
-            &send,
-        )
-        .await
-        .unwrap();
+        commit_until_known(&mut conn, link, Here::ONE, "h1", at, &send)
+            .await
+            .unwrap();
         let open = |user, op_id| Commit::Open {
             to: origin(user),
             packet: 50,
             op_id,
         };
-        commit_until_known(
-            &mut conn,
-            Link {
-                chain: &chain,
-                lost: &lost,
-                target: &target,
-            },
-            Here::ONE,
-            "h1",
-            at,
-            &[open(9, 3)],
-        )
-        .await
-        .unwrap();
+        commit_until_known(&mut conn, link, Here::ONE, "h1", at, &[open(9, 3)])
+            .await
+            .unwrap();
         // The batch cut after its COMMIT: an open, a win, a send without a key, a send
         // with one; and ops that find work other ops did — user 9's share opened again,
         // packet 1 dealt a third time.
@@ -277,20 +238,9 @@ fn a_batch_cut_after_its_commit_is_sent_again_and_pays_nothing_twice() {
         ];
         let events_before = scalar(&setup, "SELECT count(*) FROM hb_events").await;
         relay.cut.store(true, Ordering::SeqCst);
-        let done = commit_until_known(
-            &mut conn,
-            Link {
-                chain: &chain,
-                lost: &lost,
-                target: &target,
-            },
-            Here::ONE,
-            "h1",
-            at,
-            &batch,
-        )
-        .await
-        .unwrap();
+        let done = commit_until_known(&mut conn, link, Here::ONE, "h1", at, &batch)
+            .await
+            .unwrap();
         assert_eq!(relay.cuts.load(Ordering::SeqCst), 1, "the COMMIT was cut");
         assert_eq!(lost.load(Ordering::SeqCst), 1, "one connection given up");
         assert_eq!(

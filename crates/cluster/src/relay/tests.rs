@@ -1,91 +1,23 @@
-//! Two real PostgreSQL formations (and a one-node Redis Cluster for the `Store`): a win
+//! Two real PostgreSQL formations (and a two-node Redis Cluster for the `Store`): a win
 //! whose winner's wallet is on the other shard commits its credit as an outbox row; the
 //! relay pays it there once, however often it is relayed, and the audit across both
 //! shards balances at every step, credits in flight included.
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use hongbao_money::seam::Origin;
 use hongbao_sys::clock::UnixTime;
 
 use super::*;
 use crate::commit::Commit;
+use crate::committer::tests::origin;
 use crate::committer::{commit_until_known, Here, Link};
 use crate::connect::pg_connect;
 use crate::shard::ShardMap;
+use crate::store::tests::TwoNodes;
 use crate::testpg::TestPg;
 use crate::{ClusterConfig, PgTarget};
 
 const TWO: ShardMap = ShardMap::first(1, 2);
-
-/// A `redis-server` in cluster mode holding every slot: a Redis Cluster of one node.
-struct OneNodeCluster {
-    child: Child,
-    port: u16,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for OneNodeCluster {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("redis-cli (Debian's redis-tools package) is needed");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-impl OneNodeCluster {
-    fn start() -> OneNodeCluster {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir =
-            std::env::temp_dir().join(format!("hb-relay-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new("redis-server")
-            .current_dir(&dir)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--cluster-enabled",
-                "yes",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server (Debian's redis-server package) is needed");
-        let node = OneNodeCluster { child, port, dir };
-        wait("redis-server", || cli(port, &["PING"]) == "PONG");
-        cli(port, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
-        wait("the cluster", || {
-            cli(port, &["CLUSTER", "INFO"]).contains("cluster_state:ok")
-        });
-        node
-    }
-}
-
-fn wait(what: &str, mut ok: impl FnMut() -> bool) {
-    for _ in 0..200 {
-        if ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
-}
 
 fn target(pg: &TestPg) -> PgTarget {
     PgTarget {
@@ -97,9 +29,9 @@ fn target(pg: &TestPg) -> PgTarget {
     }
 }
 
-fn config(redis: &OneNodeCluster, shards: &[&TestPg], version: u32) -> ClusterConfig {
+fn config(redis: &TwoNodes, shards: &[&TestPg], version: u32) -> ClusterConfig {
     ClusterConfig {
-        redis: vec![format!("redis://127.0.0.1:{}", redis.port)],
+        redis: vec![format!("redis://127.0.0.1:{}", redis.ports[0])],
         redis_password: None,
         postgres: shards.iter().map(|pg| target(pg)).collect(),
         shard_map_version: version,
@@ -108,18 +40,6 @@ fn config(redis: &OneNodeCluster, shards: &[&TestPg], version: u32) -> ClusterCo
         commit_window: Duration::from_millis(1),
         max_batch: 64,
         release_tags: 1,
-    }
-}
-
-fn origin(user: u64) -> Origin {
-    Origin {
-        worker: 0,
-        conn: hongbao_money::ConnId {
-            key: 1,
-            generation: 0,
-        },
-        request: 1,
-        user: hongbao_money::UserId::new(user).unwrap(),
     }
 }
 
@@ -197,7 +117,7 @@ async fn commit_on(
 fn a_credit_crosses_shards_once_and_the_audit_balances_while_it_is_in_flight() {
     let Some(a) = TestPg::start() else { return };
     let b = TestPg::start().unwrap();
-    let redis = OneNodeCluster::start();
+    let redis = TwoNodes::start();
     let rt = runtime();
     rt.block_on(async {
         let store = Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
@@ -304,7 +224,7 @@ fn a_credit_crosses_shards_once_and_the_audit_balances_while_it_is_in_flight() {
 fn a_send_debits_and_makes_its_packet_on_the_senders_shard_or_does_neither() {
     let Some(a) = TestPg::start() else { return };
     let b = TestPg::start().unwrap();
-    let redis = OneNodeCluster::start();
+    let redis = TwoNodes::start();
     let rt = runtime();
     rt.block_on(async {
         let store = Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
@@ -370,7 +290,7 @@ fn a_send_debits_and_makes_its_packet_on_the_senders_shard_or_does_neither() {
 fn a_host_whose_shard_map_disagrees_with_the_formations_is_refused_at_start() {
     let Some(a) = TestPg::start() else { return };
     let b = TestPg::start().unwrap();
-    let redis = OneNodeCluster::start();
+    let redis = TwoNodes::start();
     let rt = runtime();
     rt.block_on(async {
         let refused = |cfg: ClusterConfig| async move {
@@ -427,7 +347,7 @@ fn a_host_whose_shard_map_disagrees_with_the_formations_is_refused_at_start() {
 fn a_shard_added_for_packets_takes_new_campaigns_and_moves_nothing() {
     let Some(a) = TestPg::start() else { return };
     let (b, c) = (TestPg::start().unwrap(), TestPg::start().unwrap());
-    let redis = OneNodeCluster::start();
+    let redis = TwoNodes::start();
     let rt = runtime();
     rt.block_on(async {
         let old = Store::connect(&config(&redis, &[&a, &b], 1)).await.unwrap();
